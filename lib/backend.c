@@ -1,0 +1,84 @@
+/*
+ * backend.c — choosing a backend from run.device. See backend.h.
+ *
+ * run.device is "auto", "cpu", "cuda" or "cuda:N". A CPU-only build answers "cuda" with a
+ * configuration error (asking for a GPU the build cannot use is a mistake worth stopping for) and
+ * "auto" with the CPU. The CUDA backend (kernels/) is not written yet: a CUDA build (AMP_HAVE_CUDA)
+ * says so and treats "cuda" the same way until backend_cuda_create exists.
+ */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Parse run.device. Returns 0 and sets *is_auto / *cuda_index (-1 for the CPU), or -1 when the string
+ * is none of the accepted forms. */
+static int parse_device(const char *device, bool *is_auto, int *cuda_index)
+{
+    *is_auto = false;
+    *cuda_index = -1;
+    if (strcmp(device, "auto") == 0) {
+        *is_auto = true;
+        return 0;
+    }
+    if (strcmp(device, "cpu") == 0)
+        return 0;
+    if (strcmp(device, "cuda") == 0) {
+        *cuda_index = 0;
+        return 0;
+    }
+    if (strncmp(device, "cuda:", 5) != 0)
+        return -1;
+    const char *digits = device + 5;
+    size_t len = strlen(digits);
+    if (len == 0 || len > 4 || strspn(digits, "0123456789") != len)
+        return -1;
+    *cuda_index = atoi(digits);
+    return 0;
+}
+
+static enum amp_status open_cpu(struct backend **out, const char *why, char *chosen, size_t chosen_len,
+                                struct amp_error *err)
+{
+    *out = backend_cpu_create();
+    if (!*out)
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and try again",
+                        "out of memory creating the CPU backend");
+    if (chosen && chosen_len)
+        snprintf(chosen, chosen_len, "device: cpu%s", why);
+    return AMP_OK;
+}
+
+enum amp_status backend_open(struct backend **out, const char *device, char *chosen, size_t chosen_len,
+                             struct amp_error *err)
+{
+    *out = NULL;
+    if (chosen && chosen_len)
+        chosen[0] = '\0';
+    const char *dev = device ? device : "auto";
+    bool is_auto;
+    int cuda_index;
+    if (parse_device(dev, &is_auto, &cuda_index) != 0)
+        return amp_fail(err, AMP_ERR_CONFIG, "set run.device: auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:0)",
+                        "run.device is '%s': expected auto, cpu, cuda or cuda:N", dev);
+    if (cuda_index < 0 && !is_auto)
+        return open_cpu(out, "", chosen, chosen_len, err);
+#ifdef AMP_HAVE_CUDA
+    if (is_auto)
+        return open_cpu(out, " (CUDA backend not implemented yet)", chosen, chosen_len, err);
+    return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cpu or auto",
+                    "run.device is '%s' but the CUDA backend is not implemented yet in this build", dev);
+#else
+    if (is_auto)
+        return open_cpu(out, " (CPU-only build)", chosen, chosen_len, err);
+    return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cpu or auto",
+                    "run.device is '%s' but this build has no CUDA backend", dev);
+#endif
+}
+
+void backend_close(struct backend *be)
+{
+    if (be)
+        be->destroy(be);
+}

@@ -1,0 +1,212 @@
+/*
+ * backend.h — the one seam between the engine and the device.
+ *
+ * A backend is a table of operations on tensors (tensor.h). Layers (models/), the optimizer and the
+ * training loop call only these; the CPU backend (lib/backend_cpu.c) is the reference, the CUDA
+ * backend (kernels/) implements the same table and must agree with it within per-dtype tolerances.
+ *
+ * Dtype rules every operation follows (DESIGN.md section 3):
+ *  - An op "runs in" the dtype of its output activation. It reads inputs of any dtype, computes in
+ *    FP32 (double where noted for determinism), and rounds once, to nearest-even, when it stores.
+ *    So a bf16 op on the CPU gives the bits the GPU would, up to summation order.
+ *  - GEMM inputs A and B share a dtype; products accumulate in FP32, as tensor cores do.
+ *  - Parameter gradients, optimizer state, statistics and losses are FP32 always.
+ *  - Ops that accumulate take `beta`: out = beta * out + new (beta 0 overwrites, 1 accumulates).
+ *
+ * Errors: operations return void; a backend records its first failure (a CUDA error, say) and
+ * backend_status() reports it. The training loop checks it once per step. Shape and dtype mistakes
+ * are programming errors and abort with a message in debug builds (assert).
+ *
+ * Integer buffers (labels, tokens) are int32 arrays in backend memory from backend_alloc.
+ */
+#ifndef AMP_BACKEND_H
+#define AMP_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"  /* enum amp_status, struct amp_error */
+#include "tensor.h" /* struct tensor */
+
+enum act_kind { ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF };
+enum pool_kind { POOL_MAX, POOL_AVG };
+
+/* C = alpha * op(A) @ op(B) + beta * C, row-major, `batch` independent products (strided batched). */
+struct gemm_args {
+    const struct tensor *a;   /* op(A) is (m, k): A is (m, k), or (k, m) when trans_a */
+    const struct tensor *b;   /* op(B) is (k, n): B is (k, n), or (n, k) when trans_b */
+    struct tensor *c;         /* (m, n): fp32, or the dtype of A (then rounded once at the end) */
+    const struct tensor *bias;/* optional, fp32 (n): added to every row before rounding; needs beta 0 */
+    bool trans_a, trans_b;
+    int64_t m, n, k;
+    float alpha, beta;
+    int64_t batch;            /* >= 1 */
+    int64_t stride_a, stride_b, stride_c; /* elements between consecutive batch matrices */
+};
+
+struct conv_args {
+    int64_t n, c_in, h_in, w_in;   /* input (n, c_in, h_in, w_in), NCHW */
+    int64_t c_out, h_out, w_out;   /* output (n, c_out, h_out, w_out) */
+    int64_t kernel, stride, padding;
+};
+
+struct pool_args {
+    enum pool_kind kind;
+    int64_t n, c, h_in, w_in, h_out, w_out;
+    int64_t kernel, stride, padding; /* avg: padding counted in the divisor (PyTorch count_include_pad) */
+};
+
+struct norm_args {
+    int64_t rows, cols;       /* layernorm: rows = tokens, cols = features normalised together */
+    int64_t n, c, hw;         /* batchnorm2d: NCHW with hw = h*w, statistics per channel over n*hw */
+    float eps;
+    float momentum;           /* batchnorm2d running statistics: r = (1-m) r + m s (unbiased var, as PyTorch) */
+    bool training;            /* batchnorm2d: batch statistics and update running ones; else use running */
+};
+
+/* Key of a counter-based random stream: dropout masks are a pure function of (seed, layer, step, micro)
+ * and the element index, so backward regenerates the forward's mask and a resumed run gets the same ones. */
+struct rng_key {
+    uint64_t seed;
+    uint64_t stream; /* layer index */
+    uint64_t counter;/* optimizer step * accum_steps + micro-batch */
+};
+
+/* One parameter's optimizer update; `grad_mul` folds unscaling and clipping (inv_scale * clip_coef). */
+struct optim_update_args {
+    struct tensor *master;    /* fp32 weights, updated in place */
+    const struct tensor *grad;/* fp32 gradient (still scaled by the loss scale) */
+    struct tensor *m, *v;     /* fp32 moments (adamw: m, v; sgd: m = momentum buffer or NULL) */
+    struct tensor *lowp;      /* optional fp16/bf16 copy of master, written in the same pass (or NULL) */
+    float grad_mul;
+    float lr, weight_decay;
+    float beta1, beta2, eps;  /* adamw */
+    int64_t step;             /* adamw: 1-based step count for bias correction */
+    float momentum;           /* sgd */
+    bool nesterov;            /* sgd */
+    bool first_step;          /* sgd: momentum buffer starts as the gradient (PyTorch) */
+};
+
+/* Result of the fused pass over all gradients. */
+struct grad_stats {
+    double sumsq;             /* sum of squares of all finite gradient elements (scaled) */
+    double absmax;            /* max |g| over finite elements (for norm_type inf) */
+    int64_t *n_inf, *n_nan;   /* per tensor, caller-provided arrays of ntensors entries */
+    bool found_nonfinite;
+};
+
+struct backend {
+    const char *name;         /* "cpu", "cuda:0" */
+
+    /* memory */
+    void *(*alloc)(struct backend *be, size_t bytes);          /* NULL on failure */
+    void (*free)(struct backend *be, void *p);
+    void (*upload)(struct backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(struct backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*zero)(struct backend *be, struct tensor *t);
+    void (*synchronize)(struct backend *be);
+
+    /* dtype conversion between two tensors of the same numel (same dtype: copy) */
+    void (*convert)(struct backend *be, struct tensor *dst, const struct tensor *src);
+
+    /* matrix products */
+    void (*gemm)(struct backend *be, const struct gemm_args *args);
+    /* db (n) fp32 = beta*db + column sums of dy (m, n) */
+    void (*bias_grad)(struct backend *be, struct tensor *db, const struct tensor *dy, int64_t m, int64_t n, float beta);
+
+    /* elementwise: y = act(x); dx = dy * act'(x). Any dtypes; same numel. */
+    void (*act_forward)(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x);
+    void (*act_backward)(struct backend *be, enum act_kind kind, struct tensor *dx, const struct tensor *dy,
+                         const struct tensor *x);
+    /* y = a + b (residual add; y's dtype is the promoted one); dx += ... is done with beta in callers */
+    void (*add)(struct backend *be, struct tensor *y, const struct tensor *a, const struct tensor *b);
+    /* dropout with inverted scaling 1/(1-p); mask regenerated from key in backward */
+    void (*dropout_forward)(struct backend *be, struct tensor *y, const struct tensor *x, float p, struct rng_key key);
+    void (*dropout_backward)(struct backend *be, struct tensor *dx, const struct tensor *dy, float p,
+                             struct rng_key key);
+
+    /* convolution (NCHW, square kernel), weights (c_out, c_in, k, k) */
+    void (*conv2d_forward)(struct backend *be, const struct conv_args *a, struct tensor *y, const struct tensor *x,
+                           const struct tensor *w, const struct tensor *bias /* fp32 or NULL */);
+    void (*conv2d_backward_data)(struct backend *be, const struct conv_args *a, struct tensor *dx,
+                                 const struct tensor *dy, const struct tensor *w);
+    /* dw, db fp32 (db may be NULL): dw = beta*dw + grad */
+    void (*conv2d_backward_filter)(struct backend *be, const struct conv_args *a, struct tensor *dw, struct tensor *db,
+                                   const struct tensor *dy, const struct tensor *x, float beta);
+
+    void (*pool2d_forward)(struct backend *be, const struct pool_args *a, struct tensor *y, const struct tensor *x);
+    void (*pool2d_backward)(struct backend *be, const struct pool_args *a, struct tensor *dx, const struct tensor *dy,
+                            const struct tensor *x, const struct tensor *y);
+
+    /* normalisation with FP32 statistics; gamma, beta, running stats, saved mean/rstd are fp32.
+     * Backward: dgamma, dbeta = beta_acc*d + grad (fp32); dx in dx's dtype. */
+    void (*layernorm_forward)(struct backend *be, const struct norm_args *a, struct tensor *y, struct tensor *mean,
+                              struct tensor *rstd, const struct tensor *x, const struct tensor *gamma,
+                              const struct tensor *beta);
+    void (*layernorm_backward)(struct backend *be, const struct norm_args *a, struct tensor *dx,
+                               struct tensor *dgamma, struct tensor *dbeta, const struct tensor *dy,
+                               const struct tensor *x, const struct tensor *mean, const struct tensor *rstd,
+                               const struct tensor *gamma, float beta_acc);
+    void (*batchnorm_forward)(struct backend *be, const struct norm_args *a, struct tensor *y, struct tensor *mean,
+                              struct tensor *rstd, struct tensor *running_mean, struct tensor *running_var,
+                              const struct tensor *x, const struct tensor *gamma, const struct tensor *beta);
+    void (*batchnorm_backward)(struct backend *be, const struct norm_args *a, struct tensor *dx,
+                               struct tensor *dgamma, struct tensor *dbeta, const struct tensor *dy,
+                               const struct tensor *x, const struct tensor *mean, const struct tensor *rstd,
+                               const struct tensor *gamma, float beta_acc);
+
+    /* token + position embedding: y (B, T, C) = wte[tokens] + wpe[t]; tokens int32 (B*T) in backend memory.
+     * backward: dwte, dwpe fp32 = beta*d + scatter-add of dy (deterministic order). */
+    void (*embedding_forward)(struct backend *be, struct tensor *y, const int32_t *tokens, const struct tensor *wte,
+                              const struct tensor *wpe, int64_t B, int64_t T, int64_t C);
+    void (*embedding_backward)(struct backend *be, struct tensor *dwte, struct tensor *dwpe, const struct tensor *dy,
+                               const int32_t *tokens, int64_t B, int64_t T, int64_t C, float beta);
+
+    /* causal multi-head self-attention core. qkv (B, T, 3C) in dtype d; out (B, T, C) in d.
+     * scores = Q K^T / sqrt(C/H) by a lowp GEMM (stored in d), softmax in FP32 with the causal mask,
+     * probabilities stored in d in `probs` (B, H, T, T) for backward, out = probs @ V (lowp GEMM). */
+    void (*attention_forward)(struct backend *be, struct tensor *out, struct tensor *probs, const struct tensor *qkv,
+                              int64_t B, int64_t T, int64_t C, int64_t H);
+    void (*attention_backward)(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
+                               const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T, int64_t C,
+                               int64_t H);
+
+    /* losses, FP32. softmax cross-entropy over logits (N, K) of any dtype with int32 labels (N):
+     * losses (N) fp32 per sample; dlogits (N, K) in its dtype = (softmax - onehot) * grad_seed / N;
+     * correct (N) int32: 1 where argmax == label. dlogits may be NULL (eval). */
+    void (*xent_forward_backward)(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,
+                                  const struct tensor *logits, const int32_t *labels, int64_t N, int64_t K,
+                                  float grad_seed);
+    /* mean squared error over (N, K) against fp32 targets: losses (N) = mean_k (y-t)^2; dy = 2 (y-t) grad_seed / (N K) */
+    void (*mse_forward_backward)(struct backend *be, struct tensor *losses, struct tensor *dy, const struct tensor *y,
+                                 const struct tensor *target, int64_t N, int64_t K, float grad_seed);
+
+    /* the fused pass over all gradients (fp32): non-finite counts per tensor and the finite sum of squares */
+    void (*grad_stats)(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_stats *out);
+    /* number of elements exactly zero (for grad_zero_frac) */
+    int64_t (*count_zeros)(struct backend *be, const struct tensor *t);
+
+    /* optimizer updates (one parameter each) */
+    void (*adamw_update)(struct backend *be, const struct optim_update_args *a);
+    void (*sgd_update)(struct backend *be, const struct optim_update_args *a);
+
+    /* first error recorded, AMP_OK when none; `err` filled */
+    enum amp_status (*status)(struct backend *be, struct amp_error *err);
+    void (*destroy)(struct backend *be);
+};
+
+/* Open a backend from run.device: "auto" (a GPU if present, else the CPU), "cpu", "cuda", "cuda:N".
+ * `chosen` gets a line saying which ("device: cpu (no CUDA device found)"). */
+enum amp_status backend_open(struct backend **out, const char *device, char *chosen, size_t chosen_len,
+                             struct amp_error *err);
+void backend_close(struct backend *be);
+
+/* Constructors, used by backend_open and by tests that compare backends. */
+struct backend *backend_cpu_create(void);
+#ifdef AMP_HAVE_CUDA
+enum amp_status backend_cuda_create(struct backend **out, int device_index, struct amp_error *err);
+int backend_cuda_device_count(void);
+#endif
+
+#endif

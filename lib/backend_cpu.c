@@ -1,0 +1,1479 @@
+/*
+ * backend_cpu.c — the reference backend: every operation of backend.h on the host CPU.
+ *
+ * This is the definition the CUDA backend is held to, so it is written plainly, for exactness first;
+ * only the matrix products, which carry nearly all the work, are tuned:
+ *  - Tensors of dtype fp16/bf16 hold 16-bit patterns. Every op reads its inputs converted to fp32
+ *    (dtype_convert, vectorised in blocks), computes in fp32 (double for reductions whose result must
+ *    not depend on blocking: statistics, loss sums, column sums, the gradient norm) and rounds once,
+ *    to nearest-even, when it stores a 16-bit output. fp32 tensors are read and written in place.
+ *  - Matrix products go through one internal routine, gemm_core: fp32 operands are handed to
+ *    OpenBLAS cblas_sgemm as they are; 16-bit operands are first widened to fp32 scratch (exact, every
+ *    fp16/bf16 value is an fp32 value), so the product reads the rounded inputs and accumulates in
+ *    fp32 as tensor cores do; a 16-bit result is accumulated in fp32 scratch and rounded once at the
+ *    end, after alpha, beta and the bias. Convolutions (im2col + GEMM) and attention use the same path.
+ *  - Scratch memory is a handful of per-backend slots that grow to the largest request and live until
+ *    destroy, so the training loop does not malloc per call. A slot has one user at a time: gemm_core
+ *    owns SCR_GEMM_*, the ops own the rest. A failure to grow a slot is the one error this backend
+ *    records (backend->status); the op that hit it leaves its outputs unwritten.
+ *  - Everything runs on the calling thread in a fixed order, so results are bit-reproducible from run
+ *    to run. OpenBLAS may use threads inside sgemm (OPENBLAS_NUM_THREADS): reproducible for a given
+ *    thread count, but another count can change the last bits of a product.
+ */
+#include "backend.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h" /* rng_uniform: dropout masks */
+
+#define BLOCK 1024 /* elements per block in elementwise loops: a few fp32 blocks stay in L1 */
+
+static const float GELU_TANH_S = 0.7978845608028654f;  /* sqrt(2 / pi) */
+static const float GELU_TANH_C = 0.044715f;
+static const float INV_SQRT2 = 0.7071067811865476f;    /* 1 / sqrt(2) */
+static const float INV_SQRT_2PI = 0.3989422804014327f; /* 1 / sqrt(2 pi) */
+
+enum scratch_slot {
+    SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_C, /* gemm_core: fp32 copies of 16-bit operands and result */
+    SCR_IN0, SCR_IN1, SCR_IN2,          /* fp32 views of whole 16-bit input tensors */
+    SCR_TMP0, SCR_TMP1, SCR_TMP2,       /* per-op fp32 work buffers */
+    SCR_ACC0, SCR_ACC1,                 /* per-op double accumulators */
+    SCR_COUNT
+};
+
+struct scratch {
+    void *p;
+    size_t cap; /* bytes */
+};
+
+struct cpu_backend {
+    struct backend base; /* first member: the table callers hold a pointer to */
+    struct scratch scr[SCR_COUNT];
+    enum amp_status status; /* first failure, AMP_OK when none */
+    struct amp_error err;
+};
+
+static struct cpu_backend *cpu_of(struct backend *be)
+{
+    return (struct cpu_backend *)be;
+}
+
+/* ---- scratch --------------------------------------------------------------------------------- */
+
+static size_t round_up_64(size_t bytes)
+{
+    return (bytes + 63) & ~(size_t)63;
+}
+
+/* A slot's buffer of at least `bytes`; its contents are not kept when it grows. NULL (and the
+ * backend's status set) when memory runs out. */
+static void *scratch_get(struct cpu_backend *cb, enum scratch_slot slot, size_t bytes)
+{
+    struct scratch *s = &cb->scr[slot];
+    if (bytes <= s->cap && s->p)
+        return s->p;
+    size_t cap = round_up_64((bytes ? bytes : 1) + bytes / 4);
+    void *p = aligned_alloc(64, cap);
+    if (!p) {
+        if (cb->status == AMP_OK)
+            cb->status = amp_fail(&cb->err, AMP_ERR_INTERNAL, "use a smaller data.batch_size or model",
+                                  "out of memory: the CPU backend could not grow its scratch space to %zu bytes",
+                                  cap);
+        return NULL;
+    }
+    free(s->p);
+    s->p = p;
+    s->cap = cap;
+    return p;
+}
+
+/* ---- dtype helpers --------------------------------------------------------------------------- */
+
+static void *elem_ptr(const void *base, enum dtype dt, size_t i)
+{
+    return (char *)base + i * dtype_size(dt);
+}
+
+/* n elements of `base` (dtype dt) from element `off` as fp32: the data itself when fp32, else
+ * converted into buf (n floats). */
+static const float *load_f32(const void *base, enum dtype dt, size_t off, size_t n, float *buf)
+{
+    if (dt == DT_FP32)
+        return (const float *)base + off;
+    dtype_convert(buf, DT_FP32, elem_ptr(base, dt, off), dt, n);
+    return buf;
+}
+
+/* Where to compute n fp32 results destined for `base` at `off`: in place when fp32, else buf. */
+static float *out_f32(void *base, enum dtype dt, size_t off, float *buf)
+{
+    return dt == DT_FP32 ? (float *)base + off : buf;
+}
+
+/* Store results computed in out_f32's buffer: one rounding for 16-bit outputs, nothing for fp32. */
+static void store_f32(void *base, enum dtype dt, size_t off, size_t n, const float *buf)
+{
+    if (dt != DT_FP32)
+        dtype_convert(elem_ptr(base, dt, off), dt, buf, DT_FP32, n);
+}
+
+/* The whole tensor as fp32: itself, or a converted copy in `slot`. */
+static const float *view_f32(struct cpu_backend *cb, enum scratch_slot slot, const struct tensor *t)
+{
+    if (t->dtype == DT_FP32)
+        return (const float *)t->data;
+    float *p = scratch_get(cb, slot, t->numel * sizeof(float));
+    if (p)
+        dtype_convert(p, DT_FP32, t->data, t->dtype, t->numel);
+    return p;
+}
+
+/* An fp32 buffer for all of t's results: t itself, or scratch to be committed with commit_f32. */
+static float *work_f32(struct cpu_backend *cb, enum scratch_slot slot, struct tensor *t)
+{
+    if (t->dtype == DT_FP32)
+        return (float *)t->data;
+    return scratch_get(cb, slot, t->numel * sizeof(float));
+}
+
+static void commit_f32(struct tensor *t, const float *work)
+{
+    store_f32(t->data, t->dtype, 0, t->numel, work);
+}
+
+/* Round fp32 values to dt and back, in place: what storing them in dt and reading them back gives. */
+static void round_f32_to(float *p, size_t n, enum dtype dt)
+{
+    if (dt == DT_FP32)
+        return;
+    uint16_t tmp[BLOCK];
+    for (size_t i = 0; i < n; i += BLOCK) {
+        size_t c = n - i < BLOCK ? n - i : BLOCK;
+        dtype_convert(tmp, dt, p + i, DT_FP32, c);
+        dtype_convert(p + i, DT_FP32, tmp, dt, c);
+    }
+}
+
+/* d = beta * d + acc: beta 0 overwrites without reading d (which may hold NaN). */
+static void store_acc(float *d, const double *acc, size_t n, float beta)
+{
+    if (beta == 0.0f) {
+        for (size_t i = 0; i < n; i++)
+            d[i] = (float)acc[i];
+    } else {
+        for (size_t i = 0; i < n; i++)
+            d[i] = beta * d[i] + (float)acc[i];
+    }
+}
+
+/* d = beta * d over n floats (beta 0 writes zeros). */
+static void scale_f32(float *d, size_t n, float beta)
+{
+    if (beta == 0.0f)
+        memset(d, 0, n * sizeof(float));
+    else if (beta != 1.0f)
+        for (size_t i = 0; i < n; i++)
+            d[i] *= beta;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+static void *cpu_alloc(struct backend *be, size_t bytes)
+{
+    (void)be;
+    return aligned_alloc(64, round_up_64(bytes ? bytes : 1));
+}
+
+static void cpu_free(struct backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static void cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(struct backend *be, struct tensor *t)
+{
+    (void)be;
+    if (t->data)
+        memset(t->data, 0, tensor_bytes(t));
+}
+
+static void cpu_synchronize(struct backend *be)
+{
+    (void)be;
+}
+
+static void cpu_convert(struct backend *be, struct tensor *dst, const struct tensor *src)
+{
+    (void)be;
+    assert(dst->numel == src->numel);
+    dtype_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel);
+}
+
+/* ---- matrix products ------------------------------------------------------------------------- */
+
+/* A row-major matrix operand: element (r, c) is at p + (r * ld + c) elements of dtype dt. */
+struct mat_in {
+    const void *p;
+    enum dtype dt;
+    int64_t ld;
+};
+
+struct mat_out {
+    void *p;
+    enum dtype dt;
+    int64_t ld;
+};
+
+/* The (rows, cols) operand as fp32 for sgemm: itself, or widened row by row into `slot`. */
+static const float *operand_f32(struct cpu_backend *cb, enum scratch_slot slot, struct mat_in a, int64_t rows,
+                                int64_t cols, int64_t *ld)
+{
+    if (a.dt == DT_FP32) {
+        *ld = a.ld;
+        return (const float *)a.p;
+    }
+    float *p = scratch_get(cb, slot, (size_t)(rows * cols) * sizeof(float));
+    if (!p)
+        return NULL;
+    for (int64_t r = 0; r < rows; r++)
+        dtype_convert(p + r * cols, DT_FP32, elem_ptr(a.p, a.dt, (size_t)(r * a.ld)), a.dt, (size_t)cols);
+    *ld = cols;
+    return p;
+}
+
+static int blas_dim(int64_t x)
+{
+    assert(x >= 0 && x <= INT_MAX);
+    return x < 1 ? 1 : (int)x;
+}
+
+/* C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row, with beta 0], rounded once to
+ * C's dtype. beta 0 never reads C. */
+static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
+{
+    assert(!bias || beta == 0.0f);
+    if (m <= 0 || n <= 0)
+        return;
+    int64_t lda = 0, ldb = 0, ldc;
+    const float *af = operand_f32(cb, SCR_GEMM_A, a, ta ? k : m, ta ? m : k, &lda);
+    const float *bf = operand_f32(cb, SCR_GEMM_B, b, tb ? n : k, tb ? k : n, &ldb);
+    if (!af || !bf)
+        return;
+    float *cf;
+    if (c.dt == DT_FP32) {
+        cf = (float *)c.p;
+        ldc = c.ld;
+    } else {
+        cf = scratch_get(cb, SCR_GEMM_C, (size_t)(m * n) * sizeof(float));
+        if (!cf)
+            return;
+        ldc = n;
+        if (beta != 0.0f)
+            for (int64_t r = 0; r < m; r++)
+                dtype_convert(cf + r * n, DT_FP32, elem_ptr(c.p, c.dt, (size_t)(r * c.ld)), c.dt, (size_t)n);
+    }
+    if (bias) {
+        for (int64_t r = 0; r < m; r++)
+            memcpy(cf + r * ldc, bias, (size_t)n * sizeof(float));
+        beta = 1.0f;
+    }
+    if (k == 0) {
+        for (int64_t r = 0; r < m; r++)
+            scale_f32(cf + r * ldc, (size_t)n, beta);
+    } else {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(m),
+                    blas_dim(n), blas_dim(k), alpha, af, blas_dim(lda), bf, blas_dim(ldb), beta, cf, blas_dim(ldc));
+    }
+    if (c.dt != DT_FP32)
+        for (int64_t r = 0; r < m; r++)
+            dtype_convert(elem_ptr(c.p, c.dt, (size_t)(r * c.ld)), c.dt, cf + r * n, DT_FP32, (size_t)n);
+}
+
+static struct mat_in mat_f32(const float *p, int64_t ld)
+{
+    return (struct mat_in){ .p = p, .dt = DT_FP32, .ld = ld };
+}
+
+static struct mat_out out_mat_f32(float *p, int64_t ld)
+{
+    return (struct mat_out){ .p = p, .dt = DT_FP32, .ld = ld };
+}
+
+static void cpu_gemm(struct backend *be, const struct gemm_args *g)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert(g->batch >= 1);
+    assert(g->a->dtype == g->b->dtype); /* the contract; gemm_core itself would take any pair */
+    assert(g->c->dtype == DT_FP32 || g->c->dtype == g->a->dtype);
+    assert(!g->bias || (g->bias->dtype == DT_FP32 && (int64_t)g->bias->numel == g->n));
+    const float *bias = g->bias ? (const float *)g->bias->data : NULL;
+    for (int64_t i = 0; i < g->batch; i++) {
+        struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(i * g->stride_a)), g->a->dtype,
+                            g->trans_a ? g->m : g->k };
+        struct mat_in b = { elem_ptr(g->b->data, g->b->dtype, (size_t)(i * g->stride_b)), g->b->dtype,
+                            g->trans_b ? g->k : g->n };
+        struct mat_out c = { elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), g->c->dtype, g->n };
+        gemm_core(cb, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, a, b, g->beta, c, bias);
+    }
+}
+
+static void cpu_bias_grad(struct backend *be, struct tensor *db, const struct tensor *dy, int64_t m, int64_t n,
+                          float beta)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert(db->dtype == DT_FP32 && (int64_t)db->numel == n && (int64_t)dy->numel == m * n);
+    double *acc = scratch_get(cb, SCR_ACC0, (size_t)n * sizeof(double));
+    float *row = scratch_get(cb, SCR_TMP0, (size_t)n * sizeof(float));
+    if (!acc || !row)
+        return;
+    memset(acc, 0, (size_t)n * sizeof(double));
+    for (int64_t i = 0; i < m; i++) {
+        const float *r = load_f32(dy->data, dy->dtype, (size_t)(i * n), (size_t)n, row);
+        for (int64_t j = 0; j < n; j++)
+            acc[j] += r[j];
+    }
+    store_acc((float *)db->data, acc, (size_t)n, beta);
+}
+
+/* ---- elementwise ----------------------------------------------------------------------------- */
+
+static void act_apply(enum act_kind kind, float *y, const float *x, size_t n)
+{
+    switch (kind) {
+    case ACT_RELU:
+        for (size_t i = 0; i < n; i++)
+            y[i] = x[i] <= 0.0f ? 0.0f : x[i]; /* NaN passes through, as in PyTorch */
+        break;
+    case ACT_GELU_TANH:
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i];
+            float u = GELU_TANH_S * (v + GELU_TANH_C * v * v * v);
+            y[i] = 0.5f * v * (1.0f + tanhf(u));
+        }
+        break;
+    case ACT_GELU_ERF:
+        for (size_t i = 0; i < n; i++)
+            y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT2));
+        break;
+    }
+}
+
+/* dx = dy * act'(x). For |x| > 20 the GELU derivative is exactly 0 or 1 in fp32; the closed form
+ * would compute 0 * Inf there once x^2 overflows, so the limit is used. */
+static void act_grad_apply(enum act_kind kind, float *dx, const float *dy, const float *x, size_t n)
+{
+    switch (kind) {
+    case ACT_RELU:
+        for (size_t i = 0; i < n; i++)
+            dx[i] = x[i] <= 0.0f ? 0.0f : dy[i];
+        break;
+    case ACT_GELU_TANH:
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i], d;
+            if (fabsf(v) > 20.0f) {
+                d = v > 0.0f ? 1.0f : 0.0f;
+            } else {
+                float u = GELU_TANH_S * (v + GELU_TANH_C * v * v * v);
+                float t = tanhf(u);
+                d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_TANH_S * (1.0f + 3.0f * GELU_TANH_C * v * v);
+            }
+            dx[i] = dy[i] * d;
+        }
+        break;
+    case ACT_GELU_ERF:
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i], d;
+            if (fabsf(v) > 20.0f)
+                d = v > 0.0f ? 1.0f : 0.0f;
+            else
+                d = 0.5f * (1.0f + erff(v * INV_SQRT2)) + v * INV_SQRT_2PI * expf(-0.5f * v * v);
+            dx[i] = dy[i] * d;
+        }
+        break;
+    }
+}
+
+static void cpu_act_forward(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x)
+{
+    (void)be;
+    assert(y->numel == x->numel);
+    float xb[BLOCK], yb[BLOCK];
+    for (size_t i = 0; i < x->numel; i += BLOCK) {
+        size_t c = x->numel - i < BLOCK ? x->numel - i : BLOCK;
+        const float *xs = load_f32(x->data, x->dtype, i, c, xb);
+        float *ys = out_f32(y->data, y->dtype, i, yb);
+        act_apply(kind, ys, xs, c);
+        store_f32(y->data, y->dtype, i, c, ys);
+    }
+}
+
+static void cpu_act_backward(struct backend *be, enum act_kind kind, struct tensor *dx, const struct tensor *dy,
+                             const struct tensor *x)
+{
+    (void)be;
+    assert(dx->numel == x->numel && dy->numel == x->numel);
+    float xb[BLOCK], dyb[BLOCK], dxb[BLOCK];
+    for (size_t i = 0; i < x->numel; i += BLOCK) {
+        size_t c = x->numel - i < BLOCK ? x->numel - i : BLOCK;
+        const float *xs = load_f32(x->data, x->dtype, i, c, xb);
+        const float *dys = load_f32(dy->data, dy->dtype, i, c, dyb);
+        float *dxs = out_f32(dx->data, dx->dtype, i, dxb);
+        act_grad_apply(kind, dxs, dys, xs, c);
+        store_f32(dx->data, dx->dtype, i, c, dxs);
+    }
+}
+
+static void cpu_add(struct backend *be, struct tensor *y, const struct tensor *a, const struct tensor *b)
+{
+    (void)be;
+    assert(y->numel == a->numel && y->numel == b->numel);
+    float ab[BLOCK], bb[BLOCK], yb[BLOCK];
+    for (size_t i = 0; i < y->numel; i += BLOCK) {
+        size_t c = y->numel - i < BLOCK ? y->numel - i : BLOCK;
+        const float *as = load_f32(a->data, a->dtype, i, c, ab);
+        const float *bs = load_f32(b->data, b->dtype, i, c, bb);
+        float *ys = out_f32(y->data, y->dtype, i, yb);
+        for (size_t j = 0; j < c; j++)
+            ys[j] = as[j] + bs[j];
+        store_f32(y->data, y->dtype, i, c, ys);
+    }
+}
+
+/* Dropout masks. Element i of the tensor dropped under key (seed, stream, counter) draws
+ *     u = rng_uniform(seed, (stream << 20) + (counter >> 32), ((counter & 0xffffffff) << 32) | i)
+ * and is kept iff u >= p. The map (stream, counter, i) -> (stream', counter') is one-to-one for
+ * stream < 2^44, counter < 2^52 and i < 2^32 (asserted), so no two elements of any realistic run share
+ * a draw, and it is plain 64-bit integer arithmetic a CUDA kernel reproduces. A kept element is
+ * multiplied by 1/(1-p), a dropped one by 0 (so NaN stays NaN, as in PyTorch). */
+static uint64_t dropout_stream(struct rng_key key)
+{
+    return (key.stream << 20) + (key.counter >> 32);
+}
+
+static uint64_t dropout_counter(struct rng_key key, size_t i)
+{
+    return (key.counter << 32) | (uint64_t)i;
+}
+
+static void dropout_apply(struct tensor *y, const struct tensor *x, float p, struct rng_key key)
+{
+    assert(y->numel == x->numel);
+    assert((uint64_t)x->numel <= 0x100000000ULL && key.stream < (1ULL << 44) && key.counter < (1ULL << 52));
+    if (p <= 0.0f) {
+        dtype_convert(y->data, y->dtype, x->data, x->dtype, x->numel);
+        return;
+    }
+    float scale = 1.0f / (1.0f - p);
+    uint64_t stream = dropout_stream(key);
+    float xb[BLOCK], yb[BLOCK];
+    for (size_t i = 0; i < x->numel; i += BLOCK) {
+        size_t c = x->numel - i < BLOCK ? x->numel - i : BLOCK;
+        const float *xs = load_f32(x->data, x->dtype, i, c, xb);
+        float *ys = out_f32(y->data, y->dtype, i, yb);
+        for (size_t j = 0; j < c; j++) {
+            float u = rng_uniform(key.seed, stream, dropout_counter(key, i + j));
+            ys[j] = xs[j] * (u >= p ? scale : 0.0f);
+        }
+        store_f32(y->data, y->dtype, i, c, ys);
+    }
+}
+
+static void cpu_dropout_forward(struct backend *be, struct tensor *y, const struct tensor *x, float p,
+                                struct rng_key key)
+{
+    (void)be;
+    dropout_apply(y, x, p, key);
+}
+
+static void cpu_dropout_backward(struct backend *be, struct tensor *dx, const struct tensor *dy, float p,
+                                 struct rng_key key)
+{
+    (void)be;
+    dropout_apply(dx, dy, p, key); /* the same mask and scale: d(x * mask)/dx = mask */
+}
+
+/* ---- convolution ----------------------------------------------------------------------------- */
+
+/* col (c_in*k*k, h_out*w_out) from one image x (c_in, h_in, w_in); zero padding. */
+static void im2col(float *col, const float *x, const struct conv_args *a)
+{
+    int64_t k = a->kernel, hw = a->h_out * a->w_out;
+    for (int64_t ci = 0; ci < a->c_in; ci++)
+        for (int64_t kh = 0; kh < k; kh++)
+            for (int64_t kw = 0; kw < k; kw++) {
+                float *row = col + ((ci * k + kh) * k + kw) * hw;
+                const float *plane = x + ci * a->h_in * a->w_in;
+                for (int64_t oh = 0; oh < a->h_out; oh++) {
+                    int64_t ih = oh * a->stride - a->padding + kh;
+                    float *out = row + oh * a->w_out;
+                    if (ih < 0 || ih >= a->h_in) {
+                        memset(out, 0, (size_t)a->w_out * sizeof(float));
+                        continue;
+                    }
+                    for (int64_t ow = 0; ow < a->w_out; ow++) {
+                        int64_t iw = ow * a->stride - a->padding + kw;
+                        out[ow] = iw >= 0 && iw < a->w_in ? plane[ih * a->w_in + iw] : 0.0f;
+                    }
+                }
+            }
+}
+
+/* x (c_in, h_in, w_in) = sum of col's entries over the positions they were read from (overwrites x). */
+static void col2im(float *x, const float *col, const struct conv_args *a)
+{
+    int64_t k = a->kernel, hw = a->h_out * a->w_out;
+    memset(x, 0, (size_t)(a->c_in * a->h_in * a->w_in) * sizeof(float));
+    for (int64_t ci = 0; ci < a->c_in; ci++)
+        for (int64_t kh = 0; kh < k; kh++)
+            for (int64_t kw = 0; kw < k; kw++) {
+                const float *row = col + ((ci * k + kh) * k + kw) * hw;
+                float *plane = x + ci * a->h_in * a->w_in;
+                for (int64_t oh = 0; oh < a->h_out; oh++) {
+                    int64_t ih = oh * a->stride - a->padding + kh;
+                    if (ih < 0 || ih >= a->h_in)
+                        continue;
+                    for (int64_t ow = 0; ow < a->w_out; ow++) {
+                        int64_t iw = ow * a->stride - a->padding + kw;
+                        if (iw >= 0 && iw < a->w_in)
+                            plane[ih * a->w_in + iw] += row[oh * a->w_out + ow];
+                    }
+                }
+            }
+}
+
+/* A 1x1 convolution with stride 1 and no padding reads each image as its own column matrix. */
+static bool conv_is_pointwise(const struct conv_args *a)
+{
+    return a->kernel == 1 && a->stride == 1 && a->padding == 0;
+}
+
+static void conv_check(const struct conv_args *a)
+{
+    assert(a->kernel >= 1 && a->stride >= 1 && a->padding >= 0);
+    assert(a->h_out == (a->h_in + 2 * a->padding - a->kernel) / a->stride + 1);
+    assert(a->w_out == (a->w_in + 2 * a->padding - a->kernel) / a->stride + 1);
+    (void)a;
+}
+
+static void cpu_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y,
+                               const struct tensor *x, const struct tensor *w, const struct tensor *bias)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    conv_check(a);
+    int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
+    assert((int64_t)x->numel == a->n * chw_in && (int64_t)w->numel == a->c_out * ckk);
+    assert((int64_t)y->numel == a->n * a->c_out * hw);
+    assert(!bias || (bias->dtype == DT_FP32 && (int64_t)bias->numel == a->c_out));
+    bool pointwise = conv_is_pointwise(a);
+    const float *xf = view_f32(cb, SCR_IN0, x);
+    const float *wf = view_f32(cb, SCR_IN1, w);
+    float *col = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
+    float *yf = work_f32(cb, SCR_TMP1, y);
+    if (!xf || !wf || (!pointwise && !col) || !yf)
+        return;
+    for (int64_t i = 0; i < a->n; i++) {
+        const float *xi = xf + i * chw_in;
+        if (!pointwise)
+            im2col(col, xi, a);
+        float *yi = yf + i * a->c_out * hw;
+        float beta = 0.0f;
+        if (bias) {
+            for (int64_t co = 0; co < a->c_out; co++)
+                for (int64_t j = 0; j < hw; j++)
+                    yi[co * hw + j] = ((const float *)bias->data)[co];
+            beta = 1.0f;
+        }
+        gemm_core(cb, false, false, a->c_out, hw, ckk, 1.0f, mat_f32(wf, ckk), mat_f32(pointwise ? xi : col, hw),
+                  beta, out_mat_f32(yi, hw), NULL);
+    }
+    commit_f32(y, yf);
+}
+
+static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args *a, struct tensor *dx,
+                                     const struct tensor *dy, const struct tensor *w)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    conv_check(a);
+    int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
+    assert((int64_t)dx->numel == a->n * chw_in && (int64_t)dy->numel == a->n * a->c_out * hw);
+    bool pointwise = conv_is_pointwise(a);
+    const float *dyf = view_f32(cb, SCR_IN0, dy);
+    const float *wf = view_f32(cb, SCR_IN1, w);
+    float *dcol = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
+    float *dxf = work_f32(cb, SCR_TMP1, dx);
+    if (!dyf || !wf || (!pointwise && !dcol) || !dxf)
+        return;
+    for (int64_t i = 0; i < a->n; i++) {
+        float *dxi = dxf + i * chw_in;
+        /* dcol (ckk, hw) = W^T (ckk, c_out) @ dy_i (c_out, hw) */
+        gemm_core(cb, true, false, ckk, hw, a->c_out, 1.0f, mat_f32(wf, ckk), mat_f32(dyf + i * a->c_out * hw, hw),
+                  0.0f, out_mat_f32(pointwise ? dxi : dcol, hw), NULL);
+        if (!pointwise)
+            col2im(dxi, dcol, a);
+    }
+    commit_f32(dx, dxf);
+}
+
+static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_args *a, struct tensor *dw,
+                                       struct tensor *db, const struct tensor *dy, const struct tensor *x, float beta)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    conv_check(a);
+    int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
+    assert(dw->dtype == DT_FP32 && (int64_t)dw->numel == a->c_out * ckk);
+    assert(!db || (db->dtype == DT_FP32 && (int64_t)db->numel == a->c_out));
+    bool pointwise = conv_is_pointwise(a);
+    const float *dyf = view_f32(cb, SCR_IN0, dy);
+    const float *xf = view_f32(cb, SCR_IN1, x);
+    float *col = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
+    double *acc = db ? scratch_get(cb, SCR_ACC0, (size_t)a->c_out * sizeof(double)) : NULL;
+    if (!dyf || !xf || (!pointwise && !col) || (db && !acc))
+        return;
+    float *dwf = (float *)dw->data;
+    if (a->n == 0)
+        scale_f32(dwf, dw->numel, beta);
+    for (int64_t i = 0; i < a->n; i++) {
+        const float *xi = xf + i * chw_in;
+        if (!pointwise)
+            im2col(col, xi, a);
+        /* dW (c_out, ckk) += dy_i (c_out, hw) @ col_i^T (hw, ckk) */
+        gemm_core(cb, false, true, a->c_out, ckk, hw, 1.0f, mat_f32(dyf + i * a->c_out * hw, hw),
+                  mat_f32(pointwise ? xi : col, hw), i == 0 ? beta : 1.0f, out_mat_f32(dwf, ckk), NULL);
+    }
+    if (db) {
+        memset(acc, 0, (size_t)a->c_out * sizeof(double));
+        for (int64_t i = 0; i < a->n; i++)
+            for (int64_t co = 0; co < a->c_out; co++) {
+                const float *p = dyf + (i * a->c_out + co) * hw;
+                double s = 0.0;
+                for (int64_t j = 0; j < hw; j++)
+                    s += p[j];
+                acc[co] += s;
+            }
+        store_acc((float *)db->data, acc, (size_t)a->c_out, beta);
+    }
+}
+
+/* ---- pooling --------------------------------------------------------------------------------- */
+
+/* Index in the plane of the window's max: the first maximum in row-major window order, or the last
+ * NaN (PyTorch's CPU rule `val > max || isnan(val)`). Padding never wins (it is -inf). -1 only for a
+ * window that covers no input, which valid shapes never produce. */
+static int64_t pool_argmax(const float *plane, const struct pool_args *a, int64_t oh, int64_t ow)
+{
+    int64_t best_i = -1;
+    float best = -INFINITY;
+    for (int64_t kh = 0; kh < a->kernel; kh++) {
+        int64_t ih = oh * a->stride - a->padding + kh;
+        if (ih < 0 || ih >= a->h_in)
+            continue;
+        for (int64_t kw = 0; kw < a->kernel; kw++) {
+            int64_t iw = ow * a->stride - a->padding + kw;
+            if (iw < 0 || iw >= a->w_in)
+                continue;
+            float v = plane[ih * a->w_in + iw];
+            if (v > best || isnan(v) || best_i < 0) {
+                best = v;
+                best_i = ih * a->w_in + iw;
+            }
+        }
+    }
+    return best_i;
+}
+
+/* PyTorch's count_include_pad divisor: the window clipped to the padded extent of the input. */
+static int64_t pool_divisor(const struct pool_args *a, int64_t oh, int64_t ow)
+{
+    int64_t h0 = oh * a->stride - a->padding, w0 = ow * a->stride - a->padding;
+    int64_t h1 = h0 + a->kernel < a->h_in + a->padding ? h0 + a->kernel : a->h_in + a->padding;
+    int64_t w1 = w0 + a->kernel < a->w_in + a->padding ? w0 + a->kernel : a->w_in + a->padding;
+    return (h1 - h0) * (w1 - w0);
+}
+
+static void cpu_pool2d_forward(struct backend *be, const struct pool_args *a, struct tensor *y,
+                               const struct tensor *x)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out;
+    assert((int64_t)x->numel == a->n * a->c * hw_in && (int64_t)y->numel == a->n * a->c * hw);
+    const float *xf = view_f32(cb, SCR_IN0, x);
+    float *yf = work_f32(cb, SCR_TMP0, y);
+    if (!xf || !yf)
+        return;
+    for (int64_t pl = 0; pl < a->n * a->c; pl++) {
+        const float *plane = xf + pl * hw_in;
+        float *out = yf + pl * hw;
+        for (int64_t oh = 0; oh < a->h_out; oh++)
+            for (int64_t ow = 0; ow < a->w_out; ow++) {
+                if (a->kind == POOL_MAX) {
+                    int64_t idx = pool_argmax(plane, a, oh, ow);
+                    out[oh * a->w_out + ow] = idx >= 0 ? plane[idx] : -INFINITY;
+                    continue;
+                }
+                float sum = 0.0f;
+                for (int64_t kh = 0; kh < a->kernel; kh++) {
+                    int64_t ih = oh * a->stride - a->padding + kh;
+                    if (ih < 0 || ih >= a->h_in)
+                        continue;
+                    for (int64_t kw = 0; kw < a->kernel; kw++) {
+                        int64_t iw = ow * a->stride - a->padding + kw;
+                        if (iw >= 0 && iw < a->w_in)
+                            sum += plane[ih * a->w_in + iw];
+                    }
+                }
+                out[oh * a->w_out + ow] = sum / (float)pool_divisor(a, oh, ow);
+            }
+    }
+    commit_f32(y, yf);
+}
+
+static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, struct tensor *dx,
+                                const struct tensor *dy, const struct tensor *x, const struct tensor *y)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    (void)y; /* the window's argmax is recomputed from x */
+    int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out;
+    assert((int64_t)dx->numel == a->n * a->c * hw_in && (int64_t)dy->numel == a->n * a->c * hw);
+    const float *dyf = view_f32(cb, SCR_IN0, dy);
+    const float *xf = a->kind == POOL_MAX ? view_f32(cb, SCR_IN1, x) : NULL;
+    float *dxf = work_f32(cb, SCR_TMP0, dx);
+    if (!dyf || (a->kind == POOL_MAX && !xf) || !dxf)
+        return;
+    memset(dxf, 0, dx->numel * sizeof(float));
+    for (int64_t pl = 0; pl < a->n * a->c; pl++) {
+        float *dplane = dxf + pl * hw_in;
+        const float *g = dyf + pl * hw;
+        for (int64_t oh = 0; oh < a->h_out; oh++)
+            for (int64_t ow = 0; ow < a->w_out; ow++) {
+                float gv = g[oh * a->w_out + ow];
+                if (a->kind == POOL_MAX) {
+                    int64_t idx = pool_argmax(xf + pl * hw_in, a, oh, ow);
+                    if (idx >= 0)
+                        dplane[idx] += gv;
+                    continue;
+                }
+                float share = gv / (float)pool_divisor(a, oh, ow);
+                for (int64_t kh = 0; kh < a->kernel; kh++) {
+                    int64_t ih = oh * a->stride - a->padding + kh;
+                    if (ih < 0 || ih >= a->h_in)
+                        continue;
+                    for (int64_t kw = 0; kw < a->kernel; kw++) {
+                        int64_t iw = ow * a->stride - a->padding + kw;
+                        if (iw >= 0 && iw < a->w_in)
+                            dplane[ih * a->w_in + iw] += share;
+                    }
+                }
+            }
+    }
+    commit_f32(dx, dxf);
+}
+
+/* ---- normalisation --------------------------------------------------------------------------- */
+
+static void cpu_layernorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y,
+                                  struct tensor *mean, struct tensor *rstd, const struct tensor *x,
+                                  const struct tensor *gamma, const struct tensor *beta)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t rows = a->rows, cols = a->cols;
+    assert((int64_t)x->numel == rows * cols && (int64_t)y->numel == rows * cols);
+    assert(mean->dtype == DT_FP32 && rstd->dtype == DT_FP32 && (int64_t)mean->numel == rows);
+    const float *g = gamma ? (const float *)gamma->data : NULL;
+    const float *bt = beta ? (const float *)beta->data : NULL;
+    float *xb = scratch_get(cb, SCR_TMP0, (size_t)cols * sizeof(float));
+    float *yb = scratch_get(cb, SCR_TMP1, (size_t)cols * sizeof(float));
+    if (!xb || !yb)
+        return;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = load_f32(x->data, x->dtype, (size_t)(r * cols), (size_t)cols, xb);
+        double s = 0.0;
+        for (int64_t j = 0; j < cols; j++)
+            s += xr[j];
+        double mu = s / (double)cols, ss = 0.0;
+        for (int64_t j = 0; j < cols; j++) {
+            double d = xr[j] - mu;
+            ss += d * d;
+        }
+        float mu_f = (float)mu;
+        float rs_f = (float)(1.0 / sqrt(ss / (double)cols + (double)a->eps));
+        ((float *)mean->data)[r] = mu_f;
+        ((float *)rstd->data)[r] = rs_f;
+        float *yr = out_f32(y->data, y->dtype, (size_t)(r * cols), yb);
+        for (int64_t j = 0; j < cols; j++) {
+            float v = (xr[j] - mu_f) * rs_f;
+            yr[j] = v * (g ? g[j] : 1.0f) + (bt ? bt[j] : 0.0f);
+        }
+        store_f32(y->data, y->dtype, (size_t)(r * cols), (size_t)cols, yr);
+    }
+}
+
+static void cpu_layernorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx,
+                                   struct tensor *dgamma, struct tensor *dbeta, const struct tensor *dy,
+                                   const struct tensor *x, const struct tensor *mean, const struct tensor *rstd,
+                                   const struct tensor *gamma, float beta_acc)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t rows = a->rows, cols = a->cols;
+    assert((int64_t)x->numel == rows * cols && (int64_t)dy->numel == rows * cols);
+    const float *g = gamma ? (const float *)gamma->data : NULL;
+    float *xb = scratch_get(cb, SCR_TMP0, (size_t)cols * sizeof(float));
+    float *dyb = scratch_get(cb, SCR_TMP1, (size_t)cols * sizeof(float));
+    float *dxb = scratch_get(cb, SCR_TMP2, (size_t)cols * sizeof(float));
+    double *acc_g = scratch_get(cb, SCR_ACC0, (size_t)cols * sizeof(double));
+    double *acc_b = scratch_get(cb, SCR_ACC1, (size_t)cols * sizeof(double));
+    if (!xb || !dyb || !dxb || !acc_g || !acc_b)
+        return;
+    memset(acc_g, 0, (size_t)cols * sizeof(double));
+    memset(acc_b, 0, (size_t)cols * sizeof(double));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = load_f32(x->data, x->dtype, (size_t)(r * cols), (size_t)cols, xb);
+        const float *dyr = load_f32(dy->data, dy->dtype, (size_t)(r * cols), (size_t)cols, dyb);
+        float mu = ((const float *)mean->data)[r], rs = ((const float *)rstd->data)[r];
+        double s1 = 0.0, s2 = 0.0; /* sum dxhat, sum dxhat * xhat */
+        for (int64_t j = 0; j < cols; j++) {
+            float xhat = (xr[j] - mu) * rs;
+            float dxhat = dyr[j] * (g ? g[j] : 1.0f);
+            s1 += dxhat;
+            s2 += (double)dxhat * xhat;
+            acc_g[j] += (double)dyr[j] * xhat;
+            acc_b[j] += dyr[j];
+        }
+        if (dx) {
+            float m1 = (float)(s1 / (double)cols), m2 = (float)(s2 / (double)cols);
+            float *dxr = out_f32(dx->data, dx->dtype, (size_t)(r * cols), dxb);
+            for (int64_t j = 0; j < cols; j++) {
+                float xhat = (xr[j] - mu) * rs;
+                float dxhat = dyr[j] * (g ? g[j] : 1.0f);
+                dxr[j] = rs * (dxhat - m1 - xhat * m2);
+            }
+            store_f32(dx->data, dx->dtype, (size_t)(r * cols), (size_t)cols, dxr);
+        }
+    }
+    if (dgamma)
+        store_acc((float *)dgamma->data, acc_g, (size_t)cols, beta_acc);
+    if (dbeta)
+        store_acc((float *)dbeta->data, acc_b, (size_t)cols, beta_acc);
+}
+
+/* Batchnorm (n, c, hw): channel ch's values are the n planes x[i, ch, :]. */
+static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y,
+                                  struct tensor *mean, struct tensor *rstd, struct tensor *running_mean,
+                                  struct tensor *running_var, const struct tensor *x, const struct tensor *gamma,
+                                  const struct tensor *beta)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t n = a->n, c = a->c, hw = a->hw;
+    assert((int64_t)x->numel == n * c * hw && (int64_t)y->numel == n * c * hw);
+    assert(!a->training || (mean && rstd));
+    const float *g = gamma ? (const float *)gamma->data : NULL;
+    const float *bt = beta ? (const float *)beta->data : NULL;
+    float *rm = running_mean ? (float *)running_mean->data : NULL;
+    float *rv = running_var ? (float *)running_var->data : NULL;
+    const float *xf = view_f32(cb, SCR_IN0, x);
+    float *yf = work_f32(cb, SCR_TMP0, y);
+    if (!xf || !yf)
+        return;
+    double count = (double)(n * hw);
+    for (int64_t ch = 0; ch < c; ch++) {
+        float mu_f, rs_f;
+        if (a->training) {
+            double s = 0.0, ss = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                const float *p = xf + (i * c + ch) * hw;
+                for (int64_t j = 0; j < hw; j++)
+                    s += p[j];
+            }
+            double mu = s / count;
+            for (int64_t i = 0; i < n; i++) {
+                const float *p = xf + (i * c + ch) * hw;
+                for (int64_t j = 0; j < hw; j++) {
+                    double d = p[j] - mu;
+                    ss += d * d;
+                }
+            }
+            double var = ss / count;
+            mu_f = (float)mu;
+            rs_f = (float)(1.0 / sqrt(var + (double)a->eps));
+            /* PyTorch: running = (1 - m) * running + m * batch, with the unbiased variance. One value per
+             * channel has no unbiased variance (PyTorch refuses it); the biased one (0) is used. */
+            double m = a->momentum, unbiased = count > 1.0 ? ss / (count - 1.0) : var;
+            if (rm)
+                rm[ch] = (float)((1.0 - m) * rm[ch] + m * mu);
+            if (rv)
+                rv[ch] = (float)((1.0 - m) * rv[ch] + m * unbiased);
+        } else {
+            assert(rm && rv);
+            mu_f = rm[ch];
+            rs_f = (float)(1.0 / sqrt((double)rv[ch] + (double)a->eps));
+        }
+        if (mean)
+            ((float *)mean->data)[ch] = mu_f;
+        if (rstd)
+            ((float *)rstd->data)[ch] = rs_f;
+        float gc = g ? g[ch] : 1.0f, bc = bt ? bt[ch] : 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = xf + (i * c + ch) * hw;
+            float *q = yf + (i * c + ch) * hw;
+            for (int64_t j = 0; j < hw; j++)
+                q[j] = (p[j] - mu_f) * rs_f * gc + bc;
+        }
+    }
+    commit_f32(y, yf);
+}
+
+/* Training mode: the batch statistics depend on x, so dx = rstd * (dxhat - mean(dxhat) - xhat *
+ * mean(dxhat * xhat)) over the channel. Eval mode (a->training false, mean/rstd from the running
+ * statistics): they are constants, dx = dy * gamma * rstd. */
+static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx,
+                                   struct tensor *dgamma, struct tensor *dbeta, const struct tensor *dy,
+                                   const struct tensor *x, const struct tensor *mean, const struct tensor *rstd,
+                                   const struct tensor *gamma, float beta_acc)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t n = a->n, c = a->c, hw = a->hw;
+    assert((int64_t)x->numel == n * c * hw && (int64_t)dy->numel == n * c * hw);
+    const float *g = gamma ? (const float *)gamma->data : NULL;
+    const float *xf = view_f32(cb, SCR_IN0, x);
+    const float *dyf = view_f32(cb, SCR_IN1, dy);
+    float *dxf = dx ? work_f32(cb, SCR_TMP0, dx) : NULL;
+    double *acc = scratch_get(cb, SCR_ACC0, 2 * (size_t)c * sizeof(double));
+    if (!xf || !dyf || (dx && !dxf) || !acc)
+        return;
+    double *acc_g = acc, *acc_b = acc + c;
+    double count = (double)(n * hw);
+    for (int64_t ch = 0; ch < c; ch++) {
+        float mu = ((const float *)mean->data)[ch], rs = ((const float *)rstd->data)[ch];
+        float gc = g ? g[ch] : 1.0f;
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = xf + (i * c + ch) * hw, *dp = dyf + (i * c + ch) * hw;
+            for (int64_t j = 0; j < hw; j++) {
+                sdy += dp[j];
+                sdyx += (double)dp[j] * ((xp[j] - mu) * rs);
+            }
+        }
+        acc_g[ch] = sdyx;
+        acc_b[ch] = sdy;
+        if (!dxf)
+            continue;
+        /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
+        float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = xf + (i * c + ch) * hw, *dp = dyf + (i * c + ch) * hw;
+            float *q = dxf + (i * c + ch) * hw;
+            if (a->training)
+                for (int64_t j = 0; j < hw; j++)
+                    q[j] = rs * (dp[j] * gc - m1 - (xp[j] - mu) * rs * m2);
+            else
+                for (int64_t j = 0; j < hw; j++)
+                    q[j] = dp[j] * gc * rs;
+        }
+    }
+    if (dxf)
+        commit_f32(dx, dxf);
+    if (dgamma)
+        store_acc((float *)dgamma->data, acc_g, (size_t)c, beta_acc);
+    if (dbeta)
+        store_acc((float *)dbeta->data, acc_b, (size_t)c, beta_acc);
+}
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+static void cpu_embedding_forward(struct backend *be, struct tensor *y, const int32_t *tokens,
+                                  const struct tensor *wte, const struct tensor *wpe, int64_t B, int64_t T,
+                                  int64_t C)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t vocab = (int64_t)wte->numel / C;
+    assert((int64_t)y->numel == B * T * C && (int64_t)wpe->numel >= T * C);
+    float *eb = scratch_get(cb, SCR_TMP0, (size_t)C * sizeof(float));
+    float *pb = scratch_get(cb, SCR_TMP1, (size_t)C * sizeof(float));
+    float *yb = scratch_get(cb, SCR_TMP2, (size_t)C * sizeof(float));
+    if (!eb || !pb || !yb)
+        return;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            int32_t tok = tokens[b * T + t];
+            assert(tok >= 0 && tok < vocab);
+            if (tok < 0 || tok >= vocab)
+                tok = 0; /* release builds: never read outside wte (the data module validates tokens) */
+            const float *e = load_f32(wte->data, wte->dtype, (size_t)(tok * C), (size_t)C, eb);
+            const float *p = load_f32(wpe->data, wpe->dtype, (size_t)(t * C), (size_t)C, pb);
+            size_t off = (size_t)((b * T + t) * C);
+            float *yr = out_f32(y->data, y->dtype, off, yb);
+            for (int64_t j = 0; j < C; j++)
+                yr[j] = e[j] + p[j];
+            store_f32(y->data, y->dtype, off, (size_t)C, yr);
+        }
+}
+
+static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, struct tensor *dwpe,
+                                   const struct tensor *dy, const int32_t *tokens, int64_t B, int64_t T, int64_t C,
+                                   float beta)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t vocab = (int64_t)dwte->numel / C;
+    assert(dwte->dtype == DT_FP32 && dwpe->dtype == DT_FP32 && (int64_t)dy->numel == B * T * C);
+    const float *dyf = view_f32(cb, SCR_IN0, dy);
+    if (!dyf)
+        return;
+    float *dte = (float *)dwte->data, *dpe = (float *)dwpe->data;
+    scale_f32(dte, dwte->numel, beta);
+    scale_f32(dpe, dwpe->numel, beta);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            int32_t tok = tokens[b * T + t];
+            assert(tok >= 0 && tok < vocab);
+            if (tok < 0 || tok >= vocab)
+                continue;
+            const float *g = dyf + (b * T + t) * C;
+            float *e = dte + tok * C, *p = dpe + t * C;
+            for (int64_t j = 0; j < C; j++) {
+                e[j] += g[j];
+                p[j] += g[j];
+            }
+        }
+}
+
+/* ---- attention ------------------------------------------------------------------------------- */
+
+/* Rows of the (T, T) scores become causal softmax probabilities in place: fp32, max-subtracted, the
+ * sum in double; entries j > t become 0. */
+static void softmax_causal(float *s, int64_t T)
+{
+    for (int64_t t = 0; t < T; t++) {
+        float *row = s + t * T;
+        float mx = row[0];
+        for (int64_t j = 1; j <= t; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        double sum = 0.0;
+        for (int64_t j = 0; j <= t; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j <= t; j++)
+            row[j] *= inv;
+        for (int64_t j = t + 1; j < T; j++)
+            row[j] = 0.0f;
+    }
+}
+
+/* Per (batch b, head h), with Q, K, V the (T, D) column blocks h*D, C + h*D, 2C + h*D of qkv[b]
+ * (row stride 3C) and d = qkv's dtype:
+ *   S = round_d(Q K^T / sqrt(D))           GEMM, fp32 accumulation
+ *   P = round_probs(causal_softmax(S))      fp32, stored in `probs`
+ *   out[b, :, hD:(h+1)D] = round_out(P V)   GEMM */
+static void cpu_attention_forward(struct backend *be, struct tensor *out, struct tensor *probs,
+                                  const struct tensor *qkv, int64_t B, int64_t T, int64_t C, int64_t H)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert(H >= 1 && C % H == 0);
+    assert((int64_t)qkv->numel == B * T * 3 * C && (int64_t)out->numel == B * T * C);
+    assert((int64_t)probs->numel == B * H * T * T);
+    int64_t D = C / H;
+    float scale = 1.0f / sqrtf((float)D);
+    const float *q = view_f32(cb, SCR_IN0, qkv);
+    float *s = scratch_get(cb, SCR_TMP0, (size_t)(T * T) * sizeof(float));
+    if (!q || !s)
+        return;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *qb = q + b * T * 3 * C + h * D, *kb = qb + C, *vb = qb + 2 * C;
+            gemm_core(cb, false, true, T, T, D, scale, mat_f32(qb, 3 * C), mat_f32(kb, 3 * C), 0.0f,
+                      out_mat_f32(s, T), NULL);
+            round_f32_to(s, (size_t)(T * T), qkv->dtype);
+            softmax_causal(s, T);
+            round_f32_to(s, (size_t)(T * T), probs->dtype);
+            dtype_convert(elem_ptr(probs->data, probs->dtype, (size_t)((b * H + h) * T * T)), probs->dtype, s,
+                          DT_FP32, (size_t)(T * T));
+            struct mat_out o = { elem_ptr(out->data, out->dtype, (size_t)(b * T * C + h * D)), out->dtype, C };
+            gemm_core(cb, false, false, T, D, T, 1.0f, mat_f32(s, T), mat_f32(vb, 3 * C), 0.0f, o, NULL);
+        }
+}
+
+/* The chain rule through cpu_attention_forward, per (b, h), with d = qkv's dtype. The 16-bit roundings
+ * are the ones a GPU implementation stores (llm.c's datt and dpreatt buffers):
+ *   dP = round_d(dO V^T)                               GEMM
+ *   dS = round_d(P * (dP - rowsum(P * dP)))             fp32 softmax backward (0 where masked)
+ *   dV = P^T dO,  dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)   GEMMs rounded to dqkv's dtype */
+static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
+                                   const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T,
+                                   int64_t C, int64_t H)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert(H >= 1 && C % H == 0);
+    assert((int64_t)qkv->numel == B * T * 3 * C && (int64_t)dqkv->numel == B * T * 3 * C);
+    assert((int64_t)dout->numel == B * T * C && (int64_t)probs->numel == B * H * T * T);
+    int64_t D = C / H;
+    float scale = 1.0f / sqrtf((float)D);
+    enum dtype d = qkv->dtype;
+    const float *q = view_f32(cb, SCR_IN0, qkv);
+    const float *dO = view_f32(cb, SCR_IN1, dout);
+    const float *P = view_f32(cb, SCR_IN2, probs);
+    float *ds = scratch_get(cb, SCR_TMP0, (size_t)(T * T) * sizeof(float));
+    if (!q || !dO || !P || !ds)
+        return;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *qb = q + b * T * 3 * C + h * D, *kb = qb + C, *vb = qb + 2 * C;
+            const float *pb = P + (b * H + h) * T * T;
+            const float *dob = dO + b * T * C + h * D;
+            gemm_core(cb, false, true, T, T, D, 1.0f, mat_f32(dob, C), mat_f32(vb, 3 * C), 0.0f,
+                      out_mat_f32(ds, T), NULL);
+            round_f32_to(ds, (size_t)(T * T), d);
+            for (int64_t t = 0; t < T; t++) {
+                const float *pr = pb + t * T;
+                float *row = ds + t * T;
+                double dot = 0.0;
+                for (int64_t j = 0; j <= t; j++)
+                    dot += (double)pr[j] * row[j];
+                float dot_f = (float)dot;
+                for (int64_t j = 0; j <= t; j++)
+                    row[j] = pr[j] * (row[j] - dot_f);
+                for (int64_t j = t + 1; j < T; j++)
+                    row[j] = 0.0f;
+            }
+            round_f32_to(ds, (size_t)(T * T), d);
+            size_t base = (size_t)(b * T * 3 * C + h * D);
+            struct mat_out dq = { elem_ptr(dqkv->data, dqkv->dtype, base), dqkv->dtype, 3 * C };
+            struct mat_out dk = { elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), dqkv->dtype, 3 * C };
+            struct mat_out dv = { elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), dqkv->dtype, 3 * C };
+            gemm_core(cb, true, false, T, D, T, 1.0f, mat_f32(pb, T), mat_f32(dob, C), 0.0f, dv, NULL);
+            gemm_core(cb, false, false, T, D, T, scale, mat_f32(ds, T), mat_f32(kb, 3 * C), 0.0f, dq, NULL);
+            gemm_core(cb, true, false, T, D, T, scale, mat_f32(ds, T), mat_f32(qb, 3 * C), 0.0f, dk, NULL);
+        }
+}
+
+/* ---- losses ---------------------------------------------------------------------------------- */
+
+/* A label outside [0, K) is a programming error (the data module validates labels): debug builds
+ * abort; release builds give that sample a NaN loss, correct 0 and no one-hot term, so the non-finite
+ * check reports it instead of the backend reading out of bounds. */
+static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct,
+                                      struct tensor *dlogits, const struct tensor *logits, const int32_t *labels,
+                                      int64_t N, int64_t K, float grad_seed)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert((int64_t)logits->numel == N * K && K >= 1);
+    assert(!losses || (losses->dtype == DT_FP32 && (int64_t)losses->numel >= N));
+    assert(!dlogits || (int64_t)dlogits->numel == N * K);
+    float *xb = scratch_get(cb, SCR_TMP0, (size_t)K * sizeof(float));
+    float *db = scratch_get(cb, SCR_TMP1, (size_t)K * sizeof(float));
+    if (!xb || !db)
+        return;
+    float g = (float)((double)grad_seed / (double)N);
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = load_f32(logits->data, logits->dtype, (size_t)(i * K), (size_t)K, xb);
+        float mx = x[0];
+        int64_t arg = 0;
+        for (int64_t j = 1; j < K; j++)
+            if (x[j] > mx) {
+                mx = x[j];
+                arg = j;
+            }
+        double sum = 0.0;
+        for (int64_t j = 0; j < K; j++)
+            sum += exp((double)x[j] - (double)mx);
+        double lse = (double)mx + log(sum);
+        int32_t label = labels[i];
+        assert(label >= 0 && label < K);
+        bool ok = label >= 0 && label < K;
+        if (losses)
+            ((float *)losses->data)[i] = ok ? (float)(lse - (double)x[label]) : NAN;
+        if (correct)
+            correct[i] = ok && arg == label;
+        if (!dlogits)
+            continue;
+        float *d = out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db);
+        for (int64_t j = 0; j < K; j++) {
+            float p = (float)exp((double)x[j] - lse);
+            d[j] = (p - (j == label ? 1.0f : 0.0f)) * g;
+        }
+        store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
+    }
+}
+
+static void cpu_mse_forward_backward(struct backend *be, struct tensor *losses, struct tensor *dy,
+                                     const struct tensor *y, const struct tensor *target, int64_t N, int64_t K,
+                                     float grad_seed)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert((int64_t)y->numel == N * K && (int64_t)target->numel == N * K);
+    assert(!dy || (int64_t)dy->numel == N * K);
+    float *yb = scratch_get(cb, SCR_TMP0, (size_t)K * sizeof(float));
+    float *tb = scratch_get(cb, SCR_TMP1, (size_t)K * sizeof(float));
+    float *db = scratch_get(cb, SCR_TMP2, (size_t)K * sizeof(float));
+    if (!yb || !tb || !db)
+        return;
+    float g = (float)(2.0 * (double)grad_seed / ((double)N * (double)K));
+    for (int64_t i = 0; i < N; i++) {
+        size_t off = (size_t)(i * K);
+        const float *yr = load_f32(y->data, y->dtype, off, (size_t)K, yb);
+        const float *tr = load_f32(target->data, target->dtype, off, (size_t)K, tb);
+        double s = 0.0;
+        for (int64_t j = 0; j < K; j++) {
+            double e = (double)yr[j] - (double)tr[j];
+            s += e * e;
+        }
+        if (losses)
+            ((float *)losses->data)[i] = (float)(s / (double)K);
+        if (!dy)
+            continue;
+        float *d = out_f32(dy->data, dy->dtype, off, db);
+        for (int64_t j = 0; j < K; j++)
+            d[j] = (yr[j] - tr[j]) * g;
+        store_f32(dy->data, dy->dtype, off, (size_t)K, d);
+    }
+}
+
+/* ---- gradient statistics --------------------------------------------------------------------- */
+
+static bool bits_nonfinite(uint32_t u)
+{
+    return (u & 0x7F800000u) == 0x7F800000u;
+}
+
+/* One tensor: sumsq and absmax over finite elements into 8 fixed lanes (so the compiler may vectorise
+ * and the order never changes); non-finite elements counted, then told apart only when present. */
+static void grad_stats_one(const float *g, size_t n, double lanes[8], double *absmax, int64_t *n_inf,
+                           int64_t *n_nan)
+{
+    int64_t bad = 0;
+    double mx = *absmax;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            uint32_t u;
+            memcpy(&u, &g[i + l], sizeof u);
+            bool nf = bits_nonfinite(u);
+            double v = nf ? 0.0 : (double)g[i + l];
+            lanes[l] += v * v;
+            double av = fabs(v);
+            mx = av > mx ? av : mx;
+            bad += nf;
+        }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &g[i], sizeof u);
+        bool nf = bits_nonfinite(u);
+        double v = nf ? 0.0 : (double)g[i];
+        lanes[i % 8] += v * v;
+        double av = fabs(v);
+        mx = av > mx ? av : mx;
+        bad += nf;
+    }
+    *absmax = mx;
+    *n_inf = *n_nan = 0;
+    if (bad)
+        for (size_t j = 0; j < n; j++) {
+            if (isinf(g[j]))
+                (*n_inf)++;
+            else if (isnan(g[j]))
+                (*n_nan)++;
+        }
+}
+
+static void cpu_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors,
+                           struct grad_stats *out)
+{
+    (void)be;
+    double lanes[8] = { 0 };
+    out->absmax = 0.0;
+    out->found_nonfinite = false;
+    for (int t = 0; t < ntensors; t++) {
+        assert(grads[t]->dtype == DT_FP32);
+        int64_t ni = 0, nn = 0;
+        grad_stats_one((const float *)grads[t]->data, grads[t]->numel, lanes, &out->absmax, &ni, &nn);
+        if (out->n_inf)
+            out->n_inf[t] = ni;
+        if (out->n_nan)
+            out->n_nan[t] = nn;
+        if (ni || nn)
+            out->found_nonfinite = true;
+    }
+    out->sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+static int64_t cpu_count_zeros(struct backend *be, const struct tensor *t)
+{
+    (void)be;
+    int64_t zeros = 0;
+    if (t->dtype == DT_FP32) {
+        const uint32_t *u = (const uint32_t *)t->data;
+        for (size_t i = 0; i < t->numel; i++)
+            zeros += (u[i] & 0x7FFFFFFFu) == 0;
+    } else {
+        const uint16_t *u = (const uint16_t *)t->data;
+        for (size_t i = 0; i < t->numel; i++)
+            zeros += (u[i] & 0x7FFFu) == 0;
+    }
+    return zeros;
+}
+
+/* ---- optimizers ------------------------------------------------------------------------------ */
+
+static void optim_check(const struct optim_update_args *a)
+{
+    assert(a->master->dtype == DT_FP32 && a->grad->dtype == DT_FP32);
+    assert(a->grad->numel == a->master->numel);
+    assert(!a->m || (a->m->dtype == DT_FP32 && a->m->numel == a->master->numel));
+    assert(!a->v || (a->v->dtype == DT_FP32 && a->v->numel == a->master->numel));
+    assert(!a->lowp || a->lowp->numel == a->master->numel);
+    (void)a;
+}
+
+/* The fresh master values of block [off, off + n) into the lowp copy, rounded once. */
+static void optim_store_lowp(const struct optim_update_args *a, size_t off, size_t n)
+{
+    if (a->lowp)
+        dtype_convert(elem_ptr(a->lowp->data, a->lowp->dtype, off), a->lowp->dtype, (const float *)a->master->data + off,
+                      DT_FP32, n);
+}
+
+/* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
+ * as fp32, and the tensor arithmetic runs in fp32 in PyTorch's order:
+ *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;
+ *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step. */
+static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a)
+{
+    (void)be;
+    optim_check(a);
+    assert(a->m && a->v && a->step >= 1);
+    float *p = (float *)a->master->data, *m = (float *)a->m->data, *v = (float *)a->v->data;
+    const float *g = (const float *)a->grad->data;
+    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
+    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
+    float neg_step = (float)(-(double)a->lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay = (float)(1.0 - (double)a->lr * (double)a->weight_decay);
+    float b1 = a->beta1, b2 = a->beta2, omb1 = 1.0f - a->beta1, omb2 = 1.0f - a->beta2;
+    float gm = a->grad_mul, eps = a->eps;
+    size_t n = a->master->numel;
+    for (size_t off = 0; off < n; off += BLOCK) {
+        size_t c = n - off < BLOCK ? n - off : BLOCK;
+        for (size_t i = off; i < off + c; i++) {
+            float gi = g[i] * gm;
+            float pi = a->weight_decay != 0.0f ? p[i] * decay : p[i];
+            float mi = b1 * m[i] + omb1 * gi;
+            float vi = b2 * v[i] + omb2 * gi * gi;
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            p[i] = pi + neg_step * mi / denom;
+            m[i] = mi;
+            v[i] = vi;
+        }
+        optim_store_lowp(a, off, c);
+    }
+}
+
+/* torch.optim.SGD (dampening 0): g = grad*mul + wd*p; buf = first_step ? g : momentum*buf + g;
+ * g = nesterov ? g + momentum*buf : buf; p -= lr*g. No momentum when a->m is NULL or momentum 0. */
+static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a)
+{
+    (void)be;
+    optim_check(a);
+    float *p = (float *)a->master->data, *buf = a->m && a->momentum != 0.0f ? (float *)a->m->data : NULL;
+    const float *g = (const float *)a->grad->data;
+    float gm = a->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -a->lr;
+    size_t n = a->master->numel;
+    for (size_t off = 0; off < n; off += BLOCK) {
+        size_t c = n - off < BLOCK ? n - off : BLOCK;
+        for (size_t i = off; i < off + c; i++) {
+            float gi = g[i] * gm;
+            if (wd != 0.0f)
+                gi = gi + wd * p[i];
+            if (buf) {
+                float bi = a->first_step ? gi : mom * buf[i] + gi;
+                buf[i] = bi;
+                gi = a->nesterov ? gi + mom * bi : bi;
+            }
+            p[i] = p[i] + neg_lr * gi;
+        }
+        optim_store_lowp(a, off, c);
+    }
+}
+
+/* ---- status and lifetime --------------------------------------------------------------------- */
+
+static enum amp_status cpu_status(struct backend *be, struct amp_error *err)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    if (err) {
+        if (cb->status != AMP_OK) {
+            *err = cb->err;
+        } else {
+            err->code = AMP_OK;
+            err->msg[0] = '\0';
+            err->hint[0] = '\0';
+        }
+    }
+    return cb->status;
+}
+
+static void cpu_destroy(struct backend *be)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    if (!cb)
+        return;
+    for (int i = 0; i < SCR_COUNT; i++)
+        free(cb->scr[i].p);
+    free(cb);
+}
+
+struct backend *backend_cpu_create(void)
+{
+    struct cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb)
+        return NULL;
+    struct backend *be = &cb->base;
+    be->name = "cpu";
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->zero = cpu_zero;
+    be->synchronize = cpu_synchronize;
+    be->convert = cpu_convert;
+    be->gemm = cpu_gemm;
+    be->bias_grad = cpu_bias_grad;
+    be->act_forward = cpu_act_forward;
+    be->act_backward = cpu_act_backward;
+    be->add = cpu_add;
+    be->dropout_forward = cpu_dropout_forward;
+    be->dropout_backward = cpu_dropout_backward;
+    be->conv2d_forward = cpu_conv2d_forward;
+    be->conv2d_backward_data = cpu_conv2d_backward_data;
+    be->conv2d_backward_filter = cpu_conv2d_backward_filter;
+    be->pool2d_forward = cpu_pool2d_forward;
+    be->pool2d_backward = cpu_pool2d_backward;
+    be->layernorm_forward = cpu_layernorm_forward;
+    be->layernorm_backward = cpu_layernorm_backward;
+    be->batchnorm_forward = cpu_batchnorm_forward;
+    be->batchnorm_backward = cpu_batchnorm_backward;
+    be->embedding_forward = cpu_embedding_forward;
+    be->embedding_backward = cpu_embedding_backward;
+    be->attention_forward = cpu_attention_forward;
+    be->attention_backward = cpu_attention_backward;
+    be->xent_forward_backward = cpu_xent_forward_backward;
+    be->mse_forward_backward = cpu_mse_forward_backward;
+    be->grad_stats = cpu_grad_stats;
+    be->count_zeros = cpu_count_zeros;
+    be->adamw_update = cpu_adamw_update;
+    be->sgd_update = cpu_sgd_update;
+    be->status = cpu_status;
+    be->destroy = cpu_destroy;
+    return be;
+}

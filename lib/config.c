@@ -1,0 +1,2104 @@
+/*
+ * config.c — the strict YAML reader, override applier, checker and printer of `struct config`.
+ *
+ * One descriptor table per YAML mapping (`struct section`, one `struct field` per key: type, offset
+ * into the section's struct, range, default, enum names) drives everything:
+ *   - parsing walks a libyaml document (document API, so every node keeps its line:column) against
+ *     the tables: apply_section -> apply_field;
+ *   - an override KEY=VALUE parses VALUE as a one-node YAML document, resolves KEY through the same
+ *     tables and calls the same apply_field, so it gets the same type and range checks;
+ *   - defaults, printing (config_print_yaml) and equality walk the same tables.
+ * model.layers uses one more table whose rows carry a bit mask of the layer kinds they belong to.
+ *
+ * Rules spanning several keys and derived defaults (out_dir from run.name, epochs when steps is 0,
+ * weight_decay per optimizer, layer names kind_N, pool stride = kernel, embedding max_len =
+ * data.seq_len) live in finalize(). A derived default is derived only while its key has not been
+ * written: `explicit_keys` records which were, so finalize can run again after overrides.
+ *
+ * Errors: AMP_ERR_CONFIG with msg "FILE:LINE:COL: ..." (1-based, libyaml's marks) or
+ * "override 'KEY=VALUE': ...", and a hint naming what the key takes. Checks in finalize locate
+ * their key in the document when there is one. No global mutable state: a `struct ctx` carries
+ * the source name, the document and the error through the recursion.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yaml.h>
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define MAX_CONFIG_BYTES ((size_t)16 << 20) /* a config larger than this is surely not a config */
+#define MAX_EXACT_INT 9007199254740992.0    /* 2^53: integers written as 1e3 must be exact doubles */
+
+/* ---- names ------------------------------------------------------------------------------------ */
+
+static const char *const layer_kind_names[] = {
+    "linear",      "conv2d", "maxpool2d", "avgpool2d", "flatten",   "batchnorm2d",       "layernorm",     "relu",
+    "gelu",        "dropout", "embedding", "attention", "transformer_block", "cross_entropy", "mse", NULL};
+static const char *const data_format_names[] = {"idx", "hdf5", "text", NULL};
+static const char *const optim_kind_names[] = {"sgd", "adamw", NULL};
+static const char *const sched_kind_names[] = {"constant", "step", "cosine", NULL};
+static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", NULL};
+static const char *const on_nonfinite_names[] = {"skip", "stop", NULL};
+static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
+static const char *const gelu_approx_names[] = {"tanh", "none", NULL};
+/* Op kinds that precision.autocast lists may name (the autocast policy table's rows). */
+static const char *const op_kind_names[] = {
+    "linear",      "conv2d", "attention_matmul", "softmax",   "log_softmax", "layernorm",    "batchnorm2d", "cross_entropy",
+    "mse",         "gelu",   "relu",             "dropout",   "maxpool2d",   "avgpool2d",    "residual_add", "embedding",
+    NULL};
+
+_Static_assert(ARRAY_LEN(layer_kind_names) == LAYER_KIND_COUNT + 1, "one name per layer kind");
+_Static_assert(ARRAY_LEN(data_format_names) == DATA_TEXT + 2, "one name per data format");
+_Static_assert(ARRAY_LEN(precision_mode_names) == PREC_BF16 + 2, "one name per precision mode");
+/* Enum fields are read and written as int through the tables. */
+_Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format) == sizeof(int) &&
+                   sizeof(enum optim_kind) == sizeof(int) && sizeof(enum sched_kind) == sizeof(int) &&
+                   sizeof(enum precision_mode) == sizeof(int) && sizeof(enum on_nonfinite) == sizeof(int) &&
+                   sizeof(enum init_scheme) == sizeof(int) && sizeof(enum gelu_approx) == sizeof(int),
+               "enums are int-sized");
+
+static const char *name_or(const char *const *names, size_t count, int i)
+{
+    return i >= 0 && (size_t)i < count - 1 ? names[i] : "?";
+}
+const char *layer_kind_name(enum layer_kind k) { return name_or(layer_kind_names, ARRAY_LEN(layer_kind_names), (int)k); }
+const char *precision_mode_name(enum precision_mode m)
+{
+    return name_or(precision_mode_names, ARRAY_LEN(precision_mode_names), (int)m);
+}
+const char *data_format_name(enum data_format f) { return name_or(data_format_names, ARRAY_LEN(data_format_names), (int)f); }
+
+/* ---- descriptor tables ------------------------------------------------------------------------ */
+
+enum ftype {
+    FT_SECTION, /* a nested mapping described by .sub */
+    FT_LAYERS,  /* struct layer_config * at .off, int count at .count_off */
+    FT_INT,     /* int64_t */
+    FT_U64,     /* uint64_t */
+    FT_DOUBLE,  /* double */
+    FT_BOOL,    /* bool: only true / false */
+    FT_STRING,  /* char[.size] */
+    FT_ENUM,    /* int-sized enum; value i is .names[i] */
+    FT_PAIR,    /* double[2] */
+    FT_STRLIST, /* char[.max_count][.size], int count at .count_off; items from .names when set */
+};
+
+enum {
+    F_MIN = 1u << 0,      /* value >= lo (> lo with F_MIN_OPEN) */
+    F_MIN_OPEN = 1u << 1,
+    F_MAX = 1u << 2,      /* value <= hi (< hi with F_MAX_OPEN) */
+    F_MAX_OPEN = 1u << 3,
+    F_INF_OK = 1u << 4,   /* a double that may be inf (.inf) */
+    F_NONEMPTY = 1u << 5, /* a string that may not be "" */
+};
+
+/* Bits of config.explicit_keys and layer_config.explicit_keys (keys with derived defaults). */
+enum {
+    X_OUT_DIR = 1u << 0,
+    X_EPOCHS = 1u << 1,
+    X_WEIGHT_DECAY = 1u << 2,
+    X_STEPS_OVERRIDDEN = 1u << 3, /* run.steps / run.epochs were set by an override (see config_apply_override) */
+    X_EPOCHS_OVERRIDDEN = 1u << 4,
+};
+enum { XL_NAME = 1u << 0, XL_STRIDE = 1u << 1, XL_MAX_LEN = 1u << 2 };
+
+struct section;
+
+struct field {
+    const char *key;
+    enum ftype type;
+    size_t off;                /* offset in the section's struct */
+    size_t size;               /* FT_STRING: capacity; FT_STRLIST: capacity of one item */
+    size_t count_off;          /* FT_STRLIST, FT_LAYERS: offset of the int count */
+    int max_count;             /* FT_STRLIST */
+    unsigned flags;            /* F_* */
+    double lo, hi;             /* range, as the flags say */
+    double def, def2;          /* default of numbers, bools, enums (index); def2: second of a pair */
+    const char *def_str;       /* default of strings */
+    const char *def_text;      /* how to describe a derived default in hints and docs */
+    const char *what;          /* what the key takes, where the type alone does not say it */
+    const char *const *names;  /* FT_ENUM: the values; FT_STRLIST: the allowed items (NULL: any) */
+    const struct section *sub; /* FT_SECTION */
+    unsigned kinds;            /* layer keys: bit (1 << kind) for each kind that has the key */
+    unsigned required;         /* layer keys: kinds for which the key must be set (> 0) */
+    unsigned explicit_bit;     /* recorded in explicit_keys when written */
+    const char *(*check_str)(const char *s); /* NULL, or why the string is not acceptable */
+    const char *(*check_num)(double v);      /* NULL, or why the number is not acceptable */
+};
+
+struct section {
+    const char *path; /* dotted path of the mapping; "" for the top level */
+    const struct field *fields;
+    size_t nfields;
+};
+
+#define FIELD(S, m, t) .key = #m, .type = (t), .off = offsetof(S, m)
+#define INT_(S, m, d, ...) {FIELD(S, m, FT_INT), .def = (d), __VA_ARGS__}
+#define U64_(S, m, d, ...) {FIELD(S, m, FT_U64), .def = (d), __VA_ARGS__}
+#define DBL_(S, m, d, ...) {FIELD(S, m, FT_DOUBLE), .def = (d), __VA_ARGS__}
+#define BOOL_(S, m, d, ...) {FIELD(S, m, FT_BOOL), .def = (d), __VA_ARGS__}
+#define STR_(S, m, d, ...) {FIELD(S, m, FT_STRING), .size = sizeof(((S *)0)->m), .def_str = (d), __VA_ARGS__}
+#define ENUM_(S, m, nm, d, ...) {FIELD(S, m, FT_ENUM), .names = (nm), .def = (d), __VA_ARGS__}
+#define PAIR_(S, m, d0, d1, ...) {FIELD(S, m, FT_PAIR), .def = (d0), .def2 = (d1), __VA_ARGS__}
+#define LIST_(S, m, n, nm)                                                                                             \
+    {FIELD(S, m, FT_STRLIST), .size = sizeof(((S *)0)->m[0]), .count_off = offsetof(S, n),                          \
+     .max_count = (int)(sizeof(((S *)0)->m) / sizeof(((S *)0)->m[0])), .names = (nm)}
+#define SECT_(S, m, sec) {FIELD(S, m, FT_SECTION), .sub = &(sec)}
+
+#define GE(x) .flags = F_MIN, .lo = (x)
+#define GT(x) .flags = F_MIN | F_MIN_OPEN, .lo = (x)
+#define IN_CO(a, b) .flags = F_MIN | F_MAX | F_MAX_OPEN, .lo = (a), .hi = (b)
+#define IN_OO(a, b) .flags = F_MIN | F_MIN_OPEN | F_MAX | F_MAX_OPEN, .lo = (a), .hi = (b)
+#define IN_OC(a, b) .flags = F_MIN | F_MIN_OPEN | F_MAX, .lo = (a), .hi = (b)
+#define IN_CC(a, b) .flags = F_MIN | F_MAX, .lo = (a), .hi = (b)
+
+static const char *check_device(const char *s);
+static const char *check_layer_name(const char *s);
+static const char *check_norm_type(double v);
+
+#define S struct run_config
+static const struct field run_fields[] = {
+    STR_(S, name, "run", .flags = F_NONEMPTY),
+    STR_(S, out_dir, "", .flags = F_NONEMPTY, .explicit_bit = X_OUT_DIR, .def_text = "runs/<name>"),
+    U64_(S, seed, 1234),
+    STR_(S, device, "auto", .check_str = check_device, .what = "auto, cpu, cuda or cuda:N"),
+    INT_(S, steps, 0, GE(0), .def_text = "0: train for run.epochs"),
+    INT_(S, epochs, 0, GE(0), .explicit_bit = X_EPOCHS, .def_text = "1 when run.steps is 0"),
+    INT_(S, log_every, 50, GE(1)),
+    INT_(S, eval_every, 0, GE(0), .def_text = "0: only at the end"),
+    INT_(S, ckpt_every, 0, GE(0), .def_text = "0: only at the end"),
+    INT_(S, keep_ckpts, 3, GE(1)),
+};
+#undef S
+static const struct section run_section = {"run", run_fields, ARRAY_LEN(run_fields)};
+
+#define S struct data_config
+static const struct field data_fields[] = {
+    ENUM_(S, format, data_format_names, DATA_IDX),
+    STR_(S, train_images, ""),
+    STR_(S, train_labels, ""),
+    STR_(S, test_images, ""),
+    STR_(S, test_labels, ""),
+    STR_(S, path, ""),
+    STR_(S, x_key, "x", .flags = F_NONEMPTY),
+    STR_(S, y_key, "y", .flags = F_NONEMPTY),
+    LIST_(S, files, nfiles, NULL),
+    INT_(S, seq_len, 64, GE(1)),
+    DBL_(S, val_fraction, 0.1, IN_CO(0, 1)),
+    INT_(S, batch_size, 64, GE(1)),
+    BOOL_(S, shuffle, true),
+    DBL_(S, mean, 0),
+    DBL_(S, std, 1, GT(0)),
+};
+#undef S
+static const struct section data_section = {"data", data_fields, ARRAY_LEN(data_fields)};
+
+#define K(k) (1u << (k))
+#define POOLS (K(LAYER_MAXPOOL2D) | K(LAYER_AVGPOOL2D))
+#define ALL_KINDS ((1u << LAYER_KIND_COUNT) - 1)
+#define S struct layer_config
+static const struct field layer_fields[] = {
+    ENUM_(S, kind, layer_kind_names, LAYER_LINEAR, .kinds = ALL_KINDS),
+    STR_(S, name, "", .flags = F_NONEMPTY, .kinds = ALL_KINDS, .explicit_bit = XL_NAME, .check_str = check_layer_name,
+         .def_text = "kind_N, N its position"),
+    INT_(S, out, 0, GE(1), .kinds = K(LAYER_LINEAR) | K(LAYER_CONV2D), .required = K(LAYER_LINEAR) | K(LAYER_CONV2D)),
+    INT_(S, kernel, 0, GE(1), .kinds = K(LAYER_CONV2D) | POOLS, .required = K(LAYER_CONV2D) | POOLS),
+    INT_(S, stride, 1, GE(1), .kinds = K(LAYER_CONV2D) | POOLS, .explicit_bit = XL_STRIDE,
+         .def_text = "1 for conv2d, kernel for pools"),
+    INT_(S, padding, 0, GE(0), .kinds = K(LAYER_CONV2D) | POOLS),
+    BOOL_(S, bias, true, .kinds = K(LAYER_LINEAR) | K(LAYER_CONV2D)),
+    DBL_(S, eps, 1e-5, GT(0), .kinds = K(LAYER_BATCHNORM2D) | K(LAYER_LAYERNORM)),
+    DBL_(S, momentum, 0.1, IN_CC(0, 1), .kinds = K(LAYER_BATCHNORM2D)),
+    DBL_(S, p, 0.1, IN_CO(0, 1), .kinds = K(LAYER_DROPOUT)),
+    INT_(S, vocab, 256, GE(1), .kinds = K(LAYER_EMBEDDING)),
+    INT_(S, dim, 0, GE(0), .kinds = K(LAYER_EMBEDDING) | K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK),
+         .required = K(LAYER_EMBEDDING), .def_text = "0: inferred from the input"),
+    INT_(S, max_len, 0, GE(1), .kinds = K(LAYER_EMBEDDING), .explicit_bit = XL_MAX_LEN, .def_text = "data.seq_len"),
+    INT_(S, heads, 0, GE(1), .kinds = K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK),
+         .required = K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK)),
+    INT_(S, mlp_ratio, 4, GE(1), .kinds = K(LAYER_TRANSFORMER_BLOCK)),
+    ENUM_(S, approximate, gelu_approx_names, GELU_TANH, .kinds = K(LAYER_GELU) | K(LAYER_TRANSFORMER_BLOCK)),
+};
+#undef S
+static const struct section layer_section = {"model.layers.N", layer_fields, ARRAY_LEN(layer_fields)};
+
+#define S struct model_config
+static const struct field model_fields[] = {
+    ENUM_(S, init, init_scheme_names, INIT_PYTORCH),
+    {FIELD(S, layers, FT_LAYERS), .count_off = offsetof(S, nlayers)},
+};
+#undef S
+static const struct section model_section = {"model", model_fields, ARRAY_LEN(model_fields)};
+
+#define S struct schedule_config
+static const struct field schedule_fields[] = {
+    ENUM_(S, kind, sched_kind_names, SCHED_CONSTANT),
+    INT_(S, warmup_steps, 0, GE(0)),
+    INT_(S, step_size, 1000, GE(1)),
+    DBL_(S, gamma, 0.1, IN_OC(0, 1)),
+    DBL_(S, min_lr, 0, GE(0)),
+};
+#undef S
+static const struct section schedule_section = {"optim.schedule", schedule_fields, ARRAY_LEN(schedule_fields)};
+
+#define S struct optim_config
+static const struct field optim_fields[] = {
+    ENUM_(S, kind, optim_kind_names, OPTIM_ADAMW),
+    DBL_(S, lr, 1e-3, GT(0)),
+    PAIR_(S, betas, 0.9, 0.999, IN_CO(0, 1)),
+    DBL_(S, eps, 1e-8, GT(0)),
+    DBL_(S, weight_decay, 0.01, GE(0), .explicit_bit = X_WEIGHT_DECAY, .def_text = "0.01 for adamw, 0 for sgd"),
+    DBL_(S, momentum, 0, IN_CO(0, 1)),
+    BOOL_(S, nesterov, false),
+    SECT_(S, schedule, schedule_section),
+};
+#undef S
+static const struct section optim_section = {"optim", optim_fields, ARRAY_LEN(optim_fields)};
+
+#define S struct loss_scale_config
+static const struct field loss_scale_fields[] = {
+    DBL_(S, init, 65536, GT(0)),
+    DBL_(S, growth_factor, 2, GT(1)),
+    DBL_(S, backoff_factor, 0.5, IN_OO(0, 1)),
+    INT_(S, growth_interval, 2000, GE(1)),
+    INT_(S, hysteresis, 1, GE(1)),
+    DBL_(S, min, 1, GT(0)),
+    DBL_(S, max, 16777216, .flags = F_MIN | F_MIN_OPEN | F_INF_OK, .lo = 0),
+    DBL_(S, value, 65536, GT(0)),
+};
+#undef S
+static const struct section loss_scale_section = {"precision.loss_scale", loss_scale_fields, ARRAY_LEN(loss_scale_fields)};
+
+#define S struct autocast_config
+static const struct field autocast_fields[] = {
+    LIST_(S, lowp_ops, nlowp, op_kind_names),
+    LIST_(S, fp32_ops, nfp32, op_kind_names),
+    LIST_(S, promote_ops, npromote, op_kind_names),
+};
+#undef S
+static const struct section autocast_section = {"precision.autocast", autocast_fields, ARRAY_LEN(autocast_fields)};
+
+#define S struct precision_config
+static const struct field precision_fields[] = {
+    ENUM_(S, mode, precision_mode_names, PREC_FP32),
+    SECT_(S, loss_scale, loss_scale_section),
+    SECT_(S, autocast, autocast_section),
+    BOOL_(S, tf32, false),
+};
+#undef S
+static const struct section precision_section = {"precision", precision_fields, ARRAY_LEN(precision_fields)};
+
+#define S struct clip_config
+static const struct field clip_fields[] = {
+    DBL_(S, max_norm, 0, GE(0), .def_text = "0: no clipping"),
+    DBL_(S, norm_type, 2, .flags = F_INF_OK, .check_num = check_norm_type, .what = "2 or inf"),
+};
+#undef S
+static const struct section clip_section = {"clip", clip_fields, ARRAY_LEN(clip_fields)};
+
+#define S struct stability_config
+static const struct field stability_fields[] = {
+    ENUM_(S, on_nonfinite, on_nonfinite_names, NONFINITE_SKIP),
+    INT_(S, max_consecutive_skips, 100, GE(0), .def_text = "100; 0: never stop"),
+};
+#undef S
+static const struct section stability_section = {"stability", stability_fields, ARRAY_LEN(stability_fields)};
+
+#define S struct config
+static const struct field root_fields[] = {
+    SECT_(S, run, run_section),
+    SECT_(S, data, data_section),
+    SECT_(S, model, model_section),
+    SECT_(S, optim, optim_section),
+    SECT_(S, precision, precision_section),
+    INT_(S, accum_steps, 1, GE(1)),
+    SECT_(S, clip, clip_section),
+    SECT_(S, stability, stability_section),
+};
+#undef S
+static const struct section root_section = {"", root_fields, ARRAY_LEN(root_fields)};
+
+static const char *check_device(const char *s)
+{
+    if (!strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda"))
+        return NULL;
+    if (!strncmp(s, "cuda:", 5) && s[5]) {
+        size_t n = strspn(s + 5, "0123456789");
+        if (s[5 + n] == '\0' && n <= 4)
+            return NULL;
+    }
+    return "must be auto, cpu, cuda or cuda:N (N the GPU index)";
+}
+
+static const char *check_layer_name(const char *s)
+{
+    /* Layer names become HDF5 group names (/model/NAME/...) and appear in logs. */
+    if (s[0] == '.')
+        return "must not start with '.'";
+    if (s[strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")] != '\0')
+        return "may only contain letters, digits, '_', '-' and '.'";
+    return NULL;
+}
+
+static const char *check_norm_type(double v)
+{
+    return v == 2.0 || v == INFINITY ? NULL : "must be 2 or inf";
+}
+
+/* ---- small helpers ---------------------------------------------------------------------------- */
+
+static void *at(void *base, size_t off) { return (char *)base + off; }
+static const void *cat(const void *base, size_t off) { return (const char *)base + off; }
+
+static int get_enum(const void *base, const struct field *f)
+{
+    int v;
+    memcpy(&v, cat(base, f->off), sizeof v);
+    return v;
+}
+static void set_enum(void *base, const struct field *f, int v) { memcpy(at(base, f->off), &v, sizeof v); }
+static int64_t get_i64(const void *base, const struct field *f) { return *(const int64_t *)cat(base, f->off); }
+static int get_count(const void *base, const struct field *f) { return *(const int *)cat(base, f->count_off); }
+
+static size_t count_names(const char *const *names)
+{
+    size_t n = 0;
+    while (names[n])
+        n++;
+    return n;
+}
+
+static int find_name(const char *const *names, const char *s)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], s))
+            return i;
+    return -1;
+}
+
+static const struct field *find_field(const struct section *s, const char *key)
+{
+    for (size_t i = 0; i < s->nfields; i++)
+        if (!strcmp(s->fields[i].key, key))
+            return &s->fields[i];
+    return NULL;
+}
+
+/* Append to a fixed buffer, truncating quietly. */
+static void cat_text(char *buf, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void cat_text(char *buf, size_t size, const char *fmt, ...)
+{
+    size_t len = strlen(buf);
+    if (len + 1 >= size)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, size - len, fmt, ap);
+    va_end(ap);
+}
+
+/* Shortest of %.15g, %.16g, %.17g that reads back to the same double; "inf" for infinity. */
+static void format_double(double v, char *buf, size_t size)
+{
+    if (isinf(v)) {
+        snprintf(buf, size, "%s", v > 0 ? "inf" : "-inf");
+        return;
+    }
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+/* A scalar's text for a message: at most ~60 bytes, control characters shown as '?'. */
+static const char *show(const char *s, char *buf, size_t size)
+{
+    size_t n = strlen(s), max = size < 64 ? size - 4 : 60;
+    bool cut = n > max;
+    if (cut) {
+        n = max;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+            n--; /* do not split a UTF-8 sequence */
+    }
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+    snprintf(buf + n, size - n, "%s", cut ? "..." : "");
+    return buf;
+}
+
+/* Optimal-string-alignment distance, case-insensitive; large for long words. */
+static int edit_distance(const char *a, const char *b)
+{
+    enum { MAXW = 48 };
+    size_t n = strlen(a), m = strlen(b);
+    if (n > MAXW || m > MAXW)
+        return 1000;
+    int d[MAXW + 1][MAXW + 1];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        for (size_t j = 1; j <= m; j++) {
+            char x = (char)(a[i - 1] >= 'A' && a[i - 1] <= 'Z' ? a[i - 1] + 32 : a[i - 1]);
+            char y = (char)(b[j - 1] >= 'A' && b[j - 1] <= 'Z' ? b[j - 1] + 32 : b[j - 1]);
+            int best = d[i - 1][j - 1] + (x != y);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    }
+    return d[n][m];
+}
+
+/* The candidate closest to `word` (or to `word` without surrounding spaces), if it is close enough
+ * to be a likely typo: distance 1 for names up to 4 letters, 2 up to 8, 3 beyond. */
+static const char *suggest(const char *word, const char *const *cands, size_t ncands)
+{
+    char trimmed[64];
+    size_t start = strspn(word, " \t"), len = strlen(word + start);
+    while (len > 0 && (word[start + len - 1] == ' ' || word[start + len - 1] == '\t'))
+        len--;
+    snprintf(trimmed, sizeof trimmed, "%.*s", (int)(len < 63 ? len : 63), word + start);
+
+    const char *best = NULL;
+    int best_d = 1000;
+    for (size_t i = 0; i < ncands; i++) {
+        int d = edit_distance(word, cands[i]), dt = edit_distance(trimmed, cands[i]);
+        if (dt < d)
+            d = dt;
+        size_t cl = strlen(cands[i]);
+        int limit = cl <= 4 ? 1 : cl <= 8 ? 2 : 3;
+        if (d <= limit && d < best_d) {
+            best = cands[i];
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+/* The keys of a section (of one layer kind when kind >= 0) as a candidate list. */
+static size_t collect_keys(const struct section *s, int kind, const char **out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->nfields && n < max; i++)
+        if (kind < 0 || (s->fields[i].kinds & (1u << kind)))
+            out[n++] = s->fields[i].key;
+    return n;
+}
+
+static void list_keys(const struct section *s, int kind, char *buf, size_t size)
+{
+    const char *keys[64];
+    size_t n = collect_keys(s, kind, keys, ARRAY_LEN(keys));
+    for (size_t i = 0; i < n; i++) {
+        const struct field *f = find_field(s, keys[i]);
+        bool req = kind >= 0 && (f->required & (1u << kind));
+        cat_text(buf, size, "%s%s%s", i ? ", " : "", keys[i], req ? " (required)" : "");
+    }
+}
+
+static void list_names(const char *const *names, char *buf, size_t size)
+{
+    for (size_t i = 0; names[i]; i++)
+        cat_text(buf, size, "%s%s", i ? ", " : "", names[i]);
+}
+
+static void join_path(char *buf, size_t size, const char *prefix, const char *key)
+{
+    snprintf(buf, size, "%s%s%s", prefix, prefix[0] ? "." : "", key);
+}
+
+/* "in optim", "at the top level" */
+static void section_place(const struct section *s, char *buf, size_t size)
+{
+    if (s->path[0])
+        snprintf(buf, size, "in %s", s->path);
+    else
+        snprintf(buf, size, "at the top level");
+}
+
+/* ---- range and hint text ---------------------------------------------------------------------- */
+
+static bool in_range(const struct field *f, double v)
+{
+    if (f->flags & F_MIN) {
+        if (f->flags & F_MIN_OPEN ? !(v > f->lo) : !(v >= f->lo))
+            return false;
+    }
+    if (f->flags & F_MAX) {
+        if (f->flags & F_MAX_OPEN ? !(v < f->hi) : !(v <= f->hi))
+            return false;
+    }
+    return true;
+}
+
+static void range_text(const struct field *f, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if ((f->flags & F_MIN) && (f->flags & F_MAX))
+        snprintf(buf, size, "in %c%g, %g%c", f->flags & F_MIN_OPEN ? '(' : '[', f->lo, f->hi,
+                 f->flags & F_MAX_OPEN ? ')' : ']');
+    else if (f->flags & F_MIN)
+        snprintf(buf, size, "%s %g", f->flags & F_MIN_OPEN ? ">" : ">=", f->lo);
+    else if (f->flags & F_MAX)
+        snprintf(buf, size, "%s %g", f->flags & F_MAX_OPEN ? "<" : "<=", f->hi);
+}
+
+static void default_text(const struct field *f, char *buf, size_t size)
+{
+    char a[40], b[40];
+    if (f->def_text) {
+        snprintf(buf, size, "%s", f->def_text);
+        return;
+    }
+    switch (f->type) {
+    case FT_INT:
+    case FT_U64:
+    case FT_DOUBLE:
+        format_double(f->def, buf, size);
+        break;
+    case FT_BOOL:
+        snprintf(buf, size, "%s", f->def != 0 ? "true" : "false");
+        break;
+    case FT_ENUM:
+        snprintf(buf, size, "%s", f->names[(int)f->def]);
+        break;
+    case FT_STRING:
+        if (f->def_str && f->def_str[0])
+            snprintf(buf, size, "\"%s\"", f->def_str);
+        else
+            buf[0] = '\0';
+        break;
+    case FT_PAIR:
+        format_double(f->def, a, sizeof a);
+        format_double(f->def2, b, sizeof b);
+        snprintf(buf, size, "[%s, %s]", a, b);
+        break;
+    case FT_STRLIST:
+        snprintf(buf, size, "[]");
+        break;
+    default:
+        buf[0] = '\0';
+    }
+}
+
+static const char *expected_what(const struct field *f)
+{
+    if (f->what)
+        return f->what;
+    switch (f->type) {
+    case FT_SECTION: return "a mapping of keys";
+    case FT_LAYERS: return "a list of layers";
+    case FT_INT: return "an integer";
+    case FT_U64: return "a non-negative integer";
+    case FT_DOUBLE: return "a number";
+    case FT_BOOL: return "true or false";
+    case FT_STRING: return "a string";
+    case FT_ENUM: return "a name";
+    case FT_PAIR: return "a list of two numbers";
+    case FT_STRLIST: return f->names ? "a list of op kinds" : "a list of strings";
+    }
+    return "a value";
+}
+
+/* What a key takes, for hints: "optim.lr takes a number > 0 (default 0.001)". */
+static const char *field_hint(const struct field *f, const char *path, int kind, char *buf, size_t size)
+{
+    char range[96], def[128];
+    range_text(f, range, sizeof range);
+    default_text(f, def, sizeof def);
+    if (kind >= 0 && (f->required & (1u << kind)))
+        snprintf(def, sizeof def, "required");
+    snprintf(buf, size, "%s takes %s", path, expected_what(f));
+    switch (f->type) {
+    case FT_SECTION:
+        cat_text(buf, size, ": ");
+        list_keys(f->sub, -1, buf, size);
+        return buf;
+    case FT_LAYERS:
+        cat_text(buf, size, ", each a mapping with a kind (");
+        list_names(layer_kind_names, buf, size);
+        cat_text(buf, size, ") and that kind's keys (see docs/config.md)");
+        return buf;
+    case FT_ENUM:
+        snprintf(buf, size, "%s takes one of: ", path);
+        list_names(f->names, buf, size);
+        break;
+    case FT_STRLIST:
+        if (f->names) {
+            cat_text(buf, size, " from: ");
+            list_names(f->names, buf, size);
+        } else {
+            cat_text(buf, size, ", e.g. [a.txt, b.txt]");
+        }
+        break;
+    case FT_PAIR:
+        cat_text(buf, size, ", each %s", range);
+        break;
+    default:
+        if (range[0])
+            cat_text(buf, size, " %s", range);
+        if (f->flags & F_INF_OK && f->type == FT_DOUBLE && !f->what)
+            cat_text(buf, size, " or inf");
+    }
+    if (def[0])
+        cat_text(buf, size, " (%s%s)", strcmp(def, "required") ? "default " : "", def);
+    return buf;
+}
+
+/* ---- error context ---------------------------------------------------------------------------- */
+
+struct ctx {
+    const char *file;         /* the source's name in messages */
+    const char *override;     /* the whole KEY=VALUE while applying an override, else NULL */
+    const char *override_key; /* its KEY */
+    yaml_document_t *doc;     /* the document the nodes belong to; NULL in a bare config_finalize */
+    unsigned *explicit_keys;  /* where writes to keys with derived defaults are recorded */
+    struct amp_error *err;
+};
+
+static enum amp_status vfail(const struct ctx *c, const yaml_mark_t *mark, const char *path, const char *hint,
+                             const char *fmt, va_list ap)
+{
+    char body[1536];
+    vsnprintf(body, sizeof body, fmt, ap);
+    if (c->override) {
+        if (path && (!c->override_key || strcmp(path, c->override_key)))
+            return amp_fail(c->err, AMP_ERR_CONFIG, hint, "override '%s': %s: %s", c->override, path, body);
+        return amp_fail(c->err, AMP_ERR_CONFIG, hint, "override '%s': %s", c->override, body);
+    }
+    const char *file = c->file && c->file[0] ? c->file : "config";
+    if (mark && path)
+        return amp_fail(c->err, AMP_ERR_CONFIG, hint, "%s:%zu:%zu: %s: %s", file, mark->line + 1, mark->column + 1,
+                        path, body);
+    if (mark)
+        return amp_fail(c->err, AMP_ERR_CONFIG, hint, "%s:%zu:%zu: %s", file, mark->line + 1, mark->column + 1, body);
+    if (path)
+        return amp_fail(c->err, AMP_ERR_CONFIG, hint, "%s: %s: %s", file, path, body);
+    return amp_fail(c->err, AMP_ERR_CONFIG, hint, "%s: %s", file, body);
+}
+
+/* An error at a position: "FILE:LINE:COL: body". */
+static enum amp_status fail_at(const struct ctx *c, const yaml_mark_t *mark, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum amp_status fail_at(const struct ctx *c, const yaml_mark_t *mark, const char *hint, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    enum amp_status st = vfail(c, mark, NULL, hint, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* An error about the value of key `path`: "FILE:LINE:COL: path: body" (the override names the key). */
+static enum amp_status fail_value(const struct ctx *c, const yaml_node_t *node, const char *path, const char *hint,
+                                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum amp_status fail_value(const struct ctx *c, const yaml_node_t *node, const char *path, const char *hint,
+                                  const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    enum amp_status st = vfail(c, node ? &node->start_mark : NULL, path, hint, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static enum amp_status out_of_memory(struct amp_error *err)
+{
+    return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and try again", "out of memory while reading the config");
+}
+
+/* ---- YAML node helpers ------------------------------------------------------------------------ */
+
+static yaml_node_t *node_at(const struct ctx *c, yaml_node_item_t i) { return yaml_document_get_node(c->doc, i); }
+static const char *stext(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+static bool is_plain(const yaml_node_t *n) { return n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE; }
+
+static bool is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || !is_plain(n))
+        return false;
+    const char *s = stext(n);
+    return !s[0] || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
+}
+
+static bool has_nul(const yaml_node_t *n) { return strlen(stext(n)) != n->data.scalar.length; }
+
+static const char *describe(const yaml_node_t *n, char *buf, size_t size)
+{
+    char shown[64];
+    if (n->type == YAML_MAPPING_NODE)
+        return "a mapping";
+    if (n->type == YAML_SEQUENCE_NODE)
+        return "a list";
+    if (is_null(n))
+        return "nothing (null)";
+    show(stext(n), shown, sizeof shown);
+    if (is_plain(n))
+        snprintf(buf, size, "'%s'", shown);
+    else
+        snprintf(buf, size, "the quoted string \"%s\"", shown);
+    return buf;
+}
+
+/* [-+]? (digits [. digits?] | . digits) ([eE] [-+]? digits)? — YAML 1.2's float syntax, no hex. */
+static bool number_syntax(const char *s)
+{
+    size_t digits = 0;
+    if (*s == '+' || *s == '-')
+        s++;
+    while (*s >= '0' && *s <= '9')
+        s++, digits++;
+    if (*s == '.') {
+        s++;
+        while (*s >= '0' && *s <= '9')
+            s++, digits++;
+    }
+    if (!digits)
+        return false;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-')
+            s++;
+        if (!(*s >= '0' && *s <= '9'))
+            return false;
+        while (*s >= '0' && *s <= '9')
+            s++;
+    }
+    return *s == '\0';
+}
+
+static bool integer_syntax(const char *s)
+{
+    if (*s == '+' || *s == '-')
+        s++;
+    return *s && s[strspn(s, "0123456789")] == '\0';
+}
+
+static bool is_inf_word(const char *s)
+{
+    if (*s == '+')
+        s++;
+    return !strcmp(s, "inf") || !strcmp(s, "Inf") || !strcmp(s, ".inf") || !strcmp(s, ".Inf") || !strcmp(s, ".INF");
+}
+
+/* ---- reading scalar values -------------------------------------------------------------------- */
+
+static enum amp_status reject_quoted_number(const struct ctx *c, const yaml_node_t *n, const char *path,
+                                            const char *kind)
+{
+    char shown[96];
+    show(stext(n), shown, sizeof shown);
+    return fail_value(c, n, path, "remove the quotes: numbers are written bare, e.g. lr: 1e-4",
+                      "expected %s, got the quoted string \"%s\"", kind, shown);
+}
+
+static enum amp_status read_double(const struct ctx *c, const struct field *f, const yaml_node_t *n, const char *path,
+                                   const char *hint, double *out)
+{
+    const char *s = stext(n);
+    char shown[96];
+    if (!is_plain(n) && (number_syntax(s) || is_inf_word(s)))
+        return reject_quoted_number(c, n, path, "a number");
+    if (is_plain(n) && is_inf_word(s)) {
+        if (f->flags & F_INF_OK) {
+            *out = INFINITY;
+            return AMP_OK;
+        }
+        return fail_value(c, n, path, hint, "expected a finite number, got '%s'",
+                          show(s, shown, sizeof shown));
+    }
+    if (!is_plain(n) || !number_syntax(s))
+        return fail_value(c, n, path, hint, "expected a number, got %s",
+                          describe(n, shown, sizeof shown));
+    double v = strtod(s, NULL);
+    if (isinf(v))
+        return fail_value(c, n, path, hint, "the number '%s' is too large",
+                          show(s, shown, sizeof shown));
+    *out = v;
+    return AMP_OK;
+}
+
+/* Integers: decimal digits, or a number in float syntax whose value is whole and exact (1e3, 2.0). */
+static enum amp_status read_integer(const struct ctx *c, const yaml_node_t *n, const char *path, const char *hint,
+                                    bool is_unsigned, int64_t *out_i, uint64_t *out_u)
+{
+    const char *s = stext(n);
+    char shown[96];
+    const char *what = is_unsigned ? "a non-negative integer" : "an integer";
+    if (!is_plain(n) && number_syntax(s))
+        return reject_quoted_number(c, n, path, what);
+    if (!is_plain(n) || !number_syntax(s))
+        return fail_value(c, n, path, hint, "expected %s, got %s", what,
+                          describe(n, shown, sizeof shown));
+    if (is_unsigned && s[0] == '-')
+        return fail_value(c, n, path, hint, "expected %s, got '%s'", what,
+                          show(s, shown, sizeof shown));
+    errno = 0;
+    if (integer_syntax(s)) {
+        if (is_unsigned)
+            *out_u = strtoull(s, NULL, 10);
+        else
+            *out_i = strtoll(s, NULL, 10);
+        if (errno == ERANGE)
+            return fail_value(c, n, path, hint, "the integer '%s' is too large",
+                              show(s, shown, sizeof shown));
+        return AMP_OK;
+    }
+    double v = strtod(s, NULL);
+    if (v != floor(v) || fabs(v) > MAX_EXACT_INT)
+        return fail_value(c, n, path, "write a whole number, e.g. 1000 or 1e3", "expected %s, got '%s'", what,
+                          show(s, shown, sizeof shown));
+    if (is_unsigned)
+        *out_u = (uint64_t)v;
+    else
+        *out_i = (int64_t)v;
+    return AMP_OK;
+}
+
+static enum amp_status read_bool(const struct ctx *c, const yaml_node_t *n, const char *path, bool *out)
+{
+    const char *s = stext(n);
+    char shown[96];
+    if (is_plain(n) && (!strcmp(s, "true") || !strcmp(s, "false"))) {
+        *out = s[0] == 't';
+        return AMP_OK;
+    }
+    if (!is_plain(n) && (!strcmp(s, "true") || !strcmp(s, "false")))
+        return fail_value(c, n, path, "remove the quotes: write true or false bare",
+                          "expected true or false, got the quoted string \"%s\"", s);
+    return fail_value(c, n, path, "write true or false (YAML 1.1 words such as yes, no, on, off are not booleans here)",
+                      "expected true or false, got %s", describe(n, shown, sizeof shown));
+}
+
+/* A string into buf[size]: any scalar style, not null, no NUL byte, fits. */
+static enum amp_status read_string(const struct ctx *c, const struct field *f, const yaml_node_t *n, const char *path,
+                                   char *buf, size_t size)
+{
+    const char *s = stext(n);
+    char hint[1024];
+    if (has_nul(n))
+        return fail_value(c, n, path, field_hint(f, path, -1, hint, sizeof hint), "the string contains a NUL character");
+    if (n->data.scalar.length >= size)
+        return fail_value(c, n, path, field_hint(f, path, -1, hint, sizeof hint),
+                          "the string is too long (%zu bytes, at most %zu)", n->data.scalar.length, size - 1);
+    if ((f->flags & F_NONEMPTY) && !s[0])
+        return fail_value(c, n, path, field_hint(f, path, -1, hint, sizeof hint), "must not be empty");
+    const char *why = f->check_str ? f->check_str(s) : NULL;
+    if (why) {
+        char shown[96];
+        return fail_value(c, n, path, field_hint(f, path, -1, hint, sizeof hint), "'%s' %s", show(s, shown, sizeof shown),
+                          why);
+    }
+    memcpy(buf, s, n->data.scalar.length + 1);
+    return AMP_OK;
+}
+
+static enum amp_status read_name(const struct ctx *c, const yaml_node_t *n, const char *path, const char *const *names,
+                                 const char *hint, int *out)
+{
+    char shown[96], dym[96] = "";
+    const char *s = stext(n);
+    int i = has_nul(n) ? -1 : find_name(names, s);
+    if (i >= 0) {
+        *out = i;
+        return AMP_OK;
+    }
+    const char *close = suggest(s, names, count_names(names));
+    if (close)
+        snprintf(dym, sizeof dym, " (did you mean '%s'?)", close);
+    return fail_value(c, n, path, hint, "unknown value '%s'%s", show(s, shown, sizeof shown), dym);
+}
+
+static enum amp_status check_range(const struct ctx *c, const struct field *f, const yaml_node_t *n, const char *path,
+                                   const char *hint, double v)
+{
+    char range[96], shown[96];
+    const char *why = f->check_num ? f->check_num(v) : NULL;
+    if (!why && in_range(f, v))
+        return AMP_OK;
+    range_text(f, range, sizeof range);
+    if (why)
+        return fail_at(c, &n->start_mark, hint, "%s %s, got %s", path, why, show(stext(n), shown, sizeof shown));
+    return fail_at(c, &n->start_mark, hint, "%s must be %s, got %s", path, range, show(stext(n), shown, sizeof shown));
+}
+
+/* ---- applying nodes to fields ----------------------------------------------------------------- */
+
+static enum amp_status apply_section(struct ctx *c, const struct section *s, void *base, yaml_node_t *node);
+static enum amp_status apply_layers(struct ctx *c, const struct field *f, void *base, yaml_node_t *node);
+
+static void layer_defaults(struct layer_config *l, enum layer_kind kind);
+
+static enum amp_status check_duplicate_keys(const struct ctx *c, const yaml_node_t *map, const char *place)
+{
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = node_at(c, p->key);
+        if (!k || k->type != YAML_SCALAR_NODE)
+            continue;
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *prev = node_at(c, q->key);
+            if (prev && prev->type == YAML_SCALAR_NODE && prev->data.scalar.length == k->data.scalar.length &&
+                !memcmp(stext(prev), stext(k), k->data.scalar.length)) {
+                char shown[96];
+                return fail_at(c, &k->start_mark, "remove one of them: a YAML mapping takes each key once",
+                               "duplicate key '%s' %s: first at line %zu, again at line %zu",
+                               show(stext(k), shown, sizeof shown), place, prev->start_mark.line + 1,
+                               k->start_mark.line + 1);
+            }
+        }
+    }
+    return AMP_OK;
+}
+
+static enum amp_status key_text(const struct ctx *c, const yaml_node_t *k, const char *place, const char **out)
+{
+    if (!k || k->type != YAML_SCALAR_NODE || has_nul(k) || is_null(k))
+        return fail_at(c, k ? &k->start_mark : NULL, "write keys as plain names, e.g. lr: 1e-3",
+                       "a key %s is not a name", place);
+    *out = stext(k);
+    return AMP_OK;
+}
+
+static enum amp_status apply_pair(struct ctx *c, const struct field *f, void *base, yaml_node_t *node, const char *path)
+{
+    char hint[1024], item_path[160], shown[96];
+    if (node->type != YAML_SEQUENCE_NODE || node->data.sequence.items.top - node->data.sequence.items.start != 2) {
+        field_hint(f, path, -1, hint, sizeof hint);
+        if (node->type == YAML_SEQUENCE_NODE)
+            return fail_value(c, node, path, hint, "expected a list of two numbers, got %d items",
+                              (int)(node->data.sequence.items.top - node->data.sequence.items.start));
+        return fail_value(c, node, path, hint, "expected a list of two numbers, got %s", describe(node, shown, sizeof shown));
+    }
+    double v[2];
+    for (int i = 0; i < 2; i++) {
+        yaml_node_t *item = node_at(c, node->data.sequence.items.start[i]);
+        snprintf(item_path, sizeof item_path, "%s[%d]", path, i);
+        if (!item || item->type != YAML_SCALAR_NODE || is_null(item))
+            return fail_value(c, item ? item : node, item_path, field_hint(f, path, -1, hint, sizeof hint),
+                              "expected a number, got %s", item ? describe(item, shown, sizeof shown) : "nothing");
+        field_hint(f, path, -1, hint, sizeof hint);
+        enum amp_status st = read_double(c, f, item, item_path, hint, &v[i]);
+        if (st == AMP_OK)
+            st = check_range(c, f, item, item_path, hint, v[i]);
+        if (st != AMP_OK)
+            return st;
+    }
+    memcpy(at(base, f->off), v, sizeof v);
+    return AMP_OK;
+}
+
+static enum amp_status apply_strlist(struct ctx *c, const struct field *f, void *base, yaml_node_t *node,
+                                     const char *path)
+{
+    char hint[1024], item_path[160], shown[96];
+    if (node->type != YAML_SEQUENCE_NODE)
+        return fail_value(c, node, path, field_hint(f, path, -1, hint, sizeof hint), "expected %s, got %s",
+                          expected_what(f), describe(node, shown, sizeof shown));
+    yaml_node_item_t *items = node->data.sequence.items.start;
+    int n = (int)(node->data.sequence.items.top - items);
+    if (n > f->max_count)
+        return fail_value(c, node, path, field_hint(f, path, -1, hint, sizeof hint),
+                          "too many entries (%d, at most %d)", n, f->max_count);
+    char *dst = at(base, f->off);
+    for (int i = 0; i < n; i++) {
+        yaml_node_t *item = node_at(c, items[i]);
+        snprintf(item_path, sizeof item_path, "%s[%d]", path, i);
+        if (!item || item->type != YAML_SCALAR_NODE || is_null(item))
+            return fail_value(c, item ? item : node, item_path, field_hint(f, path, -1, hint, sizeof hint),
+                              "expected a string, got %s", item ? describe(item, shown, sizeof shown) : "nothing");
+        char *slot = dst + (size_t)i * f->size;
+        if (f->names) {
+            int which;
+            hint[0] = '\0';
+            cat_text(hint, sizeof hint, "op kinds: ");
+            list_names(f->names, hint, sizeof hint);
+            enum amp_status st = read_name(c, item, item_path, f->names, hint, &which);
+            if (st != AMP_OK)
+                return st;
+            snprintf(slot, f->size, "%s", f->names[which]);
+        } else {
+            const struct field one = {.key = f->key, .type = FT_STRING, .flags = F_NONEMPTY};
+            enum amp_status st = read_string(c, &one, item, item_path, slot, f->size);
+            if (st != AMP_OK)
+                return st;
+        }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(dst + (size_t)j * f->size, slot))
+                return fail_value(c, item, path, "list each entry once", "'%s' is listed twice",
+                                  show(slot, shown, sizeof shown));
+    }
+    *(int *)at(base, f->count_off) = n;
+    return AMP_OK;
+}
+
+/* Apply one YAML node to one field; `path` is the key's dotted path; `kind` the layer kind or -1. */
+static enum amp_status apply_field_kind(struct ctx *c, const struct field *f, void *base, yaml_node_t *node,
+                                        const char *path, int kind)
+{
+    char hint[1024], shown[96];
+    enum amp_status st = AMP_OK;
+    switch (f->type) {
+    case FT_SECTION:
+        return apply_section(c, f->sub, at(base, f->off), node);
+    case FT_LAYERS:
+        return apply_layers(c, f, base, node);
+    case FT_PAIR:
+        st = apply_pair(c, f, base, node, path);
+        break;
+    case FT_STRLIST:
+        st = apply_strlist(c, f, base, node, path);
+        break;
+    default:
+        if (node->type != YAML_SCALAR_NODE)
+            return fail_value(c, node, path, field_hint(f, path, kind, hint, sizeof hint), "expected %s, got %s",
+                              expected_what(f), describe(node, shown, sizeof shown));
+        if (is_null(node))
+            return fail_value(c, node, path, field_hint(f, path, kind, hint, sizeof hint),
+                              "missing value (write a value or remove the key)");
+        break;
+    }
+    if (st != AMP_OK)
+        return st;
+
+    field_hint(f, path, kind, hint, sizeof hint);
+    switch (f->type) {
+    case FT_INT: {
+        int64_t v = 0;
+        st = read_integer(c, node, path, hint, false, &v, NULL);
+        if (st == AMP_OK)
+            st = check_range(c, f, node, path, hint, (double)v);
+        if (st == AMP_OK)
+            *(int64_t *)at(base, f->off) = v;
+        break;
+    }
+    case FT_U64: {
+        uint64_t v = 0;
+        st = read_integer(c, node, path, hint, true, NULL, &v);
+        if (st == AMP_OK)
+            *(uint64_t *)at(base, f->off) = v;
+        break;
+    }
+    case FT_DOUBLE: {
+        double v = 0;
+        st = read_double(c, f, node, path, hint, &v);
+        if (st == AMP_OK)
+            st = check_range(c, f, node, path, hint, v);
+        if (st == AMP_OK)
+            *(double *)at(base, f->off) = v;
+        break;
+    }
+    case FT_BOOL:
+        st = read_bool(c, node, path, (bool *)at(base, f->off));
+        break;
+    case FT_STRING:
+        st = read_string(c, f, node, path, at(base, f->off), f->size);
+        break;
+    case FT_ENUM: {
+        int v = 0;
+        st = read_name(c, node, path, f->names, hint, &v);
+        if (st == AMP_OK)
+            set_enum(base, f, v);
+        break;
+    }
+    default:
+        break;
+    }
+    if (st == AMP_OK && f->explicit_bit && c->explicit_keys)
+        *c->explicit_keys |= f->explicit_bit;
+    return st;
+}
+
+static enum amp_status apply_field(struct ctx *c, const struct field *f, void *base, yaml_node_t *node,
+                                   const char *path)
+{
+    return apply_field_kind(c, f, base, node, path, -1);
+}
+
+static enum amp_status unknown_key(const struct ctx *c, const yaml_mark_t *mark, const struct section *s,
+                                   const char *key)
+{
+    const char *keys[64];
+    char hint[1024], place[128], shown[96], dym[96] = "";
+    size_t n = collect_keys(s, -1, keys, ARRAY_LEN(keys));
+    const char *close = suggest(key, keys, n);
+    if (close)
+        snprintf(dym, sizeof dym, " (did you mean '%s'?)", close);
+    section_place(s, place, sizeof place);
+    snprintf(hint, sizeof hint, "valid keys %s: ", place);
+    list_keys(s, -1, hint, sizeof hint);
+    return fail_at(c, mark, hint, "unknown key '%s' %s%s", show(key, shown, sizeof shown), place, dym);
+}
+
+static enum amp_status apply_section(struct ctx *c, const struct section *s, void *base, yaml_node_t *node)
+{
+    char place[128], path[160], hint[1024], shown[96];
+    section_place(s, place, sizeof place);
+    if (is_null(node) && c->override) /* optim=~ would change nothing: surely a mistake */
+        return fail_value(c, node, s->path, "write the keys to change, e.g. optim={lr: 3e-4}",
+                          "missing value (a mapping of keys)");
+    if (is_null(node))
+        return AMP_OK; /* "optim:" with nothing under it in a file: all defaults */
+    if (node->type != YAML_MAPPING_NODE) {
+        if (s->path[0])
+            snprintf(hint, sizeof hint, "write the keys of %s one per line, indented below it: ", s->path);
+        else
+            snprintf(hint, sizeof hint, "write the config as a mapping of sections (KEY: VALUE lines): ");
+        list_keys(s, -1, hint, sizeof hint);
+        if (!s->path[0])
+            return fail_at(c, &node->start_mark, hint, "the top level must be a mapping of sections, got %s",
+                           describe(node, shown, sizeof shown));
+        return fail_value(c, node, s->path, hint, "expected a mapping of keys, got %s", describe(node, shown, sizeof shown));
+    }
+    enum amp_status st = check_duplicate_keys(c, node, place);
+    for (yaml_node_pair_t *p = node->data.mapping.pairs.start; st == AMP_OK && p < node->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = node_at(c, p->key), *v = node_at(c, p->value);
+        const char *key = NULL;
+        st = key_text(c, k, place, &key);
+        if (st != AMP_OK)
+            break;
+        const struct field *f = find_field(s, key);
+        if (!f)
+            return unknown_key(c, &k->start_mark, s, key);
+        join_path(path, sizeof path, s->path, key);
+        st = apply_field(c, f, base, v, path);
+    }
+    return st;
+}
+
+/* ---- layers ----------------------------------------------------------------------------------- */
+
+static void layer_defaults(struct layer_config *l, enum layer_kind kind)
+{
+    memset(l, 0, sizeof *l);
+    for (size_t i = 0; i < layer_section.nfields; i++) {
+        const struct field *f = &layer_fields[i];
+        switch (f->type) {
+        case FT_INT: *(int64_t *)at(l, f->off) = (int64_t)f->def; break;
+        case FT_DOUBLE: *(double *)at(l, f->off) = f->def; break;
+        case FT_BOOL: *(bool *)at(l, f->off) = f->def != 0; break;
+        case FT_ENUM: set_enum(l, f, (int)f->def); break;
+        default: break;
+        }
+    }
+    l->kind = kind;
+}
+
+/* One key of layer `index`; "kind" changes the kind and resets the other keys (the name stays if given). */
+static enum amp_status apply_layer_key(struct ctx *c, struct layer_config *l, int index, const yaml_node_t *keynode,
+                                       const char *key, yaml_node_t *value)
+{
+    char path[160], hint[1024], shown[96], dym[96] = "";
+    snprintf(path, sizeof path, "model.layers.%d.%s", index, key);
+    if (!strcmp(key, "kind")) {
+        int kind = 0;
+        char kinds[512] = "layer kinds: ";
+        list_names(layer_kind_names, kinds, sizeof kinds);
+        if (value->type != YAML_SCALAR_NODE || is_null(value))
+            return fail_value(c, value, path, kinds, "expected a layer kind, got %s", describe(value, shown, sizeof shown));
+        enum amp_status st = read_name(c, value, path, layer_kind_names, kinds, &kind);
+        if (st != AMP_OK)
+            return st;
+        if (kind != (int)l->kind) {
+            struct layer_config old = *l;
+            layer_defaults(l, (enum layer_kind)kind);
+            if (old.explicit_keys & XL_NAME) {
+                memcpy(l->name, old.name, sizeof l->name);
+                l->explicit_keys = XL_NAME;
+            }
+        }
+        return AMP_OK;
+    }
+    int kind = (int)l->kind;
+    const struct field *f = find_field(&layer_section, key);
+    if (!f || !(f->kinds & (1u << kind))) {
+        const char *keys[64];
+        size_t n = collect_keys(&layer_section, kind, keys, ARRAY_LEN(keys));
+        snprintf(hint, sizeof hint, "keys of a %s layer: ", layer_kind_names[kind]);
+        list_keys(&layer_section, kind, hint, sizeof hint);
+        const char *close = suggest(key, keys, n);
+        if (close)
+            snprintf(dym, sizeof dym, " (did you mean '%s'?)", close);
+        if (f)
+            return fail_at(c, &keynode->start_mark, hint, "key '%s' does not apply to a %s layer (model.layers.%d)", key,
+                           layer_kind_names[kind], index);
+        return fail_at(c, &keynode->start_mark, hint, "unknown key '%s' in model.layers.%d (%s)%s",
+                       show(key, shown, sizeof shown), index, layer_kind_names[kind], dym);
+    }
+    unsigned *saved = c->explicit_keys;
+    c->explicit_keys = &l->explicit_keys;
+    enum amp_status st = apply_field_kind(c, f, l, value, path, kind);
+    c->explicit_keys = saved;
+    return st;
+}
+
+/* A layer mapping onto `l`. `fresh`: `l` is new, so the mapping must give a kind. */
+static enum amp_status apply_layer(struct ctx *c, struct layer_config *l, int index, yaml_node_t *node, bool fresh)
+{
+    char place[64], hint[1024], shown[96];
+    snprintf(place, sizeof place, "in model.layers.%d", index);
+    snprintf(hint, sizeof hint, "write each layer as a mapping with a kind, e.g. - kind: linear; layer kinds: ");
+    list_names(layer_kind_names, hint, sizeof hint);
+    if (node->type != YAML_MAPPING_NODE) {
+        char path[64];
+        snprintf(path, sizeof path, "model.layers.%d", index);
+        return fail_value(c, node, path, hint, "expected a mapping with a kind, got %s", describe(node, shown, sizeof shown));
+    }
+    enum amp_status st = check_duplicate_keys(c, node, place);
+    if (st != AMP_OK)
+        return st;
+    yaml_node_pair_t *kind_pair = NULL;
+    for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = node_at(c, p->key);
+        if (k && k->type == YAML_SCALAR_NODE && !strcmp(stext(k), "kind") && k->data.scalar.length == 4)
+            kind_pair = p;
+    }
+    if (fresh) {
+        if (!kind_pair)
+            return fail_at(c, &node->start_mark, hint, "model.layers.%d has no 'kind'", index);
+        layer_defaults(l, LAYER_LINEAR);
+        l->kind = LAYER_KIND_COUNT; /* no kind yet: apply_layer_key sees a change of kind */
+    }
+    if (kind_pair) {
+        st = apply_layer_key(c, l, index, node_at(c, kind_pair->key), "kind", node_at(c, kind_pair->value));
+        if (st != AMP_OK)
+            return st;
+    }
+    for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top; p++) {
+        if (p == kind_pair)
+            continue;
+        yaml_node_t *k = node_at(c, p->key);
+        const char *key = NULL;
+        st = key_text(c, k, place, &key);
+        if (st == AMP_OK)
+            st = apply_layer_key(c, l, index, k, key, node_at(c, p->value));
+        if (st != AMP_OK)
+            return st;
+    }
+    return AMP_OK;
+}
+
+static enum amp_status apply_layers(struct ctx *c, const struct field *f, void *base, yaml_node_t *node)
+{
+    char hint[1024], shown[96];
+    if (node->type != YAML_SEQUENCE_NODE)
+        return fail_value(c, node, "model.layers", field_hint(f, "model.layers", -1, hint, sizeof hint),
+                          "expected a list of layers, got %s", describe(node, shown, sizeof shown));
+    yaml_node_item_t *items = node->data.sequence.items.start;
+    int n = (int)(node->data.sequence.items.top - items);
+    struct layer_config *layers = calloc(n > 0 ? (size_t)n : 1, sizeof *layers);
+    if (!layers)
+        return out_of_memory(c->err);
+    for (int i = 0; i < n; i++) {
+        yaml_node_t *item = node_at(c, items[i]);
+        enum amp_status st = item ? apply_layer(c, &layers[i], i, item, true) : out_of_memory(c->err);
+        if (st != AMP_OK) {
+            free(layers);
+            return st;
+        }
+    }
+    struct layer_config **slot = at(base, f->off);
+    free(*slot);
+    *slot = layers;
+    *(int *)at(base, f->count_off) = n;
+    return AMP_OK;
+}
+
+/* ---- defaults ------------------------------------------------------------------------------------ */
+
+static void section_defaults(const struct section *s, void *base)
+{
+    for (size_t i = 0; i < s->nfields; i++) {
+        const struct field *f = &s->fields[i];
+        switch (f->type) {
+        case FT_SECTION: section_defaults(f->sub, at(base, f->off)); break;
+        case FT_LAYERS:
+            *(struct layer_config **)at(base, f->off) = NULL;
+            *(int *)at(base, f->count_off) = 0;
+            break;
+        case FT_INT: *(int64_t *)at(base, f->off) = (int64_t)f->def; break;
+        case FT_U64: *(uint64_t *)at(base, f->off) = (uint64_t)f->def; break;
+        case FT_DOUBLE: *(double *)at(base, f->off) = f->def; break;
+        case FT_BOOL: *(bool *)at(base, f->off) = f->def != 0; break;
+        case FT_STRING: snprintf(at(base, f->off), f->size, "%s", f->def_str ? f->def_str : ""); break;
+        case FT_ENUM: set_enum(base, f, (int)f->def); break;
+        case FT_PAIR: {
+            double v[2] = {f->def, f->def2};
+            memcpy(at(base, f->off), v, sizeof v);
+            break;
+        }
+        case FT_STRLIST:
+            memset(at(base, f->off), 0, f->size * (size_t)f->max_count);
+            *(int *)at(base, f->count_off) = 0;
+            break;
+        }
+    }
+}
+
+/* Fill the defaults that depend on other keys, for the keys not written explicitly. */
+static void derive_defaults(struct config *cfg)
+{
+    if (!(cfg->explicit_keys & X_OUT_DIR))
+        snprintf(cfg->run.out_dir, sizeof cfg->run.out_dir, "runs/%s", cfg->run.name);
+    if (!(cfg->explicit_keys & X_EPOCHS))
+        cfg->run.epochs = cfg->run.steps > 0 ? 0 : 1;
+    else if (cfg->run.steps == 0 && cfg->run.epochs == 0)
+        cfg->run.epochs = 1;
+    if (!(cfg->explicit_keys & X_WEIGHT_DECAY))
+        cfg->optim.weight_decay = cfg->optim.kind == OPTIM_ADAMW ? 0.01 : 0.0;
+    for (int i = 0; i < cfg->model.nlayers; i++) {
+        struct layer_config *l = &cfg->model.layers[i];
+        if (!(l->explicit_keys & XL_NAME))
+            snprintf(l->name, sizeof l->name, "%s_%d", layer_kind_name(l->kind), i);
+        if ((l->kind == LAYER_MAXPOOL2D || l->kind == LAYER_AVGPOOL2D) && !(l->explicit_keys & XL_STRIDE))
+            l->stride = l->kernel > 0 ? l->kernel : 1;
+        if (l->kind == LAYER_EMBEDDING && !(l->explicit_keys & XL_MAX_LEN))
+            l->max_len = cfg->data.seq_len;
+    }
+}
+
+void config_defaults(struct config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    section_defaults(&root_section, cfg);
+    snprintf(cfg->source, sizeof cfg->source, "<defaults>");
+    derive_defaults(cfg);
+}
+
+/* ---- checks across keys (finalize) ------------------------------------------------------------- */
+
+/* Where key `path` ("model.layers.3", "run.steps") is in the document: its key's mark, or that of the
+ * closest enclosing key found; NULL without a document. */
+static const yaml_mark_t *locate(const struct ctx *c, const char *path)
+{
+    if (!c->doc)
+        return NULL;
+    yaml_node_t *node = yaml_document_get_root_node(c->doc);
+    if (!node)
+        return NULL;
+    const yaml_mark_t *best = &node->start_mark;
+    const char *p = path;
+    while (*p && node) {
+        size_t len = strcspn(p, ".");
+        yaml_node_t *next = NULL;
+        if (node->type == YAML_MAPPING_NODE) {
+            for (yaml_node_pair_t *q = node->data.mapping.pairs.start; q < node->data.mapping.pairs.top; q++) {
+                yaml_node_t *k = node_at(c, q->key);
+                if (k && k->type == YAML_SCALAR_NODE && k->data.scalar.length == len && !memcmp(stext(k), p, len)) {
+                    best = &k->start_mark;
+                    next = node_at(c, q->value);
+                    break;
+                }
+            }
+        } else if (node->type == YAML_SEQUENCE_NODE) {
+            long i = strtol(p, NULL, 10);
+            if (i >= 0 && i < node->data.sequence.items.top - node->data.sequence.items.start) {
+                next = node_at(c, node->data.sequence.items.start[i]);
+                if (next)
+                    best = &next->start_mark;
+            }
+        }
+        if (!next)
+            break;
+        node = next;
+        p += len;
+        if (*p == '.')
+            p++;
+    }
+    return best;
+}
+
+static enum amp_status fail_key(const struct ctx *c, const char *path, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum amp_status fail_key(const struct ctx *c, const char *path, const char *hint, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    enum amp_status st = vfail(c, locate(c, path), NULL, hint, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static bool is_loss(enum layer_kind k) { return k == LAYER_CROSS_ENTROPY || k == LAYER_MSE; }
+
+static enum amp_status check_data(const struct ctx *c, const struct data_config *d)
+{
+    char hint[256];
+    if (d->format == DATA_IDX) {
+        const char *keys[] = {"train_images", "train_labels", "test_images", "test_labels"};
+        const char *vals[] = {d->train_images, d->train_labels, d->test_images, d->test_labels};
+        for (int i = 0; i < 4; i++) {
+            if (!vals[i][0]) {
+                snprintf(hint, sizeof hint, "add data.%s: PATH (an IDX file, gzip or not)", keys[i]);
+                return fail_key(c, "data.format", hint, "data.format is idx but data.%s is not set", keys[i]);
+            }
+        }
+    } else if (d->format == DATA_HDF5 && !d->path[0]) {
+        return fail_key(c, "data.format", "add data.path: FILE.h5 (datasets data.x_key and data.y_key)",
+                        "data.format is hdf5 but data.path is not set");
+    } else if (d->format == DATA_TEXT && d->nfiles == 0) {
+        return fail_key(c, "data.format", "add data.files: [a.txt, b.txt]", "data.format is text but data.files is empty");
+    }
+    return AMP_OK;
+}
+
+static enum amp_status check_model(const struct ctx *c, const struct model_config *m)
+{
+    char path[64], hint[1024];
+    if (m->nlayers == 0)
+        return fail_key(c, "model.layers", "list the layers under model.layers, ending with a loss (cross_entropy or mse)",
+                        "model.layers is missing or empty");
+    for (int i = 0; i < m->nlayers; i++) {
+        const struct layer_config *l = &m->layers[i];
+        const char *kind = layer_kind_name(l->kind);
+        snprintf(path, sizeof path, "model.layers.%d", i);
+        snprintf(hint, sizeof hint, "keys of a %s layer: ", kind);
+        list_keys(&layer_section, (int)l->kind, hint, sizeof hint);
+        for (size_t j = 0; j < layer_section.nfields; j++) {
+            const struct field *f = &layer_fields[j];
+            if ((f->required & (1u << l->kind)) && get_i64(l, f) <= 0)
+                return fail_key(c, path, hint, "layer '%s' (model.layers.%d, %s) needs '%s'", l->name, i, kind, f->key);
+        }
+        if ((l->kind == LAYER_ATTENTION || l->kind == LAYER_TRANSFORMER_BLOCK) && l->dim > 0 && l->dim % l->heads)
+            return fail_key(c, path, "choose heads dividing dim (each head has dim/heads channels)",
+                            "layer '%s' (model.layers.%d): dim %" PRId64 " is not divisible by heads %" PRId64, l->name,
+                            i, l->dim, l->heads);
+        if ((l->kind == LAYER_MAXPOOL2D || l->kind == LAYER_AVGPOOL2D) && 2 * l->padding > l->kernel)
+            return fail_key(c, path, "use padding <= kernel/2, as PyTorch requires",
+                            "layer '%s' (model.layers.%d): padding %" PRId64 " is more than half the kernel %" PRId64,
+                            l->name, i, l->padding, l->kernel);
+        if (is_loss(l->kind) && i != m->nlayers - 1)
+            return fail_key(c, path, "put the loss (cross_entropy or mse) last, once",
+                            "model: layer '%s' (model.layers.%d) is a loss but is not the last layer", l->name, i);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(m->layers[j].name, l->name))
+                return fail_key(c, path, "give each layer its own name (or leave name out for kind_N)",
+                                "model: layers %d and %d are both named '%s'", j, i, l->name);
+    }
+    const struct layer_config *last = &m->layers[m->nlayers - 1];
+    if (!is_loss(last->kind)) {
+        snprintf(path, sizeof path, "model.layers.%d", m->nlayers - 1);
+        return fail_key(c, path, "end model.layers with - kind: cross_entropy (classification) or - kind: mse (regression)",
+                        "model: the last layer must be a loss (cross_entropy or mse), but model.layers.%d '%s' is %s",
+                        m->nlayers - 1, last->name, layer_kind_name(last->kind));
+    }
+    return AMP_OK;
+}
+
+static enum amp_status check_precision(const struct ctx *c, const struct precision_config *p)
+{
+    const struct loss_scale_config *s = &p->loss_scale;
+    char a[40], b[40], hint[256];
+    if (s->min > s->init || s->init > s->max) {
+        bool low = s->min > s->init;
+        format_double(low ? s->min : s->init, a, sizeof a);
+        format_double(low ? s->init : s->max, b, sizeof b);
+        snprintf(hint, sizeof hint, "choose 0 < min <= init <= max (defaults 1, 65536, 16777216)");
+        return fail_key(c, low ? "precision.loss_scale.min" : "precision.loss_scale.max", hint,
+                        "precision.loss_scale: %s (%s) is larger than %s (%s)", low ? "min" : "init", a,
+                        low ? "init" : "max", b);
+    }
+    const struct autocast_config *ac = &p->autocast;
+    const char(*lists[3])[32] = {ac->lowp_ops, ac->fp32_ops, ac->promote_ops};
+    const int counts[3] = {ac->nlowp, ac->nfp32, ac->npromote};
+    const char *names[3] = {"lowp_ops", "fp32_ops", "promote_ops"};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < i; j++)
+            for (int x = 0; x < counts[i]; x++)
+                for (int y = 0; y < counts[j]; y++)
+                    if (!strcmp(lists[i][x], lists[j][y])) {
+                        char path[64];
+                        snprintf(path, sizeof path, "precision.autocast.%s", names[i]);
+                        return fail_key(c, path, "put each op kind in one list only",
+                                        "precision.autocast: '%s' is in both %s and %s", lists[i][x], names[j], names[i]);
+                    }
+    return AMP_OK;
+}
+
+static enum amp_status finalize(struct ctx *c, struct config *cfg)
+{
+    enum amp_status st;
+    if (cfg->run.steps > 0 && cfg->run.epochs > 0 && (cfg->explicit_keys & X_EPOCHS))
+        return fail_key(c, "run.steps", "set only one: run.epochs=0 to train for run.steps optimizer steps, or run.steps=0",
+                        "run.steps (%" PRId64 ") and run.epochs (%" PRId64 ") are both set", cfg->run.steps,
+                        cfg->run.epochs);
+    derive_defaults(cfg);
+    if ((st = check_data(c, &cfg->data)) != AMP_OK || (st = check_model(c, &cfg->model)) != AMP_OK)
+        return st;
+    if (cfg->optim.nesterov && cfg->optim.momentum <= 0)
+        return fail_key(c, "optim.nesterov", "set optim.momentum > 0 (e.g. 0.9) or nesterov: false",
+                        "optim.nesterov needs optim.momentum > 0 (momentum is %g)", cfg->optim.momentum);
+    if (cfg->optim.schedule.kind == SCHED_COSINE && cfg->optim.schedule.min_lr > cfg->optim.lr)
+        return fail_key(c, "optim.schedule.min_lr", "choose min_lr <= lr",
+                        "optim.schedule.min_lr (%g) is larger than optim.lr (%g)", cfg->optim.schedule.min_lr,
+                        cfg->optim.lr);
+    return check_precision(c, &cfg->precision);
+}
+
+enum amp_status config_finalize(struct config *cfg, struct amp_error *err)
+{
+    struct ctx c = {.file = cfg->source, .explicit_keys = &cfg->explicit_keys, .err = err};
+    return finalize(&c, cfg);
+}
+
+/* ---- reading documents ------------------------------------------------------------------------- */
+
+/* YAML forbids tabs in indentation; we reject every tab, found in the raw text before parsing. */
+static enum amp_status check_tabs(const struct ctx *c, const char *text, size_t len)
+{
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)text[i];
+        if (ch == '\t') {
+            yaml_mark_t m = {.index = i, .line = line - 1, .column = col - 1};
+            return fail_at(c, &m, "YAML forbids tabs for indentation; use spaces", "tab character (YAML forbids tabs)");
+        }
+        if (ch == '\n') {
+            line++;
+            col = 1;
+        } else if ((ch & 0xC0) != 0x80) {
+            col++; /* columns count characters, as libyaml's marks do */
+        }
+    }
+    return AMP_OK;
+}
+
+static void offset_mark(const char *text, size_t len, size_t offset, yaml_mark_t *m)
+{
+    memset(m, 0, sizeof *m);
+    for (size_t i = 0; i < offset && i < len; i++) {
+        if (text[i] == '\n') {
+            m->line++;
+            m->column = 0;
+        } else if (((unsigned char)text[i] & 0xC0) != 0x80) {
+            m->column++;
+        }
+    }
+}
+
+static enum amp_status syntax_error(const struct ctx *c, const yaml_parser_t *p, const char *text, size_t len)
+{
+    char hint[256] = "check the brackets, quotes, colons and indentation at this position";
+    const char *problem = p->problem ? p->problem : "unknown problem";
+    if (p->error == YAML_MEMORY_ERROR)
+        return out_of_memory(c->err);
+    if (strstr(problem, "',' or ']'"))
+        snprintf(hint, sizeof hint, "a '[' is not closed: add the missing ']' (or the missing ',' between items)");
+    else if (strstr(problem, "',' or '}'"))
+        snprintf(hint, sizeof hint, "a '{' is not closed: add the missing '}' (or the missing ',' between entries)");
+    if (c->override)
+        return amp_fail(c->err, AMP_ERR_CONFIG, "quote the value or check its brackets, e.g. data.files=[a.txt, b.txt]",
+                        "override '%s': cannot read the value as YAML: %s", c->override, problem);
+    if (p->error == YAML_READER_ERROR) {
+        yaml_mark_t m;
+        offset_mark(text, len, p->problem_offset, &m);
+        return fail_at(c, &m, "save the file as UTF-8 text without control characters", "cannot read the text: %s",
+                       problem);
+    }
+    yaml_mark_t at_mark = p->problem_mark;
+    if (at_mark.index >= len) /* at the end of the input: point at its last character, not past it */
+        offset_mark(text, len, len > 0 && text[len - 1] == '\n' ? len - 1 : len, &at_mark);
+    if (p->context)
+        return fail_at(c, &at_mark, hint, "YAML syntax error: %s (%s at line %zu, column %zu)", problem,
+                       p->context, p->context_mark.line + 1, p->context_mark.column + 1);
+    return fail_at(c, &at_mark, hint, "YAML syntax error: %s", problem);
+}
+
+/* Parse exactly one YAML document from text into *doc. *empty: the text holds no document. */
+static enum amp_status load_document(const struct ctx *c, const char *text, size_t len, yaml_document_t *doc,
+                                     bool *empty)
+{
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser))
+        return out_of_memory(c->err);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    enum amp_status st = AMP_OK;
+    if (!yaml_parser_load(&parser, doc)) {
+        st = syntax_error(c, &parser, text, len);
+        yaml_parser_delete(&parser);
+        return st;
+    }
+    *empty = yaml_document_get_root_node(doc) == NULL;
+    if (!*empty) {
+        yaml_document_t next;
+        if (!yaml_parser_load(&parser, &next)) {
+            st = syntax_error(c, &parser, text, len);
+        } else {
+            yaml_node_t *root = yaml_document_get_root_node(&next);
+            if (root)
+                st = fail_at(c, &root->start_mark, "keep the whole config in one YAML document (remove the '---')",
+                             "a second YAML document starts here");
+            yaml_document_delete(&next);
+        }
+        if (st != AMP_OK)
+            yaml_document_delete(doc);
+    } else {
+        yaml_document_delete(doc);
+    }
+    yaml_parser_delete(&parser);
+    return st;
+}
+
+enum amp_status config_parse_string(struct config *cfg, const char *yaml, size_t len, const char *name,
+                                    struct amp_error *err)
+{
+    config_defaults(cfg);
+    name = name ? name : "<string>";
+    snprintf(cfg->source, sizeof cfg->source, "%s", name);
+    struct ctx c = {.file = name, .explicit_keys = &cfg->explicit_keys, .err = err};
+    if (!yaml && len)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "%s: no text to parse", name);
+    enum amp_status st = check_tabs(&c, yaml ? yaml : "", len);
+    if (st != AMP_OK)
+        return st;
+    yaml_document_t doc;
+    bool empty = true;
+    st = load_document(&c, yaml ? yaml : "", len, &doc, &empty);
+    if (st != AMP_OK)
+        return st;
+    if (empty)
+        return amp_fail(err, AMP_ERR_CONFIG, "start from one of the configs in configs/, e.g. configs/fashion_mlp.yaml",
+                        "%s:1:1: the config is empty (no YAML document, only comments or blank lines)", name);
+    c.doc = &doc;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (is_null(root)) /* "---" or "~" alone */
+        st = fail_at(&c, &root->start_mark, "start from one of the configs in configs/, e.g. configs/fashion_mlp.yaml",
+                     "the config is empty");
+    else
+        st = apply_section(&c, &root_section, cfg, root);
+    if (st == AMP_OK)
+        st = finalize(&c, cfg);
+    yaml_document_delete(&doc);
+    if (st != AMP_OK)
+        config_free(cfg);
+    return st;
+}
+
+enum amp_status config_load(struct config *cfg, const char *path, struct amp_error *err)
+{
+    config_defaults(cfg);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return amp_fail(err, AMP_ERR_CONFIG, "check the path; configs/ holds ready-made configs",
+                        "%s: cannot open the config file: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    enum amp_status st = buf ? AMP_OK : out_of_memory(err);
+    while (st == AMP_OK) {
+        if (len == cap) {
+            char *bigger = cap < MAX_CONFIG_BYTES ? realloc(buf, cap * 2) : NULL;
+            if (!bigger) {
+                st = cap < MAX_CONFIG_BYTES ? out_of_memory(err)
+                                            : amp_fail(err, AMP_ERR_CONFIG, "is this the right file?",
+                                                       "%s: larger than %zu bytes; not a config", path, MAX_CONFIG_BYTES);
+                break;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f))
+                st = amp_fail(err, AMP_ERR_CONFIG, "check that the path is a readable file",
+                              "%s: cannot read the config file: %s", path, strerror(errno));
+            break;
+        }
+    }
+    fclose(f);
+    if (st == AMP_OK)
+        st = config_parse_string(cfg, buf, len, path, err);
+    free(buf);
+    return st;
+}
+
+/* ---- overrides --------------------------------------------------------------------------------- */
+
+/* Resolve KEY through the tables and apply the value node; `work` is a scratch copy of the config. */
+static enum amp_status apply_override_path(struct ctx *c, struct config *work, const char *key, yaml_node_t *value)
+{
+    const struct section *s = &root_section;
+    void *base = work;
+    char path[256] = "", comp[128];
+    const char *p = key;
+    for (;;) {
+        size_t len = strcspn(p, ".");
+        if (len == 0 || len >= sizeof comp)
+            return amp_fail(c->err, AMP_ERR_CONFIG, "write the key as dotted names, e.g. optim.lr=3e-4",
+                            "override '%s': '%s' is not a valid key", c->override, key);
+        memcpy(comp, p, len);
+        comp[len] = '\0';
+        p += len;
+        const struct field *f = find_field(s, comp);
+        if (!f)
+            return unknown_key(c, NULL, s, comp);
+        join_path(path, sizeof path, s->path, comp);
+        if (!*p)
+            return apply_field(c, f, base, value, path);
+        p++; /* the '.' */
+        if (f->type == FT_SECTION) {
+            s = f->sub;
+            base = at(base, f->off);
+            continue;
+        }
+        if (f->type != FT_LAYERS)
+            return amp_fail(c->err, AMP_ERR_CONFIG, "write the key as dotted names, e.g. optim.lr=3e-4",
+                            "override '%s': %s is a value, not a section; it has no key '%s'", c->override, path, p);
+        /* model.layers.N[.key] */
+        size_t ilen = strcspn(p, ".");
+        char *end = NULL;
+        long index = strtol(p, &end, 10);
+        int n = *(int *)at(base, f->count_off);
+        if (ilen == 0 || strspn(p, "0123456789") != ilen || end != p + ilen)
+            return amp_fail(c->err, AMP_ERR_CONFIG, "address a layer by its index, e.g. model.layers.0.out=256",
+                            "override '%s': '%.*s' is not a layer index", c->override, (int)ilen, p);
+        if (index >= n)
+            return amp_fail(c->err, AMP_ERR_CONFIG, "layer indices start at 0",
+                            "override '%s': model.layers has %d layers (indices 0 to %d), no layer %ld", c->override, n,
+                            n - 1, index);
+        struct layer_config *l = &(*(struct layer_config **)at(base, f->off))[index];
+        p += ilen;
+        if (!*p)
+            return apply_layer(c, l, (int)index, value, false);
+        p++;
+        if (strchr(p, '.') || !*p)
+            return amp_fail(c->err, AMP_ERR_CONFIG, "write model.layers.N.KEY=VALUE, e.g. model.layers.0.out=256",
+                            "override '%s': layer keys have no sub-keys", c->override);
+        yaml_mark_t none = {0};
+        return apply_layer_key(c, l, (int)index, &(yaml_node_t){.start_mark = none}, p, value);
+    }
+}
+
+/* run.steps and run.epochs are alternatives. An override of one (> 0) replaces the choice the file made,
+ * so `run.steps=100` works on a config that trains for epochs; overriding both is still an error. */
+static void choose_steps_or_epochs(struct config *cfg, const char *key)
+{
+    if (!strcmp(key, "run.steps") && cfg->run.steps > 0) {
+        cfg->explicit_keys |= X_STEPS_OVERRIDDEN;
+        if (!(cfg->explicit_keys & X_EPOCHS_OVERRIDDEN))
+            cfg->explicit_keys &= ~(unsigned)X_EPOCHS; /* finalize derives epochs = 0 */
+    } else if (!strcmp(key, "run.epochs") && cfg->run.epochs > 0) {
+        cfg->explicit_keys |= X_EPOCHS_OVERRIDDEN;
+        if (!(cfg->explicit_keys & X_STEPS_OVERRIDDEN))
+            cfg->run.steps = 0;
+    }
+}
+
+enum amp_status config_apply_override(struct config *cfg, const char *override, struct amp_error *err)
+{
+    const char *eq = strchr(override, '=');
+    if (!eq)
+        return amp_fail(err, AMP_ERR_CONFIG, "write KEY=VALUE, e.g. optim.lr=3e-4 or precision.mode=bf16",
+                        "override '%s' has no '=': write KEY=VALUE", override);
+    size_t klen = (size_t)(eq - override);
+    if (klen == 0 || klen >= 256)
+        return amp_fail(err, AMP_ERR_CONFIG, "write KEY=VALUE, e.g. optim.lr=3e-4",
+                        "override '%s': %s", override, klen ? "the key is too long" : "no key before '='");
+    char key[256];
+    memcpy(key, override, klen);
+    key[klen] = '\0';
+    const char *value = eq + 1;
+
+    struct ctx c = {.file = cfg->source, .override = override, .override_key = key, .err = err};
+    yaml_document_t doc;
+    bool empty = true;
+    enum amp_status st = load_document(&c, value, strlen(value), &doc, &empty);
+    if (st != AMP_OK)
+        return st;
+    if (empty)
+        return amp_fail(err, AMP_ERR_CONFIG, "write a value after '=', e.g. optim.lr=3e-4",
+                        "override '%s': missing value after '='", override);
+    c.doc = &doc;
+
+    /* Work on a copy so that a failed override leaves `cfg` as it was. */
+    struct config *work = malloc(sizeof *work);
+    if (!work) {
+        yaml_document_delete(&doc);
+        return out_of_memory(err);
+    }
+    st = config_copy(work, cfg, err);
+    if (st == AMP_OK) {
+        c.explicit_keys = &work->explicit_keys;
+        st = apply_override_path(&c, work, key, yaml_document_get_root_node(&doc));
+        if (st == AMP_OK)
+            choose_steps_or_epochs(work, key);
+        if (st == AMP_OK) {
+            config_free(cfg);
+            *cfg = *work;
+        } else {
+            config_free(work);
+        }
+    }
+    free(work);
+    yaml_document_delete(&doc);
+    return st;
+}
+
+/* ---- printing ---------------------------------------------------------------------------------- */
+
+struct sink {
+    FILE *file;      /* print here, or */
+    char *buf;       /* into this growing buffer */
+    size_t len, cap;
+    bool failed;     /* out of memory */
+};
+
+static void put(struct sink *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct sink *o, const char *fmt, ...)
+{
+    va_list ap;
+    if (o->failed)
+        return;
+    if (o->file) {
+        va_start(ap, fmt);
+        vfprintf(o->file, fmt, ap);
+        va_end(ap);
+        return;
+    }
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        o->failed = true;
+        return;
+    }
+    if (o->len + (size_t)n + 1 > o->cap) {
+        size_t cap = o->cap ? o->cap : 1024;
+        while (cap < o->len + (size_t)n + 1)
+            cap *= 2;
+        char *bigger = realloc(o->buf, cap);
+        if (!bigger) {
+            o->failed = true;
+            return;
+        }
+        o->buf = bigger;
+        o->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+    va_end(ap);
+    o->len += (size_t)n;
+}
+
+/* Decode one UTF-8 sequence at s; returns its length (1 for a stray byte, *cp = the byte | 0x110000). */
+static size_t utf8_decode(const unsigned char *s, uint32_t *cp)
+{
+    size_t n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0) {
+        *cp = 0x110000u | s[0];
+        return 1;
+    }
+    uint32_t v = n == 1 ? s[0] : s[0] & (0x7Fu >> n);
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80) {
+            *cp = 0x110000u | s[0];
+            return 1;
+        }
+        v = (v << 6) | (s[i] & 0x3Fu);
+    }
+    *cp = v;
+    return n;
+}
+
+/* A double-quoted YAML string that libyaml reads back byte for byte: escapes for quotes, backslashes,
+ * control characters, line breaks (NEL, LS, PS) and the code points libyaml's reader refuses. */
+static void put_quoted(struct sink *o, const char *s)
+{
+    put(o, "\"");
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        uint32_t cp;
+        size_t n = utf8_decode(p, &cp);
+        if (cp == '"' || cp == '\\')
+            put(o, "\\%c", (char)cp);
+        else if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0))
+            put(o, "\\x%02X", (unsigned)cp);
+        else if (cp == 0x2028 || cp == 0x2029 || cp == 0xFEFF || cp == 0xFFFE || cp == 0xFFFF)
+            put(o, "\\u%04X", (unsigned)cp);
+        else if (cp > 0x10FFFF)
+            put(o, "\\x%02X", (unsigned)(cp & 0xFF)); /* not UTF-8: cannot occur in a string read by libyaml */
+        else
+            put(o, "%.*s", (int)n, (const char *)p);
+        p += n;
+    }
+    put(o, "\"");
+}
+
+static void put_double(struct sink *o, double v)
+{
+    char buf[40];
+    format_double(v, buf, sizeof buf);
+    put(o, "%s", buf);
+}
+
+static void print_value(struct sink *o, const struct field *f, const void *base)
+{
+    switch (f->type) {
+    case FT_INT: put(o, "%" PRId64, get_i64(base, f)); break;
+    case FT_U64: put(o, "%" PRIu64, *(const uint64_t *)cat(base, f->off)); break;
+    case FT_DOUBLE: put_double(o, *(const double *)cat(base, f->off)); break;
+    case FT_BOOL: put(o, "%s", *(const bool *)cat(base, f->off) ? "true" : "false"); break;
+    case FT_STRING: put_quoted(o, cat(base, f->off)); break;
+    case FT_ENUM: put(o, "%s", name_or(f->names, count_names(f->names) + 1, get_enum(base, f))); break;
+    case FT_PAIR: {
+        const double *v = cat(base, f->off);
+        put(o, "[");
+        put_double(o, v[0]);
+        put(o, ", ");
+        put_double(o, v[1]);
+        put(o, "]");
+        break;
+    }
+    case FT_STRLIST: {
+        int n = get_count(base, f);
+        put(o, "[");
+        for (int i = 0; i < n; i++) {
+            put(o, "%s", i ? ", " : "");
+            put_quoted(o, (const char *)cat(base, f->off) + (size_t)i * f->size);
+        }
+        put(o, "]");
+        break;
+    }
+    default: break;
+    }
+}
+
+static void print_section(struct sink *o, const struct section *s, const void *base, int indent)
+{
+    for (size_t i = 0; i < s->nfields; i++) {
+        const struct field *f = &s->fields[i];
+        if (f->type == FT_SECTION) {
+            put(o, "%*s%s:\n", indent, "", f->key);
+            print_section(o, f->sub, cat(base, f->off), indent + 2);
+        } else if (f->type == FT_LAYERS) {
+            int n = get_count(base, f);
+            const struct layer_config *layers = *(struct layer_config *const *)cat(base, f->off);
+            put(o, "%*s%s:%s\n", indent, "", f->key, n ? "" : " []");
+            for (int l = 0; l < n; l++) {
+                put(o, "%*s- kind: %s\n", indent + 2, "", layer_kind_name(layers[l].kind));
+                for (size_t j = 1; j < layer_section.nfields; j++) {
+                    const struct field *lf = &layer_fields[j];
+                    if (!(lf->kinds & (1u << layers[l].kind)))
+                        continue;
+                    put(o, "%*s%s: ", indent + 4, "", lf->key);
+                    print_value(o, lf, &layers[l]);
+                    put(o, "\n");
+                }
+            }
+        } else {
+            put(o, "%*s%s: ", indent, "", f->key);
+            print_value(o, f, base);
+            put(o, "\n");
+        }
+    }
+}
+
+void config_print_yaml(const struct config *cfg, FILE *out)
+{
+    struct sink o = {.file = out};
+    print_section(&o, &root_section, cfg, 0);
+}
+
+char *config_to_yaml_string(const struct config *cfg)
+{
+    struct sink o = {0};
+    print_section(&o, &root_section, cfg, 0);
+    if (o.failed || !o.buf) {
+        free(o.buf);
+        return NULL;
+    }
+    return o.buf;
+}
+
+/* ---- equality, copy, free ---------------------------------------------------------------------- */
+
+static bool section_equal(const struct section *s, const void *a, const void *b, int kind);
+
+static bool field_equal(const struct field *f, const void *a, const void *b)
+{
+    switch (f->type) {
+    case FT_SECTION: return section_equal(f->sub, cat(a, f->off), cat(b, f->off), -1);
+    case FT_LAYERS: {
+        int n = get_count(a, f);
+        if (n != get_count(b, f))
+            return false;
+        const struct layer_config *la = *(struct layer_config *const *)cat(a, f->off);
+        const struct layer_config *lb = *(struct layer_config *const *)cat(b, f->off);
+        for (int i = 0; i < n; i++)
+            if (la[i].kind != lb[i].kind || !section_equal(&layer_section, &la[i], &lb[i], (int)la[i].kind))
+                return false;
+        return true;
+    }
+    case FT_INT: return get_i64(a, f) == get_i64(b, f);
+    case FT_U64: return *(const uint64_t *)cat(a, f->off) == *(const uint64_t *)cat(b, f->off);
+    case FT_DOUBLE: return *(const double *)cat(a, f->off) == *(const double *)cat(b, f->off);
+    case FT_BOOL: return *(const bool *)cat(a, f->off) == *(const bool *)cat(b, f->off);
+    case FT_STRING: return !strcmp(cat(a, f->off), cat(b, f->off));
+    case FT_ENUM: return get_enum(a, f) == get_enum(b, f);
+    case FT_PAIR: {
+        const double *x = cat(a, f->off), *y = cat(b, f->off);
+        return x[0] == y[0] && x[1] == y[1];
+    }
+    case FT_STRLIST: {
+        int n = get_count(a, f);
+        if (n != get_count(b, f))
+            return false;
+        for (int i = 0; i < n; i++)
+            if (strcmp((const char *)cat(a, f->off) + (size_t)i * f->size, (const char *)cat(b, f->off) + (size_t)i * f->size))
+                return false;
+        return true;
+    }
+    }
+    return false;
+}
+
+/* kind >= 0: a layer; only the keys of that kind count. */
+static bool section_equal(const struct section *s, const void *a, const void *b, int kind)
+{
+    for (size_t i = 0; i < s->nfields; i++)
+        if ((kind < 0 || (s->fields[i].kinds & (1u << kind))) && !field_equal(&s->fields[i], a, b))
+            return false;
+    return true;
+}
+
+bool config_equal(const struct config *a, const struct config *b)
+{
+    return section_equal(&root_section, a, b, -1);
+}
+
+enum amp_status config_copy(struct config *dst, const struct config *src, struct amp_error *err)
+{
+    *dst = *src;
+    dst->model.layers = NULL;
+    dst->model.nlayers = 0;
+    if (src->model.nlayers > 0) {
+        size_t bytes = (size_t)src->model.nlayers * sizeof *src->model.layers;
+        dst->model.layers = malloc(bytes);
+        if (!dst->model.layers)
+            return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and try again", "out of memory copying the config");
+        memcpy(dst->model.layers, src->model.layers, bytes);
+        dst->model.nlayers = src->model.nlayers;
+    }
+    return AMP_OK;
+}
+
+void config_free(struct config *cfg)
+{
+    if (!cfg)
+        return;
+    free(cfg->model.layers);
+    cfg->model.layers = NULL;
+    cfg->model.nlayers = 0;
+}

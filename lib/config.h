@@ -1,0 +1,222 @@
+/*
+ * config.h — the typed configuration of a run (DESIGN.md section 2) and its strict YAML reader.
+ *
+ * The whole schema lives here as plain structs; config.c holds one descriptor table per section
+ * that maps YAML keys onto these fields with their type, range and default. That table drives
+ * everything: parsing a file, applying `KEY=VALUE` overrides, filling defaults, and printing the
+ * resolved config as YAML that parses back to the same struct. docs/config.md documents each key.
+ *
+ * Strings are fixed-size arrays so a `struct config` can be copied and compared with memcmp-free
+ * field comparisons and needs no freeing except the layer list.
+ */
+#ifndef AMP_CONFIG_H
+#define AMP_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "error.h" /* struct amp_error, enum amp_status */
+
+#define CFG_STR 256      /* longest string value (paths included) */
+#define CFG_MAX_FILES 16 /* most files in data.files */
+#define CFG_MAX_OPS 32   /* most op kinds in one autocast override list */
+
+enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT };
+enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };
+enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE };
+enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16 };
+enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
+enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
+enum gelu_approx { GELU_TANH, GELU_ERF };
+
+enum layer_kind {
+    LAYER_LINEAR,
+    LAYER_CONV2D,
+    LAYER_MAXPOOL2D,
+    LAYER_AVGPOOL2D,
+    LAYER_FLATTEN,
+    LAYER_BATCHNORM2D,
+    LAYER_LAYERNORM,
+    LAYER_RELU,
+    LAYER_GELU,
+    LAYER_DROPOUT,
+    LAYER_EMBEDDING,       /* token + learned position embedding */
+    LAYER_ATTENTION,       /* causal multi-head self-attention (key: "attention") */
+    LAYER_TRANSFORMER_BLOCK, /* pre-LN: LN, attention, residual, LN, MLP, residual */
+    LAYER_CROSS_ENTROPY,   /* fused softmax + NLL in FP32 */
+    LAYER_MSE,
+    LAYER_KIND_COUNT
+};
+
+/* One entry of model.layers. Only the keys that belong to `kind` may be set in YAML (docs/config.md
+ * lists them per kind); the others keep their defaults and are not printed. */
+struct layer_config {
+    enum layer_kind kind;
+    char name[64];        /* given, or "kind_N" with N the 0-based position in the list */
+    int64_t out;          /* linear: out_features; conv2d: out_channels */
+    int64_t kernel;       /* conv2d, pools: square kernel size */
+    int64_t stride;       /* conv2d (default 1), pools (default = kernel) */
+    int64_t padding;      /* conv2d, pools (default 0) */
+    bool bias;            /* linear, conv2d (default true) */
+    double eps;           /* batchnorm2d, layernorm (default 1e-5) */
+    double momentum;      /* batchnorm2d running-stat momentum (default 0.1, PyTorch's) */
+    double p;             /* dropout probability, [0, 1) (default 0.1) */
+    int64_t vocab;        /* embedding: vocabulary size (default 256, bytes) */
+    int64_t dim;          /* embedding, attention, transformer_block: model width */
+    int64_t max_len;      /* embedding: number of positions (default data.seq_len) */
+    int64_t heads;        /* attention, transformer_block */
+    int64_t mlp_ratio;    /* transformer_block: hidden = mlp_ratio * dim (default 4) */
+    enum gelu_approx approximate; /* gelu, transformer_block: "tanh" (default, GPT-2's) or "none" (erf) */
+    unsigned explicit_keys; /* private to config.c: which keys with derived defaults (name, stride,
+                               max_len) were written explicitly; not compared by config_equal */
+};
+
+struct run_config {
+    char name[64];        /* default "run" */
+    char out_dir[CFG_STR];/* default "runs/<name>" */
+    uint64_t seed;        /* default 1234 */
+    char device[32];      /* "auto" (default) | "cpu" | "cuda" | "cuda:N" */
+    int64_t steps;        /* optimizer steps; 0 = use epochs. Exactly one of steps/epochs is > 0 */
+    int64_t epochs;       /* default 1 when steps is 0 */
+    int64_t log_every;    /* default 50 */
+    int64_t eval_every;   /* optimizer steps between evaluations; 0 = only at the end (default 0) */
+    int64_t ckpt_every;   /* optimizer steps between checkpoints; 0 = only at the end (default 0) */
+    int64_t keep_ckpts;   /* checkpoints kept (default 3, >= 1) */
+};
+
+struct data_config {
+    enum data_format format;
+    /* idx: four IDX files, gzip or not */
+    char train_images[CFG_STR], train_labels[CFG_STR], test_images[CFG_STR], test_labels[CFG_STR];
+    /* hdf5: one file with datasets x_key (N, ...) float and y_key (N) integer labels */
+    char path[CFG_STR];
+    char x_key[64];       /* default "x" */
+    char y_key[64];       /* default "y" */
+    /* text: byte-level tokens from these files, concatenated */
+    char files[CFG_MAX_FILES][CFG_STR];
+    int nfiles;
+    int64_t seq_len;      /* text: tokens per sample (default 64) */
+    double val_fraction;  /* hdf5, text: held-out fraction, [0, 1) (default 0.1) */
+    int64_t batch_size;   /* samples per micro-batch (default 64) */
+    bool shuffle;         /* default true */
+    double mean, std;     /* input normalisation x' = (x/255 - mean)/std for idx; (x - mean)/std for hdf5. default 0, 1 */
+};
+
+struct model_config {
+    enum init_scheme init;       /* "pytorch" (default) | "gpt2" */
+    struct layer_config *layers; /* owned; freed by config_free */
+    int nlayers;
+};
+
+struct schedule_config {
+    enum sched_kind kind;   /* default constant */
+    int64_t warmup_steps;   /* linear warmup from 0 (default 0) */
+    int64_t step_size;      /* step: decay every step_size steps (default 1000) */
+    double gamma;           /* step: factor (default 0.1) */
+    double min_lr;          /* cosine: floor (default 0) */
+};
+
+struct optim_config {
+    enum optim_kind kind;   /* default adamw */
+    double lr;              /* default 1e-3, > 0 */
+    double betas[2];        /* default [0.9, 0.999], each in [0, 1) */
+    double eps;             /* default 1e-8 */
+    double weight_decay;    /* default 0.01 for adamw, 0 for sgd */
+    double momentum;        /* sgd (default 0) */
+    bool nesterov;          /* sgd (default false; needs momentum > 0) */
+    struct schedule_config schedule;
+};
+
+struct loss_scale_config {
+    double init;            /* 65536 */
+    double growth_factor;   /* 2, > 1 */
+    double backoff_factor;  /* 0.5, in (0, 1) */
+    int64_t growth_interval;/* 2000, >= 1 */
+    int64_t hysteresis;     /* 1, >= 1 */
+    double min;             /* 1 */
+    double max;             /* 16777216 */
+    double value;           /* fp16-static scale (default 65536), > 0 */
+};
+
+struct autocast_config {
+    /* op-kind names ("linear", "gelu", ...) moved to each class, overriding the built-in table */
+    char lowp_ops[CFG_MAX_OPS][32];    int nlowp;
+    char fp32_ops[CFG_MAX_OPS][32];    int nfp32;
+    char promote_ops[CFG_MAX_OPS][32]; int npromote;
+};
+
+struct precision_config {
+    enum precision_mode mode; /* default fp32 */
+    struct loss_scale_config loss_scale;
+    struct autocast_config autocast;
+    bool tf32;                /* default false */
+};
+
+struct clip_config {
+    double max_norm;        /* 0 = no clipping (default) */
+    double norm_type;       /* 2 (default) or INFINITY (YAML: inf) */
+};
+
+struct stability_config {
+    enum on_nonfinite on_nonfinite; /* bf16 and fp32: skip (default) | stop */
+    int64_t max_consecutive_skips;  /* default 100; 0 = never stop */
+};
+
+struct config {
+    char source[CFG_STR];   /* the file it was read from ("<string>" for config_parse_string) */
+    struct run_config run;
+    struct data_config data;
+    struct model_config model;
+    struct optim_config optim;
+    struct precision_config precision;
+    int64_t accum_steps;    /* default 1, >= 1 */
+    struct clip_config clip;
+    struct stability_config stability;
+    unsigned explicit_keys; /* private to config.c: which keys with derived defaults (run.out_dir,
+                               run.epochs, optim.weight_decay) were written explicitly, so that
+                               config_finalize re-derives only the others; not compared by config_equal */
+};
+
+/* Fill `cfg` with every default (and no layers). Like config_load, config_parse_string and config_copy, it
+ * overwrites *cfg without freeing it: call config_free first on a config that holds layers. */
+void config_defaults(struct config *cfg);
+
+/* Read and check a YAML file. On failure returns AMP_ERR_CONFIG with err->msg "FILE:LINE:COL: ..." and
+ * a hint; `cfg` is then left freed (config_free need not be called, but may be). */
+enum amp_status config_load(struct config *cfg, const char *path, struct amp_error *err);
+
+/* The same from a string in memory; `name` stands for the file in messages. */
+enum amp_status config_parse_string(struct config *cfg, const char *yaml, size_t len, const char *name,
+                                    struct amp_error *err);
+
+/* Apply one "dotted.key=VALUE" override (VALUE is YAML: 3e-4, bf16, [a, b], true). Layer keys are
+ * addressed as model.layers.N.key. Errors name the override. */
+enum amp_status config_apply_override(struct config *cfg, const char *override, struct amp_error *err);
+
+/* Checks that span several keys (steps vs epochs, nesterov needs momentum, data files per format, ...),
+ * and fills derived defaults (out_dir from name, layer names). Called by config_load after parsing and
+ * again after overrides. */
+enum amp_status config_finalize(struct config *cfg, struct amp_error *err);
+
+/* Print the resolved config as YAML that config_parse_string reads back to an equal config. */
+void config_print_yaml(const struct config *cfg, FILE *out);
+
+/* Same into a malloc'd string (for embedding in checkpoints); NULL on out of memory. */
+char *config_to_yaml_string(const struct config *cfg);
+
+/* Field-by-field equality (layers included, each with its kind's keys only); `source` is not compared. */
+bool config_equal(const struct config *a, const struct config *b);
+
+/* Deep copy (layers). */
+enum amp_status config_copy(struct config *dst, const struct config *src, struct amp_error *err);
+
+void config_free(struct config *cfg);
+
+/* Names for printing and parsing. */
+const char *layer_kind_name(enum layer_kind k);
+const char *precision_mode_name(enum precision_mode m);
+const char *data_format_name(enum data_format f);
+
+#endif

@@ -1,0 +1,249 @@
+/*
+ * data.c — the data module's front: data_load dispatches to the format readers (data_idx.c,
+ * data_hdf5.c, data_text.c) and applies the checks common to all formats; data_gather copies a batch
+ * to host buffers; the sampler gives each epoch a deterministic permutation. See data.h and docs/data.md.
+ *
+ * The sampler keeps no random state: epoch e's order is a Fisher-Yates shuffle whose draws are
+ * rng_below(seed, DATA_SHUFFLE_STREAM + e, i, i + 1), so (seed, epoch, cursor) — what a checkpoint
+ * stores — is all it takes to continue the same order after a resume.
+ */
+#define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES), stat */
+
+#include "data.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data_internal.h" /* data_load_idx, data_load_hdf5, data_load_text */
+#include "rng.h"           /* rng_below */
+
+/* Far from the small stream numbers layers use (their index), so shuffling never shares draws with
+ * dropout or init. Epoch e uses stream DATA_SHUFFLE_STREAM + e. */
+#define DATA_SHUFFLE_STREAM 0x5348554646000000ULL /* "SHUFF" */
+
+/* ---- helpers shared with the readers ---------------------------------------------------------- */
+
+enum amp_status data_check_file(const char *path, const char *key, const char *missing_hint, int64_t *size,
+                                struct amp_error *err)
+{
+    if (!path || !path[0])
+        return amp_fail(err, AMP_ERR_CONFIG, missing_hint, "%s is not set", key);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            return amp_fail(err, AMP_ERR_DATA, missing_hint, "%s: no such file (%s)", path, key);
+        return amp_fail(err, AMP_ERR_DATA, "check the path and its permissions", "%s: cannot open (%s): %s", path,
+                        key, strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode))
+        return amp_fail(err, AMP_ERR_DATA, "name a file, not a directory", "%s: is a directory, not a file (%s)",
+                        path, key);
+    if (access(path, R_OK) != 0)
+        return amp_fail(err, AMP_ERR_DATA, "check the file's permissions", "%s: cannot read (%s): %s", path, key,
+                        strerror(errno));
+    if (S_ISREG(st.st_mode) && st.st_size == 0)
+        return amp_fail(err, AMP_ERR_DATA, "the file is empty: re-download or reinstall it, or fix the path",
+                        "%s: empty file (0 bytes) (%s)", path, key);
+    if (size)
+        *size = (int64_t)st.st_size;
+    return AMP_OK;
+}
+
+bool data_mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    if (a < 0 || b < 0 || (b != 0 && a > INT64_MAX / b))
+        return false;
+    *out = a * b;
+    return true;
+}
+
+static uint64_t physical_memory_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return UINT64_C(1) << 40;
+    return (uint64_t)pages * (uint64_t)page;
+}
+
+void *data_alloc(uint64_t count, size_t size, const char *path, const char *what, struct amp_error *err)
+{
+    uint64_t mem = physical_memory_bytes();
+    if (size != 0 && count > mem / size) {
+        amp_fail(err, AMP_ERR_DATA, "check the file: its dimensions look corrupt, or use a machine with more memory",
+                 "%s: %s needs %llu x %zu bytes, more than this machine's %.1f GB of memory", path, what,
+                 (unsigned long long)count, size, (double)mem / 1e9);
+        return NULL;
+    }
+    void *p = malloc(count * size > 0 ? (size_t)(count * size) : 1);
+    if (!p)
+        amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry", "%s: out of memory allocating %s (%llu bytes)",
+                 path, what, (unsigned long long)(count * size));
+    return p;
+}
+
+/* ---- load / free ------------------------------------------------------------------------------ */
+
+/* The file a training-split message should name. */
+static const char *train_source(const struct data_config *cfg)
+{
+    switch (cfg->format) {
+    case DATA_IDX: return cfg->train_images;
+    case DATA_HDF5: return cfg->path;
+    case DATA_TEXT: return cfg->nfiles == 1 ? cfg->files[0] : "data.files";
+    }
+    return "data";
+}
+
+static enum amp_status check_min_samples(const struct dataset *ds, const struct data_config *cfg, int64_t min_samples,
+                                         struct amp_error *err)
+{
+    int64_t n = ds->split[SPLIT_TRAIN].n;
+    if (n >= min_samples)
+        return AMP_OK;
+    char need[160];
+    if (cfg->batch_size > 0 && min_samples % cfg->batch_size == 0)
+        snprintf(need, sizeof need, "data.batch_size %lld x accum_steps %lld = %lld", (long long)cfg->batch_size,
+                 (long long)(min_samples / cfg->batch_size), (long long)min_samples);
+    else
+        snprintf(need, sizeof need, "%lld", (long long)min_samples);
+    return amp_fail(err, AMP_ERR_DATA,
+                    cfg->format == DATA_TEXT ? "lower data.batch_size, accum_steps or data.seq_len, or add more text"
+                                             : "lower data.batch_size or accum_steps, or use a larger dataset",
+                    "%s: the training split has %lld %s, fewer than one optimizer step needs (%s)", train_source(cfg),
+                    (long long)n, cfg->format == DATA_TEXT ? "windows" : "samples", need);
+}
+
+enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int64_t min_samples,
+                          struct amp_error *err)
+{
+    memset(ds, 0, sizeof *ds);
+    if (!isfinite(cfg->mean) || !isfinite(cfg->std) || !(cfg->std > 0))
+        return amp_fail(err, AMP_ERR_CONFIG, "data.std must be a positive number and data.mean finite",
+                        "data.mean = %g, data.std = %g: cannot normalise inputs with these", cfg->mean, cfg->std);
+    enum amp_status st;
+    switch (cfg->format) {
+    case DATA_IDX: st = data_load_idx(ds, cfg, err); break;
+    case DATA_HDF5: st = data_load_hdf5(ds, cfg, err); break;
+    case DATA_TEXT: st = data_load_text(ds, cfg, err); break;
+    default: st = amp_fail(err, AMP_ERR_CONFIG, "use idx, hdf5 or text", "data.format: unknown format %d", (int)cfg->format);
+    }
+    if (st == AMP_OK)
+        st = check_min_samples(ds, cfg, min_samples, err);
+    if (st != AMP_OK)
+        data_free(ds);
+    return st;
+}
+
+void data_free(struct dataset *ds)
+{
+    if (!ds)
+        return;
+    for (int s = 0; s < 2; s++) {
+        free(ds->split[s].x);
+        free(ds->split[s].y);
+    }
+    free(ds->text_buf);
+    memset(ds, 0, sizeof *ds);
+}
+
+/* ---- gather ----------------------------------------------------------------------------------- */
+
+void data_gather(const struct dataset *ds, enum split s, const int64_t *idx, int64_t n, float *x, int32_t *tokens,
+                 int32_t *labels)
+{
+    const struct data_split *sp = &ds->split[s];
+    const int64_t numel = ds->sample_numel;
+    if (ds->spec.is_tokens) {
+        /* window i is bytes [i*T, i*T + T]: inputs the first T, targets the last T */
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *w = sp->text + idx[i] * numel;
+            for (int64_t t = 0; t < numel; t++) {
+                if (tokens)
+                    tokens[i * numel + t] = w[t];
+                if (labels)
+                    labels[i * numel + t] = w[t + 1];
+            }
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (x)
+            memcpy(x + i * numel, sp->x + idx[i] * numel, (size_t)numel * sizeof *x);
+        if (labels)
+            labels[i] = sp->y[idx[i]];
+    }
+}
+
+/* ---- sampler ---------------------------------------------------------------------------------- */
+
+static void sampler_make_order(struct sampler *s)
+{
+    for (int64_t i = 0; i < s->n; i++)
+        s->order[i] = i;
+    if (!s->shuffle)
+        return;
+    uint64_t stream = DATA_SHUFFLE_STREAM + (uint64_t)s->epoch;
+    for (int64_t i = s->n - 1; i > 0; i--) {
+        int64_t j = (int64_t)rng_below(s->seed, stream, (uint64_t)i, (uint64_t)i + 1);
+        int64_t t = s->order[i];
+        s->order[i] = s->order[j];
+        s->order[j] = t;
+    }
+}
+
+enum amp_status sampler_init(struct sampler *s, int64_t n, uint64_t seed, bool shuffle, struct amp_error *err)
+{
+    memset(s, 0, sizeof *s);
+    if (n < 0)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "sampler_init: negative sample count %lld", (long long)n);
+    s->order = malloc((size_t)(n > 0 ? n : 1) * sizeof *s->order);
+    if (!s->order)
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry",
+                        "out of memory for the order of %lld samples", (long long)n);
+    s->n = n;
+    s->seed = seed;
+    s->shuffle = shuffle;
+    sampler_make_order(s);
+    return AMP_OK;
+}
+
+void sampler_seek(struct sampler *s, int64_t epoch, int64_t cursor)
+{
+    s->epoch = epoch;
+    s->cursor = cursor < 0 ? 0 : cursor > s->n ? s->n : cursor;
+    sampler_make_order(s);
+}
+
+void sampler_next(struct sampler *s, int64_t batch, int64_t *idx)
+{
+    if (s->n <= 0 || batch <= 0)
+        return;
+    if (s->cursor + batch > s->n)
+        sampler_seek(s, s->epoch + 1, 0);
+    if (batch > s->n) {
+        /* Precondition broken (data_load guarantees n >= batch): wrap rather than read past the order. */
+        for (int64_t k = 0; k < batch; k++)
+            idx[k] = s->order[k % s->n];
+        s->cursor = s->n;
+        return;
+    }
+    memcpy(idx, s->order + s->cursor, (size_t)batch * sizeof *idx);
+    s->cursor += batch;
+}
+
+int64_t sampler_batches_per_epoch(const struct sampler *s, int64_t batch)
+{
+    return batch > 0 ? s->n / batch : 0;
+}
+
+void sampler_free(struct sampler *s)
+{
+    if (!s)
+        return;
+    free(s->order);
+    s->order = NULL;
+}

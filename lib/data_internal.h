@@ -1,0 +1,35 @@
+/*
+ * data_internal.h — what the format readers (data_idx.c, data_hdf5.c, data_text.c) share with
+ * data.c. Not part of the data module's public contract: only data*.c include it.
+ *
+ * Each reader fills a zeroed `struct dataset` (spec, sample_numel, both splits) or returns
+ * AMP_ERR_DATA (or AMP_ERR_CONFIG / AMP_ERR_INTERNAL) with the file and what is wrong; on failure it
+ * may leave partial allocations in `ds`, which data_load frees with data_free.
+ */
+#ifndef AMP_DATA_INTERNAL_H
+#define AMP_DATA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data.h" /* struct dataset, struct data_config */
+
+enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+enum amp_status data_load_hdf5(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+enum amp_status data_load_text(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+
+/* Check that `path` (named by config key `key`) is a readable, non-empty regular file before any
+ * library touches it, so the common mistakes get our messages: missing (with `missing_hint`), a
+ * directory, unreadable, empty. On success stores the file size in *size (may be NULL). */
+enum amp_status data_check_file(const char *path, const char *key, const char *missing_hint, int64_t *size,
+                                struct amp_error *err);
+
+/* count * size bytes, refusing sizes that overflow or exceed this machine's physical memory (a
+ * corrupt header must not become a multi-terabyte malloc). NULL with err filled on failure:
+ * AMP_ERR_DATA naming `path` and `what` when the size is absurd, AMP_ERR_INTERNAL when malloc fails. */
+void *data_alloc(uint64_t count, size_t size, const char *path, const char *what, struct amp_error *err);
+
+/* a * b into *out unless it overflows int64 (both non-negative). */
+bool data_mul_ok(int64_t a, int64_t b, int64_t *out);
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * dtype.h — storage types and exact fp32 <-> fp16 / bf16 conversion.
+ *
+ * Every conversion rounds to nearest, ties to even, exactly as the GPU's __float2half_rn and
+ * __float2bfloat16_rn do: values beyond a format's range become ±Inf, values below its normal range
+ * become subnormals or ±0, NaN stays NaN (made quiet, sign and top payload bits kept where they fit).
+ * NaN payloads follow x86: fp32 -> fp16 as F16C's vcvtps2ph (truncate, set the quiet bit), fp32 -> bf16
+ * as (bits >> 16) | 0x0040, fp16 -> fp32 as vcvtph2ps (payload shifted, quiet bit set), bf16 -> fp32
+ * exact. The GPU may give a different (canonical) NaN: across CPU and GPU only "NaN stays NaN" holds.
+ * The portable scalar functions are the definition; the bulk functions may take a vectorised path
+ * (F16C / AVX-512, chosen at run time; AMP_DTYPE_PORTABLE=1 forces the portable path) that must agree
+ * with them bit for bit.
+ */
+#ifndef AMP_DTYPE_H
+#define AMP_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" { /* kernels/ (CUDA C++) includes this header */
+#endif
+
+enum dtype { DT_FP32 = 0, DT_FP16 = 1, DT_BF16 = 2, DT_COUNT };
+
+size_t dtype_size(enum dtype dt);       /* bytes per element: 4, 2, 2 */
+const char *dtype_name(enum dtype dt);  /* "fp32", "fp16", "bf16" */
+
+/* Portable scalar conversions (the reference). */
+uint16_t fp16_from_fp32(float x);
+float fp16_to_fp32(uint16_t h);
+uint16_t bf16_from_fp32(float x);
+float bf16_to_fp32(uint16_t h);
+
+/* x rounded to `dt` and back to fp32 (identity for DT_FP32). */
+float dtype_round(float x, enum dtype dt);
+
+/* Bulk conversion of n elements between any two dtypes (same dtype: a copy). May use SIMD.
+ * Any n and any alignment; dst and src must not overlap unless dst == src with the same dtype. */
+void dtype_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
+
+/* The same, forced through the portable scalar path (for tests and for AMP_DTYPE_PORTABLE=1). */
+void dtype_convert_portable(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
+
+/* Which bulk path dtype_convert takes on this CPU: "portable", "f16c", "avx512", ... (for logs/tests). */
+const char *dtype_simd_path(void);
+
+/* The same as dtype_convert, but through the named path ("portable", "f16c" = F16C + AVX2,
+ * "avx512" = AVX-512F), so tests and benchmarks can hold every path this CPU has to the portable one.
+ * Returns 0, or -1 (converting nothing) when the name is unknown or this CPU lacks its instructions. */
+int dtype_convert_via(const char *path, void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt,
+                      size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

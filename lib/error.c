@@ -1,0 +1,42 @@
+/*
+ * error.c — filling and printing `struct amp_error`. See error.h.
+ */
+#include "error.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+enum amp_status amp_fail(struct amp_error *err, enum amp_status code, const char *hint, const char *fmt, ...)
+{
+    if (!err)
+        return code;
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    snprintf(err->hint, sizeof err->hint, "%s", hint ? hint : "");
+    return code;
+}
+
+void amp_error_print(const struct amp_error *err, FILE *out)
+{
+    fprintf(out, "ampTrain: error: %s\n", err->msg);
+    if (err->hint[0])
+        fprintf(out, "hint: %s\n", err->hint);
+}
+
+const char *amp_status_name(enum amp_status code)
+{
+    switch (code) {
+    case AMP_OK: return "success";
+    case AMP_ERR_INTERNAL: return "internal or system error";
+    case AMP_ERR_CONFIG: return "usage or configuration error";
+    case AMP_ERR_DATA: return "data error";
+    case AMP_ERR_CKPT: return "checkpoint error";
+    case AMP_ERR_UNSTABLE: return "numerically unstable";
+    case AMP_EXIT_SIGINT: return "stopped by SIGINT";
+    case AMP_EXIT_SIGTERM: return "stopped by SIGTERM";
+    }
+    return "unknown";
+}

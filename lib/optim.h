@@ -1,0 +1,46 @@
+/*
+ * optim.h — the optimizer (SGD with momentum/Nesterov, AdamW) and the learning-rate schedule.
+ *
+ * State per parameter is FP32 (AdamW: m, v; SGD: momentum buffer) and lives on the backend. The step
+ * count `step` counts optimizer steps actually taken: a skipped step (non-finite gradients) moves
+ * neither the weights, the moments, the step count nor the schedule.
+ *
+ * Schedule, with t = optimizer steps taken so far (0-based) and W = warmup_steps:
+ *   t < W:     lr * (t + 1) / W                                (linear warmup)
+ *   constant:  lr
+ *   step:      lr * gamma ^ floor((t - W) / step_size)
+ *   cosine:    min_lr + (lr - min_lr) * (1 + cos(pi * min(1, (t - W) / (total - W)))) / 2
+ */
+#ifndef AMP_OPTIM_H
+#define AMP_OPTIM_H
+
+#include <stdint.h>
+
+#include "config.h" /* struct optim_config */
+#include "model.h"  /* struct model, struct param */
+
+struct optim_state {
+    struct tensor m, v;   /* fp32, shape of the parameter; v empty for SGD, both empty for SGD without momentum */
+};
+
+struct optimizer {
+    struct optim_config cfg;
+    int64_t total_steps;  /* for the cosine schedule */
+    int64_t step;         /* optimizer steps taken */
+    struct optim_state *state; /* one per model parameter */
+    int nstate;
+};
+
+enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
+                             int64_t total_steps, struct amp_error *err);
+
+/* Learning rate for the next step (from o->step). */
+double optim_lr(const struct optimizer *o);
+
+/* Apply one step to every parameter with gradients multiplied by grad_mul (unscale * clip), then
+ * refresh the low-precision copies in the same pass; o->step += 1. */
+void optim_step(struct optimizer *o, struct model *m, float grad_mul);
+
+void optim_free(struct optimizer *o);
+
+#endif

@@ -1,0 +1,43 @@
+/*
+ * rng.c — counter-based generator: SplitMix64-style finalisers over a combination of the key. See rng.h.
+ */
+#include "rng.h"
+
+#include <math.h>
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t counter)
+{
+    uint64_t k = mix64(seed + 0x9e3779b97f4a7c15ULL);
+    k = mix64(k ^ (stream * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL));
+    return mix64(k ^ (counter * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL));
+}
+
+float rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter)
+{
+    return (float)(rng_bits(seed, stream, counter) >> 40) * (1.0f / 16777216.0f);
+}
+
+float rng_normal(uint64_t seed, uint64_t stream, uint64_t counter)
+{
+    /* u1 in (0, 1] so log is finite */
+    double u1 = ((double)(rng_bits(seed, stream, 2 * counter) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(rng_bits(seed, stream, 2 * counter + 1) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+uint64_t rng_below(uint64_t seed, uint64_t stream, uint64_t counter, uint64_t n)
+{
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n; /* accept draws below a multiple of n */
+    for (uint64_t c = counter;; c += 0x100000000ULL) {
+        uint64_t r = rng_bits(seed, stream, c);
+        if (r < limit)
+            return r % n;
+    }
+}

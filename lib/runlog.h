@@ -1,0 +1,72 @@
+/*
+ * runlog.h — what a run writes besides checkpoints (DESIGN.md section 7): the resolved config, the
+ * per-step scale_log.csv, eval.jsonl, and the progress line (a single rewritten line on a terminal,
+ * a plain line every log_every steps otherwise).
+ */
+#ifndef AMP_RUNLOG_H
+#define AMP_RUNLOG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "error.h"
+
+#define SCALE_LOG_HEADER \
+    "step,epoch,loss,scale,found_inf,skipped,skips_total,grad_norm,clip_coef,lr,overflow_layer,grad_zero_frac," \
+    "samples_per_s"
+
+/* One row of scale_log.csv. */
+struct step_record {
+    int64_t step;            /* optimizer step, 1-based */
+    int64_t epoch;           /* 0-based epoch the step's last micro-batch came from */
+    double loss;             /* mean loss over the step's micro-batches (unscaled) */
+    double scale;            /* loss scale the step ran with */
+    bool found_inf;
+    bool skipped;
+    int64_t skips_total;
+    double grad_norm;        /* unscaled global norm (NaN when non-finite) */
+    double clip_coef;        /* 1 when not clipping */
+    double lr;               /* learning rate applied (0 when skipped) */
+    char overflow_layer[160];/* "" or "fc2 (inf, 12 elements)" */
+    double grad_zero_frac;   /* NaN when not sampled this step */
+    double samples_per_s;
+};
+
+struct eval_record {
+    int64_t step;
+    const char *split;       /* "test" / "train" */
+    bool autocast;
+    const char *dtype;       /* "fp32", "fp16", "bf16" */
+    double loss;
+    double accuracy;         /* NaN: null (text) */
+    double perplexity;       /* NaN: omitted */
+    int64_t samples;
+};
+
+struct runlog {
+    char dir[CFG_STR];
+    FILE *scale_csv;
+    FILE *out;               /* progress output (stdout) */
+    bool tty;
+    int64_t log_every;
+    int64_t total_steps;
+    double t_start;
+};
+
+/* Create the run directory (refusing one that already holds a run's scale_log.csv unless `append`),
+ * write config.yaml, open scale_log.csv. */
+enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, bool append,
+                            struct amp_error *err);
+enum amp_status runlog_step(struct runlog *rl, const struct step_record *r, struct amp_error *err);
+/* Append to DIR/eval.jsonl and print a line. */
+enum amp_status runlog_eval(const char *dir, FILE *out, const struct eval_record *r, struct amp_error *err);
+void runlog_close(struct runlog *rl);
+
+double runlog_now(void); /* monotonic seconds */
+
+/* One CSV field with quotes where needed (exposed for tests). */
+void runlog_csv_field(FILE *f, const char *s);
+
+#endif

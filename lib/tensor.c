@@ -1,0 +1,125 @@
+/*
+ * tensor.c — allocation, views and host transfer of tensors. See tensor.h.
+ */
+#include "tensor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h" /* alloc, free, upload, download, zero */
+
+static void tensor_set_shape(struct tensor *t, int ndim, const int64_t *shape)
+{
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++) {
+        t->shape[i] = i < ndim ? shape[i] : 1;
+        if (i < ndim)
+            t->numel *= (size_t)shape[i];
+    }
+}
+
+enum amp_status tensor_alloc(struct tensor *t, struct backend *be, enum dtype dt, int ndim, const int64_t *shape,
+                             const char *what, struct amp_error *err)
+{
+    memset(t, 0, sizeof *t);
+    if (ndim < 1 || ndim > TENSOR_MAX_DIMS)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "tensor %s: %d dimensions (1 to %d supported)", what, ndim,
+                        TENSOR_MAX_DIMS);
+    t->dtype = dt;
+    t->be = be;
+    tensor_set_shape(t, ndim, shape);
+    size_t bytes = tensor_bytes(t);
+    t->data = be->alloc(be, bytes ? bytes : 1);
+    if (!t->data) {
+        char buf[96];
+        return amp_fail(err, AMP_ERR_INTERNAL, "use a smaller data.batch_size or model",
+                        "out of memory allocating tensor %s %s %s (%zu bytes) on %s", what, dtype_name(dt),
+                        tensor_shape_str(t, buf, sizeof buf), bytes, be->name);
+    }
+    return AMP_OK;
+}
+
+enum amp_status tensor_zeros(struct tensor *t, struct backend *be, enum dtype dt, int ndim, const int64_t *shape,
+                             const char *what, struct amp_error *err)
+{
+    enum amp_status st = tensor_alloc(t, be, dt, ndim, shape, what, err);
+    if (st == AMP_OK)
+        be->zero(be, t);
+    return st;
+}
+
+void tensor_free(struct tensor *t)
+{
+    if (t && t->data && t->be)
+        t->be->free(t->be, t->data);
+    if (t)
+        memset(t, 0, sizeof *t);
+}
+
+size_t tensor_bytes(const struct tensor *t)
+{
+    return t->numel * dtype_size(t->dtype);
+}
+
+bool tensor_same_shape(const struct tensor *a, const struct tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    return true;
+}
+
+const char *tensor_shape_str(const struct tensor *t, char *buf, size_t len)
+{
+    size_t off = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < t->ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (off < len)
+        snprintf(buf + off, len - off, ")");
+    return buf;
+}
+
+struct tensor tensor_reshape(const struct tensor *t, int ndim, const int64_t *shape)
+{
+    struct tensor v = *t;
+    tensor_set_shape(&v, ndim, shape);
+    return v;
+}
+
+void tensor_from_host_f32(struct tensor *t, const float *src)
+{
+    size_t bytes = tensor_bytes(t);
+    if (t->dtype == DT_FP32) {
+        t->be->upload(t->be, t->data, src, bytes);
+        return;
+    }
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) {
+        fprintf(stderr, "ampTrain: out of memory converting a tensor on the host\n");
+        abort();
+    }
+    dtype_convert(tmp, t->dtype, src, DT_FP32, t->numel);
+    t->be->upload(t->be, t->data, tmp, bytes);
+    free(tmp);
+}
+
+void tensor_to_host_f32(const struct tensor *t, float *dst)
+{
+    size_t bytes = tensor_bytes(t);
+    if (t->dtype == DT_FP32) {
+        t->be->download(t->be, dst, t->data, bytes);
+        return;
+    }
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) {
+        fprintf(stderr, "ampTrain: out of memory converting a tensor on the host\n");
+        abort();
+    }
+    t->be->download(t->be, tmp, t->data, bytes);
+    dtype_convert(dst, DT_FP32, tmp, t->dtype, t->numel);
+    free(tmp);
+}

@@ -1,0 +1,412 @@
+/*
+ * train.c — the training loop and evaluation. See train.h for the shape of one step.
+ */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autocast.h" /* autocast_from_config, precision_lowp_dtype */
+#include "backend.h"  /* backend_open, struct grad_stats */
+#include "optim.h"    /* optimizer, schedule */
+#include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
+#include "scaler.h"   /* loss scaler */
+
+/* Host staging buffers and backend buffers for one batch. */
+struct batch_io {
+    int64_t max_n;
+    int64_t *idx;
+    float *x_host;
+    int32_t *tokens_host, *labels_host;
+    size_t label_count;    /* labels per sample: 1, or seq_len for text */
+    struct batch b;        /* backend side */
+    int32_t *correct_host;
+    float *loss_host;
+};
+
+static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, const struct dataset *ds, int64_t max_n,
+                                     struct amp_error *err)
+{
+    memset(io, 0, sizeof *io);
+    io->max_n = max_n;
+    bool text = ds->spec.is_tokens;
+    io->label_count = text ? (size_t)ds->sample_numel : 1;
+    size_t rows = (size_t)max_n * io->label_count;
+    io->idx = malloc((size_t)max_n * sizeof *io->idx);
+    io->labels_host = malloc(rows * sizeof *io->labels_host);
+    io->correct_host = malloc(rows * sizeof *io->correct_host);
+    io->loss_host = malloc(rows * sizeof *io->loss_host);
+    io->b.labels = be->alloc(be, rows * sizeof(int32_t));
+    bool ok = io->idx && io->labels_host && io->correct_host && io->loss_host && io->b.labels;
+    if (ok && text) {
+        io->tokens_host = malloc(rows * sizeof *io->tokens_host);
+        io->b.tokens = be->alloc(be, rows * sizeof(int32_t));
+        ok = io->tokens_host && io->b.tokens;
+    } else if (ok) {
+        io->x_host = malloc((size_t)max_n * (size_t)ds->sample_numel * sizeof *io->x_host);
+        int64_t shape[4] = {max_n, 1, 1, 1};
+        for (int i = 0; i < ds->spec.sample_ndim; i++)
+            shape[i + 1] = ds->spec.sample_shape[i];
+        ok = io->x_host &&
+             tensor_alloc(&io->b.x, be, DT_FP32, 1 + ds->spec.sample_ndim, shape, "input batch", err) == AMP_OK;
+    }
+    if (!ok)
+        return amp_fail(err, AMP_ERR_INTERNAL, "use a smaller data.batch_size", "out of memory allocating batch buffers");
+    return AMP_OK;
+}
+
+static void batch_io_free(struct batch_io *io, struct backend *be)
+{
+    free(io->idx);
+    free(io->x_host);
+    free(io->tokens_host);
+    free(io->labels_host);
+    free(io->correct_host);
+    free(io->loss_host);
+    if (io->b.labels)
+        be->free(be, io->b.labels);
+    if (io->b.tokens)
+        be->free(be, io->b.tokens);
+    tensor_free(&io->b.x);
+}
+
+/* Gather samples idx[0..n) of split s and upload them. */
+static void batch_io_load(struct batch_io *io, struct backend *be, const struct dataset *ds, enum split s, int64_t n)
+{
+    data_gather(ds, s, io->idx, n, io->x_host, io->tokens_host, io->labels_host);
+    size_t rows = (size_t)n * io->label_count;
+    be->upload(be, io->b.labels, io->labels_host, rows * sizeof(int32_t));
+    if (io->tokens_host) {
+        be->upload(be, io->b.tokens, io->tokens_host, rows * sizeof(int32_t));
+    } else {
+        struct tensor x = io->b.x;
+        x.shape[0] = n;
+        x.numel = (size_t)n * (size_t)ds->sample_numel;
+        be->upload(be, x.data, io->x_host, x.numel * sizeof(float));
+    }
+    io->b.n = n;
+    io->b.x.shape[0] = n;
+    io->b.x.numel = (size_t)n * (size_t)ds->sample_numel;
+}
+
+/* Sum of the loss layer's per-row losses, and of correct predictions. */
+static void read_losses(struct model *m, struct batch_io *io, int64_t n, double *loss_sum, int64_t *correct)
+{
+    struct backend *be = m->be;
+    int64_t rows = model_loss_rows(m, n);
+    const struct layer *loss = &m->layers[m->nlayers - 1];
+    be->download(be, io->loss_host, loss->y.data, (size_t)rows * sizeof(float));
+    double s = 0;
+    for (int64_t i = 0; i < rows; i++)
+        s += io->loss_host[i];
+    *loss_sum = s;
+    *correct = 0;
+    if (m->correct) {
+        be->download(be, io->correct_host, m->correct, (size_t)rows * sizeof(int32_t));
+        for (int64_t i = 0; i < rows; i++)
+            *correct += io->correct_host[i];
+    }
+}
+
+enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum split s, struct eval_result *out,
+                               struct amp_error *err)
+{
+    struct batch_io io;
+    enum amp_status st = batch_io_init(&io, m->be, ds, m->max_batch, err);
+    if (st != AMP_OK) {
+        batch_io_free(&io, m->be);
+        return st;
+    }
+    struct step_ctx ctx = {.be = m->be, .policy = &m->policy, .training = false, .grad_seed = 0};
+    int64_t total = ds->split[s].n;
+    double loss_sum = 0;
+    int64_t correct = 0, rows = 0;
+    for (int64_t start = 0; start < total; start += m->max_batch) {
+        int64_t n = total - start < m->max_batch ? total - start : m->max_batch;
+        for (int64_t i = 0; i < n; i++)
+            io.idx[i] = start + i;
+        batch_io_load(&io, m->be, ds, s, n);
+        model_forward(m, &ctx, &io.b);
+        double ls;
+        int64_t c;
+        read_losses(m, &io, n, &ls, &c);
+        loss_sum += ls;
+        correct += c;
+        rows += model_loss_rows(m, n);
+    }
+    batch_io_free(&io, m->be);
+    out->samples = total;
+    out->loss = rows ? loss_sum / (double)rows : NAN;
+    bool classify = m->correct && !ds->spec.is_tokens;
+    out->accuracy = classify && rows ? (double)correct / (double)rows : NAN;
+    return m->be->status(m->be, err);
+}
+
+/* The layer closest to the loss whose parameter gradients went non-finite, as "NAME (inf|nan, N elements)". */
+static void attribute_overflow(const struct model *m, const struct grad_stats *gs, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    for (int i = m->nparams - 1; i >= 0; i--) {
+        if (gs->n_inf[i] == 0 && gs->n_nan[i] == 0)
+            continue;
+        int layer = m->params[i]->layer;
+        int64_t inf = 0, nan = 0;
+        for (int j = 0; j < m->nparams; j++)
+            if (m->params[j]->layer == layer) {
+                inf += gs->n_inf[j];
+                nan += gs->n_nan[j];
+            }
+        const char *kind = inf && nan ? "inf+nan" : inf ? "inf" : "nan";
+        snprintf(buf, len, "%s (%s, %lld elements)", m->layers[layer].cfg.name, kind, (long long)(inf + nan));
+        return;
+    }
+}
+
+/* Fraction of low-precision activation-gradient elements that are exactly zero; NaN when none are lowp. */
+static double grad_zero_fraction(const struct model *m)
+{
+    int64_t zeros = 0, total = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        const struct tensor *dx = &m->layers[i].dx;
+        if (!m->layers[i].needs_dx || !dx->data || dx->dtype == DT_FP32)
+            continue;
+        zeros += m->be->count_zeros(m->be, dx);
+        total += (int64_t)dx->numel;
+    }
+    return total ? (double)zeros / (double)total : NAN;
+}
+
+static enum amp_status run_eval(struct model *m, const struct dataset *ds, const struct config *cfg, int64_t step,
+                                struct amp_error *err)
+{
+    struct eval_result r;
+    enum amp_status st = train_evaluate(m, ds, SPLIT_TEST, &r, err);
+    if (st != AMP_OK)
+        return st;
+    struct eval_record rec = {
+        .step = step,
+        .split = "test",
+        .autocast = m->policy.enabled,
+        .dtype = dtype_name(m->policy.enabled ? m->policy.lowp : DT_FP32),
+        .loss = r.loss,
+        .accuracy = r.accuracy,
+        .perplexity = ds->spec.is_tokens ? exp(r.loss) : NAN,
+        .samples = r.samples,
+    };
+    return runlog_eval(cfg->run.out_dir, stdout, &rec, err);
+}
+
+struct trainer {
+    const struct config *cfg;
+    struct backend *be;
+    struct dataset ds;
+    struct model model;
+    struct optimizer opt;
+    struct scaler scaler;
+    struct sampler sampler;
+    struct runlog log;
+    struct batch_io io;
+    struct grad_stats gs;
+    const struct tensor **grads;
+    int64_t total_steps;
+};
+
+static enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err)
+{
+    t->cfg = cfg;
+    char chosen[160];
+    enum amp_status st = backend_open(&t->be, cfg->run.device, chosen, sizeof chosen, err);
+    if (st != AMP_OK)
+        return st;
+    printf("%s\n", chosen);
+
+    int64_t micro = cfg->data.batch_size;
+    if ((st = data_load(&t->ds, &cfg->data, micro * cfg->accum_steps, err)) != AMP_OK)
+        return st;
+    struct autocast_policy policy;
+    if ((st = autocast_from_config(&policy, cfg->precision.mode, &cfg->precision.autocast, err)) != AMP_OK)
+        return st;
+    if ((st = model_build(&t->model, cfg, &t->ds.spec, t->be, &policy, micro, err)) != AMP_OK)
+        return st;
+    if ((st = model_init(&t->model, cfg, cfg->run.seed, err)) != AMP_OK)
+        return st;
+    model_refresh_lowp(&t->model);
+
+    if ((st = sampler_init(&t->sampler, t->ds.split[SPLIT_TRAIN].n, cfg->run.seed, cfg->data.shuffle, err)) != AMP_OK)
+        return st;
+    int64_t per_epoch = sampler_batches_per_epoch(&t->sampler, micro) / cfg->accum_steps;
+    t->total_steps = cfg->run.steps > 0 ? cfg->run.steps : cfg->run.epochs * per_epoch;
+    if ((st = optim_create(&t->opt, &cfg->optim, &t->model, t->total_steps, err)) != AMP_OK)
+        return st;
+    scaler_init(&t->scaler, &cfg->precision);
+    if ((st = batch_io_init(&t->io, t->be, &t->ds, micro, err)) != AMP_OK)
+        return st;
+
+    int n = t->model.nparams;
+    t->grads = calloc((size_t)(n ? n : 1), sizeof *t->grads);
+    t->gs.n_inf = calloc((size_t)(n ? n : 1), sizeof *t->gs.n_inf);
+    t->gs.n_nan = calloc((size_t)(n ? n : 1), sizeof *t->gs.n_nan);
+    if (!t->grads || !t->gs.n_inf || !t->gs.n_nan)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
+    for (int i = 0; i < n; i++)
+        t->grads[i] = &t->model.params[i]->grad;
+
+    printf("model: %d layers, %d parameter tensors; data: %lld train / %lld test samples; %lld steps "
+           "(batch %lld x accum %lld), precision %s\n",
+           t->model.nlayers, n, (long long)t->ds.split[SPLIT_TRAIN].n, (long long)t->ds.split[SPLIT_TEST].n,
+           (long long)t->total_steps, (long long)micro, (long long)cfg->accum_steps,
+           precision_mode_name(cfg->precision.mode));
+    return runlog_open(&t->log, cfg, t->total_steps, false, err);
+}
+
+static void trainer_teardown(struct trainer *t)
+{
+    runlog_close(&t->log);
+    if (t->be)
+        batch_io_free(&t->io, t->be);
+    free(t->grads);
+    free(t->gs.n_inf);
+    free(t->gs.n_nan);
+    optim_free(&t->opt);
+    sampler_free(&t->sampler);
+    model_free(&t->model);
+    data_free(&t->ds);
+    backend_close(t->be);
+}
+
+/* One optimizer step: accum_steps micro-batches, check, step or skip, scale update. */
+static enum amp_status train_step(struct trainer *t, int64_t step, struct step_record *rec, struct amp_error *err)
+{
+    const struct config *cfg = t->cfg;
+    struct model *m = &t->model;
+    struct backend *be = t->be;
+    int64_t accum = cfg->accum_steps, n = cfg->data.batch_size;
+    float scale = scaler_loss_scale(&t->scaler);
+    bool sample_zeros = cfg->run.log_every > 0 && (step + 1) % cfg->run.log_every == 0;
+    double loss_sum = 0;
+    rec->grad_zero_frac = NAN;
+
+    for (int64_t micro = 0; micro < accum; micro++) {
+        sampler_next(&t->sampler, n, t->io.idx);
+        batch_io_load(&t->io, be, &t->ds, SPLIT_TRAIN, n);
+        struct step_ctx ctx = {
+            .be = be,
+            .policy = &m->policy,
+            .training = true,
+            .key = {.seed = cfg->run.seed, .counter = (uint64_t)(step * accum + micro)},
+            .grad_seed = scale / (float)accum,
+            .accumulate = micro > 0,
+        };
+        model_forward(m, &ctx, &t->io.b);
+        model_backward(m, &ctx, &t->io.b);
+        double ls;
+        int64_t c;
+        read_losses(m, &t->io, n, &ls, &c);
+        loss_sum += ls / (double)model_loss_rows(m, n);
+        if (sample_zeros && micro == accum - 1)
+            rec->grad_zero_frac = grad_zero_fraction(m);
+    }
+
+    /* [reduce across ranks goes here] then the one fused check over all gradients */
+    be->grad_stats(be, t->grads, m->nparams, &t->gs);
+    enum amp_status st = be->status(be, err);
+    if (st != AMP_OK)
+        return st;
+
+    float inv = scaler_inv_scale(&t->scaler);
+    bool nonfinite = t->gs.found_nonfinite;
+    double norm = NAN, coef = 1.0;
+    if (!nonfinite) {
+        double raw = cfg->clip.norm_type == INFINITY ? t->gs.absmax : sqrt(t->gs.sumsq);
+        norm = raw * (double)inv;
+        if (cfg->clip.max_norm > 0)
+            coef = fmin(1.0, cfg->clip.max_norm / (norm + 1e-6));
+    }
+    rec->lr = 0;
+    if (!nonfinite) {
+        rec->lr = optim_lr(&t->opt);
+        optim_step(&t->opt, m, (float)((double)inv * coef));
+    } else {
+        attribute_overflow(m, &t->gs, rec->overflow_layer, sizeof rec->overflow_layer);
+    }
+    rec->step = step + 1;
+    rec->epoch = t->sampler.epoch;
+    rec->loss = loss_sum / (double)accum;
+    rec->scale = t->scaler.scale;
+    rec->found_inf = nonfinite;
+    rec->skipped = scaler_update(&t->scaler, nonfinite, step + 1);
+    rec->skips_total = t->scaler.skips_total;
+    rec->grad_norm = norm;
+    rec->clip_coef = coef;
+    return AMP_OK;
+}
+
+/* Fail-fast checks after a step (DESIGN.md section 3). */
+static enum amp_status check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err)
+{
+    const struct config *cfg = t->cfg;
+    if (!rec->skipped)
+        return AMP_OK;
+    const char *where = rec->overflow_layer[0] ? rec->overflow_layer : "a layer's gradients";
+    bool lowp_free = cfg->precision.mode == PREC_FP32 || cfg->precision.mode == PREC_BF16;
+    if (lowp_free && cfg->stability.on_nonfinite == NONFINITE_STOP)
+        return amp_fail(err, AMP_ERR_UNSTABLE,
+                        "lower optim.lr, set clip.max_norm, or check the data; no checkpoint was written by this run",
+                        "step %lld: non-finite gradients in %s and stability.on_nonfinite is stop",
+                        (long long)rec->step, where);
+    int64_t max = cfg->stability.max_consecutive_skips;
+    if (max > 0 && t->scaler.consecutive_skips >= max)
+        return amp_fail(err, AMP_ERR_UNSTABLE,
+                        "lower optim.lr, set clip.max_norm, or try precision.mode=bf16; no checkpoint was written by "
+                        "this run",
+                        "step %lld: %lld skipped steps in a row (stability.max_consecutive_skips = %lld); last "
+                        "overflow in %s",
+                        (long long)rec->step, (long long)t->scaler.consecutive_skips, (long long)max, where);
+    if (scaler_at_floor(&t->scaler) && t->scaler.consecutive_skips >= 2)
+        return amp_fail(err, AMP_ERR_UNSTABLE,
+                        "lower optim.lr or try precision.mode=bf16; no checkpoint was written by this run",
+                        "step %lld: loss scale is at its minimum (%g) and gradients still overflow in %s",
+                        (long long)rec->step, t->scaler.scale, where);
+    return AMP_OK;
+}
+
+enum amp_status train_run(const struct config *cfg, struct amp_error *err)
+{
+    struct trainer t;
+    memset(&t, 0, sizeof t);
+    enum amp_status st = trainer_setup(&t, cfg, err);
+    double t_last = runlog_now(), train_seconds = 0;
+    int64_t samples_since = 0, steps_done = 0;
+    for (int64_t step = 0; st == AMP_OK && step < t.total_steps; step++) {
+        struct step_record rec;
+        memset(&rec, 0, sizeof rec);
+        double t0 = runlog_now();
+        st = train_step(&t, step, &rec, err);
+        train_seconds += runlog_now() - t0;
+        if (st != AMP_OK)
+            break;
+        steps_done++;
+        samples_since += cfg->data.batch_size * cfg->accum_steps;
+        double now = runlog_now();
+        rec.samples_per_s = now > t_last ? (double)samples_since / (now - t_last) : 0;
+        if (now - t_last > 2.0) {
+            t_last = now;
+            samples_since = 0;
+        }
+        st = runlog_step(&t.log, &rec, err);
+        if (st == AMP_OK)
+            st = check_stability(&t, &rec, err);
+        bool last = step + 1 == t.total_steps;
+        if (st == AMP_OK && cfg->run.eval_every > 0 && (step + 1) % cfg->run.eval_every == 0 && !last)
+            st = run_eval(&t.model, &t.ds, cfg, step + 1, err);
+    }
+    if (st == AMP_OK) {
+        double samples = (double)(steps_done * cfg->data.batch_size * cfg->accum_steps);
+        printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n", (long long)steps_done,
+               samples, train_seconds, train_seconds > 0 ? samples / train_seconds : 0.0);
+        st = run_eval(&t.model, &t.ds, cfg, t.total_steps, err);
+    }
+    trainer_teardown(&t);
+    return st;
+}

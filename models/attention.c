@@ -1,0 +1,389 @@
+/*
+ * attention.c — causal multi-head self-attention and the pre-LN transformer block.
+ *
+ * attention: x (N, T, C) -> y (N, T, C).
+ *   qkv = x Wqkv^T + bqkv         (N, T, 3C)   linear_op "NAME/qkv/weight" (3C, C), "NAME/qkv/bias"
+ *   a   = attention core(qkv)     (N, T, C)    backend attention_forward: softmax(Q K^T / sqrt(C/H)),
+ *                                              causal, fp32 softmax, probabilities (N, H, T, T) kept
+ *   y   = a Wproj^T + bproj       (N, T, C)    linear_op "NAME/proj/weight" (C, C), "NAME/proj/bias"
+ *   The two projections are linear ops, the core an attention_matmul op (lowp under a policy; its
+ *   softmax is fp32 inside the backend); y has the proj's dtype.
+ *
+ * transformer_block (pre-LN, GPT-2): x (N, T, C) -> y (N, T, C).
+ *   h1 = ln1(x)                              "NAME/ln1/weight", "NAME/ln1/bias"      fp32 class
+ *   r1 = x + attn(h1)                        "NAME/attn/qkv/...", "NAME/attn/proj/..." residual add
+ *   h2 = ln2(r1)                             "NAME/ln2/weight", "NAME/ln2/bias"
+ *   y  = r1 + proj(gelu(fc(h2)))             "NAME/mlp/fc/..." (rC, C), "NAME/mlp/proj/..." (C, rC)
+ *   with r = mlp_ratio (default 4) and gelu's `approximate` (tanh by default). The residual adds
+ *   promote: x fp32 plus a bf16 branch gives fp32, so the residual stream stays fp32 as in PyTorch
+ *   autocast. The block has no dropout (put dropout layers between blocks).
+ *   Backward follows autograd: a gradient reaching a tensor of another dtype is cast to it, the two
+ *   gradients of r1 (through the add and through ln2) and of x are summed in those tensors' dtypes.
+ *   Gradients on their way through the block live in the model's shared workspace (layers.h).
+ *
+ * dim 0 means "the input's last dimension"; a given dim must equal it, and be divisible by heads.
+ * The attention proj and the block's mlp proj are residual projections: gpt2 init scales them by
+ * 1/sqrt(2 * number of attention / transformer_block layers).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers.h" /* struct linear_op, struct layernorm_op, struct attention_core, views, scratch */
+
+/* ---- the attention core -------------------------------------------------------------------------- */
+
+enum amp_status attention_core_setup(struct attention_core *op, struct layer *l, struct layer_build *b,
+                                     int64_t T, int64_t C, int64_t H, enum dtype in_dtype, int64_t max_B)
+{
+    op->T = T;
+    op->C = C;
+    op->H = H;
+    op->in_dtype = in_dtype;
+    op->d = autocast_dtype(b->policy, OP_ATTENTION_MATMUL, in_dtype, in_dtype);
+    op->workspace = b->workspace;
+    enum amp_status st = layer_alloc(l, b, &op->probs, op->d, 4, (int64_t[]){max_B, H, T, T}, "attention probs");
+    if (st != AMP_OK || op->d == in_dtype)
+        return st;
+    int64_t shape[3] = {max_B, T, 3 * C};
+    st = layer_alloc(l, b, &op->qkvc, op->d, 3, shape, "qkv cast");
+    op->dqkvc_off = scratch_reserve(b, op->d, (size_t)(max_B * T * 3 * C));
+    return st;
+}
+
+void attention_core_forward(struct backend *be, struct attention_core *op, struct tensor *out,
+                            const struct tensor *qkv, int64_t B)
+{
+    struct tensor probs = batch_view(&op->probs, B);
+    struct tensor qkvc;
+    const struct tensor *in = qkv;
+    if (op->qkvc.data) {
+        qkvc = batch_view(&op->qkvc, B);
+        be->convert(be, &qkvc, qkv);
+        in = &qkvc;
+    }
+    be->attention_forward(be, out, &probs, in, B, op->T, op->C, op->H);
+}
+
+void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,
+                             const struct tensor *dout, const struct tensor *qkv, int64_t B)
+{
+    struct tensor probs = batch_view(&op->probs, B);
+    if (!op->qkvc.data) {
+        be->attention_backward(be, dqkv, dout, qkv, &probs, B, op->T, op->C, op->H);
+        return;
+    }
+    struct tensor qkvc = batch_view(&op->qkvc, B);
+    struct tensor dqkvc = scratch_view(op->workspace, op->dqkvc_off, op->d, 3, (int64_t[]){B, op->T, 3 * op->C});
+    be->attention_backward(be, &dqkvc, dout, &qkvc, &probs, B, op->T, op->C, op->H);
+    be->convert(be, dqkv, &dqkvc);
+}
+
+void attention_core_free(struct attention_core *op)
+{
+    tensor_free(&op->qkvc);
+    tensor_free(&op->probs);
+}
+
+/* ---- shared checks ------------------------------------------------------------------------------- */
+
+/* The model width and heads of an attention or transformer_block layer from its input (N, T, C). */
+static enum amp_status attention_dims(struct layer *l, struct layer_build *b, int64_t *C, int64_t *H)
+{
+    char got[96];
+    if (b->in_tokens || b->in_ndim != 3)
+        return layer_fail(l, b, "put an embedding layer first: attention works on (N, T, C) sequences",
+                          "expects input of shape (N, T, C), got %s from %s",
+                          shape_str_n(got, sizeof got, b->in_ndim, b->in_shape), b->in_from);
+    int64_t in_c = b->in_shape[2];
+    *C = l->cfg.dim > 0 ? l->cfg.dim : in_c;
+    *H = l->cfg.heads;
+    if (*C != in_c)
+        return layer_fail(l, b, "leave dim at 0 to take the input's width, or make it match",
+                          "dim %lld does not match its input %s from %s", (long long)*C,
+                          shape_str_n(got, sizeof got, b->in_ndim, b->in_shape), b->in_from);
+    if (*H < 1)
+        return layer_fail(l, b, "set heads >= 1", "heads must be >= 1, got %lld", (long long)*H);
+    if (*C % *H != 0)
+        return layer_fail(l, b, "choose heads that divide dim (e.g. dim 128 with 4 heads)",
+                          "dim %lld is not divisible by heads %lld", (long long)*C, (long long)*H);
+    return AMP_OK;
+}
+
+static void copy_shape_out(struct layer *l, const struct layer_build *b, enum dtype dt)
+{
+    l->ndim_out = 3;
+    for (int i = 0; i < 3; i++)
+        l->out_shape[i] = b->in_shape[i];
+    l->out_dtype = dt;
+}
+
+/* ---- the attention layer ------------------------------------------------------------------------- */
+
+struct attention_layer {
+    struct linear_op qkv, proj;
+    struct attention_core core;
+    struct tensor qkv_y;      /* (max N, T, 3C) in qkv.d */
+    struct tensor att;        /* (max N, T, C) in core.d */
+    size_t dqkv_off, datt_off;/* scratch: gradients of qkv_y and att */
+    const struct tensor *workspace;
+};
+
+static void attention_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                              const struct batch *b)
+{
+    (void)b;
+    struct attention_layer *p = l->priv;
+    struct backend *be = ctx->be;
+    int64_t B = x->shape[0], rows = B * p->core.T;
+    struct tensor qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B);
+    l->y = batch_view(&l->y, B);
+    linear_op_forward(be, &p->qkv, &qkv, x, rows);
+    attention_core_forward(be, &p->core, &att, &qkv, B);
+    linear_op_forward(be, &p->proj, &l->y, &att, rows);
+}
+
+static void attention_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
+                               const struct tensor *x, const struct batch *b)
+{
+    (void)b;
+    struct attention_layer *p = l->priv;
+    struct backend *be = ctx->be;
+    float beta = ctx->accumulate ? 1.0f : 0.0f;
+    int64_t B = x->shape[0], T = p->core.T, C = p->core.C, rows = B * T;
+    struct tensor qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B);
+    struct tensor datt = scratch_view(p->workspace, p->datt_off, att.dtype, 3, (int64_t[]){B, T, C});
+    struct tensor dqkv = scratch_view(p->workspace, p->dqkv_off, qkv.dtype, 3, (int64_t[]){B, T, 3 * C});
+    linear_op_backward(be, &p->proj, &datt, dy, &att, rows, beta);
+    attention_core_backward(be, &p->core, &dqkv, &datt, &qkv, B);
+    struct tensor *dx = NULL;
+    if (l->needs_dx) {
+        l->dx = batch_view_like(&l->dx, x);
+        dx = &l->dx;
+    }
+    linear_op_backward(be, &p->qkv, dx, &dqkv, x, rows, beta);
+}
+
+static void attention_free(struct layer *l)
+{
+    struct attention_layer *p = l->priv;
+    if (!p)
+        return;
+    linear_op_free(&p->qkv);
+    linear_op_free(&p->proj);
+    attention_core_free(&p->core);
+    tensor_free(&p->qkv_y);
+    tensor_free(&p->att);
+}
+
+static const struct layer_ops attention_ops = {attention_forward, attention_backward, attention_free};
+
+enum amp_status attention_setup(struct layer *l, struct layer_build *b)
+{
+    int64_t C = 0, H = 1;
+    enum amp_status st = attention_dims(l, b, &C, &H);
+    if (st != AMP_OK)
+        return st;
+    struct attention_layer *p = calloc(1, sizeof *p);
+    if (!p)
+        return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
+    l->priv = p;
+    l->ops = &attention_ops;
+    l->op = OP_ATTENTION_MATMUL;
+    p->workspace = b->workspace;
+    int64_t N = b->in_shape[0], T = b->in_shape[1], rows = N * T;
+
+    if ((st = layer_reserve_params(l, b, 4)) != AMP_OK ||
+        (st = linear_op_setup(&p->qkv, l, b, "qkv/", C, 3 * C, true, b->in_dtype, rows, PINIT_LINEAR_WEIGHT)) ||
+        (st = layer_alloc(l, b, &p->qkv_y, p->qkv.d, 3, (int64_t[]){N, T, 3 * C}, "qkv")) ||
+        (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N)) ||
+        (st = layer_alloc(l, b, &p->att, p->core.d, 3, (int64_t[]){N, T, C}, "attention output")) ||
+        (st = linear_op_setup(&p->proj, l, b, "proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT)))
+        return st;
+    p->datt_off = scratch_reserve(b, p->core.d, (size_t)(rows * C));
+    p->dqkv_off = scratch_reserve(b, p->qkv.d, (size_t)(rows * 3 * C));
+    copy_shape_out(l, b, p->proj.d);
+    return AMP_OK;
+}
+
+/* ---- the transformer block ----------------------------------------------------------------------- */
+
+struct block_layer {
+    struct layernorm_op ln1, ln2;
+    struct linear_op qkv, proj, fc, fc2;
+    struct attention_core core;
+    enum act_kind act;
+    /* saved activations, each (max N, T, width) in its op's dtype */
+    struct tensor h1, qkv_y, att, proj_y, r1, h2, fc_y, g, fc2_y;
+    /* scratch offsets of the gradients, each shaped and typed like the tensor it is the gradient of */
+    size_t d_fc2_y, d_g, d_fc_y, d_h2, d_ln2x, d_r1, d_proj_y, d_att, d_qkv_y, d_h1, d_ln1x;
+    const struct tensor *workspace;
+};
+
+/* The gradient of `like` (a batch view of a saved activation) in the workspace. */
+static struct tensor grad_of(const struct block_layer *p, size_t off, const struct tensor *like)
+{
+    return scratch_view(p->workspace, off, like->dtype, like->ndim, like->shape);
+}
+
+/* `g` as a gradient for tensor `like`: g itself when the dtypes agree, else cast into the scratch at `off`
+ * (autograd's backward of an implicit cast). */
+static struct tensor grad_cast(struct backend *be, const struct block_layer *p, size_t off, const struct tensor *g,
+                               const struct tensor *like)
+{
+    if (g->dtype == like->dtype)
+        return batch_view_like(g, like);
+    struct tensor t = grad_of(p, off, like);
+    be->convert(be, &t, g);
+    return t;
+}
+
+static void block_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                          const struct batch *b)
+{
+    (void)b;
+    struct block_layer *p = l->priv;
+    struct backend *be = ctx->be;
+    int64_t B = x->shape[0], rows = B * p->core.T;
+    struct tensor h1 = batch_view(&p->h1, B), qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B),
+                  proj = batch_view(&p->proj_y, B), r1 = batch_view(&p->r1, B), h2 = batch_view(&p->h2, B),
+                  fc = batch_view(&p->fc_y, B), g = batch_view(&p->g, B), fc2 = batch_view(&p->fc2_y, B);
+    l->y = batch_view(&l->y, B);
+
+    layernorm_op_forward(be, &p->ln1, &h1, x, rows);
+    linear_op_forward(be, &p->qkv, &qkv, &h1, rows);
+    attention_core_forward(be, &p->core, &att, &qkv, B);
+    linear_op_forward(be, &p->proj, &proj, &att, rows);
+    be->add(be, &r1, x, &proj);
+    layernorm_op_forward(be, &p->ln2, &h2, &r1, rows);
+    linear_op_forward(be, &p->fc, &fc, &h2, rows);
+    be->act_forward(be, p->act, &g, &fc);
+    linear_op_forward(be, &p->fc2, &fc2, &g, rows);
+    be->add(be, &l->y, &r1, &fc2);
+}
+
+static void block_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
+                           const struct tensor *x, const struct batch *b)
+{
+    (void)b;
+    struct block_layer *p = l->priv;
+    struct backend *be = ctx->be;
+    float beta = ctx->accumulate ? 1.0f : 0.0f;
+    int64_t B = x->shape[0], rows = B * p->core.T;
+    struct tensor h1 = batch_view(&p->h1, B), qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B),
+                  proj = batch_view(&p->proj_y, B), r1 = batch_view(&p->r1, B), h2 = batch_view(&p->h2, B),
+                  fc = batch_view(&p->fc_y, B), g = batch_view(&p->g, B), fc2 = batch_view(&p->fc2_y, B);
+
+    /* y = r1 + fc2(gelu(fc(ln2(r1)))) */
+    struct tensor d_fc2 = grad_cast(be, p, p->d_fc2_y, dy, &fc2);
+    struct tensor d_g = grad_of(p, p->d_g, &g);
+    linear_op_backward(be, &p->fc2, &d_g, &d_fc2, &g, rows, beta);
+    struct tensor d_fc = grad_of(p, p->d_fc_y, &fc);
+    be->act_backward(be, p->act, &d_fc, &d_g, &fc);
+    struct tensor d_h2 = grad_of(p, p->d_h2, &h2);
+    linear_op_backward(be, &p->fc, &d_h2, &d_fc, &h2, rows, beta);
+    struct tensor d_ln2x = grad_of(p, p->d_ln2x, &r1);
+    layernorm_op_backward(be, &p->ln2, &d_ln2x, &d_h2, &r1, rows, beta);
+    struct tensor d_r1 = grad_of(p, p->d_r1, &r1);
+    be->add(be, &d_r1, dy, &d_ln2x);
+
+    /* r1 = x + proj(attn(qkv(ln1(x)))) */
+    struct tensor d_proj = grad_cast(be, p, p->d_proj_y, &d_r1, &proj);
+    struct tensor d_att = grad_of(p, p->d_att, &att);
+    linear_op_backward(be, &p->proj, &d_att, &d_proj, &att, rows, beta);
+    struct tensor d_qkv = grad_of(p, p->d_qkv_y, &qkv);
+    attention_core_backward(be, &p->core, &d_qkv, &d_att, &qkv, B);
+    struct tensor d_h1 = grad_of(p, p->d_h1, &h1);
+    linear_op_backward(be, &p->qkv, &d_h1, &d_qkv, &h1, rows, beta);
+    struct tensor d_ln1x = grad_of(p, p->d_ln1x, x);
+    layernorm_op_backward(be, &p->ln1, &d_ln1x, &d_h1, x, rows, beta);
+    if (l->needs_dx) {
+        l->dx = batch_view_like(&l->dx, x);
+        be->add(be, &l->dx, &d_r1, &d_ln1x);
+    }
+}
+
+static void block_free(struct layer *l)
+{
+    struct block_layer *p = l->priv;
+    if (!p)
+        return;
+    layernorm_op_free(&p->ln1);
+    layernorm_op_free(&p->ln2);
+    linear_op_free(&p->qkv);
+    linear_op_free(&p->proj);
+    linear_op_free(&p->fc);
+    linear_op_free(&p->fc2);
+    attention_core_free(&p->core);
+    struct tensor *saved[] = {&p->h1, &p->qkv_y, &p->att, &p->proj_y, &p->r1, &p->h2, &p->fc_y, &p->g, &p->fc2_y};
+    for (size_t i = 0; i < sizeof saved / sizeof *saved; i++)
+        tensor_free(saved[i]);
+}
+
+static const struct layer_ops block_ops = {block_forward, block_backward, block_free};
+
+/* Allocate saved activation `t` (N, T, width) and reserve the scratch for its gradient. */
+static enum amp_status block_tensor(struct layer *l, struct layer_build *b, struct tensor *t, size_t *grad_off,
+                                    enum dtype dt, int64_t width, const char *what)
+{
+    int64_t shape[3] = {b->in_shape[0], b->in_shape[1], width};
+    enum amp_status st = layer_alloc(l, b, t, dt, 3, shape, what);
+    if (st == AMP_OK && grad_off)
+        *grad_off = scratch_reserve(b, dt, t->numel);
+    return st;
+}
+
+enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
+{
+    int64_t C = 0, H = 1;
+    enum amp_status st = attention_dims(l, b, &C, &H);
+    if (st != AMP_OK)
+        return st;
+    int64_t ratio = l->cfg.mlp_ratio > 0 ? l->cfg.mlp_ratio : 4;
+    if (!(l->cfg.eps > 0))
+        return layer_fail(l, b, "use eps > 0 (default 1e-5)", "eps must be > 0, got %g", l->cfg.eps);
+    struct block_layer *p = calloc(1, sizeof *p);
+    if (!p)
+        return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
+    l->priv = p;
+    l->ops = &block_ops;
+    l->op = OP_LINEAR;
+    p->workspace = b->workspace;
+    p->act = l->cfg.approximate == GELU_ERF ? ACT_GELU_ERF : ACT_GELU_TANH;
+    const struct autocast_policy *pol = b->policy;
+    int64_t N = b->in_shape[0], T = b->in_shape[1], rows = N * T, hidden = ratio * C;
+    float eps = (float)l->cfg.eps;
+    enum dtype x_dt = b->in_dtype;
+
+    if ((st = layer_reserve_params(l, b, 12)) != AMP_OK)
+        return st;
+    /* attention half */
+    enum dtype h1_dt = autocast_dtype(pol, OP_LAYERNORM, x_dt, x_dt);
+    if ((st = layernorm_op_setup(&p->ln1, l, b, "ln1/", C, eps, rows)) ||
+        (st = block_tensor(l, b, &p->h1, &p->d_h1, h1_dt, C, "ln1 output")) ||
+        (st = linear_op_setup(&p->qkv, l, b, "attn/qkv/", C, 3 * C, true, h1_dt, rows, PINIT_LINEAR_WEIGHT)) ||
+        (st = block_tensor(l, b, &p->qkv_y, &p->d_qkv_y, p->qkv.d, 3 * C, "qkv")) ||
+        (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N)) ||
+        (st = block_tensor(l, b, &p->att, &p->d_att, p->core.d, C, "attention output")) ||
+        (st = linear_op_setup(&p->proj, l, b, "attn/proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT)) ||
+        (st = block_tensor(l, b, &p->proj_y, &p->d_proj_y, p->proj.d, C, "attention proj")))
+        return st;
+    enum dtype r1_dt = autocast_dtype(pol, OP_RESIDUAL_ADD, x_dt, p->proj.d);
+    if ((st = block_tensor(l, b, &p->r1, &p->d_r1, r1_dt, C, "first residual")))
+        return st;
+    p->d_ln2x = scratch_reserve(b, r1_dt, (size_t)(rows * C));
+    p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
+    /* mlp half */
+    enum dtype h2_dt = autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt);
+    if ((st = layernorm_op_setup(&p->ln2, l, b, "ln2/", C, eps, rows)) ||
+        (st = block_tensor(l, b, &p->h2, &p->d_h2, h2_dt, C, "ln2 output")) ||
+        (st = linear_op_setup(&p->fc, l, b, "mlp/fc/", C, hidden, true, h2_dt, rows, PINIT_LINEAR_WEIGHT)) ||
+        (st = block_tensor(l, b, &p->fc_y, &p->d_fc_y, p->fc.d, hidden, "mlp fc")))
+        return st;
+    enum dtype g_dt = autocast_dtype(pol, OP_GELU, p->fc.d, p->fc.d);
+    if ((st = block_tensor(l, b, &p->g, &p->d_g, g_dt, hidden, "mlp gelu")) ||
+        (st = linear_op_setup(&p->fc2, l, b, "mlp/proj/", hidden, C, true, g_dt, rows, PINIT_RESIDUAL_WEIGHT)) ||
+        (st = block_tensor(l, b, &p->fc2_y, &p->d_fc2_y, p->fc2.d, C, "mlp proj")))
+        return st;
+    copy_shape_out(l, b, autocast_dtype(pol, OP_RESIDUAL_ADD, r1_dt, p->fc2.d));
+    return AMP_OK;
+}

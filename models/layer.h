@@ -1,0 +1,108 @@
+/*
+ * layer.h — one layer of a model: its parameters, its activations, forward and backward.
+ *
+ * Layers call only backend operations (backend.h). Each layer owns its output activation `y` and the
+ * gradient of its input `dx`, allocated once by the model builder for the largest batch; a smaller
+ * batch (the last eval batch) uses views of them. A layer runs in the dtype the autocast policy gives
+ * its op kind (autocast.h); backward runs in its forward's dtype. Weight gradients are FP32 and
+ * accumulate across the micro-batches of one optimizer step (ctx->accumulate).
+ *
+ * Parameter names are "LAYER/PARAM" ("fc1/weight"), the same path the checkpoint uses under /model.
+ *
+ * Dtypes are fixed when the model is built, from the model's policy (model_build); ctx->policy is
+ * not consulted again. A run that evaluates under another policy (eval --autocast off) builds its
+ * own model. docs/model.md lists the layer kinds, their shapes, parameters and dtypes.
+ */
+#ifndef AMP_LAYER_H
+#define AMP_LAYER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "autocast.h" /* struct autocast_policy, enum op_kind */
+#include "backend.h"  /* struct backend, struct tensor, struct rng_key */
+#include "config.h"   /* struct layer_config */
+
+/* How model_init fills a parameter (model.h): the rule depends on what the tensor is, not on its layer. */
+enum param_init {
+    PINIT_LINEAR_WEIGHT,   /* pytorch: U(+-1/sqrt(fan_in)); gpt2: N(0, 0.02) */
+    PINIT_RESIDUAL_WEIGHT, /* a linear whose output joins the residual stream (attention proj, mlp proj):
+                            * pytorch: as a linear weight; gpt2: N(0, 0.02/sqrt(2*n_blocks)) */
+    PINIT_LINEAR_BIAS,     /* pytorch: U(+-1/sqrt(fan_in)); gpt2: 0 */
+    PINIT_CONV_WEIGHT,     /* U(+-1/sqrt(fan_in)) under both schemes (GPT-2 has no convolutions) */
+    PINIT_CONV_BIAS,       /* U(+-1/sqrt(fan_in)) under both schemes */
+    PINIT_NORM_GAIN,       /* 1 */
+    PINIT_NORM_SHIFT,      /* 0 */
+    PINIT_EMBEDDING        /* pytorch: N(0, 1) (nn.Embedding); gpt2: N(0, 0.02) */
+};
+
+struct param {
+    char name[96];        /* "LAYER/PARAM" */
+    struct tensor master; /* fp32 weights */
+    struct tensor grad;   /* fp32 gradient, accumulated over micro-batches */
+    struct tensor lowp;   /* the run's fp16/bf16 copy, made once per optimizer step; empty in fp32 runs */
+    bool decay;           /* weight decay applies (weights: yes; biases, norm and embedding gains: no) */
+    int layer;            /* index of the owning layer, for overflow attribution */
+    enum param_init init; /* how model_init fills master */
+    int64_t fan_in;       /* inputs per output unit, for the fan-in rules */
+};
+
+/* Non-trainable state that is checkpointed (batchnorm running mean and variance), fp32. */
+struct buffer {
+    char name[96];
+    struct tensor t;
+};
+
+/* What one forward/backward pass needs to know. */
+struct step_ctx {
+    struct backend *be;
+    const struct autocast_policy *policy;
+    bool training;        /* dropout active, batchnorm batch statistics */
+    struct rng_key key;   /* seed and counter of this micro-batch; layers set .stream to their index */
+    float grad_seed;      /* d(loss)/d(loss) = scale / accum_steps */
+    bool accumulate;      /* weight gradients: add to (true) or overwrite (false, first micro-batch) */
+};
+
+/* A batch in backend memory. Exactly one of x / tokens is set. */
+struct batch {
+    int64_t n;            /* samples in this batch (<= the model's max batch) */
+    struct tensor x;      /* fp32 inputs (n, ...) for image/array data */
+    int32_t *tokens;      /* int32 (n, T) token ids for text */
+    int32_t *labels;      /* int32 class labels (n) or next tokens (n, T) for cross_entropy */
+    struct tensor target; /* fp32 regression targets (n, K) for mse */
+};
+
+struct layer;
+
+struct layer_ops {
+    /* forward: read x (the previous layer's y, or the batch input), write l->y */
+    void (*forward)(struct layer *l, const struct step_ctx *ctx, const struct tensor *x, const struct batch *b);
+    /* backward: read dy (the next layer's dx; NULL for the loss layer), x as in forward; write l->dx
+     * (unless this is the first layer, when dx may be left unallocated) and the parameter gradients */
+    void (*backward)(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy, const struct tensor *x,
+                     const struct batch *b);
+    void (*free_priv)(struct layer *l);
+};
+
+struct layer {
+    const struct layer_ops *ops;
+    struct layer_config cfg;
+    int index;
+    enum op_kind op;         /* autocast op kind of the layer's main op (transformer_block: linear;
+                                flatten, a view with no op: OP_KIND_COUNT) */
+    int ndim_out;
+    int64_t out_shape[TENSOR_MAX_DIMS]; /* per max batch: out_shape[0] is the max batch (for the loss
+                                           layer, the max loss rows: max batch, or max batch * T for text) */
+    enum dtype out_dtype;    /* dtype of y under the model's policy */
+    struct param *params;
+    int nparams;
+    struct buffer *buffers;
+    int nbuffers;
+    struct tensor y;         /* output activation (for the loss layer: per-row losses, fp32); after a
+                                pass, a view with the pass's batch size; flatten: a view of its input */
+    struct tensor dx;        /* gradient of the input, in the input's dtype; flatten: a view of dy */
+    bool needs_dx;           /* false for the first layer (its dx is never allocated) */
+    void *priv;              /* layer-private saved tensors (masks, statistics, attention probabilities) */
+};
+
+#endif

@@ -1,0 +1,177 @@
+/*
+ * layers.h — private to models/: how the model builder (model.c) sets up each layer kind, and the
+ * small building blocks (a linear map, a layernorm, the attention core) that several kinds share.
+ *
+ * Building a layer is one call, `KIND_setup(l, b)`: it checks the input shape the builder hands it
+ * (b->in_*), fails with AMP_ERR_CONFIG naming the layer and both shapes when it cannot take it, and
+ * otherwise fills l->ops, l->op, l->out_shape / ndim_out / out_dtype, creates the parameters and
+ * buffers (allocated, grads zeroed) and the tensors the layer saves between forward and backward
+ * (l->priv). The builder then allocates l->y and l->dx for the largest batch.
+ *
+ * Scratch: tensors that live only inside one layer's backward (a gradient on its way through a
+ * transformer block, a dx in the op's dtype before the cast back to the input's) are not owned by the
+ * layer. The layer reserves them at setup (scratch_reserve, offsets from 0 for each layer) and the
+ * builder allocates one workspace as large as the largest layer's need, shared by all layers, since
+ * backward runs one layer at a time.
+ *
+ * Views for a smaller batch: tensors are allocated for max_batch rows; a pass over n samples works on
+ * batch_view()s of them with the first dimension set to n (or n*T where rows are tokens).
+ */
+#ifndef AMP_LAYERS_H
+#define AMP_LAYERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layer.h" /* struct layer, struct param, struct step_ctx */
+#include "model.h" /* struct data_spec */
+
+/* What the builder knows when it sets up one layer. */
+struct layer_build {
+    struct backend *be;
+    const struct autocast_policy *policy;
+    const struct data_spec *spec;
+    int64_t max_batch;
+    int64_t seq_len;                      /* data.seq_len (text), the default embedding max_len */
+    /* the input: the previous layer's output, or the data's sample shape */
+    int in_ndim;
+    int64_t in_shape[TENSOR_MAX_DIMS];    /* in_shape[0] is max_batch */
+    enum dtype in_dtype;
+    bool in_tokens;                       /* the input is the data's int32 token ids */
+    char in_from[128];                    /* "the data" or "'fc1' (linear)", for messages */
+    /* set by setup */
+    bool y_is_view;                       /* y (and dx) are views of x (and dy): nothing to allocate */
+    size_t scratch_bytes;                 /* this layer's backward scratch, see scratch_reserve */
+    const struct tensor *workspace;       /* the model's shared workspace (allocated after every setup) */
+    struct amp_error *err;
+};
+
+/* One setup function per layer kind. */
+enum amp_status linear_setup(struct layer *l, struct layer_build *b);
+enum amp_status conv2d_setup(struct layer *l, struct layer_build *b);
+enum amp_status pool2d_setup(struct layer *l, struct layer_build *b);   /* maxpool2d, avgpool2d */
+enum amp_status flatten_setup(struct layer *l, struct layer_build *b);
+enum amp_status batchnorm2d_setup(struct layer *l, struct layer_build *b);
+enum amp_status layernorm_setup(struct layer *l, struct layer_build *b);
+enum amp_status activation_setup(struct layer *l, struct layer_build *b); /* relu, gelu */
+enum amp_status dropout_setup(struct layer *l, struct layer_build *b);
+enum amp_status embedding_setup(struct layer *l, struct layer_build *b);
+enum amp_status attention_setup(struct layer *l, struct layer_build *b);
+enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b);
+enum amp_status loss_setup(struct layer *l, struct layer_build *b);     /* cross_entropy, mse */
+
+/* The loss layer's link to the model: where cross_entropy writes its correct marks (m->correct), and
+ * how many loss rows one sample gives (1, or T for text). */
+void loss_set_correct(struct layer *l, int32_t *correct);
+int64_t loss_rows_per_sample(const struct layer *l);
+
+/* ---- helpers shared by the kinds (layers_common.c) ---------------------------------------------- */
+
+/* AMP_ERR_CONFIG "model.layers[I] 'NAME' (KIND): MESSAGE" with `hint`. */
+enum amp_status layer_fail(const struct layer *l, struct layer_build *b, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* "(N, 1, 28, 28)": a shape with its batch dimension written as N. */
+const char *shape_str_n(char *buf, size_t len, int ndim, const int64_t *shape);
+
+/* Size l->params for `n` parameters (before any layer_add_param). */
+enum amp_status layer_reserve_params(struct layer *l, struct layer_build *b, int n);
+
+/* Create parameter "LAYER/local": fp32 master and zeroed grad, and the lowp copy when the policy is
+ * enabled. NULL on out of memory (b->err filled). */
+struct param *layer_add_param(struct layer *l, struct layer_build *b, const char *local, int ndim,
+                              const int64_t *shape, enum param_init init, int64_t fan_in, bool decay);
+
+/* Create buffer "LAYER/local" (fp32). l->buffers must be sized by the caller. */
+enum amp_status layer_add_buffer(struct layer *l, struct layer_build *b, const char *local, int ndim,
+                                 const int64_t *shape);
+
+/* Allocate a tensor owned by the layer (saved for backward), named for out-of-memory messages. */
+enum amp_status layer_alloc(struct layer *l, struct layer_build *b, struct tensor *t, enum dtype dt, int ndim,
+                            const int64_t *shape, const char *what);
+
+/* Reserve `numel` elements of `dt` in the shared workspace; returns the byte offset. */
+size_t scratch_reserve(struct layer_build *b, enum dtype dt, size_t numel);
+
+/* A tensor of `shape` at byte offset `off` in the workspace. */
+struct tensor scratch_view(const struct tensor *workspace, size_t off, enum dtype dt, int ndim,
+                           const int64_t *shape);
+
+/* `t` with its first dimension set to `rows` (same trailing dims as `like`, or as t itself). */
+struct tensor batch_view(const struct tensor *t, int64_t rows);
+struct tensor batch_view_like(const struct tensor *t, const struct tensor *like);
+/* `t` seen as a matrix (rows, cols). */
+struct tensor matrix_view(const struct tensor *t, int64_t rows, int64_t cols);
+
+/* Element count of one sample of a shape (everything but the batch dimension). */
+int64_t shape_inner(int ndim, const int64_t *shape);
+
+/* ---- building blocks ----------------------------------------------------------------------------- */
+
+/* y (rows, out) = x (rows, in) @ W^T + b, the op of linear layers and of the projections inside
+ * attention and transformer blocks. Runs in d = autocast(linear, x's dtype): x is cast to d first when
+ * it is not (the cast copy xc is kept for the weight gradient), W is the master (d fp32) or the lowp
+ * copy, the fp32 bias is added inside the GEMM before the one rounding to d. Backward: dW, db fp32
+ * (beta = accumulate); dx computed in d, then cast to x's dtype when that differs, as autograd's
+ * backward of the cast does. */
+struct linear_op {
+    struct param *w;        /* (out, in) */
+    struct param *b;        /* (out) or NULL */
+    int64_t in, out;
+    enum dtype in_dtype;    /* x's dtype */
+    enum dtype d;           /* the GEMM's (and y's) dtype */
+    struct tensor xc;       /* (max_rows, in) in d: x cast to d; empty when x is already d */
+    size_t dxc_off;         /* scratch (max_rows, in) in d, when x is not d */
+    const struct tensor *workspace;
+};
+
+/* `prefix` goes between the layer name and "weight"/"bias": "" for a linear layer, "attn/qkv/" inside
+ * a transformer block. */
+enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
+                                int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
+                                enum param_init weight_init);
+void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
+                       int64_t rows);
+/* dx may be NULL (first layer): no input gradient. beta: 0 overwrite weight grads, 1 accumulate. */
+void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor *dx, const struct tensor *dy,
+                        const struct tensor *x, int64_t rows, float beta);
+void linear_op_free(struct linear_op *op);
+
+/* Layernorm over the last `cols` of x (rows, cols), fp32 statistics saved for backward, fp32 gain and
+ * shift (the masters: a fp32-class op). */
+struct layernorm_op {
+    struct param *gain, *shift; /* (cols) */
+    int64_t cols;
+    float eps;
+    struct tensor mean, rstd;   /* (max_rows) fp32 */
+};
+
+enum amp_status layernorm_op_setup(struct layernorm_op *op, struct layer *l, struct layer_build *b,
+                                   const char *prefix, int64_t cols, float eps, int64_t max_rows);
+void layernorm_op_forward(struct backend *be, struct layernorm_op *op, struct tensor *y, const struct tensor *x,
+                          int64_t rows);
+void layernorm_op_backward(struct backend *be, struct layernorm_op *op, struct tensor *dx, const struct tensor *dy,
+                           const struct tensor *x, int64_t rows, float beta);
+void layernorm_op_free(struct layernorm_op *op);
+
+/* Causal multi-head self-attention core on qkv (B, T, 3C): out (B, T, C) in d = autocast(attention_matmul,
+ * qkv's dtype); qkv is cast to d first when it is not (kept, qkvc), the probabilities (B, H, T, T) in d
+ * are kept for backward. */
+struct attention_core {
+    int64_t T, C, H;
+    enum dtype in_dtype, d;
+    struct tensor qkvc;     /* (max_B, T, 3C) in d, empty when qkv is already d */
+    struct tensor probs;    /* (max_B, H, T, T) in d */
+    size_t dqkvc_off;       /* scratch (max_B, T, 3C) in d, when qkv is not d */
+    const struct tensor *workspace;
+};
+
+enum amp_status attention_core_setup(struct attention_core *op, struct layer *l, struct layer_build *b,
+                                     int64_t T, int64_t C, int64_t H, enum dtype in_dtype, int64_t max_B);
+void attention_core_forward(struct backend *be, struct attention_core *op, struct tensor *out,
+                            const struct tensor *qkv, int64_t B);
+void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,
+                             const struct tensor *dout, const struct tensor *qkv, int64_t B);
+void attention_core_free(struct attention_core *op);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * layers_common.c — what every layer kind's setup uses: the config-error message naming the layer,
+ * parameter / buffer / saved-tensor allocation, the shared backward workspace, and batch views.
+ * See layers.h.
+ */
+#include "layers.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h" /* layer_kind_name */
+
+enum amp_status layer_fail(const struct layer *l, struct layer_build *b, const char *hint, const char *fmt, ...)
+{
+    char what[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return amp_fail(b->err, AMP_ERR_CONFIG, hint, "model.layers[%d] '%s' (%s): %s", l->index, l->cfg.name,
+                    layer_kind_name(l->cfg.kind), what);
+}
+
+const char *shape_str_n(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t off = (size_t)snprintf(buf, len, "(N");
+    for (int i = 1; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, ", %lld", (long long)shape[i]);
+    if (off < len)
+        snprintf(buf + off, len - off, ")");
+    return buf;
+}
+
+enum amp_status layer_reserve_params(struct layer *l, struct layer_build *b, int n)
+{
+    l->params = calloc((size_t)n, sizeof *l->params);
+    if (!l->params)
+        return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory creating the parameters of layer '%s'",
+                        l->cfg.name);
+    l->nparams = 0;
+    return AMP_OK;
+}
+
+struct param *layer_add_param(struct layer *l, struct layer_build *b, const char *local, int ndim,
+                              const int64_t *shape, enum param_init init, int64_t fan_in, bool decay)
+{
+    struct param *p = &l->params[l->nparams++];
+    snprintf(p->name, sizeof p->name, "%s/%s", l->cfg.name, local);
+    p->decay = decay;
+    p->layer = l->index;
+    p->init = init;
+    p->fan_in = fan_in;
+    if (tensor_alloc(&p->master, b->be, DT_FP32, ndim, shape, p->name, b->err) != AMP_OK ||
+        tensor_zeros(&p->grad, b->be, DT_FP32, ndim, shape, p->name, b->err) != AMP_OK)
+        return NULL;
+    if (b->policy->enabled && tensor_alloc(&p->lowp, b->be, b->policy->lowp, ndim, shape, p->name, b->err) != AMP_OK)
+        return NULL;
+    return p;
+}
+
+enum amp_status layer_add_buffer(struct layer *l, struct layer_build *b, const char *local, int ndim,
+                                 const int64_t *shape)
+{
+    struct buffer *buf = &l->buffers[l->nbuffers++];
+    snprintf(buf->name, sizeof buf->name, "%s/%s", l->cfg.name, local);
+    return tensor_alloc(&buf->t, b->be, DT_FP32, ndim, shape, buf->name, b->err);
+}
+
+enum amp_status layer_alloc(struct layer *l, struct layer_build *b, struct tensor *t, enum dtype dt, int ndim,
+                            const int64_t *shape, const char *what)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%s (%s)", what, l->cfg.name);
+    return tensor_alloc(t, b->be, dt, ndim, shape, name, b->err);
+}
+
+/* Offsets stay aligned for vector loads on any backend. */
+#define SCRATCH_ALIGN 256
+
+size_t scratch_reserve(struct layer_build *b, enum dtype dt, size_t numel)
+{
+    size_t off = b->scratch_bytes;
+    size_t bytes = numel * dtype_size(dt);
+    b->scratch_bytes += (bytes + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN;
+    return off;
+}
+
+struct tensor scratch_view(const struct tensor *workspace, size_t off, enum dtype dt, int ndim,
+                           const int64_t *shape)
+{
+    struct tensor t = *workspace;
+    t.data = (char *)workspace->data + off;
+    t.dtype = dt;
+    return tensor_reshape(&t, ndim, shape);
+}
+
+struct tensor batch_view(const struct tensor *t, int64_t rows)
+{
+    int64_t shape[TENSOR_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[0] = rows;
+    return tensor_reshape(t, t->ndim, shape);
+}
+
+struct tensor batch_view_like(const struct tensor *t, const struct tensor *like)
+{
+    return tensor_reshape(t, like->ndim, like->shape);
+}
+
+struct tensor matrix_view(const struct tensor *t, int64_t rows, int64_t cols)
+{
+    int64_t shape[2] = {rows, cols};
+    return tensor_reshape(t, 2, shape);
+}
+
+int64_t shape_inner(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 1; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}

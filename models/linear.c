@@ -1,0 +1,189 @@
+/*
+ * linear.c — the linear layer, y = x W^T + b over the last dimension, and the linear_op building
+ * block it shares with attention and transformer blocks (layers.h).
+ *
+ * Shapes: x (N, D) or (N, T, D) -> y (N, out) or (N, T, out); the GEMM sees rows = N or N*T.
+ * Parameters: "NAME/weight" (out, D) fp32, "NAME/bias" (out) fp32 unless bias: false.
+ * Dtype: the op runs in d = autocast(linear, x's dtype) — bf16/fp16 under an enabled policy, fp32
+ * otherwise or with `fp32_ops: [linear]`. The input is cast to d into a saved copy when it is not d
+ * already (PyTorch autocast casts it the same way and autograd keeps the cast tensor), the weight is
+ * the parameter's lowp copy (made once per optimizer step by model_refresh_lowp) or the master in an
+ * fp32 op, products accumulate in fp32, the fp32 bias is added before the one rounding to d.
+ * Backward (dy in d): dW = dy^T x_d and db = colsum(dy) in fp32, overwriting or accumulating
+ * (ctx->accumulate); dx = dy W computed and rounded in d, then cast to x's dtype when that differs.
+ * Nothing is computed for dx when the layer is the first one.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "layers.h" /* struct linear_op, struct layer_build, views, layer_fail */
+
+/* ---- the building block ------------------------------------------------------------------------ */
+
+enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
+                                int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
+                                enum param_init weight_init)
+{
+    char name[96];
+    op->in = in;
+    op->out = out;
+    op->in_dtype = in_dtype;
+    op->d = autocast_dtype(b->policy, OP_LINEAR, in_dtype, in_dtype);
+    op->workspace = b->workspace;
+
+    int64_t wshape[2] = {out, in};
+    snprintf(name, sizeof name, "%sweight", prefix);
+    op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true);
+    if (!op->w)
+        return b->err->code;
+    if (bias) {
+        snprintf(name, sizeof name, "%sbias", prefix);
+        op->b = layer_add_param(l, b, name, 1, &out, PINIT_LINEAR_BIAS, in, false);
+        if (!op->b)
+            return b->err->code;
+    }
+    if (in_dtype != op->d) {
+        int64_t xshape[2] = {max_rows, in};
+        snprintf(name, sizeof name, "%sinput cast to %s", prefix, dtype_name(op->d));
+        enum amp_status st = layer_alloc(l, b, &op->xc, op->d, 2, xshape, name);
+        if (st != AMP_OK)
+            return st;
+        op->dxc_off = scratch_reserve(b, op->d, (size_t)(max_rows * in));
+    }
+    return AMP_OK;
+}
+
+static const struct tensor *linear_op_weight(const struct linear_op *op)
+{
+    return op->d == DT_FP32 ? &op->w->master : &op->w->lowp;
+}
+
+void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
+                       int64_t rows)
+{
+    struct tensor x2 = matrix_view(x, rows, op->in);
+    struct tensor y2 = matrix_view(y, rows, op->out);
+    struct tensor xc;
+    const struct tensor *xin = &x2;
+    if (op->xc.data) {
+        xc = matrix_view(&op->xc, rows, op->in);
+        be->convert(be, &xc, &x2);
+        xin = &xc;
+    }
+    struct gemm_args g = {
+        .a = xin, .b = linear_op_weight(op), .c = &y2, .bias = op->b ? &op->b->master : NULL,
+        .trans_b = true, .m = rows, .n = op->out, .k = op->in, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
+    };
+    be->gemm(be, &g);
+}
+
+void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor *dx, const struct tensor *dy,
+                        const struct tensor *x, int64_t rows, float beta)
+{
+    struct tensor dy2 = matrix_view(dy, rows, op->out);
+    struct tensor xin = op->xc.data ? matrix_view(&op->xc, rows, op->in) : matrix_view(x, rows, op->in);
+
+    /* dW (out, in) = dy^T (out, rows) @ x (rows, in) */
+    struct gemm_args gw = {
+        .a = &dy2, .b = &xin, .c = &op->w->grad, .trans_a = true,
+        .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = beta, .batch = 1,
+    };
+    be->gemm(be, &gw);
+    if (op->b)
+        be->bias_grad(be, &op->b->grad, &dy2, rows, op->out, beta);
+    if (!dx)
+        return;
+
+    /* dx (rows, in) = dy (rows, out) @ W (out, in), rounded in d */
+    struct tensor dx2 = matrix_view(dx, rows, op->in);
+    struct tensor dxc = dx2;
+    if (op->xc.data)
+        dxc = scratch_view(op->workspace, op->dxc_off, op->d, 2, (int64_t[]){rows, op->in});
+    struct gemm_args gx = {
+        .a = &dy2, .b = linear_op_weight(op), .c = &dxc,
+        .m = rows, .n = op->in, .k = op->out, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
+    };
+    be->gemm(be, &gx);
+    if (op->xc.data)
+        be->convert(be, &dx2, &dxc);
+}
+
+void linear_op_free(struct linear_op *op)
+{
+    tensor_free(&op->xc);
+}
+
+/* ---- the layer ----------------------------------------------------------------------------------- */
+
+struct linear_layer {
+    struct linear_op op;
+};
+
+static int64_t rows_of(const struct tensor *x)
+{
+    return (int64_t)(x->numel / (size_t)x->shape[x->ndim - 1]);
+}
+
+static void linear_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                           const struct batch *b)
+{
+    (void)b;
+    struct linear_layer *p = l->priv;
+    l->y = batch_view(&l->y, x->shape[0]);
+    linear_op_forward(ctx->be, &p->op, &l->y, x, rows_of(x));
+}
+
+static void linear_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
+                            const struct tensor *x, const struct batch *b)
+{
+    (void)b;
+    struct linear_layer *p = l->priv;
+    struct tensor *dx = NULL;
+    if (l->needs_dx) {
+        l->dx = batch_view_like(&l->dx, x);
+        dx = &l->dx;
+    }
+    linear_op_backward(ctx->be, &p->op, dx, dy, x, rows_of(x), ctx->accumulate ? 1.0f : 0.0f);
+}
+
+static void linear_free(struct layer *l)
+{
+    struct linear_layer *p = l->priv;
+    if (p)
+        linear_op_free(&p->op);
+}
+
+static const struct layer_ops linear_ops = {linear_forward, linear_backward, linear_free};
+
+enum amp_status linear_setup(struct layer *l, struct layer_build *b)
+{
+    char got[96];
+    if (b->in_tokens || (b->in_ndim != 2 && b->in_ndim != 3))
+        return layer_fail(l, b, b->in_ndim == 4 ? "add a flatten layer before it" : NULL,
+                          "expects input of shape (N, D) or (N, T, D), got %s from %s",
+                          shape_str_n(got, sizeof got, b->in_ndim, b->in_shape), b->in_from);
+    if (l->cfg.out <= 0)
+        return layer_fail(l, b, "set `out` to the number of output features", "out must be >= 1, got %lld",
+                          (long long)l->cfg.out);
+    struct linear_layer *p = calloc(1, sizeof *p);
+    if (!p)
+        return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
+    l->priv = p;
+    l->ops = &linear_ops;
+    l->op = OP_LINEAR;
+
+    int64_t in = b->in_shape[b->in_ndim - 1];
+    int64_t max_rows = b->in_shape[0] * (b->in_ndim == 3 ? b->in_shape[1] : 1);
+    enum amp_status st = layer_reserve_params(l, b, 2);
+    if (st == AMP_OK)
+        st = linear_op_setup(&p->op, l, b, "", in, l->cfg.out, l->cfg.bias, b->in_dtype, max_rows,
+                             PINIT_LINEAR_WEIGHT);
+    if (st != AMP_OK)
+        return st;
+    l->ndim_out = b->in_ndim;
+    for (int i = 0; i < b->in_ndim; i++)
+        l->out_shape[i] = b->in_shape[i];
+    l->out_shape[b->in_ndim - 1] = l->cfg.out;
+    l->out_dtype = p->op.d;
+    return AMP_OK;
+}

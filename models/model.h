@@ -1,0 +1,62 @@
+/*
+ * model.h — a model built from `model.layers`: shape and dtype inference, parameter init, forward,
+ * backward, the low-precision weight copies.
+ *
+ * model_build infers every layer's shape from the data's sample shape; a mismatch is a config error
+ * naming the layer and both shapes. model_init fills parameters from the run seed (PyTorch's defaults
+ * for linear and conv — kaiming-uniform(a=sqrt(5)) weights, uniform(±1/sqrt(fan_in)) biases; GPT-2's
+ * normal(0, 0.02) when model.init is gpt2, with residual projections scaled by 1/sqrt(2*n_blocks)),
+ * on the host from a counter-based generator, so it does not depend on the backend.
+ */
+#ifndef AMP_MODEL_H
+#define AMP_MODEL_H
+
+#include "layer.h" /* struct layer, struct param, struct batch, struct step_ctx */
+
+/* What the data looks like, from the data module. */
+struct data_spec {
+    int sample_ndim;               /* dims of one sample (without batch): 1 (vector), 3 (C,H,W), or 1 (tokens T) */
+    int64_t sample_shape[3];
+    bool is_tokens;                /* text: samples are int32 token ids of length sample_shape[0] */
+    int64_t num_classes;           /* labels in [0, num_classes); vocabulary size for text */
+};
+
+struct model {
+    struct layer *layers;          /* the last one is the loss */
+    int nlayers;
+    struct param **params;         /* every parameter, in layer order (pointers into layers[i].params) */
+    int nparams;
+    struct buffer **buffers;       /* every buffer, in layer order */
+    int nbuffers;
+    int64_t max_batch;
+    struct backend *be;
+    struct autocast_policy policy;
+    int32_t *correct;              /* int32 per loss row, 1 where argmax == label (cross_entropy; NULL for mse) */
+    struct tensor *workspace;      /* scratch shared by every layer's backward (models/layers.h) */
+};
+
+/* Build (allocating every tensor for max_batch samples) and check shapes. */
+enum amp_status model_build(struct model *m, const struct config *cfg, const struct data_spec *spec,
+                            struct backend *be, const struct autocast_policy *policy, int64_t max_batch,
+                            struct amp_error *err);
+
+/* Initialise parameters and buffers from `seed` (deterministic, backend-independent). */
+enum amp_status model_init(struct model *m, const struct config *cfg, uint64_t seed, struct amp_error *err);
+
+/* Refresh every parameter's low-precision copy from its master (once per optimizer step). */
+void model_refresh_lowp(struct model *m);
+
+/* Forward through all layers and the loss. Per-row losses land in the loss layer's y (fp32); for
+ * cross_entropy the rows are samples (or tokens for text) and m->correct marks right predictions. */
+void model_forward(struct model *m, const struct step_ctx *ctx, const struct batch *b);
+
+/* Backward from the loss (seeded with ctx->grad_seed) to the first layer; parameter gradients
+ * overwrite or accumulate per ctx->accumulate. */
+void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b);
+
+/* Number of loss rows of a batch of n samples (n, or n*T for text). */
+int64_t model_loss_rows(const struct model *m, int64_t n);
+
+void model_free(struct model *m);
+
+#endif

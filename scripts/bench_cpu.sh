@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# CPU speed of ampTrain against PyTorch (Debian's python3-torch) on the fashion_mlp model: same shapes,
+# batch 128, AdamW, single-threaded (OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)), runs alternating
+# in one invocation so both see the same machine load. Prints samples/s of each and the ratio.
+#   scripts/bench_cpu.sh [STEPS=300] [ROUNDS=3] [MODES="fp32 bf16"]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${STEPS:-300}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}
+bin=${AMP_BIN:-build/ampTrain}
+[ -x "$bin" ] || { echo "bench_cpu: $bin not built; run scripts/build.sh" >&2; exit 1; }
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+for mode in $modes; do
+  amp_total=0; torch_total=0
+  for r in $(seq "$rounds"); do
+    out="$tmp/run-$mode-$r"
+    a=$("$bin" run configs/fashion_mlp.yaml "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu \
+          run.log_every=0 "run.out_dir=$out" | sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
+    t=$(/usr/bin/python3 scripts/bench_mlp_torch.py "$steps" "$mode" | sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p')
+    echo "round $r $mode: ampTrain $a samples/s, torch $t samples/s"
+    amp_total=$(awk -v a="$amp_total" -v b="$a" 'BEGIN{print a+b}')
+    torch_total=$(awk -v a="$torch_total" -v b="$t" 'BEGIN{print a+b}')
+  done
+  awk -v m="$mode" -v a="$amp_total" -v t="$torch_total" -v r="$rounds" -v s="$steps" 'BEGIN{
+    printf "%s: ampTrain %.1f samples/s, PyTorch %.1f samples/s, ratio %.2fx (mean of %d alternating rounds, %d steps, batch 128, 1 thread)\n", m, a/r, t/r, a/t, r, s}'
+done

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install what is missing, build, and run the main job: the Fashion-MNIST MLP in bf16, on the GPU if
+# there is one (run.device: auto), else the CPU. Extra arguments are config overrides, e.g.
+#   scripts/quickstart.sh run.epochs=1
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh
+BUILD_DIR=build scripts/build.sh -DCMAKE_BUILD_TYPE=Release >/dev/null
+echo "quickstart: built build/ampTrain ($(build/ampTrain --version | tail -n 1))"
+
+out="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
+build/ampTrain check configs/fashion_mlp.yaml precision.mode=bf16 run.device=auto "run.out_dir=$out" "$@" >/dev/null
+build/ampTrain run configs/fashion_mlp.yaml precision.mode=bf16 run.device=auto "run.out_dir=$out" "$@"
+echo "quickstart: done. Logs in $out (scale_log.csv, eval.jsonl, config.yaml)"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install what is missing, build, and run every test — twice:
+#   1. the normal build (CUDA backend compiled where nvcc is present; GPU tests skip without a GPU),
+#   2. a CPU-only build with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails.
+# Warnings are errors in both. Exit status is non-zero if anything fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh
+
+# Criterion's own parallelism times OpenBLAS threads oversubscribes 2-core machines.
+export OPENBLAS_NUM_THREADS=1
+
+echo "== build 1/2: release (-Werror) =="
+BUILD_DIR=build scripts/build.sh -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release
+(cd build && ctest --output-on-failure --timeout 1500)
+
+echo "== build 2/2: CPU-only with ASan + UBSan (-Werror) =="
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export AMP_SANITIZED=1
+BUILD_DIR=build-asan scripts/build.sh -DAMP_WERROR=ON -DAMP_SANITIZE=ON -DAMP_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+(cd build-asan && ctest --output-on-failure --timeout 2400)
+
+echo "test.sh: all tests passed in both builds"

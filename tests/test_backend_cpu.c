@@ -1,0 +1,1621 @@
+/*
+ * test_backend_cpu.c — the CPU backend (lib/backend_cpu.c) against independent naive implementations.
+ *
+ * Every operation is run on fresh random inputs from a seeded generator and compared with a naive
+ * version written here in double (triple-loop GEMM, direct convolution, direct pooling, ...):
+ * fp32 outputs within ~1e-5 relative, fp16/bf16 outputs within 1 unit in the last place of the
+ * naive result rounded once. Backward operations are held to central finite differences of a naive
+ * double forward (itself checked against the backend's forward). Outputs are poisoned with NaN
+ * before each call so an element the backend forgets to write fails the test.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h" /* the interface under test, backend_cpu_create, backend_open */
+#include "rng.h"     /* rng_uniform: the documented dropout mask */
+
+static const double PI = 3.14159265358979323846;
+
+static struct backend *be;
+
+/* ---- bookkeeping: everything a test allocates is freed by the suite's fini ---------------------- */
+
+#define MAX_TRACKED 512
+static void *tracked_mem[MAX_TRACKED];
+static int n_mem;
+static struct tensor tracked_t[MAX_TRACKED];
+static int n_t;
+
+static void *talloc(size_t bytes)
+{
+    cr_assert_lt(n_mem, MAX_TRACKED);
+    void *p = calloc(1, bytes ? bytes : 1);
+    cr_assert_not_null(p);
+    tracked_mem[n_mem++] = p;
+    return p;
+}
+
+static double *dalloc(size_t n)
+{
+    return talloc(n * sizeof(double));
+}
+
+static float *falloc(size_t n)
+{
+    return talloc(n * sizeof(float));
+}
+
+static void setup(void)
+{
+    be = backend_cpu_create();
+    cr_assert_not_null(be);
+    n_mem = n_t = 0;
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < n_t; i++)
+        tensor_free(&tracked_t[i]);
+    for (int i = 0; i < n_mem; i++)
+        free(tracked_mem[i]);
+    backend_close(be);
+}
+
+TestSuite(backend_cpu, .init = setup, .fini = teardown);
+
+/* ---- random inputs ----------------------------------------------------------------------------- */
+
+static uint64_t rs;
+
+static void seed(uint64_t s)
+{
+    rs = s * 0x9e3779b97f4a7c15ULL + 1;
+}
+
+static double urand(void) /* [0, 1) */
+{
+    uint64_t z = (rs += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)urand();
+}
+
+/* ---- tensors ----------------------------------------------------------------------------------- */
+
+static void poison(struct tensor *t)
+{
+    if (t->dtype == DT_FP32) {
+        float *p = t->data;
+        for (size_t i = 0; i < t->numel; i++)
+            p[i] = NAN;
+    } else {
+        uint16_t *p = t->data, nan = t->dtype == DT_FP16 ? 0x7E00 : 0x7FC0;
+        for (size_t i = 0; i < t->numel; i++)
+            p[i] = nan;
+    }
+}
+
+/* A 1-D tensor of n elements, poisoned with NaN. */
+static struct tensor *tnew(enum dtype dt, size_t n)
+{
+    cr_assert_lt(n_t, MAX_TRACKED);
+    struct tensor *t = &tracked_t[n_t++];
+    int64_t shape = (int64_t)n;
+    struct amp_error err;
+    cr_assert_eq(tensor_alloc(t, be, dt, 1, &shape, "test", &err), AMP_OK);
+    poison(t);
+    return t;
+}
+
+/* A tensor holding h rounded to dt; h is overwritten with the stored values. */
+static struct tensor *tfrom(enum dtype dt, size_t n, float *h)
+{
+    struct tensor *t = tnew(dt, n);
+    tensor_from_host_f32(t, h);
+    tensor_to_host_f32(t, h);
+    return t;
+}
+
+/* Uniform random values in [lo, hi) as a tensor; *host gets the stored values. */
+static struct tensor *trand(enum dtype dt, size_t n, float lo, float hi, float **host)
+{
+    float *h = falloc(n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = frand(lo, hi);
+    struct tensor *t = tfrom(dt, n, h);
+    if (host)
+        *host = h;
+    return t;
+}
+
+static float *thost(const struct tensor *t)
+{
+    float *h = falloc(t->numel);
+    tensor_to_host_f32(t, h);
+    return h;
+}
+
+static double *to_d(const float *x, size_t n)
+{
+    double *d = dalloc(n);
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+/* ---- comparisons ------------------------------------------------------------------------------- */
+
+static uint16_t lowp_bits(float x, enum dtype dt)
+{
+    return dt == DT_FP16 ? fp16_from_fp32(x) : bf16_from_fp32(x);
+}
+
+/* Distance in units in the last place between two 16-bit patterns of the same format. */
+static int ulp_dist(uint16_t a, uint16_t b)
+{
+    int ia = a & 0x8000 ? -(int)(a & 0x7FFF) : (int)(a & 0x7FFF);
+    int ib = b & 0x8000 ? -(int)(b & 0x7FFF) : (int)(b & 0x7FFF);
+    return abs(ia - ib);
+}
+
+static void check_f32(const struct tensor *t, const double *want, size_t n, double rtol, double atol,
+                      const char *what)
+{
+    cr_assert_eq(t->dtype, DT_FP32);
+    const float *got = t->data;
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs((double)got[i] - want[i]) <= atol + rtol * fabs(want[i]), "%s[%zu]: got %.9g, want %.9g",
+                  what, i, (double)got[i], want[i]);
+}
+
+/* Each 16-bit element within max_ulps of want rounded once to the format, or within atol (for values
+ * the fp32 accumulation leaves near zero, where an ulp is tiny). */
+static void check_lowp(const struct tensor *t, const double *want, size_t n, int max_ulps, double atol,
+                       const char *what)
+{
+    cr_assert(t->dtype == DT_FP16 || t->dtype == DT_BF16);
+    const uint16_t *got = t->data;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t w = lowp_bits((float)want[i], t->dtype);
+        float g = t->dtype == DT_FP16 ? fp16_to_fp32(got[i]) : bf16_to_fp32(got[i]);
+        cr_assert(ulp_dist(got[i], w) <= max_ulps || fabs((double)g - want[i]) <= atol,
+                  "%s[%zu] (%s): got 0x%04x = %.9g, want 0x%04x (%.9g)", what, i, dtype_name(t->dtype), got[i],
+                  (double)g, w, want[i]);
+    }
+}
+
+static void check_out(const struct tensor *t, const double *want, size_t n, double rtol, double atol,
+                      const char *what)
+{
+    if (t->dtype == DT_FP32)
+        check_f32(t, want, n, rtol, atol, what);
+    else
+        check_lowp(t, want, n, 1, atol, what);
+}
+
+static void check_grad(const float *got, const double *want, size_t n, double rtol, double atol, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs((double)got[i] - want[i]) <= atol + rtol * fabs(want[i]), "%s[%zu]: got %.9g, want %.9g",
+                  what, i, (double)got[i], want[i]);
+}
+
+/* Central finite differences of f at x (n values), written to grad. */
+typedef double loss_fn(const double *x, void *ctx);
+
+static void fd_grad(loss_fn *f, void *ctx, double *x, size_t n, double h, double *grad)
+{
+    for (size_t i = 0; i < n; i++) {
+        double x0 = x[i];
+        x[i] = x0 + h;
+        double fp = f(x, ctx);
+        x[i] = x0 - h;
+        double fm = f(x, ctx);
+        x[i] = x0;
+        grad[i] = (fp - fm) / (2.0 * h);
+    }
+}
+
+static double dot(const double *a, const double *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* ---- GEMM -------------------------------------------------------------------------------------- */
+
+/* C (m, n) = alpha op(A) op(B) + beta C0 + bias, in double. */
+static void gemm_naive(const float *a, const float *b, const float *c0, const float *bias, bool ta, bool tb,
+                       int64_t m, int64_t n, int64_t k, double alpha, double beta, double *c)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0.0;
+            for (int64_t p = 0; p < k; p++)
+                s += (double)(ta ? a[p * m + i] : a[i * k + p]) * (double)(tb ? b[j * k + p] : b[p * n + j]);
+            c[i * n + j] = alpha * s + (beta != 0.0 ? beta * c0[i * n + j] : 0.0) + (bias ? bias[j] : 0.0);
+        }
+}
+
+static void run_gemm_case(enum dtype in_dt, enum dtype out_dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                          int64_t batch, float alpha, float beta, bool with_bias)
+{
+    float *ha, *hb, *hc0 = NULL, *hbias = NULL;
+    struct tensor *a = trand(in_dt, (size_t)(batch * m * k), -1, 1, &ha);
+    struct tensor *b = trand(in_dt, (size_t)(batch * k * n), -1, 1, &hb);
+    struct tensor *c = beta != 0.0f ? trand(out_dt, (size_t)(batch * m * n), -1, 1, &hc0)
+                                    : tnew(out_dt, (size_t)(batch * m * n));
+    struct tensor *bias = with_bias ? trand(DT_FP32, (size_t)n, -1, 1, &hbias) : NULL;
+    struct gemm_args g = { .a = a, .b = b, .c = c, .bias = bias, .trans_a = ta, .trans_b = tb, .m = m, .n = n,
+                           .k = k, .alpha = alpha, .beta = beta, .batch = batch, .stride_a = m * k,
+                           .stride_b = k * n, .stride_c = m * n };
+    be->gemm(be, &g);
+    double *want = dalloc((size_t)(batch * m * n));
+    for (int64_t i = 0; i < batch; i++)
+        gemm_naive(ha + i * m * k, hb + i * k * n, hc0 ? hc0 + i * m * n : NULL, hbias, ta, tb, m, n, k, alpha, beta,
+                   want + i * m * n);
+    char what[96];
+    snprintf(what, sizeof what, "gemm %s->%s ta=%d tb=%d batch=%lld", dtype_name(in_dt), dtype_name(out_dt), ta, tb,
+             (long long)batch);
+    check_out(c, want, (size_t)(batch * m * n), 1e-5, 1e-5, what);
+}
+
+Test(backend_cpu, gemm_fp32_all_transposes)
+{
+    seed(1);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            run_gemm_case(DT_FP32, DT_FP32, ta, tb, 5, 7, 3, 1, 1.0f, 0.0f, false);
+            run_gemm_case(DT_FP32, DT_FP32, ta, tb, 33, 17, 29, 1, 0.5f, 0.0f, false);
+        }
+}
+
+Test(backend_cpu, gemm_batch_bias_and_beta_accumulation)
+{
+    seed(2);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            run_gemm_case(DT_FP32, DT_FP32, ta, tb, 4, 6, 5, 3, 1.0f, 0.0f, true);
+            run_gemm_case(DT_FP32, DT_FP32, ta, tb, 4, 6, 5, 3, 2.0f, 1.0f, false);
+            run_gemm_case(DT_FP32, DT_FP32, ta, tb, 4, 6, 5, 2, 1.0f, 0.5f, false);
+        }
+}
+
+Test(backend_cpu, gemm_lowp_output_rounded_once)
+{
+    seed(3);
+    enum dtype dts[2] = { DT_FP16, DT_BF16 };
+    for (int d = 0; d < 2; d++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                run_gemm_case(dts[d], dts[d], ta, tb, 9, 11, 13, 2, 1.0f, 0.0f, false);
+                run_gemm_case(dts[d], dts[d], ta, tb, 9, 11, 13, 1, 1.0f, 0.0f, true);
+                run_gemm_case(dts[d], dts[d], ta, tb, 9, 11, 13, 2, 1.0f, 1.0f, false);
+                /* lowp inputs, fp32 output: the products of the rounded inputs, accumulated in fp32 */
+                run_gemm_case(dts[d], DT_FP32, ta, tb, 9, 11, 13, 2, 1.0f, 0.0f, false);
+                run_gemm_case(dts[d], DT_FP32, ta, tb, 9, 11, 13, 1, 1.0f, 1.0f, false);
+            }
+}
+
+Test(backend_cpu, gemm_fp16_overflow_is_inf)
+{
+    float ha[4] = { 256, 256, -256, -256 }, hb[2] = { 137, 137 };
+    struct tensor *a = tfrom(DT_FP16, 4, ha), *b = tfrom(DT_FP16, 2, hb);
+    struct tensor *c = tnew(DT_FP16, 2), *c32 = tnew(DT_FP32, 2);
+    struct gemm_args g = { .a = a, .b = b, .c = c, .m = 2, .n = 1, .k = 2, .alpha = 1, .batch = 1 };
+    be->gemm(be, &g);
+    const uint16_t *bits = c->data;
+    cr_assert_eq(bits[0], 0x7C00, "256*137*2 = 70144 > 65504 must be +Inf in fp16, got 0x%04x", bits[0]);
+    cr_assert_eq(bits[1], 0xFC00, "-70144 must be -Inf in fp16, got 0x%04x", bits[1]);
+    g.c = c32;
+    be->gemm(be, &g);
+    cr_assert_eq(((float *)c32->data)[0], 70144.0f);
+    /* 32752 + 32768 = 65520 is past the midpoint to 65504's successor: the fp32 sum rounds to Inf */
+    float hc[2] = { 1, 1 };
+    struct tensor *ones = tfrom(DT_FP16, 2, hc);
+    float hx[2] = { 32752, 32767.5f };
+    struct tensor *x = tfrom(DT_FP16, 2, hx); /* stored as 32752 and 32768 */
+    cr_assert_eq(hx[1], 32768.0f);
+    struct gemm_args g2 = { .a = x, .b = ones, .c = tnew(DT_FP16, 1), .m = 1, .n = 1, .k = 2, .alpha = 1, .batch = 1 };
+    be->gemm(be, &g2);
+    cr_assert_eq(((uint16_t *)g2.c->data)[0], 0x7C00, "32752 + 32768 = 65520 rounds to Inf");
+    hx[1] = 32720; /* 32752 + 32720 = 65472 = fp16 max - 32: finite */
+    x = tfrom(DT_FP16, 2, hx);
+    g2.a = x;
+    be->gemm(be, &g2);
+    cr_assert_eq(fp16_to_fp32(((uint16_t *)g2.c->data)[0]), 65472.0f);
+}
+
+Test(backend_cpu, bias_grad_column_sums)
+{
+    seed(4);
+    enum dtype dts[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    for (int d = 0; d < 3; d++) {
+        int64_t m = 37, n = 11;
+        float *hdy, *hdb0;
+        struct tensor *dy = trand(dts[d], (size_t)(m * n), -2, 2, &hdy);
+        struct tensor *db = tnew(DT_FP32, (size_t)n);
+        be->bias_grad(be, db, dy, m, n, 0.0f);
+        double *want = dalloc((size_t)n);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                want[j] += hdy[i * n + j];
+        check_f32(db, want, (size_t)n, 1e-6, 1e-6, "bias_grad beta 0");
+        struct tensor *db2 = trand(DT_FP32, (size_t)n, -1, 1, &hdb0);
+        be->bias_grad(be, db2, dy, m, n, 1.0f);
+        for (int64_t j = 0; j < n; j++)
+            want[j] += hdb0[j];
+        check_f32(db2, want, (size_t)n, 1e-6, 1e-6, "bias_grad beta 1");
+    }
+}
+
+/* ---- activations, add, dropout ----------------------------------------------------------------- */
+
+static double act_d(enum act_kind kind, double x)
+{
+    switch (kind) {
+    case ACT_RELU: return x > 0 ? x : 0;
+    case ACT_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / PI) * (x + 0.044715 * x * x * x)));
+    case ACT_GELU_ERF: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    }
+    return NAN;
+}
+
+Test(backend_cpu, act_known_values)
+{
+    float hx[4] = { -1, 0, 1, 2 };
+    struct tensor *x = tfrom(DT_FP32, 4, hx), *y = tnew(DT_FP32, 4);
+    be->act_forward(be, ACT_RELU, y, x);
+    check_f32(y, (double[]){ 0, 0, 1, 2 }, 4, 0, 0, "relu");
+    be->act_forward(be, ACT_GELU_TANH, y, x);
+    check_f32(y, (double[]){ -0.15880800939172324, 0, 0.8411919906082768, 1.9545976940871322 }, 4, 1e-6, 1e-7,
+              "gelu tanh");
+    be->act_forward(be, ACT_GELU_ERF, y, x);
+    check_f32(y, (double[]){ -0.15865525393145707, 0, 0.8413447460685429, 1.9544997361036416 }, 4, 1e-6, 1e-7,
+              "gelu erf");
+    float hn[1] = { NAN };
+    struct tensor *xn = tfrom(DT_FP32, 1, hn), *yn = tnew(DT_FP32, 1);
+    ((float *)yn->data)[0] = 0;
+    be->act_forward(be, ACT_RELU, yn, xn);
+    cr_assert(isnan(((float *)yn->data)[0]), "relu must not hide a NaN");
+}
+
+Test(backend_cpu, act_forward_all_dtypes)
+{
+    seed(5);
+    enum dtype dts[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    enum act_kind kinds[3] = { ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF };
+    for (int di = 0; di < 3; di++)
+        for (int dout = 0; dout < 3; dout++)
+            for (int k = 0; k < 3; k++) {
+                size_t n = 2500; /* more than one block */
+                float *hx;
+                struct tensor *x = trand(dts[di], n, -5, 5, &hx), *y = tnew(dts[dout], n);
+                be->act_forward(be, kinds[k], y, x);
+                double *want = dalloc(n);
+                for (size_t i = 0; i < n; i++)
+                    want[i] = act_d(kinds[k], hx[i]);
+                check_out(y, want, n, 2e-6, 1e-6, "act_forward");
+            }
+}
+
+struct act_ctx {
+    enum act_kind kind;
+    const double *w;
+};
+
+static double act_loss(const double *x, void *vctx)
+{
+    struct act_ctx *c = vctx;
+    double s = 0;
+    for (size_t i = 0; i < 64; i++)
+        s += c->w[i] * act_d(c->kind, x[i]);
+    return s;
+}
+
+Test(backend_cpu, act_backward_matches_finite_differences)
+{
+    seed(6);
+    enum act_kind kinds[3] = { ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF };
+    for (int k = 0; k < 3; k++) {
+        size_t n = 64;
+        float *hx, *hw;
+        struct tensor *x = trand(DT_FP32, n, -4, 4, &hx), *w = trand(DT_FP32, n, -1, 1, &hw);
+        for (size_t i = 0; i < n; i++)
+            if (fabsf(hx[i]) < 1e-3f) /* keep relu's kink away from the difference stencil */
+                hx[i] = ((float *)x->data)[i] = 0.5f;
+        struct tensor *dx = tnew(DT_FP32, n);
+        be->act_backward(be, kinds[k], dx, w, x);
+        struct act_ctx c = { kinds[k], to_d(hw, n) };
+        double *want = dalloc(n);
+        fd_grad(act_loss, &c, to_d(hx, n), n, 1e-5, want);
+        check_grad(dx->data, want, n, 1e-5, 1e-6, "act_backward");
+        /* 16-bit output: the same gradient rounded once */
+        struct tensor *dx16 = tnew(DT_BF16, n);
+        be->act_backward(be, kinds[k], dx16, w, x);
+        double *exact = to_d(dx->data, n);
+        check_lowp(dx16, exact, n, 1, 0, "act_backward bf16");
+    }
+    /* large |x|: the derivative saturates cleanly instead of 0 * Inf */
+    float big[2] = { 1e20f, -1e20f }, ones[2] = { 1, 1 };
+    struct tensor *xb = tfrom(DT_FP32, 2, big), *g = tfrom(DT_FP32, 2, ones), *d = tnew(DT_FP32, 2);
+    be->act_backward(be, ACT_GELU_TANH, d, g, xb);
+    check_f32(d, (double[]){ 1, 0 }, 2, 0, 0, "gelu tanh' at +-1e20");
+    be->act_backward(be, ACT_GELU_ERF, d, g, xb);
+    check_f32(d, (double[]){ 1, 0 }, 2, 0, 0, "gelu erf' at +-1e20");
+}
+
+Test(backend_cpu, add_mixed_dtypes)
+{
+    seed(7);
+    size_t n = 3000;
+    float *ha, *hb;
+    struct tensor *a = trand(DT_FP16, n, -100, 100, &ha), *b = trand(DT_FP32, n, -1, 1, &hb);
+    enum dtype outs[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    double *want = dalloc(n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = (double)(ha[i] + hb[i]); /* the fp32 sum, rounded once to y */
+    for (int o = 0; o < 3; o++) {
+        struct tensor *y = tnew(outs[o], n);
+        be->add(be, y, a, b);
+        if (outs[o] == DT_FP32)
+            check_f32(y, want, n, 0, 0, "add fp32");
+        else
+            check_lowp(y, want, n, 0, 0, "add lowp");
+    }
+}
+
+Test(backend_cpu, dropout_mask_is_a_pure_function_of_key)
+{
+    seed(8);
+    size_t n = 100000;
+    float p = 0.25f, scale = 1.0f / (1.0f - p);
+    float *hx = falloc(n);
+    for (size_t i = 0; i < n; i++)
+        hx[i] = frand(0.5f, 2.0f); /* never zero, so y == 0 means dropped */
+    struct tensor *x = tfrom(DT_FP32, n, hx);
+    struct rng_key key = { .seed = 1234, .stream = 3, .counter = 77 };
+    struct tensor *y1 = tnew(DT_FP32, n), *y2 = tnew(DT_FP32, n), *y3 = tnew(DT_FP32, n), *y4 = tnew(DT_FP32, n);
+    be->dropout_forward(be, y1, x, p, key);
+    be->dropout_forward(be, y2, x, p, key);
+    cr_assert_eq(memcmp(y1->data, y2->data, n * sizeof(float)), 0, "same key, same mask");
+    struct rng_key key_c = key, key_s = key;
+    key_c.counter++;
+    key_s.stream++;
+    be->dropout_forward(be, y3, x, p, key_c);
+    be->dropout_forward(be, y4, x, p, key_s);
+    const float *a = y1->data, *c = y3->data, *s = y4->data;
+    size_t kept = 0, diff_c = 0, diff_s = 0;
+    uint64_t stream = (key.stream << 20) + (key.counter >> 32);
+    for (size_t i = 0; i < n; i++) {
+        bool k = a[i] != 0.0f;
+        kept += k;
+        diff_c += k != (c[i] != 0.0f);
+        diff_s += k != (s[i] != 0.0f);
+        /* the documented mask, which the CUDA backend reproduces */
+        bool expect = rng_uniform(key.seed, stream, (key.counter << 32) | i) >= p;
+        cr_assert_eq(k, expect, "mask[%zu] differs from the documented formula", i);
+        cr_assert_eq(a[i], k ? hx[i] * scale : 0.0f);
+    }
+    double frac = (double)kept / (double)n;
+    cr_assert(fabs(frac - 0.75) < 0.01, "kept fraction %.4f, want 0.75", frac);
+    /* independent masks disagree on about 2 p (1-p) = 37.5% of elements */
+    cr_assert(fabs((double)diff_c / (double)n - 0.375) < 0.02, "counter+1 mask differs on %zu", diff_c);
+    cr_assert(fabs((double)diff_s / (double)n - 0.375) < 0.02, "stream+1 mask differs on %zu", diff_s);
+
+    /* backward: the forward's mask and scale */
+    float *hdy;
+    struct tensor *dy = trand(DT_FP32, n, 0.5f, 2.0f, &hdy), *dx = tnew(DT_FP32, n);
+    be->dropout_backward(be, dx, dy, p, key);
+    const float *d = dx->data;
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(d[i], a[i] != 0.0f ? hdy[i] * scale : 0.0f, "dropout backward [%zu]", i);
+
+    /* p = 0: a copy, converting */
+    struct tensor *y16 = tnew(DT_BF16, n);
+    be->dropout_forward(be, y16, x, 0.0f, key);
+    for (size_t i = 0; i < n; i += 997)
+        cr_assert_eq(((uint16_t *)y16->data)[i], bf16_from_fp32(hx[i]));
+}
+
+Test(backend_cpu, dropout_lowp_rounds_scaled_values)
+{
+    seed(9);
+    size_t n = 4096;
+    float *hx;
+    struct tensor *x = trand(DT_FP16, n, 0.5f, 2.0f, &hx), *y = tnew(DT_FP16, n);
+    float p = 0.1f, scale = 1.0f / (1.0f - p);
+    struct rng_key key = { .seed = 5, .stream = 0, .counter = 1 };
+    be->dropout_forward(be, y, x, p, key);
+    const uint16_t *yb = y->data;
+    for (size_t i = 0; i < n; i++)
+        cr_assert(yb[i] == 0 || yb[i] == fp16_from_fp32(hx[i] * scale), "[%zu]", i);
+}
+
+/* ---- convolution ------------------------------------------------------------------------------- */
+
+static float x_at(const float *x, const struct conv_args *a, int64_t n, int64_t c, int64_t h, int64_t w)
+{
+    if (h < 0 || h >= a->h_in || w < 0 || w >= a->w_in)
+        return 0.0f;
+    return x[((n * a->c_in + c) * a->h_in + h) * a->w_in + w];
+}
+
+static void conv_naive(const double *x, const double *w, const float *bias, const struct conv_args *a, double *y)
+{
+    int64_t k = a->kernel;
+    for (int64_t n = 0; n < a->n; n++)
+        for (int64_t co = 0; co < a->c_out; co++)
+            for (int64_t oh = 0; oh < a->h_out; oh++)
+                for (int64_t ow = 0; ow < a->w_out; ow++) {
+                    double s = bias ? bias[co] : 0.0;
+                    for (int64_t ci = 0; ci < a->c_in; ci++)
+                        for (int64_t kh = 0; kh < k; kh++)
+                            for (int64_t kw = 0; kw < k; kw++) {
+                                int64_t ih = oh * a->stride - a->padding + kh, iw = ow * a->stride - a->padding + kw;
+                                if (ih < 0 || ih >= a->h_in || iw < 0 || iw >= a->w_in)
+                                    continue;
+                                s += w[((co * a->c_in + ci) * k + kh) * k + kw] *
+                                     x[((n * a->c_in + ci) * a->h_in + ih) * a->w_in + iw];
+                            }
+                    y[((n * a->c_out + co) * a->h_out + oh) * a->w_out + ow] = s;
+                }
+}
+
+static struct conv_args conv_shape(int64_t n, int64_t c_in, int64_t h, int64_t w, int64_t c_out, int64_t k,
+                                   int64_t s, int64_t p)
+{
+    return (struct conv_args){ .n = n, .c_in = c_in, .h_in = h, .w_in = w, .c_out = c_out,
+                               .h_out = (h + 2 * p - k) / s + 1, .w_out = (w + 2 * p - k) / s + 1,
+                               .kernel = k, .stride = s, .padding = p };
+}
+
+/* n, c_in, h, w, c_out, kernel, stride, padding */
+static const int64_t conv_cases[4][8] = {
+    { 2, 3, 7, 6, 4, 3, 2, 1 }, /* stride 2, padding 1 */
+    { 2, 5, 4, 4, 3, 1, 1, 0 }, /* pointwise: no im2col */
+    { 1, 2, 6, 5, 3, 3, 1, 0 }, /* valid */
+    { 2, 2, 5, 5, 2, 3, 1, 1 }, /* same */
+};
+
+static void conv_case(int i, struct conv_args *a)
+{
+    const int64_t *c = conv_cases[i];
+    *a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+}
+
+Test(backend_cpu, conv2d_forward_matches_direct_convolution)
+{
+    seed(10);
+    enum dtype dts[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    for (int ci = 0; ci < 4; ci++)
+        for (int d = 0; d < 3; d++)
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                struct conv_args a;
+                conv_case(ci, &a);
+                size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);
+                size_t ny = (size_t)(a.n * a.c_out * a.h_out * a.w_out);
+                float *hx, *hw, *hb = NULL;
+                struct tensor *x = trand(dts[d], nx, -1, 1, &hx), *w = trand(dts[d], nw, -1, 1, &hw);
+                struct tensor *b = with_bias ? trand(DT_FP32, (size_t)a.c_out, -1, 1, &hb) : NULL;
+                struct tensor *y = tnew(dts[d], ny);
+                be->conv2d_forward(be, &a, y, x, w, b);
+                double *want = dalloc(ny);
+                conv_naive(to_d(hx, nx), to_d(hw, nw), hb, &a, want);
+                check_out(y, want, ny, 1e-5, 1e-5, "conv2d_forward");
+            }
+}
+
+struct conv_ctx {
+    struct conv_args a;
+    const double *w, *x, *gy; /* gy: the weights of the scalar loss sum(gy * y) */
+};
+
+static double conv_loss_x(const double *x, void *vctx)
+{
+    struct conv_ctx *c = vctx;
+    size_t ny = (size_t)(c->a.n * c->a.c_out * c->a.h_out * c->a.w_out);
+    double *y = malloc(ny * sizeof(double));
+    conv_naive(x, c->w, NULL, &c->a, y);
+    double s = dot(y, c->gy, ny);
+    free(y);
+    return s;
+}
+
+static double conv_loss_w(const double *w, void *vctx)
+{
+    struct conv_ctx *c = vctx;
+    size_t ny = (size_t)(c->a.n * c->a.c_out * c->a.h_out * c->a.w_out);
+    double *y = malloc(ny * sizeof(double));
+    conv_naive(c->x, w, NULL, &c->a, y);
+    double s = dot(y, c->gy, ny);
+    free(y);
+    return s;
+}
+
+Test(backend_cpu, conv2d_backward_matches_finite_differences)
+{
+    seed(11);
+    for (int ci = 0; ci < 4; ci++) {
+        struct conv_args a;
+        conv_case(ci, &a);
+        size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);
+        size_t ny = (size_t)(a.n * a.c_out * a.h_out * a.w_out);
+        float *hx, *hw, *hdy, *hdw0, *hdb0;
+        struct tensor *x = trand(DT_FP32, nx, -1, 1, &hx), *w = trand(DT_FP32, nw, -1, 1, &hw);
+        struct tensor *dy = trand(DT_FP32, ny, -1, 1, &hdy);
+        struct tensor *dx = tnew(DT_FP32, nx), *dw = tnew(DT_FP32, nw), *db = tnew(DT_FP32, (size_t)a.c_out);
+        be->conv2d_backward_data(be, &a, dx, dy, w);
+        be->conv2d_backward_filter(be, &a, dw, db, dy, x, 0.0f);
+        struct conv_ctx c = { a, to_d(hw, nw), to_d(hx, nx), to_d(hdy, ny) };
+        double *gx = dalloc(nx), *gw = dalloc(nw), *gb = dalloc((size_t)a.c_out);
+        fd_grad(conv_loss_x, &c, to_d(hx, nx), nx, 1e-4, gx);
+        fd_grad(conv_loss_w, &c, to_d(hw, nw), nw, 1e-4, gw);
+        for (int64_t n = 0; n < a.n; n++)
+            for (int64_t co = 0; co < a.c_out; co++)
+                for (int64_t j = 0; j < a.h_out * a.w_out; j++)
+                    gb[co] += hdy[(n * a.c_out + co) * a.h_out * a.w_out + j];
+        check_f32(dx, gx, nx, 1e-5, 1e-5, "conv2d_backward_data");
+        check_f32(dw, gw, nw, 1e-5, 1e-5, "conv2d_backward_filter dw");
+        check_f32(db, gb, (size_t)a.c_out, 1e-5, 1e-6, "conv2d_backward_filter db");
+        /* beta 1 accumulates onto what is there */
+        struct tensor *dw1 = trand(DT_FP32, nw, -1, 1, &hdw0), *db1 = trand(DT_FP32, (size_t)a.c_out, -1, 1, &hdb0);
+        be->conv2d_backward_filter(be, &a, dw1, db1, dy, x, 1.0f);
+        for (size_t i = 0; i < nw; i++)
+            gw[i] += hdw0[i];
+        for (int64_t i = 0; i < a.c_out; i++)
+            gb[i] += hdb0[i];
+        check_f32(dw1, gw, nw, 1e-5, 1e-5, "conv2d_backward_filter dw beta 1");
+        check_f32(db1, gb, (size_t)a.c_out, 1e-5, 1e-6, "conv2d_backward_filter db beta 1");
+    }
+}
+
+Test(backend_cpu, conv2d_backward_lowp)
+{
+    seed(12);
+    struct conv_args a;
+    conv_case(0, &a);
+    size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);
+    size_t ny = (size_t)(a.n * a.c_out * a.h_out * a.w_out);
+    float *hx, *hw, *hdy;
+    struct tensor *x = trand(DT_BF16, nx, -1, 1, &hx), *w = trand(DT_BF16, nw, -1, 1, &hw);
+    struct tensor *dy = trand(DT_BF16, ny, -1, 1, &hdy);
+    struct tensor *dx = tnew(DT_BF16, nx), *dw = tnew(DT_FP32, nw);
+    be->conv2d_backward_data(be, &a, dx, dy, w);
+    be->conv2d_backward_filter(be, &a, dw, NULL, dy, x, 0.0f);
+    /* direct adjoints in double over the rounded inputs */
+    double *gx = dalloc(nx), *gw = dalloc(nw);
+    int64_t k = a.kernel;
+    for (int64_t n = 0; n < a.n; n++)
+        for (int64_t co = 0; co < a.c_out; co++)
+            for (int64_t oh = 0; oh < a.h_out; oh++)
+                for (int64_t ow = 0; ow < a.w_out; ow++) {
+                    double g = hdy[((n * a.c_out + co) * a.h_out + oh) * a.w_out + ow];
+                    for (int64_t ci = 0; ci < a.c_in; ci++)
+                        for (int64_t kh = 0; kh < k; kh++)
+                            for (int64_t kw = 0; kw < k; kw++) {
+                                int64_t ih = oh * a.stride - a.padding + kh, iw = ow * a.stride - a.padding + kw;
+                                if (ih < 0 || ih >= a.h_in || iw < 0 || iw >= a.w_in)
+                                    continue;
+                                size_t wi = (size_t)(((co * a.c_in + ci) * k + kh) * k + kw);
+                                gx[((n * a.c_in + ci) * a.h_in + ih) * a.w_in + iw] += g * hw[wi];
+                                gw[wi] += g * x_at(hx, &a, n, ci, ih, iw);
+                            }
+                }
+    check_lowp(dx, gx, nx, 1, 1e-6, "conv2d_backward_data bf16");
+    check_f32(dw, gw, nw, 1e-5, 1e-5, "conv2d_backward_filter from bf16");
+}
+
+/* ---- pooling ----------------------------------------------------------------------------------- */
+
+static void pool_naive(const struct pool_args *a, const float *x, double *y, int64_t *argmax)
+{
+    for (int64_t pl = 0; pl < a->n * a->c; pl++)
+        for (int64_t oh = 0; oh < a->h_out; oh++)
+            for (int64_t ow = 0; ow < a->w_out; ow++) {
+                double best = -INFINITY, sum = 0;
+                int64_t bi = -1;
+                for (int64_t kh = 0; kh < a->kernel; kh++)
+                    for (int64_t kw = 0; kw < a->kernel; kw++) {
+                        int64_t ih = oh * a->stride - a->padding + kh, iw = ow * a->stride - a->padding + kw;
+                        if (ih < 0 || ih >= a->h_in || iw < 0 || iw >= a->w_in)
+                            continue;
+                        double v = x[(pl * a->h_in + ih) * a->w_in + iw];
+                        sum += v;
+                        if (bi < 0 || v > best) {
+                            best = v;
+                            bi = (pl * a->h_in + ih) * a->w_in + iw;
+                        }
+                    }
+                size_t o = (size_t)((pl * a->h_out + oh) * a->w_out + ow);
+                y[o] = a->kind == POOL_MAX ? best : sum / (double)(a->kernel * a->kernel);
+                if (argmax)
+                    argmax[o] = bi;
+            }
+}
+
+static struct pool_args pool_shape(enum pool_kind kind, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
+                                   int64_t s, int64_t p)
+{
+    return (struct pool_args){ .kind = kind, .n = n, .c = c, .h_in = h, .w_in = w, .h_out = (h + 2 * p - k) / s + 1,
+                               .w_out = (w + 2 * p - k) / s + 1, .kernel = k, .stride = s, .padding = p };
+}
+
+Test(backend_cpu, pool2d_forward_and_backward)
+{
+    seed(13);
+    int64_t cases[4][3] = { { 2, 2, 0 }, { 3, 2, 1 }, { 3, 1, 1 }, { 2, 1, 0 } }; /* kernel, stride, padding */
+    enum dtype dts[2] = { DT_FP32, DT_BF16 };
+    for (int kind = 0; kind < 2; kind++)
+        for (int cs = 0; cs < 4; cs++)
+            for (int d = 0; d < 2; d++) {
+                struct pool_args a = pool_shape(kind ? POOL_AVG : POOL_MAX, 2, 3, 6, 5, cases[cs][0], cases[cs][1],
+                                                cases[cs][2]);
+                size_t nx = (size_t)(a.n * a.c * a.h_in * a.w_in), ny = (size_t)(a.n * a.c * a.h_out * a.w_out);
+                float *hx, *hdy;
+                struct tensor *x = trand(dts[d], nx, -3, 3, &hx), *y = tnew(dts[d], ny);
+                be->pool2d_forward(be, &a, y, x);
+                double *want = dalloc(ny);
+                int64_t *arg = talloc(ny * sizeof(int64_t));
+                pool_naive(&a, hx, want, arg);
+                check_out(y, want, ny, 1e-6, 1e-7, kind ? "avgpool forward" : "maxpool forward");
+
+                struct tensor *dy = trand(dts[d], ny, -1, 1, &hdy), *dx = tnew(dts[d], nx);
+                be->pool2d_backward(be, &a, dx, dy, x, y);
+                double *gx = dalloc(nx);
+                for (int64_t pl = 0; pl < a.n * a.c; pl++)
+                    for (int64_t oh = 0; oh < a.h_out; oh++)
+                        for (int64_t ow = 0; ow < a.w_out; ow++) {
+                            size_t o = (size_t)((pl * a.h_out + oh) * a.w_out + ow);
+                            if (a.kind == POOL_MAX) {
+                                gx[arg[o]] += hdy[o];
+                                continue;
+                            }
+                            for (int64_t kh = 0; kh < a.kernel; kh++)
+                                for (int64_t kw = 0; kw < a.kernel; kw++) {
+                                    int64_t ih = oh * a.stride - a.padding + kh, iw = ow * a.stride - a.padding + kw;
+                                    if (ih >= 0 && ih < a.h_in && iw >= 0 && iw < a.w_in)
+                                        gx[(pl * a.h_in + ih) * a.w_in + iw] +=
+                                            hdy[o] / (double)(a.kernel * a.kernel);
+                                }
+                        }
+                check_out(dx, gx, nx, 1e-5, 1e-6, kind ? "avgpool backward" : "maxpool backward");
+            }
+}
+
+Test(backend_cpu, maxpool_ties_go_to_the_first_element)
+{
+    /* one 2x2 window of equal values, then a window where padding (-inf) surrounds negatives */
+    float hx[4] = { 5, 5, 5, 5 };
+    struct pool_args a = pool_shape(POOL_MAX, 1, 1, 2, 2, 2, 2, 0);
+    struct tensor *x = tfrom(DT_FP32, 4, hx), *y = tnew(DT_FP32, 1), *dx = tnew(DT_FP32, 4);
+    float one = 1;
+    struct tensor *dy = tfrom(DT_FP32, 1, &one);
+    be->pool2d_forward(be, &a, y, x);
+    be->pool2d_backward(be, &a, dx, dy, x, y);
+    check_f32(y, (double[]){ 5 }, 1, 0, 0, "max of ties");
+    check_f32(dx, (double[]){ 1, 0, 0, 0 }, 4, 0, 0, "gradient to the first max");
+
+    float neg[4] = { -3, -1, -2, -4 };
+    struct pool_args p = pool_shape(POOL_MAX, 1, 1, 2, 2, 3, 1, 1); /* 2x2 output, each window padded */
+    struct tensor *xn = tfrom(DT_FP32, 4, neg), *yn = tnew(DT_FP32, 4);
+    be->pool2d_forward(be, &p, yn, xn);
+    check_f32(yn, (double[]){ -1, -1, -1, -1 }, 4, 0, 0, "padding is -inf for max");
+    struct pool_args av = pool_shape(POOL_AVG, 1, 1, 2, 2, 3, 1, 1);
+    be->pool2d_forward(be, &av, yn, xn);
+    check_f32(yn, (double[]){ -10.0 / 9, -10.0 / 9, -10.0 / 9, -10.0 / 9 }, 4, 1e-6, 0,
+              "avg counts the padding in the divisor");
+}
+
+/* ---- layernorm --------------------------------------------------------------------------------- */
+
+static void ln_naive(const double *x, const double *g, const double *b, int64_t rows, int64_t cols, double eps,
+                     double *y)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * cols;
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < cols; j++)
+            mu += xr[j];
+        mu /= (double)cols;
+        for (int64_t j = 0; j < cols; j++)
+            var += (xr[j] - mu) * (xr[j] - mu);
+        var /= (double)cols;
+        for (int64_t j = 0; j < cols; j++)
+            y[r * cols + j] = (xr[j] - mu) / sqrt(var + eps) * g[j] + b[j];
+    }
+}
+
+struct ln_ctx {
+    int64_t rows, cols;
+    double eps;
+    const double *x, *g, *b, *gy;
+};
+
+static double ln_loss(const double *x, const double *g, const double *b, const struct ln_ctx *c)
+{
+    size_t n = (size_t)(c->rows * c->cols);
+    double *y = malloc(n * sizeof(double));
+    ln_naive(x, g, b, c->rows, c->cols, c->eps, y);
+    double s = dot(y, c->gy, n);
+    free(y);
+    return s;
+}
+
+static double ln_loss_x(const double *x, void *c)
+{
+    return ln_loss(x, ((struct ln_ctx *)c)->g, ((struct ln_ctx *)c)->b, c);
+}
+
+static double ln_loss_g(const double *g, void *c)
+{
+    return ln_loss(((struct ln_ctx *)c)->x, g, ((struct ln_ctx *)c)->b, c);
+}
+
+static double ln_loss_b(const double *b, void *c)
+{
+    return ln_loss(((struct ln_ctx *)c)->x, ((struct ln_ctx *)c)->g, b, c);
+}
+
+Test(backend_cpu, layernorm_forward_backward)
+{
+    seed(14);
+    int64_t rows = 6, cols = 10;
+    size_t n = (size_t)(rows * cols);
+    struct norm_args a = { .rows = rows, .cols = cols, .eps = 1e-5f };
+    float *hx, *hg, *hb, *hdy, *hdg0, *hdb0;
+    struct tensor *x = trand(DT_FP32, n, -2, 3, &hx), *g = trand(DT_FP32, (size_t)cols, 0.5f, 1.5f, &hg);
+    struct tensor *b = trand(DT_FP32, (size_t)cols, -1, 1, &hb);
+    struct tensor *mean = tnew(DT_FP32, (size_t)rows), *rstd = tnew(DT_FP32, (size_t)rows);
+    enum dtype outs[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    double *want = dalloc(n);
+    ln_naive(to_d(hx, n), to_d(hg, (size_t)cols), to_d(hb, (size_t)cols), rows, cols, a.eps, want);
+    for (int o = 0; o < 3; o++) {
+        struct tensor *y = tnew(outs[o], n);
+        be->layernorm_forward(be, &a, y, mean, rstd, x, g, b);
+        check_out(y, want, n, 1e-5, 1e-5, "layernorm_forward");
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < cols; j++)
+            mu += hx[r * cols + j];
+        mu /= (double)cols;
+        for (int64_t j = 0; j < cols; j++)
+            var += (hx[r * cols + j] - mu) * (hx[r * cols + j] - mu);
+        var /= (double)cols;
+        cr_assert(fabs(((float *)mean->data)[r] - mu) < 1e-6);
+        cr_assert(fabs(((float *)rstd->data)[r] - 1 / sqrt(var + a.eps)) < 1e-5 / sqrt(var + a.eps));
+    }
+
+    struct tensor *dy = trand(DT_FP32, n, -1, 1, &hdy), *dx = tnew(DT_FP32, n);
+    struct tensor *dg = trand(DT_FP32, (size_t)cols, -1, 1, &hdg0), *db = trand(DT_FP32, (size_t)cols, -1, 1, &hdb0);
+    be->layernorm_backward(be, &a, dx, dg, db, dy, x, mean, rstd, g, 1.0f);
+    struct ln_ctx c = { rows, cols, a.eps, to_d(hx, n), to_d(hg, (size_t)cols), to_d(hb, (size_t)cols), to_d(hdy, n) };
+    double *gx = dalloc(n), *gg = dalloc((size_t)cols), *gb = dalloc((size_t)cols);
+    fd_grad(ln_loss_x, &c, to_d(hx, n), n, 1e-6, gx);
+    fd_grad(ln_loss_g, &c, to_d(hg, (size_t)cols), (size_t)cols, 1e-6, gg);
+    fd_grad(ln_loss_b, &c, to_d(hb, (size_t)cols), (size_t)cols, 1e-6, gb);
+    for (int64_t j = 0; j < cols; j++) {
+        gg[j] += hdg0[j];
+        gb[j] += hdb0[j];
+    }
+    check_f32(dx, gx, n, 1e-4, 1e-5, "layernorm dx");
+    check_f32(dg, gg, (size_t)cols, 1e-4, 1e-5, "layernorm dgamma (beta_acc 1)");
+    check_f32(db, gb, (size_t)cols, 1e-4, 1e-5, "layernorm dbeta (beta_acc 1)");
+    /* beta_acc 0 overwrites; a bf16 dx is the fp32 one rounded once */
+    struct tensor *dg0 = tnew(DT_FP32, (size_t)cols), *dx16 = tnew(DT_BF16, n);
+    be->layernorm_backward(be, &a, dx16, dg0, NULL, dy, x, mean, rstd, g, 0.0f);
+    for (int64_t j = 0; j < cols; j++)
+        gg[j] -= hdg0[j];
+    check_f32(dg0, gg, (size_t)cols, 1e-4, 1e-5, "layernorm dgamma (beta_acc 0)");
+    check_lowp(dx16, to_d(dx->data, n), n, 1, 0, "layernorm dx bf16");
+}
+
+Test(backend_cpu, layernorm_all_equal_row_is_finite)
+{
+    /* REFERENCE.md: an all-zero (or constant) LayerNorm input must not give NaN: var 0, eps keeps rstd finite */
+    int64_t rows = 2, cols = 8;
+    float hx[16] = { 0 };
+    for (int j = 0; j < 8; j++)
+        hx[8 + j] = 3.0f;
+    float hg[8], hb[8], hdy[16];
+    for (int j = 0; j < 8; j++) {
+        hg[j] = 1.0f + (float)j;
+        hb[j] = 0.25f * (float)j;
+    }
+    for (int i = 0; i < 16; i++)
+        hdy[i] = (float)(i % 5) - 2.0f;
+    struct norm_args a = { .rows = rows, .cols = cols, .eps = 1e-5f };
+    enum dtype dts[2] = { DT_FP32, DT_FP16 };
+    for (int d = 0; d < 2; d++) {
+        struct tensor *x = tfrom(dts[d], 16, hx), *g = tfrom(DT_FP32, 8, hg), *b = tfrom(DT_FP32, 8, hb);
+        struct tensor *y = tnew(dts[d], 16), *mean = tnew(DT_FP32, 2), *rstd = tnew(DT_FP32, 2);
+        be->layernorm_forward(be, &a, y, mean, rstd, x, g, b);
+        float *hy = thost(y);
+        for (int i = 0; i < 16; i++)
+            cr_assert_eq(hy[i], hb[i % 8], "constant row -> y = beta, got %g at %d", (double)hy[i], i);
+        cr_assert(isfinite(((float *)rstd->data)[0]));
+        struct tensor *dy = tfrom(dts[d], 16, hdy), *dx = tnew(dts[d], 16), *dg = tnew(DT_FP32, 8);
+        struct tensor *db = tnew(DT_FP32, 8);
+        be->layernorm_backward(be, &a, dx, dg, db, dy, x, mean, rstd, g, 0.0f);
+        float *hdx = thost(dx);
+        for (int i = 0; i < 16; i++)
+            cr_assert(isfinite(hdx[i]), "dx[%d] = %g", i, (double)hdx[i]);
+    }
+}
+
+/* ---- batchnorm --------------------------------------------------------------------------------- */
+
+static void bn_naive(const double *x, const double *g, const double *b, int64_t n, int64_t c, int64_t hw, double eps,
+                     double *y)
+{
+    for (int64_t ch = 0; ch < c; ch++) {
+        double mu = 0, var = 0, cnt = (double)(n * hw);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < hw; j++)
+                mu += x[(i * c + ch) * hw + j];
+        mu /= cnt;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < hw; j++)
+                var += (x[(i * c + ch) * hw + j] - mu) * (x[(i * c + ch) * hw + j] - mu);
+        var /= cnt;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < hw; j++)
+                y[(i * c + ch) * hw + j] = (x[(i * c + ch) * hw + j] - mu) / sqrt(var + eps) * g[ch] + b[ch];
+    }
+}
+
+struct bn_ctx {
+    int64_t n, c, hw;
+    double eps;
+    const double *x, *g, *b, *gy;
+};
+
+static double bn_loss(const double *x, const double *g, const double *b, const struct bn_ctx *c)
+{
+    size_t cnt = (size_t)(c->n * c->c * c->hw);
+    double *y = malloc(cnt * sizeof(double));
+    bn_naive(x, g, b, c->n, c->c, c->hw, c->eps, y);
+    double s = dot(y, c->gy, cnt);
+    free(y);
+    return s;
+}
+
+static double bn_loss_x(const double *x, void *c)
+{
+    return bn_loss(x, ((struct bn_ctx *)c)->g, ((struct bn_ctx *)c)->b, c);
+}
+
+static double bn_loss_g(const double *g, void *c)
+{
+    return bn_loss(((struct bn_ctx *)c)->x, g, ((struct bn_ctx *)c)->b, c);
+}
+
+Test(backend_cpu, batchnorm_running_stats_after_one_step)
+{
+    /* one channel, values 1 2 3 4 over (n=2, hw=2): mean 2.5, biased var 1.25, unbiased 5/3 */
+    float hx[4] = { 1, 2, 3, 4 }, hg = 1, hb = 0, rm0 = 0, rv0 = 1;
+    struct tensor *x = tfrom(DT_FP32, 4, hx), *g = tfrom(DT_FP32, 1, &hg), *b = tfrom(DT_FP32, 1, &hb);
+    struct tensor *rm = tfrom(DT_FP32, 1, &rm0), *rv = tfrom(DT_FP32, 1, &rv0);
+    struct tensor *y = tnew(DT_FP32, 4), *mean = tnew(DT_FP32, 1), *rstd = tnew(DT_FP32, 1);
+    struct norm_args a = { .n = 2, .c = 1, .hw = 2, .eps = 1e-5f, .momentum = 0.1f, .training = true };
+    be->batchnorm_forward(be, &a, y, mean, rstd, rm, rv, x, g, b);
+    check_f32(rm, (double[]){ 0.1 * 2.5 }, 1, 1e-6, 0, "running_mean");
+    check_f32(rv, (double[]){ 0.9 * 1.0 + 0.1 * (5.0 / 3.0) }, 1, 1e-6, 0, "running_var (unbiased)");
+    check_f32(mean, (double[]){ 2.5 }, 1, 1e-7, 0, "saved mean");
+    check_f32(rstd, (double[]){ 1 / sqrt(1.25 + 1e-5) }, 1, 1e-6, 0, "saved rstd (biased var)");
+    double s = 1 / sqrt(1.25 + 1e-5);
+    check_f32(y, (double[]){ -1.5 * s, -0.5 * s, 0.5 * s, 1.5 * s }, 4, 1e-6, 0, "training output");
+
+    /* eval: the running statistics normalise */
+    struct norm_args e = a;
+    e.training = false;
+    struct tensor *ye = tnew(DT_FP32, 4);
+    be->batchnorm_forward(be, &e, ye, NULL, NULL, rm, rv, x, g, b);
+    double rmv = 0.25, rvv = 0.9 + 0.1 * 5.0 / 3.0;
+    double want[4];
+    for (int i = 0; i < 4; i++)
+        want[i] = (hx[i] - rmv) / sqrt(rvv + 1e-5);
+    check_f32(ye, want, 4, 1e-6, 1e-7, "eval output");
+    check_f32(rm, (double[]){ 0.25 }, 1, 1e-6, 0, "eval leaves running_mean");
+}
+
+Test(backend_cpu, batchnorm_forward_backward)
+{
+    seed(15);
+    int64_t n = 3, c = 4, hw = 5;
+    size_t cnt = (size_t)(n * c * hw);
+    struct norm_args a = { .n = n, .c = c, .hw = hw, .eps = 1e-5f, .momentum = 0.1f, .training = true };
+    float *hx, *hg, *hb, *hdy, *hdg0, *hdb0;
+    struct tensor *x = trand(DT_FP32, cnt, -2, 3, &hx), *g = trand(DT_FP32, (size_t)c, 0.5f, 1.5f, &hg);
+    struct tensor *b = trand(DT_FP32, (size_t)c, -1, 1, &hb);
+    struct tensor *rm = tnew(DT_FP32, (size_t)c), *rv = tnew(DT_FP32, (size_t)c);
+    be->zero(be, rm);
+    be->zero(be, rv);
+    struct tensor *mean = tnew(DT_FP32, (size_t)c), *rstd = tnew(DT_FP32, (size_t)c);
+    double *want = dalloc(cnt);
+    bn_naive(to_d(hx, cnt), to_d(hg, (size_t)c), to_d(hb, (size_t)c), n, c, hw, a.eps, want);
+    enum dtype outs[2] = { DT_FP32, DT_BF16 };
+    for (int o = 0; o < 2; o++) {
+        struct tensor *y = tnew(outs[o], cnt);
+        be->batchnorm_forward(be, &a, y, mean, rstd, rm, rv, x, g, b);
+        check_out(y, want, cnt, 1e-5, 1e-5, "batchnorm_forward");
+    }
+    struct tensor *dy = trand(DT_FP32, cnt, -1, 1, &hdy), *dx = tnew(DT_FP32, cnt);
+    struct tensor *dg = trand(DT_FP32, (size_t)c, -1, 1, &hdg0), *db = trand(DT_FP32, (size_t)c, -1, 1, &hdb0);
+    be->batchnorm_backward(be, &a, dx, dg, db, dy, x, mean, rstd, g, 1.0f);
+    struct bn_ctx ctx = { n, c, hw, a.eps, to_d(hx, cnt), to_d(hg, (size_t)c), to_d(hb, (size_t)c), to_d(hdy, cnt) };
+    double *gx = dalloc(cnt), *gg = dalloc((size_t)c), *gb = dalloc((size_t)c);
+    fd_grad(bn_loss_x, &ctx, to_d(hx, cnt), cnt, 1e-6, gx);
+    fd_grad(bn_loss_g, &ctx, to_d(hg, (size_t)c), (size_t)c, 1e-6, gg);
+    for (int64_t ch = 0; ch < c; ch++) {
+        gg[ch] += hdg0[ch];
+        gb[ch] += hdb0[ch];
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < hw; j++)
+                gb[ch] += hdy[(i * c + ch) * hw + j];
+    }
+    check_f32(dx, gx, cnt, 1e-4, 1e-5, "batchnorm dx");
+    check_f32(dg, gg, (size_t)c, 1e-4, 1e-5, "batchnorm dgamma (beta_acc 1)");
+    check_f32(db, gb, (size_t)c, 1e-5, 1e-6, "batchnorm dbeta (beta_acc 1)");
+    /* beta_acc 0 overwrites (poisoned outputs); eval mode: dx = dy * gamma * rstd */
+    struct tensor *dg0 = tnew(DT_FP32, (size_t)c), *db0 = tnew(DT_FP32, (size_t)c), *dx16 = tnew(DT_BF16, cnt);
+    be->batchnorm_backward(be, &a, dx16, dg0, db0, dy, x, mean, rstd, g, 0.0f);
+    for (int64_t ch = 0; ch < c; ch++) {
+        gg[ch] -= hdg0[ch];
+        gb[ch] -= hdb0[ch];
+    }
+    check_f32(dg0, gg, (size_t)c, 1e-4, 1e-5, "batchnorm dgamma (beta_acc 0)");
+    check_f32(db0, gb, (size_t)c, 1e-5, 1e-6, "batchnorm dbeta (beta_acc 0)");
+    check_lowp(dx16, to_d(dx->data, cnt), cnt, 1, 0, "batchnorm dx bf16");
+    struct norm_args e = a;
+    e.training = false;
+    be->batchnorm_backward(be, &e, dx, NULL, NULL, dy, x, mean, rstd, g, 0.0f);
+    double *ge = dalloc(cnt);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t j = 0; j < hw; j++) {
+                size_t k = (size_t)((i * c + ch) * hw + j);
+                ge[k] = (double)hdy[k] * hg[ch] * ((float *)rstd->data)[ch];
+            }
+    check_f32(dx, ge, cnt, 1e-6, 1e-7, "batchnorm eval-mode dx");
+}
+
+/* ---- embedding --------------------------------------------------------------------------------- */
+
+Test(backend_cpu, embedding_forward_and_repeated_token_backward)
+{
+    seed(16);
+    int64_t B = 2, T = 3, C = 5, V = 4;
+    int32_t htok[6] = { 1, 3, 1, 1, 0, 3 };
+    int32_t *tok = be->alloc(be, sizeof htok);
+    be->upload(be, tok, htok, sizeof htok);
+    float *hwte, *hwpe, *hdy, *hdte0;
+    struct tensor *wte = trand(DT_FP32, (size_t)(V * C), -1, 1, &hwte), *wpe = trand(DT_FP32, (size_t)(T * C), -1, 1, &hwpe);
+    enum dtype outs[2] = { DT_FP32, DT_FP16 };
+    for (int o = 0; o < 2; o++) {
+        struct tensor *y = tnew(outs[o], (size_t)(B * T * C));
+        be->embedding_forward(be, y, tok, wte, wpe, B, T, C);
+        double want[30];
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t j = 0; j < C; j++)
+                    want[(b * T + t) * C + j] = (double)(hwte[htok[b * T + t] * C + j] + hwpe[t * C + j]);
+        check_out(y, want, 30, 0, 0, "embedding_forward");
+    }
+    struct tensor *dy = trand(DT_BF16, (size_t)(B * T * C), -1, 1, &hdy);
+    struct tensor *dte = tnew(DT_FP32, (size_t)(V * C)), *dpe = tnew(DT_FP32, (size_t)(T * C));
+    be->embedding_backward(be, dte, dpe, dy, tok, B, T, C, 0.0f);
+    double gte[20] = { 0 }, gpe[15] = { 0 };
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < C; j++) {
+                gte[htok[b * T + t] * C + j] += hdy[(b * T + t) * C + j];
+                gpe[t * C + j] += hdy[(b * T + t) * C + j];
+            }
+    check_f32(dte, gte, 20, 1e-6, 1e-6, "dwte: token 1 three times, token 2 never (zeros)");
+    check_f32(dpe, gpe, 15, 1e-6, 1e-6, "dwpe");
+    for (int j = 0; j < 5; j++)
+        cr_assert_eq(((float *)dte->data)[2 * C + j], 0.0f, "an unused token's row is overwritten with 0");
+    /* beta 1 accumulates */
+    struct tensor *dte1 = trand(DT_FP32, (size_t)(V * C), -1, 1, &hdte0);
+    be->embedding_backward(be, dte1, dpe, dy, tok, B, T, C, 1.0f);
+    for (int i = 0; i < 20; i++)
+        gte[i] += hdte0[i];
+    for (int i = 0; i < 15; i++)
+        gpe[i] *= 2;
+    check_f32(dte1, gte, 20, 1e-6, 1e-6, "dwte beta 1");
+    check_f32(dpe, gpe, 15, 1e-6, 1e-6, "dwpe beta 1");
+    be->free(be, tok);
+}
+
+/* ---- attention --------------------------------------------------------------------------------- */
+
+static double round_to(double x, enum dtype d)
+{
+    return d == DT_FP32 ? x : (double)dtype_round((float)x, d);
+}
+
+/* Naive causal attention in double. With d lowp, rounds where the backend stores (scores, probs, out). */
+static void attn_naive(const double *qkv, int64_t B, int64_t T, int64_t C, int64_t H, enum dtype d, double *out,
+                       double *probs)
+{
+    int64_t D = C / H;
+    double scale = d == DT_FP32 ? 1.0 / sqrt((double)D) : (double)(1.0f / sqrtf((float)D));
+    double s[64], p[64];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const double *q = qkv + (b * T + t) * 3 * C + h * D;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    const double *k = qkv + (b * T + j) * 3 * C + C + h * D;
+                    double acc = 0;
+                    for (int64_t e = 0; e < D; e++)
+                        acc += q[e] * k[e];
+                    s[j] = round_to(acc * scale, d);
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                for (int64_t j = 0; j <= t; j++)
+                    sum += exp(s[j] - mx);
+                for (int64_t j = 0; j < T; j++) {
+                    p[j] = j <= t ? round_to(exp(s[j] - mx) / sum, d) : 0.0;
+                    if (probs)
+                        probs[((b * H + h) * T + t) * T + j] = p[j];
+                }
+                for (int64_t e = 0; e < D; e++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j <= t; j++)
+                        acc += p[j] * qkv[(b * T + j) * 3 * C + 2 * C + h * D + e];
+                    out[(b * T + t) * C + h * D + e] = acc;
+                }
+            }
+}
+
+Test(backend_cpu, attention_forward_matches_naive)
+{
+    seed(17);
+    int64_t B = 2, T = 5, C = 8, H = 2;
+    size_t nq = (size_t)(B * T * 3 * C), no = (size_t)(B * T * C), np = (size_t)(B * H * T * T);
+    enum dtype dts[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    for (int d = 0; d < 3; d++) {
+        float *hq;
+        struct tensor *qkv = trand(dts[d], nq, -2, 2, &hq);
+        struct tensor *out = tnew(dts[d], no), *probs = tnew(dts[d], np);
+        be->attention_forward(be, out, probs, qkv, B, T, C, H);
+        double *wo = dalloc(no), *wp = dalloc(np);
+        attn_naive(to_d(hq, nq), B, T, C, H, dts[d], wo, wp);
+        if (dts[d] == DT_FP32) {
+            check_f32(out, wo, no, 1e-5, 1e-6, "attention out");
+            check_f32(probs, wp, np, 1e-5, 1e-7, "attention probs");
+        } else {
+            /* an fp32-order difference may tip one intermediate rounding: allow 2 ulps */
+            check_lowp(out, wo, no, 2, 1e-4, "attention out");
+            check_lowp(probs, wp, np, 2, 1e-4, "attention probs");
+        }
+        const float *pp = thost(probs);
+        for (int64_t r = 0; r < B * H * T; r++)
+            for (int64_t j = r % T + 1; j < T; j++)
+                cr_assert_eq(pp[r * T + j], 0.0f, "masked probability must be exactly 0");
+    }
+}
+
+Test(backend_cpu, attention_is_causal)
+{
+    seed(18);
+    int64_t B = 2, T = 5, C = 8, H = 2, tp = 3;
+    size_t nq = (size_t)(B * T * 3 * C), no = (size_t)(B * T * C), np = (size_t)(B * H * T * T);
+    float *hq;
+    struct tensor *qkv = trand(DT_FP32, nq, -2, 2, &hq);
+    struct tensor *o1 = tnew(DT_FP32, no), *p1 = tnew(DT_FP32, np), *o2 = tnew(DT_FP32, no), *p2 = tnew(DT_FP32, np);
+    be->attention_forward(be, o1, p1, qkv, B, T, C, H);
+    for (int64_t j = 0; j < 3 * C; j++) /* perturb q, k and v of token tp in batch 0 */
+        ((float *)qkv->data)[tp * 3 * C + j] += 0.5f;
+    be->attention_forward(be, o2, p2, qkv, B, T, C, H);
+    const float *a = o1->data, *b = o2->data;
+    size_t changed = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < C; j++) {
+            if (t < tp)
+                cr_assert_eq(a[t * C + j], b[t * C + j], "out at t=%lld depends on token %lld", (long long)t,
+                             (long long)tp);
+            else
+                changed += a[t * C + j] != b[t * C + j];
+        }
+    cr_assert_gt(changed, 0);
+    cr_assert_eq(memcmp(a + T * C, b + T * C, (size_t)(T * C) * sizeof(float)), 0, "batch 1 untouched");
+}
+
+struct attn_ctx {
+    int64_t B, T, C, H;
+    const double *gy;
+};
+
+static double attn_loss(const double *qkv, void *vctx)
+{
+    struct attn_ctx *c = vctx;
+    size_t no = (size_t)(c->B * c->T * c->C);
+    double *out = malloc(no * sizeof(double));
+    attn_naive(qkv, c->B, c->T, c->C, c->H, DT_FP32, out, NULL);
+    double s = dot(out, c->gy, no);
+    free(out);
+    return s;
+}
+
+Test(backend_cpu, attention_backward_matches_finite_differences)
+{
+    seed(19);
+    int64_t B = 2, T = 5, C = 8, H = 2;
+    size_t nq = (size_t)(B * T * 3 * C), no = (size_t)(B * T * C), np = (size_t)(B * H * T * T);
+    float *hq, *hdo;
+    struct tensor *qkv = trand(DT_FP32, nq, -1.5f, 1.5f, &hq), *dout = trand(DT_FP32, no, -1, 1, &hdo);
+    struct tensor *out = tnew(DT_FP32, no), *probs = tnew(DT_FP32, np), *dqkv = tnew(DT_FP32, nq);
+    be->attention_forward(be, out, probs, qkv, B, T, C, H);
+    be->attention_backward(be, dqkv, dout, qkv, probs, B, T, C, H);
+    struct attn_ctx c = { B, T, C, H, to_d(hdo, no) };
+    double *want = dalloc(nq);
+    fd_grad(attn_loss, &c, to_d(hq, nq), nq, 1e-6, want);
+    check_f32(dqkv, want, nq, 1e-4, 1e-5, "attention dqkv");
+
+    /* bf16: same gradients within bf16's precision (intermediates are rounded to bf16) */
+    float *hq16 = falloc(nq);
+    memcpy(hq16, hq, nq * sizeof(float));
+    struct tensor *q16 = tfrom(DT_BF16, nq, hq16), *do16 = tfrom(DT_BF16, no, hdo);
+    struct tensor *o16 = tnew(DT_BF16, no), *p16 = tnew(DT_BF16, np), *dq16 = tnew(DT_BF16, nq);
+    be->attention_forward(be, o16, p16, q16, B, T, C, H);
+    be->attention_backward(be, dq16, do16, q16, p16, B, T, C, H);
+    const float *g16 = thost(dq16), *g32 = dqkv->data;
+    double gmax = 0;
+    for (size_t i = 0; i < nq; i++)
+        gmax = fmax(gmax, fabs(g32[i]));
+    for (size_t i = 0; i < nq; i++)
+        cr_assert(fabs(g16[i] - g32[i]) <= 0.05 * gmax, "bf16 dqkv[%zu] = %g, fp32 %g", i, (double)g16[i],
+                  (double)g32[i]);
+}
+
+/* ---- losses ------------------------------------------------------------------------------------ */
+
+Test(backend_cpu, xent_known_values)
+{
+    float hl[9] = { 1, 2, 3, 1e4f, 0, -1e4f, 2, 2, 1 };
+    int32_t hlab[3] = { 2, 1, 1 };
+    int32_t *lab = be->alloc(be, sizeof hlab), *cor = be->alloc(be, 3 * sizeof(int32_t));
+    be->upload(be, lab, hlab, sizeof hlab);
+    struct tensor *logits = tfrom(DT_FP32, 9, hl), *loss = tnew(DT_FP32, 3), *dl = tnew(DT_FP32, 9);
+    be->xent_forward_backward(be, loss, cor, dl, logits, lab, 3, 3, 6.0f);
+    double lse0 = log(exp(1.0) + exp(2.0) + exp(3.0)), lse2 = log(2 * exp(2.0) + exp(1.0));
+    check_f32(loss, (double[]){ lse0 - 3, 1e4, lse2 - 2 }, 3, 1e-6, 0, "losses (huge logits stay finite)");
+    cr_assert_eq(cor[0], 1);
+    cr_assert_eq(cor[1], 0);
+    cr_assert_eq(cor[2], 0, "tie between classes 0 and 1: argmax is the first index, 0");
+    double g = 6.0 / 3.0, want[9];
+    for (int j = 0; j < 3; j++)
+        want[j] = (exp(1.0 + j - lse0) - (j == 2)) * g;
+    want[3] = 1.0 * g; /* softmax (1, 0, 0) minus onehot at 1 */
+    want[4] = -1.0 * g;
+    want[5] = 0.0;
+    for (int j = 0; j < 3; j++)
+        want[6 + j] = (exp((double)hl[6 + j] - lse2) - (j == 1)) * g;
+    check_f32(dl, want, 9, 1e-6, 1e-7, "dlogits");
+    /* fp16 dlogits: rounded once; eval (NULL) writes only losses and correct */
+    struct tensor *dl16 = tnew(DT_FP16, 9);
+    be->xent_forward_backward(be, loss, cor, dl16, logits, lab, 3, 3, 6.0f);
+    check_lowp(dl16, want, 9, 1, 0, "dlogits fp16");
+    hlab[2] = 0;
+    be->upload(be, lab, hlab, sizeof hlab);
+    be->xent_forward_backward(be, loss, cor, NULL, logits, lab, 3, 3, 1.0f);
+    cr_assert_eq(cor[2], 1, "tie: label 0 is the argmax");
+    be->free(be, lab);
+    be->free(be, cor);
+}
+
+struct xent_ctx {
+    int64_t N, K;
+    const int32_t *labels;
+};
+
+static double xent_loss(const double *x, void *vctx)
+{
+    struct xent_ctx *c = vctx;
+    double s = 0;
+    for (int64_t i = 0; i < c->N; i++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < c->K; j++)
+            mx = fmax(mx, x[i * c->K + j]);
+        for (int64_t j = 0; j < c->K; j++)
+            sum += exp(x[i * c->K + j] - mx);
+        s += mx + log(sum) - x[i * c->K + c->labels[i]];
+    }
+    return s / (double)c->N;
+}
+
+Test(backend_cpu, xent_gradient_and_lowp_logits)
+{
+    seed(20);
+    int64_t N = 7, K = 10;
+    size_t n = (size_t)(N * K);
+    int32_t *lab = be->alloc(be, (size_t)N * sizeof(int32_t)), *cor = be->alloc(be, (size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++)
+        lab[i] = (int32_t)(urand() * (double)K);
+    enum dtype dts[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    for (int d = 0; d < 3; d++) {
+        float *hl;
+        struct tensor *logits = trand(dts[d], n, -4, 4, &hl), *loss = tnew(DT_FP32, (size_t)N), *dl = tnew(DT_FP32, n);
+        be->xent_forward_backward(be, loss, cor, dl, logits, lab, N, K, 1.0f);
+        struct xent_ctx c = { N, K, lab };
+        double *want = dalloc(n);
+        fd_grad(xent_loss, &c, to_d(hl, n), n, 1e-6, want);
+        check_f32(dl, want, n, 1e-4, 1e-7, "dlogits vs finite differences of the mean loss");
+        const float *hloss = loss->data;
+        for (int64_t i = 0; i < N; i++) {
+            struct xent_ctx one = { 1, K, lab + i };
+            double w = xent_loss(to_d(hl + i * K, (size_t)K), &one);
+            cr_assert(fabs(hloss[i] - w) < 1e-5, "loss[%lld] %g want %g", (long long)i, (double)hloss[i], w);
+            int64_t arg = 0;
+            for (int64_t j = 1; j < K; j++)
+                if (hl[i * K + j] > hl[i * K + arg])
+                    arg = j;
+            cr_assert_eq(cor[i], arg == lab[i]);
+        }
+    }
+    be->free(be, lab);
+    be->free(be, cor);
+}
+
+Test(backend_cpu, mse_values_and_gradient)
+{
+    seed(21);
+    int64_t N = 4, K = 3;
+    size_t n = (size_t)(N * K);
+    float *hy, *ht;
+    struct tensor *y = trand(DT_FP32, n, -2, 2, &hy), *t = trand(DT_FP32, n, -2, 2, &ht);
+    struct tensor *loss = tnew(DT_FP32, (size_t)N), *dy = tnew(DT_FP32, n), *dy16 = tnew(DT_BF16, n);
+    float seed_g = 8.0f;
+    be->mse_forward_backward(be, loss, dy, y, t, N, K, seed_g);
+    double wl[4] = { 0 }, wd[12];
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < K; j++) {
+            double e = (double)hy[i * K + j] - ht[i * K + j];
+            wl[i] += e * e / (double)K;
+            wd[i * K + j] = 2 * e * seed_g / (double)(N * K);
+        }
+    check_f32(loss, wl, (size_t)N, 1e-6, 1e-7, "mse losses");
+    check_f32(dy, wd, n, 1e-6, 1e-7, "mse dy");
+    be->mse_forward_backward(be, loss, dy16, y, t, N, K, seed_g);
+    check_lowp(dy16, wd, n, 1, 0, "mse dy bf16");
+}
+
+/* ---- gradient statistics ----------------------------------------------------------------------- */
+
+Test(backend_cpu, grad_stats_counts_inf_and_nan_per_tensor)
+{
+    float h0[5] = { 1, 2, INFINITY, -INFINITY, NAN }, h1[3] = { 3, NAN, 0 }, h2[1] = { -4 };
+    struct tensor *t0 = tfrom(DT_FP32, 5, h0), *t1 = tfrom(DT_FP32, 3, h1), *t2 = tfrom(DT_FP32, 1, h2);
+    const struct tensor *grads[3] = { t0, t1, t2 };
+    int64_t n_inf[3] = { -1, -1, -1 }, n_nan[3] = { -1, -1, -1 };
+    struct grad_stats gs = { .sumsq = NAN, .absmax = NAN, .n_inf = n_inf, .n_nan = n_nan };
+    be->grad_stats(be, grads, 3, &gs);
+    cr_assert(gs.found_nonfinite);
+    cr_assert_eq(n_inf[0], 2);
+    cr_assert_eq(n_nan[0], 1);
+    cr_assert_eq(n_inf[1], 0);
+    cr_assert_eq(n_nan[1], 1);
+    cr_assert_eq(n_inf[2], 0);
+    cr_assert_eq(n_nan[2], 0);
+    cr_assert_eq(gs.sumsq, 30.0, "1 + 4 + 9 + 16 over the finite elements, got %g", gs.sumsq);
+    cr_assert_eq(gs.absmax, 4.0);
+}
+
+Test(backend_cpu, grad_stats_finite_sum_of_squares)
+{
+    seed(22);
+    size_t sizes[3] = { 1001, 7, 4096 };
+    const struct tensor *grads[3];
+    double want = 0, amax = 0;
+    for (int t = 0; t < 3; t++) {
+        float *h;
+        grads[t] = trand(DT_FP32, sizes[t], -3, 3, &h);
+        for (size_t i = 0; i < sizes[t]; i++) {
+            want += (double)h[i] * h[i];
+            amax = fmax(amax, fabs(h[i]));
+        }
+    }
+    int64_t n_inf[3], n_nan[3];
+    struct grad_stats gs = { .n_inf = n_inf, .n_nan = n_nan, .found_nonfinite = true };
+    be->grad_stats(be, grads, 3, &gs);
+    cr_assert(!gs.found_nonfinite);
+    cr_assert(fabs(gs.sumsq - want) <= 1e-12 * want, "sumsq %.17g want %.17g", gs.sumsq, want);
+    cr_assert_eq(gs.absmax, amax);
+    for (int t = 0; t < 3; t++)
+        cr_assert(n_inf[t] == 0 && n_nan[t] == 0);
+    /* a very large finite gradient squares without overflow in double */
+    float big = 3e38f;
+    const struct tensor *one[1] = { tfrom(DT_FP32, 1, &big) };
+    be->grad_stats(be, one, 1, &gs);
+    cr_assert(!gs.found_nonfinite && isfinite(gs.sumsq) && gs.sumsq > 8e76);
+}
+
+Test(backend_cpu, count_zeros_counts_both_signs)
+{
+    float h[6] = { 0.0f, -0.0f, 1e-45f, 1.0f, -2.0f, 0.0f };
+    struct tensor *t = tfrom(DT_FP32, 6, h);
+    cr_assert_eq(be->count_zeros(be, t), 3, "+0, -0, +0; the subnormal 1e-45 is not zero");
+    struct tensor *t16 = tnew(DT_FP16, 6), *tb = tnew(DT_BF16, 6);
+    uint16_t b16[6] = { 0x0000, 0x8000, 0x0001, 0x3C00, 0x7E00, 0x0000 };
+    memcpy(t16->data, b16, sizeof b16);
+    memcpy(tb->data, b16, sizeof b16);
+    cr_assert_eq(be->count_zeros(be, t16), 3);
+    cr_assert_eq(be->count_zeros(be, tb), 3);
+}
+
+/* ---- optimizers -------------------------------------------------------------------------------- */
+
+Test(backend_cpu, adamw_matches_pytorch_formula)
+{
+    seed(23);
+    size_t n = 1500;
+    float *hp, *hg;
+    struct tensor *p = trand(DT_FP32, n, -1, 1, &hp), *g = trand(DT_FP32, n, -1000, 1000, &hg);
+    struct tensor *m = tnew(DT_FP32, n), *v = tnew(DT_FP32, n), *lowp = tnew(DT_BF16, n);
+    be->zero(be, m);
+    be->zero(be, v);
+    struct optim_update_args a = { .master = p, .grad = g, .m = m, .v = v, .lowp = lowp, .grad_mul = 1.0f / 1024,
+                                   .lr = 1e-2f, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f };
+    double *wp = to_d(hp, n), *wm = dalloc(n), *wv = dalloc(n);
+    for (int64_t step = 1; step <= 2; step++) {
+        a.step = step;
+        be->adamw_update(be, &a);
+        double b1 = a.beta1, b2 = a.beta2, lr = a.lr, wd = a.weight_decay;
+        double bc1 = 1 - pow(b1, (double)step), bc2 = 1 - pow(b2, (double)step);
+        for (size_t i = 0; i < n; i++) {
+            double gi = (double)hg[i] * a.grad_mul;
+            wp[i] *= 1 - lr * wd;
+            wm[i] = b1 * wm[i] + (1 - b1) * gi;
+            wv[i] = b2 * wv[i] + (1 - b2) * gi * gi;
+            wp[i] -= lr / bc1 * wm[i] / (sqrt(wv[i]) / sqrt(bc2) + a.eps);
+        }
+        check_f32(p, wp, n, 1e-6, 1e-7, "adamw master");
+        check_f32(m, wm, n, 1e-5, 1e-9, "adamw m");
+        check_f32(v, wv, n, 1e-5, 1e-12, "adamw v");
+        const uint16_t *lb = lowp->data;
+        const float *pm = p->data;
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(lb[i], bf16_from_fp32(pm[i]), "lowp copy is the new master rounded once");
+    }
+    /* the first step moves each weight by about lr against the gradient's sign (plus decay) */
+    struct optim_update_args b = a;
+    float hp1 = 0.5f, hg1 = -3.0f;
+    b.master = tfrom(DT_FP32, 1, &hp1);
+    b.grad = tfrom(DT_FP32, 1, &hg1);
+    b.m = tnew(DT_FP32, 1);
+    b.v = tnew(DT_FP32, 1);
+    be->zero(be, b.m);
+    be->zero(be, b.v);
+    b.lowp = NULL;
+    b.step = 1;
+    b.grad_mul = 1.0f;
+    be->adamw_update(be, &b);
+    check_f32(b.master, (double[]){ 0.5 * (1 - 1e-3) + 1e-2 * 3.0 / (3.0 + 1e-8) }, 1, 1e-6, 0, "adamw step 1");
+}
+
+static void sgd_reference(double *p, double *buf, const float *g, size_t n, double gm, double lr, double wd,
+                          double mom, bool nesterov, bool first)
+{
+    for (size_t i = 0; i < n; i++) {
+        double gi = g[i] * gm + wd * p[i];
+        buf[i] = first ? gi : mom * buf[i] + gi;
+        gi = nesterov ? gi + mom * buf[i] : buf[i];
+        p[i] -= lr * gi;
+    }
+}
+
+Test(backend_cpu, sgd_momentum_and_nesterov_two_steps)
+{
+    seed(24);
+    size_t n = 1100;
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        float *hp, *hg;
+        struct tensor *p = trand(DT_FP32, n, -1, 1, &hp), *g = trand(DT_FP32, n, -4, 4, &hg);
+        struct tensor *buf = tnew(DT_FP32, n), *lowp = tnew(DT_FP16, n);
+        struct optim_update_args a = { .master = p, .grad = g, .m = buf, .lowp = lowp, .grad_mul = 0.5f, .lr = 0.1f,
+                                       .weight_decay = 0.01f, .momentum = 0.9f, .nesterov = nesterov };
+        double *wp = to_d(hp, n), *wb = dalloc(n);
+        for (int step = 0; step < 2; step++) {
+            a.first_step = step == 0; /* the poisoned buffer must not be read on the first step */
+            be->sgd_update(be, &a);
+            sgd_reference(wp, wb, hg, n, a.grad_mul, a.lr, a.weight_decay, a.momentum, nesterov, step == 0);
+            check_f32(p, wp, n, 1e-6, 1e-7, nesterov ? "sgd nesterov master" : "sgd momentum master");
+            check_f32(buf, wb, n, 1e-6, 1e-7, "sgd momentum buffer");
+            const uint16_t *lb = lowp->data;
+            for (size_t i = 0; i < n; i++)
+                cr_assert_eq(lb[i], fp16_from_fp32(((float *)p->data)[i]));
+        }
+    }
+    /* plain SGD: no buffer */
+    float hp = 1.0f, hg = 2.0f;
+    struct optim_update_args s = { .master = tfrom(DT_FP32, 1, &hp), .grad = tfrom(DT_FP32, 1, &hg), .grad_mul = 1,
+                                   .lr = 0.25f };
+    be->sgd_update(be, &s);
+    check_f32(s.master, (double[]){ 0.5 }, 1, 0, 0, "p - lr g");
+}
+
+/* ---- memory, conversion, status, backend_open -------------------------------------------------- */
+
+Test(backend_cpu, memory_conversion_and_status)
+{
+    void *p = be->alloc(be, 3);
+    cr_assert_not_null(p);
+    cr_assert_eq((uintptr_t)p % 64, 0, "64-byte aligned");
+    be->free(be, p);
+    float h[4] = { 1.0f, 65519.0f, 65520.0f, 1.00048828125f }; /* the last: a tie, to even */
+    struct tensor *src = tfrom(DT_FP32, 4, h), *f16 = tnew(DT_FP16, 4), *b16 = tnew(DT_BF16, 4);
+    be->convert(be, f16, src);
+    const uint16_t *fb = f16->data;
+    cr_assert(fb[0] == 0x3C00 && fb[1] == 0x7BFF && fb[2] == 0x7C00 && fb[3] == 0x3C00);
+    be->convert(be, b16, f16); /* fp16 -> bf16 through fp32, one rounding */
+    cr_assert_eq(((uint16_t *)b16->data)[1], bf16_from_fp32(65504.0f));
+    cr_assert_eq(((uint16_t *)b16->data)[2], 0x7F80);
+    be->zero(be, src);
+    check_f32(src, (double[]){ 0, 0, 0, 0 }, 4, 0, 0, "zero");
+    be->synchronize(be);
+    struct amp_error err = { .code = AMP_ERR_DATA };
+    cr_assert_eq(be->status(be, &err), AMP_OK);
+    cr_assert_eq(err.code, AMP_OK);
+    cr_assert_str_eq(be->name, "cpu");
+}
+
+Test(backend_cpu, backend_open_device_strings)
+{
+    struct backend *b = NULL;
+    struct amp_error err;
+    char chosen[128];
+    cr_assert_eq(backend_open(&b, "cpu", chosen, sizeof chosen, &err), AMP_OK);
+    cr_assert_not_null(b);
+    cr_assert_str_eq(chosen, "device: cpu");
+    backend_close(b);
+    cr_assert_eq(backend_open(&b, "auto", chosen, sizeof chosen, &err), AMP_OK);
+    cr_assert_not_null(b);
+    cr_assert_str_eq(b->name, "cpu");
+#ifdef AMP_HAVE_CUDA
+    /* lib/ is compiled without AMP_HAVE_CUDA until the CUDA backend exists, so either line is right */
+    cr_assert(strcmp(chosen, "device: cpu (CUDA backend not implemented yet)") == 0 ||
+                  strcmp(chosen, "device: cpu (CPU-only build)") == 0,
+              "chosen: %s", chosen);
+#else
+    cr_assert_str_eq(chosen, "device: cpu (CPU-only build)");
+#endif
+    backend_close(b);
+    const char *cuda[2] = { "cuda", "cuda:1" };
+    for (int i = 0; i < 2; i++) {
+        b = (struct backend *)&err; /* must be reset to NULL */
+        cr_assert_eq(backend_open(&b, cuda[i], chosen, sizeof chosen, &err), AMP_ERR_CONFIG);
+        cr_assert_null(b);
+        cr_assert(strstr(err.msg, "run.device") && strstr(err.msg, cuda[i]), "msg: %s", err.msg);
+        cr_assert(strstr(err.hint, "cpu or auto"), "hint: %s", err.hint);
+    }
+#ifndef AMP_HAVE_CUDA
+    backend_open(&b, "cuda", chosen, sizeof chosen, &err);
+    cr_assert_str_eq(err.msg, "run.device is 'cuda' but this build has no CUDA backend");
+    cr_assert_str_eq(err.hint, "set run.device: cpu or auto");
+#endif
+    const char *bad[6] = { "bogus", "", "CPU", "cuda:", "cuda:x", "cuda:-1" };
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(backend_open(&b, bad[i], chosen, sizeof chosen, &err), AMP_ERR_CONFIG, "'%s'", bad[i]);
+        cr_assert_null(b);
+        cr_assert(strstr(err.msg, "run.device"), "msg: %s", err.msg);
+        cr_assert(err.hint[0]);
+    }
+    backend_close(NULL);
+}

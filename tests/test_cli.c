@@ -1,0 +1,125 @@
+/*
+ * test_cli.c — end-to-end tests of the ampTrain program: help, version, exit codes, `check`.
+ *
+ * Runs the built binary (AMP_BINARY) through /bin/sh and asserts on exit codes and output.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+struct result {
+    int code;
+    char out[65536];
+};
+
+/* Run `ampTrain ARGS` with stderr merged into stdout. */
+static struct result run(const char *args)
+{
+    static struct result r;
+    memset(&r, 0, sizeof r);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(r.out, 1, sizeof r.out - 1, p);
+    r.out[n] = '\0';
+    int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+Test(cli, version_says_whether_cuda_was_built)
+{
+    struct result r = run("--version");
+    cr_assert_eq(r.code, 0);
+    cr_assert(strstr(r.out, "ampTrain 0.1.0"), "%s", r.out);
+#ifdef AMP_HAVE_CUDA
+    cr_assert(strstr(r.out, "CUDA backend: built"), "%s", r.out);
+#else
+    cr_assert(strstr(r.out, "CUDA backend: not built"), "%s", r.out);
+#endif
+}
+
+Test(cli, help_lists_commands_and_exit_codes)
+{
+    struct result r = run("--help");
+    cr_assert_eq(r.code, 0);
+    const char *want[] = {"ampTrain run CONFIG.yaml", "ampTrain resume CHECKPOINT.h5", "ampTrain eval CHECKPOINT.h5",
+                          "ampTrain inspect", "ampTrain check", "143  stopped by SIGTERM"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(r.out, want[i]), "missing '%s' in:\n%s", want[i], r.out);
+}
+
+Test(cli, help_command)
+{
+    struct result r = run("help check");
+    cr_assert_eq(r.code, 0);
+    cr_assert(strstr(r.out, "usage: ampTrain check CONFIG.yaml [KEY=VALUE ...]"), "%s", r.out);
+    r = run("help frobnicate");
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.out, "unknown command 'frobnicate'"), "%s", r.out);
+    cr_assert(strstr(r.out, "hint: "), "%s", r.out);
+}
+
+Test(cli, no_arguments_and_unknown_command_are_usage_errors)
+{
+    cr_assert_eq(run("").code, 2);
+    struct result r = run("trian configs/fashion_mlp.yaml");
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.out, "unknown command 'trian'"), "%s", r.out);
+}
+
+Test(cli, check_accepts_every_shipped_config)
+{
+    const char *configs[] = {"configs/fashion_mlp.yaml", "configs/fashion_cnn.yaml", "configs/text_gpt.yaml"};
+    for (size_t i = 0; i < 3; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "check %s", configs[i]);
+        struct result r = run(args);
+        cr_assert_eq(r.code, 0, "%s:\n%s", configs[i], r.out);
+        cr_assert(strstr(r.out, "autocast policy"), "%s", r.out);
+    }
+}
+
+Test(cli, check_prints_yaml_that_checks_again_identically)
+{
+    struct result r = run("check configs/fashion_mlp.yaml optim.lr=3e-4 precision.mode=bf16 > /tmp/amp_cli_a.txt; "
+                          "sed -n '/^autocast policy/q;p' /tmp/amp_cli_a.txt | tail -n +2 > /tmp/amp_cli_rt.yaml; "
+                          "cd " AMP_SOURCE_DIR " && " AMP_BINARY " check /tmp/amp_cli_rt.yaml > /tmp/amp_cli_b.txt; "
+                          "tail -n +2 /tmp/amp_cli_a.txt > /tmp/amp_cli_a2.txt; tail -n +2 /tmp/amp_cli_b.txt > "
+                          "/tmp/amp_cli_b2.txt; cmp /tmp/amp_cli_a2.txt /tmp/amp_cli_b2.txt && echo SAME");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "SAME"), "%s", r.out);
+}
+
+Test(cli, check_reports_position_and_exit_code_2)
+{
+    struct result r = run("check /tmp/amp_cli_missing_config.yaml");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "/tmp/amp_cli_missing_config.yaml"), "%s", r.out);
+
+    FILE *f = fopen("/tmp/amp_cli_bad.yaml", "w");
+    cr_assert_not_null(f);
+    fputs("run:\n  steps: 10\noptim:\n  lr : 0.1\n  lrr: 0.1\n", f);
+    fclose(f);
+    r = run("check /tmp/amp_cli_bad.yaml");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "/tmp/amp_cli_bad.yaml:5:3: unknown key 'lrr' in optim"), "%s", r.out);
+    cr_assert(strstr(r.out, "hint: "), "%s", r.out);
+}
+
+Test(cli, bad_override_is_exit_2_naming_it)
+{
+    struct result r = run("check configs/fashion_mlp.yaml optim.lr=abc");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "optim.lr=abc"), "%s", r.out);
+    r = run("check configs/fashion_mlp.yaml optim.lr");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "optim.lr"), "%s", r.out);
+    r = run("check configs/fashion_mlp.yaml optim.lrr=0.1");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "did you mean 'lr'"), "%s", r.out);
+}

@@ -1,0 +1,983 @@
+/*
+ * test_model.c — the model builder (shape and dtype inference, config errors), parameter init, the
+ * low-precision copies, gradient accumulation, whole-model gradients, smaller batches, and a tiny
+ * MLP that learns. CPU backend; configs are built in code (no YAML).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"  /* backend_cpu_create, struct optim_update_args */
+#include "config.h"   /* struct config, struct layer_config, config_defaults */
+#include "dtype.h"    /* bf16_from_fp32 */
+#include "model.h"    /* model_build, model_init, ... */
+#include "rng.h"      /* rng_normal: seeded inputs */
+
+/* ---- configs ------------------------------------------------------------------------------------- */
+
+static struct layer_config lc(enum layer_kind kind, const char *name)
+{
+    struct layer_config l;
+    memset(&l, 0, sizeof l);
+    l.kind = kind;
+    snprintf(l.name, sizeof l.name, "%s", name);
+    l.stride = 1;
+    l.bias = true;
+    l.eps = 1e-5;
+    l.momentum = 0.1;
+    l.p = 0.1;
+    l.vocab = 256;
+    l.mlp_ratio = 4;
+    l.approximate = GELU_TANH;
+    return l;
+}
+
+static struct layer_config linear(const char *name, int64_t out)
+{
+    struct layer_config l = lc(LAYER_LINEAR, name);
+    l.out = out;
+    return l;
+}
+
+static struct layer_config conv(const char *name, int64_t out, int64_t kernel)
+{
+    struct layer_config l = lc(LAYER_CONV2D, name);
+    l.out = out;
+    l.kernel = kernel;
+    return l;
+}
+
+static struct layer_config embedding(const char *name, int64_t vocab, int64_t dim)
+{
+    struct layer_config l = lc(LAYER_EMBEDDING, name);
+    l.vocab = vocab;
+    l.dim = dim;
+    return l;
+}
+
+static struct layer_config block(const char *name, int64_t heads)
+{
+    struct layer_config l = lc(LAYER_TRANSFORMER_BLOCK, name);
+    l.heads = heads;
+    l.mlp_ratio = 2;
+    return l;
+}
+
+static const struct data_spec MNIST = {.sample_ndim = 3, .sample_shape = {1, 28, 28}, .num_classes = 10};
+
+static struct data_spec vector_spec(int64_t d, int64_t classes)
+{
+    return (struct data_spec){.sample_ndim = 1, .sample_shape = {d}, .num_classes = classes};
+}
+
+static struct data_spec token_spec(int64_t T, int64_t vocab)
+{
+    return (struct data_spec){.sample_ndim = 1, .sample_shape = {T}, .is_tokens = true, .num_classes = vocab};
+}
+
+static void make_config(struct config *cfg, const struct layer_config *layers, int n, int64_t seq_len)
+{
+    config_defaults(cfg);
+    cfg->model.layers = malloc((size_t)n * sizeof *layers);
+    memcpy(cfg->model.layers, layers, (size_t)n * sizeof *layers);
+    cfg->model.nlayers = n;
+    cfg->data.seq_len = seq_len;
+}
+
+/* Build and return the status; the model is freed again unless `keep`. */
+static enum amp_status try_build(const struct layer_config *layers, int n, struct data_spec spec,
+                                 struct amp_error *err)
+{
+    struct backend *be = backend_cpu_create();
+    struct config cfg;
+    make_config(&cfg, layers, n, spec.is_tokens ? spec.sample_shape[0] : 64);
+    struct autocast_policy pol;
+    autocast_default(&pol, DT_BF16);
+    struct model m;
+    memset(err, 0, sizeof *err);
+    enum amp_status st = model_build(&m, &cfg, &spec, be, &pol, 4, err);
+    if (st == AMP_OK)
+        model_free(&m);
+    config_free(&cfg);
+    be->destroy(be);
+    return st;
+}
+
+#define assert_msg_has(err, s) cr_assert(strstr((err).msg, (s)), "message lacks \"%s\": %s", (s), (err).msg)
+#define assert_hint_has(err, s) cr_assert(strstr((err).hint, (s)), "hint lacks \"%s\": %s", (s), (err).hint)
+
+/* ---- build errors -------------------------------------------------------------------------------- */
+
+Test(build_errors, linear_after_conv_without_flatten)
+{
+    struct layer_config layers[] = {conv("conv1", 4, 3), linear("fc2", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 3, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[1] 'fc2' (linear)");
+    assert_msg_has(err, "(N, D)");
+    assert_msg_has(err, "(N, 4, 26, 26)");
+    assert_msg_has(err, "'conv1' (conv2d)");
+    assert_hint_has(err, "flatten");
+}
+
+Test(build_errors, linear_on_images)
+{
+    struct layer_config layers[] = {linear("fc1", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 2, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[0] 'fc1' (linear)");
+    assert_msg_has(err, "(N, 1, 28, 28)");
+    assert_msg_has(err, "the data");
+    assert_hint_has(err, "flatten");
+}
+
+Test(build_errors, conv_after_flatten)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), conv("c", 2, 3), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 3, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[1] 'c' (conv2d)");
+    assert_msg_has(err, "(N, C, H, W)");
+    assert_msg_has(err, "(N, 784)");
+}
+
+Test(build_errors, kernel_larger_than_input)
+{
+    struct layer_config layers[] = {conv("c", 2, 30), lc(LAYER_FLATTEN, "flat"), linear("fc", 10),
+                                    lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 4, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "'c' (conv2d)");
+    assert_msg_has(err, "kernel 30");
+}
+
+Test(build_errors, wrong_num_classes_names_the_loss_and_the_linear)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), linear("head", 5), lc(LAYER_CROSS_ENTROPY, "xent")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 3, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[2] 'xent' (cross_entropy)");
+    assert_msg_has(err, "'head' (linear)");
+    assert_msg_has(err, "10 classes");
+    assert_msg_has(err, "gives 5");
+}
+
+Test(build_errors, text_logits_must_match_the_vocabulary)
+{
+    struct layer_config layers[] = {embedding("emb", 256, 16), linear("head", 100), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 3, token_spec(8, 256), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "'loss' (cross_entropy)");
+    assert_msg_has(err, "256");
+    assert_msg_has(err, "'head' (linear)");
+}
+
+Test(build_errors, embedding_on_image_data)
+{
+    struct layer_config layers[] = {embedding("emb", 256, 16), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 2, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[0] 'emb' (embedding)");
+    assert_msg_has(err, "token");
+    assert_msg_has(err, "(N, 1, 28, 28)");
+}
+
+Test(build_errors, embedding_not_first)
+{
+    struct layer_config layers[] = {embedding("emb", 256, 16), embedding("emb2", 256, 16), linear("head", 256),
+                                    lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 4, token_spec(8, 256), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[1] 'emb2' (embedding)");
+    assert_msg_has(err, "first layer");
+}
+
+Test(build_errors, text_without_an_embedding_first)
+{
+    struct layer_config layers[] = {linear("fc", 256), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 2, token_spec(8, 256), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[0] 'fc' (linear)");
+    assert_msg_has(err, "embedding");
+}
+
+Test(build_errors, attention_dim_not_divisible_by_heads)
+{
+    struct layer_config att = lc(LAYER_ATTENTION, "att");
+    att.heads = 4;
+    struct layer_config layers[] = {embedding("emb", 256, 6), att, linear("head", 256), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 4, token_spec(8, 256), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[1] 'att' (attention)");
+    assert_msg_has(err, "dim 6 is not divisible by heads 4");
+
+    struct layer_config blk[] = {embedding("emb", 256, 6), block("blk", 4), linear("head", 256),
+                                 lc(LAYER_CROSS_ENTROPY, "loss")};
+    cr_assert_eq(try_build(blk, 4, token_spec(8, 256), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "'blk' (transformer_block)");
+    assert_msg_has(err, "not divisible");
+}
+
+Test(build_errors, attention_dim_must_match_its_input)
+{
+    struct layer_config b = block("blk", 2);
+    b.dim = 8;
+    struct layer_config layers[] = {embedding("emb", 256, 16), b, linear("head", 256), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 4, token_spec(8, 256), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "'blk' (transformer_block)");
+    assert_msg_has(err, "dim 8");
+    assert_msg_has(err, "(N, 8, 16)");
+}
+
+Test(build_errors, sequence_longer_than_max_len)
+{
+    struct layer_config e = embedding("emb", 256, 16);
+    e.max_len = 4;
+    struct layer_config layers[] = {e, linear("head", 256), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 3, token_spec(8, 256), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[0] 'emb' (embedding)");
+    assert_msg_has(err, "T = 8");
+    assert_msg_has(err, "max_len = 4");
+}
+
+Test(build_errors, loss_placement)
+{
+    struct amp_error err;
+    struct layer_config no_loss[] = {lc(LAYER_FLATTEN, "flat"), linear("fc", 10)};
+    cr_assert_eq(try_build(no_loss, 2, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "'fc' (linear)");
+    assert_msg_has(err, "last layer must be a loss");
+
+    struct layer_config early[] = {lc(LAYER_FLATTEN, "flat"), lc(LAYER_CROSS_ENTROPY, "x"), linear("fc", 10),
+                                   lc(LAYER_CROSS_ENTROPY, "loss")};
+    cr_assert_eq(try_build(early, 4, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[1] 'x' (cross_entropy)");
+}
+
+Test(build_errors, batchnorm_on_vectors_and_layernorm_on_tokens)
+{
+    struct amp_error err;
+    struct layer_config bn[] = {lc(LAYER_FLATTEN, "flat"), lc(LAYER_BATCHNORM2D, "bn"), linear("fc", 10),
+                                lc(LAYER_CROSS_ENTROPY, "loss")};
+    cr_assert_eq(try_build(bn, 4, MNIST, &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[1] 'bn' (batchnorm2d)");
+    assert_msg_has(err, "(N, 784)");
+}
+
+/* ---- shapes and dtypes --------------------------------------------------------------------------- */
+
+struct built {
+    struct backend *be;
+    struct config cfg;
+    struct autocast_policy pol;
+    struct model m;
+    struct data_spec spec;
+};
+
+static void build_ok(struct built *b, const struct layer_config *layers, int n, struct data_spec spec,
+                     const struct autocast_policy *pol, int64_t max_batch)
+{
+    b->be = backend_cpu_create();
+    b->spec = spec;
+    make_config(&b->cfg, layers, n, spec.is_tokens ? spec.sample_shape[0] : 64);
+    b->pol = *pol;
+    struct amp_error err = {0};
+    cr_assert_eq(model_build(&b->m, &b->cfg, &b->spec, b->be, &b->pol, max_batch, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(model_init(&b->m, &b->cfg, 1234, &err), AMP_OK);
+}
+
+static void built_free(struct built *b)
+{
+    model_free(&b->m);
+    config_free(&b->cfg);
+    b->be->destroy(b->be);
+}
+
+static struct autocast_policy policy(enum dtype lowp)
+{
+    struct autocast_policy p;
+    autocast_default(&p, lowp);
+    return p;
+}
+
+Test(shapes, mlp_and_cnn_shapes)
+{
+    struct layer_config layers[] = {conv("c1", 8, 3), lc(LAYER_RELU, "r1"), lc(LAYER_MAXPOOL2D, "p1"),
+                                    lc(LAYER_FLATTEN, "flat"), linear("fc", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    layers[2].kernel = 2;
+    layers[2].stride = 2;
+    struct autocast_policy pol = policy(DT_FP32);
+    struct built b;
+    build_ok(&b, layers, 6, MNIST, &pol, 16);
+    struct model *m = &b.m;
+    int64_t want[][4] = {{16, 8, 26, 26}, {16, 8, 26, 26}, {16, 8, 13, 13}, {16, 1352}, {16, 10}, {16}};
+    int ndim[] = {4, 4, 4, 2, 2, 1};
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(m->layers[i].ndim_out, ndim[i], "layer %d", i);
+        for (int d = 0; d < ndim[i]; d++)
+            cr_assert_eq(m->layers[i].out_shape[d], want[i][d], "layer %d dim %d", i, d);
+    }
+    cr_assert_not(m->layers[0].needs_dx);
+    cr_assert_null(m->layers[0].dx.data, "the first layer has no input gradient");
+    cr_assert(m->layers[1].needs_dx);
+    cr_assert_eq(m->layers[4].dx.shape[1], 1352);
+    cr_assert_eq(m->nparams, 4);
+    cr_assert_str_eq(m->params[0]->name, "c1/weight");
+    cr_assert_eq(m->params[0]->master.shape[1], 1);
+    cr_assert_eq(m->params[0]->master.shape[3], 3);
+    cr_assert_str_eq(m->params[2]->name, "fc/weight");
+    cr_assert_eq(m->params[2]->master.shape[0], 10);
+    cr_assert_eq(m->params[2]->master.shape[1], 1352);
+    cr_assert_eq(m->params[2]->layer, 4);
+    cr_assert(m->params[2]->decay);
+    cr_assert_not(m->params[3]->decay, "biases are not decayed");
+    cr_assert_eq(model_loss_rows(m, 16), 16);
+    cr_assert_not_null(m->correct);
+    built_free(&b);
+}
+
+Test(shapes, gpt_parameter_names)
+{
+    struct layer_config layers[] = {embedding("emb", 256, 16), block("block_1", 2), lc(LAYER_LAYERNORM, "ln_f"),
+                                    linear("head", 256), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct autocast_policy pol = policy(DT_FP32);
+    struct built b;
+    build_ok(&b, layers, 5, token_spec(8, 256), &pol, 4);
+    const char *names[] = {"emb/wte",
+                           "emb/wpe",
+                           "block_1/ln1/weight",
+                           "block_1/ln1/bias",
+                           "block_1/attn/qkv/weight",
+                           "block_1/attn/qkv/bias",
+                           "block_1/attn/proj/weight",
+                           "block_1/attn/proj/bias",
+                           "block_1/ln2/weight",
+                           "block_1/ln2/bias",
+                           "block_1/mlp/fc/weight",
+                           "block_1/mlp/fc/bias",
+                           "block_1/mlp/proj/weight",
+                           "block_1/mlp/proj/bias",
+                           "ln_f/weight",
+                           "ln_f/bias",
+                           "head/weight",
+                           "head/bias"};
+    cr_assert_eq(b.m.nparams, 18);
+    for (int i = 0; i < 18; i++)
+        cr_assert_str_eq(b.m.params[i]->name, names[i]);
+    cr_assert_eq(b.m.params[1]->master.shape[0], 8, "max_len defaults to data.seq_len");
+    cr_assert_eq(b.m.params[4]->master.shape[0], 48);
+    cr_assert_eq(b.m.params[10]->master.shape[0], 32);
+    cr_assert_eq(model_loss_rows(&b.m, 3), 24);
+    built_free(&b);
+}
+
+static void assert_dtypes(const struct model *m, const enum dtype *want)
+{
+    for (int i = 0; i < m->nlayers; i++) {
+        cr_assert_eq(m->layers[i].out_dtype, want[i], "layer %d '%s': %s, want %s", i, m->layers[i].cfg.name,
+                     dtype_name(m->layers[i].out_dtype), dtype_name(want[i]));
+        if (!m->layers[i].y.data)
+            continue;
+        cr_assert_eq(m->layers[i].y.dtype, want[i]);
+        if (i > 0 && m->layers[i].dx.data)
+            cr_assert_eq(m->layers[i].dx.dtype, want[i - 1], "layer %d's dx has its input's dtype", i);
+    }
+}
+
+Test(dtypes, bf16_policy)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), linear("fc1", 32), lc(LAYER_RELU, "relu"),
+                                    linear("fc2", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct autocast_policy pol = policy(DT_BF16);
+    struct built b;
+    build_ok(&b, layers, 5, MNIST, &pol, 4);
+    assert_dtypes(&b.m, (enum dtype[]){DT_FP32, DT_BF16, DT_BF16, DT_BF16, DT_FP32});
+    for (int i = 0; i < b.m.nparams; i++) {
+        cr_assert_eq(b.m.params[i]->master.dtype, DT_FP32);
+        cr_assert_eq(b.m.params[i]->grad.dtype, DT_FP32);
+        cr_assert_eq(b.m.params[i]->lowp.dtype, DT_BF16);
+        cr_assert_not_null(b.m.params[i]->lowp.data);
+    }
+    built_free(&b);
+}
+
+Test(dtypes, fp16_text_model)
+{
+    struct layer_config layers[] = {embedding("emb", 256, 16), block("blk", 2), lc(LAYER_LAYERNORM, "ln_f"),
+                                    linear("head", 256), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct autocast_policy pol = policy(DT_FP16);
+    struct built b;
+    build_ok(&b, layers, 5, token_spec(8, 256), &pol, 2);
+    assert_dtypes(&b.m, (enum dtype[]){DT_FP32, DT_FP32, DT_FP32, DT_FP16, DT_FP32});
+    built_free(&b);
+}
+
+Test(dtypes, fp32_ops_override)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), linear("fc1", 32), lc(LAYER_RELU, "relu"),
+                                    linear("fc2", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct autocast_config ac;
+    memset(&ac, 0, sizeof ac);
+    snprintf(ac.fp32_ops[0], sizeof ac.fp32_ops[0], "linear");
+    ac.nfp32 = 1;
+    struct autocast_policy pol;
+    struct amp_error err;
+    cr_assert_eq(autocast_from_config(&pol, PREC_BF16, &ac, &err), AMP_OK);
+    struct built b;
+    build_ok(&b, layers, 5, MNIST, &pol, 4);
+    assert_dtypes(&b.m, (enum dtype[]){DT_FP32, DT_FP32, DT_FP32, DT_FP32, DT_FP32});
+    built_free(&b);
+}
+
+Test(dtypes, fp32_policy_has_no_lowp_copies)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), linear("fc1", 32), lc(LAYER_CROSS_ENTROPY, "loss")};
+    layers[1].out = 10;
+    struct autocast_policy pol = policy(DT_FP32);
+    struct built b;
+    build_ok(&b, layers, 3, MNIST, &pol, 4);
+    assert_dtypes(&b.m, (enum dtype[]){DT_FP32, DT_FP32, DT_FP32});
+    for (int i = 0; i < b.m.nparams; i++)
+        cr_assert_null(b.m.params[i]->lowp.data);
+    model_refresh_lowp(&b.m); /* nothing to refresh, and no crash */
+    built_free(&b);
+}
+
+Test(dtypes, lowp_copies_are_the_master_rounded)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), linear("fc1", 32), lc(LAYER_RELU, "relu"),
+                                    linear("fc2", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct autocast_policy pol = policy(DT_BF16);
+    struct built b;
+    build_ok(&b, layers, 5, MNIST, &pol, 4);
+    for (int i = 0; i < b.m.nparams; i++) {
+        struct param *p = b.m.params[i];
+        size_t n = p->master.numel;
+        float *w = malloc(n * sizeof *w);
+        for (size_t j = 0; j < n; j++) /* values with bits below bf16's precision, ties included */
+            w[j] = rng_normal(5, (uint64_t)i, j) * 3.0f + (j % 7 == 0 ? 1.00390625f : 0.0f);
+        tensor_from_host_f32(&p->master, w);
+        free(w);
+    }
+    model_refresh_lowp(&b.m);
+    for (int i = 0; i < b.m.nparams; i++) {
+        struct param *p = b.m.params[i];
+        size_t n = p->master.numel;
+        float *w = malloc(n * sizeof *w);
+        uint16_t *lo = malloc(n * sizeof *lo);
+        tensor_to_host_f32(&p->master, w);
+        b.be->download(b.be, lo, p->lowp.data, n * sizeof *lo);
+        for (size_t j = 0; j < n; j++)
+            cr_assert_eq(lo[j], bf16_from_fp32(w[j]), "%s[%zu]", p->name, j);
+        free(w);
+        free(lo);
+    }
+    built_free(&b);
+}
+
+/* ---- init ---------------------------------------------------------------------------------------- */
+
+static float *param_values(struct model *m, const char *name, size_t *n)
+{
+    for (int i = 0; i < m->nparams; i++)
+        if (strcmp(m->params[i]->name, name) == 0) {
+            *n = m->params[i]->master.numel;
+            float *v = malloc(*n * sizeof *v);
+            tensor_to_host_f32(&m->params[i]->master, v);
+            return v;
+        }
+    cr_assert_fail("no parameter %s", name);
+    return NULL;
+}
+
+static void moments(const float *v, size_t n, double *mean, double *std, double *absmax)
+{
+    double s = 0, ss = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        s += v[i];
+        mx = fmax(mx, fabs(v[i]));
+    }
+    *mean = s / (double)n;
+    for (size_t i = 0; i < n; i++)
+        ss += (v[i] - *mean) * (v[i] - *mean);
+    *std = sqrt(ss / (double)n);
+    *absmax = mx;
+}
+
+static const struct layer_config GPT[] = {
+    {.kind = LAYER_EMBEDDING, .name = "emb", .vocab = 256, .dim = 64},
+    {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b0", .heads = 4, .mlp_ratio = 4, .eps = 1e-5},
+    {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b1", .heads = 4, .mlp_ratio = 4, .eps = 1e-5},
+    {.kind = LAYER_LAYERNORM, .name = "ln_f", .eps = 1e-5},
+    {.kind = LAYER_LINEAR, .name = "head", .out = 256, .bias = true},
+    {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
+};
+
+static void init_with(struct built *b, const struct layer_config *layers, int n, struct data_spec spec,
+                      enum init_scheme scheme, uint64_t seed)
+{
+    struct autocast_policy pol = policy(DT_FP32);
+    build_ok(b, layers, n, spec, &pol, 2);
+    b->cfg.model.init = scheme;
+    struct amp_error err;
+    cr_assert_eq(model_init(&b->m, &b->cfg, seed, &err), AMP_OK);
+}
+
+Test(init, same_seed_same_params_other_seed_other_params)
+{
+    struct built a, b, c;
+    init_with(&a, GPT, 6, token_spec(16, 256), INIT_PYTORCH, 7);
+    init_with(&b, GPT, 6, token_spec(16, 256), INIT_PYTORCH, 7);
+    init_with(&c, GPT, 6, token_spec(16, 256), INIT_PYTORCH, 8);
+    for (int i = 0; i < a.m.nparams; i++) {
+        size_t n;
+        float *va = param_values(&a.m, a.m.params[i]->name, &n);
+        float *vb = param_values(&b.m, a.m.params[i]->name, &n);
+        float *vc = param_values(&c.m, a.m.params[i]->name, &n);
+        cr_assert(memcmp(va, vb, n * sizeof *va) == 0, "%s differs under the same seed", a.m.params[i]->name);
+        bool constant = a.m.params[i]->init == PINIT_NORM_GAIN || a.m.params[i]->init == PINIT_NORM_SHIFT;
+        if (!constant)
+            cr_assert(memcmp(va, vc, n * sizeof *va) != 0, "%s equal under another seed", a.m.params[i]->name);
+        free(va);
+        free(vb);
+        free(vc);
+    }
+    built_free(&a);
+    built_free(&b);
+    built_free(&c);
+}
+
+Test(init, a_parameter_depends_on_its_name_not_on_other_layers)
+{
+    struct layer_config small[] = {lc(LAYER_FLATTEN, "flat"), linear("fc", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct layer_config big[] = {lc(LAYER_FLATTEN, "flat"), linear("pre", 784), linear("fc", 10),
+                                 lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct built a, b;
+    init_with(&a, small, 3, MNIST, INIT_PYTORCH, 3);
+    init_with(&b, big, 4, MNIST, INIT_PYTORCH, 3);
+    size_t n, n2;
+    float *va = param_values(&a.m, "fc/weight", &n), *vb = param_values(&b.m, "fc/weight", &n2);
+    cr_assert_eq(n, n2);
+    cr_assert(memcmp(va, vb, n * sizeof *va) == 0);
+    free(va);
+    free(vb);
+    built_free(&a);
+    built_free(&b);
+}
+
+Test(init, pytorch_defaults)
+{
+    struct layer_config layers[] = {conv("c", 16, 3), lc(LAYER_BATCHNORM2D, "bn"), lc(LAYER_FLATTEN, "flat"),
+                                    linear("fc", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct built b;
+    init_with(&b, layers, 5, MNIST, INIT_PYTORCH, 11);
+    struct {
+        const char *name;
+        double bound;
+    } uniform[] = {{"c/weight", 1 / 3.0}, {"c/bias", 1 / 3.0}, {"fc/weight", 1 / sqrt(16 * 26 * 26.0)},
+                   {"fc/bias", 1 / sqrt(16 * 26 * 26.0)}};
+    for (size_t i = 0; i < sizeof uniform / sizeof *uniform; i++) {
+        size_t n;
+        float *v = param_values(&b.m, uniform[i].name, &n);
+        double mean, std, mx, bound = uniform[i].bound;
+        moments(v, n, &mean, &std, &mx);
+        cr_assert(mx <= bound, "%s: |w| up to %g, bound %g", uniform[i].name, mx, bound);
+        if (n >= 1000) {
+            cr_assert(fabs(std - bound / sqrt(3.0)) < 0.03 * bound, "%s: std %g, want %g", uniform[i].name, std,
+                      bound / sqrt(3.0));
+            cr_assert(fabs(mean) < 0.03 * bound, "%s: mean %g", uniform[i].name, mean);
+            cr_assert(mx > 0.99 * bound, "%s fills its range", uniform[i].name);
+        }
+        free(v);
+    }
+    size_t n;
+    float *g = param_values(&b.m, "bn/weight", &n), *s = param_values(&b.m, "bn/bias", &n);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(g[i], 1.0f);
+        cr_assert_eq(s[i], 0.0f);
+    }
+    free(g);
+    free(s);
+    cr_assert_eq(b.m.nbuffers, 2);
+    float rm[16], rv[16];
+    tensor_to_host_f32(&b.m.buffers[0]->t, rm);
+    tensor_to_host_f32(&b.m.buffers[1]->t, rv);
+    for (int i = 0; i < 16; i++) {
+        cr_assert_eq(rm[i], 0.0f);
+        cr_assert_eq(rv[i], 1.0f);
+    }
+    built_free(&b);
+}
+
+Test(init, pytorch_embeddings_are_standard_normal)
+{
+    struct built b;
+    init_with(&b, GPT, 6, token_spec(16, 256), INIT_PYTORCH, 5);
+    size_t n;
+    float *v = param_values(&b.m, "emb/wte", &n);
+    double mean, std, mx;
+    moments(v, n, &mean, &std, &mx);
+    cr_assert(fabs(std - 1.0) < 0.03, "std %g", std);
+    cr_assert(fabs(mean) < 0.03, "mean %g", mean);
+    free(v);
+    built_free(&b);
+}
+
+Test(init, gpt2_scheme)
+{
+    struct built b;
+    init_with(&b, GPT, 6, token_spec(16, 256), INIT_GPT2, 5);
+    const char *normal002[] = {"emb/wte", "emb/wpe", "b0/attn/qkv/weight", "b1/mlp/fc/weight", "head/weight"};
+    for (size_t i = 0; i < sizeof normal002 / sizeof *normal002; i++) {
+        size_t n;
+        float *v = param_values(&b.m, normal002[i], &n);
+        double mean, std, mx;
+        moments(v, n, &mean, &std, &mx);
+        cr_assert(fabs(std - 0.02) < 0.002, "%s: std %g", normal002[i], std);
+        cr_assert(fabs(mean) < 0.002, "%s: mean %g", normal002[i], mean);
+        free(v);
+    }
+    const char *residual[] = {"b0/attn/proj/weight", "b1/mlp/proj/weight"};
+    double want = 0.02 / sqrt(2.0 * 2); /* two blocks */
+    for (size_t i = 0; i < 2; i++) {
+        size_t n;
+        float *v = param_values(&b.m, residual[i], &n);
+        double mean, std, mx;
+        moments(v, n, &mean, &std, &mx);
+        cr_assert(fabs(std - want) < 0.1 * want, "%s: std %g, want %g", residual[i], std, want);
+        free(v);
+    }
+    const char *zero[] = {"b0/attn/qkv/bias", "b0/mlp/proj/bias", "head/bias", "b1/ln1/bias", "ln_f/bias"};
+    for (size_t i = 0; i < sizeof zero / sizeof *zero; i++) {
+        size_t n;
+        float *v = param_values(&b.m, zero[i], &n);
+        for (size_t j = 0; j < n; j++)
+            cr_assert_eq(v[j], 0.0f, "%s", zero[i]);
+        free(v);
+    }
+    size_t n;
+    float *g = param_values(&b.m, "b1/ln2/weight", &n);
+    for (size_t j = 0; j < n; j++)
+        cr_assert_eq(g[j], 1.0f);
+    free(g);
+    built_free(&b);
+}
+
+/* ---- whole-model passes -------------------------------------------------------------------------- */
+
+/* A batch in CPU memory: x or tokens, labels, filled from a seed. */
+struct test_batch {
+    struct batch b;
+    struct backend *be;
+};
+
+static void batch_fill(struct test_batch *tb, struct backend *be, const struct data_spec *spec, int64_t n,
+                       uint64_t seed)
+{
+    memset(tb, 0, sizeof *tb);
+    tb->be = be;
+    tb->b.n = n;
+    int64_t T = spec->is_tokens ? spec->sample_shape[0] : 1;
+    int64_t rows = n * T;
+    tb->b.labels = be->alloc(be, (size_t)rows * sizeof(int32_t));
+    int32_t *lab = tb->b.labels;
+    for (int64_t i = 0; i < rows; i++)
+        lab[i] = (int32_t)(rng_bits(seed, 1, (uint64_t)i) % (uint64_t)spec->num_classes);
+    if (spec->is_tokens) {
+        tb->b.tokens = be->alloc(be, (size_t)rows * sizeof(int32_t));
+        for (int64_t i = 0; i < rows; i++)
+            tb->b.tokens[i] = (int32_t)(rng_bits(seed, 2, (uint64_t)i) % (uint64_t)spec->num_classes);
+        return;
+    }
+    int64_t shape[4] = {n, 1, 1, 1};
+    for (int i = 0; i < spec->sample_ndim; i++)
+        shape[1 + i] = spec->sample_shape[i];
+    struct amp_error err;
+    cr_assert_eq(tensor_alloc(&tb->b.x, be, DT_FP32, 1 + spec->sample_ndim, shape, "x", &err), AMP_OK);
+    float *x = malloc(tb->b.x.numel * sizeof *x);
+    for (size_t i = 0; i < tb->b.x.numel; i++)
+        x[i] = rng_normal(seed, 3, i);
+    tensor_from_host_f32(&tb->b.x, x);
+    free(x);
+}
+
+static void batch_free(struct test_batch *tb)
+{
+    tensor_free(&tb->b.x);
+    tb->be->free(tb->be, tb->b.labels);
+    if (tb->b.tokens)
+        tb->be->free(tb->be, tb->b.tokens);
+}
+
+static struct step_ctx train_ctx(struct built *b, bool accumulate)
+{
+    return (struct step_ctx){.be = b->be, .policy = &b->pol, .training = true, .key = {.seed = 9, .counter = 1},
+                             .grad_seed = 1.0f, .accumulate = accumulate};
+}
+
+/* Mean loss of the batch (the loss layer's rows). */
+static double mean_loss(struct built *b, const struct step_ctx *ctx, const struct batch *batch)
+{
+    model_forward(&b->m, ctx, batch);
+    int64_t rows = model_loss_rows(&b->m, batch->n);
+    float *l = malloc((size_t)rows * sizeof *l);
+    struct tensor y = b->m.layers[b->m.nlayers - 1].y;
+    y = tensor_reshape(&y, 1, &rows);
+    tensor_to_host_f32(&y, l);
+    double s = 0;
+    for (int64_t i = 0; i < rows; i++)
+        s += l[i];
+    free(l);
+    return s / (double)rows;
+}
+
+static float **grads_host(struct model *m)
+{
+    float **g = calloc((size_t)m->nparams, sizeof *g);
+    for (int i = 0; i < m->nparams; i++) {
+        g[i] = malloc(m->params[i]->grad.numel * sizeof *g[i]);
+        tensor_to_host_f32(&m->params[i]->grad, g[i]);
+    }
+    return g;
+}
+
+static void grads_free(struct model *m, float **g)
+{
+    for (int i = 0; i < m->nparams; i++)
+        free(g[i]);
+    free(g);
+}
+
+static const struct layer_config CNN[] = {
+    {.kind = LAYER_CONV2D, .name = "c1", .out = 3, .kernel = 3, .stride = 1, .padding = 1, .bias = true},
+    {.kind = LAYER_BATCHNORM2D, .name = "bn", .eps = 1e-5, .momentum = 0.1},
+    {.kind = LAYER_RELU, .name = "r1"},
+    {.kind = LAYER_MAXPOOL2D, .name = "p1", .kernel = 2, .stride = 2},
+    {.kind = LAYER_AVGPOOL2D, .name = "p2", .kernel = 2, .stride = 1, .padding = 1},
+    {.kind = LAYER_FLATTEN, .name = "flat"},
+    {.kind = LAYER_DROPOUT, .name = "drop", .p = 0.3},
+    {.kind = LAYER_LINEAR, .name = "fc1", .out = 8, .bias = true},
+    {.kind = LAYER_GELU, .name = "g1", .approximate = GELU_ERF},
+    {.kind = LAYER_LINEAR, .name = "fc2", .out = 5, .bias = true},
+    {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
+};
+static const struct data_spec CNN_SPEC = {.sample_ndim = 3, .sample_shape = {2, 6, 6}, .num_classes = 5};
+
+static const struct layer_config SMALL_GPT[] = {
+    {.kind = LAYER_EMBEDDING, .name = "emb", .vocab = 11, .dim = 8},
+    {.kind = LAYER_DROPOUT, .name = "drop", .p = 0.2},
+    {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b0", .heads = 2, .mlp_ratio = 2, .eps = 1e-5},
+    {.kind = LAYER_ATTENTION, .name = "att", .heads = 4},
+    {.kind = LAYER_LAYERNORM, .name = "ln_f", .eps = 1e-5},
+    {.kind = LAYER_LINEAR, .name = "head", .out = 11, .bias = true},
+    {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
+};
+
+/* Finite differences of the mean loss over a few elements of every parameter, through the whole model. */
+static void model_gradients(const struct layer_config *layers, int n, struct data_spec spec, int64_t batch)
+{
+    struct autocast_policy pol = policy(DT_FP32);
+    struct built b;
+    build_ok(&b, layers, n, spec, &pol, batch);
+    struct test_batch tb;
+    batch_fill(&tb, b.be, &spec, batch, 17);
+    struct step_ctx ctx = train_ctx(&b, false);
+    model_forward(&b.m, &ctx, &tb.b);
+    model_backward(&b.m, &ctx, &tb.b);
+    float **g = grads_host(&b.m);
+    int bad = 0, checked = 0;
+    const float eps = 1e-3f; /* small: relu and maxpool kinks sit among the many activations a weight moves */
+    for (int i = 0; i < b.m.nparams; i++) {
+        struct param *p = b.m.params[i];
+        size_t pn = p->master.numel;
+        float *w = malloc(pn * sizeof *w);
+        tensor_to_host_f32(&p->master, w);
+        size_t step = pn > 12 ? pn / 12 : 1;
+        for (size_t j = 0; j < pn; j += step) {
+            float save = w[j];
+            w[j] = save + eps;
+            tensor_from_host_f32(&p->master, w);
+            double fp = mean_loss(&b, &ctx, &tb.b);
+            w[j] = save - eps;
+            tensor_from_host_f32(&p->master, w);
+            double fm = mean_loss(&b, &ctx, &tb.b);
+            w[j] = save;
+            tensor_from_host_f32(&p->master, w);
+            double fd = (fp - fm) / (2.0 * eps), an = g[i][j];
+            checked++;
+            if (fabs(fd - an) > 1e-3 + 2e-2 * fabs(an) && bad++ < 5)
+                cr_log_error("%s[%zu]: analytic %.6g, finite difference %.6g", p->name, j, an, fd);
+        }
+        free(w);
+    }
+    cr_assert_eq(bad, 0, "%d of %d parameter gradient elements disagree", bad, checked);
+    grads_free(&b.m, g);
+    batch_free(&tb);
+    built_free(&b);
+}
+
+Test(passes, cnn_gradients_through_the_whole_model)
+{
+    model_gradients(CNN, 11, CNN_SPEC, 4);
+}
+
+Test(passes, gpt_gradients_through_the_whole_model)
+{
+    model_gradients(SMALL_GPT, 7, token_spec(5, 11), 3);
+}
+
+static void accumulation_doubles(const struct layer_config *layers, int n, struct data_spec spec, enum dtype lowp)
+{
+    struct autocast_policy pol = policy(lowp);
+    struct built b;
+    build_ok(&b, layers, n, spec, &pol, 4);
+    struct test_batch tb;
+    batch_fill(&tb, b.be, &spec, 4, 23);
+    struct step_ctx first = train_ctx(&b, false), more = train_ctx(&b, true);
+    model_forward(&b.m, &first, &tb.b);
+    model_backward(&b.m, &first, &tb.b);
+    float **g1 = grads_host(&b.m);
+    model_forward(&b.m, &more, &tb.b);
+    model_backward(&b.m, &more, &tb.b);
+    float **g2 = grads_host(&b.m);
+    for (int i = 0; i < b.m.nparams; i++) {
+        bool nonzero = false;
+        for (size_t j = 0; j < b.m.params[i]->grad.numel; j++) {
+            /* equal up to the order of the fp32 sums (conv adds image by image onto the old gradient) */
+            cr_assert(fabsf(g2[i][j] - 2.0f * g1[i][j]) <= 1e-5f * fabsf(g1[i][j]) + 1e-9f,
+                      "%s[%zu]: %g after two, %g after one", b.m.params[i]->name, j, g2[i][j], g1[i][j]);
+            nonzero |= g1[i][j] != 0.0f;
+        }
+        cr_assert(nonzero, "%s has a gradient", b.m.params[i]->name);
+    }
+    /* and accumulate = false overwrites again */
+    model_forward(&b.m, &first, &tb.b);
+    model_backward(&b.m, &first, &tb.b);
+    float **g3 = grads_host(&b.m);
+    for (int i = 0; i < b.m.nparams; i++)
+        cr_assert(memcmp(g3[i], g1[i], b.m.params[i]->grad.numel * sizeof(float)) == 0);
+    grads_free(&b.m, g1);
+    grads_free(&b.m, g2);
+    grads_free(&b.m, g3);
+    batch_free(&tb);
+    built_free(&b);
+}
+
+Test(passes, accumulation_gives_twice_the_gradient)
+{
+    accumulation_doubles(CNN, 11, CNN_SPEC, DT_FP32);
+    accumulation_doubles(CNN, 11, CNN_SPEC, DT_BF16);
+    accumulation_doubles(SMALL_GPT, 7, token_spec(5, 11), DT_FP32);
+    accumulation_doubles(SMALL_GPT, 7, token_spec(5, 11), DT_FP16);
+}
+
+/* The last eval batch is smaller than the model's: its rows are those of a full batch's first samples. */
+static void smaller_batch(const struct layer_config *layers, int n, struct data_spec spec, enum dtype lowp)
+{
+    struct autocast_policy pol = policy(lowp);
+    struct built b;
+    build_ok(&b, layers, n, spec, &pol, 6);
+    struct test_batch full, part;
+    batch_fill(&full, b.be, &spec, 6, 31);
+    batch_fill(&part, b.be, &spec, 2, 31); /* the same first two samples: values depend on the index only */
+    struct step_ctx ctx = {.be = b.be, .policy = &b.pol, .training = false};
+    int64_t rows_full = model_loss_rows(&b.m, 6), rows_part = model_loss_rows(&b.m, 2);
+    float *lf = malloc((size_t)rows_full * sizeof *lf), *lp = malloc((size_t)rows_part * sizeof *lp);
+    model_forward(&b.m, &ctx, &full.b);
+    struct tensor *y = &b.m.layers[b.m.nlayers - 1].y;
+    cr_assert_eq((int64_t)y->numel, rows_full);
+    tensor_to_host_f32(y, lf);
+    model_forward(&b.m, &ctx, &part.b);
+    cr_assert_eq((int64_t)y->numel, rows_part);
+    tensor_to_host_f32(y, lp);
+    cr_assert(memcmp(lf, lp, (size_t)rows_part * sizeof *lf) == 0);
+    /* a full batch again gets full-size views back */
+    model_forward(&b.m, &ctx, &full.b);
+    cr_assert_eq((int64_t)y->numel, rows_full);
+    free(lf);
+    free(lp);
+    batch_free(&full);
+    batch_free(&part);
+    built_free(&b);
+}
+
+Test(passes, a_smaller_batch_gives_the_same_rows)
+{
+    smaller_batch(CNN, 11, CNN_SPEC, DT_FP32);
+    smaller_batch(CNN, 11, CNN_SPEC, DT_BF16);
+    smaller_batch(SMALL_GPT, 7, token_spec(5, 11), DT_FP32);
+    smaller_batch(SMALL_GPT, 7, token_spec(5, 11), DT_BF16);
+}
+
+/* ---- training ------------------------------------------------------------------------------------ */
+
+/* 64 points in 8 dimensions, 4 classes given by the argmax of a fixed linear map. */
+static void make_problem(struct backend *be, struct test_batch *tb)
+{
+    struct data_spec spec = vector_spec(8, 4);
+    batch_fill(tb, be, &spec, 64, 41);
+    float x[64 * 8];
+    tensor_to_host_f32(&tb->b.x, x);
+    for (int i = 0; i < 64; i++) {
+        int best = 0;
+        float bv = -INFINITY;
+        for (int c = 0; c < 4; c++) {
+            float s = 0;
+            for (int d = 0; d < 8; d++)
+                s += rng_normal(77, (uint64_t)c, (uint64_t)d) * x[i * 8 + d];
+            if (s > bv) {
+                bv = s;
+                best = c;
+            }
+        }
+        tb->b.labels[i] = best;
+    }
+}
+
+static void train_mlp(enum dtype lowp, double *first, double *last, double *accuracy)
+{
+    struct layer_config layers[] = {linear("fc1", 32), lc(LAYER_RELU, "relu"), linear("fc2", 4),
+                                    lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct autocast_policy pol = policy(lowp);
+    struct built b;
+    build_ok(&b, layers, 4, vector_spec(8, 4), &pol, 64);
+    struct test_batch tb;
+    make_problem(b.be, &tb);
+    struct step_ctx ctx = train_ctx(&b, false);
+    for (int step = 0; step < 50; step++) {
+        double loss = mean_loss(&b, &ctx, &tb.b);
+        if (step == 0)
+            *first = loss;
+        model_backward(&b.m, &ctx, &tb.b);
+        for (int i = 0; i < b.m.nparams; i++) {
+            struct param *p = b.m.params[i];
+            struct optim_update_args a = {.master = &p->master, .grad = &p->grad, .lowp = p->lowp.data ? &p->lowp : NULL,
+                                          .grad_mul = 1.0f, .lr = 0.5f};
+            b.be->sgd_update(b.be, &a);
+        }
+    }
+    *last = mean_loss(&b, &ctx, &tb.b);
+    int32_t correct[64];
+    b.be->download(b.be, correct, b.m.correct, sizeof correct);
+    int right = 0;
+    for (int i = 0; i < 64; i++)
+        right += correct[i];
+    *accuracy = right / 64.0;
+    batch_free(&tb);
+    built_free(&b);
+}
+
+Test(training, a_tiny_mlp_learns)
+{
+    double first, last, acc;
+    train_mlp(DT_FP32, &first, &last, &acc);
+    cr_assert(last < 0.25 * first, "fp32: loss %g -> %g", first, last);
+    cr_assert(acc > 0.9, "fp32: accuracy %g", acc);
+    train_mlp(DT_BF16, &first, &last, &acc);
+    cr_assert(last < 0.25 * first, "bf16: loss %g -> %g", first, last);
+    cr_assert(acc > 0.9, "bf16: accuracy %g", acc);
+}
