@@ -13,18 +13,6 @@
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "scaler.h"   /* loss scaler */
 
-/* Host staging buffers and backend buffers for one batch. */
-struct batch_io {
-    int64_t max_n;
-    int64_t *idx;
-    float *x_host;
-    int32_t *tokens_host, *labels_host;
-    size_t label_count;    /* labels per sample: 1, or seq_len for text */
-    struct batch b;        /* backend side */
-    int32_t *correct_host;
-    float *loss_host;
-};
-
 static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, const struct dataset *ds, int64_t max_n,
                                      struct amp_error *err)
 {
@@ -197,23 +185,9 @@ static enum amp_status run_eval(struct model *m, const struct dataset *ds, const
     return runlog_eval(cfg->run.out_dir, stdout, &rec, err);
 }
 
-struct trainer {
-    const struct config *cfg;
-    struct backend *be;
-    struct dataset ds;
-    struct model model;
-    struct optimizer opt;
-    struct scaler scaler;
-    struct sampler sampler;
-    struct runlog log;
-    struct batch_io io;
-    struct grad_stats gs;
-    const struct tensor **grads;
-    int64_t total_steps;
-};
-
-static enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err)
+enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err)
 {
+    memset(t, 0, sizeof *t);
     t->cfg = cfg;
     char chosen[160];
     enum amp_status st = backend_open(&t->be, cfg->run.device, chosen, sizeof chosen, err);
@@ -257,10 +231,10 @@ static enum amp_status trainer_setup(struct trainer *t, const struct config *cfg
            t->model.nlayers, n, (long long)t->ds.split[SPLIT_TRAIN].n, (long long)t->ds.split[SPLIT_TEST].n,
            (long long)t->total_steps, (long long)micro, (long long)cfg->accum_steps,
            precision_mode_name(cfg->precision.mode));
-    return runlog_open(&t->log, cfg, t->total_steps, false, err);
+    return AMP_OK;
 }
 
-static void trainer_teardown(struct trainer *t)
+void trainer_teardown(struct trainer *t)
 {
     runlog_close(&t->log);
     if (t->be)
@@ -276,8 +250,10 @@ static void trainer_teardown(struct trainer *t)
 }
 
 /* One optimizer step: accum_steps micro-batches, check, step or skip, scale update. */
-static enum amp_status train_step(struct trainer *t, int64_t step, struct step_record *rec, struct amp_error *err)
+enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct amp_error *err)
 {
+    int64_t step = t->step;
+    memset(rec, 0, sizeof *rec);
     const struct config *cfg = t->cfg;
     struct model *m = &t->model;
     struct backend *be = t->be;
@@ -308,7 +284,9 @@ static enum amp_status train_step(struct trainer *t, int64_t step, struct step_r
             rec->grad_zero_frac = grad_zero_fraction(m);
     }
 
-    /* [reduce across ranks goes here] then the one fused check over all gradients */
+    /* [reduce across ranks goes here: the after_backward hook sits in its slot] then one fused check */
+    if (t->after_backward)
+        t->after_backward(t, t->hook_user);
     be->grad_stats(be, t->grads, m->nparams, &t->gs);
     enum amp_status st = be->status(be, err);
     if (st != AMP_OK)
@@ -339,11 +317,12 @@ static enum amp_status train_step(struct trainer *t, int64_t step, struct step_r
     rec->skips_total = t->scaler.skips_total;
     rec->grad_norm = norm;
     rec->clip_coef = coef;
+    t->step++;
     return AMP_OK;
 }
 
 /* Fail-fast checks after a step (DESIGN.md section 3). */
-static enum amp_status check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err)
+enum amp_status trainer_check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err)
 {
     const struct config *cfg = t->cfg;
     if (!rec->skipped)
@@ -374,15 +353,15 @@ static enum amp_status check_stability(const struct trainer *t, const struct ste
 enum amp_status train_run(const struct config *cfg, struct amp_error *err)
 {
     struct trainer t;
-    memset(&t, 0, sizeof t);
     enum amp_status st = trainer_setup(&t, cfg, err);
+    if (st == AMP_OK)
+        st = runlog_open(&t.log, cfg, t.total_steps, false, err);
     double t_last = runlog_now(), train_seconds = 0;
     int64_t samples_since = 0, steps_done = 0;
-    for (int64_t step = 0; st == AMP_OK && step < t.total_steps; step++) {
+    while (st == AMP_OK && t.step < t.total_steps) {
         struct step_record rec;
-        memset(&rec, 0, sizeof rec);
         double t0 = runlog_now();
-        st = train_step(&t, step, &rec, err);
+        st = trainer_step(&t, &rec, err);
         train_seconds += runlog_now() - t0;
         if (st != AMP_OK)
             break;
@@ -396,10 +375,10 @@ enum amp_status train_run(const struct config *cfg, struct amp_error *err)
         }
         st = runlog_step(&t.log, &rec, err);
         if (st == AMP_OK)
-            st = check_stability(&t, &rec, err);
-        bool last = step + 1 == t.total_steps;
-        if (st == AMP_OK && cfg->run.eval_every > 0 && (step + 1) % cfg->run.eval_every == 0 && !last)
-            st = run_eval(&t.model, &t.ds, cfg, step + 1, err);
+            st = trainer_check_stability(&t, &rec, err);
+        bool last = t.step == t.total_steps;
+        if (st == AMP_OK && cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last)
+            st = run_eval(&t.model, &t.ds, cfg, t.step, err);
     }
     if (st == AMP_OK) {
         double samples = (double)(steps_done * cfg->data.batch_size * cfg->accum_steps);

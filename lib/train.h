@@ -19,6 +19,55 @@
 #include "data.h"
 #include "error.h"
 #include "model.h"
+#include "optim.h"  /* struct optimizer */
+#include "runlog.h" /* struct runlog, struct step_record */
+#include "scaler.h" /* struct scaler */
+
+/* Host staging buffers and backend buffers for one batch. */
+struct batch_io {
+    int64_t max_n;
+    int64_t *idx;
+    float *x_host;
+    int32_t *tokens_host, *labels_host;
+    size_t label_count;    /* labels per sample: 1, or seq_len for text */
+    struct batch b;        /* backend side */
+    int32_t *correct_host;
+    float *loss_host;
+};
+
+/* The state of a training run. */
+struct trainer {
+    const struct config *cfg;
+    struct backend *be;
+    struct dataset ds;
+    struct model model;
+    struct optimizer opt;
+    struct scaler scaler;
+    struct sampler sampler;
+    struct runlog log;
+    struct batch_io io;
+    struct grad_stats gs;
+    const struct tensor **grads; /* every parameter's fp32 gradient, in model order */
+    int64_t total_steps;
+    int64_t step;                /* optimizer steps attempted (taken or skipped) */
+    /* Called after the last micro-batch's backward, before the non-finite check: the slot where a
+     * data-parallel all-reduce goes; tests use it to inject faults. */
+    void (*after_backward)(struct trainer *t, void *user);
+    void *hook_user;
+};
+
+/* Open the backend, load data, build and initialise the model, optimizer, scaler and sampler. On
+ * failure the trainer is still safe to tear down. */
+enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err);
+
+/* Run optimizer step t->step (accum_steps micro-batches, check, step or skip, scale update) and fill
+ * the log row (except samples_per_s). */
+enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct amp_error *err);
+
+/* Fail-fast policy after a step (DESIGN.md section 3): AMP_ERR_UNSTABLE with the reason. */
+enum amp_status trainer_check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err);
+
+void trainer_teardown(struct trainer *t);
 
 /* Train as `cfg` says. Prints progress to stdout. */
 enum amp_status train_run(const struct config *cfg, struct amp_error *err);
