@@ -21,5 +21,11 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export AMP_SANITIZED=1
 BUILD_DIR=build-asan scripts/build.sh -DAMP_WERROR=ON -DAMP_SANITIZE=ON -DAMP_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ctest --output-on-failure --timeout 2400)
+# Criterion runs each test in a worker whose sanitizer report does not always fail the test (LeakSanitizer
+# reports at worker exit): any report in the log fails the run.
+if grep -nE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" build-asan/Testing/Temporary/LastTest.log; then
+  echo "test.sh: sanitizer reports above" >&2
+  exit 1
+fi
 
 echo "test.sh: all tests passed in both builds"
