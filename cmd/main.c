@@ -4,10 +4,15 @@
  * Every subcommand returns an `enum amp_status`; main turns it into the process exit code of
  * DESIGN.md section 1 and prints the error with its hint.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "autocast.h" /* autocast_from_config, autocast_print */
+#include "backend.h"    /* backend_open, backend_close */
+#include "checkpoint.h" /* ckpt_read_config, ckpt_verify, ckpt_load_model, ckpt_inspect */
+#include "data.h"       /* data_load */
+#include "runlog.h"     /* runlog_eval */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
@@ -92,28 +97,213 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
     return st;
 }
 
-static enum amp_status cmd_not_yet(const char *what, struct amp_error *err)
+/* Keys `resume` may change, and why the others may not (DESIGN.md section 6: resume continues the same run). */
+static const char *const resume_allowed[] = {
+    "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts",
+    "run.out_dir", "run.device", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
+};
+
+static const char *resume_refusal(const char *key)
 {
-    return amp_fail(err, AMP_ERR_CONFIG, "train with 'ampTrain run CONFIG.yaml'; see README.md for what is built",
-                    "'ampTrain %s' is not implemented in this version yet", what);
+    if (strncmp(key, "model.", 6) == 0)
+        return "it changes the model's shapes or initialisation, which the checkpoint's tensors fix";
+    if (strncmp(key, "data.", 5) == 0)
+        return "it changes the data or its order, which the checkpoint's sampler position refers to";
+    if (strcmp(key, "run.seed") == 0 || strcmp(key, "run.name") == 0)
+        return "the seed and name identify the run being continued (change run.out_dir to write elsewhere)";
+    return "it changes the training itself, so the resumed run would not continue the checkpoint's run";
+}
+
+/* Apply one resume override, refusing keys that would make it a different run. */
+static enum amp_status resume_override(struct config *cfg, const char *ov, bool *mode_changed, struct amp_error *err)
+{
+    const char *eq = strchr(ov, '=');
+    char key[128];
+    snprintf(key, sizeof key, "%.*s", eq ? (int)(eq - ov) : (int)strlen(ov), ov);
+    bool ok = false;
+    for (size_t i = 0; i < sizeof resume_allowed / sizeof resume_allowed[0]; i++)
+        ok = ok || strcmp(key, resume_allowed[i]) == 0;
+    if (!eq || !ok)
+        return amp_fail(err, AMP_ERR_CONFIG,
+                        "resume accepts run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every, "
+                        "run.keep_ckpts, run.out_dir, run.device, precision.mode and stability.*; start a new run "
+                        "with 'ampTrain run' to change anything else",
+                        "resume: override '%s' refused: %s", ov,
+                        eq ? resume_refusal(key) : "expected KEY=VALUE");
+    enum precision_mode before = cfg->precision.mode;
+    /* Run length is steps or epochs: setting one clears the other. */
+    enum amp_status st = AMP_OK;
+    if (strcmp(key, "run.steps") == 0)
+        cfg->run.epochs = 0;
+    else if (strcmp(key, "run.epochs") == 0)
+        cfg->run.steps = 0;
+    st = config_apply_override(cfg, ov, err);
+    if (st == AMP_OK && cfg->precision.mode != before)
+        *mode_changed = true;
+    return st;
+}
+
+static enum amp_status need_ckpt_arg(int argc, char **argv, const char *cmd, struct amp_error *err)
+{
+    if (argc < 2 || argv[1][0] == '-' || strchr(argv[1], '='))
+        return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help %s' for usage", "%s: missing CHECKPOINT.h5 argument",
+                        cmd);
+    return AMP_OK;
 }
 
 static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
 {
-    (void)argc, (void)argv;
-    return cmd_not_yet("resume", err);
+    enum amp_status st = need_ckpt_arg(argc, argv, "resume", err);
+    if (st != AMP_OK)
+        return st;
+    struct config cfg;
+    if ((st = ckpt_read_config(argv[1], &cfg, err)) != AMP_OK)
+        return st;
+    bool mode_changed = false;
+    enum precision_mode old_mode = cfg.precision.mode;
+    for (int i = 2; i < argc && st == AMP_OK; i++)
+        st = resume_override(&cfg, argv[i], &mode_changed, err);
+    if (st == AMP_OK)
+        st = config_finalize(&cfg, err);
+    if (st == AMP_OK && mode_changed && cfg.precision.mode != old_mode)
+        fprintf(stderr,
+                "ampTrain: warning: precision.mode changes from %s to %s on resume: the FP32 weights and optimizer "
+                "state carry over, the loss scaler starts from its init, and the run is no longer bit-identical to "
+                "one that kept %s\n",
+                precision_mode_name(old_mode), precision_mode_name(cfg.precision.mode), precision_mode_name(old_mode));
+    if (st == AMP_OK) {
+        printf("ampTrain %s: resume '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
+        st = train_resume(&cfg, argv[1], mode_changed && cfg.precision.mode != old_mode, err);
+    }
+    config_free(&cfg);
+    return st;
+}
+
+struct eval_args {
+    const char *ckpt;
+    int autocast;      /* -1: the run's own precision, 0 off, 1 on */
+    const char *dtype; /* NULL: the run's */
+    enum split split;
+};
+
+static enum amp_status parse_eval_args(int argc, char **argv, struct eval_args *a, struct amp_error *err)
+{
+    *a = (struct eval_args){.ckpt = argv[1], .autocast = -1, .split = SPLIT_TEST};
+    for (int i = 2; i < argc; i++) {
+        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = val != NULL;
+        if (ok && strcmp(opt, "--autocast") == 0) {
+            ok = strcmp(val, "on") == 0 || strcmp(val, "off") == 0;
+            a->autocast = strcmp(val, "on") == 0;
+        } else if (ok && strcmp(opt, "--dtype") == 0) {
+            ok = strcmp(val, "fp16") == 0 || strcmp(val, "bf16") == 0;
+            a->dtype = val;
+        } else if (ok && strcmp(opt, "--split") == 0) {
+            ok = strcmp(val, "test") == 0 || strcmp(val, "train") == 0;
+            a->split = strcmp(val, "train") == 0 ? SPLIT_TRAIN : SPLIT_TEST;
+        } else {
+            ok = false;
+        }
+        if (!ok)
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help eval' for usage",
+                            "eval: bad option '%s%s%s' (expected --autocast on|off, --dtype fp16|bf16, "
+                            "--split test|train)",
+                            opt, val ? " " : "", val ? val : "");
+        i++;
+    }
+    return AMP_OK;
+}
+
+/* The precision mode whose autocast policy the evaluation uses. */
+static enum amp_status eval_mode(const struct eval_args *a, enum precision_mode run_mode, enum precision_mode *out,
+                                 struct amp_error *err)
+{
+    bool on = a->autocast == 1 || (a->autocast == -1 && (run_mode != PREC_FP32 || a->dtype));
+    if (!on) {
+        *out = PREC_FP32;
+        return AMP_OK;
+    }
+    if (a->dtype)
+        *out = strcmp(a->dtype, "bf16") == 0 ? PREC_BF16 : PREC_FP16_DYNAMIC;
+    else if (run_mode == PREC_FP32)
+        return amp_fail(err, AMP_ERR_CONFIG, "add --dtype fp16 or --dtype bf16",
+                        "eval: --autocast on, but the run was fp32 and has no low-precision dtype");
+    else
+        *out = run_mode;
+    return AMP_OK;
 }
 
 static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
 {
-    (void)argc, (void)argv;
-    return cmd_not_yet("eval", err);
+    enum amp_status st = need_ckpt_arg(argc, argv, "eval", err);
+    struct eval_args a;
+    if (st == AMP_OK)
+        st = parse_eval_args(argc, argv, &a, err);
+    if (st != AMP_OK)
+        return st;
+    struct config cfg;
+    if ((st = ckpt_read_config(a.ckpt, &cfg, err)) != AMP_OK)
+        return st;
+    struct ckpt_info info;
+    struct backend *be = NULL;
+    struct dataset ds;
+    struct model m;
+    memset(&ds, 0, sizeof ds);
+    memset(&m, 0, sizeof m);
+    struct autocast_policy policy;
+    enum precision_mode mode = PREC_FP32;
+    char chosen[160];
+    st = ckpt_verify(a.ckpt, &info, err);
+    if (st == AMP_OK)
+        st = eval_mode(&a, cfg.precision.mode, &mode, err);
+    if (st == AMP_OK)
+        st = backend_open(&be, cfg.run.device, chosen, sizeof chosen, err);
+    if (st == AMP_OK)
+        st = data_load(&ds, &cfg.data, cfg.data.batch_size * cfg.accum_steps, err);
+    if (st == AMP_OK)
+        st = autocast_from_config(&policy, mode, &cfg.precision.autocast, err);
+    if (st == AMP_OK)
+        st = model_build(&m, &cfg, &ds.spec, be, &policy, cfg.data.batch_size, err);
+    if (st == AMP_OK)
+        st = ckpt_load_model(a.ckpt, &m, err);
+    struct eval_result r;
+    if (st == AMP_OK)
+        st = train_evaluate(&m, &ds, a.split, &r, err);
+    if (st == AMP_OK) {
+        /* eval.jsonl goes beside the checkpoint: its run directory. */
+        char dir[CFG_STR + 64];
+        snprintf(dir, sizeof dir, "%s", a.ckpt);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = '\0';
+        else
+            snprintf(dir, sizeof dir, ".");
+        struct eval_record rec = {
+            .step = info.step,
+            .split = a.split == SPLIT_TRAIN ? "train" : "test",
+            .autocast = policy.enabled,
+            .dtype = dtype_name(policy.enabled ? policy.lowp : DT_FP32),
+            .loss = r.loss,
+            .accuracy = r.accuracy,
+            .perplexity = ds.spec.is_tokens ? exp(r.loss) : NAN,
+            .samples = r.samples,
+        };
+        st = runlog_eval(dir, stdout, &rec, err);
+    }
+    model_free(&m);
+    data_free(&ds);
+    if (be)
+        backend_close(be);
+    config_free(&cfg);
+    return st;
 }
 
 static enum amp_status cmd_inspect(int argc, char **argv, struct amp_error *err)
 {
-    (void)argc, (void)argv;
-    return cmd_not_yet("inspect", err);
+    enum amp_status st = need_ckpt_arg(argc, argv, "inspect", err);
+    if (st != AMP_OK)
+        return st;
+    return ckpt_inspect(argv[1], stdout, err);
 }
 
 static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err);
@@ -124,9 +314,18 @@ static const struct command commands[] = {
      "(optim.lr=3e-4, precision.mode=bf16, model.layers.1.out=256); overrides go through the same checks\n"
      "as the file. Writes config.yaml, scale_log.csv and eval.jsonl into run.out_dir.",
      cmd_run},
-    {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]", "Continue a run exactly where it stopped.", cmd_resume},
+    {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
+     "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
+     "Overrides allowed: run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every,\n"
+     "run.keep_ckpts, run.out_dir, run.device, stability.*, and precision.mode (with a warning: the FP32\n"
+     "state carries over, the loss scaler starts from its init). Anything else is refused (exit 2).\n"
+     "Appends to the run's scale_log.csv. See docs/checkpoint.md.",
+     cmd_resume},
     {"eval", "ampTrain eval CHECKPOINT.h5 [--autocast on|off] [--dtype fp16|bf16] [--split test|train]",
-     "Evaluate a checkpoint.", cmd_eval},
+     "Evaluate a checkpoint: loss and accuracy (perplexity for text), printed and appended to eval.jsonl\n"
+     "beside the checkpoint. --autocast defaults to the run's precision; with autocast on the run's\n"
+     "low-precision dtype is used unless --dtype says otherwise.",
+     cmd_eval},
     {"inspect", "ampTrain inspect CHECKPOINT.h5", "Show step, precision, scaler state and tensors of a checkpoint.",
      cmd_inspect},
     {"check", "ampTrain check CONFIG.yaml [KEY=VALUE ...]",

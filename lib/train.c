@@ -1,14 +1,18 @@
 /*
  * train.c — the training loop and evaluation. See train.h for the shape of one step.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "train.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* access, _exit */
 
 #include "autocast.h" /* autocast_from_config, precision_lowp_dtype */
 #include "backend.h"  /* backend_open, struct grad_stats */
+#include "checkpoint.h" /* ckpt_save, ckpt_load_trainer, ckpt_clean_stale */
 #include "optim.h"    /* optimizer, schedule */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "scaler.h"   /* loss scaler */
@@ -350,15 +354,71 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
     return AMP_OK;
 }
 
-enum amp_status train_run(const struct config *cfg, struct amp_error *err)
+/* ---- stopping on SIGINT / SIGTERM ----------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_signal; /* the first SIGINT/SIGTERM seen, 0 when none */
+static volatile sig_atomic_t saving;      /* a checkpoint is being written */
+
+static void on_stop_signal(int sig)
+{
+    /* A second signal while saving stops at once: the .tmp file is abandoned, the previous checkpoint
+     * and `latest` are untouched, and the next run cleans the .tmp up. */
+    if (saving || stop_signal)
+        _exit(128 + sig);
+    stop_signal = sig;
+}
+
+static void install_signals(bool on)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    /* A file-size limit (ulimit -f) must fail the write with EFBIG, not kill us mid-checkpoint. */
+    signal(SIGXFSZ, on ? SIG_IGN : SIG_DFL);
+    if (on)
+        stop_signal = 0;
+}
+
+static enum amp_status save_checkpoint(struct trainer *t, char *path, size_t len, struct amp_error *err)
+{
+    saving = 1;
+    enum amp_status st = ckpt_save(t, t->cfg->run.out_dir, t->cfg->run.keep_ckpts, path, len, err);
+    saving = 0;
+    if (st == AMP_OK)
+        printf("checkpoint: %s\n", path);
+    return st;
+}
+
+/* Train from scratch (resume == NULL) or from the checkpoint `resume`. */
+static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler,
+                                struct amp_error *err)
 {
     struct trainer t;
     enum amp_status st = trainer_setup(&t, cfg, err);
-    if (st == AMP_OK)
-        st = runlog_open(&t.log, cfg, t.total_steps, false, err);
+    if (st == AMP_OK && resume) {
+        st = ckpt_load_trainer(resume, &t, fresh_scaler, err);
+        if (st == AMP_OK)
+            printf("resumed from %s at step %lld (epoch %lld)\n", resume, (long long)t.step,
+                   (long long)t.sampler.epoch);
+    }
+    if (st == AMP_OK) {
+        /* Resuming into a directory without a log (run.out_dir changed) starts a fresh log with a header. */
+        char csv[CFG_STR + 32];
+        snprintf(csv, sizeof csv, "%s/scale_log.csv", cfg->run.out_dir);
+        bool append = resume && access(csv, F_OK) == 0;
+        st = runlog_open(&t.log, cfg, t.total_steps, append, err);
+    }
+    if (st == AMP_OK && ckpt_clean_stale(cfg->run.out_dir) > 0)
+        printf("removed stale checkpoint .tmp files in %s (left by an interrupted save)\n", cfg->run.out_dir);
+    install_signals(true);
     double t_last = runlog_now(), train_seconds = 0;
     int64_t samples_since = 0, steps_done = 0;
-    while (st == AMP_OK && t.step < t.total_steps) {
+    char saved[CFG_STR + 64] = "";
+    int64_t saved_step = -1;
+    while (st == AMP_OK && t.step < t.total_steps && !stop_signal) {
         struct step_record rec;
         double t0 = runlog_now();
         st = trainer_step(&t, &rec, err);
@@ -377,15 +437,40 @@ enum amp_status train_run(const struct config *cfg, struct amp_error *err)
         if (st == AMP_OK)
             st = trainer_check_stability(&t, &rec, err);
         bool last = t.step == t.total_steps;
-        if (st == AMP_OK && cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last)
+        if (st == AMP_OK && (last || (cfg->run.ckpt_every > 0 && t.step % cfg->run.ckpt_every == 0))) {
+            st = save_checkpoint(&t, saved, sizeof saved, err);
+            saved_step = t.step;
+        }
+        if (st == AMP_OK && cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last && !stop_signal)
             st = run_eval(&t.model, &t.ds, cfg, t.step, err);
     }
-    if (st == AMP_OK) {
+    if (st == AMP_OK && stop_signal) {
+        int sig = stop_signal;
+        if (saved_step != t.step)
+            st = save_checkpoint(&t, saved, sizeof saved, err);
+        if (st == AMP_OK)
+            st = amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM,
+                          "continue with 'ampTrain resume CHECKPOINT.h5'",
+                          "stopped by %s after step %lld; checkpoint written: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                          (long long)t.step, saved);
+    } else if (st == AMP_OK) {
         double samples = (double)(steps_done * cfg->data.batch_size * cfg->accum_steps);
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n", (long long)steps_done,
                samples, train_seconds, train_seconds > 0 ? samples / train_seconds : 0.0);
         st = run_eval(&t.model, &t.ds, cfg, t.total_steps, err);
     }
+    install_signals(false);
     trainer_teardown(&t);
     return st;
+}
+
+enum amp_status train_run(const struct config *cfg, struct amp_error *err)
+{
+    return run_loop(cfg, NULL, false, err);
+}
+
+enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler,
+                             struct amp_error *err)
+{
+    return run_loop(cfg, checkpoint, fresh_scaler, err);
 }

@@ -69,8 +69,15 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
 
 void trainer_teardown(struct trainer *t);
 
-/* Train as `cfg` says. Prints progress to stdout. */
+/* Train as `cfg` says. Prints progress to stdout. Checkpoints every run.ckpt_every steps and at the end
+ * (lib/checkpoint.h). On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
+ * status is AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM; a second signal during that save exits at once. */
 enum amp_status train_run(const struct config *cfg, struct amp_error *err);
+
+/* The same, continuing from `checkpoint` (cfg is its embedded config with the allowed overrides).
+ * fresh_scaler: the precision mode changed, so the loss scaler starts from its init. */
+enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler,
+                             struct amp_error *err);
 
 struct eval_result {
     double loss;          /* mean over rows */

@@ -30,7 +30,7 @@ for m in $models; do
       ;;
     *)
       acc=$(field "$ev" accuracy)
-      echo "$m: test accuracy $acc after $(grep -c . "$out/scale_log.csv") log lines, ${secs} s"
+      echo "$m: test accuracy $acc after $(( $(wc -l < "$out/scale_log.csv") - 1 )) steps, ${secs} s"
       ;;
   esac
 done

@@ -10,6 +10,6 @@ BUILD_DIR=build scripts/build.sh -DCMAKE_BUILD_TYPE=Release >/dev/null
 echo "quickstart: built build/ampTrain ($(build/ampTrain --version | tail -n 1))"
 
 out="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
-build/ampTrain check configs/fashion_mlp.yaml precision.mode=bf16 run.device=auto "run.out_dir=$out" "$@" >/dev/null
-build/ampTrain run configs/fashion_mlp.yaml precision.mode=bf16 run.device=auto "run.out_dir=$out" "$@"
+build/ampTrain check configs/fashion_mlp_bf16.yaml run.device=auto "run.out_dir=$out" "$@" >/dev/null
+build/ampTrain run configs/fashion_mlp_bf16.yaml run.device=auto "run.out_dir=$out" "$@"
 echo "quickstart: done. Logs in $out (scale_log.csv, eval.jsonl, config.yaml)"

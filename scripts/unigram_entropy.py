@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """Unigram (byte) entropy in nats of the training part of a text run's corpus, read from the run's
-resolved config.yaml (data.files, data.val_fraction), for comparison with the model's validation loss."""
+resolved config.yaml (data.files, data.val_fraction), for comparison with the model's validation loss.
+usage: unigram_entropy.py RUN_DIR/config.yaml"""
+import json
 import math
 import re
 import sys
 
 text = open(sys.argv[1]).read()
-files = re.findall(r"^\s*-\s*\"?([^\"\n]+)\"?\s*$", text.split("files:", 1)[1].split("\n  seq_len", 1)[0], re.M)
-val = float(re.search(r"val_fraction:\s*([0-9.eE+-]+)", text).group(1))
+files = json.loads(re.search(r"^  files: (\[.*\])$", text, re.M).group(1))
+val = float(re.search(r"^  val_fraction: ([0-9.eE+-]+)$", text, re.M).group(1))
 data = b"".join(open(f, "rb").read() for f in files)
 train = data[: len(data) - int(len(data) * val)]
 counts = [0] * 256

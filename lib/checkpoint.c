@@ -1,0 +1,935 @@
+/*
+ * checkpoint.c — writing, verifying, loading and inspecting HDF5 checkpoints. checkpoint.h has the layout.
+ *
+ * The whole-file check lives in HDF5's user block (512 bytes at the start, which HDF5 and h5py skip):
+ * after HDF5 has closed the file we compute the CRC-32 of everything after the block and write it with
+ * the file length into the block, then fsync and rename. A reader checks length and CRC before HDF5
+ * sees a byte, because HDF5 can crash or loop on damaged metadata.
+ *
+ * HDF5's own error stack printing is switched off around every call (and restored after), so a damaged
+ * or foreign file becomes one of our messages with a hint.
+ */
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h> /* crc32 */
+
+#include "backend.h" /* download, upload */
+
+#define USERBLOCK 512
+#define MAGIC "AMPTCKPT"
+#define HINT_CORRUPT "the file is damaged: resume from an older checkpoint in the same directory (ls ckpt-*.h5)"
+
+#ifndef AMP_VERSION
+#define AMP_VERSION "0.0.0"
+#endif
+
+/* ---- HDF5 helpers ---------------------------------------------------------------------------------- */
+
+struct h5_quiet {
+    H5E_auto2_t func;
+    void *data;
+};
+
+static void h5_quiet_begin(struct h5_quiet *q)
+{
+    H5Eget_auto2(H5E_DEFAULT, &q->func, &q->data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+static void h5_quiet_end(const struct h5_quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->func, q->data); }
+
+static hid_t fapl_unlocked(void)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    /* No file locks: they fail on NFS (errno 37/11) and a checkpoint is never shared while written. */
+    H5Pset_file_locking(fapl, 0, 1);
+    return fapl;
+}
+
+static void h5_close_id(hid_t id)
+{
+    if (id < 0)
+        return;
+    switch (H5Iget_type(id)) {
+    case H5I_FILE: H5Fclose(id); break;
+    case H5I_GROUP: H5Gclose(id); break;
+    case H5I_DATASET: H5Dclose(id); break;
+    case H5I_DATASPACE: H5Sclose(id); break;
+    case H5I_DATATYPE: H5Tclose(id); break;
+    case H5I_ATTR: H5Aclose(id); break;
+    case H5I_GENPROP_LST: H5Pclose(id); break;
+    default: break;
+    }
+}
+
+static int attr_i64(hid_t loc, const char *name, int64_t v)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(loc, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_INT64, &v);
+    h5_close_id(a);
+    h5_close_id(sp);
+    return rc;
+}
+
+static int attr_f64(hid_t loc, const char *name, double v)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(loc, name, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_DOUBLE, &v);
+    h5_close_id(a);
+    h5_close_id(sp);
+    return rc;
+}
+
+static hid_t str_type(size_t len)
+{
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, len ? len : 1);
+    H5Tset_strpad(t, H5T_STR_NULLPAD);
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    return t;
+}
+
+static int attr_str(hid_t loc, const char *name, const char *v)
+{
+    hid_t t = str_type(strlen(v));
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(loc, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = a < 0 ? -1 : H5Awrite(a, t, v);
+    h5_close_id(a);
+    h5_close_id(sp);
+    h5_close_id(t);
+    return rc;
+}
+
+static int read_attr_i64(hid_t loc, const char *name, int64_t *v)
+{
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    int rc = a < 0 ? -1 : H5Aread(a, H5T_NATIVE_INT64, v);
+    h5_close_id(a);
+    return rc < 0 ? -1 : 0;
+}
+
+static int read_attr_f64(hid_t loc, const char *name, double *v)
+{
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    int rc = a < 0 ? -1 : H5Aread(a, H5T_NATIVE_DOUBLE, v);
+    h5_close_id(a);
+    return rc < 0 ? -1 : 0;
+}
+
+static int read_attr_str(hid_t loc, const char *name, char *buf, size_t len)
+{
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    if (a < 0)
+        return -1;
+    hid_t ft = H5Aget_type(a);
+    int rc = -1;
+    if (ft >= 0 && H5Tget_class(ft) == H5T_STRING && !H5Tis_variable_str(ft)) {
+        size_t n = H5Tget_size(ft);
+        char *tmp = calloc(n + 1, 1);
+        hid_t mt = str_type(n);
+        if (tmp && H5Aread(a, mt, tmp) >= 0) {
+            snprintf(buf, len, "%s", tmp);
+            rc = 0;
+        }
+        h5_close_id(mt);
+        free(tmp);
+    }
+    h5_close_id(ft);
+    h5_close_id(a);
+    return rc;
+}
+
+/* ---- writing --------------------------------------------------------------------------------------- */
+
+struct writer {
+    hid_t file;
+    hid_t lcpl; /* creates intermediate groups for "model/fc1/weight" */
+    const char *path;
+    struct amp_error *err;
+    bool failed;
+};
+
+static void writer_fail(struct writer *w, const char *what)
+{
+    if (w->failed)
+        return;
+    w->failed = true;
+    amp_fail(w->err, AMP_ERR_INTERNAL, "check free disk space, quotas (ulimit -f) and permissions of the run directory",
+             "cannot write checkpoint %s: %s failed%s%s", w->path, what, errno ? ": " : "", errno ? strerror(errno) : "");
+}
+
+static void write_floats(struct writer *w, const char *name, const float *data, int ndim, const int64_t *shape)
+{
+    if (w->failed)
+        return;
+    hsize_t dims[8], chunk[8];
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        dims[i] = chunk[i] = (hsize_t)shape[i];
+        numel *= (size_t)shape[i];
+    }
+    if (ndim == 0 || numel == 0) {
+        dims[0] = chunk[0] = numel ? numel : 1;
+        ndim = 1;
+    }
+    /* Chunks of at most ~1M elements (HDF5 caps a chunk at 4 GB); split along the outermost dim. */
+    size_t inner = numel / (size_t)dims[0];
+    if (inner == 0)
+        inner = 1;
+    size_t rows = (1u << 20) / inner;
+    if (rows < 1)
+        rows = 1;
+    if (chunk[0] > rows)
+        chunk[0] = rows;
+    hid_t sp = H5Screate_simple(ndim, dims, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, ndim, chunk);
+    H5Pset_fletcher32(dcpl);
+    hid_t d = H5Dcreate2(w->file, name, H5T_IEEE_F32LE, sp, w->lcpl, dcpl, H5P_DEFAULT);
+    if (d < 0 || H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+        char what[256];
+        snprintf(what, sizeof what, "writing tensor '%s'", name);
+        writer_fail(w, what);
+    }
+    h5_close_id(d);
+    h5_close_id(dcpl);
+    h5_close_id(sp);
+}
+
+static void write_tensor(struct writer *w, const char *name, const struct tensor *t, struct backend *be)
+{
+    if (w->failed || !t->data)
+        return;
+    float *host = malloc((t->numel ? t->numel : 1) * sizeof *host);
+    if (!host) {
+        writer_fail(w, "allocating a host buffer");
+        return;
+    }
+    be->download(be, host, t->data, t->numel * sizeof(float));
+    write_floats(w, name, host, t->ndim, t->shape);
+    free(host);
+}
+
+static hid_t make_group(struct writer *w, const char *name)
+{
+    if (w->failed)
+        return -1;
+    hid_t g = H5Gcreate2(w->file, name, w->lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0)
+        writer_fail(w, name);
+    return g;
+}
+
+static void write_config(struct writer *w, const struct config *cfg)
+{
+    char *yaml = config_to_yaml_string(cfg);
+    if (!yaml) {
+        writer_fail(w, "printing the config");
+        return;
+    }
+    hid_t t = str_type(strlen(yaml));
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t d = H5Dcreate2(w->file, "config", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (d < 0 || H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, yaml) < 0)
+        writer_fail(w, "writing /config");
+    h5_close_id(d);
+    h5_close_id(sp);
+    h5_close_id(t);
+    free(yaml);
+}
+
+static void write_attrs_ok(struct writer *w, int rc, const char *what)
+{
+    if (rc < 0)
+        writer_fail(w, what);
+}
+
+/* The HDF5 part of a checkpoint: everything but the user block. */
+static void write_contents(struct writer *w, const struct trainer *t)
+{
+    const struct config *cfg = t->cfg;
+    struct backend *be = t->be;
+    char created[64];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int rc = attr_str(w->file, "format", CKPT_FORMAT);
+    rc |= attr_i64(w->file, "format_version", CKPT_FORMAT_VERSION);
+    rc |= attr_str(w->file, "amptrain_version", AMP_VERSION);
+    rc |= attr_str(w->file, "created", created);
+    write_attrs_ok(w, rc, "writing the root attributes");
+    write_config(w, cfg);
+
+    int64_t per_step = cfg->data.batch_size * cfg->accum_steps;
+    hid_t g = make_group(w, "state");
+    if (g >= 0) {
+        rc = attr_i64(g, "step", t->step);
+        rc |= attr_i64(g, "micro_step", 0);
+        rc |= attr_i64(g, "epoch", t->sampler.epoch);
+        rc |= attr_i64(g, "cursor", t->sampler.cursor);
+        rc |= attr_i64(g, "samples_seen", t->step * per_step);
+        rc |= attr_i64(g, "skips_total", t->scaler.skips_total);
+        rc |= attr_i64(g, "total_steps", t->total_steps);
+        rc |= attr_str(g, "precision_mode", precision_mode_name(cfg->precision.mode));
+        write_attrs_ok(w, rc, "writing /state");
+        h5_close_id(g);
+    }
+    const struct model *m = &t->model;
+    char name[256];
+    for (int i = 0; i < m->nparams; i++) {
+        snprintf(name, sizeof name, "model/%s", m->params[i]->name);
+        write_tensor(w, name, &m->params[i]->master, be);
+    }
+    for (int i = 0; i < m->nbuffers; i++) {
+        snprintf(name, sizeof name, "model/%s", m->buffers[i]->name);
+        write_tensor(w, name, &m->buffers[i]->t, be);
+    }
+    g = make_group(w, "optimizer");
+    if (g >= 0) {
+        rc = attr_i64(g, "step", t->opt.step);
+        rc |= attr_str(g, "kind", cfg->optim.kind == OPTIM_ADAMW ? "adamw" : "sgd");
+        write_attrs_ok(w, rc, "writing /optimizer");
+        h5_close_id(g);
+    }
+    for (int i = 0; i < t->opt.nstate && i < m->nparams; i++) {
+        snprintf(name, sizeof name, "optimizer/%s/m", m->params[i]->name);
+        write_tensor(w, name, &t->opt.state[i].m, be);
+        snprintf(name, sizeof name, "optimizer/%s/v", m->params[i]->name);
+        write_tensor(w, name, &t->opt.state[i].v, be);
+    }
+    const struct scaler *s = &t->scaler;
+    g = make_group(w, "scaler");
+    if (g >= 0) {
+        rc = attr_str(g, "mode", precision_mode_name(cfg->precision.mode));
+        rc |= attr_f64(g, "scale", s->scale);
+        rc |= attr_i64(g, "growth_tracker", s->growth_tracker);
+        rc |= attr_i64(g, "hysteresis_left", s->hysteresis_left);
+        rc |= attr_i64(g, "consecutive_skips", s->consecutive_skips);
+        rc |= attr_i64(g, "skips_total", s->skips_total);
+        rc |= attr_i64(g, "last_overflow_step", s->last_overflow_step);
+        write_attrs_ok(w, rc, "writing /scaler");
+        h5_close_id(g);
+    }
+    g = make_group(w, "data");
+    if (g >= 0) {
+        rc = attr_i64(g, "epoch", t->sampler.epoch);
+        rc |= attr_i64(g, "cursor", t->sampler.cursor);
+        rc |= attr_i64(g, "seed", (int64_t)t->sampler.seed);
+        rc |= attr_i64(g, "shuffle", t->sampler.shuffle);
+        write_attrs_ok(w, rc, "writing /data");
+        h5_close_id(g);
+    }
+    g = make_group(w, "rng");
+    if (g >= 0) {
+        rc = attr_i64(g, "seed", (int64_t)cfg->run.seed);
+        rc |= attr_str(g, "note", "dropout keys are (seed, step * accum_steps + micro_batch): nothing else to save");
+        write_attrs_ok(w, rc, "writing /rng");
+        h5_close_id(g);
+    }
+}
+
+static void put_le(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* CRC-32 of fd's bytes [from, to). */
+static int crc_range(int fd, off_t from, off_t to, uint32_t *out)
+{
+    unsigned char buf[1 << 16];
+    uLong crc = crc32(0L, Z_NULL, 0);
+    off_t pos = from;
+    while (pos < to) {
+        size_t want = (size_t)(to - pos) < sizeof buf ? (size_t)(to - pos) : sizeof buf;
+        ssize_t n = pread(fd, buf, want, pos);
+        if (n <= 0)
+            return -1;
+        crc = crc32(crc, buf, (uInt)n);
+        pos += n;
+    }
+    *out = (uint32_t)crc;
+    return 0;
+}
+
+/* Fill the user block with magic, length and CRC, then fsync. */
+static enum amp_status seal_file(const char *path, struct amp_error *err)
+{
+    int fd = open(path, O_RDWR);
+    struct stat sb;
+    uint32_t crc = 0;
+    bool ok = fd >= 0 && fstat(fd, &sb) == 0 && crc_range(fd, USERBLOCK, sb.st_size, &crc) == 0;
+    if (ok) {
+        unsigned char hdr[USERBLOCK] = {0};
+        memcpy(hdr, MAGIC, 8);
+        put_le(hdr + 8, 1, 4);
+        put_le(hdr + 16, (uint64_t)sb.st_size, 8);
+        put_le(hdr + 24, crc, 4);
+        ok = pwrite(fd, hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr && fsync(fd) == 0;
+    }
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0)
+        ok = false;
+    if (!ok)
+        return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space, quotas (ulimit -f) and permissions",
+                        "cannot finish checkpoint %s: %s", path, strerror(e));
+    return AMP_OK;
+}
+
+static void fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+/* Write `text` to DIR/NAME via NAME.tmp + fsync + rename. */
+static enum amp_status write_small_file(const char *dir, const char *name, const char *text, struct amp_error *err)
+{
+    char tmp[CFG_STR + 80], path[CFG_STR + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    size_t len = strlen(text);
+    bool ok = fd >= 0 && write(fd, text, len) == (ssize_t)len && fsync(fd) == 0;
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0)
+        ok = false;
+    if (ok && rename(tmp, path) != 0) {
+        e = errno;
+        ok = false;
+    }
+    if (!ok) {
+        unlink(tmp);
+        return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space and permissions of the run directory",
+                        "cannot write %s: %s", path, strerror(e));
+    }
+    fsync_dir(dir);
+    return AMP_OK;
+}
+
+static int parse_ckpt_name(const char *name, long long *step)
+{
+    int n = 0;
+    if (sscanf(name, "ckpt-%lld%n", step, &n) != 1)
+        return -1;
+    return strcmp(name + n, ".h5") == 0 ? 0 : -1;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Delete all but the newest `keep` DIR/ckpt-N.h5 (never `current`). */
+static void prune(const char *dir, int64_t keep, int64_t current)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    long long steps[4096];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 4096) {
+        long long s;
+        if (parse_ckpt_name(e->d_name, &s) == 0)
+            steps[n++] = s;
+    }
+    closedir(d);
+    qsort(steps, (size_t)n, sizeof steps[0], cmp_desc);
+    for (int i = (int)(keep < 1 ? 1 : keep); i < n; i++) {
+        if (steps[i] == current)
+            continue;
+        char path[CFG_STR + 64];
+        snprintf(path, sizeof path, "%s/ckpt-%lld.h5", dir, steps[i]);
+        unlink(path);
+    }
+}
+
+int ckpt_clean_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        bool ours = strncmp(e->d_name, "ckpt-", 5) == 0 || strcmp(e->d_name, "latest.tmp") == 0;
+        if (ours && len > 4 && strcmp(e->d_name + len - 4, ".tmp") == 0) {
+            char path[CFG_STR + 300];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (unlink(path) == 0)
+                removed++;
+        }
+    }
+    closedir(d);
+    return removed;
+}
+
+enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, char *path_out, size_t path_len,
+                          struct amp_error *err)
+{
+    char name[64], path[CFG_STR + 64], tmp[CFG_STR + 80];
+    snprintf(name, sizeof name, "ckpt-%lld.h5", (long long)t->step);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    unlink(tmp);
+
+    struct h5_quiet q;
+    h5_quiet_begin(&q);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_userblock(fcpl, USERBLOCK);
+    hid_t fapl = fapl_unlocked();
+    errno = 0;
+    struct writer w = {.path = path, .err = err};
+    w.file = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
+    if (w.file < 0)
+        writer_fail(&w, "creating the file");
+    w.lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(w.lcpl, 1);
+    if (!w.failed)
+        write_contents(&w, t);
+    if (w.file >= 0 && H5Fclose(w.file) < 0)
+        writer_fail(&w, "closing the file");
+    h5_close_id(w.lcpl);
+    h5_close_id(fapl);
+    h5_close_id(fcpl);
+    h5_quiet_end(&q);
+    if (w.failed) {
+        unlink(tmp);
+        return err->code;
+    }
+    enum amp_status st = seal_file(tmp, err);
+    if (st == AMP_OK && rename(tmp, path) != 0)
+        st = amp_fail(err, AMP_ERR_INTERNAL, "check permissions of the run directory", "cannot rename %s to %s: %s",
+                      tmp, path, strerror(errno));
+    if (st != AMP_OK) {
+        unlink(tmp);
+        return st;
+    }
+    fsync_dir(dir);
+    char line[80];
+    snprintf(line, sizeof line, "%s\n", name);
+    if ((st = write_small_file(dir, "latest", line, err)) != AMP_OK)
+        return st;
+    prune(dir, keep, t->step);
+    if (path_out)
+        snprintf(path_out, path_len, "%s", path);
+    return AMP_OK;
+}
+
+/* ---- verifying and reading ------------------------------------------------------------------------- */
+
+static enum amp_status check_file(const char *path, struct amp_error *err)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return amp_fail(err, AMP_ERR_CKPT, "give the path of a ckpt-STEP.h5 file in a run directory (see its 'latest')",
+                        "cannot open checkpoint %s: %s", path, strerror(errno));
+    struct stat sb;
+    unsigned char hdr[USERBLOCK];
+    enum amp_status st = AMP_OK;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = amp_fail(err, AMP_ERR_CKPT, "give the path of a ckpt-STEP.h5 file", "%s is not a regular file", path);
+    } else if (sb.st_size == 0) {
+        st = amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s is empty (0 bytes): not a checkpoint", path);
+    } else if (sb.st_size < USERBLOCK || pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
+        st = amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: %lld bytes, too short to be a checkpoint (truncated?)",
+                      path, (long long)sb.st_size);
+    } else if (memcmp(hdr, MAGIC, 8) != 0) {
+        bool hdf5 = memcmp(hdr, "\x89HDF\r\n\x1a\n", 8) == 0;
+        st = amp_fail(err, AMP_ERR_CKPT, "give a file written by 'ampTrain run' or 'ampTrain resume'",
+                      "%s is not an ampTrain checkpoint (%s)", path,
+                      hdf5 ? "an HDF5 file without the ampTrain header" : "no ampTrain header");
+    } else if (get_le(hdr + 8, 4) != 1) {
+        st = amp_fail(err, AMP_ERR_CKPT, "upgrade ampTrain to read it",
+                      "%s: header layout %llu is newer than this ampTrain reads (1)", path,
+                      (unsigned long long)get_le(hdr + 8, 4));
+    } else if (get_le(hdr + 16, 8) != (uint64_t)sb.st_size) {
+        st = amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s is truncated or damaged: %lld bytes, the header says %llu",
+                      path, (long long)sb.st_size, (unsigned long long)get_le(hdr + 16, 8));
+    } else {
+        uint32_t crc = 0;
+        if (crc_range(fd, USERBLOCK, sb.st_size, &crc) != 0)
+            st = amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "cannot read %s: %s", path, strerror(errno));
+        else if (crc != (uint32_t)get_le(hdr + 24, 4))
+            st = amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT,
+                          "%s is corrupt: CRC-32 checksum mismatch (stored %08x, computed %08x)", path,
+                          (unsigned)get_le(hdr + 24, 4), (unsigned)crc);
+    }
+    close(fd);
+    return st;
+}
+
+/* Verify, open with HDF5 and check the root attributes. Returns the file id or -1 with err filled. */
+static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_error *err)
+{
+    if (check_file(path, err) != AMP_OK)
+        return -1;
+    hid_t fapl = fapl_unlocked();
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    h5_close_id(fapl);
+    if (f < 0) {
+        amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: HDF5 cannot open it although its checksum matches", path);
+        return -1;
+    }
+    struct ckpt_info tmp;
+    if (!info)
+        info = &tmp;
+    memset(info, 0, sizeof *info);
+    char format[64] = "";
+    if (read_attr_str(f, "format", format, sizeof format) != 0 || strcmp(format, CKPT_FORMAT) != 0) {
+        amp_fail(err, AMP_ERR_CKPT, "give a file written by 'ampTrain run' or 'ampTrain resume'",
+                 "%s is not an ampTrain checkpoint (root attribute format is '%s', want '%s')", path, format,
+                 CKPT_FORMAT);
+        H5Fclose(f);
+        return -1;
+    }
+    if (read_attr_i64(f, "format_version", &info->format_version) != 0) {
+        amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s has no format_version attribute", path);
+        H5Fclose(f);
+        return -1;
+    }
+    if (info->format_version > CKPT_FORMAT_VERSION || info->format_version < 1) {
+        amp_fail(err, AMP_ERR_CKPT, "upgrade ampTrain to read this checkpoint",
+                 "%s has format_version %lld; this ampTrain reads format_version %d", path,
+                 (long long)info->format_version, CKPT_FORMAT_VERSION);
+        H5Fclose(f);
+        return -1;
+    }
+    read_attr_str(f, "created", info->created, sizeof info->created);
+    read_attr_str(f, "amptrain_version", info->amptrain_version, sizeof info->amptrain_version);
+    hid_t g = H5Gopen2(f, "state", H5P_DEFAULT);
+    int rc = g < 0 ? -1 : 0;
+    rc |= g < 0 ? -1 : read_attr_i64(g, "step", &info->step);
+    rc |= g < 0 ? -1 : read_attr_i64(g, "epoch", &info->epoch);
+    rc |= g < 0 ? -1 : read_attr_i64(g, "cursor", &info->cursor);
+    rc |= g < 0 ? -1 : read_attr_i64(g, "samples_seen", &info->samples_seen);
+    rc |= g < 0 ? -1 : read_attr_i64(g, "skips_total", &info->skips_total);
+    rc |= g < 0 ? -1 : read_attr_str(g, "precision_mode", info->precision_mode, sizeof info->precision_mode);
+    h5_close_id(g);
+    if (rc != 0) {
+        amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /state is missing or incomplete", path);
+        H5Fclose(f);
+        return -1;
+    }
+    return f;
+}
+
+enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp_error *err)
+{
+    struct h5_quiet q;
+    h5_quiet_begin(&q);
+    hid_t f = open_checked(path, info, err);
+    if (f >= 0)
+        H5Fclose(f);
+    h5_quiet_end(&q);
+    return f >= 0 ? AMP_OK : AMP_ERR_CKPT;
+}
+
+static char *read_config_text(hid_t f)
+{
+    hid_t d = H5Dopen2(f, "config", H5P_DEFAULT);
+    if (d < 0)
+        return NULL;
+    hid_t ft = H5Dget_type(d);
+    char *text = NULL;
+    if (ft >= 0 && H5Tget_class(ft) == H5T_STRING && !H5Tis_variable_str(ft)) {
+        size_t n = H5Tget_size(ft);
+        text = calloc(n + 1, 1);
+        hid_t mt = str_type(n);
+        if (text && H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, text) < 0) {
+            free(text);
+            text = NULL;
+        }
+        h5_close_id(mt);
+    }
+    h5_close_id(ft);
+    h5_close_id(d);
+    return text;
+}
+
+enum amp_status ckpt_read_config(const char *path, struct config *cfg, struct amp_error *err)
+{
+    struct h5_quiet q;
+    h5_quiet_begin(&q);
+    hid_t f = open_checked(path, NULL, err);
+    char *text = f >= 0 ? read_config_text(f) : NULL;
+    if (f >= 0)
+        H5Fclose(f);
+    h5_quiet_end(&q);
+    if (f < 0)
+        return AMP_ERR_CKPT;
+    if (!text)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: dataset /config is missing or not a string", path);
+    char name[CFG_STR + 16];
+    snprintf(name, sizeof name, "%s:/config", path);
+    struct amp_error perr = {0};
+    enum amp_status st = config_parse_string(cfg, text, strlen(text), name, &perr);
+    free(text);
+    if (st != AMP_OK)
+        return amp_fail(err, AMP_ERR_CKPT, "the checkpoint was written by an incompatible ampTrain version",
+                        "%s: its embedded config does not parse: %s", path, perr.msg);
+    return AMP_OK;
+}
+
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t off = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (off < len)
+        snprintf(buf + off, len - off, ")");
+}
+
+/* Read dataset `name` into tensor t after checking its shape. */
+static enum amp_status read_tensor(hid_t f, const char *path, const char *name, struct tensor *t, struct backend *be,
+                                   struct amp_error *err)
+{
+    if (!t->data)
+        return AMP_OK;
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    if (d < 0)
+        return amp_fail(err, AMP_ERR_CKPT,
+                        "the checkpoint belongs to a different model; use the config it was written with",
+                        "%s: tensor /%s is missing", path, name);
+    hid_t sp = H5Dget_space(d);
+    int nd = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    hsize_t dims[8] = {0};
+    int64_t got[8] = {0};
+    if (nd > 0 && nd <= 8)
+        H5Sget_simple_extent_dims(sp, dims, NULL);
+    for (int i = 0; i < nd && i < 8; i++)
+        got[i] = (int64_t)dims[i];
+    bool same = nd == t->ndim;
+    for (int i = 0; same && i < nd; i++)
+        same = got[i] == t->shape[i];
+    h5_close_id(sp);
+    if (!same) {
+        char a[128], b[128];
+        shape_str(a, sizeof a, nd < 0 ? 0 : nd > 8 ? 8 : nd, got);
+        shape_str(b, sizeof b, t->ndim, t->shape);
+        h5_close_id(d);
+        return amp_fail(err, AMP_ERR_CKPT,
+                        "the checkpoint belongs to a different model; use the config it was written with",
+                        "%s: tensor /%s has shape %s in the checkpoint but %s in the config's model", path, name, a, b);
+    }
+    float *host = malloc((t->numel ? t->numel : 1) * sizeof *host);
+    if (!host) {
+        h5_close_id(d);
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory reading %s", name);
+    }
+    herr_t rc = H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host);
+    h5_close_id(d);
+    if (rc < 0) {
+        free(host);
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /%s cannot be read (Fletcher-32 checksum?)",
+                        path, name);
+    }
+    be->upload(be, t->data, host, t->numel * sizeof(float));
+    free(host);
+    return AMP_OK;
+}
+
+static enum amp_status load_model_from(hid_t f, const char *path, struct model *m, struct amp_error *err)
+{
+    char name[256];
+    enum amp_status st = AMP_OK;
+    for (int i = 0; i < m->nparams && st == AMP_OK; i++) {
+        snprintf(name, sizeof name, "model/%s", m->params[i]->name);
+        st = read_tensor(f, path, name, &m->params[i]->master, m->be, err);
+    }
+    for (int i = 0; i < m->nbuffers && st == AMP_OK; i++) {
+        snprintf(name, sizeof name, "model/%s", m->buffers[i]->name);
+        st = read_tensor(f, path, name, &m->buffers[i]->t, m->be, err);
+    }
+    if (st == AMP_OK)
+        model_refresh_lowp(m);
+    return st;
+}
+
+enum amp_status ckpt_load_model(const char *path, struct model *m, struct amp_error *err)
+{
+    struct h5_quiet q;
+    h5_quiet_begin(&q);
+    hid_t f = open_checked(path, NULL, err);
+    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_model_from(f, path, m, err);
+    if (f >= 0)
+        H5Fclose(f);
+    h5_quiet_end(&q);
+    return st;
+}
+
+static enum amp_status load_scaler(hid_t f, const char *path, struct scaler *s, struct amp_error *err)
+{
+    hid_t g = H5Gopen2(f, "scaler", H5P_DEFAULT);
+    if (g < 0)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /scaler (the loss-scaler state) is missing", path);
+    int rc = read_attr_f64(g, "scale", &s->scale);
+    rc |= read_attr_i64(g, "growth_tracker", &s->growth_tracker);
+    rc |= read_attr_i64(g, "hysteresis_left", &s->hysteresis_left);
+    rc |= read_attr_i64(g, "consecutive_skips", &s->consecutive_skips);
+    rc |= read_attr_i64(g, "skips_total", &s->skips_total);
+    rc |= read_attr_i64(g, "last_overflow_step", &s->last_overflow_step);
+    h5_close_id(g);
+    if (rc != 0)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /scaler is incomplete", path);
+    return AMP_OK;
+}
+
+static enum amp_status load_trainer_from(hid_t f, const char *path, struct trainer *t, bool fresh_scaler,
+                                         struct amp_error *err)
+{
+    enum amp_status st = load_model_from(f, path, &t->model, err);
+    char name[256];
+    for (int i = 0; i < t->opt.nstate && i < t->model.nparams && st == AMP_OK; i++) {
+        snprintf(name, sizeof name, "optimizer/%s/m", t->model.params[i]->name);
+        st = read_tensor(f, path, name, &t->opt.state[i].m, t->be, err);
+        snprintf(name, sizeof name, "optimizer/%s/v", t->model.params[i]->name);
+        if (st == AMP_OK)
+            st = read_tensor(f, path, name, &t->opt.state[i].v, t->be, err);
+    }
+    if (st != AMP_OK)
+        return st;
+    hid_t g = H5Gopen2(f, "optimizer", H5P_DEFAULT);
+    int rc = g < 0 ? -1 : read_attr_i64(g, "step", &t->opt.step);
+    h5_close_id(g);
+    if (rc != 0)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /optimizer or its step is missing", path);
+    int64_t epoch = 0, cursor = 0, step = 0;
+    g = H5Gopen2(f, "data", H5P_DEFAULT);
+    rc = g < 0 ? -1 : read_attr_i64(g, "epoch", &epoch);
+    rc |= g < 0 ? -1 : read_attr_i64(g, "cursor", &cursor);
+    h5_close_id(g);
+    if (rc != 0)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /data (the sampler position) is missing", path);
+    g = H5Gopen2(f, "state", H5P_DEFAULT);
+    rc = g < 0 ? -1 : read_attr_i64(g, "step", &step);
+    h5_close_id(g);
+    if (rc != 0)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: /state has no step", path);
+    struct scaler s = t->scaler;
+    if ((st = load_scaler(f, path, &s, err)) != AMP_OK)
+        return st;
+    if (!fresh_scaler)
+        t->scaler = s;
+    else
+        t->scaler.skips_total = s.skips_total;
+    sampler_seek(&t->sampler, epoch, cursor);
+    t->step = step;
+    return AMP_OK;
+}
+
+enum amp_status ckpt_load_trainer(const char *path, struct trainer *t, bool fresh_scaler, struct amp_error *err)
+{
+    struct h5_quiet q;
+    h5_quiet_begin(&q);
+    hid_t f = open_checked(path, NULL, err);
+    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_trainer_from(f, path, t, fresh_scaler, err);
+    if (f >= 0)
+        H5Fclose(f);
+    h5_quiet_end(&q);
+    return st;
+}
+
+/* ---- inspect --------------------------------------------------------------------------------------- */
+
+struct visit {
+    FILE *out;
+    hid_t file;
+};
+
+#if H5_VERSION_GE(1, 12, 0)
+static herr_t visit_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
+#else
+static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
+#endif
+{
+    (void)info;
+    struct visit *v = data;
+    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
+    if (o >= 0 && H5Iget_type(o) == H5I_DATASET) {
+        hid_t sp = H5Dget_space(o);
+        int nd = H5Sget_simple_extent_ndims(sp);
+        hsize_t dims[8] = {0};
+        int64_t shape[8] = {0};
+        if (nd > 0 && nd <= 8) {
+            H5Sget_simple_extent_dims(sp, dims, NULL);
+            for (int i = 0; i < nd; i++)
+                shape[i] = (int64_t)dims[i];
+            char s[128];
+            shape_str(s, sizeof s, nd, shape);
+            fprintf(v->out, "  /%-40s float32 %s\n", name, s);
+        }
+        h5_close_id(sp);
+    }
+    h5_close_id(o);
+    return 0;
+}
+
+enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
+{
+    struct h5_quiet q;
+    h5_quiet_begin(&q);
+    struct ckpt_info info;
+    hid_t f = open_checked(path, &info, err);
+    if (f < 0) {
+        h5_quiet_end(&q);
+        return AMP_ERR_CKPT;
+    }
+    struct scaler s = {0};
+    enum amp_status st = load_scaler(f, path, &s, err);
+    char *text = st == AMP_OK ? read_config_text(f) : NULL;
+    if (st == AMP_OK && !text)
+        st = amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: dataset /config is missing", path);
+    if (st == AMP_OK && text) {
+        fprintf(out, "checkpoint %s\n", path);
+        fprintf(out, "format: %s version %lld, written by ampTrain %s at %s (whole-file CRC-32 verified)\n",
+                CKPT_FORMAT, (long long)info.format_version, info.amptrain_version, info.created);
+        fprintf(out, "step: %lld  epoch: %lld  cursor: %lld  samples_seen: %lld\n", (long long)info.step,
+                (long long)info.epoch, (long long)info.cursor, (long long)info.samples_seen);
+        fprintf(out, "precision: %s\n", info.precision_mode);
+        fprintf(out,
+                "scaler: scale %g, growth_tracker %lld, hysteresis_left %lld, consecutive_skips %lld, "
+                "skips_total %lld, last_overflow_step %lld\n",
+                s.scale, (long long)s.growth_tracker, (long long)s.hysteresis_left, (long long)s.consecutive_skips,
+                (long long)s.skips_total, (long long)s.last_overflow_step);
+        fprintf(out, "tensors:\n");
+        struct visit v = {.out = out, .file = f};
+        H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &v);
+        fprintf(out, "config:\n%s", text);
+        if (text[0] && text[strlen(text) - 1] != '\n')
+            fprintf(out, "\n");
+    }
+    free(text);
+    H5Fclose(f);
+    h5_quiet_end(&q);
+    return st;
+}

@@ -1,0 +1,70 @@
+/*
+ * checkpoint.h — FP32 HDF5 checkpoints (DESIGN.md section 6; docs/checkpoint.md has the layout and an
+ * h5py snippet).
+ *
+ * Layout of one file:
+ *   [512-byte user block: "AMPTCKPT" magic, layout version, file length, CRC-32 of bytes 512..end]
+ *   /             attrs format="ampTrain-checkpoint", format_version, amptrain_version, created
+ *   /config       the resolved YAML (fixed-length string dataset)
+ *   /state        attrs step, micro_step, epoch, cursor, samples_seen, skips_total, precision_mode
+ *   /model/LAYER/PARAM           float32, chunked, Fletcher-32 (parameters and batchnorm buffers)
+ *   /optimizer    attr step; /optimizer/LAYER/PARAM/m and .../v (those the optimizer has)
+ *   /scaler       attrs scale, growth_tracker, hysteresis_left, consecutive_skips, skips_total,
+ *                 last_overflow_step, mode
+ *   /data         attrs epoch, cursor, seed, shuffle   (the sampler position)
+ *   /rng          attr seed (dropout masks are a pure function of seed and the micro-batch counter)
+ *
+ * Crash safety: ckpt_save writes DIR/ckpt-STEP.h5.tmp, fsyncs it, renames it, fsyncs the directory,
+ * then rewrites DIR/latest (one line, the file name) the same tmp+rename way, then prunes to keep_ckpts.
+ * Loading first checks the user block's length and CRC over the whole file, so HDF5 never parses a
+ * damaged file; every failure is AMP_ERR_CKPT naming what is wrong.
+ */
+#ifndef AMP_CHECKPOINT_H
+#define AMP_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h" /* struct config */
+#include "error.h"
+#include "train.h"  /* struct trainer */
+
+#define CKPT_FORMAT "ampTrain-checkpoint"
+#define CKPT_FORMAT_VERSION 1
+
+/* What /state and /scaler hold, as read back (for inspect and resume). */
+struct ckpt_info {
+    int64_t format_version;
+    int64_t step, epoch, cursor, samples_seen, skips_total;
+    char precision_mode[32];
+    char created[64];
+    char amptrain_version[32];
+};
+
+/* Write t's full state to DIR/ckpt-STEP.h5 crash-safely, update DIR/latest, keep the newest `keep`.
+ * On success `path_out` (may be NULL) receives the file's path. Failures are AMP_ERR_INTERNAL (I/O). */
+enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, char *path_out, size_t path_len,
+                          struct amp_error *err);
+
+/* Check the whole-file checksum and the format attributes. AMP_ERR_CKPT naming what is wrong. */
+enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp_error *err);
+
+/* Read /config (after verifying) into cfg (overwritten; config_free it afterwards). */
+enum amp_status ckpt_read_config(const char *path, struct config *cfg, struct amp_error *err);
+
+/* Load model parameters and buffers into m (already built from the checkpoint's config), refreshing the
+ * low-precision copies. A missing tensor or a shape mismatch is AMP_ERR_CKPT naming it. */
+enum amp_status ckpt_load_model(const char *path, struct model *m, struct amp_error *err);
+
+/* Load everything into a set-up trainer: model, optimizer, sampler, step; the scaler unless
+ * `fresh_scaler` (precision mode changed on resume). */
+enum amp_status ckpt_load_trainer(const char *path, struct trainer *t, bool fresh_scaler, struct amp_error *err);
+
+/* Print step, precision, scaler state, tensors with shapes, and the config. */
+enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err);
+
+/* Remove stale DIR/ *.tmp files left by a crash. Returns how many were removed. */
+int ckpt_clean_stale(const char *dir);
+
+#endif

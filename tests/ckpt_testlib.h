@@ -1,0 +1,212 @@
+/*
+ * ckpt_testlib.h — helpers shared by test_checkpoint.c and test_resume.c: run the ampTrain binary on a
+ * small Fashion-MNIST MLP in a scratch directory, compare checkpoints tensor by tensor, compare
+ * scale_log.csv rows, and re-seal a checkpoint edited through HDF5 (so a test can plant a fault that the
+ * whole-file checksum does not catch first).
+ */
+#ifndef CKPT_TESTLIB_H
+#define CKPT_TESTLIB_H
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* A small, fast model: 784 -> 32 -> 32 -> 10, batch 32, CPU, one BLAS thread. */
+#define SMALL "model.layers.1.out=32 model.layers.3.out=32 data.batch_size=32 run.device=cpu run.log_every=1000"
+
+struct result {
+    int code;
+    char out[65536];
+};
+
+static char scratch[256];
+
+static void make_scratch(void)
+{
+    snprintf(scratch, sizeof scratch, "/tmp/amp-ckpt-XXXXXX");
+    cr_assert_not_null(mkdtemp(scratch));
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+}
+
+static void remove_scratch(void)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "chmod -R u+w %s 2>/dev/null; rm -rf %s", scratch, scratch);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Run `ampTrain ARGS` from the source dir, stderr merged. */
+static struct result amp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static struct result amp(const char *fmt, ...)
+{
+    static struct result r;
+    memset(&r, 0, sizeof r);
+    char args[3000], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && OPENBLAS_NUM_THREADS=1 %s %s 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(r.out, 1, sizeof r.out - 1, p);
+    r.out[n] = '\0';
+    int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+static inline void path_in(char *buf, size_t len, const char *sub)
+{
+    snprintf(buf, len, "%s/%s", scratch, sub);
+}
+
+static inline bool file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+static inline void copy_file(const char *from, const char *to)
+{
+    char cmd[2200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* ---- comparing checkpoints ----------------------------------------------------------------------- */
+
+struct cmp_ctx {
+    hid_t other;
+    int compared;
+    int differ;
+    char first_diff[256];
+};
+
+#if H5_VERSION_GE(1, 12, 0)
+static herr_t cmp_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
+#else
+static herr_t cmp_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
+#endif
+{
+    (void)info;
+    struct cmp_ctx *c = data;
+    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
+    if (o >= 0 && H5Iget_type(o) == H5I_DATASET && strcmp(name, "config") != 0) {
+        hid_t d2 = H5Dopen2(c->other, name, H5P_DEFAULT);
+        hid_t s1 = H5Dget_space(o);
+        hsize_t n1 = (hsize_t)H5Sget_simple_extent_npoints(s1);
+        H5Sclose(s1);
+        bool same = d2 >= 0;
+        if (same) {
+            hid_t s2 = H5Dget_space(d2);
+            same = (hsize_t)H5Sget_simple_extent_npoints(s2) == n1;
+            H5Sclose(s2);
+        }
+        if (same) {
+            float *a = malloc(n1 * sizeof *a), *b = malloc(n1 * sizeof *b);
+            H5Dread(o, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a);
+            H5Dread(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b);
+            same = memcmp(a, b, n1 * sizeof *a) == 0;
+            free(a);
+            free(b);
+        }
+        if (d2 >= 0)
+            H5Dclose(d2);
+        c->compared++;
+        if (!same && c->differ++ == 0)
+            snprintf(c->first_diff, sizeof c->first_diff, "%s", name);
+    }
+    if (o >= 0)
+        H5Oclose(o);
+    return 0;
+}
+
+/* Assert that every tensor of checkpoint a is byte-identical in b; returns how many were compared. */
+static inline int assert_same_tensors(const char *a, const char *b)
+{
+    hid_t fa = H5Fopen(a, H5F_ACC_RDONLY, H5P_DEFAULT), fb = H5Fopen(b, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(fa >= 0 && fb >= 0, "cannot open %s or %s", a, b);
+    struct cmp_ctx c = {.other = fb};
+    H5Lvisit(fa, H5_INDEX_NAME, H5_ITER_INC, cmp_cb, &c);
+    H5Fclose(fa);
+    H5Fclose(fb);
+    cr_assert(c.compared > 0, "no tensors in %s", a);
+    cr_assert_eq(c.differ, 0, "%d of %d tensors differ between %s and %s, first /%s", c.differ, c.compared, a, b,
+                 c.first_diff);
+    return c.compared;
+}
+
+/* scale_log.csv without the samples_per_s column (the only one that depends on timing). */
+static inline char *log_without_speed(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "cannot open %s", path);
+    size_t cap = 1 << 20, len = 0;
+    char *out = malloc(cap), line[4096];
+    out[0] = '\0';
+    while (fgets(line, sizeof line, f)) {
+        char *comma = strrchr(line, ',');
+        if (comma)
+            *comma = '\0';
+        len += (size_t)snprintf(out + len, cap - len, "%s\n", line);
+        cr_assert(len < cap);
+    }
+    fclose(f);
+    return out;
+}
+
+static inline void assert_same_logs(const char *a, const char *b)
+{
+    char *la = log_without_speed(a), *lb = log_without_speed(b);
+    cr_assert(strchr(la, '\n') != strrchr(la, '\n'), "%s has no rows", a);
+    cr_assert_str_eq(la, lb, "scale_log.csv differ: %s vs %s", a, b);
+    free(la);
+    free(lb);
+}
+
+/* ---- planting faults --------------------------------------------------------------------------------- */
+
+/* Recompute the user block's length and CRC after an HDF5 edit (the layout of lib/checkpoint.c). */
+static inline void reseal(const char *path)
+{
+    int fd = open(path, O_RDWR);
+    cr_assert(fd >= 0);
+    struct stat sb;
+    cr_assert_eq(fstat(fd, &sb), 0);
+    unsigned char *buf = malloc((size_t)sb.st_size);
+    cr_assert_eq(pread(fd, buf, (size_t)sb.st_size, 0), sb.st_size);
+    uLong crc = crc32(crc32(0L, Z_NULL, 0), buf + 512, (uInt)(sb.st_size - 512));
+    for (int i = 0; i < 8; i++)
+        buf[16 + i] = (unsigned char)((uint64_t)sb.st_size >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        buf[24 + i] = (unsigned char)(crc >> (8 * i));
+    cr_assert_eq(pwrite(fd, buf, 32, 0), 32);
+    close(fd);
+    free(buf);
+}
+
+static inline void flip_bit(const char *path, long offset, int bit)
+{
+    int fd = open(path, O_RDWR);
+    cr_assert(fd >= 0);
+    unsigned char c;
+    cr_assert_eq(pread(fd, &c, 1, offset), 1);
+    c ^= (unsigned char)(1u << bit);
+    cr_assert_eq(pwrite(fd, &c, 1, offset), 1);
+    close(fd);
+}
+
+static inline long file_size(const char *path)
+{
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0, "%s missing", path);
+    return (long)sb.st_size;
+}
+
+#endif

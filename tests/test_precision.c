@@ -1,0 +1,460 @@
+/*
+ * test_precision.c — mixed precision end to end through the trainer (lib/train.h): skipped steps,
+ * overflow attribution, accumulation, clipping under loss scaling, the underflow that loss scaling
+ * prevents, fail-fast, and the four modes against fp32.
+ *
+ * Faults are injected through the trainer's after_backward hook, the slot between backward and the
+ * non-finite check. Runs use Fashion-MNIST (Debian package dataset-fashion-mnist) with small models
+ * so the suite stays fast, and OPENBLAS_NUM_THREADS=1 so results repeat exactly.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train.h"
+
+#define FASHION "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+
+static void need_data(void)
+{
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+}
+
+/* configs/fashion_mlp.yaml shrunk to 784-64-32-10, then the given overrides (NULL-terminated). */
+static void small_mlp(struct config *cfg, const char *const *overrides)
+{
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    const char *base[] = {"run.device=cpu", "model.layers.1.out=64", "model.layers.3.out=32", "data.batch_size=32",
+                          "run.steps=10", NULL};
+    for (int i = 0; base[i]; i++)
+        cr_assert_eq(config_apply_override(cfg, base[i], &err), AMP_OK, "%s: %s", base[i], err.msg);
+    for (int i = 0; overrides && overrides[i]; i++)
+        cr_assert_eq(config_apply_override(cfg, overrides[i], &err), AMP_OK, "%s: %s", overrides[i], err.msg);
+    cr_assert_eq(config_finalize(cfg, &err), AMP_OK, "%s", err.msg);
+}
+
+static void setup(struct trainer *t, const struct config *cfg)
+{
+    struct amp_error err = {0};
+    cr_assert_eq(trainer_setup(t, cfg, &err), AMP_OK, "%s", err.msg);
+}
+
+static void step(struct trainer *t, struct step_record *rec)
+{
+    struct amp_error err = {0};
+    cr_assert_eq(trainer_step(t, rec, &err), AMP_OK, "%s", err.msg);
+}
+
+static struct param *param_named(struct trainer *t, const char *name)
+{
+    for (int i = 0; i < t->model.nparams; i++)
+        if (strcmp(t->model.params[i]->name, name) == 0)
+            return t->model.params[i];
+    cr_assert_fail("no parameter %s", name);
+    return NULL;
+}
+
+/* Bytes of a tensor (CPU backend memory is host memory). */
+static void *snapshot(const struct tensor *x)
+{
+    void *p = malloc(tensor_bytes(x));
+    cr_assert_not_null(p);
+    memcpy(p, x->data, tensor_bytes(x));
+    return p;
+}
+
+/* ---- fault injection through the after_backward hook ---- */
+struct injection {
+    int64_t at_step;        /* inject when t->step equals this (-1: every step) */
+    const char *param[2];   /* parameters to poison */
+    float value[2];
+    int count[2];           /* elements poisoned */
+};
+
+static void inject(struct trainer *t, void *user)
+{
+    struct injection *inj = user;
+    if (inj->at_step >= 0 && t->step != inj->at_step)
+        return;
+    for (int k = 0; k < 2 && inj->param[k]; k++) {
+        struct param *p = param_named(t, inj->param[k]);
+        float *g = p->grad.data;
+        for (int i = 0; i < inj->count[k]; i++)
+            g[i * 7] = inj->value[k];
+    }
+}
+
+Test(precision, skipped_step_leaves_weights_moments_counters_and_lr_bit_identical)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=fp16-dynamic", "optim.schedule.kind=cosine", "optim.schedule.warmup_steps=3",
+                        NULL};
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct injection inj = {.at_step = 2, .param = {"fc2/weight"}, .value = {INFINITY}, .count = {1}};
+    t.after_backward = inject;
+    t.hook_user = &inj;
+    struct step_record rec;
+    step(&t, &rec);
+    step(&t, &rec);
+    cr_assert_not(rec.skipped);
+
+    int n = t.model.nparams;
+    void *w[16], *lp[16], *m1[16], *v1[16];
+    cr_assert(n <= 16);
+    for (int i = 0; i < n; i++) {
+        w[i] = snapshot(&t.model.params[i]->master);
+        lp[i] = snapshot(&t.model.params[i]->lowp);
+        m1[i] = snapshot(&t.opt.state[i].m);
+        v1[i] = snapshot(&t.opt.state[i].v);
+    }
+    int64_t opt_step = t.opt.step;
+    double lr = optim_lr(&t.opt), scale = t.scaler.scale;
+
+    step(&t, &rec); /* step index 2: poisoned */
+    cr_assert(rec.skipped);
+    cr_assert(rec.found_inf);
+    cr_assert_eq(rec.lr, 0.0);
+    cr_assert_eq(rec.skips_total, 1);
+    cr_assert_eq(t.scaler.scale, scale * 0.5, "scale backs off: %g -> %g", scale, t.scaler.scale);
+    cr_assert_eq(t.opt.step, opt_step, "the optimizer's step count does not move");
+    cr_assert_eq(optim_lr(&t.opt), lr, "the LR schedule does not move");
+    for (int i = 0; i < n; i++) {
+        const struct param *p = t.model.params[i];
+        cr_assert_eq(memcmp(w[i], p->master.data, tensor_bytes(&p->master)), 0, "%s master moved", p->name);
+        cr_assert_eq(memcmp(lp[i], p->lowp.data, tensor_bytes(&p->lowp)), 0, "%s lowp copy moved", p->name);
+        cr_assert_eq(memcmp(m1[i], t.opt.state[i].m.data, tensor_bytes(&t.opt.state[i].m)), 0, "%s m moved", p->name);
+        cr_assert_eq(memcmp(v1[i], t.opt.state[i].v.data, tensor_bytes(&t.opt.state[i].v)), 0, "%s v moved", p->name);
+        free(w[i]), free(lp[i]), free(m1[i]), free(v1[i]);
+    }
+    step(&t, &rec);
+    cr_assert_not(rec.skipped);
+    cr_assert_eq(t.opt.step, opt_step + 1);
+    cr_assert_eq(rec.lr, lr, "the next real step gets the LR the skipped one would have had");
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+Test(precision, overflow_attribution_names_the_layer_closest_to_the_loss)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=fp16-dynamic", NULL};
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct injection inj = {.at_step = 1, .param = {"fc1/weight", "fc2/bias"}, .value = {INFINITY, NAN},
+                            .count = {5, 3}};
+    t.after_backward = inject;
+    t.hook_user = &inj;
+    struct step_record rec;
+    step(&t, &rec);
+    cr_assert_str_empty(rec.overflow_layer);
+    step(&t, &rec);
+    cr_assert(rec.skipped);
+    cr_assert_str_eq(rec.overflow_layer, "fc2 (nan, 3 elements)");
+
+    inj.at_step = 2;
+    inj.param[1] = "head/weight";
+    inj.value[1] = INFINITY;
+    step(&t, &rec);
+    cr_assert_str_eq(rec.overflow_layer, "head (inf, 3 elements)");
+    inj.at_step = 3;
+    inj.param[1] = NULL;
+    step(&t, &rec);
+    cr_assert_str_eq(rec.overflow_layer, "fc1 (inf, 5 elements)");
+    cr_assert_eq(t.scaler.skips_total, 3);
+    cr_assert_eq(t.scaler.scale, 65536.0 / 8);
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+/* Run `steps` optimizer steps and copy out all master weights (fp32, concatenated). */
+static float *train_and_collect(const char *const *ov, int steps, size_t *count, double *last_loss)
+{
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct step_record rec;
+    double loss = 0;
+    for (int i = 0; i < steps; i++) {
+        step(&t, &rec);
+        loss = rec.loss;
+    }
+    size_t total = 0;
+    for (int i = 0; i < t.model.nparams; i++)
+        total += t.model.params[i]->master.numel;
+    float *out = malloc(total * sizeof *out);
+    cr_assert_not_null(out);
+    size_t off = 0;
+    for (int i = 0; i < t.model.nparams; i++) {
+        const struct tensor *m = &t.model.params[i]->master;
+        memcpy(out + off, m->data, m->numel * sizeof(float));
+        off += m->numel;
+    }
+    *count = total;
+    if (last_loss)
+        *last_loss = loss;
+    trainer_teardown(&t);
+    config_free(&cfg);
+    return out;
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - (double)b[i]));
+        den = fmax(den, fabs((double)a[i]));
+    }
+    return num / den;
+}
+
+Test(precision, accumulation_k_at_batch_b_equals_one_step_at_batch_kb_in_fp32)
+{
+    need_data();
+    const char *big[] = {"data.shuffle=false", "data.batch_size=64", "accum_steps=1", "optim.kind=sgd",
+                         "optim.lr=0.1", "optim.momentum=0.9", NULL};
+    const char *acc[] = {"data.shuffle=false", "data.batch_size=16", "accum_steps=4", "optim.kind=sgd",
+                         "optim.lr=0.1", "optim.momentum=0.9", NULL};
+    size_t n1, n2;
+    float *a = train_and_collect(big, 5, &n1, NULL);
+    float *b = train_and_collect(acc, 5, &n2, NULL);
+    cr_assert_eq(n1, n2);
+    double d = max_rel_diff(a, b, n1);
+    cr_assert(d < 1e-5, "accumulated update differs: max relative difference %g", d);
+    /* and it is not trivially equal because nothing happened */
+    size_t n0;
+    const char *none[] = {"data.shuffle=false", "data.batch_size=64", "optim.kind=sgd", "optim.lr=0.1",
+                          "optim.momentum=0.9", NULL};
+    float *c = train_and_collect(none, 1, &n0, NULL);
+    cr_assert(max_rel_diff(a, c, n1) > 1e-3, "five steps moved the weights");
+    free(a), free(b), free(c);
+}
+
+Test(precision, fp16_dynamic_decides_the_scale_once_per_optimizer_step)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=fp16-dynamic", "precision.loss_scale.init=1024",
+                        "precision.loss_scale.growth_interval=2", "accum_steps=4", NULL};
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct step_record rec;
+    double expect[] = {1024, 1024, 2048, 2048, 4096, 4096};
+    for (int i = 0; i < 6; i++) {
+        step(&t, &rec);
+        cr_assert_eq(rec.scale, expect[i], "step %d ran with scale %g", i + 1, rec.scale);
+        cr_assert_eq(rec.step, i + 1);
+    }
+    cr_assert_eq(t.scaler.scale, 8192.0);
+    cr_assert_eq(t.sampler.cursor, 6 * 4 * 32, "24 micro-batches of 32 consumed");
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+/* Grad norm and clip coefficient of the first step, and the weights after it. */
+static void first_step(const char *const *ov, double *norm, double *coef, float **w, size_t *n)
+{
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct step_record rec;
+    step(&t, &rec);
+    cr_assert_not(rec.skipped);
+    *norm = rec.grad_norm;
+    *coef = rec.clip_coef;
+    const struct tensor *m = &param_named(&t, "fc1/weight")->master;
+    *n = m->numel;
+    *w = malloc(m->numel * sizeof(float));
+    memcpy(*w, m->data, m->numel * sizeof(float));
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+Test(precision, clipping_under_loss_scaling_equals_clipping_without_it)
+{
+    need_data();
+    const char *fp32[] = {"clip.max_norm=0.1", "optim.kind=sgd", "optim.lr=0.5", NULL};
+    const char *s256[] = {"clip.max_norm=0.1", "optim.kind=sgd", "optim.lr=0.5", "precision.mode=fp16-static",
+                          "precision.loss_scale.value=256", NULL};
+    const char *s8k[] = {"clip.max_norm=0.1", "optim.kind=sgd", "optim.lr=0.5", "precision.mode=fp16-static",
+                         "precision.loss_scale.value=8192", NULL};
+    double n0, c0, n1, c1, n2, c2;
+    float *w0, *w1, *w2;
+    size_t k;
+    first_step(fp32, &n0, &c0, &w0, &k);
+    first_step(s256, &n1, &c1, &w1, &k);
+    first_step(s8k, &n2, &c2, &w2, &k);
+    cr_assert(c0 < 0.5, "the clip engages (coef %g, norm %g)", c0, n0);
+    cr_assert(fabs(n1 - n2) / n2 < 1e-3, "unscaled norms at scales 256 and 8192: %g vs %g", n1, n2);
+    cr_assert(fabs(c1 - c2) / c2 < 1e-3, "clip coefficients: %g vs %g", c1, c2);
+    cr_assert(fabs(n1 - n0) / n0 < 2e-2, "fp16 norm %g vs fp32 norm %g", n1, n0);
+    cr_assert(fabs(c1 - c0) / c0 < 2e-2, "fp16 coef %g vs fp32 coef %g", c1, c0);
+    cr_assert(max_rel_diff(w2, w1, k) < 1e-3, "weights after the clipped step agree across scales");
+    cr_assert(max_rel_diff(w0, w1, k) < 2e-2, "and with fp32");
+    free(w0), free(w1), free(w2);
+}
+
+/* Mean grad_zero_frac and last loss of a run of configs/fashion_underflow.yaml. */
+static void underflow_run(const char *mode, const char *value, double *zero_frac, double *loss)
+{
+    struct amp_error err = {0};
+    struct config cfg;
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_underflow.yaml", &err), AMP_OK, "%s", err.msg);
+    const char *ov[] = {"run.device=cpu", "run.steps=40", "run.log_every=5", mode, value, NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct step_record rec;
+    double z = 0, l = 0;
+    int nz = 0;
+    for (int i = 0; i < 40; i++) {
+        step(&t, &rec);
+        if (!isnan(rec.grad_zero_frac)) {
+            z += rec.grad_zero_frac;
+            nz++;
+        }
+        if (i >= 30)
+            l += rec.loss / 10;
+    }
+    cr_assert_eq(nz, 8, "sampled every log_every = 5 steps");
+    *zero_frac = z / nz;
+    *loss = l;
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+Test(precision, fp16_without_loss_scaling_loses_gradients_to_underflow, .timeout = 600)
+{
+    need_data();
+    double z_static, l_static, z_dyn, l_dyn;
+    underflow_run("precision.mode=fp16-static", "precision.loss_scale.value=1", &z_static, &l_static);
+    underflow_run("precision.mode=fp16-dynamic", "precision.loss_scale.init=65536", &z_dyn, &l_dyn);
+    cr_assert(z_static > z_dyn + 0.25, "grad_zero_frac: static-1 %g vs dynamic %g", z_static, z_dyn);
+    cr_assert(l_static > l_dyn + 0.4, "loss over the last 10 steps: static-1 %g vs dynamic %g", l_static, l_dyn);
+    cr_assert(l_static > 2.2, "without scaling the deep MLP barely learns: loss %g (chance is 2.303)", l_static);
+}
+
+Test(precision, all_four_modes_train_to_within_a_margin_of_fp32, .timeout = 600)
+{
+    need_data();
+    const char *modes[] = {"precision.mode=fp32", "precision.mode=fp16-static", "precision.mode=fp16-dynamic",
+                           "precision.mode=bf16"};
+    double loss[4];
+    for (int m = 0; m < 4; m++) {
+        const char *ov[] = {modes[m], "run.steps=150", "precision.loss_scale.value=1024", NULL};
+        struct config cfg;
+        small_mlp(&cfg, ov);
+        struct trainer t;
+        setup(&t, &cfg);
+        struct step_record rec;
+        double first = 0, last = 0;
+        for (int i = 0; i < 150; i++) {
+            step(&t, &rec);
+            cr_assert_not(rec.skipped, "%s skipped step %d", modes[m], i + 1);
+            if (i < 10)
+                first += rec.loss / 10;
+            if (i >= 120)
+                last += rec.loss / 30;
+        }
+        loss[m] = last;
+        cr_assert(last < 0.5 * first, "%s: loss %g -> %g", modes[m], first, last);
+        trainer_teardown(&t);
+        config_free(&cfg);
+    }
+    for (int m = 1; m < 4; m++)
+        cr_assert(fabs(loss[m] - loss[0]) < 0.05, "%s final loss %g vs fp32 %g", modes[m], loss[m], loss[0]);
+}
+
+Test(precision, bf16_on_nonfinite_stop_fails_fast_with_code_5)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=bf16", "stability.on_nonfinite=stop", NULL};
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct injection inj = {.at_step = 1, .param = {"head/bias"}, .value = {NAN}, .count = {1}};
+    t.after_backward = inject;
+    t.hook_user = &inj;
+    struct step_record rec;
+    struct amp_error err = {0};
+    step(&t, &rec);
+    cr_assert_eq(trainer_check_stability(&t, &rec, &err), AMP_OK);
+    step(&t, &rec);
+    cr_assert(rec.skipped);
+    cr_assert_eq(rec.scale, 1.0);
+    cr_assert_eq(trainer_check_stability(&t, &rec, &err), AMP_ERR_UNSTABLE);
+    cr_assert(strstr(err.msg, "head (nan, 1 elements)"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "on_nonfinite"), "%s", err.msg);
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+Test(precision, max_consecutive_skips_stops_with_code_5)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=fp16-dynamic", "stability.max_consecutive_skips=3", NULL};
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct injection inj = {.at_step = -1, .param = {"fc1/weight"}, .value = {INFINITY}, .count = {1}};
+    t.after_backward = inject;
+    t.hook_user = &inj;
+    struct step_record rec;
+    struct amp_error err = {0};
+    for (int i = 0; i < 2; i++) {
+        step(&t, &rec);
+        cr_assert_eq(trainer_check_stability(&t, &rec, &err), AMP_OK);
+    }
+    step(&t, &rec);
+    cr_assert_eq(trainer_check_stability(&t, &rec, &err), AMP_ERR_UNSTABLE);
+    cr_assert(strstr(err.msg, "3 skipped steps in a row"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "fc1 (inf, 1 elements)"), "%s", err.msg);
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+Test(precision, floor_reached_with_continuing_overflow_stops_with_code_5)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=fp16-dynamic", "precision.loss_scale.init=4", "precision.loss_scale.min=1",
+                        "stability.max_consecutive_skips=0", NULL};
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct injection inj = {.at_step = -1, .param = {"fc1/weight"}, .value = {INFINITY}, .count = {1}};
+    t.after_backward = inject;
+    t.hook_user = &inj;
+    struct step_record rec;
+    struct amp_error err = {0};
+    enum amp_status st = AMP_OK;
+    int steps = 0;
+    while (st == AMP_OK && steps < 10) {
+        step(&t, &rec);
+        steps++;
+        st = trainer_check_stability(&t, &rec, &err);
+    }
+    cr_assert_eq(st, AMP_ERR_UNSTABLE);
+    cr_assert_eq(t.scaler.scale, 1.0);
+    cr_assert(steps <= 4, "stopped after %d steps", steps);
+    cr_assert(strstr(err.msg, "minimum"), "%s", err.msg);
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
