@@ -14,12 +14,13 @@ static const char *const op_names[OP_KIND_COUNT] = {
     [OP_EMBEDDING] = "embedding",
 };
 
-/* PyTorch's CUDA lists: GEMM-like ops are lower_precision_fp; softmax, norms and losses are fp32;
- * ops in neither list run in their input's dtype, which is our "promote" for one input. */
+/* PyTorch's CUDA lists: GEMM-like ops are lower_precision_fp; softmax, layer_norm and losses are fp32;
+ * ops in neither list run in their input's dtype, which is our "promote" for one input. batch_norm is in
+ * neither list: like cuDNN's, ours keeps FP32 statistics (running and batch) whatever its output dtype. */
 static const enum op_class default_class[OP_KIND_COUNT] = {
     [OP_LINEAR] = OPC_LOWP,       [OP_CONV2D] = OPC_LOWP,      [OP_ATTENTION_MATMUL] = OPC_LOWP,
     [OP_SOFTMAX] = OPC_FP32,      [OP_LOG_SOFTMAX] = OPC_FP32, [OP_LAYERNORM] = OPC_FP32,
-    [OP_BATCHNORM2D] = OPC_FP32,  [OP_CROSS_ENTROPY] = OPC_FP32, [OP_MSE] = OPC_FP32,
+    [OP_BATCHNORM2D] = OPC_PROMOTE, [OP_CROSS_ENTROPY] = OPC_FP32, [OP_MSE] = OPC_FP32,
     [OP_GELU] = OPC_PROMOTE,      [OP_RELU] = OPC_PROMOTE,     [OP_DROPOUT] = OPC_PROMOTE,
     [OP_MAXPOOL2D] = OPC_PROMOTE, [OP_AVGPOOL2D] = OPC_PROMOTE, [OP_RESIDUAL_ADD] = OPC_PROMOTE,
     [OP_EMBEDDING] = OPC_FP32,

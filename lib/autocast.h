@@ -4,10 +4,11 @@
  * Each op kind has a class, mirroring PyTorch's CUDA autocast lists for the ops we have:
  *   lowp    — runs in the run's fp16/bf16: inputs cast down, FP32 accumulation, lowp output
  *             (linear, conv2d, attention_matmul)
- *   fp32    — inputs cast up, FP32 output (softmax, log_softmax, layernorm, batchnorm2d, losses,
+ *   fp32    — inputs cast up, FP32 output (softmax, log_softmax, layernorm, losses,
  *             embedding: a lookup of FP32 weights)
  *   promote — the widest dtype among the inputs; for one input, the input's dtype
- *             (relu, gelu, dropout, pools, residual_add)
+ *             (relu, gelu, dropout, pools, residual_add, and batchnorm2d, whose statistics are FP32
+ *             always, as in PyTorch where batch_norm is in neither list and cuDNN keeps FP32 stats)
  * `precision.autocast.{lowp,fp32,promote}_ops` move op kinds between classes. With autocast disabled
  * (fp32 mode, or eval --autocast off) every op runs in fp32.
  */

@@ -375,27 +375,44 @@ static int crc_range(int fd, off_t from, off_t to, uint32_t *out)
     return 0;
 }
 
-/* Fill the user block with magic, length and CRC, then fsync. */
-static enum amp_status seal_file(const char *path, struct amp_error *err)
+/* Fill the user block of an in-memory image with magic, length and CRC. */
+static void seal_image(unsigned char *img, size_t size)
 {
-    int fd = open(path, O_RDWR);
-    struct stat sb;
-    uint32_t crc = 0;
-    bool ok = fd >= 0 && fstat(fd, &sb) == 0 && crc_range(fd, USERBLOCK, sb.st_size, &crc) == 0;
-    if (ok) {
-        unsigned char hdr[USERBLOCK] = {0};
-        memcpy(hdr, MAGIC, 8);
-        put_le(hdr + 8, 1, 4);
-        put_le(hdr + 16, (uint64_t)sb.st_size, 8);
-        put_le(hdr + 24, crc, 4);
-        ok = pwrite(fd, hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr && fsync(fd) == 0;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t off = USERBLOCK; off < size;) {
+        size_t n = size - off < (1u << 30) ? size - off : (1u << 30);
+        crc = crc32(crc, img + off, (uInt)n);
+        off += n;
     }
+    memset(img, 0, USERBLOCK);
+    memcpy(img, MAGIC, 8);
+    put_le(img + 8, 1, 4);
+    put_le(img + 16, (uint64_t)size, 8);
+    put_le(img + 24, (uint32_t)crc, 4);
+}
+
+/* Write the image to `path` and fsync it. */
+static enum amp_status write_image(const char *path, const unsigned char *img, size_t size, struct amp_error *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    bool ok = fd >= 0;
+    for (size_t off = 0; ok && off < size;) {
+        ssize_t n = write(fd, img + off, size - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        ok = n > 0;
+        off += ok ? (size_t)n : 0;
+    }
+    ok = ok && fsync(fd) == 0;
     int e = errno;
-    if (fd >= 0 && close(fd) != 0)
+    if (fd >= 0 && close(fd) != 0 && ok) {
+        e = errno;
         ok = false;
+    }
     if (!ok)
-        return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space, quotas (ulimit -f) and permissions",
-                        "cannot finish checkpoint %s: %s", path, strerror(e));
+        return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space, quotas (ulimit -f) and permissions of the run "
+                        "directory; the previous checkpoint is intact",
+                        "cannot write checkpoint %s: %s", path, strerror(e ? e : EIO));
     return AMP_OK;
 }
 
@@ -500,33 +517,51 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
     snprintf(name, sizeof name, "ckpt-%lld.h5", (long long)t->step);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    unlink(tmp);
 
+    /* HDF5 builds the file in memory (core driver, no backing store); we write the bytes ourselves. HDF5
+     * never touches the disk, so a full disk is one clean write error, not a half-closed HDF5 file (which
+     * crashes HDF5 1.10 at exit). */
     struct h5_quiet q;
     h5_quiet_begin(&q);
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
     H5Pset_userblock(fcpl, USERBLOCK);
-    hid_t fapl = fapl_unlocked();
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    H5Pset_fapl_core(fapl, (size_t)1 << 20, 0);
     errno = 0;
     struct writer w = {.path = path, .err = err};
     w.file = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl);
     if (w.file < 0)
-        writer_fail(&w, "creating the file");
+        writer_fail(&w, "creating the file in memory");
     w.lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(w.lcpl, 1);
     if (!w.failed)
         write_contents(&w, t);
-    if (w.file >= 0 && H5Fclose(w.file) < 0)
-        writer_fail(&w, "closing the file");
+    /* The image starts at the superblock: HDF5 addresses are relative to the user block, which we
+     * prepend ourselves. */
+    unsigned char *img = NULL;
+    ssize_t size = -1;
+    if (!w.failed && H5Fflush(w.file, H5F_SCOPE_GLOBAL) >= 0)
+        size = H5Fget_file_image(w.file, NULL, 0);
+    if (size > 0 && (img = malloc(USERBLOCK + (size_t)size)) != NULL &&
+        H5Fget_file_image(w.file, img + USERBLOCK, (size_t)size) != size) {
+        free(img);
+        img = NULL;
+    }
+    if (!w.failed && !img)
+        writer_fail(&w, "building the file image");
+    if (w.file >= 0)
+        H5Fclose(w.file);
     h5_close_id(w.lcpl);
     h5_close_id(fapl);
     h5_close_id(fcpl);
     h5_quiet_end(&q);
     if (w.failed) {
-        unlink(tmp);
+        free(img);
         return err->code;
     }
-    enum amp_status st = seal_file(tmp, err);
+    seal_image(img, USERBLOCK + (size_t)size);
+    enum amp_status st = write_image(tmp, img, USERBLOCK + (size_t)size, err);
+    free(img);
     if (st == AMP_OK && rename(tmp, path) != 0)
         st = amp_fail(err, AMP_ERR_INTERNAL, "check permissions of the run directory", "cannot rename %s to %s: %s",
                       tmp, path, strerror(errno));

@@ -13,16 +13,20 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 for mode in $modes; do
-  amp_total=0; torch_total=0
+  amp_total=0; torch_total=0; ratios=""
   for r in $(seq "$rounds"); do
     out="$tmp/run-$mode-$r"
     a=$("$bin" run configs/fashion_mlp.yaml "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu \
-          run.log_every=0 "run.out_dir=$out" | sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
+          run.log_every=100000 "run.out_dir=$out" | sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
     t=$(/usr/bin/python3 scripts/bench_mlp_torch.py "$steps" "$mode" | sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p')
-    echo "round $r $mode: ampTrain $a samples/s, torch $t samples/s"
+    [ -n "$a" ] && [ -n "$t" ] || { echo "bench_cpu: a run failed (ampTrain '$a', torch '$t')" >&2; exit 1; }
+    ratio=$(awk -v a="$a" -v b="$t" 'BEGIN{printf "%.3f", a/b}')
+    ratios="$ratios $ratio"
+    echo "round $r $mode: ampTrain $a samples/s, torch $t samples/s, ratio $ratio"
     amp_total=$(awk -v a="$amp_total" -v b="$a" 'BEGIN{print a+b}')
     torch_total=$(awk -v a="$torch_total" -v b="$t" 'BEGIN{print a+b}')
   done
-  awk -v m="$mode" -v a="$amp_total" -v t="$torch_total" -v r="$rounds" -v s="$steps" 'BEGIN{
-    printf "%s: ampTrain %.1f samples/s, PyTorch %.1f samples/s, ratio %.2fx (mean of %d alternating rounds, %d steps, batch 128, 1 thread)\n", m, a/r, t/r, a/t, r, s}'
+  median=$(echo "$ratios" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
+  awk -v m="$mode" -v a="$amp_total" -v t="$torch_total" -v r="$rounds" -v s="$steps" -v med="$median" 'BEGIN{
+    printf "%s: ampTrain %.1f samples/s, PyTorch %.1f samples/s (means); median per-round ratio %.2fx (%d alternating rounds, %d steps, batch 128, 1 thread)\n", m, a/r, t/r, med, r, s}'
 done

@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "ckpt_testlib.h"
 
+#include <math.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -343,4 +344,30 @@ Test(ckpt, kill_9_during_saves_leaves_a_loadable_checkpoint)
         struct result r = amp("resume %s run.steps=%lld", p, (long long)info.step + 1);
         cr_assert_eq(r.code, 0, "trial %d: %s", trial, r.out);
     }
+}
+
+/* Interop: scripts/interop_torch.py loads the checkpoint with h5py into PyTorch; its test accuracy matches
+ * `ampTrain eval --autocast off` within 0.1 percentage points. */
+Test(ckpt, pytorch_reads_the_checkpoint_and_agrees_with_eval)
+{
+    if (system("/usr/bin/python3 -c 'import torch, h5py' >/dev/null 2>&1") != 0)
+        cr_skip_test("/usr/bin/python3 lacks torch or h5py (Debian: python3-torch python3-h5py)");
+    struct result r = amp("eval %s --autocast off", ckpt10);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *a = strstr(r.out, "accuracy ");
+    cr_assert_not_null(a, "%s", r.out);
+    double ours = atof(a + 9);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/interop_torch.py %s 2>&1", AMP_SOURCE_DIR, ckpt10);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char out[4096] = "";
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    cr_assert_eq(pclose(p), 0, "%s", out);
+    const char *b = strstr(out, "accuracy ");
+    cr_assert_not_null(b, "%s", out);
+    double theirs = atof(b + 9);
+    cr_assert(ours > 0.2, "eval accuracy %g", ours);
+    cr_assert(fabs(ours - theirs) <= 0.001, "ampTrain eval %.4f vs PyTorch %.4f", ours, theirs);
 }
