@@ -62,8 +62,3 @@ bool scaler_update(struct scaler *s, bool found_nonfinite, int64_t step)
     }
     return false;
 }
-
-bool scaler_at_floor(const struct scaler *s)
-{
-    return s->dynamic && s->scale <= s->min_scale && s->consecutive_skips > 0;
-}

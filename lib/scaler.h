@@ -45,7 +45,4 @@ float scaler_inv_scale(const struct scaler *s);
  * be skipped (found_nonfinite). */
 bool scaler_update(struct scaler *s, bool found_nonfinite, int64_t step);
 
-/* True when the scale sits at its minimum and the last step overflowed (fail-fast condition). */
-bool scaler_at_floor(const struct scaler *s);
-
 #endif

@@ -346,11 +346,11 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
                         "step %lld: %lld skipped steps in a row (stability.max_consecutive_skips = %lld); last "
                         "overflow in %s",
                         (long long)rec->step, (long long)t->scaler.consecutive_skips, (long long)max, where);
-    if (scaler_at_floor(&t->scaler) && t->scaler.consecutive_skips >= 2)
+    if (t->scaler.dynamic && rec->scale <= t->scaler.min_scale)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr or try precision.mode=bf16; no checkpoint was written by this run",
-                        "step %lld: loss scale is at its minimum (%g) and gradients still overflow in %s",
-                        (long long)rec->step, t->scaler.scale, where);
+                        "step %lld: gradients overflow in %s even at the minimum loss scale (%g)",
+                        (long long)rec->step, where, t->scaler.scale);
     return AMP_OK;
 }
 
