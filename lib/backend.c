@@ -3,14 +3,20 @@
  *
  * run.device is "auto", "cpu", "cuda" or "cuda:N". A CPU-only build answers "cuda" with a
  * configuration error (asking for a GPU the build cannot use is a mistake worth stopping for) and
- * "auto" with the CPU. The CUDA backend (kernels/) is not written yet: a CUDA build (AMP_HAVE_CUDA)
- * says so and treats "cuda" the same way until backend_cuda_create exists.
+ * "auto" with the CPU. A CUDA build (AMP_HAVE_CUDA) gives "auto" the first GPU when the driver reports
+ * one ("device: cuda:0 (NVIDIA H200, sm_90)"), else the CPU ("device: cpu (no CUDA device found)");
+ * "cuda" / "cuda:N" without that device is a configuration error.
  */
 #include "backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef AMP_HAVE_CUDA
+/* kernels/backend_cuda.cu: "NVIDIA H200, sm_90" into buf; 0, or -1 when the device cannot be queried. */
+int backend_cuda_describe(int device_index, char *buf, size_t len);
+#endif
 
 /* Parse run.device. Returns 0 and sets *is_auto / *cuda_index (-1 for the CPU), or -1 when the string
  * is none of the accepted forms. */
@@ -65,10 +71,30 @@ enum amp_status backend_open(struct backend **out, const char *device, char *cho
     if (cuda_index < 0 && !is_auto)
         return open_cpu(out, "", chosen, chosen_len, err);
 #ifdef AMP_HAVE_CUDA
-    if (is_auto)
-        return open_cpu(out, " (CUDA backend not implemented yet)", chosen, chosen_len, err);
-    return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cpu or auto",
-                    "run.device is '%s' but the CUDA backend is not implemented yet in this build", dev);
+    int count = backend_cuda_device_count();
+    if (is_auto) {
+        if (count <= 0)
+            return open_cpu(out, " (no CUDA device found)", chosen, chosen_len, err);
+        cuda_index = 0;
+    } else if (cuda_index >= count) {
+        if (count <= 0)
+            return amp_fail(err, AMP_ERR_CONFIG,
+                            "set run.device: cpu or auto, or check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES",
+                            "run.device is '%s' but no CUDA device was found", dev);
+        return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cuda:0 .. cuda:%d, cpu or auto",
+                        "run.device is '%s' but only %d CUDA device%s found", dev, count,
+                        count == 1 ? " was" : "s were");
+    }
+    enum amp_status s = backend_cuda_create(out, cuda_index, err);
+    if (s != AMP_OK)
+        return s;
+    if (chosen && chosen_len) {
+        char what[256];
+        if (backend_cuda_describe(cuda_index, what, sizeof what) != 0)
+            snprintf(what, sizeof what, "unknown GPU");
+        snprintf(chosen, chosen_len, "device: cuda:%d (%s)", cuda_index, what);
+    }
+    return AMP_OK;
 #else
     if (is_auto)
         return open_cpu(out, " (CPU-only build)", chosen, chosen_len, err);

@@ -14,7 +14,9 @@
  *    end, after alpha, beta and the bias. Convolutions (im2col + GEMM) and attention use the same path.
  *  - Scratch memory is a handful of per-backend slots that grow to the largest request and live until
  *    destroy, so the training loop does not malloc per call. A slot has one user at a time: gemm_core
- *    owns SCR_GEMM_*, the ops own the rest. A failure to grow a slot is the one error this backend
+ *    owns SCR_GEMM_*, the ops own the rest. Ops stage 16-bit tensors through fp32 scratch one slice at
+ *    a time (an image, an (n, c) plane, a row, a sequence), never a whole activation tensor, so a
+ *    16-bit run's activations stay half the size of fp32's; only gemm_core widens whole operands. A failure to grow a slot is the one error this backend
  *    records (backend->status); the op that hit it leaves its outputs unwritten.
  *  - Everything runs on the calling thread in a fixed order, so results are bit-reproducible from run
  *    to run. OpenBLAS may use threads inside sgemm (OPENBLAS_NUM_THREADS): reproducible for a given
@@ -40,8 +42,8 @@ static const float INV_SQRT_2PI = 0.3989422804014327f; /* 1 / sqrt(2 pi) */
 
 enum scratch_slot {
     SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_C, /* gemm_core: fp32 copies of 16-bit operands and result */
-    SCR_IN0, SCR_IN1, SCR_IN2,          /* fp32 views of whole 16-bit input tensors */
-    SCR_TMP0, SCR_TMP1, SCR_TMP2,       /* per-op fp32 work buffers */
+    SCR_IN0, SCR_IN1, SCR_IN2,          /* fp32 copies of one slice (image, plane, row, block) of a 16-bit input */
+    SCR_TMP0, SCR_TMP1, SCR_TMP2,       /* per-op fp32 work buffers, also one slice each */
     SCR_ACC0, SCR_ACC1,                 /* per-op double accumulators */
     SCR_COUNT
 };
@@ -122,7 +124,21 @@ static void store_f32(void *base, enum dtype dt, size_t off, size_t n, const flo
         dtype_convert(elem_ptr(base, dt, off), dt, buf, DT_FP32, n);
 }
 
-/* The whole tensor as fp32: itself, or a converted copy in `slot`. */
+/* Staging scratch for n fp32 values read from or written to t a slice at a time (one image, one
+ * plane, one row block): NULL when t is fp32 — load_f32/out_f32 then use t's data in place — else
+ * slot's buffer. Ops take their staging buffers before touching any output, so a failure to grow one
+ * (*ok cleared, status set) leaves the outputs unwritten. */
+static float *stage_f32(struct cpu_backend *cb, enum scratch_slot slot, const struct tensor *t, size_t n, bool *ok)
+{
+    if (!t || t->dtype == DT_FP32)
+        return NULL;
+    float *p = scratch_get(cb, slot, n * sizeof(float));
+    if (!p)
+        *ok = false;
+    return p;
+}
+
+/* The whole tensor as fp32: itself, or a converted copy in `slot`. Only for small tensors (weights). */
 static const float *view_f32(struct cpu_backend *cb, enum scratch_slot slot, const struct tensor *t)
 {
     if (t->dtype == DT_FP32)
@@ -131,19 +147,6 @@ static const float *view_f32(struct cpu_backend *cb, enum scratch_slot slot, con
     if (p)
         dtype_convert(p, DT_FP32, t->data, t->dtype, t->numel);
     return p;
-}
-
-/* An fp32 buffer for all of t's results: t itself, or scratch to be committed with commit_f32. */
-static float *work_f32(struct cpu_backend *cb, enum scratch_slot slot, struct tensor *t)
-{
-    if (t->dtype == DT_FP32)
-        return (float *)t->data;
-    return scratch_get(cb, slot, t->numel * sizeof(float));
-}
-
-static void commit_f32(struct tensor *t, const float *work)
-{
-    store_f32(t->data, t->dtype, 0, t->numel, work);
 }
 
 /* Round fp32 values to dt and back, in place: what storing them in dt and reading them back gives. */
@@ -568,27 +571,31 @@ static void conv_check(const struct conv_args *a)
     (void)a;
 }
 
+/* The convolutions work one image at a time: a 16-bit image is widened into SCR_IN0/IN1 and a 16-bit
+ * result computed in SCR_TMP1 and rounded before the next image, so their scratch is O(one image),
+ * never O(batch). fp32 images are used in place. */
 static void cpu_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y,
                                const struct tensor *x, const struct tensor *w, const struct tensor *bias)
 {
     struct cpu_backend *cb = cpu_of(be);
     conv_check(a);
     int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
+    int64_t chw_out = a->c_out * hw;
     assert((int64_t)x->numel == a->n * chw_in && (int64_t)w->numel == a->c_out * ckk);
-    assert((int64_t)y->numel == a->n * a->c_out * hw);
+    assert((int64_t)y->numel == a->n * chw_out);
     assert(!bias || (bias->dtype == DT_FP32 && (int64_t)bias->numel == a->c_out));
-    bool pointwise = conv_is_pointwise(a);
-    const float *xf = view_f32(cb, SCR_IN0, x);
+    bool pointwise = conv_is_pointwise(a), ok = true;
     const float *wf = view_f32(cb, SCR_IN1, w);
+    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)chw_in, &ok);
+    float *ybuf = stage_f32(cb, SCR_TMP1, y, (size_t)chw_out, &ok);
     float *col = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
-    float *yf = work_f32(cb, SCR_TMP1, y);
-    if (!xf || !wf || (!pointwise && !col) || !yf)
+    if (!wf || !ok || (!pointwise && !col))
         return;
     for (int64_t i = 0; i < a->n; i++) {
-        const float *xi = xf + i * chw_in;
+        const float *xi = load_f32(x->data, x->dtype, (size_t)(i * chw_in), (size_t)chw_in, xbuf);
         if (!pointwise)
             im2col(col, xi, a);
-        float *yi = yf + i * a->c_out * hw;
+        float *yi = out_f32(y->data, y->dtype, (size_t)(i * chw_out), ybuf);
         float beta = 0.0f;
         if (bias) {
             for (int64_t co = 0; co < a->c_out; co++)
@@ -598,8 +605,8 @@ static void cpu_conv2d_forward(struct backend *be, const struct conv_args *a, st
         }
         gemm_core(cb, false, false, a->c_out, hw, ckk, 1.0f, mat_f32(wf, ckk), mat_f32(pointwise ? xi : col, hw),
                   beta, out_mat_f32(yi, hw), NULL);
+        store_f32(y->data, y->dtype, (size_t)(i * chw_out), (size_t)chw_out, yi);
     }
-    commit_f32(y, yf);
 }
 
 static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args *a, struct tensor *dx,
@@ -608,23 +615,25 @@ static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args 
     struct cpu_backend *cb = cpu_of(be);
     conv_check(a);
     int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
-    assert((int64_t)dx->numel == a->n * chw_in && (int64_t)dy->numel == a->n * a->c_out * hw);
-    bool pointwise = conv_is_pointwise(a);
-    const float *dyf = view_f32(cb, SCR_IN0, dy);
+    int64_t chw_out = a->c_out * hw;
+    assert((int64_t)dx->numel == a->n * chw_in && (int64_t)dy->numel == a->n * chw_out);
+    bool pointwise = conv_is_pointwise(a), ok = true;
     const float *wf = view_f32(cb, SCR_IN1, w);
+    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)chw_out, &ok);
+    float *dxbuf = stage_f32(cb, SCR_TMP1, dx, (size_t)chw_in, &ok);
     float *dcol = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
-    float *dxf = work_f32(cb, SCR_TMP1, dx);
-    if (!dyf || !wf || (!pointwise && !dcol) || !dxf)
+    if (!wf || !ok || (!pointwise && !dcol))
         return;
     for (int64_t i = 0; i < a->n; i++) {
-        float *dxi = dxf + i * chw_in;
+        const float *dyi = load_f32(dy->data, dy->dtype, (size_t)(i * chw_out), (size_t)chw_out, dybuf);
+        float *dxi = out_f32(dx->data, dx->dtype, (size_t)(i * chw_in), dxbuf);
         /* dcol (ckk, hw) = W^T (ckk, c_out) @ dy_i (c_out, hw) */
-        gemm_core(cb, true, false, ckk, hw, a->c_out, 1.0f, mat_f32(wf, ckk), mat_f32(dyf + i * a->c_out * hw, hw),
-                  0.0f, out_mat_f32(pointwise ? dxi : dcol, hw), NULL);
+        gemm_core(cb, true, false, ckk, hw, a->c_out, 1.0f, mat_f32(wf, ckk), mat_f32(dyi, hw), 0.0f,
+                  out_mat_f32(pointwise ? dxi : dcol, hw), NULL);
         if (!pointwise)
             col2im(dxi, dcol, a);
+        store_f32(dx->data, dx->dtype, (size_t)(i * chw_in), (size_t)chw_in, dxi);
     }
-    commit_f32(dx, dxf);
 }
 
 static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_args *a, struct tensor *dw,
@@ -633,38 +642,43 @@ static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_arg
     struct cpu_backend *cb = cpu_of(be);
     conv_check(a);
     int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
+    int64_t chw_out = a->c_out * hw;
     assert(dw->dtype == DT_FP32 && (int64_t)dw->numel == a->c_out * ckk);
     assert(!db || (db->dtype == DT_FP32 && (int64_t)db->numel == a->c_out));
-    bool pointwise = conv_is_pointwise(a);
-    const float *dyf = view_f32(cb, SCR_IN0, dy);
-    const float *xf = view_f32(cb, SCR_IN1, x);
+    assert((int64_t)x->numel == a->n * chw_in && (int64_t)dy->numel == a->n * chw_out);
+    bool pointwise = conv_is_pointwise(a), ok = true;
+    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)chw_out, &ok);
+    float *xbuf = stage_f32(cb, SCR_IN1, x, (size_t)chw_in, &ok);
     float *col = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
     double *acc = db ? scratch_get(cb, SCR_ACC0, (size_t)a->c_out * sizeof(double)) : NULL;
-    if (!dyf || !xf || (!pointwise && !col) || (db && !acc))
+    if (!ok || (!pointwise && !col) || (db && !acc))
         return;
     float *dwf = (float *)dw->data;
     if (a->n == 0)
         scale_f32(dwf, dw->numel, beta);
+    if (acc)
+        memset(acc, 0, (size_t)a->c_out * sizeof(double));
     for (int64_t i = 0; i < a->n; i++) {
-        const float *xi = xf + i * chw_in;
+        const float *dyi = load_f32(dy->data, dy->dtype, (size_t)(i * chw_out), (size_t)chw_out, dybuf);
+        const float *xi = load_f32(x->data, x->dtype, (size_t)(i * chw_in), (size_t)chw_in, xbuf);
         if (!pointwise)
             im2col(col, xi, a);
         /* dW (c_out, ckk) += dy_i (c_out, hw) @ col_i^T (hw, ckk) */
-        gemm_core(cb, false, true, a->c_out, ckk, hw, 1.0f, mat_f32(dyf + i * a->c_out * hw, hw),
-                  mat_f32(pointwise ? xi : col, hw), i == 0 ? beta : 1.0f, out_mat_f32(dwf, ckk), NULL);
+        gemm_core(cb, false, true, a->c_out, ckk, hw, 1.0f, mat_f32(dyi, hw), mat_f32(pointwise ? xi : col, hw),
+                  i == 0 ? beta : 1.0f, out_mat_f32(dwf, ckk), NULL);
+        if (!acc)
+            continue;
+        /* db: per channel a double sum over the plane, added to the channel's total image by image */
+        for (int64_t co = 0; co < a->c_out; co++) {
+            const float *p = dyi + co * hw;
+            double s = 0.0;
+            for (int64_t j = 0; j < hw; j++)
+                s += p[j];
+            acc[co] += s;
+        }
     }
-    if (db) {
-        memset(acc, 0, (size_t)a->c_out * sizeof(double));
-        for (int64_t i = 0; i < a->n; i++)
-            for (int64_t co = 0; co < a->c_out; co++) {
-                const float *p = dyf + (i * a->c_out + co) * hw;
-                double s = 0.0;
-                for (int64_t j = 0; j < hw; j++)
-                    s += p[j];
-                acc[co] += s;
-            }
+    if (db)
         store_acc((float *)db->data, acc, (size_t)a->c_out, beta);
-    }
 }
 
 /* ---- pooling --------------------------------------------------------------------------------- */
@@ -703,19 +717,21 @@ static int64_t pool_divisor(const struct pool_args *a, int64_t oh, int64_t ow)
     return (h1 - h0) * (w1 - w0);
 }
 
+/* Pooling works one (n, c) plane at a time; 16-bit planes are staged through O(plane) scratch. */
 static void cpu_pool2d_forward(struct backend *be, const struct pool_args *a, struct tensor *y,
                                const struct tensor *x)
 {
     struct cpu_backend *cb = cpu_of(be);
     int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out;
     assert((int64_t)x->numel == a->n * a->c * hw_in && (int64_t)y->numel == a->n * a->c * hw);
-    const float *xf = view_f32(cb, SCR_IN0, x);
-    float *yf = work_f32(cb, SCR_TMP0, y);
-    if (!xf || !yf)
+    bool ok = true;
+    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)hw_in, &ok);
+    float *ybuf = stage_f32(cb, SCR_TMP0, y, (size_t)hw, &ok);
+    if (!ok)
         return;
     for (int64_t pl = 0; pl < a->n * a->c; pl++) {
-        const float *plane = xf + pl * hw_in;
-        float *out = yf + pl * hw;
+        const float *plane = load_f32(x->data, x->dtype, (size_t)(pl * hw_in), (size_t)hw_in, xbuf);
+        float *out = out_f32(y->data, y->dtype, (size_t)(pl * hw), ybuf);
         for (int64_t oh = 0; oh < a->h_out; oh++)
             for (int64_t ow = 0; ow < a->w_out; ow++) {
                 if (a->kind == POOL_MAX) {
@@ -736,8 +752,8 @@ static void cpu_pool2d_forward(struct backend *be, const struct pool_args *a, st
                 }
                 out[oh * a->w_out + ow] = sum / (float)pool_divisor(a, oh, ow);
             }
+        store_f32(y->data, y->dtype, (size_t)(pl * hw), (size_t)hw, out);
     }
-    commit_f32(y, yf);
 }
 
 static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, struct tensor *dx,
@@ -747,20 +763,22 @@ static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, s
     (void)y; /* the window's argmax is recomputed from x */
     int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out;
     assert((int64_t)dx->numel == a->n * a->c * hw_in && (int64_t)dy->numel == a->n * a->c * hw);
-    const float *dyf = view_f32(cb, SCR_IN0, dy);
-    const float *xf = a->kind == POOL_MAX ? view_f32(cb, SCR_IN1, x) : NULL;
-    float *dxf = work_f32(cb, SCR_TMP0, dx);
-    if (!dyf || (a->kind == POOL_MAX && !xf) || !dxf)
+    bool is_max = a->kind == POOL_MAX, ok = true;
+    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)hw, &ok);
+    float *xbuf = is_max ? stage_f32(cb, SCR_IN1, x, (size_t)hw_in, &ok) : NULL;
+    float *dxbuf = stage_f32(cb, SCR_TMP0, dx, (size_t)hw_in, &ok);
+    if (!ok)
         return;
-    memset(dxf, 0, dx->numel * sizeof(float));
     for (int64_t pl = 0; pl < a->n * a->c; pl++) {
-        float *dplane = dxf + pl * hw_in;
-        const float *g = dyf + pl * hw;
+        float *dplane = out_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), dxbuf);
+        const float *g = load_f32(dy->data, dy->dtype, (size_t)(pl * hw), (size_t)hw, dybuf);
+        const float *xplane = is_max ? load_f32(x->data, x->dtype, (size_t)(pl * hw_in), (size_t)hw_in, xbuf) : NULL;
+        memset(dplane, 0, (size_t)hw_in * sizeof(float));
         for (int64_t oh = 0; oh < a->h_out; oh++)
             for (int64_t ow = 0; ow < a->w_out; ow++) {
                 float gv = g[oh * a->w_out + ow];
-                if (a->kind == POOL_MAX) {
-                    int64_t idx = pool_argmax(xf + pl * hw_in, a, oh, ow);
+                if (is_max) {
+                    int64_t idx = pool_argmax(xplane, a, oh, ow);
                     if (idx >= 0)
                         dplane[idx] += gv;
                     continue;
@@ -777,8 +795,8 @@ static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, s
                     }
                 }
             }
+        store_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), (size_t)hw_in, dplane);
     }
-    commit_f32(dx, dxf);
 }
 
 /* ---- normalisation --------------------------------------------------------------------------- */
@@ -882,9 +900,10 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
     const float *bt = beta ? (const float *)beta->data : NULL;
     float *rm = running_mean ? (float *)running_mean->data : NULL;
     float *rv = running_var ? (float *)running_var->data : NULL;
-    const float *xf = view_f32(cb, SCR_IN0, x);
-    float *yf = work_f32(cb, SCR_TMP0, y);
-    if (!xf || !yf)
+    bool ok = true;
+    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)hw, &ok);
+    float *ybuf = stage_f32(cb, SCR_TMP0, y, (size_t)hw, &ok);
+    if (!ok)
         return;
     double count = (double)(n * hw);
     for (int64_t ch = 0; ch < c; ch++) {
@@ -892,13 +911,13 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
         if (a->training) {
             double s = 0.0, ss = 0.0;
             for (int64_t i = 0; i < n; i++) {
-                const float *p = xf + (i * c + ch) * hw;
+                const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
                 for (int64_t j = 0; j < hw; j++)
                     s += p[j];
             }
             double mu = s / count;
             for (int64_t i = 0; i < n; i++) {
-                const float *p = xf + (i * c + ch) * hw;
+                const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
                 for (int64_t j = 0; j < hw; j++) {
                     double d = p[j] - mu;
                     ss += d * d;
@@ -925,13 +944,14 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
             ((float *)rstd->data)[ch] = rs_f;
         float gc = g ? g[ch] : 1.0f, bc = bt ? bt[ch] : 0.0f;
         for (int64_t i = 0; i < n; i++) {
-            const float *p = xf + (i * c + ch) * hw;
-            float *q = yf + (i * c + ch) * hw;
+            size_t off = (size_t)((i * c + ch) * hw);
+            const float *p = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
+            float *q = out_f32(y->data, y->dtype, off, ybuf);
             for (int64_t j = 0; j < hw; j++)
                 q[j] = (p[j] - mu_f) * rs_f * gc + bc;
+            store_f32(y->data, y->dtype, off, (size_t)hw, q);
         }
     }
-    commit_f32(y, yf);
 }
 
 /* Training mode: the batch statistics depend on x, so dx = rstd * (dxhat - mean(dxhat) - xhat *
@@ -946,11 +966,12 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
     int64_t n = a->n, c = a->c, hw = a->hw;
     assert((int64_t)x->numel == n * c * hw && (int64_t)dy->numel == n * c * hw);
     const float *g = gamma ? (const float *)gamma->data : NULL;
-    const float *xf = view_f32(cb, SCR_IN0, x);
-    const float *dyf = view_f32(cb, SCR_IN1, dy);
-    float *dxf = dx ? work_f32(cb, SCR_TMP0, dx) : NULL;
+    bool ok = true;
+    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)hw, &ok);
+    float *dybuf = stage_f32(cb, SCR_IN1, dy, (size_t)hw, &ok);
+    float *dxbuf = dx ? stage_f32(cb, SCR_TMP0, dx, (size_t)hw, &ok) : NULL;
     double *acc = scratch_get(cb, SCR_ACC0, 2 * (size_t)c * sizeof(double));
-    if (!xf || !dyf || (dx && !dxf) || !acc)
+    if (!ok || !acc)
         return;
     double *acc_g = acc, *acc_b = acc + c;
     double count = (double)(n * hw);
@@ -959,7 +980,9 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
         float gc = g ? g[ch] : 1.0f;
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t i = 0; i < n; i++) {
-            const float *xp = xf + (i * c + ch) * hw, *dp = dyf + (i * c + ch) * hw;
+            size_t off = (size_t)((i * c + ch) * hw);
+            const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
+            const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
             for (int64_t j = 0; j < hw; j++) {
                 sdy += dp[j];
                 sdyx += (double)dp[j] * ((xp[j] - mu) * rs);
@@ -967,23 +990,25 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
         }
         acc_g[ch] = sdyx;
         acc_b[ch] = sdy;
-        if (!dxf)
+        if (!dx)
             continue;
         /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
         float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
         for (int64_t i = 0; i < n; i++) {
-            const float *xp = xf + (i * c + ch) * hw, *dp = dyf + (i * c + ch) * hw;
-            float *q = dxf + (i * c + ch) * hw;
-            if (a->training)
+            size_t off = (size_t)((i * c + ch) * hw);
+            const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
+            float *q = out_f32(dx->data, dx->dtype, off, dxbuf);
+            if (a->training) {
+                const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
                 for (int64_t j = 0; j < hw; j++)
                     q[j] = rs * (dp[j] * gc - m1 - (xp[j] - mu) * rs * m2);
-            else
+            } else {
                 for (int64_t j = 0; j < hw; j++)
                     q[j] = dp[j] * gc * rs;
+            }
+            store_f32(dx->data, dx->dtype, off, (size_t)hw, q);
         }
     }
-    if (dxf)
-        commit_f32(dx, dxf);
     if (dgamma)
         store_acc((float *)dgamma->data, acc_g, (size_t)c, beta_acc);
     if (dbeta)
@@ -1027,8 +1052,9 @@ static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, stru
     struct cpu_backend *cb = cpu_of(be);
     int64_t vocab = (int64_t)dwte->numel / C;
     assert(dwte->dtype == DT_FP32 && dwpe->dtype == DT_FP32 && (int64_t)dy->numel == B * T * C);
-    const float *dyf = view_f32(cb, SCR_IN0, dy);
-    if (!dyf)
+    bool ok = true;
+    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)C, &ok); /* one row at a time */
+    if (!ok)
         return;
     float *dte = (float *)dwte->data, *dpe = (float *)dwpe->data;
     scale_f32(dte, dwte->numel, beta);
@@ -1039,7 +1065,7 @@ static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, stru
             assert(tok >= 0 && tok < vocab);
             if (tok < 0 || tok >= vocab)
                 continue;
-            const float *g = dyf + (b * T + t) * C;
+            const float *g = load_f32(dy->data, dy->dtype, (size_t)((b * T + t) * C), (size_t)C, dybuf);
             float *e = dte + tok * C, *p = dpe + t * C;
             for (int64_t j = 0; j < C; j++) {
                 e[j] += g[j];
@@ -1086,13 +1112,15 @@ static void cpu_attention_forward(struct backend *be, struct tensor *out, struct
     assert((int64_t)probs->numel == B * H * T * T);
     int64_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
-    const float *q = view_f32(cb, SCR_IN0, qkv);
+    bool ok = true;
+    float *qbuf = stage_f32(cb, SCR_IN0, qkv, (size_t)(T * 3 * C), &ok); /* one sequence's qkv at a time */
     float *s = scratch_get(cb, SCR_TMP0, (size_t)(T * T) * sizeof(float));
-    if (!q || !s)
+    if (!ok || !s)
         return;
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; b < B; b++) {
+        const float *q = load_f32(qkv->data, qkv->dtype, (size_t)(b * T * 3 * C), (size_t)(T * 3 * C), qbuf);
         for (int64_t h = 0; h < H; h++) {
-            const float *qb = q + b * T * 3 * C + h * D, *kb = qb + C, *vb = qb + 2 * C;
+            const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
             gemm_core(cb, false, true, T, T, D, scale, mat_f32(qb, 3 * C), mat_f32(kb, 3 * C), 0.0f,
                       out_mat_f32(s, T), NULL);
             round_f32_to(s, (size_t)(T * T), qkv->dtype);
@@ -1103,6 +1131,7 @@ static void cpu_attention_forward(struct backend *be, struct tensor *out, struct
             struct mat_out o = { elem_ptr(out->data, out->dtype, (size_t)(b * T * C + h * D)), out->dtype, C };
             gemm_core(cb, false, false, T, D, T, 1.0f, mat_f32(s, T), mat_f32(vb, 3 * C), 0.0f, o, NULL);
         }
+    }
 }
 
 /* The chain rule through cpu_attention_forward, per (b, h), with d = qkv's dtype. The 16-bit roundings
@@ -1121,17 +1150,20 @@ static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, cons
     int64_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
     enum dtype d = qkv->dtype;
-    const float *q = view_f32(cb, SCR_IN0, qkv);
-    const float *dO = view_f32(cb, SCR_IN1, dout);
-    const float *P = view_f32(cb, SCR_IN2, probs);
+    bool ok = true; /* staged per sequence (qkv, dout) and per (sequence, head) (probs) */
+    float *qbuf = stage_f32(cb, SCR_IN0, qkv, (size_t)(T * 3 * C), &ok);
+    float *dobuf = stage_f32(cb, SCR_IN1, dout, (size_t)(T * C), &ok);
+    float *pbuf = stage_f32(cb, SCR_IN2, probs, (size_t)(T * T), &ok);
     float *ds = scratch_get(cb, SCR_TMP0, (size_t)(T * T) * sizeof(float));
-    if (!q || !dO || !P || !ds)
+    if (!ok || !ds)
         return;
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; b < B; b++) {
+        const float *q = load_f32(qkv->data, qkv->dtype, (size_t)(b * T * 3 * C), (size_t)(T * 3 * C), qbuf);
+        const float *dO = load_f32(dout->data, dout->dtype, (size_t)(b * T * C), (size_t)(T * C), dobuf);
         for (int64_t h = 0; h < H; h++) {
-            const float *qb = q + b * T * 3 * C + h * D, *kb = qb + C, *vb = qb + 2 * C;
-            const float *pb = P + (b * H + h) * T * T;
-            const float *dob = dO + b * T * C + h * D;
+            const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
+            const float *pb = load_f32(probs->data, probs->dtype, (size_t)((b * H + h) * T * T), (size_t)(T * T), pbuf);
+            const float *dob = dO + h * D;
             gemm_core(cb, false, true, T, T, D, 1.0f, mat_f32(dob, C), mat_f32(vb, 3 * C), 0.0f,
                       out_mat_f32(ds, T), NULL);
             round_f32_to(ds, (size_t)(T * T), d);
@@ -1156,6 +1188,7 @@ static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, cons
             gemm_core(cb, false, false, T, D, T, scale, mat_f32(ds, T), mat_f32(kb, 3 * C), 0.0f, dq, NULL);
             gemm_core(cb, true, false, T, D, T, scale, mat_f32(ds, T), mat_f32(qb, 3 * C), 0.0f, dk, NULL);
         }
+    }
 }
 
 /* ---- losses ---------------------------------------------------------------------------------- */

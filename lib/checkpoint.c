@@ -464,8 +464,8 @@ static int cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Delete all but the newest `keep` DIR/ckpt-N.h5 (never `current`). */
-static void prune(const char *dir, int64_t keep, int64_t current)
+/* Delete all but the newest `keep` DIR/ckpt-N.h5 (never `current` or `protect`). */
+static void prune(const char *dir, int64_t keep, int64_t current, int64_t protect)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -481,7 +481,7 @@ static void prune(const char *dir, int64_t keep, int64_t current)
     closedir(d);
     qsort(steps, (size_t)n, sizeof steps[0], cmp_desc);
     for (int i = (int)(keep < 1 ? 1 : keep); i < n; i++) {
-        if (steps[i] == current)
+        if (steps[i] == current || steps[i] == protect)
             continue;
         char path[CFG_STR + 64];
         snprintf(path, sizeof path, "%s/ckpt-%lld.h5", dir, steps[i]);
@@ -510,7 +510,8 @@ int ckpt_clean_stale(const char *dir)
     return removed;
 }
 
-enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, char *path_out, size_t path_len,
+enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, int64_t protect, char *path_out,
+                          size_t path_len,
                           struct amp_error *err)
 {
     char name[64], path[CFG_STR + 64], tmp[CFG_STR + 80];
@@ -574,7 +575,7 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
     snprintf(line, sizeof line, "%s\n", name);
     if ((st = write_small_file(dir, "latest", line, err)) != AMP_OK)
         return st;
-    prune(dir, keep, t->step);
+    prune(dir, keep, t->step, protect);
     if (path_out)
         snprintf(path_out, path_len, "%s", path);
     return AMP_OK;

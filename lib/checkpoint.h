@@ -42,10 +42,12 @@ struct ckpt_info {
     char amptrain_version[32];
 };
 
-/* Write t's full state to DIR/ckpt-STEP.h5 crash-safely, update DIR/latest, keep the newest `keep`.
+/* Write t's full state to DIR/ckpt-STEP.h5 crash-safely, update DIR/latest, keep the newest `keep`
+ * and also DIR/ckpt-PROTECT.h5 (the last checkpoint after a clean step; -1: none), so a run of skipped
+ * steps cannot prune the point a fail-fast stop tells the user to continue from.
  * On success `path_out` (may be NULL) receives the file's path. Failures are AMP_ERR_INTERNAL (I/O). */
-enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, char *path_out, size_t path_len,
-                          struct amp_error *err);
+enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, int64_t protect, char *path_out,
+                          size_t path_len, struct amp_error *err);
 
 /* Check the whole-file checksum and the format attributes. AMP_ERR_CKPT naming what is wrong. */
 enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp_error *err);

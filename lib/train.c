@@ -335,20 +335,19 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
     bool lowp_free = cfg->precision.mode == PREC_FP32 || cfg->precision.mode == PREC_BF16;
     if (lowp_free && cfg->stability.on_nonfinite == NONFINITE_STOP)
         return amp_fail(err, AMP_ERR_UNSTABLE,
-                        "lower optim.lr, set clip.max_norm, or check the data; no checkpoint was written by this run",
+                        "lower optim.lr, set clip.max_norm, or check the data",
                         "step %lld: non-finite gradients in %s and stability.on_nonfinite is stop",
                         (long long)rec->step, where);
     int64_t max = cfg->stability.max_consecutive_skips;
     if (max > 0 && t->scaler.consecutive_skips >= max)
         return amp_fail(err, AMP_ERR_UNSTABLE,
-                        "lower optim.lr, set clip.max_norm, or try precision.mode=bf16; no checkpoint was written by "
-                        "this run",
+                        "lower optim.lr, set clip.max_norm, or try precision.mode=bf16",
                         "step %lld: %lld skipped steps in a row (stability.max_consecutive_skips = %lld); last "
                         "overflow in %s",
                         (long long)rec->step, (long long)t->scaler.consecutive_skips, (long long)max, where);
     if (t->scaler.dynamic && rec->scale <= t->scaler.min_scale)
         return amp_fail(err, AMP_ERR_UNSTABLE,
-                        "lower optim.lr or try precision.mode=bf16; no checkpoint was written by this run",
+                        "lower optim.lr or try precision.mode=bf16",
                         "step %lld: gradients overflow in %s even at the minimum loss scale (%g)",
                         (long long)rec->step, where, t->scaler.scale);
     return AMP_OK;
@@ -382,10 +381,11 @@ static void install_signals(bool on)
         stop_signal = 0;
 }
 
-static enum amp_status save_checkpoint(struct trainer *t, char *path, size_t len, struct amp_error *err)
+static enum amp_status save_checkpoint(struct trainer *t, int64_t protect, char *path, size_t len,
+                                       struct amp_error *err)
 {
     saving = 1;
-    enum amp_status st = ckpt_save(t, t->cfg->run.out_dir, t->cfg->run.keep_ckpts, path, len, err);
+    enum amp_status st = ckpt_save(t, t->cfg->run.out_dir, t->cfg->run.keep_ckpts, protect, path, len, err);
     saving = 0;
     if (st == AMP_OK)
         printf("checkpoint: %s\n", path);
@@ -393,6 +393,19 @@ static enum amp_status save_checkpoint(struct trainer *t, char *path, size_t len
 }
 
 /* Train from scratch (resume == NULL) or from the checkpoint `resume`. */
+/* Append to a fail-fast error's hint where training can continue from. */
+static void name_last_good_checkpoint(struct amp_error *err, const char *ckpt)
+{
+    size_t len = strlen(err->hint);
+    if (ckpt)
+        snprintf(err->hint + len, sizeof err->hint - len,
+                 "; the last good checkpoint is %s: continue from it with 'ampTrain resume %s KEY=VALUE' "
+                 "(e.g. precision.mode=bf16)",
+                 ckpt, ckpt);
+    else
+        snprintf(err->hint + len, sizeof err->hint - len, "; no checkpoint was written before this step");
+}
+
 static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler,
                                 struct amp_error *err)
 {
@@ -416,8 +429,8 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     install_signals(true);
     double t_last = runlog_now(), train_seconds = 0;
     int64_t samples_since = 0, steps_done = 0;
-    char saved[CFG_STR + 64] = "";
-    int64_t saved_step = -1;
+    char saved[CFG_STR + 64] = "", good[CFG_STR + 64] = "";
+    int64_t saved_step = -1, good_step = -1;
     while (st == AMP_OK && t.step < t.total_steps && !stop_signal) {
         struct step_record rec;
         double t0 = runlog_now();
@@ -434,12 +447,18 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             samples_since = 0;
         }
         st = runlog_step(&t.log, &rec, err);
-        if (st == AMP_OK)
-            st = trainer_check_stability(&t, &rec, err);
+        if (st == AMP_OK && (st = trainer_check_stability(&t, &rec, err)) != AMP_OK) {
+            name_last_good_checkpoint(err, good[0] ? good : resume);
+            break;
+        }
         bool last = t.step == t.total_steps;
         if (st == AMP_OK && (last || (cfg->run.ckpt_every > 0 && t.step % cfg->run.ckpt_every == 0))) {
-            st = save_checkpoint(&t, saved, sizeof saved, err);
+            st = save_checkpoint(&t, good_step, saved, sizeof saved, err);
             saved_step = t.step;
+            if (st == AMP_OK && !rec.skipped) { /* after a clean step: a point to continue from */
+                snprintf(good, sizeof good, "%s", saved);
+                good_step = t.step;
+            }
         }
         if (st == AMP_OK && cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last && !stop_signal)
             st = run_eval(&t.model, &t.ds, cfg, t.step, err);
@@ -447,7 +466,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     if (st == AMP_OK && stop_signal) {
         int sig = stop_signal;
         if (saved_step != t.step)
-            st = save_checkpoint(&t, saved, sizeof saved, err);
+            st = save_checkpoint(&t, good_step, saved, sizeof saved, err);
         if (st == AMP_OK)
             st = amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM,
                           "continue with 'ampTrain resume CHECKPOINT.h5'",

@@ -126,3 +126,36 @@ Test(cli, bad_override_is_exit_2_naming_it)
     cr_assert_eq(r.code, 2, "%s", r.out);
     cr_assert(strstr(r.out, "did you mean 'lr'"), "%s", r.out);
 }
+
+Test(cli, fail_fast_exits_5_and_names_the_last_good_checkpoint, .timeout = 300)
+{
+    /* SGD at lr 1e4 blows the weights up after a few clean steps; then every step is non-finite. The
+     * checkpoints written after skipped steps must not prune the last one written after a clean step. */
+    struct result r = run("run configs/fashion_mlp.yaml run.device=cpu model.layers.1.out=32 model.layers.3.out=16 "
+                          "data.batch_size=32 run.steps=20 run.epochs=0 optim.kind=sgd optim.lr=1e4 run.ckpt_every=1 "
+                          "run.keep_ckpts=2 stability.max_consecutive_skips=5 run.log_every=1 "
+                          "run.out_dir=/tmp/amp_cli_failfast_$$ 2>&1 > /dev/null; echo \"code $?\"; "
+                          "ls /tmp/amp_cli_failfast_$$; rm -rf /tmp/amp_cli_failfast_$$");
+    cr_assert(strstr(r.out, "code 5"), "%s", r.out);
+    cr_assert(strstr(r.out, "5 skipped steps in a row (stability.max_consecutive_skips = 5)"), "%s", r.out);
+    cr_assert(strstr(r.out, "last overflow in head (nan"), "%s", r.out);
+    const char *good = strstr(r.out, "the last good checkpoint is /tmp/amp_cli_failfast_");
+    cr_assert(good, "%s", r.out);
+    char name[64];
+    cr_assert_eq(sscanf(strstr(good, "/ckpt-") + 1, "%63[^:]", name), 1, "%s", r.out);
+    char listed[80];
+    snprintf(listed, sizeof listed, "\n%s\n", name);
+    cr_assert(strstr(r.out, listed), "%s was pruned:\n%s", name, r.out);
+}
+
+Test(cli, fail_fast_before_any_checkpoint_says_there_is_none, .timeout = 300)
+{
+    struct result r = run("run configs/fashion_mlp.yaml run.device=cpu model.layers.1.out=32 model.layers.3.out=16 "
+                          "data.batch_size=32 run.steps=20 run.epochs=0 precision.mode=fp16-static "
+                          "precision.loss_scale.value=1e30 stability.max_consecutive_skips=3 "
+                          "run.out_dir=/tmp/amp_cli_failfast2_$$ 2>&1 > /dev/null; echo \"code $?\"; "
+                          "rm -rf /tmp/amp_cli_failfast2_$$");
+    cr_assert(strstr(r.out, "code 5"), "%s", r.out);
+    cr_assert(strstr(r.out, "3 skipped steps in a row"), "%s", r.out);
+    cr_assert(strstr(r.out, "no checkpoint was written before this step"), "%s", r.out);
+}

@@ -1,0 +1,336 @@
+/*
+ * backend_cuda.cu — the CUDA backend's lifetime, memory, error recording and op table.
+ *
+ * backend_cuda_create opens one device: a non-blocking stream that every op is queued on, in call
+ * order (so ops never need host synchronisation between them), a cuBLASLt handle with its 32 MB
+ * workspace, and a cuDNN handle bound to the same stream. The ops live in the other files of kernels/
+ * (see backend_cuda_internal.h for the map). upload is asynchronous (a pageable source is staged
+ * before cudaMemcpyAsync returns, so the caller may reuse it at once); download waits for the stream.
+ *
+ * Errors are sticky: the first CUDA/cuBLAS/cuDNN failure is kept with file, line and the call, and
+ * status() returns it (also catching asynchronous kernel faults without blocking: cudaStreamQuery).
+ */
+#include "backend_cuda_internal.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend_cuda.h" /* backend_cuda_set_tf32, backend_cuda_peak_bytes */
+#include "convert.h"      /* cuda_convert */
+#include "cuda_check.h"   /* amp_cuda_hint, amp_cublas_hint, amp_cudnn_hint */
+
+/* ---- error recording --------------------------------------------------------------------------- */
+
+void cuda_record(struct cuda_backend *cb, const char *hint, const char *fmt, ...)
+{
+    if (cb->status != AMP_OK)
+        return;
+    char msg[sizeof cb->err.msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cb->status = amp_fail(&cb->err, AMP_ERR_INTERNAL, hint, "%s: %s", cb->name, msg);
+}
+
+bool cuda_ok_(struct cuda_backend *cb, cudaError_t e, const char *file, int line, const char *what)
+{
+    if (e == cudaSuccess)
+        return true;
+    cuda_record(cb, amp_cuda_hint(e), "%s:%d: CUDA error %s (%s) in %s", file, line, cudaGetErrorName(e),
+                cudaGetErrorString(e), what);
+    return false;
+}
+
+bool cublas_ok_(struct cuda_backend *cb, cublasStatus_t s, const char *file, int line, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return true;
+    cuda_record(cb, amp_cublas_hint(s), "%s:%d: cuBLAS error %s (%s) in %s", file, line, cublasGetStatusName(s),
+                cublasGetStatusString(s), what);
+    return false;
+}
+
+bool cudnn_ok_(struct cuda_backend *cb, cudnnStatus_t s, const char *file, int line, const char *what)
+{
+    if (s == CUDNN_STATUS_SUCCESS)
+        return true;
+    cuda_record(cb, amp_cudnn_hint(s), "%s:%d: cuDNN error %d (%s) in %s", file, line, (int)s,
+                cudnnGetErrorString(s), what);
+    return false;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+static void note_usage(struct cuda_backend *cb)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && total_b - free_b > cb->peak_used)
+        cb->peak_used = total_b - free_b;
+}
+
+void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t bytes)
+{
+    struct device_scratch *s = &cb->scr[slot];
+    if (s->p && bytes <= s->cap)
+        return s->p;
+    size_t cap = ((bytes ? bytes : 1) + bytes / 4 + 255) & ~(size_t)255;
+    if (s->p) {
+        cudaFreeAsync(s->p, cb->stream); /* stream-ordered: kernels queued before still see it */
+        s->p = NULL;
+        s->cap = 0;
+    }
+    void *p = NULL;
+    if (!CB_CUDA(cb, cudaMallocAsync(&p, cap, cb->stream)))
+        return NULL;
+    s->p = p;
+    s->cap = cap;
+    note_usage(cb);
+    return p;
+}
+
+void *cuda_host_buffer(struct cuda_backend *cb, size_t bytes)
+{
+    if (cb->host_pinned && bytes <= cb->host_pinned_cap)
+        return cb->host_pinned;
+    /* the previous buffer may still be the target of a queued copy */
+    if (cb->host_pinned) {
+        CB_CUDA(cb, cudaStreamSynchronize(cb->stream));
+        cudaFreeHost(cb->host_pinned);
+        cb->host_pinned = NULL;
+        cb->host_pinned_cap = 0;
+    }
+    size_t cap = (bytes + 4095) & ~(size_t)4095;
+    void *p = NULL;
+    if (!CB_CUDA(cb, cudaMallocHost(&p, cap)))
+        return NULL;
+    cb->host_pinned = p;
+    cb->host_pinned_cap = cap;
+    return p;
+}
+
+static void *cu_alloc(struct backend *be, size_t bytes)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1); /* 256-byte aligned */
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is not sticky: the caller reports it (tensor_alloc) */
+        return NULL;
+    }
+    note_usage(cb);
+    return p;
+}
+
+static void cu_free(struct backend *be, void *p)
+{
+    if (p)
+        CB_CUDA(cuda_of(be), cudaFree(p));
+}
+
+static void cu_upload(struct backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (bytes)
+        CB_CUDA(cb, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cb->stream));
+}
+
+static void cu_download(struct backend *be, void *host_dst, const void *src, size_t bytes)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (!bytes)
+        return;
+    CB_CUDA(cb, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
+    CB_CUDA(cb, cudaStreamSynchronize(cb->stream));
+}
+
+static void cu_zero(struct backend *be, struct tensor *t)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (t->data && t->numel)
+        CB_CUDA(cb, cudaMemsetAsync(t->data, 0, tensor_bytes(t), cb->stream));
+}
+
+static void cu_synchronize(struct backend *be)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    CB_CUDA(cb, cudaStreamSynchronize(cb->stream));
+}
+
+static void cu_convert(struct backend *be, struct tensor *dst, const struct tensor *src)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (dst->numel != src->numel) {
+        cuda_record(cb, "this is a bug in the caller", "convert: %zu elements into %zu", src->numel, dst->numel);
+        return;
+    }
+    CB_CUDA(cb, (cudaError_t)cuda_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel, cb->stream));
+}
+
+/* ---- status and lifetime ----------------------------------------------------------------------- */
+
+static enum amp_status cu_status(struct backend *be, struct amp_error *err)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    cudaError_t e = cudaStreamQuery(cb->stream); /* a fault of a finished kernel shows here; never blocks */
+    if (e != cudaSuccess && e != cudaErrorNotReady)
+        CB_CUDA(cb, e);
+    if (err) {
+        if (cb->status != AMP_OK) {
+            *err = cb->err;
+        } else {
+            err->code = AMP_OK;
+            err->msg[0] = '\0';
+            err->hint[0] = '\0';
+        }
+    }
+    return cb->status;
+}
+
+static void cu_destroy(struct backend *be)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (!cb)
+        return;
+    if (cb->stream)
+        cudaStreamSynchronize(cb->stream);
+    const char *memlog = getenv("AMP_CUDA_MEMLOG");
+    if (memlog && memlog[0] == '1')
+        fprintf(stderr, "%s: peak device memory in use %.1f MiB\n", cb->name, (double)cb->peak_used / 1048576.0);
+    cuda_gemm_plans_free(cb);
+    cuda_conv_plans_free(cb);
+    for (int i = 0; i < CSCR_COUNT; i++)
+        if (cb->scr[i].p)
+            cudaFreeAsync(cb->scr[i].p, cb->stream);
+    if (cb->stream)
+        cudaStreamSynchronize(cb->stream);
+    if (cb->host_pinned)
+        cudaFreeHost(cb->host_pinned);
+    if (cb->lt_workspace)
+        cudaFree(cb->lt_workspace);
+    if (cb->lt)
+        cublasLtDestroy(cb->lt);
+    if (cb->dnn)
+        cudnnDestroy(cb->dnn);
+    if (cb->stream)
+        cudaStreamDestroy(cb->stream);
+    free(cb);
+}
+
+extern "C" void backend_cuda_set_tf32(struct backend *be, bool on)
+{
+    if (be && strncmp(be->name, "cuda", 4) == 0)
+        cuda_of(be)->tf32 = on;
+}
+
+extern "C" size_t backend_cuda_peak_bytes(struct backend *be)
+{
+    if (!be || strncmp(be->name, "cuda", 4) != 0)
+        return 0;
+    return cuda_of(be)->peak_used;
+}
+
+extern "C" int backend_cuda_device_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError(); /* no driver / no device: not an error for the caller, just none */
+        return 0;
+    }
+    return count;
+}
+
+static void fill_table(struct backend *be)
+{
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->upload = cu_upload;
+    be->download = cu_download;
+    be->zero = cu_zero;
+    be->synchronize = cu_synchronize;
+    be->convert = cu_convert;
+    be->gemm = cuda_gemm;
+    be->bias_grad = cuda_bias_grad;
+    be->act_forward = cuda_act_forward;
+    be->act_backward = cuda_act_backward;
+    be->add = cuda_add;
+    be->dropout_forward = cuda_dropout_forward;
+    be->dropout_backward = cuda_dropout_backward;
+    be->conv2d_forward = cuda_conv2d_forward;
+    be->conv2d_backward_data = cuda_conv2d_backward_data;
+    be->conv2d_backward_filter = cuda_conv2d_backward_filter;
+    be->pool2d_forward = cuda_pool2d_forward;
+    be->pool2d_backward = cuda_pool2d_backward;
+    be->layernorm_forward = cuda_layernorm_forward;
+    be->layernorm_backward = cuda_layernorm_backward;
+    be->batchnorm_forward = cuda_batchnorm_forward;
+    be->batchnorm_backward = cuda_batchnorm_backward;
+    be->embedding_forward = cuda_embedding_forward;
+    be->embedding_backward = cuda_embedding_backward;
+    be->attention_forward = cuda_attention_forward;
+    be->attention_backward = cuda_attention_backward;
+    be->xent_forward_backward = cuda_xent_forward_backward;
+    be->mse_forward_backward = cuda_mse_forward_backward;
+    be->grad_stats = cuda_grad_stats;
+    be->count_zeros = cuda_count_zeros;
+    be->adamw_update = cuda_adamw_update;
+    be->sgd_update = cuda_sgd_update;
+    be->status = cu_status;
+    be->destroy = cu_destroy;
+}
+
+extern "C" enum amp_status backend_cuda_create(struct backend **out, int device_index, struct amp_error *err)
+{
+    *out = NULL;
+    int count = backend_cuda_device_count();
+    if (device_index < 0 || device_index >= count)
+        return amp_fail(err, AMP_ERR_CONFIG, "set run.device: auto or cpu, or cuda:N with N below the device count "
+                        "(see nvidia-smi and CUDA_VISIBLE_DEVICES)",
+                        "CUDA device %d requested but %d device%s found", device_index, count, count == 1 ? " is" : "s are");
+    struct cuda_backend *cb = static_cast<struct cuda_backend *>(calloc(1, sizeof *cb));
+    if (!cb)
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and try again", "out of memory creating the CUDA backend");
+    snprintf(cb->name, sizeof cb->name, "cuda:%d", device_index);
+    cb->base.name = cb->name;
+    cb->device = device_index;
+    fill_table(&cb->base);
+    enum amp_status s = AMP_OK;
+    do {
+        if (!CB_CUDA(cb, cudaSetDevice(device_index)))
+            break;
+        if (!CB_CUDA(cb, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)))
+            break;
+        if (!CB_CUBLAS(cb, cublasLtCreate(&cb->lt)))
+            break;
+        if (!CB_CUDA(cb, cudaMalloc(&cb->lt_workspace, kLtWorkspaceBytes)))
+            break;
+        if (!CB_CUDNN(cb, cudnnCreate(&cb->dnn)))
+            break;
+        if (!CB_CUDNN(cb, cudnnSetStream(cb->dnn, cb->stream)))
+            break;
+        note_usage(cb);
+    } while (0);
+    if (cb->status != AMP_OK) {
+        s = cb->status;
+        if (err)
+            *err = cb->err;
+        cu_destroy(&cb->base);
+        return s;
+    }
+    *out = &cb->base;
+    return AMP_OK;
+}
+
+/* Used by lib/backend.c for its "device: cuda:0 (NVIDIA H200, sm_90)" line. */
+extern "C" int backend_cuda_describe(int device_index, char *buf, size_t len)
+{
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    snprintf(buf, len, "%s, sm_%d%d", prop.name, prop.major, prop.minor);
+    return 0;
+}

@@ -1,0 +1,222 @@
+/*
+ * backend_cuda_internal.h — what the CUDA backend's translation units share (CUDA C++ only).
+ *
+ * The backend is one `struct cuda_backend` (its first member the `struct backend` table callers hold),
+ * one non-blocking stream every op is queued on, a cuBLASLt handle with a 32 MB workspace, a cuDNN
+ * handle, per-shape caches (matmul plans in gemm_cublaslt.cu, convolution algorithms in conv_cudnn.cu)
+ * and a few growable device scratch slots. Nothing here synchronises the host except download,
+ * synchronize and the ops whose result is a host value (grad_stats, count_zeros).
+ *
+ * Errors: the first failure (a CUDA/cuBLAS/cuDNN error, a launch error, a violated alignment rule) is
+ * recorded with file and line and stays until destroy; backend->status reports it. After a failure the
+ * ops keep queueing work (their results are garbage), exactly like the CPU backend's scratch failure.
+ *
+ * Element access: every kernel reads its inputs through load_elem (any dtype -> fp32) and writes
+ * through store_elem (fp32 -> the output's dtype, rounded once, to nearest even), so the dtype rules of
+ * backend.h hold kernel by kernel.
+ */
+#ifndef AMP_BACKEND_CUDA_INTERNAL_H
+#define AMP_BACKEND_CUDA_INTERNAL_H
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cublasLt.h>         /* cublasLtHandle_t */
+#include <cuda_bf16.h>        /* __nv_bfloat16 */
+#include <cuda_fp16.h>        /* __half */
+#include <cuda_runtime_api.h> /* cudaStream_t */
+#include <cudnn.h>            /* cudnnHandle_t */
+
+extern "C" {
+#include "backend.h" /* struct backend, the op argument structs */
+}
+
+constexpr size_t kLtWorkspaceBytes = 32u << 20; /* cuBLASLt workspace, allocated once */
+constexpr unsigned kThreads = 256;              /* default block size of elementwise kernels */
+
+enum cuda_scratch_slot {
+    CSCR_CONV_WS,                 /* cuDNN workspace */
+    CSCR_F32_0, CSCR_F32_1, CSCR_F32_2, /* fp32 copies of operands (conv with mixed dtypes) */
+    CSCR_ATT_Q, CSCR_ATT_K, CSCR_ATT_V, CSCR_ATT_O, /* attention: per-head contiguous Q, K, V, out */
+    CSCR_ATT_S,                   /* attention: scores / dP / dS (B*H, T, T) */
+    CSCR_ATT_DQ, CSCR_ATT_DK, CSCR_ATT_DV, /* attention backward */
+    CSCR_PARTIAL,                 /* per-block partial results of reductions */
+    CSCR_PARTIAL2,
+    CSCR_GS_DESC,                 /* grad_stats: the tensor table */
+    CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
+    CSCR_COUNT
+};
+
+struct device_scratch {
+    void *p;
+    size_t cap; /* bytes */
+};
+
+struct gemm_plan; /* gemm_cublaslt.cu */
+struct conv_plan; /* conv_cudnn.cu */
+
+struct cuda_backend {
+    struct backend base; /* first member */
+    char name[16];       /* "cuda:N" */
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace;  /* kLtWorkspaceBytes */
+    cudnnHandle_t dnn;
+    bool tf32;           /* precision.tf32: fp32 GEMMs and convolutions may use TF32 tensor cores */
+    struct device_scratch scr[CSCR_COUNT];
+    struct gemm_plan *gemm_plans; /* linked list, most recently used first */
+    int n_gemm_plans;
+    struct conv_plan *conv_plans;
+    void *host_pinned;   /* small pinned host buffer for reduction results */
+    size_t host_pinned_cap;
+    size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */
+    enum amp_status status;
+    struct amp_error err;
+};
+
+static inline struct cuda_backend *cuda_of(struct backend *be)
+{
+    return (struct cuda_backend *)be;
+}
+
+/* Record the first failure (later ones are dropped). Returns false when the status says "failed". */
+void cuda_record(struct cuda_backend *cb, const char *hint, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+bool cuda_ok_(struct cuda_backend *cb, cudaError_t e, const char *file, int line, const char *what);
+bool cublas_ok_(struct cuda_backend *cb, cublasStatus_t s, const char *file, int line, const char *what);
+bool cudnn_ok_(struct cuda_backend *cb, cudnnStatus_t s, const char *file, int line, const char *what);
+#define CB_CUDA(cb, call) cuda_ok_((cb), (call), __FILE__, __LINE__, #call)
+#define CB_CUBLAS(cb, call) cublas_ok_((cb), (call), __FILE__, __LINE__, #call)
+#define CB_CUDNN(cb, call) cudnn_ok_((cb), (call), __FILE__, __LINE__, #call)
+/* After a kernel launch: a bad configuration is reported here, with the kernel's name. */
+#define CB_LAUNCHED(cb, kernel) cuda_ok_((cb), cudaGetLastError(), __FILE__, __LINE__, "launch of " kernel)
+
+/* A slot's device buffer of at least `bytes` (stream-ordered: growing never races queued kernels).
+ * NULL with the status set when memory runs out. */
+void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t bytes);
+/* Pinned host bytes for copying small results back. */
+void *cuda_host_buffer(struct cuda_backend *cb, size_t bytes);
+
+/* Blocks for an n-element grid-stride loop. */
+static inline unsigned grid_for(size_t n, unsigned threads = kThreads)
+{
+    size_t b = (n + threads - 1) / threads;
+    if (b > 65535u * 4u)
+        b = 65535u * 4u;
+    return (unsigned)(b ? b : 1);
+}
+
+/* ---- element access by run-time dtype ---- */
+
+__device__ __forceinline__ float load_elem(const void *p, int dt, size_t i)
+{
+    switch (dt) {
+    case DT_FP16: return __half2float(static_cast<const __half *>(p)[i]);
+    case DT_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    default: return static_cast<const float *>(p)[i];
+    }
+}
+
+__device__ __forceinline__ void store_elem(void *p, int dt, size_t i, float v)
+{
+    switch (dt) {
+    case DT_FP16: static_cast<__half *>(p)[i] = __float2half_rn(v); break;
+    case DT_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<float *>(p)[i] = v; break;
+    }
+}
+
+/* v rounded to dt and back (identity for fp32): what storing and reloading gives. */
+__device__ __forceinline__ float round_to(float v, int dt)
+{
+    switch (dt) {
+    case DT_FP16: return __half2float(__float2half_rn(v));
+    case DT_BF16: return __bfloat162float(__float2bfloat16_rn(v));
+    default: return v;
+    }
+}
+
+/* ---- cross-file entry points ---- */
+
+/* gemm_cublaslt.cu */
+struct lt_matmul {
+    const void *a, *b; /* row-major operands as in gemm_args, dtype ab_dt */
+    void *c;           /* dtype c_dt */
+    const float *bias; /* fp32 (n) or NULL */
+    enum dtype ab_dt, c_dt;
+    bool trans_a, trans_b;
+    int64_t m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+    int64_t batch, stride_a, stride_b, stride_c;
+};
+void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm);
+void cuda_gemm(struct backend *be, const struct gemm_args *g);
+void cuda_gemm_plans_free(struct cuda_backend *cb);
+void cuda_attention_forward(struct backend *be, struct tensor *out, struct tensor *probs, const struct tensor *qkv,
+                            int64_t B, int64_t T, int64_t C, int64_t H);
+void cuda_attention_backward(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
+                             const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T, int64_t C,
+                             int64_t H);
+
+/* conv_cudnn.cu */
+void cuda_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y, const struct tensor *x,
+                         const struct tensor *w, const struct tensor *bias);
+void cuda_conv2d_backward_data(struct backend *be, const struct conv_args *a, struct tensor *dx,
+                               const struct tensor *dy, const struct tensor *w);
+void cuda_conv2d_backward_filter(struct backend *be, const struct conv_args *a, struct tensor *dw, struct tensor *db,
+                                 const struct tensor *dy, const struct tensor *x, float beta);
+void cuda_conv_plans_free(struct cuda_backend *cb);
+
+/* elementwise.cu */
+void cuda_bias_grad(struct backend *be, struct tensor *db, const struct tensor *dy, int64_t m, int64_t n, float beta);
+void cuda_act_forward(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x);
+void cuda_act_backward(struct backend *be, enum act_kind kind, struct tensor *dx, const struct tensor *dy,
+                       const struct tensor *x);
+void cuda_add(struct backend *be, struct tensor *y, const struct tensor *a, const struct tensor *b);
+void cuda_dropout_forward(struct backend *be, struct tensor *y, const struct tensor *x, float p, struct rng_key key);
+void cuda_dropout_backward(struct backend *be, struct tensor *dx, const struct tensor *dy, float p, struct rng_key key);
+void cuda_pool2d_forward(struct backend *be, const struct pool_args *a, struct tensor *y, const struct tensor *x);
+void cuda_pool2d_backward(struct backend *be, const struct pool_args *a, struct tensor *dx, const struct tensor *dy,
+                          const struct tensor *x, const struct tensor *y);
+void cuda_embedding_forward(struct backend *be, struct tensor *y, const int32_t *tokens, const struct tensor *wte,
+                            const struct tensor *wpe, int64_t B, int64_t T, int64_t C);
+void cuda_embedding_backward(struct backend *be, struct tensor *dwte, struct tensor *dwpe, const struct tensor *dy,
+                             const int32_t *tokens, int64_t B, int64_t T, int64_t C, float beta);
+/* c (n) fp32 += bias... : y (rows, n) of dtype dt gets bias (n) added in place (one extra rounding). */
+void cuda_add_row_bias(struct cuda_backend *cb, void *y, enum dtype dt, const float *bias, int64_t rows, int64_t n,
+                       int64_t batch, int64_t stride);
+/* y (N, C, HW) of dtype dt gets bias[c] added in place. */
+void cuda_add_channel_bias(struct cuda_backend *cb, void *y, enum dtype dt, const float *bias, int64_t N, int64_t C,
+                           int64_t HW);
+/* db (C) fp32 = beta * db + sum over n, hw of dy (N, C, HW) (deterministic). */
+void cuda_channel_sums(struct cuda_backend *cb, float *db, const void *dy, enum dtype dt, int64_t N, int64_t C,
+                       int64_t HW, float beta);
+
+/* norm.cu */
+void cuda_layernorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y, struct tensor *mean,
+                            struct tensor *rstd, const struct tensor *x, const struct tensor *gamma,
+                            const struct tensor *beta);
+void cuda_layernorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx, struct tensor *dgamma,
+                             struct tensor *dbeta, const struct tensor *dy, const struct tensor *x,
+                             const struct tensor *mean, const struct tensor *rstd, const struct tensor *gamma,
+                             float beta_acc);
+void cuda_batchnorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y, struct tensor *mean,
+                            struct tensor *rstd, struct tensor *running_mean, struct tensor *running_var,
+                            const struct tensor *x, const struct tensor *gamma, const struct tensor *beta);
+void cuda_batchnorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx, struct tensor *dgamma,
+                             struct tensor *dbeta, const struct tensor *dy, const struct tensor *x,
+                             const struct tensor *mean, const struct tensor *rstd, const struct tensor *gamma,
+                             float beta_acc);
+
+/* loss_optim.cu */
+void cuda_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,
+                                const struct tensor *logits, const int32_t *labels, int64_t N, int64_t K,
+                                float grad_seed);
+void cuda_mse_forward_backward(struct backend *be, struct tensor *losses, struct tensor *dy, const struct tensor *y,
+                               const struct tensor *target, int64_t N, int64_t K, float grad_seed);
+void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_stats *out);
+int64_t cuda_count_zeros(struct backend *be, const struct tensor *t);
+void cuda_adamw_update(struct backend *be, const struct optim_update_args *a);
+void cuda_sgd_update(struct backend *be, const struct optim_update_args *a);
+
+#endif

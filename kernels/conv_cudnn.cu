@@ -1,0 +1,293 @@
+/*
+ * conv_cudnn.cu — 2-D convolutions (NCHW, square kernels) through cuDNN.
+ *
+ * cuDNN 9 still ships the descriptor API (cudnnConvolutionForward / BackwardData / BackwardFilter;
+ * deprecated in favour of the graph API but complete): it is used here, with FP32 accumulation
+ * (convolution compute type CUDNN_DATA_FLOAT). Math: fp32 data uses CUDNN_FMA_MATH (true fp32) unless
+ * the backend's tf32 flag is set (then CUDNN_DEFAULT_MATH, which may use TF32 tensor cores); fp16/bf16
+ * data uses CUDNN_TENSOR_OP_MATH.
+ *
+ * Plans: descriptors and the three algorithms are made once per shape key (the conv_args, the dtype,
+ * tf32) and kept until destroy. Algorithms come from cudnnGet*Algorithm_v7 (heuristics; no timing
+ * runs): the first one that is deterministic (CUDNN_DETERMINISTIC) and succeeded, so results reproduce.
+ *
+ * Dtypes (backend.h): when x, w and y (dx, w, dy) share a dtype the call runs natively in it; otherwise
+ * the operands are widened to fp32 scratch (exact), computed in fp32 and rounded once into the output.
+ * The weight gradient is fp32 with beta accumulation: x and dy are widened to fp32 unless already
+ * fp32, which keeps the gradient exactly the CPU's computation up to summation order. The bias is
+ * added by a small kernel after the convolution (so a 16-bit output is rounded twice: once by cuDNN,
+ * once after the bias; the CPU rounds once — within the fp16/bf16 tolerance), and db is a per-channel
+ * deterministic sum of dy (cuda_channel_sums).
+ */
+#include "backend_cuda_internal.h"
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "convert.h" /* cuda_convert */
+
+struct conv_key {
+    int64_t n, c_in, h_in, w_in, c_out, h_out, w_out, kernel, stride, padding;
+    int32_t dt, tf32;
+};
+
+struct conv_plan {
+    struct conv_key key;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    bool have_fwd, have_bwd_data, have_bwd_filter;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    size_t ws_fwd, ws_bwd_data, ws_bwd_filter;
+    struct conv_plan *next;
+};
+
+static cudnnDataType_t dnn_type(enum dtype dt)
+{
+    switch (dt) {
+    case DT_FP16: return CUDNN_DATA_HALF;
+    case DT_BF16: return CUDNN_DATA_BFLOAT16;
+    default: return CUDNN_DATA_FLOAT;
+    }
+}
+
+static void plan_destroy(struct conv_plan *p)
+{
+    if (p->x)
+        cudnnDestroyTensorDescriptor(p->x);
+    if (p->y)
+        cudnnDestroyTensorDescriptor(p->y);
+    if (p->w)
+        cudnnDestroyFilterDescriptor(p->w);
+    if (p->conv)
+        cudnnDestroyConvolutionDescriptor(p->conv);
+    free(p);
+}
+
+void cuda_conv_plans_free(struct cuda_backend *cb)
+{
+    struct conv_plan *p = cb->conv_plans;
+    while (p) {
+        struct conv_plan *next = p->next;
+        plan_destroy(p);
+        p = next;
+    }
+    cb->conv_plans = NULL;
+}
+
+static bool fits_int(const struct conv_args *a)
+{
+    return a->n <= INT_MAX && a->c_in <= INT_MAX && a->h_in <= INT_MAX && a->w_in <= INT_MAX && a->c_out <= INT_MAX &&
+           a->kernel <= INT_MAX && a->stride <= INT_MAX && a->padding <= INT_MAX;
+}
+
+static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_args *a, enum dtype dt)
+{
+    struct conv_key key;
+    memset(&key, 0, sizeof key);
+    key.n = a->n;
+    key.c_in = a->c_in;
+    key.h_in = a->h_in;
+    key.w_in = a->w_in;
+    key.c_out = a->c_out;
+    key.h_out = a->h_out;
+    key.w_out = a->w_out;
+    key.kernel = a->kernel;
+    key.stride = a->stride;
+    key.padding = a->padding;
+    key.dt = dt;
+    key.tf32 = cb->tf32 && dt == DT_FP32;
+    for (struct conv_plan *p = cb->conv_plans; p; p = p->next)
+        if (memcmp(&p->key, &key, sizeof key) == 0)
+            return p;
+    if (!fits_int(a)) {
+        cuda_record(cb, "use smaller convolution shapes", "conv2d: a dimension exceeds cuDNN's int range");
+        return NULL;
+    }
+    struct conv_plan *p = static_cast<struct conv_plan *>(calloc(1, sizeof *p));
+    if (!p) {
+        cuda_record(cb, "free some host memory", "out of memory building a cuDNN plan");
+        return NULL;
+    }
+    p->key = key;
+    cudnnDataType_t t = dnn_type(dt);
+    cudnnMathType_t math = dt != DT_FP32 ? CUDNN_TENSOR_OP_MATH : key.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    bool ok = CB_CUDNN(cb, cudnnCreateTensorDescriptor(&p->x)) && CB_CUDNN(cb, cudnnCreateTensorDescriptor(&p->y)) &&
+              CB_CUDNN(cb, cudnnCreateFilterDescriptor(&p->w)) &&
+              CB_CUDNN(cb, cudnnCreateConvolutionDescriptor(&p->conv)) &&
+              CB_CUDNN(cb, cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, (int)a->n, (int)a->c_in,
+                                                      (int)a->h_in, (int)a->w_in)) &&
+              CB_CUDNN(cb, cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, (int)a->n, (int)a->c_out,
+                                                      (int)a->h_out, (int)a->w_out)) &&
+              CB_CUDNN(cb, cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, (int)a->c_out, (int)a->c_in,
+                                                      (int)a->kernel, (int)a->kernel)) &&
+              CB_CUDNN(cb, cudnnSetConvolution2dDescriptor(p->conv, (int)a->padding, (int)a->padding, (int)a->stride,
+                                                           (int)a->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                           CUDNN_DATA_FLOAT)) &&
+              CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, math));
+    if (!ok) {
+        plan_destroy(p);
+        return NULL;
+    }
+    p->next = cb->conv_plans;
+    cb->conv_plans = p;
+    return p;
+}
+
+/* The first deterministic, working algorithm from a _v7 list (sorted fastest first). */
+template <typename Perf, typename Algo>
+static bool pick(struct cuda_backend *cb, const Perf *perf, int count, Algo *algo, size_t *ws, const char *what)
+{
+    for (int i = 0; i < count; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
+            *algo = perf[i].algo;
+            *ws = perf[i].memory;
+            return true;
+        }
+    cuda_record(cb, "try another precision mode or batch size; report the layer's shape",
+                "cuDNN offers no deterministic %s algorithm for this convolution", what);
+    return false;
+}
+
+constexpr int kMaxAlgos = 16;
+
+static bool ensure_fwd(struct cuda_backend *cb, struct conv_plan *p)
+{
+    if (p->have_fwd)
+        return true;
+    cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
+    int count = 0;
+    if (!CB_CUDNN(cb, cudnnGetConvolutionForwardAlgorithm_v7(cb->dnn, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
+                                                             perf)) ||
+        !pick(cb, perf, count, &p->fwd, &p->ws_fwd, "forward"))
+        return false;
+    return p->have_fwd = true;
+}
+
+static bool ensure_bwd_data(struct cuda_backend *cb, struct conv_plan *p)
+{
+    if (p->have_bwd_data)
+        return true;
+    cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
+    int count = 0;
+    if (!CB_CUDNN(cb, cudnnGetConvolutionBackwardDataAlgorithm_v7(cb->dnn, p->w, p->y, p->conv, p->x, kMaxAlgos, &count,
+                                                                  perf)) ||
+        !pick(cb, perf, count, &p->bwd_data, &p->ws_bwd_data, "backward-data"))
+        return false;
+    return p->have_bwd_data = true;
+}
+
+static bool ensure_bwd_filter(struct cuda_backend *cb, struct conv_plan *p)
+{
+    if (p->have_bwd_filter)
+        return true;
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
+    int count = 0;
+    if (!CB_CUDNN(cb, cudnnGetConvolutionBackwardFilterAlgorithm_v7(cb->dnn, p->x, p->y, p->conv, p->w, kMaxAlgos,
+                                                                    &count, perf)) ||
+        !pick(cb, perf, count, &p->bwd_filter, &p->ws_bwd_filter, "backward-filter"))
+        return false;
+    return p->have_bwd_filter = true;
+}
+
+/* `t` as an fp32 device buffer: its data when fp32, else a widened copy in `slot`. */
+static const void *as_f32(struct cuda_backend *cb, enum cuda_scratch_slot slot, const struct tensor *t)
+{
+    if (t->dtype == DT_FP32)
+        return t->data;
+    void *p = cuda_scratch(cb, slot, t->numel * sizeof(float));
+    if (p && !CB_CUDA(cb, (cudaError_t)cuda_convert(p, DT_FP32, t->data, t->dtype, t->numel, cb->stream)))
+        return NULL;
+    return p;
+}
+
+static void *workspace(struct cuda_backend *cb, size_t bytes)
+{
+    return cuda_scratch(cb, CSCR_CONV_WS, bytes ? bytes : 256);
+}
+
+void cuda_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y, const struct tensor *x,
+                         const struct tensor *w, const struct tensor *bias)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (a->n <= 0)
+        return;
+    bool native = x->dtype == w->dtype && x->dtype == y->dtype;
+    enum dtype dt = native ? y->dtype : DT_FP32;
+    struct conv_plan *p = plan_get(cb, a, dt);
+    if (!p || !ensure_fwd(cb, p))
+        return;
+    const void *xp = native ? x->data : as_f32(cb, CSCR_F32_0, x);
+    const void *wp = native ? w->data : as_f32(cb, CSCR_F32_1, w);
+    void *yp = native || y->dtype == DT_FP32 ? y->data : cuda_scratch(cb, CSCR_F32_2, y->numel * sizeof(float));
+    void *ws = workspace(cb, p->ws_fwd);
+    if (!xp || !wp || !yp || !ws)
+        return;
+    float one = 1.0f, zero = 0.0f;
+    if (!CB_CUDNN(cb, cudnnConvolutionForward(cb->dnn, &one, p->x, xp, p->w, wp, p->conv, p->fwd, ws, p->ws_fwd, &zero,
+                                              p->y, yp)))
+        return;
+    if (bias)
+        cuda_add_channel_bias(cb, yp, dt, static_cast<const float *>(bias->data), a->n, a->c_out, a->h_out * a->w_out);
+    if (yp != y->data)
+        CB_CUDA(cb, (cudaError_t)cuda_convert(y->data, y->dtype, yp, DT_FP32, y->numel, cb->stream));
+}
+
+void cuda_conv2d_backward_data(struct backend *be, const struct conv_args *a, struct tensor *dx,
+                               const struct tensor *dy, const struct tensor *w)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (a->n <= 0)
+        return;
+    bool native = dy->dtype == w->dtype && dy->dtype == dx->dtype;
+    enum dtype dt = native ? dx->dtype : DT_FP32;
+    struct conv_plan *p = plan_get(cb, a, dt);
+    if (!p || !ensure_bwd_data(cb, p))
+        return;
+    const void *dyp = native ? dy->data : as_f32(cb, CSCR_F32_0, dy);
+    const void *wp = native ? w->data : as_f32(cb, CSCR_F32_1, w);
+    void *dxp = native || dx->dtype == DT_FP32 ? dx->data : cuda_scratch(cb, CSCR_F32_2, dx->numel * sizeof(float));
+    void *ws = workspace(cb, p->ws_bwd_data);
+    if (!dyp || !wp || !dxp || !ws)
+        return;
+    float one = 1.0f, zero = 0.0f;
+    if (!CB_CUDNN(cb, cudnnConvolutionBackwardData(cb->dnn, &one, p->w, wp, p->y, dyp, p->conv, p->bwd_data, ws,
+                                                   p->ws_bwd_data, &zero, p->x, dxp)))
+        return;
+    if (dxp != dx->data)
+        CB_CUDA(cb, (cudaError_t)cuda_convert(dx->data, dx->dtype, dxp, DT_FP32, dx->numel, cb->stream));
+}
+
+void cuda_conv2d_backward_filter(struct backend *be, const struct conv_args *a, struct tensor *dw, struct tensor *db,
+                                 const struct tensor *dy, const struct tensor *x, float beta)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (a->n <= 0) { /* no samples: dw = beta * dw (db likewise) */
+        if (beta != 1.0f) {
+            float *d = static_cast<float *>(dw->data);
+            if (beta == 0.0f)
+                CB_CUDA(cb, cudaMemsetAsync(d, 0, dw->numel * sizeof(float), cb->stream));
+            else
+                cuda_record(cb, "this is a bug in the caller", "conv2d_backward_filter with n = 0 and beta %g", beta);
+        }
+        return;
+    }
+    struct conv_plan *p = plan_get(cb, a, DT_FP32);
+    if (!p || !ensure_bwd_filter(cb, p))
+        return;
+    const void *xp = as_f32(cb, CSCR_F32_0, x);
+    const void *dyp = as_f32(cb, CSCR_F32_1, dy);
+    void *ws = workspace(cb, p->ws_bwd_filter);
+    if (!xp || !dyp || !ws)
+        return;
+    float one = 1.0f;
+    if (!CB_CUDNN(cb, cudnnConvolutionBackwardFilter(cb->dnn, &one, p->x, xp, p->y, dyp, p->conv, p->bwd_filter, ws,
+                                                     p->ws_bwd_filter, &beta, p->w, dw->data)))
+        return;
+    if (db)
+        cuda_channel_sums(cb, static_cast<float *>(db->data), dy->data, dy->dtype, a->n, a->c_out,
+                          a->h_out * a->w_out, beta);
+}

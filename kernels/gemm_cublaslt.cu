@@ -1,0 +1,577 @@
+/*
+ * gemm_cublaslt.cu — matrix products through cuBLASLt, and causal attention built on them.
+ *
+ * Row-major to column-major: a row-major (r, c) matrix with leading dimension ld is, to cuBLASLt, a
+ * column-major (c, r) matrix with the same ld. So C = op(A) op(B) (row-major, m x n) is computed as
+ * C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B, its "B" is our A, its m is our n and its n our m.
+ * Inputs fp32 (compute CUBLAS_COMPUTE_32F, or 32F_FAST_TF32 when the backend's tf32 flag is set) or
+ * fp16/bf16 (compute 32F: FP32 accumulation on tensor cores); output fp32 or the inputs' dtype, rounded
+ * once after alpha, beta and the bias (CUBLASLT_EPILOGUE_BIAS with an fp32 bias vector). Should a
+ * cuBLASLt build offer no kernel for an fp32 bias on a 16-bit output, the plan falls back to a plain
+ * product plus a bias kernel (one extra rounding) rather than failing.
+ *
+ * Plans: the matmul descriptor, the three layouts and the heuristic's algorithm are built once per
+ * shape key (transposes, m, n, k, leading dimensions, batch and strides, dtypes, bias, alignment, tf32)
+ * and kept in a most-recently-used list until destroy; a call only sets the bias pointer.
+ *
+ * Alignment rule: every operand pointer and every batch stride (in bytes) must be a multiple of the
+ * element size (else the call records an error and computes nothing). 16-byte alignment of pointers and
+ * byte strides is the fast path (cudaMalloc gives 256; layer scratch offsets are 256-aligned): the
+ * alignment actually present (2, 4, 8 or 16) is part of the plan key and is passed to the heuristic
+ * (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*), so a less-aligned view gets a kernel that is legal for it.
+ *
+ * Attention (per backend.h and the CPU reference): heads are split from qkv (B, T, 3C) into contiguous
+ * (B*H, T, D) buffers, the products are strided-batched GEMMs over B*H, the causal softmax and its
+ * backward are fp32 kernels (one block per row, sums in double as on the CPU), and the results are
+ * merged back. Buffers live in the backend's attention scratch slots.
+ */
+#include "backend_cuda_internal.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "convert.h" /* cuda_convert */
+
+/* ---- plans ------------------------------------------------------------------------------------- */
+
+struct gemm_key {
+    int32_t trans_a, trans_b, ab_dt, c_dt, has_bias, tf32;
+    int32_t align_a, align_b, align_c;
+    int32_t pad_;
+    int64_t m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
+};
+
+struct gemm_plan {
+    struct gemm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t lay_a, lay_b, lay_c; /* cuBLASLt's A (our B), B (our A), C = D */
+    cublasLtMatmulAlgo_t algo;
+    bool bias_by_kernel; /* the epilogue was refused: bias added by cuda_add_row_bias */
+    struct gemm_plan *next;
+};
+
+constexpr int kMaxPlans = 1024;
+
+static cudaDataType_t cuda_type(enum dtype dt)
+{
+    switch (dt) {
+    case DT_FP16: return CUDA_R_16F;
+    case DT_BF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+    }
+}
+
+static void plan_destroy(struct gemm_plan *p)
+{
+    if (p->lay_a)
+        cublasLtMatrixLayoutDestroy(p->lay_a);
+    if (p->lay_b)
+        cublasLtMatrixLayoutDestroy(p->lay_b);
+    if (p->lay_c)
+        cublasLtMatrixLayoutDestroy(p->lay_c);
+    if (p->desc)
+        cublasLtMatmulDescDestroy(p->desc);
+    free(p);
+}
+
+void cuda_gemm_plans_free(struct cuda_backend *cb)
+{
+    struct gemm_plan *p = cb->gemm_plans;
+    while (p) {
+        struct gemm_plan *next = p->next;
+        plan_destroy(p);
+        p = next;
+    }
+    cb->gemm_plans = NULL;
+    cb->n_gemm_plans = 0;
+}
+
+static bool layout_create(struct cuda_backend *cb, cublasLtMatrixLayout_t *lay, enum dtype dt, int64_t rows,
+                          int64_t cols, int64_t ld, int64_t batch, int64_t stride)
+{
+    if (!CB_CUBLAS(cb, cublasLtMatrixLayoutCreate(lay, cuda_type(dt), (uint64_t)rows, (uint64_t)cols, ld)))
+        return false;
+    if (batch > 1) {
+        int32_t count = (int32_t)batch;
+        if (!CB_CUBLAS(cb, cublasLtMatrixLayoutSetAttribute(*lay, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                            sizeof count)) ||
+            !CB_CUBLAS(cb, cublasLtMatrixLayoutSetAttribute(*lay, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                            sizeof stride)))
+            return false;
+    }
+    return true;
+}
+
+/* Ask the heuristic for the best algorithm of `p` (epilogue as set in its descriptor). */
+static bool plan_pick_algo(struct cuda_backend *cb, struct gemm_plan *p, bool *found)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    *found = false;
+    if (!CB_CUBLAS(cb, cublasLtMatmulPreferenceCreate(&pref)))
+        return false;
+    uint64_t ws = kLtWorkspaceBytes;
+    uint32_t al_a = (uint32_t)p->key.align_b, al_b = (uint32_t)p->key.align_a, al_c = (uint32_t)p->key.align_c;
+    bool ok = CB_CUBLAS(cb, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                                 sizeof ws)) &&
+              CB_CUBLAS(cb, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                                 &al_a, sizeof al_a)) &&
+              CB_CUBLAS(cb, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                                 &al_b, sizeof al_b)) &&
+              CB_CUBLAS(cb, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                                 &al_c, sizeof al_c)) &&
+              CB_CUBLAS(cb, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                                 &al_c, sizeof al_c));
+    if (ok) {
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(cb->lt, p->desc, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
+                                                          pref, 1, &res, &nres);
+        if (s == CUBLAS_STATUS_SUCCESS && nres > 0) {
+            p->algo = res.algo;
+            *found = true;
+        } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+            ok = CB_CUBLAS(cb, s);
+        }
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return ok;
+}
+
+static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_key *key)
+{
+    struct gemm_plan *p = static_cast<struct gemm_plan *>(calloc(1, sizeof *p));
+    if (!p) {
+        cuda_record(cb, "free some host memory", "out of memory building a cuBLASLt plan");
+        return NULL;
+    }
+    p->key = *key;
+    enum dtype ab = (enum dtype)key->ab_dt, c = (enum dtype)key->c_dt;
+    cublasComputeType_t compute =
+        ab == DT_FP32 && key->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasOperation_t op_a = key->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
+    cublasOperation_t op_b = key->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    bool ok = CB_CUBLAS(cb, cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F)) &&
+              CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a)) &&
+              CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b)) &&
+              layout_create(cb, &p->lay_a, ab, key->trans_b ? key->k : key->n, key->trans_b ? key->n : key->k,
+                            key->ldb, key->batch, key->stride_b) &&
+              layout_create(cb, &p->lay_b, ab, key->trans_a ? key->m : key->k, key->trans_a ? key->k : key->m,
+                            key->lda, key->batch, key->stride_a) &&
+              layout_create(cb, &p->lay_c, c, key->n, key->m, key->ldc, key->batch, key->stride_c);
+    bool found = false;
+    if (ok && key->has_bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        int32_t bias_type = CUDA_R_32F;
+        ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) &&
+             CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                          sizeof bias_type));
+        if (ok)
+            ok = plan_pick_algo(cb, p, &found);
+        if (ok && !found) {
+            epi = CUBLASLT_EPILOGUE_DEFAULT;
+            p->bias_by_kernel = true;
+            ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        }
+    }
+    if (ok && !found)
+        ok = plan_pick_algo(cb, p, &found);
+    if (ok && !found) {
+        cuda_record(cb, "report this shape; meanwhile try another precision mode",
+                    "cuBLASLt has no algorithm for a %s x %s -> %s product m=%lld n=%lld k=%lld (batch %lld, "
+                    "alignment %d/%d/%d bytes)",
+                    dtype_name(ab), dtype_name(ab), dtype_name(c), (long long)key->m, (long long)key->n,
+                    (long long)key->k, (long long)key->batch, key->align_a, key->align_b, key->align_c);
+        ok = false;
+    }
+    if (!ok) {
+        plan_destroy(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* The plan for `key`, moved to the front of the list; built on first use. */
+static struct gemm_plan *plan_get(struct cuda_backend *cb, const struct gemm_key *key)
+{
+    struct gemm_plan **link = &cb->gemm_plans;
+    for (struct gemm_plan *p = cb->gemm_plans; p; link = &p->next, p = p->next)
+        if (memcmp(&p->key, key, sizeof *key) == 0) {
+            *link = p->next;
+            p->next = cb->gemm_plans;
+            cb->gemm_plans = p;
+            return p;
+        }
+    struct gemm_plan *p = plan_build(cb, key);
+    if (!p)
+        return NULL;
+    p->next = cb->gemm_plans;
+    cb->gemm_plans = p;
+    if (++cb->n_gemm_plans > kMaxPlans) { /* drop the least recently used */
+        struct gemm_plan *q = cb->gemm_plans;
+        while (q->next && q->next->next)
+            q = q->next;
+        if (q->next) {
+            plan_destroy(q->next);
+            q->next = NULL;
+            cb->n_gemm_plans--;
+        }
+    }
+    return p;
+}
+
+/* Largest power of two <= 16 dividing the pointer and the batch stride in bytes. */
+static int alignment_of(const void *p, int64_t stride_bytes, int64_t batch)
+{
+    uintptr_t bits = (uintptr_t)p | (uintptr_t)(batch > 1 ? stride_bytes : 0) | 16u;
+    return (int)(bits & (~bits + 1));
+}
+
+__global__ void scale_rows_kernel(void *c, int dt, int64_t m, int64_t n, int64_t ldc, float beta)
+{
+    int64_t total = m * n;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / n, j = i % n;
+        size_t at = (size_t)(r * ldc + j);
+        store_elem(c, dt, at, beta == 0.0f ? 0.0f : beta * load_elem(c, dt, at));
+    }
+}
+
+void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm)
+{
+    if (mm->m <= 0 || mm->n <= 0 || mm->batch <= 0)
+        return;
+    if (mm->k == 0) { /* C = beta * C, batch by batch (bias never comes with k = 0 in the engine) */
+        for (int64_t i = 0; i < mm->batch; i++) {
+            char *c = (char *)mm->c + (size_t)(i * mm->stride_c) * dtype_size(mm->c_dt);
+            scale_rows_kernel<<<grid_for((size_t)(mm->m * mm->n)), kThreads, 0, cb->stream>>>(c, mm->c_dt, mm->m, mm->n,
+                                                                                              mm->ldc, mm->beta);
+        }
+        CB_LAUNCHED(cb, "scale_rows_kernel");
+        return;
+    }
+    size_t es_ab = dtype_size(mm->ab_dt), es_c = dtype_size(mm->c_dt);
+    struct gemm_key key;
+    memset(&key, 0, sizeof key); /* padding included: keys are compared with memcmp */
+    key.trans_a = mm->trans_a;
+    key.trans_b = mm->trans_b;
+    key.ab_dt = mm->ab_dt;
+    key.c_dt = mm->c_dt;
+    key.has_bias = mm->bias != NULL;
+    key.tf32 = cb->tf32 && mm->ab_dt == DT_FP32;
+    key.align_a = alignment_of(mm->a, mm->stride_a * (int64_t)es_ab, mm->batch);
+    key.align_b = alignment_of(mm->b, mm->stride_b * (int64_t)es_ab, mm->batch);
+    key.align_c = alignment_of(mm->c, mm->stride_c * (int64_t)es_c, mm->batch);
+    key.m = mm->m;
+    key.n = mm->n;
+    key.k = mm->k;
+    key.lda = mm->lda;
+    key.ldb = mm->ldb;
+    key.ldc = mm->ldc;
+    key.batch = mm->batch;
+    key.stride_a = mm->batch > 1 ? mm->stride_a : 0;
+    key.stride_b = mm->batch > 1 ? mm->stride_b : 0;
+    key.stride_c = mm->batch > 1 ? mm->stride_c : 0;
+    if (key.align_a < (int)es_ab || key.align_b < (int)es_ab || key.align_c < (int)es_c) {
+        cuda_record(cb, "operands must be aligned to their element size (16 bytes for the fast path); this is a bug "
+                    "in the caller's tensor views",
+                    "gemm m=%lld n=%lld k=%lld: misaligned operand (A %p, B %p, C %p; alignment %d/%d/%d bytes)",
+                    (long long)mm->m, (long long)mm->n, (long long)mm->k, mm->a, mm->b, mm->c, key.align_a,
+                    key.align_b, key.align_c);
+        return;
+    }
+    if (mm->batch > INT32_MAX) {
+        cuda_record(cb, "this is a bug in the caller", "gemm batch %lld exceeds cuBLASLt's int32 batch count",
+                    (long long)mm->batch);
+        return;
+    }
+    struct gemm_plan *p = plan_get(cb, &key);
+    if (!p)
+        return;
+    if (mm->bias && !p->bias_by_kernel &&
+        !CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &mm->bias,
+                                                      sizeof mm->bias)))
+        return;
+    /* cuBLASLt's A is our B, its B our A; beta 0 never reads C (cuBLAS semantics) */
+    CB_CUBLAS(cb, cublasLtMatmul(cb->lt, p->desc, &mm->alpha, mm->b, p->lay_a, mm->a, p->lay_b, &mm->beta, mm->c,
+                                 p->lay_c, mm->c, p->lay_c, &p->algo, cb->lt_workspace, kLtWorkspaceBytes, cb->stream));
+    if (mm->bias && p->bias_by_kernel)
+        cuda_add_row_bias(cb, mm->c, mm->c_dt, mm->bias, mm->m, mm->n, mm->batch, mm->stride_c);
+}
+
+void cuda_gemm(struct backend *be, const struct gemm_args *g)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (g->a->dtype != g->b->dtype || (g->c->dtype != DT_FP32 && g->c->dtype != g->a->dtype) ||
+        (g->bias && (g->bias->dtype != DT_FP32 || g->beta != 0.0f))) {
+        cuda_record(cb, "this is a bug in the caller (see the dtype rules in lib/backend.h)",
+                    "gemm: unsupported dtypes A %s, B %s, C %s%s", dtype_name(g->a->dtype), dtype_name(g->b->dtype),
+                    dtype_name(g->c->dtype), g->bias ? " with a bias" : "");
+        return;
+    }
+    struct lt_matmul mm;
+    mm.a = g->a->data;
+    mm.b = g->b->data;
+    mm.c = g->c->data;
+    mm.bias = g->bias ? static_cast<const float *>(g->bias->data) : NULL;
+    mm.ab_dt = g->a->dtype;
+    mm.c_dt = g->c->dtype;
+    mm.trans_a = g->trans_a;
+    mm.trans_b = g->trans_b;
+    mm.m = g->m;
+    mm.n = g->n;
+    mm.k = g->k;
+    mm.lda = g->trans_a ? g->m : g->k;
+    mm.ldb = g->trans_b ? g->k : g->n;
+    mm.ldc = g->n;
+    mm.alpha = g->alpha;
+    mm.beta = g->beta;
+    mm.batch = g->batch;
+    mm.stride_a = g->stride_a;
+    mm.stride_b = g->stride_b;
+    mm.stride_c = g->stride_c;
+    cuda_lt_matmul(cb, &mm);
+}
+
+/* ---- attention --------------------------------------------------------------------------------- */
+
+/* dst (B, H, T, D) dtype dst_dt = the head columns of src rows: src[(b*T + t)*row + col + h*D + d]. */
+__global__ void split_heads_kernel(void *dst, int dst_dt, const void *src, int src_dt, int64_t row, int64_t col,
+                                   int64_t B, int64_t T, int64_t H, int64_t D)
+{
+    int64_t total = B * H * T * D;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
+        store_elem(dst, dst_dt, (size_t)i, load_elem(src, src_dt, (size_t)((b * T + t) * row + col + h * D + d)));
+    }
+}
+
+/* The inverse: dst[(b*T + t)*row + col + h*D + d] = src (B, H, T, D). */
+__global__ void merge_heads_kernel(void *dst, int dst_dt, int64_t row, int64_t col, const void *src, int src_dt,
+                                   int64_t B, int64_t T, int64_t H, int64_t D)
+{
+    int64_t total = B * H * T * D;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t d = i % D, t = (i / D) % T, h = (i / (D * T)) % H, b = i / (D * T * H);
+        store_elem(dst, dst_dt, (size_t)((b * T + t) * row + col + h * D + d), load_elem(src, src_dt, (size_t)i));
+    }
+}
+
+__device__ double block_sum_double(double v, double *shared)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+        s += shared[w];
+    return s;
+}
+
+__device__ float block_max_float(float v, float *shared)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+        m = fmaxf(m, shared[w]);
+    return m;
+}
+
+/* One block per row r of the (B*H*T, T) scores, t = r % T. Reads s (dtype s_dt), rounds each score
+ * to d (the CPU stores scores in qkv's dtype), writes the causal softmax to probs (probs_dt, zeros for
+ * j > t) and, when s_back, the probabilities as rounded to probs_dt back into s (fp32 work buffer). */
+__global__ void softmax_causal_kernel(void *s, int s_dt, int d, void *probs, int probs_dt, bool s_back, int64_t T)
+{
+    extern __shared__ float row[]; /* T */
+    __shared__ double red_d[32];
+    __shared__ float red_f[32];
+    int64_t r = blockIdx.x, t = r % T;
+    size_t base = (size_t)r * (size_t)T;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
+        float v = round_to(load_elem(s, s_dt, base + j), d);
+        row[j] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = block_max_float(mx, red_f);
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
+        float e = expf(row[j] - mx);
+        row[j] = e;
+        sum += e;
+    }
+    sum = block_sum_double(sum, red_d);
+    float inv = (float)(1.0 / sum);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+        float p = j <= t ? row[j] * inv : 0.0f;
+        store_elem(probs, probs_dt, base + j, p);
+        if (s_back)
+            static_cast<float *>(s)[base + j] = round_to(p, probs_dt);
+    }
+}
+
+/* One block per row: dS = P * (dP - sum_j P dP) over j <= t (0 beyond), dP read from ds (ds_dt) and
+ * rounded to d first, the result rounded to d and stored back into ds. */
+__global__ void softmax_causal_backward_kernel(void *ds, int ds_dt, int d, const void *probs, int probs_dt, int64_t T)
+{
+    __shared__ double red_d[32];
+    int64_t r = blockIdx.x, t = r % T;
+    size_t base = (size_t)r * (size_t)T;
+    double dot = 0.0;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x)
+        dot += (double)load_elem(probs, probs_dt, base + j) * (double)round_to(load_elem(ds, ds_dt, base + j), d);
+    dot = block_sum_double(dot, red_d);
+    float dot_f = (float)dot;
+    __syncthreads(); /* every thread has read its dP before any is overwritten (same thread owns j) */
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+        float v = 0.0f;
+        if (j <= t) {
+            float p = load_elem(probs, probs_dt, base + j), dp = round_to(load_elem(ds, ds_dt, base + j), d);
+            v = p * (dp - dot_f);
+        }
+        store_elem(ds, ds_dt, base + j, round_to(v, d));
+    }
+}
+
+static unsigned row_threads(int64_t T)
+{
+    return T >= 512 ? 256u : T >= 128 ? 128u : 32u;
+}
+
+static void *att_buffer(struct cuda_backend *cb, enum cuda_scratch_slot slot, enum dtype dt, int64_t numel)
+{
+    return cuda_scratch(cb, slot, (size_t)numel * dtype_size(dt));
+}
+
+static bool att_shapes_ok(struct cuda_backend *cb, int64_t B, int64_t T, int64_t C, int64_t H)
+{
+    if (H < 1 || C % H != 0 || T < 1 || B < 1 || T * (int64_t)sizeof(float) > 48 * 1024) {
+        cuda_record(cb, "use a sequence length of at most 12288 and a width divisible by the head count",
+                    "attention: unsupported shape B=%lld T=%lld C=%lld H=%lld", (long long)B, (long long)T,
+                    (long long)C, (long long)H);
+        return false;
+    }
+    return true;
+}
+
+static struct lt_matmul batched(const void *a, bool ta, const void *b, bool tb, void *c, enum dtype ab, enum dtype cd,
+                                int64_t m, int64_t n, int64_t k, float alpha, int64_t batch)
+{
+    struct lt_matmul mm;
+    memset(&mm, 0, sizeof mm);
+    mm.a = a;
+    mm.b = b;
+    mm.c = c;
+    mm.ab_dt = ab;
+    mm.c_dt = cd;
+    mm.trans_a = ta;
+    mm.trans_b = tb;
+    mm.m = m;
+    mm.n = n;
+    mm.k = k;
+    mm.lda = ta ? m : k;
+    mm.ldb = tb ? k : n;
+    mm.ldc = n;
+    mm.alpha = alpha;
+    mm.beta = 0.0f;
+    mm.batch = batch;
+    mm.stride_a = m * k;
+    mm.stride_b = k * n;
+    mm.stride_c = m * n;
+    return mm;
+}
+
+void cuda_attention_forward(struct backend *be, struct tensor *out, struct tensor *probs, const struct tensor *qkv,
+                            int64_t B, int64_t T, int64_t C, int64_t H)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (!att_shapes_ok(cb, B, T, C, H))
+        return;
+    int64_t D = C / H, BH = B * H;
+    float scale = 1.0f / sqrtf((float)D);
+    enum dtype d = qkv->dtype;
+    enum dtype w = probs->dtype == d ? d : DT_FP32; /* the GEMMs' operand dtype */
+    enum dtype o_dt = out->dtype == w ? w : DT_FP32;
+    void *q = att_buffer(cb, CSCR_ATT_Q, w, BH * T * D), *k = att_buffer(cb, CSCR_ATT_K, w, BH * T * D);
+    void *v = att_buffer(cb, CSCR_ATT_V, w, BH * T * D), *o = att_buffer(cb, CSCR_ATT_O, o_dt, BH * T * D);
+    void *s = w == d ? probs->data : att_buffer(cb, CSCR_ATT_S, DT_FP32, BH * T * T);
+    if (!q || !k || !v || !o || !s)
+        return;
+    unsigned g = grid_for((size_t)(BH * T * D));
+    split_heads_kernel<<<g, kThreads, 0, cb->stream>>>(q, w, qkv->data, d, 3 * C, 0, B, T, H, D);
+    split_heads_kernel<<<g, kThreads, 0, cb->stream>>>(k, w, qkv->data, d, 3 * C, C, B, T, H, D);
+    split_heads_kernel<<<g, kThreads, 0, cb->stream>>>(v, w, qkv->data, d, 3 * C, 2 * C, B, T, H, D);
+    CB_LAUNCHED(cb, "split_heads_kernel");
+    /* S = Q K^T / sqrt(D), stored in w (d, or fp32 rounded to d by the softmax) */
+    struct lt_matmul mm = batched(q, false, k, true, s, w, w, T, T, D, scale, BH);
+    cuda_lt_matmul(cb, &mm);
+    softmax_causal_kernel<<<(unsigned)(BH * T), row_threads(T), (size_t)T * sizeof(float), cb->stream>>>(
+        s, w, d, probs->data, probs->dtype, w != d, T);
+    CB_LAUNCHED(cb, "softmax_causal_kernel");
+    /* O = P V; P is probs itself (w == d) or its fp32 copy in s */
+    mm = batched(s, false, v, false, o, w, o_dt, T, D, T, 1.0f, BH);
+    cuda_lt_matmul(cb, &mm);
+    merge_heads_kernel<<<g, kThreads, 0, cb->stream>>>(out->data, out->dtype, C, 0, o, o_dt, B, T, H, D);
+    CB_LAUNCHED(cb, "merge_heads_kernel");
+}
+
+void cuda_attention_backward(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
+                             const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T, int64_t C,
+                             int64_t H)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (!att_shapes_ok(cb, B, T, C, H))
+        return;
+    int64_t D = C / H, BH = B * H;
+    float scale = 1.0f / sqrtf((float)D);
+    enum dtype d = qkv->dtype;
+    enum dtype w = probs->dtype == d && dout->dtype == d ? d : DT_FP32;
+    enum dtype g_dt = dqkv->dtype == w ? w : DT_FP32;
+    size_t nh = (size_t)(BH * T * D);
+    void *q = att_buffer(cb, CSCR_ATT_Q, w, BH * T * D), *k = att_buffer(cb, CSCR_ATT_K, w, BH * T * D);
+    void *v = att_buffer(cb, CSCR_ATT_V, w, BH * T * D), *dO = att_buffer(cb, CSCR_ATT_O, w, BH * T * D);
+    void *ds = att_buffer(cb, CSCR_ATT_S, w, BH * T * T);
+    void *dq = att_buffer(cb, CSCR_ATT_DQ, g_dt, BH * T * D), *dk = att_buffer(cb, CSCR_ATT_DK, g_dt, BH * T * D);
+    void *dv = att_buffer(cb, CSCR_ATT_DV, g_dt, BH * T * D);
+    /* P as a GEMM operand: probs itself, or an fp32 copy (in the partial slot) */
+    const void *p = probs->data;
+    if (w != probs->dtype) {
+        void *p32 = cuda_scratch(cb, CSCR_PARTIAL2, probs->numel * sizeof(float));
+        if (p32)
+            CB_CUDA(cb, (cudaError_t)cuda_convert(p32, DT_FP32, probs->data, probs->dtype, probs->numel, cb->stream));
+        p = p32;
+    }
+    if (!q || !k || !v || !dO || !ds || !dq || !dk || !dv || !p)
+        return;
+    unsigned g = grid_for(nh);
+    split_heads_kernel<<<g, kThreads, 0, cb->stream>>>(q, w, qkv->data, d, 3 * C, 0, B, T, H, D);
+    split_heads_kernel<<<g, kThreads, 0, cb->stream>>>(k, w, qkv->data, d, 3 * C, C, B, T, H, D);
+    split_heads_kernel<<<g, kThreads, 0, cb->stream>>>(v, w, qkv->data, d, 3 * C, 2 * C, B, T, H, D);
+    split_heads_kernel<<<g, kThreads, 0, cb->stream>>>(dO, w, dout->data, dout->dtype, C, 0, B, T, H, D);
+    CB_LAUNCHED(cb, "split_heads_kernel");
+    struct lt_matmul mm = batched(dO, false, v, true, ds, w, w, T, T, D, 1.0f, BH); /* dP = dO V^T */
+    cuda_lt_matmul(cb, &mm);
+    softmax_causal_backward_kernel<<<(unsigned)(BH * T), row_threads(T), 0, cb->stream>>>(ds, w, d, probs->data,
+                                                                                          probs->dtype, T);
+    CB_LAUNCHED(cb, "softmax_causal_backward_kernel");
+    mm = batched(p, true, dO, false, dv, w, g_dt, T, D, T, 1.0f, BH); /* dV = P^T dO */
+    cuda_lt_matmul(cb, &mm);
+    mm = batched(ds, false, k, false, dq, w, g_dt, T, D, T, scale, BH); /* dQ = dS K / sqrt(D) */
+    cuda_lt_matmul(cb, &mm);
+    mm = batched(ds, true, q, false, dk, w, g_dt, T, D, T, scale, BH); /* dK = dS^T Q / sqrt(D) */
+    cuda_lt_matmul(cb, &mm);
+    merge_heads_kernel<<<g, kThreads, 0, cb->stream>>>(dqkv->data, dqkv->dtype, 3 * C, 0, dq, g_dt, B, T, H, D);
+    merge_heads_kernel<<<g, kThreads, 0, cb->stream>>>(dqkv->data, dqkv->dtype, 3 * C, C, dk, g_dt, B, T, H, D);
+    merge_heads_kernel<<<g, kThreads, 0, cb->stream>>>(dqkv->data, dqkv->dtype, 3 * C, 2 * C, dv, g_dt, B, T, H, D);
+    CB_LAUNCHED(cb, "merge_heads_kernel");
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The GPU check, in one go (< 8 minutes on an H200): build for sm_90, run the GPU tests, train every
+# reference model in every precision mode on the GPU for a few hundred steps, benchmark ampTrain against
+# PyTorch eager AMP (scripts/bench_gpu_torch.py) on the same models, batches and optimizer, and write
+#   OUTDIR/table.md   one markdown table (samples/s, tokens/s, peak GPU memory, ratios) for docs/perf.md
+#   OUTDIR/*.log      every build, test, training and benchmark log
+#   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc)
+set -uo pipefail
+[ $# -eq 1 ] || { echo "usage: scripts/gpu-check.sh OUTDIR" >&2; exit 2; }
+cd "$(dirname "$0")/.."
+out=$(mkdir -p "$1" && cd "$1" && pwd)
+steps=${STEPS:-300}; wide_steps=${WIDE_STEPS:-100}; jobs=${JOBS:-$(nproc)}
+build="$out/build"
+status=0
+note() { echo "gpu-check: $*" | tee -a "$out/summary.log"; }
+fail() { note "FAIL: $*"; status=1; }
+
+nvidia-smi > "$out/nvidia-smi.log" 2>&1 || fail "nvidia-smi did not run (no GPU?)"
+note "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)'), $(date -u +%Y-%m-%dT%H:%MZ)"
+note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+
+# ---- build (sm_90 only: the H200; the default build also makes sm_80 and PTX) ----
+t0=$(date +%s)
+if cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
+   cmake --build "$build" -j "$jobs" >> "$out/build.log" 2>&1; then
+  note "build: ok ($(( $(date +%s) - t0 )) s)"
+else
+  fail "build (see build.log)"; exit 1
+fi
+grep -q "CUDA backend ON" "$out/build.log" || { fail "the build has no CUDA backend (see build.log)"; exit 1; }
+bin="$build/ampTrain"
+
+# ---- GPU tests: on a GPU machine a skip is a failure ----
+export OPENBLAS_NUM_THREADS=1
+for t in test_cuda_convert test_cuda_backend; do
+  (cd "$build" && "./$t" --verbose --jobs=1) > "$out/$t.log" 2>&1
+  rc=$?
+  case $rc in
+    0) note "$t: passed" ;;
+    77) fail "$t: skipped on a GPU machine (see $t.log)" ;;
+    *) fail "$t: failed, rc $rc (see $t.log)" ;;
+  esac
+done
+
+# ---- training and benchmarks ----
+declare -A amp_sps amp_mem torch_sps torch_mem
+models="fashion_mlp fashion_cnn text_gpt"
+modes="fp32 fp16-dynamic bf16"
+tokens_of() { case $1 in text_gpt*) echo 64 ;; *) echo 0 ;; esac; }
+
+# ampTrain: "train: ...: X samples/s" on stdout; peak memory from AMP_CUDA_MEMLOG=1 on stderr
+run_amp() { # key config steps overrides...
+  local key=$1 cfg=$2 n=$3; shift 3
+  local log="$out/amp-$key.log"
+  AMP_CUDA_MEMLOG=1 timeout 300 "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 run.device=cuda \
+    run.log_every=50 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$out/runs/$key" "$@" > "$log" 2>&1
+  local rc=$?
+  amp_sps[$key]=$(sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p' "$log" | tail -1)
+  amp_mem[$key]=$(sed -n 's/.*peak device memory in use \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
+  grep -q "device: cuda:0" "$log" || fail "ampTrain $key did not run on cuda:0 (see amp-$key.log)"
+  [ $rc -eq 0 ] && [ -n "${amp_sps[$key]}" ] || fail "ampTrain $key: rc $rc (see amp-$key.log)"
+}
+
+run_torch() { # key model mode steps extra...
+  local key=$1 model=$2 mode=$3 n=$4; shift 4
+  local log="$out/torch-$key.log"
+  timeout 300 python3 scripts/bench_gpu_torch.py "$model" "$mode" "$n" "$@" > "$log" 2>&1
+  local rc=$?
+  torch_sps[$key]=$(sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
+  torch_mem[$key]=$(sed -n 's/.*peak \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
+  [ $rc -eq 0 ] && [ -n "${torch_sps[$key]}" ] || fail "torch $key: rc $rc (see torch-$key.log)"
+}
+
+for m in $models; do
+  for mode in $modes fp16-static; do
+    run_amp "$m-$mode" "$m" "$steps" "precision.mode=$mode"
+    [ "$mode" = fp16-static ] || run_torch "$m-$mode" "$m" "$mode" "$steps"
+  done
+done
+# the targets' model: text_gpt at width 768 (12 heads, head size 64)
+wide=(model.layers.0.dim=768 model.layers.1.heads=12 model.layers.2.heads=12)
+for mode in $modes; do
+  run_amp "text_gpt768-$mode" text_gpt "$wide_steps" "precision.mode=$mode" "${wide[@]}"
+  run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width 768 --heads 12
+done
+
+# ---- the table ----
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a/b }'; }
+fmt() { awk -v a="$1" -v t="$2" 'BEGIN{ if (a == "") print "-"; else if (t > 0) printf "%.0f (%.0f tok/s)", a, a*t; else printf "%.0f", a }'; }
+{
+  echo "GPU check of $(git rev-parse --short HEAD 2>/dev/null || echo unknown) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
+  echo "($steps steps per run, $wide_steps for width 768; throughput over the whole run including start-up for ampTrain, timed steps after warm-up for PyTorch)"
+  echo
+  echo "| model | mode | ampTrain samples/s | PyTorch eager AMP samples/s | ampTrain / PyTorch | ampTrain peak MiB | PyTorch peak MiB |"
+  echo "|---|---|---|---|---|---|---|"
+  for m in $models text_gpt768; do
+    for mode in $modes fp16-static; do
+      k="$m-$mode"
+      [ -n "${amp_sps[$k]+x}" ] || continue
+      tk=$(tokens_of "$m")
+      echo "| $m | $mode | $(fmt "${amp_sps[$k]}" "$tk") | $(fmt "${torch_sps[$k]:-}" "$tk") | $(ratio "${amp_sps[$k]}" "${torch_sps[$k]:-}") | ${amp_mem[$k]:--} | ${torch_mem[$k]:--} |"
+    done
+  done
+  echo
+  echo "Targets (text_gpt width 768): bf16 / fp32 = $(ratio "${amp_sps[text_gpt768-bf16]:-}" "${amp_sps[text_gpt768-fp32]:-}") (target >= 2),"\
+       "fp16-dynamic / bf16 = $(ratio "${amp_sps[text_gpt768-fp16-dynamic]:-}" "${amp_sps[text_gpt768-bf16]:-}") (target >= 0.95),"\
+       "ampTrain / PyTorch bf16 = $(ratio "${amp_sps[text_gpt768-bf16]:-}" "${torch_sps[text_gpt768-bf16]:-}") (target >= 1.0)"
+} > "$out/table.md"
+cat "$out/table.md"
+note "done in $(( $(date +%s) - t0 )) s, status $status; table in $out/table.md"
+exit $status
