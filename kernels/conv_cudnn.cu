@@ -137,12 +137,16 @@ static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_arg
     return p;
 }
 
-/* The first deterministic, working algorithm from a _v7 list (sorted fastest first). */
+constexpr size_t kMaxConvWorkspace = (size_t)1 << 30; /* algorithms wanting more are passed over */
+
+/* The first deterministic, working algorithm from a _v7 list (sorted fastest first) whose workspace
+ * is at most kMaxConvWorkspace. */
 template <typename Perf, typename Algo>
 static bool pick(struct cuda_backend *cb, const Perf *perf, int count, Algo *algo, size_t *ws, const char *what)
 {
     for (int i = 0; i < count; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
+            perf[i].memory <= kMaxConvWorkspace) {
             *algo = perf[i].algo;
             *ws = perf[i].memory;
             return true;
