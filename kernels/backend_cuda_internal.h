@@ -182,7 +182,8 @@ void cuda_embedding_forward(struct backend *be, struct tensor *y, const int32_t 
                             const struct tensor *wpe, int64_t B, int64_t T, int64_t C);
 void cuda_embedding_backward(struct backend *be, struct tensor *dwte, struct tensor *dwpe, const struct tensor *dy,
                              const int32_t *tokens, int64_t B, int64_t T, int64_t C, float beta);
-/* c (n) fp32 += bias... : y (rows, n) of dtype dt gets bias (n) added in place (one extra rounding). */
+/* y (batch, rows, n) of dtype dt, batch matrices `stride` elements apart, gets the fp32 bias (n) added to
+ * every row in place (one extra rounding for 16-bit y): the GEMM's fallback when the epilogue is refused. */
 void cuda_add_row_bias(struct cuda_backend *cb, void *y, enum dtype dt, const float *bias, int64_t rows, int64_t n,
                        int64_t batch, int64_t stride);
 /* y (N, C, HW) of dtype dt gets bias[c] added in place. */

@@ -103,8 +103,9 @@ static bool layout_create(struct cuda_backend *cb, cublasLtMatrixLayout_t *lay, 
     return true;
 }
 
-/* Ask the heuristic for the best algorithm of `p` (epilogue as set in its descriptor). */
-static bool plan_pick_algo(struct cuda_backend *cb, struct gemm_plan *p, bool *found)
+/* Ask the heuristic for the best algorithm of `p` (epilogue as set in its descriptor). `soft`: any
+ * refusal of the heuristic means "none found" (trying the fused bias), not an error. */
+static bool plan_pick_algo(struct cuda_backend *cb, struct gemm_plan *p, bool soft, bool *found)
 {
     cublasLtMatmulPreference_t pref = NULL;
     *found = false;
@@ -130,7 +131,7 @@ static bool plan_pick_algo(struct cuda_backend *cb, struct gemm_plan *p, bool *f
         if (s == CUBLAS_STATUS_SUCCESS && nres > 0) {
             p->algo = res.algo;
             *found = true;
-        } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+        } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED && !soft) {
             ok = CB_CUBLAS(cb, s);
         }
     }
@@ -167,7 +168,7 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
              CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                           sizeof bias_type));
         if (ok)
-            ok = plan_pick_algo(cb, p, &found);
+            ok = plan_pick_algo(cb, p, true, &found);
         if (ok && !found) {
             epi = CUBLASLT_EPILOGUE_DEFAULT;
             p->bias_by_kernel = true;
@@ -175,7 +176,7 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
         }
     }
     if (ok && !found)
-        ok = plan_pick_algo(cb, p, &found);
+        ok = plan_pick_algo(cb, p, false, &found);
     if (ok && !found) {
         cuda_record(cb, "report this shape; meanwhile try another precision mode",
                     "cuBLASLt has no algorithm for a %s x %s -> %s product m=%lld n=%lld k=%lld (batch %lld, "

@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc)
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: scripts/gpu-check.sh OUTDIR" >&2; exit 2; }
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 steps=${STEPS:-300}; wide_steps=${WIDE_STEPS:-100}; jobs=${JOBS:-$(nproc)}
 build="$out/build"

@@ -21,7 +21,7 @@ static struct result run(const char *args)
     static struct result r;
     memset(&r, 0, sizeof r);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cd %s && %s %s 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
+    snprintf(cmd, sizeof cmd, "cd %s && { %s %s ; } 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     size_t n = fread(r.out, 1, sizeof r.out - 1, p);
@@ -158,4 +158,28 @@ Test(cli, fail_fast_before_any_checkpoint_says_there_is_none, .timeout = 300)
     cr_assert(strstr(r.out, "code 5"), "%s", r.out);
     cr_assert(strstr(r.out, "3 skipped steps in a row"), "%s", r.out);
     cr_assert(strstr(r.out, "no checkpoint was written before this step"), "%s", r.out);
+}
+
+Test(cli, missing_dataset_is_a_data_error_with_code_3)
+{
+    struct result r = run("run configs/fashion_mlp.yaml run.device=cpu data.train_images=/nonexistent/train-images.gz "
+                          "run.out_dir=/tmp/amp_cli_nodata_$$; echo \"code $?\"; rm -rf /tmp/amp_cli_nodata_$$");
+    cr_assert(strstr(r.out, "code 3"), "%s", r.out);
+    cr_assert(strstr(r.out, "/nonexistent/train-images.gz"), "%s", r.out);
+    cr_assert(strstr(r.out, "hint: "), "%s", r.out);
+}
+
+Test(cli, sigint_finishes_the_step_writes_a_checkpoint_and_exits_130, .timeout = 300)
+{
+    /* wait for the third logged step, so the signal lands inside the training loop */
+    struct result r = run("run configs/fashion_mlp.yaml run.device=cpu model.layers.1.out=32 model.layers.3.out=16 "
+                          "data.batch_size=32 run.steps=1000000 run.epochs=0 run.log_every=1 "
+                          "run.out_dir=/tmp/amp_cli_sigint_$$ > /tmp/amp_cli_sigint_$$.out 2>&1 & pid=$!; "
+                          "for i in $(seq 600); do grep -q 'step 3/' /tmp/amp_cli_sigint_$$.out && break; sleep 0.1; done; "
+                          "kill -INT $pid; wait $pid; echo \"code $?\"; cat /tmp/amp_cli_sigint_$$.out; "
+                          "echo \"latest: $(cat /tmp/amp_cli_sigint_$$/latest)\"; "
+                          "rm -rf /tmp/amp_cli_sigint_$$ /tmp/amp_cli_sigint_$$.out");
+    cr_assert(strstr(r.out, "code 130"), "%s", r.out);
+    cr_assert(strstr(r.out, "stopped by SIGINT after step"), "%s", r.out);
+    cr_assert(strstr(r.out, "latest: ckpt-"), "%s", r.out);
 }

@@ -47,7 +47,8 @@ int main(int argc, char *argv[])
 
 #ifdef AMP_HAVE_CUDA
 
-#include "backend_cuda.h" /* backend_cuda_set_tf32 */
+#include "backend_cuda.h"  /* backend_cuda_set_tf32 */
+#include "ckpt_testlib.h" /* amp(), assert_same_tensors, assert_same_logs: the resume test */
 #include "train.h"        /* trainer_setup, trainer_step: the training comparison */
 
 #define FASHION "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
@@ -720,6 +721,38 @@ Test(cuda_backend, fashion_mlp_tracks_the_cpu_in_every_mode, .timeout = 1200)
                   lc[0]);
         cr_assert(fabs(mg - mc) <= 0.05 * mc + 0.02, "%s: GPU loss curve left the CPU's: %g vs %g", modes[i], mg, mc);
         cr_assert(mg < lg[0], "%s: GPU training did not reduce the loss", modes[i]);
+    }
+}
+
+/* N steps straight and k steps + `ampTrain resume` on the GPU give byte-identical checkpoints and
+ * logs (test_resume.c's check, with run.device=cuda). */
+Test(cuda_backend, resume_is_bit_exact_on_the_gpu, .timeout = 900)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: GPU resume was not run");
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const char *modes[] = {"fp32", "bf16", "fp16-dynamic"};
+    enum { N = 12, K = 5 };
+    for (int i = 0; i < 3; i++) {
+        make_scratch();
+        struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.device=cuda precision.mode=%s run.steps=%d "
+                              "run.out_dir=%s/a", modes[i], N, scratch);
+        cr_assert_eq(r.code, 0, "%s straight run:\n%s", modes[i], r.out);
+        cr_assert(strstr(r.out, "device: cuda:0"), "%s: not on the GPU:\n%s", modes[i], r.out);
+        r = amp("run configs/fashion_mlp.yaml " SMALL " run.device=cuda precision.mode=%s run.steps=%d "
+                "run.out_dir=%s/b", modes[i], K, scratch);
+        cr_assert_eq(r.code, 0, "%s first part:\n%s", modes[i], r.out);
+        r = amp("resume %s/b/ckpt-%d.h5 run.steps=%d", scratch, K, N);
+        cr_assert_eq(r.code, 0, "%s resume:\n%s", modes[i], r.out);
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/a/ckpt-%d.h5", scratch, N);
+        snprintf(b, sizeof b, "%s/b/ckpt-%d.h5", scratch, N);
+        cr_assert_geq(assert_same_tensors(a, b), 6, "%s: too few tensors compared", modes[i]);
+        snprintf(a, sizeof a, "%s/a/scale_log.csv", scratch);
+        snprintf(b, sizeof b, "%s/b/scale_log.csv", scratch);
+        assert_same_logs(a, b);
+        remove_scratch();
     }
 }
 
