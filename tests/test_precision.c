@@ -90,18 +90,24 @@ static void inject(struct trainer *t, void *user)
     }
 }
 
+/* A small-MLP trainer with overrides `ov` and the fault `inj` wired into its after_backward hook. */
+static void setup_injected(struct trainer *t, struct config *cfg, const char *const *ov, struct injection *inj)
+{
+    small_mlp(cfg, ov);
+    setup(t, cfg);
+    t->after_backward = inject;
+    t->hook_user = inj;
+}
+
 Test(precision, skipped_step_leaves_weights_moments_counters_and_lr_bit_identical)
 {
     need_data();
     const char *ov[] = {"precision.mode=fp16-dynamic", "optim.schedule.kind=cosine", "optim.schedule.warmup_steps=3",
                         NULL};
     struct config cfg;
-    small_mlp(&cfg, ov);
     struct trainer t;
-    setup(&t, &cfg);
     struct injection inj = {.at_step = 2, .param = {"fc2/weight"}, .value = {INFINITY}, .count = {1}};
-    t.after_backward = inject;
-    t.hook_user = &inj;
+    setup_injected(&t, &cfg, ov, &inj);
     struct step_record rec;
     step(&t, &rec);
     step(&t, &rec);
@@ -148,13 +154,10 @@ Test(precision, overflow_attribution_names_the_layer_closest_to_the_loss)
     need_data();
     const char *ov[] = {"precision.mode=fp16-dynamic", NULL};
     struct config cfg;
-    small_mlp(&cfg, ov);
     struct trainer t;
-    setup(&t, &cfg);
     struct injection inj = {.at_step = 1, .param = {"fc1/weight", "fc2/bias"}, .value = {INFINITY, NAN},
                             .count = {5, 3}};
-    t.after_backward = inject;
-    t.hook_user = &inj;
+    setup_injected(&t, &cfg, ov, &inj);
     struct step_record rec;
     step(&t, &rec);
     cr_assert_str_empty(rec.overflow_layer);
@@ -385,12 +388,9 @@ Test(precision, bf16_on_nonfinite_stop_fails_fast_with_code_5)
     need_data();
     const char *ov[] = {"precision.mode=bf16", "stability.on_nonfinite=stop", NULL};
     struct config cfg;
-    small_mlp(&cfg, ov);
     struct trainer t;
-    setup(&t, &cfg);
     struct injection inj = {.at_step = 1, .param = {"head/bias"}, .value = {NAN}, .count = {1}};
-    t.after_backward = inject;
-    t.hook_user = &inj;
+    setup_injected(&t, &cfg, ov, &inj);
     struct step_record rec;
     struct amp_error err = {0};
     step(&t, &rec);
@@ -410,12 +410,9 @@ Test(precision, max_consecutive_skips_stops_with_code_5)
     need_data();
     const char *ov[] = {"precision.mode=fp16-dynamic", "stability.max_consecutive_skips=3", NULL};
     struct config cfg;
-    small_mlp(&cfg, ov);
     struct trainer t;
-    setup(&t, &cfg);
     struct injection inj = {.at_step = -1, .param = {"fc1/weight"}, .value = {INFINITY}, .count = {1}};
-    t.after_backward = inject;
-    t.hook_user = &inj;
+    setup_injected(&t, &cfg, ov, &inj);
     struct step_record rec;
     struct amp_error err = {0};
     for (int i = 0; i < 2; i++) {
@@ -436,12 +433,9 @@ Test(precision, floor_reached_with_continuing_overflow_stops_with_code_5)
     const char *ov[] = {"precision.mode=fp16-dynamic", "precision.loss_scale.init=4", "precision.loss_scale.min=1",
                         "stability.max_consecutive_skips=0", NULL};
     struct config cfg;
-    small_mlp(&cfg, ov);
     struct trainer t;
-    setup(&t, &cfg);
     struct injection inj = {.at_step = -1, .param = {"fc1/weight"}, .value = {INFINITY}, .count = {1}};
-    t.after_backward = inject;
-    t.hook_user = &inj;
+    setup_injected(&t, &cfg, ov, &inj);
     struct step_record rec;
     struct amp_error err = {0};
     enum amp_status st = AMP_OK;
