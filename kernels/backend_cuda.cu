@@ -219,12 +219,6 @@ static void cu_destroy(struct backend *be)
     free(cb);
 }
 
-extern "C" void backend_cuda_set_tf32(struct backend *be, bool on)
-{
-    if (be && strncmp(be->name, "cuda", 4) == 0)
-        cuda_of(be)->tf32 = on;
-}
-
 extern "C" size_t backend_cuda_peak_bytes(struct backend *be)
 {
     if (!be || strncmp(be->name, "cuda", 4) != 0)

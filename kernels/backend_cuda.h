@@ -2,8 +2,8 @@
  * backend_cuda.h — CUDA-only extras beside the backend table of lib/backend.h.
  *
  * backend_cuda_create / backend_cuda_device_count are declared in backend.h (AMP_HAVE_CUDA builds).
- * Here: the switch for precision.tf32 (fp32 GEMMs and convolutions may then use TF32 tensor cores;
- * off by default, so fp32 means IEEE fp32 products) and the peak device memory seen by the backend.
+ * Here: the peak device memory seen by the backend and the device's description. (precision.tf32 is
+ * the backend table's allow_tf32 field.)
  */
 #ifndef AMP_BACKEND_CUDA_H
 #define AMP_BACKEND_CUDA_H
@@ -16,10 +16,6 @@ extern "C" {
 #endif
 
 struct backend;
-
-/* Allow TF32 for fp32 matrix products and convolutions from now on (precision.tf32). `be` must be a
- * CUDA backend (its name starts with "cuda"). */
-void backend_cuda_set_tf32(struct backend *be, bool on);
 
 /* Highest device memory in use (bytes, all processes on the device, from cudaMemGetInfo) seen after
  * any allocation by this backend. Also printed to stderr at destroy when AMP_CUDA_MEMLOG=1. */

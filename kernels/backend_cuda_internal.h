@@ -63,7 +63,6 @@ struct cuda_backend {
     cublasLtHandle_t lt;
     void *lt_workspace;  /* kLtWorkspaceBytes */
     cudnnHandle_t dnn;
-    bool tf32;           /* precision.tf32: fp32 GEMMs and convolutions may use TF32 tensor cores */
     struct device_scratch scr[CSCR_COUNT];
     struct gemm_plan *gemm_plans; /* linked list, most recently used first */
     int n_gemm_plans;

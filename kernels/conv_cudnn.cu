@@ -9,7 +9,8 @@
  *
  * Plans: descriptors and the three algorithms are made once per shape key (the conv_args, the dtype,
  * tf32) and kept until destroy. Algorithms come from cudnnGet*Algorithm_v7 (heuristics; no timing
- * runs): the first one that is deterministic (CUDNN_DETERMINISTIC) and succeeded, so results reproduce.
+ * runs): the first one that is deterministic (CUDNN_DETERMINISTIC) and succeeded, so results reproduce
+ * (a non-deterministic one, with a warning, only when cuDNN offers nothing else).
  *
  * Dtypes (backend.h): when x, w and y (dx, w, dy) share a dtype the call runs natively in it; otherwise
  * the operands are widened to fp32 scratch (exact), computed in fp32 and rounded once into the output.
@@ -22,6 +23,7 @@
 #include "backend_cuda_internal.h"
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,6 +40,7 @@ struct conv_plan {
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
     bool have_fwd, have_bwd_data, have_bwd_filter;
+    bool refused_fwd, refused_bwd_data; /* a soft query found nothing: do not ask again */
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
@@ -99,7 +102,7 @@ static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_arg
     key.stride = a->stride;
     key.padding = a->padding;
     key.dt = dt;
-    key.tf32 = cb->tf32 && dt == DT_FP32;
+    key.tf32 = cb->base.allow_tf32 && dt == DT_FP32;
     for (struct conv_plan *p = cb->conv_plans; p; p = p->next)
         if (memcmp(&p->key, &key, sizeof key) == 0)
             return p;
@@ -140,47 +143,77 @@ static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_arg
 constexpr size_t kMaxConvWorkspace = (size_t)1 << 30; /* algorithms wanting more are passed over */
 
 /* The first deterministic, working algorithm from a _v7 list (sorted fastest first) whose workspace
- * is at most kMaxConvWorkspace. */
+ * is at most kMaxConvWorkspace; failing that, the first working one (results then may vary in the last
+ * bits from run to run, so a bit-exact resume is no longer guaranteed for this layer — said once on
+ * stderr rather than refusing to train). */
 template <typename Perf, typename Algo>
-static bool pick(struct cuda_backend *cb, const Perf *perf, int count, Algo *algo, size_t *ws, const char *what)
+static bool pick(struct cuda_backend *cb, const Perf *perf, int count, Algo *algo, size_t *ws, const char *what,
+                 bool soft)
 {
-    for (int i = 0; i < count; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
-            perf[i].memory <= kMaxConvWorkspace) {
-            *algo = perf[i].algo;
-            *ws = perf[i].memory;
-            return true;
-        }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < count; i++)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxConvWorkspace &&
+                (pass == 1 || perf[i].determinism == CUDNN_DETERMINISTIC)) {
+                *algo = perf[i].algo;
+                *ws = perf[i].memory;
+                if (pass == 1)
+                    fprintf(stderr, "%s: warning: cuDNN has no deterministic %s algorithm for a convolution; "
+                            "using a non-deterministic one\n", cb->name, what);
+                return true;
+            }
+    if (soft)
+        return false;
     cuda_record(cb, "try another precision mode or batch size; report the layer's shape",
-                "cuDNN offers no deterministic %s algorithm for this convolution", what);
+                "cuDNN offers no %s algorithm for this convolution", what);
     return false;
 }
 
 constexpr int kMaxAlgos = 16;
 
-static bool ensure_fwd(struct cuda_backend *cb, struct conv_plan *p)
+/* cuDNN's answer to a query: in soft mode a refusal is "no algorithm", not a recorded error. */
+static bool dnn_query(struct cuda_backend *cb, cudnnStatus_t s, bool soft, const char *what)
+{
+    if (s == CUDNN_STATUS_SUCCESS)
+        return true;
+    if (!soft)
+        cudnn_ok_(cb, s, __FILE__, __LINE__, what);
+    return false;
+}
+
+/* soft: a 16-bit plan that cuDNN cannot serve falls back to fp32 in the caller */
+static bool ensure_fwd(struct cuda_backend *cb, struct conv_plan *p, bool soft)
 {
     if (p->have_fwd)
         return true;
+    if (soft && p->refused_fwd)
+        return false;
     cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
-    if (!CB_CUDNN(cb, cudnnGetConvolutionForwardAlgorithm_v7(cb->dnn, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
-                                                             perf)) ||
-        !pick(cb, perf, count, &p->fwd, &p->ws_fwd, "forward"))
+    if (!dnn_query(cb, cudnnGetConvolutionForwardAlgorithm_v7(cb->dnn, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
+                                                              perf),
+                   soft, "cudnnGetConvolutionForwardAlgorithm_v7") ||
+        !pick(cb, perf, count, &p->fwd, &p->ws_fwd, "forward", soft)) {
+        p->refused_fwd = soft;
         return false;
+    }
     return p->have_fwd = true;
 }
 
-static bool ensure_bwd_data(struct cuda_backend *cb, struct conv_plan *p)
+static bool ensure_bwd_data(struct cuda_backend *cb, struct conv_plan *p, bool soft)
 {
     if (p->have_bwd_data)
         return true;
+    if (soft && p->refused_bwd_data)
+        return false;
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
-    if (!CB_CUDNN(cb, cudnnGetConvolutionBackwardDataAlgorithm_v7(cb->dnn, p->w, p->y, p->conv, p->x, kMaxAlgos, &count,
-                                                                  perf)) ||
-        !pick(cb, perf, count, &p->bwd_data, &p->ws_bwd_data, "backward-data"))
+    if (!dnn_query(cb, cudnnGetConvolutionBackwardDataAlgorithm_v7(cb->dnn, p->w, p->y, p->conv, p->x, kMaxAlgos,
+                                                                   &count, perf),
+                   soft, "cudnnGetConvolutionBackwardDataAlgorithm_v7") ||
+        !pick(cb, perf, count, &p->bwd_data, &p->ws_bwd_data, "backward-data", soft)) {
+        p->refused_bwd_data = soft;
         return false;
+    }
     return p->have_bwd_data = true;
 }
 
@@ -192,7 +225,7 @@ static bool ensure_bwd_filter(struct cuda_backend *cb, struct conv_plan *p)
     int count = 0;
     if (!CB_CUDNN(cb, cudnnGetConvolutionBackwardFilterAlgorithm_v7(cb->dnn, p->x, p->y, p->conv, p->w, kMaxAlgos,
                                                                     &count, perf)) ||
-        !pick(cb, perf, count, &p->bwd_filter, &p->ws_bwd_filter, "backward-filter"))
+        !pick(cb, perf, count, &p->bwd_filter, &p->ws_bwd_filter, "backward-filter", false))
         return false;
     return p->have_bwd_filter = true;
 }
@@ -220,9 +253,13 @@ void cuda_conv2d_forward(struct backend *be, const struct conv_args *a, struct t
     if (a->n <= 0)
         return;
     bool native = x->dtype == w->dtype && x->dtype == y->dtype;
+    struct conv_plan *p = plan_get(cb, a, native ? y->dtype : DT_FP32);
+    if (p && native && y->dtype != DT_FP32 && !ensure_fwd(cb, p, true)) { /* no 16-bit kernel: run in fp32 */
+        native = false;
+        p = plan_get(cb, a, DT_FP32);
+    }
     enum dtype dt = native ? y->dtype : DT_FP32;
-    struct conv_plan *p = plan_get(cb, a, dt);
-    if (!p || !ensure_fwd(cb, p))
+    if (!p || !ensure_fwd(cb, p, false))
         return;
     const void *xp = native ? x->data : as_f32(cb, CSCR_F32_0, x);
     const void *wp = native ? w->data : as_f32(cb, CSCR_F32_1, w);
@@ -247,9 +284,12 @@ void cuda_conv2d_backward_data(struct backend *be, const struct conv_args *a, st
     if (a->n <= 0)
         return;
     bool native = dy->dtype == w->dtype && dy->dtype == dx->dtype;
-    enum dtype dt = native ? dx->dtype : DT_FP32;
-    struct conv_plan *p = plan_get(cb, a, dt);
-    if (!p || !ensure_bwd_data(cb, p))
+    struct conv_plan *p = plan_get(cb, a, native ? dx->dtype : DT_FP32);
+    if (p && native && dx->dtype != DT_FP32 && !ensure_bwd_data(cb, p, true)) { /* no 16-bit kernel: fp32 */
+        native = false;
+        p = plan_get(cb, a, DT_FP32);
+    }
+    if (!p || !ensure_bwd_data(cb, p, false))
         return;
     const void *dyp = native ? dy->data : as_f32(cb, CSCR_F32_0, dy);
     const void *wp = native ? w->data : as_f32(cb, CSCR_F32_1, w);

@@ -259,7 +259,7 @@ void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm)
     key.ab_dt = mm->ab_dt;
     key.c_dt = mm->c_dt;
     key.has_bias = mm->bias != NULL;
-    key.tf32 = cb->tf32 && mm->ab_dt == DT_FP32;
+    key.tf32 = cb->base.allow_tf32 && mm->ab_dt == DT_FP32;
     key.align_a = alignment_of(mm->a, mm->stride_a * (int64_t)es_ab, mm->batch);
     key.align_b = alignment_of(mm->b, mm->stride_b * (int64_t)es_ab, mm->batch);
     key.align_c = alignment_of(mm->c, mm->stride_c * (int64_t)es_c, mm->batch);

@@ -98,6 +98,8 @@ struct grad_stats {
 
 struct backend {
     const char *name;         /* "cpu", "cuda:0" */
+    bool allow_tf32;          /* precision.tf32: fp32 GEMMs and convolutions may use TF32 tensor cores (CUDA);
+                               * the CPU computes fp32 products exactly and ignores it. Default false. */
 
     /* memory */
     void *(*alloc)(struct backend *be, size_t bytes);          /* NULL on failure */

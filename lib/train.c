@@ -198,6 +198,7 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if (st != AMP_OK)
         return st;
     printf("%s\n", chosen);
+    t->be->allow_tf32 = cfg->precision.tf32;
 
     int64_t micro = cfg->data.batch_size;
     if ((st = data_load(&t->ds, &cfg->data, micro * cfg->accum_steps, err)) != AMP_OK)

@@ -47,7 +47,7 @@ int main(int argc, char *argv[])
 
 #ifdef AMP_HAVE_CUDA
 
-#include "backend_cuda.h"  /* backend_cuda_set_tf32 */
+#include "backend_cuda.h"  /* backend_cuda_peak_bytes */
 #include "ckpt_testlib.h" /* amp(), assert_same_tensors, assert_same_logs: the resume test */
 #include "train.h"        /* trainer_setup, trainer_step: the training comparison */
 
@@ -248,7 +248,7 @@ Test(cuda_backend, gemm, .init = open_both, .fini = close_both)
 Test(cuda_backend, gemm_tf32, .init = open_both, .fini = close_both)
 {
     rng_state = 2;
-    backend_cuda_set_tf32(gpu, true);
+    gpu->allow_tf32 = true;
     gemm_case(DT_FP32, DT_FP32, false, true, true, 0.0f, 1, 1e-3);
     gemm_case(DT_FP32, DT_FP32, true, false, false, 1.0f, 2, 1e-3);
 }
