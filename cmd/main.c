@@ -10,7 +10,7 @@
 
 #include "autocast.h" /* autocast_from_config, autocast_print */
 #include "backend.h"    /* backend_open, backend_close */
-#include "checkpoint.h" /* ckpt_read_config, ckpt_verify, ckpt_load_model, ckpt_inspect */
+#include "checkpoint.h" /* ckpt_resolve, ckpt_read_config, ckpt_verify, ckpt_load_model, ckpt_inspect */
 #include "data.h"       /* data_load */
 #include "runlog.h"     /* runlog_eval */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
@@ -143,12 +143,18 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
     return st;
 }
 
+/* Check the CHECKPOINT argument and resolve a run directory to the checkpoint its `latest` names
+ * (argv[1] is replaced by the file's path). */
 static enum amp_status need_ckpt_arg(int argc, char **argv, const char *cmd, struct amp_error *err)
 {
+    static char resolved[CFG_STR + 64];
     if (argc < 2 || argv[1][0] == '-' || strchr(argv[1], '='))
         return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help %s' for usage", "%s: missing CHECKPOINT.h5 argument",
                         cmd);
-    return AMP_OK;
+    enum amp_status st = ckpt_resolve(argv[1], resolved, sizeof resolved, err);
+    if (st == AMP_OK)
+        argv[1] = resolved;
+    return st;
 }
 
 static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)

@@ -583,6 +583,32 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
 
 /* ---- verifying and reading ------------------------------------------------------------------------- */
 
+enum amp_status ckpt_resolve(const char *arg, char *path, size_t len, struct amp_error *err)
+{
+    struct stat sb;
+    if (stat(arg, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(path, len, "%s", arg);
+        return AMP_OK;
+    }
+    char latest[CFG_STR + 16], name[48] = "";
+    snprintf(latest, sizeof latest, "%s/latest", arg);
+    FILE *f = fopen(latest, "r");
+    if (!f)
+        return amp_fail(err, AMP_ERR_CKPT, "give a ckpt-STEP.h5 file, or the run.out_dir of a run that wrote one",
+                        "%s is a directory without a 'latest' file: no checkpoint was written there", arg);
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = '\0';
+    if (!ok || !name[0] || strchr(name, '/'))
+        return amp_fail(err, AMP_ERR_CKPT, "give a ckpt-STEP.h5 file of that directory directly",
+                        "%s does not name a checkpoint file", latest);
+    snprintf(path, len, "%s/%s", arg, name);
+    if (access(path, F_OK) != 0)
+        return amp_fail(err, AMP_ERR_CKPT, "give a ckpt-STEP.h5 file of that directory directly (ls it)",
+                        "%s names %s, which does not exist", latest, name);
+    return AMP_OK;
+}
+
 static enum amp_status check_file(const char *path, struct amp_error *err)
 {
     int fd = open(path, O_RDONLY);

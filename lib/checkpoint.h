@@ -49,6 +49,10 @@ struct ckpt_info {
 enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, int64_t protect, char *path_out,
                           size_t path_len, struct amp_error *err);
 
+/* A CHECKPOINT argument: a ckpt-STEP.h5 path is taken as it is; a run directory stands for the file
+ * its `latest` names. AMP_ERR_CKPT when the directory has no `latest` or it names a missing file. */
+enum amp_status ckpt_resolve(const char *arg, char *path, size_t len, struct amp_error *err);
+
 /* Check the whole-file checksum and the format attributes. AMP_ERR_CKPT naming what is wrong. */
 enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp_error *err);
 

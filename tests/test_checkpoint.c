@@ -70,6 +70,26 @@ Test(ckpt, layout_latest_and_inspect)
     H5Fclose(h);
 }
 
+Test(ckpt, a_run_directory_stands_for_the_checkpoint_its_latest_names)
+{
+    struct result r = amp("inspect %s/base", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "step: 10"), "%s", r.out);
+
+    char dir[512], cmd[1200];
+    snprintf(dir, sizeof dir, "%s/dangling", scratch);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    r = amp("inspect %s", dir);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, "without a 'latest' file"), "%s", r.out);
+    snprintf(cmd, sizeof cmd, "echo ckpt-99.h5 > %s/latest", dir);
+    cr_assert_eq(system(cmd), 0);
+    r = amp("resume %s", dir);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, "latest names ckpt-99.h5, which does not exist"), "%s", r.out);
+    cr_assert(strstr(r.out, "hint: "), "%s", r.out);
+}
+
 Test(ckpt, missing_and_empty_files_are_not_checkpoints)
 {
     struct result r = amp("inspect %s/none.h5", scratch);

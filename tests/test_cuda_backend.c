@@ -47,7 +47,6 @@ int main(int argc, char *argv[])
 
 #ifdef AMP_HAVE_CUDA
 
-#include "backend_cuda.h"  /* backend_cuda_peak_bytes */
 #include "ckpt_testlib.h" /* amp(), assert_same_tensors, assert_same_logs: the resume test */
 #include "train.h"        /* trainer_setup, trainer_step: the training comparison */
 
