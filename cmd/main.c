@@ -39,7 +39,7 @@ static const char exit_codes[] =
     "  130  stopped by SIGINT after a checkpoint was written\n"
     "  143  stopped by SIGTERM after a checkpoint was written\n";
 
-/* Load CONFIG and apply KEY=VALUE overrides argv[first..]. */
+/* Load CONFIG and apply KEY=VALUE overrides argv[first..]; warn about settings that do nothing. */
 static enum amp_status load_with_overrides(struct config *cfg, const char *path, int argc, char **argv, int first,
                                            struct amp_error *err)
 {
@@ -52,6 +52,8 @@ static enum amp_status load_with_overrides(struct config *cfg, const char *path,
         st = config_finalize(cfg, err);
     if (st != AMP_OK)
         config_free(cfg);
+    else
+        config_print_warnings(cfg, stderr);
     return st;
 }
 

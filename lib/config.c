@@ -2102,3 +2102,51 @@ void config_free(struct config *cfg)
     cfg->model.layers = NULL;
     cfg->model.nlayers = 0;
 }
+
+/* ---- warnings ---------------------------------------------------------------------------------- */
+
+int config_print_warnings(const struct config *cfg, FILE *out)
+{
+    struct config d;
+    config_defaults(&d);
+    const struct loss_scale_config *ls = &cfg->precision.loss_scale, *dl = &d.precision.loss_scale;
+    bool dynamic_keys = ls->init != dl->init || ls->growth_factor != dl->growth_factor ||
+                        ls->backoff_factor != dl->backoff_factor || ls->growth_interval != dl->growth_interval ||
+                        ls->hysteresis != dl->hysteresis || ls->min != dl->min || ls->max != dl->max;
+    bool static_key = ls->value != dl->value;
+    const char *mode = precision_mode_name(cfg->precision.mode);
+    int n = 0;
+    switch (cfg->precision.mode) {
+    case PREC_FP32:
+    case PREC_BF16:
+        if (dynamic_keys || static_key) {
+            fprintf(out, "ampTrain: warning: %s: precision.loss_scale is set but %s is not loss-scaled (scale 1); "
+                         "it applies to fp16-static and fp16-dynamic\n", cfg->source, mode);
+            n++;
+        }
+        break;
+    case PREC_FP16_STATIC:
+        if (dynamic_keys) {
+            fprintf(out, "ampTrain: warning: %s: precision.loss_scale.{init, growth_factor, backoff_factor, "
+                         "growth_interval, hysteresis, min, max} only apply to fp16-dynamic; fp16-static uses "
+                         "precision.loss_scale.value (%g)\n", cfg->source, ls->value);
+            n++;
+        }
+        break;
+    case PREC_FP16_DYNAMIC:
+        if (static_key) {
+            fprintf(out, "ampTrain: warning: %s: precision.loss_scale.value only applies to fp16-static; "
+                         "fp16-dynamic starts at precision.loss_scale.init (%g)\n", cfg->source, ls->init);
+            n++;
+        }
+        break;
+    }
+    bool fp16 = cfg->precision.mode == PREC_FP16_STATIC || cfg->precision.mode == PREC_FP16_DYNAMIC;
+    if (fp16 && cfg->stability.on_nonfinite == NONFINITE_STOP) {
+        fprintf(out, "ampTrain: warning: %s: stability.on_nonfinite applies to bf16 and fp32; %s skips overflowing "
+                     "steps (use stability.max_consecutive_skips to stop)\n", cfg->source, mode);
+        n++;
+    }
+    config_free(&d);
+    return n;
+}

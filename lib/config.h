@@ -200,6 +200,10 @@ enum amp_status config_apply_override(struct config *cfg, const char *override, 
  * again after overrides. */
 enum amp_status config_finalize(struct config *cfg, struct amp_error *err);
 
+/* Settings that are valid but do nothing in this config (loss-scale keys in bf16, the dynamic keys in
+ * fp16-static, ...): one "ampTrain: warning: ..." line each to `out`. Returns how many. */
+int config_print_warnings(const struct config *cfg, FILE *out);
+
 /* Print the resolved config as YAML that config_parse_string reads back to an equal config. */
 void config_print_yaml(const struct config *cfg, FILE *out);
 

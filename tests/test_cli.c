@@ -183,3 +183,19 @@ Test(cli, sigint_finishes_the_step_writes_a_checkpoint_and_exits_130, .timeout =
     cr_assert(strstr(r.out, "stopped by SIGINT after step"), "%s", r.out);
     cr_assert(strstr(r.out, "latest: ckpt-"), "%s", r.out);
 }
+
+Test(cli, settings_that_do_nothing_are_warned_about)
+{
+    struct result r = run("check configs/fashion_mlp_bf16.yaml precision.loss_scale.init=1024 > /dev/null");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "warning: configs/fashion_mlp_bf16.yaml: precision.loss_scale is set but bf16 is not "
+                            "loss-scaled"), "%s", r.out);
+    r = run("check configs/fashion_mlp_fp16_static.yaml precision.loss_scale.growth_interval=100 > /dev/null");
+    cr_assert(strstr(r.out, "only apply to fp16-dynamic; fp16-static uses precision.loss_scale.value (1024)"), "%s",
+              r.out);
+    r = run("check configs/fashion_mlp_fp16_dynamic.yaml stability.on_nonfinite=stop > /dev/null");
+    cr_assert(strstr(r.out, "stability.on_nonfinite applies to bf16 and fp32"), "%s", r.out);
+    r = run("check configs/fashion_mlp_fp16_dynamic.yaml > /dev/null");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert_null(strstr(r.out, "warning"), "the shipped config is clean:\n%s", r.out);
+}
