@@ -357,13 +357,13 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
 /* ---- stopping on SIGINT / SIGTERM ----------------------------------------------------------------- */
 
 static volatile sig_atomic_t stop_signal; /* the first SIGINT/SIGTERM seen, 0 when none */
-static volatile sig_atomic_t saving;      /* a checkpoint is being written */
 
 static void on_stop_signal(int sig)
 {
-    /* A second signal while saving stops at once: the .tmp file is abandoned, the previous checkpoint
-     * and `latest` are untouched, and the next run cleans the .tmp up. */
-    if (saving || stop_signal)
+    /* The first signal lets the current step (and a save in progress) finish, then the loop writes a
+     * checkpoint and stops. A second one stops at once, even during that save: its .tmp file is
+     * abandoned, the previous checkpoint and `latest` are untouched, and the next run cleans the .tmp. */
+    if (stop_signal)
         _exit(128 + sig);
     stop_signal = sig;
 }
@@ -385,9 +385,7 @@ static void install_signals(bool on)
 static enum amp_status save_checkpoint(struct trainer *t, int64_t protect, char *path, size_t len,
                                        struct amp_error *err)
 {
-    saving = 1;
     enum amp_status st = ckpt_save(t, t->cfg->run.out_dir, t->cfg->run.keep_ckpts, protect, path, len, err);
-    saving = 0;
     if (st == AMP_OK)
         printf("checkpoint: %s\n", path);
     return st;

@@ -199,3 +199,19 @@ Test(cli, settings_that_do_nothing_are_warned_about)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert_null(strstr(r.out, "warning"), "the shipped config is clean:\n%s", r.out);
 }
+
+Test(cli, a_second_signal_stops_at_once_and_the_previous_checkpoint_still_loads, .timeout = 300)
+{
+    struct result r = run("run configs/fashion_mlp.yaml run.device=cpu data.batch_size=256 run.steps=1000000 "
+                          "run.epochs=0 run.log_every=1 run.ckpt_every=3 run.out_dir=/tmp/amp_cli_sig2_$$ "
+                          "> /tmp/amp_cli_sig2_$$.out 2>&1 & pid=$!; "
+                          "for i in $(seq 600); do grep -q 'checkpoint: ' /tmp/amp_cli_sig2_$$.out && break; sleep 0.1; "
+                          "done; kill -INT $pid; kill -TERM $pid; wait $pid; echo \"code $?\"; "
+                          "echo \"graceful $(grep -c 'stopped by SIG' /tmp/amp_cli_sig2_$$.out)\"; "
+                          "cd " AMP_SOURCE_DIR " && " AMP_BINARY " inspect /tmp/amp_cli_sig2_$$ > /dev/null; "
+                          "echo \"inspect $?\"; rm -rf /tmp/amp_cli_sig2_$$ /tmp/amp_cli_sig2_$$.out");
+    /* two different signals, so both are delivered (a second SIGTERM pending beside the first would merge) */
+    cr_assert(strstr(r.out, "code 143") || strstr(r.out, "code 130"), "%s", r.out);
+    cr_assert(strstr(r.out, "graceful 0"), "the second signal did not wait for the step and the save:\n%s", r.out);
+    cr_assert(strstr(r.out, "inspect 0"), "latest names a checkpoint that verifies:\n%s", r.out);
+}
