@@ -4,7 +4,6 @@
 #include "tensor.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h" /* alloc, free, upload, download, zero */
@@ -90,36 +89,33 @@ struct tensor tensor_reshape(const struct tensor *t, int ndim, const int64_t *sh
     return v;
 }
 
+/* 16-bit conversions go through a stack buffer a chunk at a time: no allocation, so no failure. */
+#define HOST_CHUNK 4096
+
 void tensor_from_host_f32(struct tensor *t, const float *src)
 {
-    size_t bytes = tensor_bytes(t);
     if (t->dtype == DT_FP32) {
-        t->be->upload(t->be, t->data, src, bytes);
+        t->be->upload(t->be, t->data, src, tensor_bytes(t));
         return;
     }
-    void *tmp = malloc(bytes ? bytes : 1);
-    if (!tmp) {
-        fprintf(stderr, "ampTrain: out of memory converting a tensor on the host\n");
-        abort();
+    uint16_t buf[HOST_CHUNK];
+    for (size_t off = 0; off < t->numel; off += HOST_CHUNK) {
+        size_t n = t->numel - off < HOST_CHUNK ? t->numel - off : HOST_CHUNK;
+        dtype_convert(buf, t->dtype, src + off, DT_FP32, n);
+        t->be->upload(t->be, (uint16_t *)t->data + off, buf, n * sizeof buf[0]);
     }
-    dtype_convert(tmp, t->dtype, src, DT_FP32, t->numel);
-    t->be->upload(t->be, t->data, tmp, bytes);
-    free(tmp);
 }
 
 void tensor_to_host_f32(const struct tensor *t, float *dst)
 {
-    size_t bytes = tensor_bytes(t);
     if (t->dtype == DT_FP32) {
-        t->be->download(t->be, dst, t->data, bytes);
+        t->be->download(t->be, dst, t->data, tensor_bytes(t));
         return;
     }
-    void *tmp = malloc(bytes ? bytes : 1);
-    if (!tmp) {
-        fprintf(stderr, "ampTrain: out of memory converting a tensor on the host\n");
-        abort();
+    uint16_t buf[HOST_CHUNK];
+    for (size_t off = 0; off < t->numel; off += HOST_CHUNK) {
+        size_t n = t->numel - off < HOST_CHUNK ? t->numel - off : HOST_CHUNK;
+        t->be->download(t->be, buf, (const uint16_t *)t->data + off, n * sizeof buf[0]);
+        dtype_convert(dst + off, DT_FP32, buf, t->dtype, n);
     }
-    t->be->download(t->be, tmp, t->data, bytes);
-    dtype_convert(dst, DT_FP32, tmp, t->dtype, t->numel);
-    free(tmp);
 }
