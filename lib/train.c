@@ -155,20 +155,6 @@ static void attribute_overflow(const struct model *m, const struct grad_stats *g
     }
 }
 
-/* Fraction of low-precision activation-gradient elements that are exactly zero; NaN when none are lowp. */
-static double grad_zero_fraction(const struct model *m)
-{
-    int64_t zeros = 0, total = 0;
-    for (int i = 0; i < m->nlayers; i++) {
-        const struct tensor *dx = &m->layers[i].dx;
-        if (!m->layers[i].needs_dx || !dx->data || dx->dtype == DT_FP32)
-            continue;
-        zeros += m->be->count_zeros(m->be, dx);
-        total += (int64_t)dx->numel;
-    }
-    return total ? (double)zeros / (double)total : NAN;
-}
-
 static enum amp_status run_eval(struct model *m, const struct dataset *ds, const struct config *cfg, int64_t step,
                                 struct amp_error *err)
 {
@@ -266,7 +252,7 @@ enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct 
     float scale = scaler_loss_scale(&t->scaler);
     bool sample_zeros = cfg->run.log_every > 0 && (step + 1) % cfg->run.log_every == 0;
     double loss_sum = 0;
-    rec->grad_zero_frac = NAN;
+    struct grad_zeros zeros = {0, 0};
 
     for (int64_t micro = 0; micro < accum; micro++) {
         sampler_next(&t->sampler, n, t->io.idx);
@@ -278,6 +264,7 @@ enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct 
             .key = {.seed = cfg->run.seed, .counter = (uint64_t)(step * accum + micro)},
             .grad_seed = scale / (float)accum,
             .accumulate = micro > 0,
+            .zeros = sample_zeros && micro == accum - 1 ? &zeros : NULL,
         };
         model_forward(m, &ctx, &t->io.b);
         model_backward(m, &ctx, &t->io.b);
@@ -285,9 +272,9 @@ enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct 
         int64_t c;
         read_losses(m, &t->io, n, &ls, &c);
         loss_sum += ls / (double)model_loss_rows(m, n);
-        if (sample_zeros && micro == accum - 1)
-            rec->grad_zero_frac = grad_zero_fraction(m);
     }
+    /* fraction of the last micro-batch's low-precision activation-gradient elements that are zero */
+    rec->grad_zero_frac = zeros.total ? (double)zeros.zeros / (double)zeros.total : NAN;
 
     /* [reduce across ranks goes here: the after_backward hook sits in its slot] then one fused check */
     if (t->after_backward)

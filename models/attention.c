@@ -281,6 +281,10 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     be->act_backward(be, p->act, &d_fc, &d_g, &fc);
     struct tensor d_h2 = grad_of(p, p->d_h2, &h2);
     linear_op_backward(be, &p->fc, &d_h2, &d_fc, &h2, rows, beta);
+    count_grad_zeros(ctx, &d_fc2, false);
+    count_grad_zeros(ctx, &d_g, false);
+    count_grad_zeros(ctx, &d_fc, false);
+    count_grad_zeros(ctx, &d_h2, p->fc.d != DT_FP32);
     struct tensor d_ln2x = grad_of(p, p->d_ln2x, &r1);
     layernorm_op_backward(be, &p->ln2, &d_ln2x, &d_h2, &r1, rows, beta);
     struct tensor d_r1 = grad_of(p, p->d_r1, &r1);
@@ -294,6 +298,10 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     attention_core_backward(be, &p->core, &d_qkv, &d_att, &qkv, B);
     struct tensor d_h1 = grad_of(p, p->d_h1, &h1);
     linear_op_backward(be, &p->qkv, &d_h1, &d_qkv, &h1, rows, beta);
+    count_grad_zeros(ctx, &d_proj, false);
+    count_grad_zeros(ctx, &d_att, false);
+    count_grad_zeros(ctx, &d_qkv, false);
+    count_grad_zeros(ctx, &d_h1, p->qkv.d != DT_FP32);
     struct tensor d_ln1x = grad_of(p, p->d_ln1x, x);
     layernorm_op_backward(be, &p->ln1, &d_ln1x, &d_h1, x, rows, beta);
     if (l->needs_dx) {

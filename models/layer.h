@@ -53,6 +53,11 @@ struct buffer {
     struct tensor t;
 };
 
+/* Zero count of low-precision activation gradients (scale_log.csv's grad_zero_frac). */
+struct grad_zeros {
+    int64_t zeros, total;
+};
+
 /* What one forward/backward pass needs to know. */
 struct step_ctx {
     struct backend *be;
@@ -61,6 +66,8 @@ struct step_ctx {
     struct rng_key key;   /* seed and counter of this micro-batch; layers set .stream to their index */
     float grad_seed;      /* d(loss)/d(loss) = scale / accum_steps */
     bool accumulate;      /* weight gradients: add to (true) or overwrite (false, first micro-batch) */
+    struct grad_zeros *zeros; /* non-NULL: backward adds the zeros of every activation gradient computed in
+                               * fp16/bf16 (model_backward: each layer's dx; composite layers: their inner ones) */
 };
 
 /* A batch in backend memory. Exactly one of x / tokens is set. */

@@ -94,6 +94,10 @@ enum amp_status layer_alloc(struct layer *l, struct layer_build *b, struct tenso
 size_t scratch_reserve(struct layer_build *b, enum dtype dt, size_t numel);
 
 /* A tensor of `shape` at byte offset `off` in the workspace. */
+/* With ctx->zeros set, add g's zero count if g holds low-precision values (stored in 16 bits, or
+ * `computed_lowp`: rounded to 16 bits before being widened). */
+void count_grad_zeros(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp);
+
 struct tensor scratch_view(const struct tensor *workspace, size_t off, enum dtype dt, int ndim,
                            const int64_t *shape);
 

@@ -122,3 +122,11 @@ int64_t shape_inner(int ndim, const int64_t *shape)
         n *= shape[i];
     return n;
 }
+
+void count_grad_zeros(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp)
+{
+    if (!ctx->zeros || !g->data || (g->dtype == DT_FP32 && !computed_lowp))
+        return;
+    ctx->zeros->zeros += ctx->be->count_zeros(ctx->be, g);
+    ctx->zeros->total += (int64_t)g->numel;
+}

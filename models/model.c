@@ -353,6 +353,9 @@ void model_backward(struct model *m, const struct step_ctx *ctx, const struct ba
         struct layer *l = &m->layers[i];
         const struct tensor *dy = i == m->nlayers - 1 ? NULL : &m->layers[i + 1].dx;
         l->ops->backward(l, ctx, dy, layer_input(m, i, b), b);
+        /* flatten's dx is a view of its neighbour's gradient: counted there */
+        if (l->needs_dx && l->cfg.kind != LAYER_FLATTEN)
+            count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
     }
 }
 

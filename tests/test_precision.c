@@ -452,3 +452,38 @@ Test(precision, floor_reached_with_continuing_overflow_stops_with_code_5)
     trainer_teardown(&t);
     config_free(&cfg);
 }
+
+/* grad_zero_frac of configs/text_gpt.yaml's third step (the blocks' inner fp16 gradients count). */
+static double gpt_zero_frac(const char *mode, const char *scale)
+{
+    struct amp_error err = {0};
+    struct config cfg;
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/text_gpt.yaml", &err), AMP_OK, "%s", err.msg);
+    const char *ov[] = {"run.device=cpu", "run.steps=3", "run.log_every=3", mode, scale, NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    setup(&t, &cfg);
+    struct step_record rec;
+    step(&t, &rec);
+    cr_assert(isnan(rec.grad_zero_frac), "not sampled at step 1");
+    step(&t, &rec);
+    step(&t, &rec);
+    trainer_teardown(&t);
+    config_free(&cfg);
+    return rec.grad_zero_frac;
+}
+
+Test(precision, grad_zero_frac_sees_inside_transformer_blocks, .timeout = 600)
+{
+    if (access("/usr/share/games/fortunes/cookie", R_OK) != 0)
+        cr_skip_test("the fortunes corpus is not installed (Debian package fortunes)");
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    double unscaled = gpt_zero_frac("precision.mode=fp16-static", "precision.loss_scale.value=1");
+    double scaled = gpt_zero_frac("precision.mode=fp16-dynamic", "precision.loss_scale.init=65536");
+    double bf16 = gpt_zero_frac("precision.mode=bf16", "precision.loss_scale.value=65536");
+    cr_assert(!isnan(unscaled) && !isnan(scaled) && !isnan(bf16), "%g %g %g", unscaled, scaled, bf16);
+    cr_assert(unscaled > 5 * scaled + 0.01, "fp16 at scale 1 %g vs scale 2^16 %g", unscaled, scaled);
+    cr_assert(bf16 < 0.01, "bf16 keeps fp32's exponent range: %g", bf16);
+}
