@@ -12,6 +12,9 @@
  *    fp16/bf16 value is an fp32 value), so the product reads the rounded inputs and accumulates in
  *    fp32 as tensor cores do; a 16-bit result is accumulated in fp32 scratch and rounded once at the
  *    end, after alpha, beta and the bias. Convolutions (im2col + GEMM) and attention use the same path.
+ *    Exception: bf16 x bf16 products go to gemm_bf16.c (AVX512-BF16 vdpbf16ps, fp32 accumulation, the
+ *    same epilogue) where the CPU has it and AMP_GEMM_PORTABLE is not set; that instruction reads bf16
+ *    subnormals as zero and flushes subnormal results (docs/backend.md, "bf16 GEMM on the CPU").
  *  - Scratch memory is a handful of per-backend slots that grow to the largest request and live until
  *    destroy, so the training loop does not malloc per call. A slot has one user at a time: gemm_core
  *    owns SCR_GEMM_*, the ops own the rest. Ops stage 16-bit tensors through fp32 scratch one slice at
@@ -31,7 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h" /* rng_uniform: dropout masks */
+#include "gemm_bf16.h" /* the AVX512-BF16 product for bf16 x bf16 */
+#include "rng.h"       /* rng_uniform: dropout masks */
 
 #define BLOCK 1024 /* elements per block in elementwise loops: a few fp32 blocks stay in L1 */
 
@@ -41,7 +45,8 @@ static const float INV_SQRT2 = 0.7071067811865476f;    /* 1 / sqrt(2) */
 static const float INV_SQRT_2PI = 0.3989422804014327f; /* 1 / sqrt(2 pi) */
 
 enum scratch_slot {
-    SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_C, /* gemm_core: fp32 copies of 16-bit operands and result */
+    SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_C, /* gemm_core: fp32 copies of 16-bit operands and result, or
+                                         * the packed panels and partial sums of gemm_bf16 */
     SCR_IN0, SCR_IN1, SCR_IN2,          /* fp32 copies of one slice (image, plane, row, block) of a 16-bit input */
     SCR_TMP0, SCR_TMP1, SCR_TMP2,       /* per-op fp32 work buffers, also one slice each */
     SCR_ACC0, SCR_ACC1,                 /* per-op double accumulators */
@@ -58,6 +63,7 @@ struct cpu_backend {
     struct scratch scr[SCR_COUNT];
     enum amp_status status; /* first failure, AMP_OK when none */
     struct amp_error err;
+    bool gemm_bf16; /* bf16 x bf16 products through gemm_bf16 (the CPU has AVX512-BF16, AMP_GEMM_PORTABLE unset) */
 };
 
 static struct cpu_backend *cpu_of(struct backend *be)
@@ -256,6 +262,30 @@ static const float *operand_f32(struct cpu_backend *cb, enum scratch_slot slot, 
     return p;
 }
 
+/* bf16 x bf16 -> fp32 / bf16 through gemm_bf16 (AVX512-BF16), same contract as gemm_core. The scratch
+ * is taken before C is touched, so a failure to grow it leaves C unwritten. */
+static void gemm_core_bf16(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                           struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
+{
+    struct gemm_bf16_scratch s;
+    gemm_bf16_scratch_sizes(m, n, k, &s);
+    void *pa = scratch_get(cb, SCR_GEMM_A, s.pack_a_bytes);
+    void *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
+    float *partial = NULL;
+    /* more than one k block: partial sums in C itself where that is fp32 and not read, else in scratch */
+    if (s.partial_bytes && !(c.dt == DT_FP32 && beta == 0.0f && !bias)) {
+        partial = scratch_get(cb, SCR_GEMM_C, s.partial_bytes);
+        if (!partial)
+            return;
+    }
+    if (!pa || !pb)
+        return;
+    struct gemm_bf16_args g = { .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta,
+                                .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p, .c_bf16 = c.dt == DT_BF16,
+                                .ldc = c.ld, .bias = bias };
+    gemm_bf16(&g, pa, pb, partial);
+}
+
 static int blas_dim(int64_t x)
 {
     assert(x >= 0 && x <= INT_MAX);
@@ -270,6 +300,10 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
     assert(!bias || beta == 0.0f);
     if (m <= 0 || n <= 0)
         return;
+    if (cb->gemm_bf16 && a.dt == DT_BF16 && b.dt == DT_BF16 && k > 0 && (c.dt == DT_FP32 || c.dt == DT_BF16)) {
+        gemm_core_bf16(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
+        return;
+    }
     int64_t lda = 0, ldb = 0, ldc;
     const float *af = operand_f32(cb, SCR_GEMM_A, a, ta ? k : m, ta ? m : k, &lda);
     const float *bf = operand_f32(cb, SCR_GEMM_B, b, tb ? n : k, tb ? k : n, &ldb);
@@ -1471,6 +1505,8 @@ struct backend *backend_cpu_create(void)
     struct cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb)
         return NULL;
+    const char *portable = getenv("AMP_GEMM_PORTABLE");
+    cb->gemm_bf16 = gemm_bf16_supported() && !(portable && portable[0] && strcmp(portable, "0") != 0);
     struct backend *be = &cb->base;
     be->name = "cpu";
     be->alloc = cpu_alloc;

@@ -1,0 +1,385 @@
+/*
+ * test_gemm_bf16.c — bf16 GEMM on the CPU backend: the AVX512-BF16 path (lib/gemm_bf16.c) and the
+ * portable path (widen + cblas_sgemm, forced by AMP_GEMM_PORTABLE=1), each against a naive double
+ * reference on fresh random bf16 inputs, against each other, and for determinism.
+ *
+ * Tolerance per element: with S = |alpha| sum_k |a||b| + |beta c_old| + |bias|, an fp32 result is
+ * within 1e-5 S of the exact value (fp32 accumulation over these k), a bf16 result within that plus
+ * half an ulp of bf16 (2^-8 relative). The fast-path tests skip on CPUs without AVX512-BF16.
+ */
+#define _POSIX_C_SOURCE 200112L /* setenv, unsetenv */
+
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "gemm_bf16.h" /* gemm_bf16_supported: whether this CPU takes the fast path */
+
+static struct backend *fast, *port; /* default backend (fast path where supported), AMP_GEMM_PORTABLE=1 */
+
+#define MAX_TRACKED 256
+static void *tracked_mem[MAX_TRACKED];
+static int n_mem;
+static struct tensor tracked_t[MAX_TRACKED];
+static int n_t;
+
+static void setup(void)
+{
+    unsetenv("AMP_GEMM_PORTABLE");
+    fast = backend_cpu_create();
+    setenv("AMP_GEMM_PORTABLE", "1", 1);
+    port = backend_cpu_create();
+    unsetenv("AMP_GEMM_PORTABLE");
+    cr_assert(fast && port);
+    n_mem = n_t = 0;
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < n_t; i++)
+        tensor_free(&tracked_t[i]);
+    for (int i = 0; i < n_mem; i++)
+        free(tracked_mem[i]);
+    backend_close(fast);
+    backend_close(port);
+}
+
+TestSuite(gemm_bf16, .init = setup, .fini = teardown);
+
+static void *talloc(size_t bytes)
+{
+    cr_assert_lt(n_mem, MAX_TRACKED);
+    void *p = calloc(1, bytes ? bytes : 1);
+    cr_assert_not_null(p);
+    tracked_mem[n_mem++] = p;
+    return p;
+}
+
+static uint64_t rs;
+
+static void seed(uint64_t s)
+{
+    rs = s * 0x9e3779b97f4a7c15ULL + 1;
+}
+
+static double urand(void) /* [0, 1) */
+{
+    uint64_t z = (rs += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static struct tensor *tnew(struct backend *be, enum dtype dt, size_t n)
+{
+    cr_assert_lt(n_t, MAX_TRACKED);
+    struct tensor *t = &tracked_t[n_t++];
+    int64_t shape = (int64_t)n;
+    struct amp_error err;
+    cr_assert_eq(tensor_alloc(t, be, dt, 1, &shape, "test", &err), AMP_OK);
+    return t;
+}
+
+/* n random values in [-1, 1) rounded to dt; *h gets the stored values. */
+static struct tensor *trand(struct backend *be, enum dtype dt, size_t n, float **h)
+{
+    float *v = talloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        v[i] = (float)(2.0 * urand() - 1.0);
+    struct tensor *t = tnew(be, dt, n);
+    tensor_from_host_f32(t, v);
+    tensor_to_host_f32(t, v);
+    *h = v;
+    return t;
+}
+
+static void poison(struct tensor *t)
+{
+    if (t->dtype == DT_FP32)
+        for (size_t i = 0; i < t->numel; i++)
+            ((float *)t->data)[i] = NAN;
+    else
+        for (size_t i = 0; i < t->numel; i++)
+            ((uint16_t *)t->data)[i] = 0x7FC0;
+}
+
+struct gcase {
+    bool ta, tb;
+    int64_t m, n, k, batch;
+    int64_t pad;       /* extra elements between batch matrices (strides = size + pad) */
+    float alpha, beta;
+    bool bias;
+    enum dtype c_dt;
+};
+
+struct prepared {
+    struct gemm_args g;
+    float *ha, *hb, *hc0, *hbias; /* host copies of the stored inputs */
+    struct tensor *c0;            /* C's initial contents, to restore between runs */
+};
+
+static struct prepared prepare(const struct gcase *c)
+{
+    struct prepared p = { 0 };
+    int64_t sa = c->m * c->k + c->pad, sb = c->k * c->n + c->pad, sc = c->m * c->n + c->pad;
+    struct tensor *a = trand(fast, DT_BF16, (size_t)(c->batch * sa), &p.ha);
+    struct tensor *b = trand(fast, DT_BF16, (size_t)(c->batch * sb), &p.hb);
+    struct tensor *out = tnew(fast, c->c_dt, (size_t)(c->batch * sc));
+    p.c0 = trand(fast, c->c_dt, (size_t)(c->batch * sc), &p.hc0);
+    struct tensor *bias = c->bias ? trand(fast, DT_FP32, (size_t)c->n, &p.hbias) : NULL;
+    p.g = (struct gemm_args){ .a = a, .b = b, .c = out, .bias = bias, .trans_a = c->ta, .trans_b = c->tb,
+                              .m = c->m, .n = c->n, .k = c->k, .alpha = c->alpha, .beta = c->beta,
+                              .batch = c->batch, .stride_a = sa, .stride_b = sb, .stride_c = sc };
+    return p;
+}
+
+/* Run the product on `be` into p->g.c, starting from C0 (beta != 0) or from NaN (beta 0: must not be read). */
+static void run(struct backend *be, struct prepared *p)
+{
+    if (p->g.beta != 0.0f)
+        memcpy(p->g.c->data, p->c0->data, tensor_bytes(p->c0));
+    else
+        poison(p->g.c);
+    be->gemm(be, &p->g);
+    struct amp_error err;
+    cr_assert_eq(be->status(be, &err), AMP_OK, "%s", err.msg);
+}
+
+static float get(const struct tensor *t, size_t i)
+{
+    return t->dtype == DT_FP32 ? ((const float *)t->data)[i] : bf16_to_fp32(((const uint16_t *)t->data)[i]);
+}
+
+static const char *desc(const struct gcase *c)
+{
+    static char s[160];
+    snprintf(s, sizeof s, "ta=%d tb=%d m=%lld n=%lld k=%lld batch=%lld alpha=%g beta=%g bias=%d C=%s", c->ta, c->tb,
+             (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch, (double)c->alpha,
+             (double)c->beta, c->bias, dtype_name(c->c_dt));
+    return s;
+}
+
+/* The exact value of output element (bi, i, j) and the tolerance of an fp32 result around it:
+ * 1e-5 (|alpha| sum_k |a b| + |beta c_old| + |bias|). */
+static double reference(const struct gcase *c, const struct prepared *p, int64_t bi, int64_t i, int64_t j,
+                        double *bound)
+{
+    const struct gemm_args *g = &p->g;
+    const float *a = p->ha + bi * g->stride_a, *b = p->hb + bi * g->stride_b;
+    double s = 0.0, sabs = 0.0;
+    for (int64_t q = 0; q < c->k; q++) {
+        double x = c->ta ? a[q * c->m + i] : a[i * c->k + q];
+        double y = c->tb ? b[j * c->k + q] : b[q * c->n + j];
+        s += x * y;
+        sabs += fabs(x * y);
+    }
+    size_t ci = (size_t)(bi * g->stride_c + i * c->n + j);
+    double extra = (c->beta != 0.0f ? (double)c->beta * p->hc0[ci] : 0.0) + (c->bias ? p->hbias[j] : 0.0);
+    *bound = 1e-5 * (fabs((double)c->alpha) * sabs + fabs(extra));
+    return (double)c->alpha * s + extra;
+}
+
+/* Every written element of out against the double reference (a bf16 result may be off by half a
+ * bf16 ulp more, 2^-8 relative); the pad between batch matrices must be left alone (NaN / C0).
+ * With `other`, out is compared with it instead, at twice the tolerance (each is within 1x). */
+static void check(const struct gcase *c, const struct prepared *p, const struct tensor *out,
+                  const struct tensor *other, const char *path)
+{
+    const struct gemm_args *g = &p->g;
+    for (int64_t bi = 0; bi < c->batch; bi++) {
+        for (int64_t i = 0; i < c->m; i++)
+            for (int64_t j = 0; j < c->n; j++) {
+                double bound, want = reference(c, p, bi, i, j, &bound);
+                size_t ci = (size_t)(bi * g->stride_c + i * c->n + j);
+                if (other) {
+                    want = get(other, ci);
+                    bound *= 2.0;
+                }
+                if (c->c_dt == DT_BF16)
+                    bound += (other ? 2.0 : 1.0) / 256.0 * (fabs(want) + bound);
+                double got = get(out, ci);
+                cr_assert(fabs(got - want) <= bound, "%s %s: C[%lld][%lld][%lld] = %.9g, want %.9g (bound %.3g)", path,
+                          desc(c), (long long)bi, (long long)i, (long long)j, got, want, bound);
+            }
+        for (int64_t e = c->m * c->n; e < g->stride_c && bi + 1 < c->batch; e++) {
+            size_t ci = (size_t)(bi * g->stride_c + e);
+            float got = get(out, ci);
+            if (c->beta != 0.0f)
+                cr_assert_eq(got, p->hc0[ci], "%s %s: pad element %zu written", path, desc(c), ci);
+            else
+                cr_assert(isnan(got), "%s %s: pad element %zu written", path, desc(c), ci);
+        }
+    }
+}
+
+static const struct gcase CASES[] = {
+    /* ta, tb, m, n, k, batch, pad, alpha, beta, bias, C */
+    { 0, 0, 1, 1, 1, 1, 0, 1.0f, 0.0f, false, DT_FP32 },
+    { 0, 0, 7, 31, 33, 1, 0, 1.0f, 0.0f, false, DT_FP32 },
+    { 0, 0, 33, 7, 129, 1, 0, 0.5f, 0.0f, false, DT_BF16 },
+    { 0, 0, 31, 33, 7, 2, 3, 1.0f, 1.0f, false, DT_FP32 },
+    { 0, 0, 13, 129, 31, 3, 5, 2.0f, 1.0f, false, DT_BF16 },
+    { 0, 0, 12, 32, 2, 1, 0, 1.0f, 0.0f, true, DT_BF16 },
+    { 0, 0, 25, 65, 1, 1, 0, 1.0f, 0.0f, true, DT_FP32 },
+    { 0, 0, 129, 33, 784, 1, 0, 1.0f, 0.0f, true, DT_BF16 },   /* 3 k blocks, partials in scratch */
+    { 0, 0, 129, 33, 784, 1, 0, 1.0f, 0.0f, false, DT_FP32 },  /* 3 k blocks, partials in C */
+    { 0, 0, 37, 45, 785, 2, 7, 1.0f, 1.0f, false, DT_FP32 },   /* odd k over blocks, beta 1, batch */
+    { 0, 0, 19, 50, 785, 1, 0, 1.0f, 0.5f, false, DT_BF16 },
+    { 0, 0, 200, 40, 17, 1, 0, 1.0f, 0.0f, false, DT_FP32 },   /* two m blocks */
+    { 0, 0, 3, 2085, 9, 1, 0, 1.0f, 0.0f, true, DT_BF16 },     /* two n blocks */
+    { 0, 0, 5, 2100, 400, 1, 0, 1.0f, 1.0f, false, DT_FP32 },  /* n and k blocks */
+};
+
+static void for_each_case(void (*fn)(const struct gcase *c))
+{
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+        for (int t = 0; t < 4; t++) {
+            struct gcase c = CASES[i];
+            c.ta = t & 1;
+            c.tb = t >> 1;
+            int t0 = n_t, m0 = n_mem;
+            fn(&c);
+            while (n_t > t0) /* each case frees what it allocated */
+                tensor_free(&tracked_t[--n_t]);
+            while (n_mem > m0)
+                free(tracked_mem[--n_mem]);
+        }
+}
+
+static void require_fast_path(void)
+{
+    if (!gemm_bf16_supported())
+        cr_skip_test("this CPU has no AVX512-BF16 (or AVX-512F/BW/VL): only the portable bf16 GEMM runs here");
+}
+
+static void case_fast_reference(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(fast, &p);
+    check(c, &p, p.g.c, NULL, "avx512bf16");
+}
+
+static void case_portable_reference(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(port, &p);
+    check(c, &p, p.g.c, NULL, "portable");
+}
+
+/* Both paths within twice the reference tolerance of each other (each is within 1x of exact). */
+static void case_fast_vs_portable(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(fast, &p);
+    struct tensor *f = tnew(fast, c->c_dt, p.g.c->numel);
+    memcpy(f->data, p.g.c->data, tensor_bytes(f));
+    run(port, &p);
+    check(c, &p, f, p.g.c, "avx512bf16 vs portable");
+}
+
+static void case_deterministic(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(fast, &p);
+    struct tensor *f = tnew(fast, c->c_dt, p.g.c->numel);
+    memcpy(f->data, p.g.c->data, tensor_bytes(f));
+    run(fast, &p);
+    cr_assert(memcmp(f->data, p.g.c->data, tensor_bytes(f)) == 0, "%s: two runs differ", desc(c));
+}
+
+Test(gemm_bf16, fast_path_matches_double_reference)
+{
+    require_fast_path();
+    seed(11);
+    for_each_case(case_fast_reference);
+}
+
+Test(gemm_bf16, portable_path_matches_double_reference)
+{
+    seed(12);
+    for_each_case(case_portable_reference);
+}
+
+Test(gemm_bf16, fast_path_matches_portable_path)
+{
+    require_fast_path();
+    seed(13);
+    for_each_case(case_fast_vs_portable);
+}
+
+Test(gemm_bf16, fast_path_is_deterministic)
+{
+    require_fast_path();
+    seed(14);
+    for_each_case(case_deterministic);
+}
+
+/* The training shapes of fashion_mlp (batch 128): forward X W^T, dX = dY W, dW = dY^T X. */
+Test(gemm_bf16, fashion_mlp_shapes)
+{
+    require_fast_path();
+    seed(15);
+    const struct gcase cases[] = {
+        { 0, 1, 128, 512, 784, 1, 0, 1.0f, 0.0f, true, DT_BF16 },
+        { 0, 0, 128, 784, 512, 1, 0, 1.0f, 0.0f, false, DT_BF16 },
+        { 1, 0, 512, 784, 128, 1, 0, 1.0f, 1.0f, false, DT_FP32 },
+        { 0, 1, 128, 10, 512, 1, 0, 1.0f, 0.0f, true, DT_BF16 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        case_fast_reference(&cases[i]);
+        case_fast_vs_portable(&cases[i]);
+    }
+}
+
+/* The documented deviation: vdpbf16ps reads bf16 subnormals as zero (DAZ) and flushes subnormal fp32
+ * results (FTZ); the portable path keeps both. This also shows which path each backend takes. */
+static void subnormal_products(struct backend *be, float out[2])
+{
+    /* row 0: 2^-133 (the smallest bf16 subnormal, 0x0001) * 2^100 = 2^-33; row 1: 2^-70 * 2^-70 = 2^-140 */
+    uint16_t ha[2] = { 0x0001, 0x1C80 }, hb[2] = { 0x7180, 0x1C80 };
+    struct tensor *a = tnew(be, DT_BF16, 2), *b = tnew(be, DT_BF16, 2), *c = tnew(be, DT_FP32, 4);
+    memcpy(a->data, ha, sizeof ha);
+    memcpy(b->data, hb, sizeof hb);
+    struct gemm_args g = { .a = a, .b = b, .c = c, .m = 2, .n = 2, .k = 1, .alpha = 1, .batch = 1 };
+    be->gemm(be, &g);
+    out[0] = ((float *)c->data)[0]; /* a[0] * b[0] */
+    out[1] = ((float *)c->data)[3]; /* a[1] * b[1] */
+}
+
+Test(gemm_bf16, portable_path_keeps_subnormals)
+{
+    float out[2];
+    subnormal_products(port, out);
+    cr_assert_eq(out[0], ldexpf(1.0f, -33));
+    cr_assert_eq(out[1], ldexpf(1.0f, -140));
+}
+
+Test(gemm_bf16, fast_path_flushes_subnormals)
+{
+    require_fast_path();
+    float out[2];
+    subnormal_products(fast, out);
+    cr_assert_eq(out[0], 0.0f, "a bf16 subnormal input counts as zero on the AVX512-BF16 path, got %g", (double)out[0]);
+    cr_assert_eq(out[1], 0.0f, "a subnormal fp32 product is flushed on the AVX512-BF16 path, got %g", (double)out[1]);
+}
+
+Test(gemm_bf16, amp_gemm_portable_0_keeps_the_fast_path)
+{
+    require_fast_path();
+    setenv("AMP_GEMM_PORTABLE", "0", 1);
+    struct backend *be = backend_cpu_create();
+    unsetenv("AMP_GEMM_PORTABLE");
+    cr_assert_not_null(be);
+    float out[2];
+    subnormal_products(be, out);
+    for (int i = n_t - 3; i < n_t; i++) /* free before the backend goes */
+        tensor_free(&tracked_t[i]);
+    n_t -= 3;
+    backend_close(be);
+    cr_assert_eq(out[0], 0.0f);
+}
