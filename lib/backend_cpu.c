@@ -39,6 +39,16 @@
 
 #define BLOCK 1024 /* elements per block in elementwise loops: a few fp32 blocks stay in L1 */
 
+/* Elementwise hot loops are compiled for AVX-512, AVX2 and the baseline, picked at load time (GCC's
+ * target_clones). The same operations run in the same order in every clone (ISO C mode: no FMA
+ * contraction, no re-association), so results are bit-identical whichever the CPU picks. Sanitizer
+ * builds keep one version. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define HOT_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HOT_LOOP
+#endif
+
 static const float GELU_TANH_S = 0.7978845608028654f;  /* sqrt(2 / pi) */
 static const float GELU_TANH_C = 0.044715f;
 static const float INV_SQRT2 = 0.7071067811865476f;    /* 1 / sqrt(2) */
@@ -367,6 +377,12 @@ static void cpu_gemm(struct backend *be, const struct gemm_args *g)
     }
 }
 
+HOT_LOOP static void add_row(double *acc, const float *r, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        acc[j] += r[j];
+}
+
 static void cpu_bias_grad(struct backend *be, struct tensor *db, const struct tensor *dy, int64_t m, int64_t n,
                           float beta)
 {
@@ -377,17 +393,14 @@ static void cpu_bias_grad(struct backend *be, struct tensor *db, const struct te
     if (!acc || !row)
         return;
     memset(acc, 0, (size_t)n * sizeof(double));
-    for (int64_t i = 0; i < m; i++) {
-        const float *r = load_f32(dy->data, dy->dtype, (size_t)(i * n), (size_t)n, row);
-        for (int64_t j = 0; j < n; j++)
-            acc[j] += r[j];
-    }
+    for (int64_t i = 0; i < m; i++)
+        add_row(acc, load_f32(dy->data, dy->dtype, (size_t)(i * n), (size_t)n, row), n);
     store_acc((float *)db->data, acc, (size_t)n, beta);
 }
 
 /* ---- elementwise ----------------------------------------------------------------------------- */
 
-static void act_apply(enum act_kind kind, float *y, const float *x, size_t n)
+HOT_LOOP static void act_apply(enum act_kind kind, float *y, const float *x, size_t n)
 {
     switch (kind) {
     case ACT_RELU:
@@ -410,7 +423,7 @@ static void act_apply(enum act_kind kind, float *y, const float *x, size_t n)
 
 /* dx = dy * act'(x). For |x| > 20 the GELU derivative is exactly 0 or 1 in fp32; the closed form
  * would compute 0 * Inf there once x^2 overflows, so the limit is used. */
-static void act_grad_apply(enum act_kind kind, float *dx, const float *dy, const float *x, size_t n)
+HOT_LOOP static void act_grad_apply(enum act_kind kind, float *dx, const float *dy, const float *x, size_t n)
 {
     switch (kind) {
     case ACT_RELU:
@@ -1316,7 +1329,7 @@ static bool bits_nonfinite(uint32_t u)
 
 /* One tensor: sumsq and absmax over finite elements into 8 fixed lanes (so the compiler may vectorise
  * and the order never changes); non-finite elements counted, then told apart only when present. */
-static void grad_stats_one(const float *g, size_t n, double lanes[8], double *absmax, int64_t *n_inf,
+HOT_LOOP static void grad_stats_one(const float *g, size_t n, double lanes[8], double *absmax, int64_t *n_inf,
                            int64_t *n_nan)
 {
     int64_t bad = 0;
@@ -1415,7 +1428,7 @@ static void optim_store_lowp(const struct optim_update_args *a, size_t off, size
  * as fp32, and the tensor arithmetic runs in fp32 in PyTorch's order:
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;
  *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step. */
-static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a)
+HOT_LOOP static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a)
 {
     (void)be;
     optim_check(a);
@@ -1448,7 +1461,7 @@ static void cpu_adamw_update(struct backend *be, const struct optim_update_args 
 
 /* torch.optim.SGD (dampening 0): g = grad*mul + wd*p; buf = first_step ? g : momentum*buf + g;
  * g = nesterov ? g + momentum*buf : buf; p -= lr*g. No momentum when a->m is NULL or momentum 0. */
-static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a)
+HOT_LOOP static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a)
 {
     (void)be;
     optim_check(a);
