@@ -21,25 +21,7 @@
 
 #include "dtype.h" /* dtype_convert_portable, the reference */
 
-static size_t tests_skipped, tests_failed;
-
-ReportHook(POST_ALL)(struct criterion_global_stats *stats)
-{
-    tests_skipped = stats->tests_skipped;
-    tests_failed = stats->tests_failed + stats->tests_crashed;
-}
-
-int main(int argc, char *argv[])
-{
-    struct criterion_test_set *tests = criterion_initialize();
-    int status = 0;
-    if (criterion_handle_args(argc, argv, true))
-        status = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    if (status == 0 && tests_failed == 0 && tests_skipped > 0)
-        return 77;
-    return status;
-}
+#include "skip_main.h" /* main: exit 77 (Skipped) when tests skipped and none failed */
 
 #ifdef AMP_HAVE_CUDA
 
