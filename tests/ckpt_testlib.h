@@ -20,15 +20,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
-/* A small, fast model: 784 -> 32 -> 32 -> 10, batch 32, CPU, one BLAS thread. */
-#define SMALL "model.layers.1.out=32 model.layers.3.out=32 data.batch_size=32 run.device=cpu run.log_every=1000"
-
-struct result {
-    int code;
-    char out[65536];
-};
+#include "testrun.h" /* struct result, amp: run the binary */
 
 static char scratch[256];
+
+/* A small, fast model: 784 -> 32 -> 32 -> 10, batch 32, CPU, one BLAS thread. */
+#define SMALL "model.layers.1.out=32 model.layers.3.out=32 data.batch_size=32 run.device=cpu run.log_every=1000"
 
 static void make_scratch(void)
 {
@@ -44,26 +41,6 @@ static void remove_scratch(void)
     cr_assert_eq(system(cmd), 0);
 }
 
-/* Run `ampTrain ARGS` from the source dir, stderr merged. */
-static struct result amp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static struct result amp(const char *fmt, ...)
-{
-    static struct result r;
-    memset(&r, 0, sizeof r);
-    char args[3000], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && OPENBLAS_NUM_THREADS=1 %s %s 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(r.out, 1, sizeof r.out - 1, p);
-    r.out[n] = '\0';
-    int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-}
 
 static inline void path_in(char *buf, size_t len, const char *sub)
 {

@@ -10,25 +10,12 @@
 #include <string.h>
 #include <sys/wait.h>
 
-struct result {
-    int code;
-    char out[65536];
-};
+#include "testrun.h" /* amp: run the binary */
 
-/* Run `ampTrain ARGS` with stderr merged into stdout. */
+/* Run `ampTrain ARGS` (and any shell commands after it) from the source directory, stderr merged. */
 static struct result run(const char *args)
 {
-    static struct result r;
-    memset(&r, 0, sizeof r);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cd %s && { %s %s ; } 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(r.out, 1, sizeof r.out - 1, p);
-    r.out[n] = '\0';
-    int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
+    return amp("%s", args);
 }
 
 Test(cli, version_says_whether_cuda_was_built)

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "testrand.h" /* seed, urand */
 #include "backend.h"
 #include "gemm_bf16.h" /* gemm_bf16_supported: whether this CPU takes the fast path */
 
@@ -59,21 +60,7 @@ static void *talloc(size_t bytes)
     return p;
 }
 
-static uint64_t rs;
-
-static void seed(uint64_t s)
-{
-    rs = s * 0x9e3779b97f4a7c15ULL + 1;
-}
-
-static double urand(void) /* [0, 1) */
-{
-    uint64_t z = (rs += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
+/* seed() and urand(): tests/testlib.h */
 
 static struct tensor *tnew(struct backend *be, enum dtype dt, size_t n)
 {

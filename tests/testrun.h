@@ -1,0 +1,41 @@
+/*
+ * testrun.h — running the ampTrain binary (AMP_BINARY) from the source directory, for the suites that
+ * test the program end to end. Needs _POSIX_C_SOURCE (popen) defined before the first include.
+ */
+#ifndef AMP_TESTRUN_H
+#define AMP_TESTRUN_H
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+struct result {
+    int code;
+    char out[65536];
+};
+
+/* Run `ampTrain ARGS` (ARGS may go on with more shell commands after a ';') from the source directory
+ * with one BLAS thread, stderr merged into stdout. Returns a static buffer. */
+static struct result amp(const char *fmt, ...) __attribute__((format(printf, 1, 2), unused));
+static struct result amp(const char *fmt, ...)
+{
+    static struct result r;
+    memset(&r, 0, sizeof r);
+    char args[3000], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && { OPENBLAS_NUM_THREADS=1 %s %s ; } 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(r.out, 1, sizeof r.out - 1, p);
+    r.out[n] = '\0';
+    int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+#endif
