@@ -7,14 +7,16 @@
  *    (dtype_convert, vectorised in blocks), computes in fp32 (double for reductions whose result must
  *    not depend on blocking: statistics, loss sums, column sums, the gradient norm) and rounds once,
  *    to nearest-even, when it stores a 16-bit output. fp32 tensors are read and written in place.
- *  - Matrix products go through one internal routine, gemm_core: fp32 operands are handed to
- *    OpenBLAS cblas_sgemm as they are; 16-bit operands are first widened to fp32 scratch (exact, every
- *    fp16/bf16 value is an fp32 value), so the product reads the rounded inputs and accumulates in
- *    fp32 as tensor cores do; a 16-bit result is accumulated in fp32 scratch and rounded once at the
- *    end, after alpha, beta and the bias. Convolutions (im2col + GEMM) and attention use the same path.
- *    Exception: bf16 x bf16 products go to gemm_bf16.c (AVX512-BF16 vdpbf16ps, fp32 accumulation, the
- *    same epilogue) where the CPU has it and AMP_GEMM_PORTABLE is not set; that instruction reads bf16
- *    subnormals as zero and flushes subnormal results (docs/backend.md, "bf16 GEMM on the CPU").
+ *  - Matrix products go through one internal routine, gemm_core. Where the CPU has AVX-512 (and
+ *    AMP_GEMM_PORTABLE is not set), products whose A and B share a dtype go to gemm_avx512.c: fp32 and
+ *    fp16 with FMA (fp16 widened exactly while packing), bf16 with AVX512-BF16 vdpbf16ps where the CPU
+ *    has it; fp32 accumulation, one rounding of a 16-bit result after alpha, beta and the bias.
+ *    Elsewhere (the portable path) fp32 operands are handed to OpenBLAS cblas_sgemm as they are and
+ *    16-bit operands are first widened to fp32 scratch (exact, every fp16/bf16 value is an fp32 value),
+ *    so the product reads the rounded inputs and accumulates in fp32 as tensor cores do; a 16-bit
+ *    result is accumulated in fp32 scratch and rounded once at the end. Convolutions (im2col + GEMM)
+ *    and attention use the same routine. vdpbf16ps reads bf16 subnormals as zero and flushes subnormal
+ *    results (docs/backend.md, "AVX-512 GEMM on the CPU").
  *  - Scratch memory is a handful of per-backend slots that grow to the largest request and live until
  *    destroy, so the training loop does not malloc per call. A slot has one user at a time: gemm_core
  *    owns SCR_GEMM_*, the ops own the rest. Ops stage 16-bit tensors through fp32 scratch one slice at
@@ -34,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemm_bf16.h" /* the AVX512-BF16 product for bf16 x bf16 */
+#include "gemm_avx512.h" /* gemm_avx512: fp32, fp16 and bf16 products with AVX-512 */
 #include "rng.h"       /* rng_uniform: dropout masks */
 
 #define BLOCK 1024 /* elements per block in elementwise loops: a few fp32 blocks stay in L1 */
@@ -56,7 +58,7 @@ static const float INV_SQRT_2PI = 0.3989422804014327f; /* 1 / sqrt(2 pi) */
 
 enum scratch_slot {
     SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_C, /* gemm_core: fp32 copies of 16-bit operands and result, or
-                                         * the packed panels and partial sums of gemm_bf16 */
+                                         * the packed panels and partial sums of gemm_avx512 */
     SCR_IN0, SCR_IN1, SCR_IN2,          /* fp32 copies of one slice (image, plane, row, block) of a 16-bit input */
     SCR_TMP0, SCR_TMP1, SCR_TMP2,       /* per-op fp32 work buffers, also one slice each */
     SCR_ACC0, SCR_ACC1,                 /* per-op double accumulators */
@@ -73,7 +75,8 @@ struct cpu_backend {
     struct scratch scr[SCR_COUNT];
     enum amp_status status; /* first failure, AMP_OK when none */
     struct amp_error err;
-    bool gemm_bf16; /* bf16 x bf16 products through gemm_bf16 (the CPU has AVX512-BF16, AMP_GEMM_PORTABLE unset) */
+    bool gemm_avx512[DT_COUNT]; /* products of this input dtype go through gemm_avx512 (the CPU has the
+                                 * instructions, AMP_GEMM_PORTABLE unset) */
 };
 
 static struct cpu_backend *cpu_of(struct backend *be)
@@ -272,13 +275,13 @@ static const float *operand_f32(struct cpu_backend *cb, enum scratch_slot slot, 
     return p;
 }
 
-/* bf16 x bf16 -> fp32 / bf16 through gemm_bf16 (AVX512-BF16), same contract as gemm_core. The scratch
- * is taken before C is touched, so a failure to grow it leaves C unwritten. */
-static void gemm_core_bf16(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                           struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
+/* A and B of one dtype through gemm_avx512, same contract as gemm_core. The scratch is taken before C
+ * is touched, so a failure to grow it leaves C unwritten. */
+static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
-    struct gemm_bf16_scratch s;
-    gemm_bf16_scratch_sizes(m, n, k, &s);
+    struct gemm_avx512_scratch s;
+    gemm_avx512_scratch_sizes(a.dt, m, n, k, &s);
     void *pa = scratch_get(cb, SCR_GEMM_A, s.pack_a_bytes);
     void *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
     float *partial = NULL;
@@ -290,10 +293,10 @@ static void gemm_core_bf16(struct cpu_backend *cb, bool ta, bool tb, int64_t m, 
     }
     if (!pa || !pb)
         return;
-    struct gemm_bf16_args g = { .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta,
-                                .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p, .c_bf16 = c.dt == DT_BF16,
-                                .ldc = c.ld, .bias = bias };
-    gemm_bf16(&g, pa, pb, partial);
+    struct gemm_avx512_args g = { .in = a.dt, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
+                                  .beta = beta, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
+                                  .c_dt = c.dt, .ldc = c.ld, .bias = bias };
+    gemm_avx512(&g, pa, pb, partial);
 }
 
 static int blas_dim(int64_t x)
@@ -310,8 +313,8 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
     assert(!bias || beta == 0.0f);
     if (m <= 0 || n <= 0)
         return;
-    if (cb->gemm_bf16 && a.dt == DT_BF16 && b.dt == DT_BF16 && k > 0 && (c.dt == DT_FP32 || c.dt == DT_BF16)) {
-        gemm_core_bf16(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
+    if (k > 0 && a.dt == b.dt && cb->gemm_avx512[a.dt] && (c.dt == DT_FP32 || c.dt == a.dt)) {
+        gemm_core_avx512(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
         return;
     }
     int64_t lda = 0, ldb = 0, ldc;
@@ -1551,7 +1554,9 @@ struct backend *backend_cpu_create(void)
     if (!cb)
         return NULL;
     const char *portable = getenv("AMP_GEMM_PORTABLE");
-    cb->gemm_bf16 = gemm_bf16_supported() && !(portable && portable[0] && strcmp(portable, "0") != 0);
+    const bool forced = portable && portable[0] && strcmp(portable, "0") != 0;
+    for (int dt = 0; dt < DT_COUNT; dt++)
+        cb->gemm_avx512[dt] = !forced && gemm_avx512_supported((enum dtype)dt);
     struct backend *be = &cb->base;
     be->name = "cpu";
     be->alloc = cpu_alloc;

@@ -1,0 +1,396 @@
+/*
+ * gemm_avx512.c — the CPU backend's AVX-512 matrix products: fp32 and fp16 inputs with FMA, bf16
+ * inputs with AVX512-BF16 (vdpbf16ps), fp32 accumulation in all three, for backend_cpu.c.
+ *
+ * Compiled with per-function target attributes (as dtype_simd.c), so the rest of the build needs no
+ * -m flags and the binary still runs on CPUs without these instructions; backend_cpu.c calls in only
+ * when gemm_avx512_supported() says the CPU has them. Why not OpenBLAS for fp32: Debian's OpenBLAS
+ * picks its kernel by CPU model, and on CPUs it does not know (or where OPENBLAS_CORETYPE names an
+ * older core) it runs AVX2 code at half the AVX-512 width; this file runs the same blocking at
+ * full width everywhere AVX-512 exists. Debian's OpenBLAS has no bf16 GEMM at all.
+ *
+ * One blocked driver (Goto/BLIS) serves the three input dtypes; they differ only in how panels are
+ * packed and in the microkernel's multiply instruction. Packed panels hold 32-bit elements, a
+ * "step" each:
+ *   fp32, fp16  one k per step: the fp32 value (fp16 widened exactly while packing).
+ *   bf16        two k per step, "pair-interleaved": vdpbf16ps multiplies pairs of bf16 and adds both
+ *               products to an fp32 lane, c[j] += a[2j] * b[2j] + a[2j+1] * b[2j+1], so two
+ *               consecutive k of one row of op(A) (or one column of op(B)) form one element.
+ * The layout:
+ *   - k is split into blocks of at most KC_BF16 / KC_F32 (balanced; even for bf16, so pairs never
+ *     straddle blocks), n into blocks of NC columns, m into blocks of MC rows.
+ *   - For each (n block, k block) op(B) is packed into column panels of NR = 32: for step q, the 32
+ *     columns' elements side by side (two zmm). For each m block op(A) is packed into row panels of
+ *     MR = 12: for step q, the 12 rows' elements (broadcast one at a time). Panels are zero-padded to
+ *     MR rows / NR columns (and an odd bf16 k gets a zero partner), so the microkernel never sees an
+ *     edge. Lines contiguous in k (rows of A, columns of B^T) are transposed 16 x 16 in registers
+ *     (fp32, fp16) or interleaved by scalar code (bf16).
+ *   - The microkernel keeps a 12 x 32 tile of C in 24 zmm accumulators: per step it loads two zmm of
+ *     B and, for each of the 12 rows, broadcasts A's element and issues two FMAs (vfmadd231ps or
+ *     vdpbf16ps). A panel of B (at most 32 KiB) stays in L1 while the 12-row panels of A stream
+ *     from L2.
+ *   - The epilogue writes only the valid mr x nr part: with more than one k block the fp32 partial
+ *     sums go to `partial` (or C itself when C is fp32, beta 0 and no bias) and are added back; after
+ *     the last block it computes alpha * sum + beta * C_old (+ bias), in fp32, and stores fp32 or
+ *     rounds once to C's 16-bit dtype (nearest-even, NaN quieted: bit for bit dtype.c's conversions).
+ *
+ * Numerics: fp32 accumulation in an order fixed by the blocking (so results are bit-reproducible on
+ * a given machine, whatever OPENBLAS_NUM_THREADS says), which differs from OpenBLAS's order. fp32 and
+ * fp16 follow IEEE fp32 (MXCSR's default: subnormals kept). vdpbf16ps has a fixed DAZ/FTZ: bf16
+ * subnormal inputs (|x| < 2^-126, about 1.2e-38) count as zero and subnormal fp32 results are
+ * flushed to zero, whatever MXCSR says. Training values are nowhere near that range.
+ */
+#include "gemm_avx512.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AMP_GEMM_AVX512_X86 1
+#include <immintrin.h>
+#endif
+
+#define MR 12
+#define NR 32
+#define MC 192      /* multiple of MR: 16 panels, at most 192 * 256 * 4 bytes = 192 KiB of L2 */
+#define NC 2048     /* multiple of NR */
+#define KC_BF16 384 /* even: a B panel is 384 / 2 * 32 * 4 bytes = 24 KiB */
+#define KC_F32 256  /* a B panel is 256 * 32 * 4 bytes = 32 KiB */
+
+static int64_t min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+static int64_t round_up(int64_t x, int64_t to)
+{
+    return (x + to - 1) / to * to;
+}
+
+/* The k block length: at most KC_*, balanced over the blocks, even for bf16. */
+static int64_t block_k(enum dtype in, int64_t k)
+{
+    int64_t kmax = in == DT_BF16 ? KC_BF16 : KC_F32;
+    int64_t nb = (k + kmax - 1) / kmax;
+    int64_t kc = (k + nb - 1) / nb;
+    return in == DT_BF16 ? round_up(kc, 2) : kc;
+}
+
+/* Packed 32-bit elements per line for kc values of k. */
+static int64_t steps_of(enum dtype in, int64_t kc)
+{
+    return in == DT_BF16 ? (kc + 1) / 2 : kc;
+}
+
+void gemm_avx512_scratch_sizes(enum dtype in, int64_t m, int64_t n, int64_t k, struct gemm_avx512_scratch *s)
+{
+    int64_t kc = block_k(in, k);
+    int64_t steps = steps_of(in, kc);
+    s->pack_a_bytes = (size_t)(round_up(min64(m, MC), MR) * steps) * sizeof(uint32_t);
+    s->pack_b_bytes = (size_t)(round_up(min64(n, NC), NR) * steps) * sizeof(uint32_t);
+    s->partial_bytes = kc < k ? (size_t)(m * n) * sizeof(float) : 0;
+}
+
+#ifdef AMP_GEMM_AVX512_X86
+
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+bool gemm_avx512_supported(enum dtype in)
+{
+    __builtin_cpu_init();
+    bool base = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl");
+    return base && (in != DT_BF16 || __builtin_cpu_supports("avx512bf16"));
+}
+
+/* Lanes [0, n) of a 16-lane mask (n clamped to [0, 16]). */
+static __mmask16 lanes16(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* ---- packing ------------------------------------------------------------------------------------- */
+
+/* 16 consecutive elements of an fp32 or fp16 array from element `off`, as fp32; lanes outside `m`
+ * read nothing and are zero. */
+TARGET_AVX512 static __m512 load16(const void *src, enum dtype dt, int64_t off, __mmask16 m)
+{
+    if (dt == DT_FP16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)src + off));
+    return _mm512_maskz_loadu_ps(m, (const float *)src + off);
+}
+
+/* r[j] = column j of the 16 x 16 matrix whose rows are r[0..15]. */
+TARGET_AVX512 static void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) { /* per 128-bit lane L: rows i, i+1 at columns 4L..4L+3 interleaved */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* u[i + c], lane L: rows i..i+3 at column 4L + c */
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) { /* column 4L + c gathers lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+        __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        __m512 v1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(v0, v1, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, v1, 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(w0, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(w0, w1, 0xDD);
+    }
+}
+
+/*
+ * The fp32/fp16 form of pack_bf16 below: `lines` lines from line l0, k range [p0, p0+kc), into
+ * panels of w lines, panel-major, then k, then line: dst[q * w + r] = (line r, k p0 + q) as fp32.
+ * Element (line l, k kk) is src[l * ld + kk] when contig_k, else src[kk * ld + l]. Lines past
+ * `lines` are zero.
+ */
+TARGET_AVX512 static void pack_f32(float *dst, const void *src, enum dtype dt, int64_t ld, bool contig_k, int64_t l0,
+                                   int64_t lines, int64_t p0, int64_t kc, int w)
+{
+    for (int64_t lp = 0; lp < lines; lp += w, dst += kc * w) {
+        const int64_t nl = min64(w, lines - lp);
+        if (!contig_k) { /* each k holds the panel's lines side by side: up to two masked loads */
+            for (int64_t q = 0; q < kc; q++) {
+                const int64_t off = (p0 + q) * ld + l0 + lp;
+                for (int g = 0; g < w; g += 16)
+                    _mm512_mask_storeu_ps(dst + q * w + g, lanes16(w - g), load16(src, dt, off + g, lanes16(nl - g)));
+            }
+            continue;
+        }
+        for (int g = 0; g < w; g += 16) { /* 16 lines at a time, 16 k at a time, transposed in registers */
+            const int64_t gl = nl - g;    /* valid lines in this group (<= 0: all padding) */
+            for (int64_t q0 = 0; q0 < kc; q0 += 16) {
+                const int64_t nk = min64(16, kc - q0);
+                __m512 r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = i < gl ? load16(src, dt, (l0 + lp + g + i) * ld + p0 + q0, lanes16(nk)) : _mm512_setzero_ps();
+                transpose16(r);
+                for (int64_t j = 0; j < nk; j++)
+                    _mm512_mask_storeu_ps(dst + (q0 + j) * w + g, lanes16(w - g), r[j]);
+            }
+        }
+    }
+}
+
+/*
+ * Pack `lines` lines (rows of op(A) or columns of op(B)) starting at line l0, k range [p0, p0+kc),
+ * into panels of w lines: panel-major, then pair q, then line: dst[q * w + r] holds
+ * (line r, k 2q) in its low half and (line r, k 2q+1) in its high half. Element (line l, k kk) is
+ * src[l * ld + kk] when contig_k, else src[kk * ld + l]. Lines past `lines` and the partner of an odd
+ * last k are zero.
+ */
+TARGET_BF16 static void pack_bf16(uint32_t *dst, const uint16_t *src, int64_t ld, bool contig_k, int64_t l0,
+                                  int64_t lines, int64_t p0, int64_t kc, int w)
+{
+    const int64_t pairs = (kc + 1) / 2, full = kc / 2;
+    /* vpermt2w indices interleaving two 32 x 16-bit rows: out[2i] = lo[i], out[2i+1] = hi[i] */
+    const __m512i idx_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                            6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i idx_hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23,
+                                            54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    for (int64_t lp = 0; lp < lines; lp += w, dst += pairs * w) {
+        const int nl = (int)min64(w, lines - lp);
+        if (contig_k) {
+            for (int r = 0; r < nl; r++) {
+                const uint16_t *row = src + (l0 + lp + r) * ld + p0;
+                uint32_t *d = dst + r;
+                for (int64_t q = 0; q < full; q++)
+                    d[q * w] = (uint32_t)row[2 * q] | (uint32_t)row[2 * q + 1] << 16;
+                if (kc & 1)
+                    d[full * w] = row[kc - 1];
+            }
+            for (int r = nl; r < w; r++)
+                for (int64_t q = 0; q < pairs; q++)
+                    dst[q * w + r] = 0;
+        } else {
+            /* nl <= w <= 32: one masked load per k row, lanes past nl read as zero */
+            const __mmask32 lm = nl >= 32 ? 0xFFFFFFFFu : ((__mmask32)1 << nl) - 1;
+            const __mmask16 m0 = lanes16(w), m1 = lanes16(w - 16);
+            for (int64_t q = 0; q < pairs; q++) {
+                const uint16_t *r0 = src + (p0 + 2 * q) * ld + l0 + lp;
+                __m512i lo = _mm512_maskz_loadu_epi16(lm, r0);
+                __m512i hi = 2 * q + 1 < kc ? _mm512_maskz_loadu_epi16(lm, r0 + ld) : _mm512_setzero_si512();
+                _mm512_mask_storeu_epi32(dst + q * w, m0, _mm512_permutex2var_epi16(lo, idx_lo, hi));
+                if (m1)
+                    _mm512_mask_storeu_epi32(dst + q * w + 16, m1, _mm512_permutex2var_epi16(lo, idx_hi, hi));
+            }
+        }
+    }
+}
+
+/* ---- microkernels: tile (MR x NR fp32, 64-byte aligned) = packed A panel x packed B panel ---------- */
+
+#define DECL(i) __m512 c##i##_0 = _mm512_setzero_ps(), c##i##_1 = _mm512_setzero_ps()
+#define STORE(i)                                                                                                 \
+    do {                                                                                                         \
+        _mm512_store_ps(tile + (i) * NR, c##i##_0);                                                              \
+        _mm512_store_ps(tile + (i) * NR + 16, c##i##_1);                                                         \
+    } while (0)
+#define TILE_LOOP(ROW)                                                                                           \
+    DECL(0); DECL(1); DECL(2); DECL(3); DECL(4); DECL(5);                                                        \
+    DECL(6); DECL(7); DECL(8); DECL(9); DECL(10); DECL(11);                                                      \
+    for (int64_t q = 0; q < steps; q++, pa += MR, pb += NR) {                                                    \
+        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);                                                          \
+        ROW(6); ROW(7); ROW(8); ROW(9); ROW(10); ROW(11);                                                        \
+    }                                                                                                            \
+    STORE(0); STORE(1); STORE(2); STORE(3); STORE(4); STORE(5);                                                  \
+    STORE(6); STORE(7); STORE(8); STORE(9); STORE(10); STORE(11)
+
+#define ROW_F32(i)                                                                                               \
+    do {                                                                                                         \
+        __m512 a_ = _mm512_set1_ps(pa[i]);                                                                       \
+        c##i##_0 = _mm512_fmadd_ps(a_, _mm512_load_ps(pb), c##i##_0);                                            \
+        c##i##_1 = _mm512_fmadd_ps(a_, _mm512_load_ps(pb + 16), c##i##_1);                                       \
+    } while (0)
+#define ROW_BF16(i)                                                                                              \
+    do {                                                                                                         \
+        __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)pa[i]);                                                   \
+        c##i##_0 = _mm512_dpbf16_ps(c##i##_0, a_, (__m512bh)_mm512_load_si512(pb));                              \
+        c##i##_1 = _mm512_dpbf16_ps(c##i##_1, a_, (__m512bh)_mm512_load_si512(pb + 16));                         \
+    } while (0)
+
+TARGET_AVX512 static void kernel_f32(int64_t steps, const float *pa, const float *pb, float *tile)
+{
+    TILE_LOOP(ROW_F32);
+}
+
+TARGET_BF16 static void kernel_bf16(int64_t steps, const uint32_t *pa, const uint32_t *pb, float *tile)
+{
+    TILE_LOOP(ROW_BF16);
+}
+
+/* ---- epilogue and driver --------------------------------------------------------------------------- */
+
+/* fp32 -> bf16 bits in the low half of each lane: RNE, NaN quieted (dtype.c's bf16_from_fp32). */
+TARGET_AVX512 static __m512i bf16_round(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32(0x7F800000));
+    return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+/* 16 elements of C (dtype dt) at p as fp32, lanes outside m zero. */
+TARGET_AVX512 static __m512 load_c(const void *p, enum dtype dt, __mmask16 m)
+{
+    if (dt == DT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+    return load16(p, dt, 0, m);
+}
+
+/* v rounded once to C's dtype into lanes m of p (fp16: vcvtps2ph, bit for bit dtype.c's fp16_from_fp32). */
+TARGET_AVX512 static void store_c(void *p, enum dtype dt, __mmask16 m, __m512 v)
+{
+    if (dt == DT_BF16)
+        _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_round(v));
+    else if (dt == DT_FP16)
+        _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    else
+        _mm512_mask_storeu_ps(p, m, v);
+}
+
+/* The valid mr x nr part of a tile at C's (i0, j0): add earlier k blocks' partial sums, then either
+ * keep the sum for the next block or finish it (alpha, beta * C_old, bias, store / round once). */
+TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float *tile, int64_t i0, int64_t j0,
+                                   int mr, int nr, bool first, bool last, float *w, int64_t ldw)
+{
+    const __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
+    const bool extra = g->beta != 0.0f || g->bias;
+    const size_t csize = dtype_size(g->c_dt);
+    for (int v = 0; v < 2 && nr > 16 * v; v++) {
+        const __mmask16 m = lanes16(nr - 16 * v);
+        const int64_t j = j0 + 16 * v;
+        const __m512 bias = g->bias ? _mm512_maskz_loadu_ps(m, g->bias + j) : _mm512_setzero_ps();
+        for (int r = 0; r < mr; r++) {
+            const int64_t i = i0 + r;
+            __m512 s = _mm512_load_ps(tile + r * NR + 16 * v);
+            if (!first)
+                s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, w + i * ldw + j), s);
+            if (!last) {
+                _mm512_mask_storeu_ps(w + i * ldw + j, m, s);
+                continue;
+            }
+            void *cp = (char *)g->c + (size_t)(i * g->ldc + j) * csize;
+            __m512 out;
+            if (extra) {
+                __m512 e = bias; /* bias needs beta 0, so e is one of the two */
+                if (g->beta != 0.0f)
+                    e = _mm512_mul_ps(beta, load_c(cp, g->c_dt, m));
+                out = _mm512_fmadd_ps(alpha, s, e);
+            } else {
+                out = _mm512_mul_ps(alpha, s);
+            }
+            store_c(cp, g->c_dt, m, out);
+        }
+    }
+}
+
+/* Pack op(A) rows or op(B) columns for the input dtype (see pack_f32). */
+TARGET_AVX512 static void pack(enum dtype in, uint32_t *dst, const void *src, int64_t ld, bool contig_k, int64_t l0,
+                               int64_t lines, int64_t p0, int64_t kc, int w)
+{
+    if (in == DT_BF16)
+        pack_bf16(dst, src, ld, contig_k, l0, lines, p0, kc, w);
+    else
+        pack_f32((float *)dst, src, in, ld, contig_k, l0, lines, p0, kc, w);
+}
+
+TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial)
+{
+    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, k);
+    uint32_t *pa = pack_a, *pb = pack_b;
+    float *w = partial;
+    int64_t ldw = n;
+    if (!w) { /* one k block, or C fp32 with beta 0 and no bias: partial sums in C itself */
+        w = (float *)g->c;
+        ldw = g->ldc;
+    }
+    float tile[MR * NR] __attribute__((aligned(64)));
+    for (int64_t jc = 0; jc < n; jc += NC) {
+        const int64_t nc = min64(NC, n - jc);
+        for (int64_t p0 = 0; p0 < k; p0 += kc) {
+            const int64_t kcur = min64(kc, k - p0), steps = steps_of(g->in, kcur);
+            const bool first = p0 == 0, last = p0 + kcur >= k;
+            pack(g->in, pb, g->b, g->ldb, g->tb, jc, nc, p0, kcur, NR);
+            for (int64_t ic = 0; ic < m; ic += MC) {
+                const int64_t mc = min64(MC, m - ic);
+                pack(g->in, pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, MR);
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                    const uint32_t *bp = pb + (jr / NR) * steps * NR;
+                    const int nr = (int)min64(NR, nc - jr);
+                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                        const uint32_t *ap = pa + (ir / MR) * steps * MR;
+                        if (g->in == DT_BF16)
+                            kernel_bf16(steps, ap, bp, tile);
+                        else
+                            kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
+                        epilogue(g, tile, ic + ir, jc + jr, (int)min64(MR, mc - ir), nr, first, last, w, ldw);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#else /* not x86-64: the portable path only */
+
+bool gemm_avx512_supported(enum dtype in)
+{
+    (void)in;
+    return false;
+}
+
+void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial)
+{
+    (void)g, (void)pack_a, (void)pack_b, (void)partial;
+}
+
+#endif

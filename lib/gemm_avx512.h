@@ -1,0 +1,55 @@
+/*
+ * gemm_avx512.h — private to backend_cpu.c: the AVX-512 matrix products of gemm_avx512.c.
+ *
+ * C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row], A and B row-major and of one
+ * dtype, products accumulated in fp32, C fp32 or the inputs' 16-bit dtype (rounded once, to
+ * nearest-even, after alpha, beta and the bias — the same epilogue as the portable cblas_sgemm path).
+ * beta 0 never reads C. By input dtype:
+ *   fp32, fp16  AVX-512F FMA (fp16 widened exactly while packing): IEEE fp32 arithmetic, subnormals
+ *               kept; differs from the portable path only in summation order.
+ *   bf16        AVX512-BF16 vdpbf16ps: also treats bf16 subnormal inputs as zero and flushes
+ *               subnormal fp32 partial sums to zero (DAZ/FTZ).
+ * See docs/backend.md, "AVX-512 GEMM on the CPU".
+ */
+#ifndef AMP_GEMM_AVX512_H
+#define AMP_GEMM_AVX512_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h" /* enum dtype */
+
+struct gemm_avx512_args {
+    enum dtype in;        /* dtype of A and B */
+    bool ta, tb;          /* op(A) = A^T (A is (k, m)); op(B) = B^T (B is (n, k)) */
+    int64_t m, n, k;      /* m, n, k >= 1 */
+    float alpha, beta;
+    const void *a;        /* leading dimension lda */
+    int64_t lda;
+    const void *b;
+    int64_t ldb;
+    void *c;              /* DT_FP32, or `in` when that is 16-bit */
+    enum dtype c_dt;
+    int64_t ldc;
+    const float *bias;    /* NULL or fp32 (n); needs beta 0 */
+};
+
+/* Scratch sizes for one call with these dimensions: the packed panels of op(A) and op(B), and the
+ * fp32 partial sums (m * n floats, leading dimension n; 0 when k fits one block). */
+struct gemm_avx512_scratch {
+    size_t pack_a_bytes, pack_b_bytes, partial_bytes;
+};
+
+/* True when this build and this CPU run gemm_avx512 for inputs of dtype `in`: x86-64 with
+ * AVX-512F/BW/VL, plus AVX512-BF16 for bf16. */
+bool gemm_avx512_supported(enum dtype in);
+
+void gemm_avx512_scratch_sizes(enum dtype in, int64_t m, int64_t n, int64_t k, struct gemm_avx512_scratch *s);
+
+/* The product. pack_a, pack_b: 64-byte-aligned buffers of the sizes above; partial: NULL when
+ * partial_bytes is 0, or when C is fp32, beta 0 and there is no bias (C itself then holds the
+ * partial sums). Only call when gemm_avx512_supported(g->in). */
+void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial);
+
+#endif

@@ -1,0 +1,437 @@
+/*
+ * test_gemm_avx512.c — GEMM on the CPU backend for fp32, fp16 and bf16 inputs: the AVX-512 path
+ * (lib/gemm_avx512.c) and the portable path (cblas_sgemm, 16-bit operands widened first; forced by
+ * AMP_GEMM_PORTABLE=1), each against a naive double reference on fresh random inputs, against each
+ * other, and for determinism; and how each treats subnormals.
+ *
+ * Tolerance per element: with S = |alpha| sum_k |a||b| + |beta c_old| + |bias|, an fp32 result is
+ * within 1e-5 S of the exact value (fp32 accumulation over these k), a 16-bit result within that plus
+ * half an ulp of its dtype (2^-8 relative for bf16, 2^-11 for fp16). The fast-path tests skip on CPUs
+ * without the instructions (AVX-512F/BW/VL; AVX512-BF16 too for bf16).
+ */
+#define _POSIX_C_SOURCE 200112L /* setenv, unsetenv */
+
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testrand.h" /* seed, urand */
+#include "backend.h"
+#include "gemm_avx512.h" /* gemm_avx512_supported: whether this CPU takes the fast path */
+
+static struct backend *fast, *port; /* default backend (fast path where supported), AMP_GEMM_PORTABLE=1 */
+
+#define MAX_TRACKED 256
+static void *tracked_mem[MAX_TRACKED];
+static int n_mem;
+static struct tensor tracked_t[MAX_TRACKED];
+static int n_t;
+
+static void setup(void)
+{
+    unsetenv("AMP_GEMM_PORTABLE");
+    fast = backend_cpu_create();
+    setenv("AMP_GEMM_PORTABLE", "1", 1);
+    port = backend_cpu_create();
+    unsetenv("AMP_GEMM_PORTABLE");
+    cr_assert(fast && port);
+    n_mem = n_t = 0;
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < n_t; i++)
+        tensor_free(&tracked_t[i]);
+    for (int i = 0; i < n_mem; i++)
+        free(tracked_mem[i]);
+    backend_close(fast);
+    backend_close(port);
+}
+
+TestSuite(gemm_avx512, .init = setup, .fini = teardown);
+
+static void *talloc(size_t bytes)
+{
+    cr_assert_lt(n_mem, MAX_TRACKED);
+    void *p = calloc(1, bytes ? bytes : 1);
+    cr_assert_not_null(p);
+    tracked_mem[n_mem++] = p;
+    return p;
+}
+
+/* seed() and urand(): tests/testlib.h */
+
+static struct tensor *tnew(struct backend *be, enum dtype dt, size_t n)
+{
+    cr_assert_lt(n_t, MAX_TRACKED);
+    struct tensor *t = &tracked_t[n_t++];
+    int64_t shape = (int64_t)n;
+    struct amp_error err;
+    cr_assert_eq(tensor_alloc(t, be, dt, 1, &shape, "test", &err), AMP_OK);
+    return t;
+}
+
+/* n random values in [-1, 1) rounded to dt; *h gets the stored values. */
+static struct tensor *trand(struct backend *be, enum dtype dt, size_t n, float **h)
+{
+    float *v = talloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        v[i] = (float)(2.0 * urand() - 1.0);
+    struct tensor *t = tnew(be, dt, n);
+    tensor_from_host_f32(t, v);
+    tensor_to_host_f32(t, v);
+    *h = v;
+    return t;
+}
+
+static void poison(struct tensor *t)
+{
+    if (t->dtype == DT_FP32)
+        for (size_t i = 0; i < t->numel; i++)
+            ((float *)t->data)[i] = NAN;
+    else
+        for (size_t i = 0; i < t->numel; i++)
+            ((uint16_t *)t->data)[i] = t->dtype == DT_BF16 ? 0x7FC0 : 0x7E00;
+}
+
+struct gshape {
+    bool ta, tb;
+    int64_t m, n, k, batch;
+    int64_t pad;       /* extra elements between batch matrices (strides = size + pad) */
+    float alpha, beta;
+    bool bias;
+    bool c16;          /* C in the inputs' 16-bit dtype (fp32 inputs: C stays fp32) */
+};
+
+struct gcase {
+    struct gshape sh;
+    enum dtype in;     /* A and B */
+    enum dtype c_dt;   /* from in and sh.c16 */
+};
+
+static struct gcase gcase_of(struct gshape sh, enum dtype in)
+{
+    return (struct gcase){ .sh = sh, .in = in, .c_dt = sh.c16 ? in : DT_FP32 };
+}
+
+struct prepared {
+    struct gemm_args g;
+    float *ha, *hb, *hc0, *hbias; /* host copies of the stored inputs */
+    struct tensor *c0;            /* C's initial contents, to restore between runs */
+};
+
+static struct prepared prepare(const struct gcase *c)
+{
+    struct prepared p = { 0 };
+    int64_t sa = c->sh.m * c->sh.k + c->sh.pad, sb = c->sh.k * c->sh.n + c->sh.pad, sc = c->sh.m * c->sh.n + c->sh.pad;
+    struct tensor *a = trand(fast, c->in, (size_t)(c->sh.batch * sa), &p.ha);
+    struct tensor *b = trand(fast, c->in, (size_t)(c->sh.batch * sb), &p.hb);
+    struct tensor *out = tnew(fast, c->c_dt, (size_t)(c->sh.batch * sc));
+    p.c0 = trand(fast, c->c_dt, (size_t)(c->sh.batch * sc), &p.hc0);
+    struct tensor *bias = c->sh.bias ? trand(fast, DT_FP32, (size_t)c->sh.n, &p.hbias) : NULL;
+    p.g = (struct gemm_args){ .a = a, .b = b, .c = out, .bias = bias, .trans_a = c->sh.ta, .trans_b = c->sh.tb,
+                              .m = c->sh.m, .n = c->sh.n, .k = c->sh.k, .alpha = c->sh.alpha, .beta = c->sh.beta,
+                              .batch = c->sh.batch, .stride_a = sa, .stride_b = sb, .stride_c = sc };
+    return p;
+}
+
+/* Run the product on `be` into p->g.c, starting from C0 (beta != 0) or from NaN (beta 0: must not be read). */
+static void run(struct backend *be, struct prepared *p)
+{
+    if (p->g.beta != 0.0f)
+        memcpy(p->g.c->data, p->c0->data, tensor_bytes(p->c0));
+    else
+        poison(p->g.c);
+    be->gemm(be, &p->g);
+    struct amp_error err;
+    cr_assert_eq(be->status(be, &err), AMP_OK, "%s", err.msg);
+}
+
+static float get(const struct tensor *t, size_t i)
+{
+    if (t->dtype == DT_FP32)
+        return ((const float *)t->data)[i];
+    uint16_t h = ((const uint16_t *)t->data)[i];
+    return t->dtype == DT_BF16 ? bf16_to_fp32(h) : fp16_to_fp32(h);
+}
+
+static const char *desc(const struct gcase *c)
+{
+    static char s[160];
+    snprintf(s, sizeof s, "in=%s ta=%d tb=%d m=%lld n=%lld k=%lld batch=%lld alpha=%g beta=%g bias=%d C=%s",
+             dtype_name(c->in), c->sh.ta, c->sh.tb,
+             (long long)c->sh.m, (long long)c->sh.n, (long long)c->sh.k, (long long)c->sh.batch, (double)c->sh.alpha,
+             (double)c->sh.beta, c->sh.bias, dtype_name(c->c_dt));
+    return s;
+}
+
+/* The exact value of output element (bi, i, j) and the tolerance of an fp32 result around it:
+ * 1e-5 (|alpha| sum_k |a b| + |beta c_old| + |bias|). */
+static double reference(const struct gcase *c, const struct prepared *p, int64_t bi, int64_t i, int64_t j,
+                        double *bound)
+{
+    const struct gemm_args *g = &p->g;
+    const float *a = p->ha + bi * g->stride_a, *b = p->hb + bi * g->stride_b;
+    double s = 0.0, sabs = 0.0;
+    for (int64_t q = 0; q < c->sh.k; q++) {
+        double x = c->sh.ta ? a[q * c->sh.m + i] : a[i * c->sh.k + q];
+        double y = c->sh.tb ? b[j * c->sh.k + q] : b[q * c->sh.n + j];
+        s += x * y;
+        sabs += fabs(x * y);
+    }
+    size_t ci = (size_t)(bi * g->stride_c + i * c->sh.n + j);
+    double extra = (c->sh.beta != 0.0f ? (double)c->sh.beta * p->hc0[ci] : 0.0) + (c->sh.bias ? p->hbias[j] : 0.0);
+    *bound = 1e-5 * (fabs((double)c->sh.alpha) * sabs + fabs(extra));
+    return (double)c->sh.alpha * s + extra;
+}
+
+/* Every written element of out against the double reference (a 16-bit result may be off by half an
+ * ulp of its dtype more: 2^-8 relative for bf16, 2^-11 for fp16); the pad between batch matrices must be left alone (NaN / C0).
+ * With `other`, out is compared with it instead, at twice the tolerance (each is within 1x). */
+static void check(const struct gcase *c, const struct prepared *p, const struct tensor *out,
+                  const struct tensor *other, const char *path)
+{
+    const struct gemm_args *g = &p->g;
+    for (int64_t bi = 0; bi < c->sh.batch; bi++) {
+        for (int64_t i = 0; i < c->sh.m; i++)
+            for (int64_t j = 0; j < c->sh.n; j++) {
+                double bound, want = reference(c, p, bi, i, j, &bound);
+                size_t ci = (size_t)(bi * g->stride_c + i * c->sh.n + j);
+                if (other) {
+                    want = get(other, ci);
+                    bound *= 2.0;
+                }
+                if (c->c_dt != DT_FP32)
+                    bound += (other ? 2.0 : 1.0) * (c->c_dt == DT_BF16 ? 0x1p-8 : 0x1p-11) * (fabs(want) + bound);
+                double got = get(out, ci);
+                cr_assert(fabs(got - want) <= bound, "%s %s: C[%lld][%lld][%lld] = %.9g, want %.9g (bound %.3g)", path,
+                          desc(c), (long long)bi, (long long)i, (long long)j, got, want, bound);
+            }
+        for (int64_t e = c->sh.m * c->sh.n; e < g->stride_c && bi + 1 < c->sh.batch; e++) {
+            size_t ci = (size_t)(bi * g->stride_c + e);
+            float got = get(out, ci);
+            if (c->sh.beta != 0.0f)
+                cr_assert_eq(got, p->hc0[ci], "%s %s: pad element %zu written", path, desc(c), ci);
+            else
+                cr_assert(isnan(got), "%s %s: pad element %zu written", path, desc(c), ci);
+        }
+    }
+}
+
+static const struct gshape CASES[] = {
+    /* ta, tb, m, n, k, batch, pad, alpha, beta, bias, C 16-bit */
+    { 0, 0, 1, 1, 1, 1, 0, 1.0f, 0.0f, false, false },
+    { 0, 0, 7, 31, 33, 1, 0, 1.0f, 0.0f, false, false },
+    { 0, 0, 33, 7, 129, 1, 0, 0.5f, 0.0f, false, true },
+    { 0, 0, 31, 33, 7, 2, 3, 1.0f, 1.0f, false, false },
+    { 0, 0, 13, 129, 31, 3, 5, 2.0f, 1.0f, false, true },
+    { 0, 0, 12, 32, 2, 1, 0, 1.0f, 0.0f, true, true },
+    { 0, 0, 25, 65, 1, 1, 0, 1.0f, 0.0f, true, false },
+    { 0, 0, 129, 33, 784, 1, 0, 1.0f, 0.0f, true, true },   /* 3 k blocks, partials in scratch */
+    { 0, 0, 129, 33, 784, 1, 0, 1.0f, 0.0f, false, false },  /* 3 k blocks, partials in C */
+    { 0, 0, 37, 45, 785, 2, 7, 1.0f, 1.0f, false, false },   /* odd k over blocks, beta 1, batch */
+    { 0, 0, 19, 50, 785, 1, 0, 1.0f, 0.5f, false, true },
+    { 0, 0, 200, 40, 17, 1, 0, 1.0f, 0.0f, false, false },   /* two m blocks */
+    { 0, 0, 3, 2085, 9, 1, 0, 1.0f, 0.0f, true, true },     /* two n blocks */
+    { 0, 0, 5, 2100, 400, 1, 0, 1.0f, 1.0f, false, false },  /* n and k blocks */
+    { 0, 0, 14, 20, 15, 1, 0, 1.0f, 0.0f, true, true },      /* partial 16 x 16 transposes */
+};
+
+static void for_each_case(enum dtype in, void (*fn)(const struct gcase *c))
+{
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+        for (int t = 0; t < 4; t++) {
+            struct gcase c = gcase_of(CASES[i], in);
+            c.sh.ta = t & 1;
+            c.sh.tb = t >> 1;
+            int t0 = n_t, m0 = n_mem;
+            fn(&c);
+            while (n_t > t0) /* each case frees what it allocated */
+                tensor_free(&tracked_t[--n_t]);
+            while (n_mem > m0)
+                free(tracked_mem[--n_mem]);
+        }
+}
+
+static void require_fast_path(enum dtype in)
+{
+    if (!gemm_avx512_supported(in))
+        cr_skip_test("this CPU lacks AVX-512F/BW/VL%s: only the portable %s GEMM runs here",
+                     in == DT_BF16 ? " or AVX512-BF16" : "", dtype_name(in));
+}
+
+static void case_fast_reference(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(fast, &p);
+    check(c, &p, p.g.c, NULL, "avx512");
+}
+
+static void case_portable_reference(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(port, &p);
+    check(c, &p, p.g.c, NULL, "portable");
+}
+
+/* Both paths within twice the reference tolerance of each other (each is within 1x of exact). */
+static void case_fast_vs_portable(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(fast, &p);
+    struct tensor *f = tnew(fast, c->c_dt, p.g.c->numel);
+    memcpy(f->data, p.g.c->data, tensor_bytes(f));
+    run(port, &p);
+    check(c, &p, f, p.g.c, "avx512 vs portable");
+}
+
+static void case_deterministic(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    run(fast, &p);
+    struct tensor *f = tnew(fast, c->c_dt, p.g.c->numel);
+    memcpy(f->data, p.g.c->data, tensor_bytes(f));
+    run(fast, &p);
+    cr_assert(memcmp(f->data, p.g.c->data, tensor_bytes(f)) == 0, "%s: two runs differ", desc(c));
+}
+
+/* The four checks over every case for one input dtype. */
+static void fast_reference(enum dtype in, unsigned s)
+{
+    require_fast_path(in);
+    seed(s);
+    for_each_case(in, case_fast_reference);
+}
+
+static void fast_vs_portable(enum dtype in, unsigned s)
+{
+    require_fast_path(in);
+    seed(s);
+    for_each_case(in, case_fast_vs_portable);
+}
+
+static void deterministic(enum dtype in, unsigned s)
+{
+    require_fast_path(in);
+    seed(s);
+    for_each_case(in, case_deterministic);
+}
+
+Test(gemm_avx512, fp32_fast_path_matches_double_reference) { fast_reference(DT_FP32, 21); }
+Test(gemm_avx512, fp16_fast_path_matches_double_reference) { fast_reference(DT_FP16, 31); }
+Test(gemm_avx512, bf16_fast_path_matches_double_reference) { fast_reference(DT_BF16, 11); }
+
+Test(gemm_avx512, portable_path_matches_double_reference)
+{
+    const enum dtype ins[] = { DT_FP32, DT_FP16, DT_BF16 };
+    for (int i = 0; i < 3; i++) {
+        seed(12 + 10 * (unsigned)i);
+        for_each_case(ins[i], case_portable_reference);
+    }
+}
+
+Test(gemm_avx512, fp32_fast_path_matches_portable_path) { fast_vs_portable(DT_FP32, 23); }
+Test(gemm_avx512, fp16_fast_path_matches_portable_path) { fast_vs_portable(DT_FP16, 33); }
+Test(gemm_avx512, bf16_fast_path_matches_portable_path) { fast_vs_portable(DT_BF16, 13); }
+
+Test(gemm_avx512, fp32_fast_path_is_deterministic) { deterministic(DT_FP32, 24); }
+Test(gemm_avx512, fp16_fast_path_is_deterministic) { deterministic(DT_FP16, 34); }
+Test(gemm_avx512, bf16_fast_path_is_deterministic) { deterministic(DT_BF16, 14); }
+
+/* The training shapes of fashion_mlp (batch 128): forward X W^T, dX = dY W, dW = dY^T X, in each
+ * input dtype. */
+Test(gemm_avx512, fashion_mlp_shapes)
+{
+    const struct gshape cases[] = {
+        { 0, 1, 128, 512, 784, 1, 0, 1.0f, 0.0f, true, true },
+        { 0, 0, 128, 784, 512, 1, 0, 1.0f, 0.0f, false, true },
+        { 1, 0, 512, 784, 128, 1, 0, 1.0f, 1.0f, false, false },
+        { 0, 1, 128, 10, 512, 1, 0, 1.0f, 0.0f, true, true },
+    };
+    const enum dtype ins[] = { DT_FP32, DT_FP16, DT_BF16 };
+    for (int d = 0; d < 3; d++) {
+        require_fast_path(ins[d]);
+        seed(15 + 10 * (unsigned)d);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            struct gcase c = gcase_of(cases[i], ins[d]);
+            case_fast_reference(&c);
+            case_fast_vs_portable(&c);
+        }
+    }
+}
+
+/* A 2 x 2 product of the raw bit patterns a[0..1], b[0..1] (k 1, dtype dt) on `be`: out[0] is
+ * a[0] * b[0], out[1] is a[1] * b[1]. This also shows which path each backend takes. */
+static void raw_products(struct backend *be, enum dtype dt, const void *ha, const void *hb, float out[2])
+{
+    struct tensor *a = tnew(be, dt, 2), *b = tnew(be, dt, 2), *c = tnew(be, DT_FP32, 4);
+    memcpy(a->data, ha, 2 * dtype_size(dt));
+    memcpy(b->data, hb, 2 * dtype_size(dt));
+    struct gemm_args g = { .a = a, .b = b, .c = c, .m = 2, .n = 2, .k = 1, .alpha = 1, .batch = 1 };
+    be->gemm(be, &g);
+    out[0] = ((float *)c->data)[0];
+    out[1] = ((float *)c->data)[3];
+}
+
+/* bf16: row 0: 2^-133 (the smallest bf16 subnormal, 0x0001) * 2^100 = 2^-33; row 1: 2^-70 * 2^-70 = 2^-140 */
+static const uint16_t BF16_A[2] = { 0x0001, 0x1C80 }, BF16_B[2] = { 0x7180, 0x1C80 };
+
+/* The documented deviation: vdpbf16ps reads bf16 subnormals as zero (DAZ) and flushes subnormal fp32
+ * results (FTZ); the portable path keeps both. */
+Test(gemm_avx512, portable_path_keeps_subnormals)
+{
+    float out[2];
+    raw_products(port, DT_BF16, BF16_A, BF16_B, out);
+    cr_assert_eq(out[0], ldexpf(1.0f, -33));
+    cr_assert_eq(out[1], ldexpf(1.0f, -140));
+}
+
+Test(gemm_avx512, bf16_fast_path_flushes_subnormals)
+{
+    require_fast_path(DT_BF16);
+    float out[2];
+    raw_products(fast, DT_BF16, BF16_A, BF16_B, out);
+    cr_assert_eq(out[0], 0.0f, "a bf16 subnormal input counts as zero on the AVX512-BF16 path, got %g", (double)out[0]);
+    cr_assert_eq(out[1], 0.0f, "a subnormal fp32 product is flushed on the AVX512-BF16 path, got %g", (double)out[1]);
+}
+
+/* The FMA path is plain IEEE fp32: subnormal inputs and results are kept. */
+Test(gemm_avx512, fp32_fast_path_keeps_subnormals)
+{
+    require_fast_path(DT_FP32);
+    const float a[2] = { ldexpf(1.0f, -140), ldexpf(1.0f, -70) }, b[2] = { ldexpf(1.0f, 100), ldexpf(1.0f, -70) };
+    float out[2];
+    raw_products(fast, DT_FP32, a, b, out);
+    cr_assert_eq(out[0], ldexpf(1.0f, -40), "a subnormal fp32 input is kept, got %g", (double)out[0]);
+    cr_assert_eq(out[1], ldexpf(1.0f, -140), "a subnormal fp32 product is kept, got %g", (double)out[1]);
+}
+
+Test(gemm_avx512, fp16_fast_path_keeps_subnormals)
+{
+    require_fast_path(DT_FP16);
+    /* row 0: 2^-24 (the smallest fp16 subnormal, 0x0001) * 2^10; row 1: 2^-20 (subnormal, 0x0010) * 2^-20 */
+    const uint16_t a[2] = { 0x0001, 0x0010 }, b[2] = { 0x6400, 0x0010 };
+    float out[2];
+    raw_products(fast, DT_FP16, a, b, out);
+    cr_assert_eq(out[0], ldexpf(1.0f, -14), "an fp16 subnormal input is widened exactly, got %g", (double)out[0]);
+    cr_assert_eq(out[1], ldexpf(1.0f, -40), "got %g", (double)out[1]);
+}
+
+Test(gemm_avx512, amp_gemm_portable_0_keeps_the_fast_path)
+{
+    require_fast_path(DT_BF16);
+    setenv("AMP_GEMM_PORTABLE", "0", 1);
+    struct backend *be = backend_cpu_create();
+    unsetenv("AMP_GEMM_PORTABLE");
+    cr_assert_not_null(be);
+    float out[2];
+    raw_products(be, DT_BF16, BF16_A, BF16_B, out);
+    for (int i = n_t - 3; i < n_t; i++) /* free before the backend goes */
+        tensor_free(&tracked_t[i]);
+    n_t -= 3;
+    backend_close(be);
+    cr_assert_eq(out[0], 0.0f);
+}
