@@ -11,6 +11,7 @@ bin=${AMP_BIN:-build/ampTrain}
 export OPENBLAS_NUM_THREADS=${THREADS:-2}
 models=${MODELS:-fashion_mlp fashion_cnn text_gpt}
 stamp=$(date +%Y%m%d-%H%M%S)
+mkdir -p runs
 
 last_eval() { tail -n 1 "$1/eval.jsonl"; }
 field() { /usr/bin/python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
