@@ -38,6 +38,7 @@
 
 #include "gemm_avx512.h" /* gemm_avx512: fp32, fp16 and bf16 products with AVX-512 */
 #include "rng.h"       /* rng_uniform: dropout masks */
+#include "vecmath.h"   /* tanh_f32: GELU */
 
 #define BLOCK 1024 /* elements per block in elementwise loops: a few fp32 blocks stay in L1 */
 
@@ -414,7 +415,7 @@ HOT_LOOP static void act_apply(enum act_kind kind, float *y, const float *x, siz
         for (size_t i = 0; i < n; i++) {
             float v = x[i];
             float u = GELU_TANH_S * (v + GELU_TANH_C * v * v * v);
-            y[i] = 0.5f * v * (1.0f + tanhf(u));
+            y[i] = 0.5f * v * (1.0f + tanh_f32(u));
         }
         break;
     case ACT_GELU_ERF:
@@ -440,7 +441,7 @@ HOT_LOOP static void act_grad_apply(enum act_kind kind, float *dx, const float *
                 d = v > 0.0f ? 1.0f : 0.0f;
             } else {
                 float u = GELU_TANH_S * (v + GELU_TANH_C * v * v * v);
-                float t = tanhf(u);
+                float t = tanh_f32(u);
                 d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_TANH_S * (1.0f + 3.0f * GELU_TANH_C * v * v);
             }
             dx[i] = dy[i] * d;

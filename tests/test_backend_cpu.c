@@ -379,6 +379,30 @@ Test(backend_cpu, act_known_values)
     cr_assert(isnan(((float *)yn->data)[0]), "relu must not hide a NaN");
 }
 
+/* GELU (tanh) over a dense sweep of [-12, 12] and special values, against the formula in double:
+ * the backend's own tanh (lib/backend_cpu.c, tanh_f32) must be as good as libm's. Bound per element:
+ * 0.5 |x| (4 ulp of 1) for tanh and the 1 + t, plus 2 ulp of the result. */
+Test(backend_cpu, gelu_tanh_dense_sweep)
+{
+    const size_t n = 240001;
+    float *hx = falloc(n + 4);
+    for (size_t i = 0; i < n; i++)
+        hx[i] = -12.0f + 24.0f * (float)i / (float)(n - 1);
+    hx[n] = 1e-30f, hx[n + 1] = -1e-30f, hx[n + 2] = INFINITY, hx[n + 3] = NAN;
+    struct tensor *x = tfrom(DT_FP32, n + 4, hx), *y = tnew(DT_FP32, n + 4);
+    be->act_forward(be, ACT_GELU_TANH, y, x);
+    const float *hy = y->data;
+    for (size_t i = 0; i < n + 2; i++) {
+        double v = hx[i], want = act_d(ACT_GELU_TANH, v);
+        float wf = (float)fabs(want);
+        double bound = 0.5 * fabs(v) * 4 * 0x1p-24 + 2 * ((double)nextafterf(wf, INFINITY) - wf);
+        cr_assert(fabs(hy[i] - want) <= bound, "gelu_tanh(%.9g) = %.9g, want %.9g (bound %.3g)", v, (double)hy[i],
+                  want, bound);
+    }
+    cr_assert(isinf(hy[n + 2]) && hy[n + 2] > 0, "gelu_tanh(inf) = %g", (double)hy[n + 2]);
+    cr_assert(isnan(hy[n + 3]), "gelu_tanh must not hide a NaN, got %g", (double)hy[n + 3]);
+}
+
 Test(backend_cpu, act_forward_all_dtypes)
 {
     seed(5);
