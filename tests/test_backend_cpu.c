@@ -16,29 +16,13 @@
 #include <string.h>
 
 #include "testrand.h" /* seed, urand */
+#include "testmem.h"  /* talloc, tracked_tensor, tracked_free_all */
 #include "backend.h" /* the interface under test, backend_cpu_create, backend_open */
 #include "rng.h"     /* rng_uniform: the documented dropout mask */
 
 static const double PI = 3.14159265358979323846;
 
 static struct backend *be;
-
-/* ---- bookkeeping: everything a test allocates is freed by the suite's fini ---------------------- */
-
-#define MAX_TRACKED 512
-static void *tracked_mem[MAX_TRACKED];
-static int n_mem;
-static struct tensor tracked_t[MAX_TRACKED];
-static int n_t;
-
-static void *talloc(size_t bytes)
-{
-    cr_assert_lt(n_mem, MAX_TRACKED);
-    void *p = calloc(1, bytes ? bytes : 1);
-    cr_assert_not_null(p);
-    tracked_mem[n_mem++] = p;
-    return p;
-}
 
 static double *dalloc(size_t n)
 {
@@ -54,15 +38,11 @@ static void setup(void)
 {
     be = backend_cpu_create();
     cr_assert_not_null(be);
-    n_mem = n_t = 0;
 }
 
 static void teardown(void)
 {
-    for (int i = 0; i < n_t; i++)
-        tensor_free(&tracked_t[i]);
-    for (int i = 0; i < n_mem; i++)
-        free(tracked_mem[i]);
+    tracked_free_all();
     backend_close(be);
 }
 
@@ -70,7 +50,6 @@ TestSuite(backend_cpu, .init = setup, .fini = teardown);
 
 /* ---- random inputs ----------------------------------------------------------------------------- */
 
-/* seed() and urand(): tests/testlib.h */
 
 static float frand(float lo, float hi)
 {
@@ -95,11 +74,7 @@ static void poison(struct tensor *t)
 /* A 1-D tensor of n elements, poisoned with NaN. */
 static struct tensor *tnew(enum dtype dt, size_t n)
 {
-    cr_assert_lt(n_t, MAX_TRACKED);
-    struct tensor *t = &tracked_t[n_t++];
-    int64_t shape = (int64_t)n;
-    struct amp_error err;
-    cr_assert_eq(tensor_alloc(t, be, dt, 1, &shape, "test", &err), AMP_OK);
+    struct tensor *t = tracked_tensor(be, dt, n);
     poison(t);
     return t;
 }

@@ -19,16 +19,11 @@
 #include <string.h>
 
 #include "testrand.h" /* seed, urand */
+#include "testmem.h"  /* talloc, tracked_tensor, tracked_free_to */
 #include "backend.h"
 #include "gemm_avx512.h" /* gemm_avx512_supported: whether this CPU takes the fast path */
 
 static struct backend *fast, *port; /* default backend (fast path where supported), AMP_GEMM_PORTABLE=1 */
-
-#define MAX_TRACKED 256
-static void *tracked_mem[MAX_TRACKED];
-static int n_mem;
-static struct tensor tracked_t[MAX_TRACKED];
-static int n_t;
 
 static void setup(void)
 {
@@ -38,40 +33,20 @@ static void setup(void)
     port = backend_cpu_create();
     unsetenv("AMP_GEMM_PORTABLE");
     cr_assert(fast && port);
-    n_mem = n_t = 0;
 }
 
 static void teardown(void)
 {
-    for (int i = 0; i < n_t; i++)
-        tensor_free(&tracked_t[i]);
-    for (int i = 0; i < n_mem; i++)
-        free(tracked_mem[i]);
+    tracked_free_all();
     backend_close(fast);
     backend_close(port);
 }
 
 TestSuite(gemm_avx512, .init = setup, .fini = teardown);
 
-static void *talloc(size_t bytes)
-{
-    cr_assert_lt(n_mem, MAX_TRACKED);
-    void *p = calloc(1, bytes ? bytes : 1);
-    cr_assert_not_null(p);
-    tracked_mem[n_mem++] = p;
-    return p;
-}
-
-/* seed() and urand(): tests/testlib.h */
-
 static struct tensor *tnew(struct backend *be, enum dtype dt, size_t n)
 {
-    cr_assert_lt(n_t, MAX_TRACKED);
-    struct tensor *t = &tracked_t[n_t++];
-    int64_t shape = (int64_t)n;
-    struct amp_error err;
-    cr_assert_eq(tensor_alloc(t, be, dt, 1, &shape, "test", &err), AMP_OK);
-    return t;
+    return tracked_tensor(be, dt, n);
 }
 
 /* n random values in [-1, 1) rounded to dt; *h gets the stored values. */
@@ -249,10 +224,7 @@ static void for_each_case(enum dtype in, void (*fn)(const struct gcase *c))
             c.sh.tb = t >> 1;
             int t0 = n_t, m0 = n_mem;
             fn(&c);
-            while (n_t > t0) /* each case frees what it allocated */
-                tensor_free(&tracked_t[--n_t]);
-            while (n_mem > m0)
-                free(tracked_mem[--n_mem]);
+            tracked_free_to(t0, m0); /* each case frees what it allocated */
         }
 }
 
@@ -429,9 +401,7 @@ Test(gemm_avx512, amp_gemm_portable_0_keeps_the_fast_path)
     cr_assert_not_null(be);
     float out[2];
     raw_products(be, DT_BF16, BF16_A, BF16_B, out);
-    for (int i = n_t - 3; i < n_t; i++) /* free before the backend goes */
-        tensor_free(&tracked_t[i]);
-    n_t -= 3;
+    tracked_free_to(n_t - 3, n_mem); /* its three tensors, before the backend goes */
     backend_close(be);
     cr_assert_eq(out[0], 0.0f);
 }
