@@ -63,6 +63,7 @@ enum scratch_slot {
     SCR_IN0, SCR_IN1, SCR_IN2,          /* fp32 copies of one slice (image, plane, row, block) of a 16-bit input */
     SCR_TMP0, SCR_TMP1, SCR_TMP2,       /* per-op fp32 work buffers, also one slice each */
     SCR_ACC0, SCR_ACC1,                 /* per-op double accumulators */
+    SCR_IDX,                            /* int32 indices: max pooling's argmax, one plane */
     SCR_COUNT
 };
 
@@ -759,6 +760,59 @@ static int64_t pool_argmax(const float *plane, const struct pool_args *a, int64_
     return best_i;
 }
 
+/* pool_argmax for a window that lies inside the plane, rows h0 .. h0+k-1, columns w0 .. w0+k-1: the
+ * same rule (first maximum; a NaN wins) without bounds checks. */
+static inline int32_t window_argmax(const float *plane, int64_t w_in, int64_t h0, int64_t w0, int64_t k)
+{
+    int32_t best_i = (int32_t)(h0 * w_in + w0);
+    float best = plane[best_i];
+    for (int64_t kh = 0; kh < k; kh++)
+        for (int64_t kw = 0; kw < k; kw++) {
+            const int32_t i = (int32_t)((h0 + kh) * w_in + w0 + kw);
+            const float v = plane[i];
+            const int take = (v > best) | (v != v); /* larger, or NaN */
+            best = take ? v : best;
+            best_i = take ? i : best_i;
+        }
+    return best_i;
+}
+
+/* window_argmax over `count` windows of one output row, `stride` apart; the 2x2 / stride 2 case (the
+ * reference CNN's) gets constants, so the window loops unroll. */
+static void maxpool_row_inside(const float *plane, int64_t w_in, int64_t h0, int64_t w0, int64_t stride, int64_t k,
+                               int64_t count, int32_t *arg)
+{
+    if (stride == 2 && k == 2)
+        for (int64_t o = 0; o < count; o++)
+            arg[o] = window_argmax(plane, w_in, h0, w0 + 2 * o, 2);
+    else
+        for (int64_t o = 0; o < count; o++)
+            arg[o] = window_argmax(plane, w_in, h0, w0 + stride * o, k);
+}
+
+/* The argmax (index into the plane, -1 for a window of padding only) of every output of one plane:
+ * windows inside the plane by maxpool_row_inside, the ones that touch the padding by pool_argmax. */
+static void maxpool_plane_argmax(const float *plane, const struct pool_args *a, int32_t *arg)
+{
+    assert(a->h_in * a->w_in <= INT32_MAX);
+    const int64_t s = a->stride, p = a->padding, k = a->kernel;
+    /* output columns whose windows lie inside: ow*s - p >= 0 and ow*s - p + k <= w_in */
+    int64_t ow0 = (p + s - 1) / s, ow1 = a->w_in + p - k >= 0 ? (a->w_in + p - k) / s + 1 : 0;
+    ow1 = ow1 < a->w_out ? ow1 : a->w_out;
+    for (int64_t oh = 0; oh < a->h_out; oh++) {
+        int32_t *row = arg + oh * a->w_out;
+        const int64_t h0 = oh * s - p;
+        const bool inside = h0 >= 0 && h0 + k <= a->h_in && ow0 < ow1;
+        const int64_t lo = inside ? ow0 : a->w_out, hi = inside ? ow1 : a->w_out;
+        for (int64_t ow = 0; ow < lo; ow++)
+            row[ow] = (int32_t)pool_argmax(plane, a, oh, ow);
+        if (inside)
+            maxpool_row_inside(plane, a->w_in, h0, ow0 * s - p, s, k, ow1 - ow0, row + ow0);
+        for (int64_t ow = hi; ow < a->w_out; ow++)
+            row[ow] = (int32_t)pool_argmax(plane, a, oh, ow);
+    }
+}
+
 /* PyTorch's count_include_pad divisor: the window clipped to the padded extent of the input. */
 static int64_t pool_divisor(const struct pool_args *a, int64_t oh, int64_t ow)
 {
@@ -778,18 +832,21 @@ static void cpu_pool2d_forward(struct backend *be, const struct pool_args *a, st
     bool ok = true;
     float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)hw_in, &ok);
     float *ybuf = stage_f32(cb, SCR_TMP0, y, (size_t)hw, &ok);
-    if (!ok)
+    int32_t *arg = a->kind == POOL_MAX ? scratch_get(cb, SCR_IDX, (size_t)hw * sizeof(int32_t)) : NULL;
+    if (!ok || (a->kind == POOL_MAX && !arg))
         return;
     for (int64_t pl = 0; pl < a->n * a->c; pl++) {
         const float *plane = load_f32(x->data, x->dtype, (size_t)(pl * hw_in), (size_t)hw_in, xbuf);
         float *out = out_f32(y->data, y->dtype, (size_t)(pl * hw), ybuf);
+        if (a->kind == POOL_MAX) {
+            maxpool_plane_argmax(plane, a, arg);
+            for (int64_t o = 0; o < hw; o++)
+                out[o] = arg[o] >= 0 ? plane[arg[o]] : -INFINITY;
+            store_f32(y->data, y->dtype, (size_t)(pl * hw), (size_t)hw, out);
+            continue;
+        }
         for (int64_t oh = 0; oh < a->h_out; oh++)
             for (int64_t ow = 0; ow < a->w_out; ow++) {
-                if (a->kind == POOL_MAX) {
-                    int64_t idx = pool_argmax(plane, a, oh, ow);
-                    out[oh * a->w_out + ow] = idx >= 0 ? plane[idx] : -INFINITY;
-                    continue;
-                }
                 float sum = 0.0f;
                 for (int64_t kh = 0; kh < a->kernel; kh++) {
                     int64_t ih = oh * a->stride - a->padding + kh;
@@ -818,22 +875,25 @@ static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, s
     float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)hw, &ok);
     float *xbuf = is_max ? stage_f32(cb, SCR_IN1, x, (size_t)hw_in, &ok) : NULL;
     float *dxbuf = stage_f32(cb, SCR_TMP0, dx, (size_t)hw_in, &ok);
-    if (!ok)
+    int32_t *arg = is_max ? scratch_get(cb, SCR_IDX, (size_t)hw * sizeof(int32_t)) : NULL;
+    if (!ok || (is_max && !arg))
         return;
     for (int64_t pl = 0; pl < a->n * a->c; pl++) {
         float *dplane = out_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), dxbuf);
         const float *g = load_f32(dy->data, dy->dtype, (size_t)(pl * hw), (size_t)hw, dybuf);
         const float *xplane = is_max ? load_f32(x->data, x->dtype, (size_t)(pl * hw_in), (size_t)hw_in, xbuf) : NULL;
         memset(dplane, 0, (size_t)hw_in * sizeof(float));
+        if (is_max) {
+            maxpool_plane_argmax(xplane, a, arg);
+            for (int64_t o = 0; o < hw; o++) /* in output order: the sums' order does not depend on the path */
+                if (arg[o] >= 0)
+                    dplane[arg[o]] += g[o];
+            store_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), (size_t)hw_in, dplane);
+            continue;
+        }
         for (int64_t oh = 0; oh < a->h_out; oh++)
             for (int64_t ow = 0; ow < a->w_out; ow++) {
                 float gv = g[oh * a->w_out + ow];
-                if (is_max) {
-                    int64_t idx = pool_argmax(xplane, a, oh, ow);
-                    if (idx >= 0)
-                        dplane[idx] += gv;
-                    continue;
-                }
                 float share = gv / (float)pool_divisor(a, oh, ow);
                 for (int64_t kh = 0; kh < a->kernel; kh++) {
                     int64_t ih = oh * a->stride - a->padding + kh;

@@ -805,6 +805,33 @@ Test(backend_cpu, maxpool_ties_go_to_the_first_element)
               "avg counts the padding in the divisor");
 }
 
+/* A NaN in a window wins (PyTorch propagates it), the last one when there are several, and backward
+ * sends the window's gradient there: on windows inside the plane and on padded ones alike. */
+Test(backend_cpu, maxpool_propagates_nan)
+{
+    float hx[16] = { 1, NAN, 0, 7,   /* windows (2x2, stride 2): [1 NaN; 2 3] -> NaN at 1 */
+                     2, 3, 9, 8,     /*                          [0 7; 9 8] -> 9 at 6 */
+                     NAN, 5, 4, 4,   /*                          [NaN 5; 6 NaN] -> the last NaN, at 13 */
+                     6, NAN, 4, 4 }; /*                          [4 4; 4 4] -> the first 4, at 10 */
+    struct pool_args a = pool_shape(POOL_MAX, 1, 1, 4, 4, 2, 2, 0);
+    struct tensor *x = tfrom(DT_FP32, 16, hx), *y = tnew(DT_FP32, 4), *dx = tnew(DT_FP32, 16);
+    float hg[4] = { 1, 2, 3, 4 };
+    struct tensor *dy = tfrom(DT_FP32, 4, hg);
+    be->pool2d_forward(be, &a, y, x);
+    const float *hy = y->data;
+    cr_assert(isnan(hy[0]) && hy[1] == 9 && isnan(hy[2]) && hy[3] == 4, "%g %g %g %g", (double)hy[0],
+              (double)hy[1], (double)hy[2], (double)hy[3]);
+    be->pool2d_backward(be, &a, dx, dy, x, y);
+    double want[16] = { 0 };
+    want[1] = 1, want[6] = 2, want[13] = 3, want[10] = 4;
+    check_f32(dx, want, 16, 0, 0, "maxpool backward to the NaN / first maximum");
+
+    struct pool_args p = pool_shape(POOL_MAX, 1, 1, 4, 4, 3, 1, 1); /* padded windows at the border */
+    struct tensor *yp = tnew(DT_FP32, 16);
+    be->pool2d_forward(be, &p, yp, x);
+    cr_assert(isnan(((float *)yp->data)[0]), "a padded window holding a NaN gives NaN");
+}
+
 /* ---- layernorm --------------------------------------------------------------------------------- */
 
 static void ln_naive(const double *x, const double *g, const double *b, int64_t rows, int64_t cols, double eps,
