@@ -23,8 +23,8 @@
  *     columns' elements side by side (two zmm). For each m block op(A) is packed into row panels of
  *     MR = 12: for step q, the 12 rows' elements (broadcast one at a time). Panels are zero-padded to
  *     MR rows / NR columns (and an odd bf16 k gets a zero partner), so the microkernel never sees an
- *     edge. Lines contiguous in k (rows of A, columns of B^T) are transposed 16 x 16 in registers
- *     (fp32, fp16) or interleaved by scalar code (bf16).
+ *     edge. Lines contiguous in k (rows of A, columns of B^T) are transposed 16 x 16 steps in
+ *     registers (for bf16 a step is a pair of adjacent k, already the packed element).
  *   - The microkernel keeps a 12 x 32 tile of C in 24 zmm accumulators: per step it loads two zmm of
  *     B and, for each of the 12 rows, broadcasts A's element and issues two FMAs (vfmadd231ps or
  *     vdpbf16ps). A panel of B (at most 32 KiB) stays in L1 while the 12-row panels of A stream
@@ -118,6 +118,16 @@ TARGET_AVX512 static __m512 load16(const void *src, enum dtype dt, int64_t off, 
     return _mm512_maskz_loadu_ps(m, (const float *)src + off);
 }
 
+/* 16 consecutive packed steps of a line from element `off` of src: fp32 and fp16 values as fp32, bf16
+ * as pairs (two bf16 in one 32-bit lane, the first in the low half: a plain 32-bit load). Lanes outside
+ * `m` read nothing and are zero. */
+TARGET_AVX512 static __m512 load16_steps(const void *src, enum dtype dt, int64_t off, __mmask16 m)
+{
+    if (dt == DT_BF16)
+        return _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(m, (const uint16_t *)src + off));
+    return load16(src, dt, off, m);
+}
+
 /* r[j] = column j of the 16 x 16 matrix whose rows are r[0..15]. */
 TARGET_AVX512 static void transpose16(__m512 r[16])
 {
@@ -144,6 +154,30 @@ TARGET_AVX512 static void transpose16(__m512 r[16])
 }
 
 /*
+ * One panel of nl <= w lines that are contiguous in k (line i at src[(first + i) * ld + p0 ...]): `steps`
+ * packed steps (see load16_steps) into dst[q * w + i], 16 lines by 16 steps at a time, transposed in
+ * registers (shuffles only move bits). Lines nl .. w-1 are zero.
+ */
+TARGET_AVX512 static void pack_panel_transposed(uint32_t *dst, const void *src, enum dtype dt, int64_t ld,
+                                                int64_t first, int64_t nl, int64_t p0, int64_t steps, int w)
+{
+    const int64_t per_step = dt == DT_BF16 ? 2 : 1; /* elements of src per packed step */
+    for (int g = 0; g < w; g += 16) {
+        const int64_t gl = nl - g; /* valid lines in this group (<= 0: all padding) */
+        for (int64_t q0 = 0; q0 < steps; q0 += 16) {
+            const int64_t nq = min64(16, steps - q0);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < gl ? load16_steps(src, dt, (first + g + i) * ld + p0 + q0 * per_step, lanes16(nq))
+                              : _mm512_setzero_ps();
+            transpose16(r);
+            for (int64_t j = 0; j < nq; j++)
+                _mm512_mask_storeu_ps((float *)dst + (q0 + j) * w + g, lanes16(w - g), r[j]);
+        }
+    }
+}
+
+/*
  * The fp32/fp16 form of pack_bf16 below: `lines` lines from line l0, k range [p0, p0+kc), into
  * panels of w lines, panel-major, then k, then line: dst[q * w + r] = (line r, k p0 + q) as fp32.
  * Element (line l, k kk) is src[l * ld + kk] when contig_k, else src[kk * ld + l]. Lines past
@@ -162,18 +196,7 @@ TARGET_AVX512 static void pack_f32(float *dst, const void *src, enum dtype dt, i
             }
             continue;
         }
-        for (int g = 0; g < w; g += 16) { /* 16 lines at a time, 16 k at a time, transposed in registers */
-            const int64_t gl = nl - g;    /* valid lines in this group (<= 0: all padding) */
-            for (int64_t q0 = 0; q0 < kc; q0 += 16) {
-                const int64_t nk = min64(16, kc - q0);
-                __m512 r[16];
-                for (int i = 0; i < 16; i++)
-                    r[i] = i < gl ? load16(src, dt, (l0 + lp + g + i) * ld + p0 + q0, lanes16(nk)) : _mm512_setzero_ps();
-                transpose16(r);
-                for (int64_t j = 0; j < nk; j++)
-                    _mm512_mask_storeu_ps(dst + (q0 + j) * w + g, lanes16(w - g), r[j]);
-            }
-        }
+        pack_panel_transposed((uint32_t *)dst, src, dt, ld, l0 + lp, nl, p0, kc, w);
     }
 }
 
@@ -195,18 +218,11 @@ TARGET_BF16 static void pack_bf16(uint32_t *dst, const uint16_t *src, int64_t ld
                                             54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
     for (int64_t lp = 0; lp < lines; lp += w, dst += pairs * w) {
         const int nl = (int)min64(w, lines - lp);
-        if (contig_k) {
-            for (int r = 0; r < nl; r++) {
-                const uint16_t *row = src + (l0 + lp + r) * ld + p0;
-                uint32_t *d = dst + r;
-                for (int64_t q = 0; q < full; q++)
-                    d[q * w] = (uint32_t)row[2 * q] | (uint32_t)row[2 * q + 1] << 16;
-                if (kc & 1)
-                    d[full * w] = row[kc - 1];
-            }
-            for (int r = nl; r < w; r++)
-                for (int64_t q = 0; q < pairs; q++)
-                    dst[q * w + r] = 0;
+        if (contig_k) { /* the full pairs transposed; an odd last k alone in its pair */
+            pack_panel_transposed(dst, src, DT_BF16, ld, l0 + lp, nl, p0, full, w);
+            if (kc & 1)
+                for (int r = 0; r < w; r++)
+                    dst[full * w + r] = r < nl ? src[(l0 + lp + r) * ld + p0 + kc - 1] : 0;
         } else {
             /* nl <= w <= 32: one masked load per k row, lanes past nl read as zero */
             const __mmask32 lm = nl >= 32 ? 0xFFFFFFFFu : ((__mmask32)1 << nl) - 1;
