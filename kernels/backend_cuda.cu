@@ -6,6 +6,8 @@
  * workspace, and a cuDNN handle bound to the same stream. The ops live in the other files of kernels/
  * (see backend_cuda_internal.h for the map). upload is asynchronous (a pageable source is staged
  * before cudaMemcpyAsync returns, so the caller may reuse it at once); download waits for the stream.
+ * A training step (losses, loss_sum, grad_stats, step_finish, the optimizer updates) never waits: its
+ * scalars stay in device memory, so the host only synchronises when it downloads a window's log rows.
  *
  * Errors are sticky: the first CUDA/cuBLAS/cuDNN failure is kept with file, line and the call, and
  * status() returns it (also catching asynchronous kernel faults without blocking: cudaStreamQuery).
@@ -206,6 +208,7 @@ static void cu_destroy(struct backend *be)
             cudaFreeAsync(cb->scr[i].p, cb->stream);
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
+    free(cb->gs_table.host);
     if (cb->host_pinned)
         cudaFreeHost(cb->host_pinned);
     if (cb->lt_workspace)
@@ -267,7 +270,9 @@ static void fill_table(struct backend *be)
     be->attention_backward = cuda_attention_backward;
     be->xent_forward_backward = cuda_xent_forward_backward;
     be->mse_forward_backward = cuda_mse_forward_backward;
+    be->loss_sum = cuda_loss_sum;
     be->grad_stats = cuda_grad_stats;
+    be->step_finish = cuda_step_finish;
     be->count_zeros = cuda_count_zeros;
     be->adamw_update = cuda_adamw_update;
     be->sgd_update = cuda_sgd_update;

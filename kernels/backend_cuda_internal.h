@@ -5,7 +5,8 @@
  * one non-blocking stream every op is queued on, a cuBLASLt handle with a 32 MB workspace, a cuDNN
  * handle, per-shape caches (matmul plans in gemm_cublaslt.cu, convolution algorithms in conv_cudnn.cu)
  * and a few growable device scratch slots. Nothing here synchronises the host except download,
- * synchronize and the ops whose result is a host value (grad_stats, count_zeros).
+ * synchronize and count_zeros, whose result is a host value: a training step's losses, gradient check
+ * and decision stay in device memory (backend.h).
  *
  * Errors: the first failure (a CUDA/cuBLAS/cuDNN error, a launch error, a violated alignment rule) is
  * recorded with file and line and stays until destroy; backend->status reports it. After a failure the
@@ -42,7 +43,7 @@ enum cuda_scratch_slot {
     CSCR_ATT_DQ, CSCR_ATT_DK, CSCR_ATT_DV, /* attention backward */
     CSCR_PARTIAL,                 /* per-block partial results of reductions */
     CSCR_PARTIAL2,
-    CSCR_GS_DESC,                 /* grad_stats: the tensor table */
+    CSCR_GS_DESC,                 /* grad_stats: the tensor table (struct grad_table holds its host copy) */
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
     CSCR_COUNT
 };
@@ -50,6 +51,21 @@ enum cuda_scratch_slot {
 struct device_scratch {
     void *p;
     size_t cap; /* bytes */
+};
+
+/* grad_stats' tensor table (loss_optim.cu): one entry per gradient tensor, in the caller's order. */
+struct grad_table_entry {
+    const float *p;  /* fp32 gradient, device */
+    uint64_t n;      /* elements */
+};
+
+/* The host copy of the table last uploaded to scr[CSCR_GS_DESC]: grad_stats uploads again only when
+ * the tensors change. Pageable on purpose: cudaMemcpyAsync stages it before returning, so it may be
+ * rewritten while the upload is still queued. */
+struct grad_table {
+    struct grad_table_entry *host; /* malloc'd, cap entries */
+    int n;           /* entries on the device; 0 when nothing valid is there */
+    int cap;
 };
 
 struct gemm_plan; /* gemm_cublaslt.cu */
@@ -67,7 +83,8 @@ struct cuda_backend {
     struct gemm_plan *gemm_plans; /* linked list, most recently used first */
     int n_gemm_plans;
     struct conv_plan *conv_plans;
-    void *host_pinned;   /* small pinned host buffer for reduction results */
+    struct grad_table gs_table;
+    void *host_pinned;   /* small pinned host buffer for reduction results (count_zeros) */
     size_t host_pinned_cap;
     size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */
     enum amp_status status;
@@ -211,10 +228,14 @@ void cuda_batchnorm_backward(struct backend *be, const struct norm_args *a, stru
 /* loss_optim.cu */
 void cuda_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,
                                 const struct tensor *logits, const int32_t *labels, int64_t N, int64_t K,
-                                float grad_seed);
+                                const float *grad_seed);
 void cuda_mse_forward_backward(struct backend *be, struct tensor *losses, struct tensor *dy, const struct tensor *y,
-                               const struct tensor *target, int64_t N, int64_t K, float grad_seed);
-void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_stats *out);
+                               const struct tensor *target, int64_t N, int64_t K, const float *grad_seed);
+void cuda_loss_sum(struct backend *be, double *acc, const struct tensor *losses, int64_t n, bool accumulate);
+void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
+                     int64_t *counts);
+void cuda_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
+                      const struct grad_check *check, struct step_row *row);
 int64_t cuda_count_zeros(struct backend *be, const struct tensor *t);
 void cuda_adamw_update(struct backend *be, const struct optim_update_args *a);
 void cuda_sgd_update(struct backend *be, const struct optim_update_args *a);

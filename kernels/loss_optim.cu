@@ -1,28 +1,38 @@
 /*
- * loss_optim.cu — losses, the fused gradient check, zero counting and the optimizer updates.
+ * loss_optim.cu — losses, the fused gradient check, the step's tail, zero counting and the optimizer
+ * updates. Nothing here waits for the device except count_zeros: a training step queues on the stream
+ * without a host synchronisation (backend.h).
  *
  * xent / mse: one block per sample row, FP32 math with double sums (the CPU's formulas): max and
  * argmax (first maximum), log-sum-exp, the per-sample loss, and the gradient (softmax - onehot) *
- * grad_seed / N rounded once into dlogits' dtype; correct[i] = argmax == label (int32, device).
- * grad_stats: ONE launch over all gradient tensors. The host packs {pointer, numel} for every tensor
- * into pinned memory, copies it to the device, and a grid (kStatBlocks, ntensors) reduces each tensor
- * in kStatBlocks fixed slices to per-block partials (sum of squares of finite elements and max |g| in
- * double, inf and nan counts in int64); a second one-block kernel adds the partials per tensor and
- * then over tensors in index order. Same inputs, same bits, every run (no atomics). The results come
- * back in one copy and one stream synchronisation — the only host sync of a training step besides
- * reading log values.
+ * seed / N rounded once into dlogits' dtype; correct[i] = argmax == label (int32, device). The seed
+ * (one fp32, the loss scale / accum_steps) is read on the device: the host never learns the scale.
+ * loss_sum: one block adds a step's row losses in double in a fixed order (per-thread strided sums,
+ * then a fixed tree) and adds the mean to a double in device memory.
+ * grad_stats: ONE launch over all gradient tensors. A table of {pointer, numel} for every tensor lives
+ * in device memory; a grid (kStatBlocks, ntensors) reduces each tensor in kStatBlocks fixed slices to
+ * per-block partials (sum of squares of finite elements and max |g| in double, inf and nan counts in
+ * int64); a second one-block kernel adds the partials per tensor and then over tensors in index order
+ * and writes struct grad_check and the per-tensor counts to the caller's device memory. Same inputs,
+ * same bits, every run (no atomics). The table is uploaded only when the tensors change (a training
+ * run passes the same gradients every step), from a pageable host copy kept in struct cuda_backend:
+ * cudaMemcpyAsync stages a pageable source before it returns, so rewriting the copy later can never
+ * race a queued upload (a shared pinned buffer could, without a synchronisation per call).
+ * step_finish: step_rule_finish (lib/step_rule.h) in a one-thread kernel, on state in device memory.
  * adamw / sgd: one pass per parameter updating the fp32 master (and moments) and writing the fp16/bf16
- * copy in the same thread; scalars (bias corrections) are computed on the host in double as PyTorch and
- * the CPU backend do.
+ * copy in the same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor,
+ * skip) are read from struct step_scalars in device memory, written by step_finish in double as PyTorch
+ * and the CPU backend compute them; a skipped step leaves every tensor untouched.
  */
 #include "backend_cuda_internal.h"
 
 #include <cmath>
-#include <cstring>
+#include <cstdlib>
 
 namespace {
 
 constexpr unsigned kLossThreads = 256;
+constexpr unsigned kLossSumThreads = 1024; /* loss_sum: one block */
 constexpr unsigned kStatBlocks = 64;   /* slices per tensor in grad_stats */
 constexpr unsigned kStatThreads = 256;
 
@@ -50,7 +60,7 @@ __device__ void argmax_merge(float &v, int64_t &i, float v2, int64_t i2)
 }
 
 __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int d_dt, const void *logits, int x_dt,
-                            const int32_t *labels, int64_t K, float g)
+                            const int32_t *labels, int64_t N, int64_t K, const float *seed)
 {
     __shared__ float sv[32];
     __shared__ long long si[32];
@@ -93,6 +103,7 @@ __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int 
     }
     if (!dlogits)
         return;
+    float g = (float)((double)*seed / (double)N);
     for (int64_t j = threadIdx.x; j < K; j += blockDim.x) {
         float p = (float)exp((double)load_elem(logits, x_dt, base + j) - lse);
         store_elem(dlogits, d_dt, base + j, (p - (j == label ? 1.0f : 0.0f)) * g);
@@ -100,7 +111,7 @@ __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int 
 }
 
 __global__ void mse_kernel(float *losses, void *dy, int dy_dt, const void *y, int y_dt, const void *t, int t_dt,
-                           int64_t K, float g)
+                           int64_t N, int64_t K, const float *seed)
 {
     __shared__ double red[32];
     size_t base = (size_t)blockIdx.x * (size_t)K;
@@ -114,25 +125,33 @@ __global__ void mse_kernel(float *losses, void *dy, int dy_dt, const void *y, in
         losses[blockIdx.x] = (float)(s / (double)K);
     if (!dy)
         return;
+    float g = (float)(2.0 * (double)*seed / ((double)N * (double)K));
     for (int64_t j = threadIdx.x; j < K; j += blockDim.x)
         store_elem(dy, dy_dt, base + j, (load_elem(y, y_dt, base + j) - load_elem(t, t_dt, base + j)) * g);
 }
 
-struct stat_tensor {
-    const float *p;
-    uint64_t n;
-};
+/* *acc = (accumulate ? *acc : 0) + sum(losses[0..n)) / n, in double; one block, fixed order. */
+__global__ void loss_sum_kernel(double *acc, const float *losses, int64_t n, bool accumulate)
+{
+    __shared__ double red[32];
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        s += (double)losses[i];
+    s = block_sum_d(s, red);
+    if (threadIdx.x == 0)
+        *acc = (accumulate ? *acc : 0.0) + s / (double)n;
+}
 
 struct stat_partial {
     double sumsq, absmax;
     long long n_inf, n_nan;
 };
 
-__global__ void grad_stats_partial_kernel(struct stat_partial *part, const struct stat_tensor *tab)
+__global__ void grad_stats_partial_kernel(struct stat_partial *part, const struct grad_table_entry *tab)
 {
     __shared__ double s_sq[kStatThreads / 32], s_mx[kStatThreads / 32];
     __shared__ long long s_inf[kStatThreads / 32], s_nan[kStatThreads / 32];
-    struct stat_tensor t = tab[blockIdx.y];
+    struct grad_table_entry t = tab[blockIdx.y];
     uint64_t per = (t.n + kStatBlocks - 1) / kStatBlocks;
     uint64_t lo = per * blockIdx.x, hi = lo + per < t.n ? lo + per : t.n;
     double sq = 0.0, mx = 0.0;
@@ -175,10 +194,12 @@ __global__ void grad_stats_partial_kernel(struct stat_partial *part, const struc
     }
 }
 
-/* out: n_inf[nt], n_nan[nt] (int64), then sumsq, absmax (double) */
-__global__ void grad_stats_finish_kernel(long long *counts, double *totals, const struct stat_partial *part, int nt)
+/* Per tensor, its Inf and NaN counts into counts[t] and counts[nt + t] (counts may be NULL); then, in
+ * tensor order, the totals into *out, found_nonfinite from the same counts. */
+__global__ void grad_stats_finish_kernel(struct grad_check *out, int64_t *counts, const struct stat_partial *part,
+                                         int nt)
 {
-    for (int t = threadIdx.x; t < nt; t += blockDim.x) {
+    for (int t = threadIdx.x; counts && t < nt; t += blockDim.x) {
         long long ni = 0, nn = 0;
         for (unsigned b = 0; b < kStatBlocks; b++) {
             ni += part[t * kStatBlocks + b].n_inf;
@@ -189,14 +210,24 @@ __global__ void grad_stats_finish_kernel(long long *counts, double *totals, cons
     }
     if (threadIdx.x == 0) {
         double sq = 0.0, mx = 0.0;
+        long long bad = 0;
         for (int t = 0; t < nt; t++)
             for (unsigned b = 0; b < kStatBlocks; b++) {
                 sq += part[t * kStatBlocks + b].sumsq;
                 mx = fmax(mx, part[t * kStatBlocks + b].absmax);
+                bad += part[t * kStatBlocks + b].n_inf + part[t * kStatBlocks + b].n_nan;
             }
-        totals[0] = sq;
-        totals[1] = mx;
+        out->sumsq = sq;
+        out->absmax = mx;
+        out->found_nonfinite = bad != 0;
     }
+}
+
+/* The step's tail on device state; p travels by value as a kernel argument. */
+__global__ void step_finish_kernel(struct step_params p, struct step_state *state, const struct grad_check *check,
+                                   struct step_row *row)
+{
+    step_rule_finish(&p, state, check, row);
 }
 
 __global__ void count_zeros_partial_kernel(long long *part, const void *p, int dt, size_t n)
@@ -230,21 +261,25 @@ __global__ void sum_partials_kernel(long long *out, const long long *part, unsig
     *out = s;
 }
 
-struct adamw_scalars {
-    float neg_step, bc2_sqrt, decay, b1, b2, omb1, omb2, gm, eps;
+/* What adamw_kernel takes from the host; the step's scalars come from struct step_scalars. */
+struct adamw_consts {
+    float b1, b2, omb1, omb2, eps;
     bool decay_on;
 };
 
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *g, void *lowp, int lowp_dt, size_t n,
-                             adamw_scalars s)
+                             const struct step_scalars *sc, adamw_consts c)
 {
+    if (sc->skip)
+        return;
+    float gm = sc->grad_mul, decay = sc->adam_decay, neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i] * s.gm;
-        float pi = s.decay_on ? p[i] * s.decay : p[i];
-        float mi = s.b1 * m[i] + s.omb1 * gi;
-        float vi = s.b2 * v[i] + s.omb2 * gi * gi;
-        float denom = sqrtf(vi) / s.bc2_sqrt + s.eps;
-        float np = pi + s.neg_step * mi / denom;
+        float gi = g[i] * gm;
+        float pi = c.decay_on ? p[i] * decay : p[i];
+        float mi = c.b1 * m[i] + c.omb1 * gi;
+        float vi = c.b2 * v[i] + c.omb2 * gi * gi;
+        float denom = sqrtf(vi) / bc2_sqrt + c.eps;
+        float np = pi + neg_step * mi / denom;
         p[i] = np;
         m[i] = mi;
         v[i] = vi;
@@ -253,110 +288,165 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *g, void 
     }
 }
 
-struct sgd_scalars {
-    float gm, wd, mom, neg_lr;
-    bool first_step, nesterov;
+/* What sgd_kernel takes from the host. */
+struct sgd_consts {
+    float wd, mom;
+    bool nesterov;
 };
 
-__global__ void sgd_kernel(float *p, float *buf, const float *g, void *lowp, int lowp_dt, size_t n, sgd_scalars s)
+__global__ void sgd_kernel(float *p, float *buf, const float *g, void *lowp, int lowp_dt, size_t n,
+                           const struct step_scalars *sc, sgd_consts c)
 {
+    if (sc->skip)
+        return;
+    float gm = sc->grad_mul, neg_lr = -sc->lr;
+    bool first_step = sc->first_step != 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i] * s.gm;
-        if (s.wd != 0.0f)
-            gi = gi + s.wd * p[i];
+        float gi = g[i] * gm;
+        if (c.wd != 0.0f)
+            gi = gi + c.wd * p[i];
         if (buf) {
-            float bi = s.first_step ? gi : s.mom * buf[i] + gi;
+            float bi = first_step ? gi : c.mom * buf[i] + gi;
             buf[i] = bi;
-            gi = s.nesterov ? gi + s.mom * bi : bi;
+            gi = c.nesterov ? gi + c.mom * bi : bi;
         }
-        float np = p[i] + s.neg_lr * gi;
+        float np = p[i] + neg_lr * gi;
         p[i] = np;
         if (lowp)
             store_elem(lowp, lowp_dt, i, np);
     }
 }
 
+/* The device table of `grads` for grad_stats_partial_kernel. The last table uploaded is reused when it
+ * lists the same tensors; otherwise the host copy is rewritten and uploaded from it. The copy is
+ * pageable, so cudaMemcpyAsync has staged it before it returns and the next call may rewrite it while
+ * this upload is still queued; the device buffer is only rewritten in stream order, after every kernel
+ * queued before has read it. NULL (status set) on failure. */
+const struct grad_table_entry *grad_table_for(struct cuda_backend *cb, const struct tensor *const *grads, int nt)
+{
+    struct grad_table *gt = &cb->gs_table;
+    size_t bytes = (size_t)nt * sizeof(struct grad_table_entry);
+    const struct device_scratch *slot = &cb->scr[CSCR_GS_DESC];
+    if (!slot->p || bytes > slot->cap)
+        gt->n = 0; /* cuda_scratch replaces the buffer: what was uploaded is gone */
+    void *dev = cuda_scratch(cb, CSCR_GS_DESC, bytes);
+    if (!dev) {
+        gt->n = 0;
+        return NULL;
+    }
+    bool same = gt->n == nt;
+    for (int t = 0; same && t < nt; t++)
+        same = gt->host[t].p == grads[t]->data && gt->host[t].n == grads[t]->numel;
+    if (same)
+        return static_cast<const struct grad_table_entry *>(dev);
+    gt->n = 0;
+    if (nt > gt->cap) {
+        void *h = realloc(gt->host, bytes);
+        if (!h) {
+            cuda_record(cb, "free some host memory and try again", "grad_stats: out of host memory for a %d-tensor table",
+                        nt);
+            return NULL;
+        }
+        gt->host = static_cast<struct grad_table_entry *>(h);
+        gt->cap = nt;
+    }
+    for (int t = 0; t < nt; t++) {
+        gt->host[t].p = static_cast<const float *>(grads[t]->data);
+        gt->host[t].n = grads[t]->numel;
+    }
+    if (!CB_CUDA(cb, cudaMemcpyAsync(dev, gt->host, bytes, cudaMemcpyHostToDevice, cb->stream)))
+        return NULL;
+    gt->n = nt;
+    return static_cast<const struct grad_table_entry *>(dev);
+}
+
+/* An optimizer update needs the step's scalars; without them it is a bug in the caller. */
+bool has_step_scalars(struct cuda_backend *cb, const struct optim_update_args *a, const char *op)
+{
+    if (a->sc)
+        return true;
+    cuda_record(cb, "this is a bug in the caller: pass the step_scalars step_finish wrote",
+                "%s without step scalars (optim_update_args.sc is NULL)", op);
+    return false;
+}
+
 } // namespace
 
 void cuda_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,
                                 const struct tensor *logits, const int32_t *labels, int64_t N, int64_t K,
-                                float grad_seed)
+                                const float *grad_seed)
 {
     struct cuda_backend *cb = cuda_of(be);
     if (N <= 0)
         return;
-    float g = (float)((double)grad_seed / (double)N);
+    if (dlogits && !grad_seed) {
+        cuda_record(cb, "this is a bug in the caller", "xent_forward_backward: dlogits without a grad_seed");
+        return;
+    }
     xent_kernel<<<(unsigned)N, kLossThreads, 0, cb->stream>>>(
         losses ? static_cast<float *>(losses->data) : NULL, correct, dlogits ? dlogits->data : NULL,
-        dlogits ? dlogits->dtype : DT_FP32, logits->data, logits->dtype, labels, K, g);
+        dlogits ? dlogits->dtype : DT_FP32, logits->data, logits->dtype, labels, N, K, grad_seed);
     CB_LAUNCHED(cb, "xent_kernel");
 }
 
 void cuda_mse_forward_backward(struct backend *be, struct tensor *losses, struct tensor *dy, const struct tensor *y,
-                               const struct tensor *target, int64_t N, int64_t K, float grad_seed)
+                               const struct tensor *target, int64_t N, int64_t K, const float *grad_seed)
 {
     struct cuda_backend *cb = cuda_of(be);
     if (N <= 0)
         return;
-    float g = (float)(2.0 * (double)grad_seed / ((double)N * (double)K));
+    if (dy && !grad_seed) {
+        cuda_record(cb, "this is a bug in the caller", "mse_forward_backward: dy without a grad_seed");
+        return;
+    }
     mse_kernel<<<(unsigned)N, kLossThreads, 0, cb->stream>>>(losses ? static_cast<float *>(losses->data) : NULL,
                                                              dy ? dy->data : NULL, dy ? dy->dtype : DT_FP32, y->data,
-                                                             y->dtype, target->data, target->dtype, K, g);
+                                                             y->dtype, target->data, target->dtype, N, K, grad_seed);
     CB_LAUNCHED(cb, "mse_kernel");
 }
 
-void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_stats *out)
+void cuda_loss_sum(struct backend *be, double *acc, const struct tensor *losses, int64_t n, bool accumulate)
 {
     struct cuda_backend *cb = cuda_of(be);
-    out->sumsq = 0.0;
-    out->absmax = 0.0;
-    out->found_nonfinite = false;
-    if (ntensors <= 0)
+    if (losses->dtype != DT_FP32 || n <= 0 || (uint64_t)n > (uint64_t)losses->numel) {
+        cuda_record(cb, "this is a bug in the caller", "loss_sum: %lld losses of a %zu-element %s tensor",
+                    (long long)n, (size_t)losses->numel, dtype_name(losses->dtype));
         return;
+    }
+    loss_sum_kernel<<<1, kLossSumThreads, 0, cb->stream>>>(acc, static_cast<const float *>(losses->data), n,
+                                                           accumulate);
+    CB_LAUNCHED(cb, "loss_sum_kernel");
+}
+
+void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
+                     int64_t *counts)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (ntensors <= 0) {
+        CB_CUDA(cb, cudaMemsetAsync(out, 0, sizeof *out, cb->stream)); /* all-zero bits: 0.0, 0.0, 0 */
+        return;
+    }
     if (ntensors > 65535) {
         cuda_record(cb, "this is a bug in the caller", "grad_stats: %d tensors exceed one launch's grid", ntensors);
         return;
     }
-    size_t tab_bytes = (size_t)ntensors * sizeof(struct stat_tensor);
-    size_t res_bytes = (size_t)ntensors * 2 * sizeof(long long) + 2 * sizeof(double);
-    size_t tab_off = (res_bytes + 255) & ~(size_t)255;
-    char *host = static_cast<char *>(cuda_host_buffer(cb, tab_off + tab_bytes));
-    char *dev = static_cast<char *>(cuda_scratch(cb, CSCR_GS_DESC, tab_off + tab_bytes));
+    const struct grad_table_entry *tab = grad_table_for(cb, grads, ntensors);
     struct stat_partial *part = static_cast<struct stat_partial *>(
         cuda_scratch(cb, CSCR_PARTIAL, (size_t)ntensors * kStatBlocks * sizeof(struct stat_partial)));
-    if (!host || !dev || !part)
+    if (!tab || !part)
         return;
-    /* the pinned buffer is free: every earlier use of it ended with a stream synchronisation */
-    struct stat_tensor *tab = reinterpret_cast<struct stat_tensor *>(host + tab_off);
-    for (int t = 0; t < ntensors; t++) {
-        tab[t].p = static_cast<const float *>(grads[t]->data);
-        tab[t].n = grads[t]->numel;
-    }
-    if (!CB_CUDA(cb, cudaMemcpyAsync(dev + tab_off, tab, tab_bytes, cudaMemcpyHostToDevice, cb->stream)))
-        return;
-    grad_stats_partial_kernel<<<dim3(kStatBlocks, (unsigned)ntensors), kStatThreads, 0, cb->stream>>>(
-        part, reinterpret_cast<const struct stat_tensor *>(dev + tab_off));
+    grad_stats_partial_kernel<<<dim3(kStatBlocks, (unsigned)ntensors), kStatThreads, 0, cb->stream>>>(part, tab);
     CB_LAUNCHED(cb, "grad_stats_partial_kernel");
-    long long *counts = reinterpret_cast<long long *>(dev);
-    double *totals = reinterpret_cast<double *>(dev + (size_t)ntensors * 2 * sizeof(long long));
-    grad_stats_finish_kernel<<<1, 256, 0, cb->stream>>>(counts, totals, part, ntensors);
+    grad_stats_finish_kernel<<<1, 256, 0, cb->stream>>>(out, counts, part, ntensors);
     CB_LAUNCHED(cb, "grad_stats_finish_kernel");
-    if (!CB_CUDA(cb, cudaMemcpyAsync(host, dev, res_bytes, cudaMemcpyDeviceToHost, cb->stream)) ||
-        !CB_CUDA(cb, cudaStreamSynchronize(cb->stream)))
-        return;
-    const long long *hc = reinterpret_cast<const long long *>(host);
-    double ht[2];
-    memcpy(ht, host + (size_t)ntensors * 2 * sizeof(long long), sizeof ht);
-    for (int t = 0; t < ntensors; t++) {
-        if (out->n_inf)
-            out->n_inf[t] = hc[t];
-        if (out->n_nan)
-            out->n_nan[t] = hc[ntensors + t];
-        if (hc[t] || hc[ntensors + t])
-            out->found_nonfinite = true;
-    }
-    out->sumsq = ht[0];
-    out->absmax = ht[1];
+}
+
+void cuda_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
+                      const struct grad_check *check, struct step_row *row)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    step_finish_kernel<<<1, 1, 0, cb->stream>>>(*p, state, check, row);
+    CB_LAUNCHED(cb, "step_finish_kernel");
 }
 
 int64_t cuda_count_zeros(struct backend *be, const struct tensor *t)
@@ -384,25 +474,19 @@ void cuda_adamw_update(struct backend *be, const struct optim_update_args *a)
 {
     struct cuda_backend *cb = cuda_of(be);
     size_t n = a->master->numel;
-    if (!n)
+    if (!n || !has_step_scalars(cb, a, "adamw_update"))
         return;
-    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
-    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
-    adamw_scalars s;
-    s.neg_step = (float)(-(double)a->lr / bc1);
-    s.bc2_sqrt = (float)sqrt(bc2);
-    s.decay = (float)(1.0 - (double)a->lr * (double)a->weight_decay);
-    s.decay_on = a->weight_decay != 0.0f;
-    s.b1 = a->beta1;
-    s.b2 = a->beta2;
-    s.omb1 = 1.0f - a->beta1;
-    s.omb2 = 1.0f - a->beta2;
-    s.gm = a->grad_mul;
-    s.eps = a->eps;
+    adamw_consts c;
+    c.b1 = a->beta1;
+    c.b2 = a->beta2;
+    c.omb1 = 1.0f - a->beta1;
+    c.omb2 = 1.0f - a->beta2;
+    c.eps = a->eps;
+    c.decay_on = a->weight_decay != 0.0f;
     adamw_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(
         static_cast<float *>(a->master->data), static_cast<float *>(a->m->data), static_cast<float *>(a->v->data),
         static_cast<const float *>(a->grad->data), a->lowp ? a->lowp->data : NULL, a->lowp ? a->lowp->dtype : DT_FP32,
-        n, s);
+        n, a->sc, c);
     CB_LAUNCHED(cb, "adamw_kernel");
 }
 
@@ -410,19 +494,16 @@ void cuda_sgd_update(struct backend *be, const struct optim_update_args *a)
 {
     struct cuda_backend *cb = cuda_of(be);
     size_t n = a->master->numel;
-    if (!n)
+    if (!n || !has_step_scalars(cb, a, "sgd_update"))
         return;
-    sgd_scalars s;
-    s.gm = a->grad_mul;
-    s.wd = a->weight_decay;
-    s.mom = a->momentum;
-    s.neg_lr = -a->lr;
-    s.first_step = a->first_step;
-    s.nesterov = a->nesterov;
+    sgd_consts c;
+    c.wd = a->weight_decay;
+    c.mom = a->momentum;
+    c.nesterov = a->nesterov;
     float *buf = a->m && a->momentum != 0.0f ? static_cast<float *>(a->m->data) : NULL;
     sgd_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(static_cast<float *>(a->master->data), buf,
                                                          static_cast<const float *>(a->grad->data),
                                                          a->lowp ? a->lowp->data : NULL,
-                                                         a->lowp ? a->lowp->dtype : DT_FP32, n, s);
+                                                         a->lowp ? a->lowp->dtype : DT_FP32, n, a->sc, c);
     CB_LAUNCHED(cb, "sgd_kernel");
 }

@@ -13,6 +13,10 @@
  *  - Parameter gradients, optimizer state, statistics and losses are FP32 always.
  *  - Ops that accumulate take `beta`: out = beta * out + new (beta 0 overwrites, 1 accumulates).
  *
+ * Nothing in a training step returns a value to the host: losses, the gradient check, the loss scale
+ * and the step's decision stay in backend memory (lib/step_rule.h), so a GPU queues a whole step
+ * without a host synchronisation. Only download, synchronize and count_zeros wait.
+ *
  * Errors: operations return void; a backend records its first failure (a CUDA error, say) and
  * backend_status() reports it. The training loop checks it once per step. Shape and dtype mistakes
  * are programming errors and abort with a message in debug builds (assert).
@@ -27,6 +31,7 @@
 #include <stdint.h>
 
 #include "error.h"  /* enum amp_status, struct amp_error */
+#include "step_rule.h" /* struct step_params, step_state, step_row, grad_check, step_scalars */
 #include "tensor.h" /* struct tensor */
 
 enum act_kind { ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF };
@@ -73,27 +78,18 @@ struct rng_key {
     uint64_t counter;/* optimizer step * accum_steps + micro-batch */
 };
 
-/* One parameter's optimizer update; `grad_mul` folds unscaling and clipping (inv_scale * clip_coef). */
+/* One parameter's optimizer update. The step's scalars (unscale * clip factor, learning rate, step
+ * count, skip) are in backend memory, written by step_finish: the host never needs them. */
 struct optim_update_args {
     struct tensor *master;    /* fp32 weights, updated in place */
     const struct tensor *grad;/* fp32 gradient (still scaled by the loss scale) */
     struct tensor *m, *v;     /* fp32 moments (adamw: m, v; sgd: m = momentum buffer or NULL) */
     struct tensor *lowp;      /* optional fp16/bf16 copy of master, written in the same pass (or NULL) */
-    float grad_mul;
-    float lr, weight_decay;
+    const struct step_scalars *sc; /* backend memory; sc->skip: leave every tensor as it is */
+    float weight_decay;       /* this parameter's (0 where it does not decay); adamw applies sc->adam_decay */
     float beta1, beta2, eps;  /* adamw */
-    int64_t step;             /* adamw: 1-based step count for bias correction */
     float momentum;           /* sgd */
     bool nesterov;            /* sgd */
-    bool first_step;          /* sgd: momentum buffer starts as the gradient (PyTorch) */
-};
-
-/* Result of the fused pass over all gradients. */
-struct grad_stats {
-    double sumsq;             /* sum of squares of all finite gradient elements (scaled) */
-    double absmax;            /* max |g| over finite elements (for norm_type inf) */
-    int64_t *n_inf, *n_nan;   /* per tensor, caller-provided arrays of ntensors entries */
-    bool found_nonfinite;
 };
 
 struct backend {
@@ -175,17 +171,28 @@ struct backend {
                                int64_t H);
 
     /* losses, FP32. softmax cross-entropy over logits (N, K) of any dtype with int32 labels (N):
-     * losses (N) fp32 per sample; dlogits (N, K) in its dtype = (softmax - onehot) * grad_seed / N;
+     * losses (N) fp32 per sample; dlogits (N, K) in its dtype = (softmax - onehot) * seed / N with
+     * seed = *grad_seed, one fp32 in backend memory (the loss scale lives there; NULL when dlogits is);
      * correct (N) int32: 1 where argmax == label. dlogits may be NULL (eval). */
     void (*xent_forward_backward)(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,
                                   const struct tensor *logits, const int32_t *labels, int64_t N, int64_t K,
-                                  float grad_seed);
-    /* mean squared error over (N, K) against fp32 targets: losses (N) = mean_k (y-t)^2; dy = 2 (y-t) grad_seed / (N K) */
+                                  const float *grad_seed);
+    /* mean squared error over (N, K) against fp32 targets: losses (N) = mean_k (y-t)^2;
+     * dy = 2 (y-t) seed / (N K), seed = *grad_seed as above */
     void (*mse_forward_backward)(struct backend *be, struct tensor *losses, struct tensor *dy, const struct tensor *y,
-                                 const struct tensor *target, int64_t N, int64_t K, float grad_seed);
+                                 const struct tensor *target, int64_t N, int64_t K, const float *grad_seed);
+    /* *acc (one double in backend memory) = (accumulate ? *acc : 0) + (sum of losses[0..n), in order, in
+     * double) / n: a step's loss, kept where the losses are */
+    void (*loss_sum)(struct backend *be, double *acc, const struct tensor *losses, int64_t n, bool accumulate);
 
-    /* the fused pass over all gradients (fp32): non-finite counts per tensor and the finite sum of squares */
-    void (*grad_stats)(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_stats *out);
+    /* the fused pass over all gradients (fp32), into backend memory: out gets the finite sum of squares,
+     * max |g| and whether anything is non-finite; counts[t] and counts[ntensors + t] the Inf and NaN
+     * elements of tensor t */
+    void (*grad_stats)(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
+                       int64_t *counts);
+    /* the step's tail (lib/step_rule.h, step_rule_finish) on state, check and row in backend memory */
+    void (*step_finish)(struct backend *be, const struct step_params *p, struct step_state *state,
+                        const struct grad_check *check, struct step_row *row);
     /* number of elements exactly zero (for grad_zero_frac) */
     int64_t (*count_zeros)(struct backend *be, const struct tensor *t);
 

@@ -1309,7 +1309,7 @@ static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, cons
  * check reports it instead of the backend reading out of bounds. */
 static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct,
                                       struct tensor *dlogits, const struct tensor *logits, const int32_t *labels,
-                                      int64_t N, int64_t K, float grad_seed)
+                                      int64_t N, int64_t K, const float *grad_seed)
 {
     struct cpu_backend *cb = cpu_of(be);
     assert((int64_t)logits->numel == N * K && K >= 1);
@@ -1319,7 +1319,8 @@ static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses,
     float *db = scratch_get(cb, SCR_TMP1, (size_t)K * sizeof(float));
     if (!xb || !db)
         return;
-    float g = (float)((double)grad_seed / (double)N);
+    assert(!dlogits || grad_seed);
+    float g = dlogits ? (float)((double)*grad_seed / (double)N) : 0.0f;
     for (int64_t i = 0; i < N; i++) {
         const float *x = load_f32(logits->data, logits->dtype, (size_t)(i * K), (size_t)K, xb);
         float mx = x[0];
@@ -1353,17 +1354,18 @@ static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses,
 
 static void cpu_mse_forward_backward(struct backend *be, struct tensor *losses, struct tensor *dy,
                                      const struct tensor *y, const struct tensor *target, int64_t N, int64_t K,
-                                     float grad_seed)
+                                     const float *grad_seed)
 {
     struct cpu_backend *cb = cpu_of(be);
     assert((int64_t)y->numel == N * K && (int64_t)target->numel == N * K);
+    assert(!dy || grad_seed);
     assert(!dy || (int64_t)dy->numel == N * K);
     float *yb = scratch_get(cb, SCR_TMP0, (size_t)K * sizeof(float));
     float *tb = scratch_get(cb, SCR_TMP1, (size_t)K * sizeof(float));
     float *db = scratch_get(cb, SCR_TMP2, (size_t)K * sizeof(float));
     if (!yb || !tb || !db)
         return;
-    float g = (float)(2.0 * (double)grad_seed / ((double)N * (double)K));
+    float g = dy ? (float)(2.0 * (double)*grad_seed / ((double)N * (double)K)) : 0.0f;
     for (int64_t i = 0; i < N; i++) {
         size_t off = (size_t)(i * K);
         const float *yr = load_f32(y->data, y->dtype, off, (size_t)K, yb);
@@ -1382,6 +1384,17 @@ static void cpu_mse_forward_backward(struct backend *be, struct tensor *losses, 
             d[j] = (yr[j] - tr[j]) * g;
         store_f32(dy->data, dy->dtype, off, (size_t)K, d);
     }
+}
+
+static void cpu_loss_sum(struct backend *be, double *acc, const struct tensor *losses, int64_t n, bool accumulate)
+{
+    (void)be;
+    assert(losses->dtype == DT_FP32 && (int64_t)losses->numel >= n && n > 0);
+    const float *l = (const float *)losses->data;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += l[i];
+    *acc = (accumulate ? *acc : 0.0) + s / (double)n;
 }
 
 /* ---- gradient statistics --------------------------------------------------------------------- */
@@ -1464,24 +1477,29 @@ HOT_LOOP static void grad_stats_one(const float *g, size_t n, double lanes[8], d
 }
 
 static void cpu_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors,
-                           struct grad_stats *out)
+                           struct grad_check *out, int64_t *counts)
 {
     (void)be;
     double lanes[8] = { 0 };
     out->absmax = 0.0;
-    out->found_nonfinite = false;
+    out->found_nonfinite = 0;
     for (int t = 0; t < ntensors; t++) {
         assert(grads[t]->dtype == DT_FP32);
         int64_t ni = 0, nn = 0;
         grad_stats_one((const float *)grads[t]->data, grads[t]->numel, lanes, &out->absmax, &ni, &nn);
-        if (out->n_inf)
-            out->n_inf[t] = ni;
-        if (out->n_nan)
-            out->n_nan[t] = nn;
+        counts[t] = ni;
+        counts[ntensors + t] = nn;
         if (ni || nn)
-            out->found_nonfinite = true;
+            out->found_nonfinite = 1;
     }
     out->sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+static void cpu_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
+                            const struct grad_check *check, struct step_row *row)
+{
+    (void)be;
+    step_rule_finish(p, state, check, row);
 }
 
 static int64_t cpu_count_zeros(struct backend *be, const struct tensor *t)
@@ -1521,23 +1539,22 @@ static void optim_store_lowp(const struct optim_update_args *a, size_t off, size
 }
 
 /* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
- * as fp32, and the tensor arithmetic runs in fp32 in PyTorch's order:
+ * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;
  *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step. */
 HOT_LOOP static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a)
 {
     (void)be;
     optim_check(a);
-    assert(a->m && a->v && a->step >= 1);
+    assert(a->m && a->v);
+    const struct step_scalars *sc = a->sc;
+    if (sc->skip)
+        return;
     float *p = (float *)a->master->data, *m = (float *)a->m->data, *v = (float *)a->v->data;
     const float *g = (const float *)a->grad->data;
-    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
-    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
-    float neg_step = (float)(-(double)a->lr / bc1);
-    float bc2_sqrt = (float)sqrt(bc2);
-    float decay = (float)(1.0 - (double)a->lr * (double)a->weight_decay);
+    float neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt, decay = sc->adam_decay;
     float b1 = a->beta1, b2 = a->beta2, omb1 = 1.0f - a->beta1, omb2 = 1.0f - a->beta2;
-    float gm = a->grad_mul, eps = a->eps;
+    float gm = sc->grad_mul, eps = a->eps;
     size_t n = a->master->numel;
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t c = n - off < BLOCK ? n - off : BLOCK;
@@ -1561,9 +1578,13 @@ HOT_LOOP static void cpu_sgd_update(struct backend *be, const struct optim_updat
 {
     (void)be;
     optim_check(a);
+    const struct step_scalars *sc = a->sc;
+    if (sc->skip)
+        return;
     float *p = (float *)a->master->data, *buf = a->m && a->momentum != 0.0f ? (float *)a->m->data : NULL;
     const float *g = (const float *)a->grad->data;
-    float gm = a->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -a->lr;
+    float gm = sc->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -sc->lr;
+    bool first_step = sc->first_step != 0;
     size_t n = a->master->numel;
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t c = n - off < BLOCK ? n - off : BLOCK;
@@ -1572,7 +1593,7 @@ HOT_LOOP static void cpu_sgd_update(struct backend *be, const struct optim_updat
             if (wd != 0.0f)
                 gi = gi + wd * p[i];
             if (buf) {
-                float bi = a->first_step ? gi : mom * buf[i] + gi;
+                float bi = first_step ? gi : mom * buf[i] + gi;
                 buf[i] = bi;
                 gi = a->nesterov ? gi + mom * bi : bi;
             }
@@ -1649,7 +1670,9 @@ struct backend *backend_cpu_create(void)
     be->attention_backward = cpu_attention_backward;
     be->xent_forward_backward = cpu_xent_forward_backward;
     be->mse_forward_backward = cpu_mse_forward_backward;
+    be->loss_sum = cpu_loss_sum;
     be->grad_stats = cpu_grad_stats;
+    be->step_finish = cpu_step_finish;
     be->count_zeros = cpu_count_zeros;
     be->adamw_update = cpu_adamw_update;
     be->sgd_update = cpu_sgd_update;

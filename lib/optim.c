@@ -1,13 +1,11 @@
 /*
- * optim.c — optimizer state, learning-rate schedule, and the per-parameter update dispatch. See optim.h.
+ * optim.c — optimizer state, the learning-rate schedule's parameters, and the per-parameter update
+ * dispatch. See optim.h; the schedule's formula is schedule_lr in step_rule.h (it runs on the backend).
  */
 #include "optim.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-#define AMP_PI 3.14159265358979323846
 
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                              int64_t total_steps, struct amp_error *err)
@@ -36,29 +34,29 @@ enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg
     return AMP_OK;
 }
 
-double optim_lr(const struct optimizer *o)
+struct schedule_params optim_schedule_params(const struct optimizer *o)
 {
     const struct schedule_config *s = &o->cfg.schedule;
-    double lr = o->cfg.lr;
-    int64_t t = o->step, w = s->warmup_steps;
-    if (t < w)
-        return lr * (double)(t + 1) / (double)w;
-    switch (s->kind) {
-    case SCHED_CONSTANT: return lr;
-    case SCHED_STEP: return lr * pow(s->gamma, (double)((t - w) / s->step_size));
-    case SCHED_COSINE: {
-        double span = (double)(o->total_steps - w);
-        double frac = span > 0 ? fmin(1.0, (double)(t - w) / span) : 1.0;
-        return s->min_lr + (lr - s->min_lr) * 0.5 * (1.0 + cos(AMP_PI * frac));
-    }
-    }
-    return lr;
+    struct schedule_params p = {
+        .kind = s->kind == SCHED_STEP ? SCHEDULE_STEP : s->kind == SCHED_COSINE ? SCHEDULE_COSINE : SCHEDULE_CONSTANT,
+        .lr = o->cfg.lr,
+        .gamma = s->gamma,
+        .min_lr = s->min_lr,
+        .warmup_steps = s->warmup_steps,
+        .step_size = s->step_size,
+        .total_steps = o->total_steps,
+    };
+    return p;
 }
 
-void optim_step(struct optimizer *o, struct model *m, float grad_mul)
+double optim_lr(const struct optimizer *o)
 {
-    float lr = (float)optim_lr(o);
-    o->step++;
+    struct schedule_params p = optim_schedule_params(o);
+    return schedule_lr(&p, o->step);
+}
+
+void optim_step(struct optimizer *o, struct model *m, const struct step_scalars *sc)
+{
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
         struct optim_update_args a = {
@@ -67,16 +65,13 @@ void optim_step(struct optimizer *o, struct model *m, float grad_mul)
             .m = o->state[i].m.data ? &o->state[i].m : NULL,
             .v = o->state[i].v.data ? &o->state[i].v : NULL,
             .lowp = p->lowp.data ? &p->lowp : NULL,
-            .grad_mul = grad_mul,
-            .lr = lr,
+            .sc = sc,
             .weight_decay = p->decay ? (float)o->cfg.weight_decay : 0.0f,
             .beta1 = (float)o->cfg.betas[0],
             .beta2 = (float)o->cfg.betas[1],
             .eps = (float)o->cfg.eps,
-            .step = o->step,
             .momentum = (float)o->cfg.momentum,
             .nesterov = o->cfg.nesterov,
-            .first_step = o->step == 1,
         };
         if (o->cfg.kind == OPTIM_ADAMW)
             m->be->adamw_update(m->be, &a);

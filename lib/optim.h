@@ -18,6 +18,7 @@
 
 #include "config.h" /* struct optim_config */
 #include "model.h"  /* struct model, struct param */
+#include "step_rule.h" /* struct schedule_params, struct step_scalars */
 
 struct optim_state {
     struct tensor m, v;   /* fp32, shape of the parameter; v empty for SGD, both empty for SGD without momentum */
@@ -34,12 +35,17 @@ struct optimizer {
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                              int64_t total_steps, struct amp_error *err);
 
+/* The schedule as plain data, for the step rule (lib/step_rule.h). */
+struct schedule_params optim_schedule_params(const struct optimizer *o);
+
 /* Learning rate for the next step (from o->step). */
 double optim_lr(const struct optimizer *o);
 
-/* Apply one step to every parameter with gradients multiplied by grad_mul (unscale * clip), then
- * refresh the low-precision copies in the same pass; o->step += 1. */
-void optim_step(struct optimizer *o, struct model *m, float grad_mul);
+/* Queue one step's update of every parameter, refreshing the low-precision copies in the same pass.
+ * The scalars (gradient factor = unscale * clip, learning rate, step count, skip) are read by the
+ * backend from `sc` in backend memory (written by step_finish); o->step is the host's mirror of the
+ * count and is not touched here. */
+void optim_step(struct optimizer *o, struct model *m, const struct step_scalars *sc);
 
 void optim_free(struct optimizer *o);
 

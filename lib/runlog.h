@@ -32,6 +32,9 @@ struct step_record {
     char overflow_layer[160];/* "" or "fc2 (inf, 12 elements)" */
     double grad_zero_frac;   /* NaN when not sampled this step */
     double samples_per_s;
+    /* not in the CSV: what the fail-fast checks read */
+    int64_t consecutive_skips; /* skipped steps in a row, this one included */
+    double scale_next;       /* the loss scale after this step's update */
 };
 
 struct eval_record {

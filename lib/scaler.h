@@ -20,6 +20,16 @@
 
 #include "config.h" /* struct precision_config */
 
+/* Functions that every backend runs on its own memory (the CUDA backend in a kernel) are marked
+ * AMP_HD: one definition for the host and the device. */
+#ifndef AMP_HD
+#if defined(__CUDACC__)
+#define AMP_HD __host__ __device__
+#else
+#define AMP_HD
+#endif
+#endif
+
 struct scaler {
     bool dynamic;
     double scale;              /* current loss scale (a power of two with the default factors) */
@@ -36,13 +46,47 @@ struct scaler {
 void scaler_init(struct scaler *s, const struct precision_config *pc);
 
 /* The factor the loss gradient is seeded with, before dividing by accum_steps. */
-float scaler_loss_scale(const struct scaler *s);
+AMP_HD static inline float scaler_loss_scale(const struct scaler *s)
+{
+    return (float)s->scale;
+}
 
 /* inv = (float)(1.0 / (double)scale), as PyTorch computes it. */
-float scaler_inv_scale(const struct scaler *s);
+AMP_HD static inline float scaler_inv_scale(const struct scaler *s)
+{
+    return (float)(1.0 / (double)(float)s->scale);
+}
 
 /* Record the outcome of optimizer step `step` and update the scale. Returns true when the step must
- * be skipped (found_nonfinite). */
-bool scaler_update(struct scaler *s, bool found_nonfinite, int64_t step);
+ * be skipped (found_nonfinite). Inline and AMP_HD: the backend runs it where the state lives
+ * (lib/step_rule.h), and this is the only definition of the rule. */
+AMP_HD static inline bool scaler_update(struct scaler *s, bool found_nonfinite, int64_t step)
+{
+    if (found_nonfinite) {
+        s->skips_total++;
+        s->consecutive_skips++;
+        s->last_overflow_step = step;
+        if (s->dynamic) {
+            s->growth_tracker = 0;
+            s->hysteresis_left--;
+            if (s->hysteresis_left <= 0) {
+                double next = s->scale * s->backoff_factor;
+                s->scale = next < s->min_scale ? s->min_scale : next;
+            }
+        }
+        return true;
+    }
+    s->consecutive_skips = 0;
+    if (s->dynamic) {
+        s->growth_tracker++;
+        if (s->growth_tracker == s->growth_interval) {
+            double next = s->scale * s->growth_factor;
+            s->scale = next > s->max_scale ? s->max_scale : next;
+            s->growth_tracker = 0;
+            s->hysteresis_left = s->hysteresis;
+        }
+    }
+    return false;
+}
 
 #endif

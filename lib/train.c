@@ -110,7 +110,7 @@ enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum s
         batch_io_free(&io, m->be);
         return st;
     }
-    struct step_ctx ctx = {.be = m->be, .policy = &m->policy, .training = false, .grad_seed = 0};
+    struct step_ctx ctx = {.be = m->be, .policy = &m->policy, .training = false, .grad_seed = NULL};
     int64_t total = ds->split[s].n;
     double loss_sum = 0;
     int64_t correct = 0, rows = 0;
@@ -135,19 +135,21 @@ enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum s
     return m->be->status(m->be, err);
 }
 
-/* The layer closest to the loss whose parameter gradients went non-finite, as "NAME (inf|nan, N elements)". */
-static void attribute_overflow(const struct model *m, const struct grad_stats *gs, char *buf, size_t len)
+/* The layer closest to the loss whose parameter gradients went non-finite, as "NAME (inf|nan, N elements)",
+ * from one step's counts (grad_stats: Inf counts of every parameter, then NaN counts). */
+static void attribute_overflow(const struct model *m, const int64_t *counts, char *buf, size_t len)
 {
     buf[0] = '\0';
+    const int64_t *n_inf = counts, *n_nan = counts + m->nparams;
     for (int i = m->nparams - 1; i >= 0; i--) {
-        if (gs->n_inf[i] == 0 && gs->n_nan[i] == 0)
+        if (n_inf[i] == 0 && n_nan[i] == 0)
             continue;
         int layer = m->params[i]->layer;
         int64_t inf = 0, nan = 0;
         for (int j = 0; j < m->nparams; j++)
             if (m->params[j]->layer == layer) {
-                inf += gs->n_inf[j];
-                nan += gs->n_nan[j];
+                inf += n_inf[j];
+                nan += n_nan[j];
             }
         const char *kind = inf && nan ? "inf+nan" : inf ? "inf" : "nan";
         snprintf(buf, len, "%s (%s, %lld elements)", m->layers[layer].cfg.name, kind, (long long)(inf + nan));
@@ -173,6 +175,47 @@ static enum amp_status run_eval(struct model *m, const struct dataset *ds, const
         .samples = r.samples,
     };
     return runlog_eval(cfg->run.out_dir, stdout, &rec, err);
+}
+
+static size_t align256(size_t n)
+{
+    return (n + 255) & ~(size_t)255;
+}
+
+/* The step rule's parameters, its state, check and window rows in one backend allocation, and their
+ * host copies. */
+static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *err)
+{
+    const struct config *cfg = t->cfg;
+    t->params = (struct step_params){
+        .accum_steps = cfg->accum_steps,
+        .max_norm = cfg->clip.max_norm,
+        .inf_norm = cfg->clip.norm_type == INFINITY,
+        .beta1 = (float)cfg->optim.betas[0],
+        .beta2 = (float)cfg->optim.betas[1],
+        .weight_decay = (float)cfg->optim.weight_decay,
+        .schedule = optim_schedule_params(&t->opt),
+    };
+    t->window = cfg->run.log_every < TRAIN_MAX_WINDOW ? cfg->run.log_every : TRAIN_MAX_WINDOW;
+    size_t w = (size_t)t->window, nc = 2 * (size_t)(t->model.nparams ? t->model.nparams : 1);
+    size_t off_check = align256(sizeof(struct step_state));
+    size_t off_rows = off_check + align256(sizeof(struct grad_check));
+    size_t off_counts = off_rows + align256(w * sizeof(struct step_row));
+    size_t bytes = off_counts + w * nc * sizeof(int64_t);
+    t->dev = t->be->alloc(t->be, bytes);
+    t->pend_epoch = calloc(w, sizeof *t->pend_epoch);
+    t->pend_zero_frac = calloc(w, sizeof *t->pend_zero_frac);
+    t->rows_host = calloc(w, sizeof *t->rows_host);
+    t->counts_host = calloc(w * nc, sizeof *t->counts_host);
+    t->recs = calloc(w, sizeof *t->recs);
+    if (!t->dev || !t->pend_epoch || !t->pend_zero_frac || !t->rows_host || !t->counts_host || !t->recs)
+        return amp_fail(err, AMP_ERR_INTERNAL, "lower run.log_every", "out of memory allocating the step log window");
+    char *base = t->dev;
+    t->dev_state = (struct step_state *)base;
+    t->dev_check = (struct grad_check *)(base + off_check);
+    t->dev_rows = (struct step_row *)(base + off_rows);
+    t->dev_counts = (int64_t *)(base + off_counts);
+    return AMP_OK;
 }
 
 enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err)
@@ -210,12 +253,12 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
 
     int n = t->model.nparams;
     t->grads = calloc((size_t)(n ? n : 1), sizeof *t->grads);
-    t->gs.n_inf = calloc((size_t)(n ? n : 1), sizeof *t->gs.n_inf);
-    t->gs.n_nan = calloc((size_t)(n ? n : 1), sizeof *t->gs.n_nan);
-    if (!t->grads || !t->gs.n_inf || !t->gs.n_nan)
+    if (!t->grads)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
     for (int i = 0; i < n; i++)
         t->grads[i] = &t->model.params[i]->grad;
+    if ((st = step_buffers_init(t, err)) != AMP_OK)
+        return st;
 
     printf("model: %d layers, %d parameter tensors; data: %lld train / %lld test samples; %lld steps "
            "(batch %lld x accum %lld), precision %s\n",
@@ -231,8 +274,13 @@ void trainer_teardown(struct trainer *t)
     if (t->be)
         batch_io_free(&t->io, t->be);
     free(t->grads);
-    free(t->gs.n_inf);
-    free(t->gs.n_nan);
+    if (t->dev)
+        t->be->free(t->be, t->dev);
+    free(t->pend_epoch);
+    free(t->pend_zero_frac);
+    free(t->rows_host);
+    free(t->counts_host);
+    free(t->recs);
     optim_free(&t->opt);
     sampler_free(&t->sampler);
     model_free(&t->model);
@@ -240,19 +288,36 @@ void trainer_teardown(struct trainer *t)
     backend_close(t->be);
 }
 
-/* One optimizer step: accum_steps micro-batches, check, step or skip, scale update. */
-enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct amp_error *err)
+/* The host mirror into backend memory, at the start of a window (it is current then: set up, loaded
+ * from a checkpoint, or read back by the last flush). */
+static void push_state(struct trainer *t)
+{
+    struct step_state st = {
+        .scaler = t->scaler,
+        .step = t->step,
+        .opt_step = t->opt.step,
+        .seed = step_rule_seed(&t->scaler, t->cfg->accum_steps),
+    };
+    t->be->upload(t->be, t->dev_state, &st, sizeof st);
+}
+
+/* One optimizer step: accum_steps micro-batches, check, step or skip, scale update; queued. */
+enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
 {
     int64_t step = t->step;
-    memset(rec, 0, sizeof *rec);
     const struct config *cfg = t->cfg;
     struct model *m = &t->model;
     struct backend *be = t->be;
+    if (t->pending >= t->window)
+        return amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: flush the trainer every log window",
+                        "trainer_step: %lld steps queued, the window holds %lld", (long long)t->pending,
+                        (long long)t->window);
+    if (t->pending == 0)
+        push_state(t);
     int64_t accum = cfg->accum_steps, n = cfg->data.batch_size;
-    float scale = scaler_loss_scale(&t->scaler);
     bool sample_zeros = cfg->run.log_every > 0 && (step + 1) % cfg->run.log_every == 0;
-    double loss_sum = 0;
     struct grad_zeros zeros = {0, 0};
+    const struct layer *loss = &m->layers[m->nlayers - 1];
 
     for (int64_t micro = 0; micro < accum; micro++) {
         sampler_next(&t->sampler, n, t->io.idx);
@@ -262,54 +327,69 @@ enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct 
             .policy = &m->policy,
             .training = true,
             .key = {.seed = cfg->run.seed, .counter = (uint64_t)(step * accum + micro)},
-            .grad_seed = scale / (float)accum,
+            .grad_seed = &t->dev_state->seed,
             .accumulate = micro > 0,
             .zeros = sample_zeros && micro == accum - 1 ? &zeros : NULL,
         };
         model_forward(m, &ctx, &t->io.b);
         model_backward(m, &ctx, &t->io.b);
-        double ls;
-        int64_t c;
-        read_losses(m, &t->io, n, &ls, &c);
-        loss_sum += ls / (double)model_loss_rows(m, n);
+        be->loss_sum(be, &t->dev_state->loss_acc, &loss->y, model_loss_rows(m, n), micro > 0);
     }
-    /* fraction of the last micro-batch's low-precision activation-gradient elements that are zero */
-    rec->grad_zero_frac = zeros.total ? (double)zeros.zeros / (double)zeros.total : NAN;
 
     /* [reduce across ranks goes here: the after_backward hook sits in its slot] then one fused check */
     if (t->after_backward)
         t->after_backward(t, t->hook_user);
-    be->grad_stats(be, t->grads, m->nparams, &t->gs);
-    enum amp_status st = be->status(be, err);
-    if (st != AMP_OK)
-        return st;
+    int64_t *counts = t->dev_counts + t->pending * 2 * m->nparams;
+    be->grad_stats(be, t->grads, m->nparams, t->dev_check, counts);
+    be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_rows + t->pending);
+    optim_step(&t->opt, m, &t->dev_state->sc);
 
-    float inv = scaler_inv_scale(&t->scaler);
-    bool nonfinite = t->gs.found_nonfinite;
-    double norm = NAN, coef = 1.0;
-    if (!nonfinite) {
-        double raw = cfg->clip.norm_type == INFINITY ? t->gs.absmax : sqrt(t->gs.sumsq);
-        norm = raw * (double)inv;
-        if (cfg->clip.max_norm > 0)
-            coef = fmin(1.0, cfg->clip.max_norm / (norm + 1e-6));
-    }
-    rec->lr = 0;
-    if (!nonfinite) {
-        rec->lr = optim_lr(&t->opt);
-        optim_step(&t->opt, m, (float)((double)inv * coef));
-    } else {
-        attribute_overflow(m, &t->gs, rec->overflow_layer, sizeof rec->overflow_layer);
-    }
-    rec->step = step + 1;
-    rec->epoch = t->sampler.epoch;
-    rec->loss = loss_sum / (double)accum;
-    rec->scale = t->scaler.scale;
-    rec->found_inf = nonfinite;
-    rec->skipped = scaler_update(&t->scaler, nonfinite, step + 1);
-    rec->skips_total = t->scaler.skips_total;
-    rec->grad_norm = norm;
-    rec->clip_coef = coef;
+    t->pend_epoch[t->pending] = t->sampler.epoch;
+    /* fraction of the last micro-batch's low-precision activation-gradient elements that are zero */
+    t->pend_zero_frac[t->pending] = zeros.total ? (double)zeros.zeros / (double)zeros.total : NAN;
+    t->pending++;
     t->step++;
+    return be->status(be, err);
+}
+
+enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
+{
+    struct backend *be = t->be;
+    int64_t n = t->pending, nc = 2 * t->model.nparams;
+    t->nrecs = 0;
+    if (n == 0)
+        return AMP_OK;
+    struct step_state st;
+    be->download(be, &st, t->dev_state, sizeof st);
+    be->download(be, t->rows_host, t->dev_rows, (size_t)n * sizeof *t->rows_host);
+    be->download(be, t->counts_host, t->dev_counts, (size_t)(n * nc) * sizeof *t->counts_host);
+    enum amp_status status = be->status(be, err);
+    if (status != AMP_OK)
+        return status;
+    t->scaler = st.scaler;
+    t->opt.step = st.opt_step;
+    for (int64_t i = 0; i < n; i++) {
+        const struct step_row *r = &t->rows_host[i];
+        struct step_record *rec = &t->recs[i];
+        memset(rec, 0, sizeof *rec);
+        rec->step = r->step;
+        rec->epoch = t->pend_epoch[i];
+        rec->loss = r->loss;
+        rec->scale = r->scale;
+        rec->found_inf = r->found_inf != 0;
+        rec->skipped = r->skipped != 0;
+        rec->skips_total = r->skips_total;
+        rec->grad_norm = r->grad_norm;
+        rec->clip_coef = r->clip_coef;
+        rec->lr = r->lr;
+        if (r->found_inf)
+            attribute_overflow(&t->model, t->counts_host + i * nc, rec->overflow_layer, sizeof rec->overflow_layer);
+        rec->grad_zero_frac = t->pend_zero_frac[i];
+        rec->consecutive_skips = r->consecutive_skips;
+        rec->scale_next = r->scale_next;
+    }
+    t->nrecs = n;
+    t->pending = 0;
     return AMP_OK;
 }
 
@@ -327,17 +407,17 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
                         "step %lld: non-finite gradients in %s and stability.on_nonfinite is stop",
                         (long long)rec->step, where);
     int64_t max = cfg->stability.max_consecutive_skips;
-    if (max > 0 && t->scaler.consecutive_skips >= max)
+    if (max > 0 && rec->consecutive_skips >= max)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr, set clip.max_norm, or try precision.mode=bf16",
                         "step %lld: %lld skipped steps in a row (stability.max_consecutive_skips = %lld); last "
                         "overflow in %s",
-                        (long long)rec->step, (long long)t->scaler.consecutive_skips, (long long)max, where);
+                        (long long)rec->step, (long long)rec->consecutive_skips, (long long)max, where);
     if (t->scaler.dynamic && rec->scale <= t->scaler.min_scale)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr or try precision.mode=bf16",
                         "step %lld: gradients overflow in %s even at the minimum loss scale (%g)",
-                        (long long)rec->step, where, t->scaler.scale);
+                        (long long)rec->step, where, rec->scale_next);
     return AMP_OK;
 }
 
@@ -392,6 +472,57 @@ static void name_last_good_checkpoint(struct amp_error *err, const char *ckpt)
         snprintf(err->hint + len, sizeof err->hint - len, "; no checkpoint was written before this step");
 }
 
+/* What run_loop keeps across log windows. */
+struct loop_marks {
+    const char *resume;         /* the checkpoint the run started from, or NULL */
+    double t_window;            /* when the current window's first step was queued */
+    double train_seconds;       /* in trainer_step and waiting for the steps (trainer_flush) */
+    int64_t steps_done;
+    char saved[CFG_STR + 64], good[CFG_STR + 64]; /* the last checkpoint written; the last after a clean step */
+    int64_t saved_step, good_step;
+    bool last_skipped;          /* the last step logged was skipped */
+};
+
+/* Wait for the queued steps, then log each (scale_log.csv, progress) and apply the fail-fast checks in
+ * step order: a run that must stop stops at its first failing step's row, and its hint names the last
+ * good checkpoint. Every row of a window gets the window's throughput. */
+static enum amp_status drain(struct trainer *t, struct loop_marks *lm, struct amp_error *err)
+{
+    double t0 = runlog_now();
+    enum amp_status st = trainer_flush(t, err);
+    double now = runlog_now();
+    lm->train_seconds += now - t0;
+    if (st != AMP_OK)
+        return st;
+    double samples = (double)(t->nrecs * t->cfg->data.batch_size * t->cfg->accum_steps);
+    double rate = now > lm->t_window ? samples / (now - lm->t_window) : 0;
+    lm->t_window = now;
+    for (int64_t i = 0; i < t->nrecs; i++) {
+        struct step_record *rec = &t->recs[i];
+        rec->samples_per_s = rate;
+        if ((st = runlog_step(&t->log, rec, err)) != AMP_OK)
+            return st;
+        if ((st = trainer_check_stability(t, rec, err)) != AMP_OK) {
+            name_last_good_checkpoint(err, lm->good[0] ? lm->good : lm->resume);
+            return st;
+        }
+        lm->last_skipped = rec->skipped;
+    }
+    return AMP_OK;
+}
+
+static enum amp_status checkpoint_now(struct trainer *t, struct loop_marks *lm, struct amp_error *err)
+{
+    enum amp_status st = save_checkpoint(t, lm->good_step, lm->saved, sizeof lm->saved, err);
+    lm->saved_step = t->step;
+    if (st == AMP_OK && !lm->last_skipped) { /* after a clean step: a point to continue from */
+        snprintf(lm->good, sizeof lm->good, "%s", lm->saved);
+        lm->good_step = t->step;
+    }
+    lm->t_window = runlog_now();
+    return st;
+}
+
 static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler,
                                 struct amp_error *err)
 {
@@ -413,55 +544,41 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     if (st == AMP_OK && ckpt_clean_stale(cfg->run.out_dir) > 0)
         printf("removed stale checkpoint .tmp files in %s (left by an interrupted save)\n", cfg->run.out_dir);
     install_signals(true);
-    double t_last = runlog_now(), train_seconds = 0;
-    int64_t samples_since = 0, steps_done = 0;
-    char saved[CFG_STR + 64] = "", good[CFG_STR + 64] = "";
-    int64_t saved_step = -1, good_step = -1;
+    struct loop_marks lm = {.resume = resume, .t_window = runlog_now(), .saved_step = -1, .good_step = -1};
     while (st == AMP_OK && t.step < t.total_steps && !stop_signal) {
-        struct step_record rec;
         double t0 = runlog_now();
-        st = trainer_step(&t, &rec, err);
-        train_seconds += runlog_now() - t0;
+        st = trainer_step(&t, err);
+        lm.train_seconds += runlog_now() - t0;
         if (st != AMP_OK)
             break;
-        steps_done++;
-        samples_since += cfg->data.batch_size * cfg->accum_steps;
-        double now = runlog_now();
-        rec.samples_per_s = now > t_last ? (double)samples_since / (now - t_last) : 0;
-        if (now - t_last > 2.0) {
-            t_last = now;
-            samples_since = 0;
-        }
-        st = runlog_step(&t.log, &rec, err);
-        if (st == AMP_OK && (st = trainer_check_stability(&t, &rec, err)) != AMP_OK) {
-            name_last_good_checkpoint(err, good[0] ? good : resume);
-            break;
-        }
+        lm.steps_done++;
         bool last = t.step == t.total_steps;
-        if (st == AMP_OK && (last || (cfg->run.ckpt_every > 0 && t.step % cfg->run.ckpt_every == 0))) {
-            st = save_checkpoint(&t, good_step, saved, sizeof saved, err);
-            saved_step = t.step;
-            if (st == AMP_OK && !rec.skipped) { /* after a clean step: a point to continue from */
-                snprintf(good, sizeof good, "%s", saved);
-                good_step = t.step;
-            }
-        }
-        if (st == AMP_OK && cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last && !stop_signal)
+        bool ckpt = last || (cfg->run.ckpt_every > 0 && t.step % cfg->run.ckpt_every == 0);
+        bool eval = cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last;
+        if (t.pending == t.window || t.step % cfg->run.log_every == 0 || last || ckpt || eval || stop_signal)
+            st = drain(&t, &lm, err);
+        if (st == AMP_OK && ckpt)
+            st = checkpoint_now(&t, &lm, err);
+        if (st == AMP_OK && eval && !stop_signal) {
             st = run_eval(&t.model, &t.ds, cfg, t.step, err);
+            lm.t_window = runlog_now();
+        }
     }
     if (st == AMP_OK && stop_signal) {
         int sig = stop_signal;
-        if (saved_step != t.step)
-            st = save_checkpoint(&t, good_step, saved, sizeof saved, err);
+        st = drain(&t, &lm, err); /* a signal that landed after the last flush check */
+        if (st == AMP_OK && lm.saved_step != t.step)
+            st = checkpoint_now(&t, &lm, err);
         if (st == AMP_OK)
             st = amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM,
                           "continue with 'ampTrain resume CHECKPOINT.h5'",
                           "stopped by %s after step %lld; checkpoint written: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                          (long long)t.step, saved);
+                          (long long)t.step, lm.saved);
     } else if (st == AMP_OK) {
-        double samples = (double)(steps_done * cfg->data.batch_size * cfg->accum_steps);
-        printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n", (long long)steps_done,
-               samples, train_seconds, train_seconds > 0 ? samples / train_seconds : 0.0);
+        double samples = (double)(lm.steps_done * cfg->data.batch_size * cfg->accum_steps);
+        printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
+               (long long)lm.steps_done, samples, lm.train_seconds,
+               lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
         st = run_eval(&t.model, &t.ds, cfg, t.total_steps, err);
     }
     install_signals(false);

@@ -9,6 +9,10 @@
  *   step:     skipped if non-finite; else unscale and clip folded into one factor, optimizer update,
  *             low-precision weight copies refreshed
  *   update:   loss scale; log row; evaluation every eval_every steps
+ * The check, step and update run on the backend (lib/step_rule.h): trainer_step queues a whole step
+ * without waiting for it, and trainer_flush reads the log rows of the steps queued since the last
+ * flush in one go. run_loop flushes every log window: run.log_every steps (at most TRAIN_MAX_WINDOW),
+ * and before a checkpoint, an evaluation, a stop and the end.
  */
 #ifndef AMP_TRAIN_H
 #define AMP_TRAIN_H
@@ -22,6 +26,9 @@
 #include "optim.h"  /* struct optimizer */
 #include "runlog.h" /* struct runlog, struct step_record */
 #include "scaler.h" /* struct scaler */
+#include "step_rule.h" /* struct step_params, step_state, step_row, grad_check */
+
+#define TRAIN_MAX_WINDOW 256 /* steps queued at most between two flushes */
 
 /* Host staging buffers and backend buffers for one batch. */
 struct batch_io {
@@ -46,10 +53,25 @@ struct trainer {
     struct sampler sampler;
     struct runlog log;
     struct batch_io io;
-    struct grad_stats gs;
     const struct tensor **grads; /* every parameter's fp32 gradient, in model order */
     int64_t total_steps;
-    int64_t step;                /* optimizer steps attempted (taken or skipped) */
+    int64_t step;                /* optimizer steps attempted (taken or skipped), queued ones included */
+    /* The step rule's state in backend memory. scaler, opt.step and the steps in flight are the host's
+     * mirror of it: written to the backend when a window starts, read back by trainer_flush. */
+    struct step_params params;
+    void *dev;                   /* one backend allocation holding the four below */
+    struct step_state *dev_state;
+    struct grad_check *dev_check;
+    struct step_row *dev_rows;   /* window rows */
+    int64_t *dev_counts;         /* per row: Inf counts then NaN counts of every gradient tensor */
+    int64_t window;              /* rows the buffers hold: min(run.log_every, TRAIN_MAX_WINDOW) */
+    int64_t pending;             /* steps queued since the last flush */
+    int64_t *pend_epoch;         /* host side of the pending rows */
+    double *pend_zero_frac;
+    struct step_row *rows_host;
+    int64_t *counts_host;
+    struct step_record *recs;    /* trainer_flush's output: recs[0..nrecs) */
+    int64_t nrecs;
     /* Called after the last micro-batch's backward, before the non-finite check: the slot where a
      * data-parallel all-reduce goes; tests use it to inject faults. */
     void (*after_backward)(struct trainer *t, void *user);
@@ -60,9 +82,15 @@ struct trainer {
  * failure the trainer is still safe to tear down. */
 enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err);
 
-/* Run optimizer step t->step (accum_steps micro-batches, check, step or skip, scale update) and fill
- * the log row (except samples_per_s). */
-enum amp_status trainer_step(struct trainer *t, struct step_record *rec, struct amp_error *err);
+/* Queue optimizer step t->step (accum_steps micro-batches, check, step or skip, scale update) and
+ * advance t->step. It waits for nothing on the backend; the step's outcome is known after
+ * trainer_flush. At most t->window steps may be queued between flushes (a programming error beyond). */
+enum amp_status trainer_step(struct trainer *t, struct amp_error *err);
+
+/* Wait for the queued steps and read their log rows into t->recs[0..t->nrecs) (samples_per_s left 0),
+ * in step order, and the backend's state into the host mirror (t->scaler, t->opt.step). With nothing
+ * queued it sets nrecs to 0. */
+enum amp_status trainer_flush(struct trainer *t, struct amp_error *err);
 
 /* Fail-fast policy after a step (DESIGN.md section 3): AMP_ERR_UNSTABLE with the reason. */
 enum amp_status trainer_check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err);

@@ -64,7 +64,8 @@ struct step_ctx {
     const struct autocast_policy *policy;
     bool training;        /* dropout active, batchnorm batch statistics */
     struct rng_key key;   /* seed and counter of this micro-batch; layers set .stream to their index */
-    float grad_seed;      /* d(loss)/d(loss) = scale / accum_steps */
+    const float *grad_seed; /* d(loss)/d(loss) = scale / accum_steps: one fp32 in backend memory (the step
+                           * rule writes it there, lib/step_rule.h); NULL when not training */
     bool accumulate;      /* weight gradients: add to (true) or overwrite (false, first micro-batch) */
     struct grad_zeros *zeros; /* non-NULL: backward adds the zeros of every activation gradient computed in
                                * fp16/bf16 (model_backward: each layer's dx; composite layers: their inner ones) */

@@ -137,14 +137,18 @@ Test(cli, fail_fast_exits_5_and_names_the_last_good_checkpoint, .timeout = 300)
 
 Test(cli, fail_fast_before_any_checkpoint_says_there_is_none, .timeout = 300)
 {
+    /* All 20 steps are queued in one log window (log_every 50): the failure is found when the window is
+     * read back, and reported at the step where it happened, with the log ending there. */
     struct result r = run("run configs/fashion_mlp.yaml run.device=cpu model.layers.1.out=32 model.layers.3.out=16 "
                           "data.batch_size=32 run.steps=20 run.epochs=0 precision.mode=fp16-static "
                           "precision.loss_scale.value=1e30 stability.max_consecutive_skips=3 "
                           "run.out_dir=/tmp/amp_cli_failfast2_$$ 2>&1 > /dev/null; echo \"code $?\"; "
+                          "echo \"csv lines $(wc -l < /tmp/amp_cli_failfast2_$$/scale_log.csv)\"; "
                           "rm -rf /tmp/amp_cli_failfast2_$$");
     cr_assert(strstr(r.out, "code 5"), "%s", r.out);
-    cr_assert(strstr(r.out, "3 skipped steps in a row"), "%s", r.out);
+    cr_assert(strstr(r.out, "step 3: 3 skipped steps in a row"), "%s", r.out);
     cr_assert(strstr(r.out, "no checkpoint was written before this step"), "%s", r.out);
+    cr_assert(strstr(r.out, "csv lines 4\n"), "the header and steps 1-3: %s", r.out);
 }
 
 Test(cli, missing_dataset_is_a_data_error_with_code_3)

@@ -18,6 +18,7 @@
 #include <criterion/logging.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,7 @@
 #ifdef AMP_HAVE_CUDA
 
 #include "ckpt_testlib.h" /* amp(), assert_same_tensors, assert_same_logs: the resume test */
-#include "train.h"        /* trainer_setup, trainer_step: the training comparison */
+#include "train.h"        /* trainer_setup, trainer_step, trainer_flush: the training comparison */
 
 #define FASHION "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
@@ -173,6 +174,28 @@ static int32_t *ints_upload(const int32_t *h, size_t n)
     int32_t *d = gpu->alloc(gpu, n * sizeof *d);
     cr_assert_not_null(d);
     gpu->upload(gpu, d, h, n * sizeof *d);
+    return d;
+}
+
+/* `bytes` of `be`'s memory holding a copy of `host`: the scalars and small structs a step keeps in backend
+ * memory (loss seed, gradient check, step state). Free with be->free. */
+static void *be_put(struct backend *be, const void *host, size_t bytes)
+{
+    void *d = be->alloc(be, bytes);
+    cr_assert_not_null(d, "%s: alloc of %zu bytes", be->name, bytes);
+    be->upload(be, d, host, bytes);
+    return d;
+}
+
+/* `bytes` of `be`'s memory filled with 0xFF (NaN in every float type, -1 in every integer): what an op
+ * leaves unwritten shows. */
+static void *be_poisoned(struct backend *be, size_t bytes)
+{
+    void *h = malloc(bytes);
+    cr_assert_not_null(h);
+    memset(h, 0xFF, bytes);
+    void *d = be_put(be, h, bytes);
+    free(h);
     return d;
 }
 
@@ -529,6 +552,10 @@ Test(cuda_backend, losses, .init = open_both, .fini = close_both)
         labels[i] = (int32_t)(next_u64() % (uint64_t)K);
     int32_t *dlab = ints_upload(labels, (size_t)N);
     int32_t *dcor = gpu->alloc(gpu, (size_t)N * sizeof(int32_t));
+    /* the seeds live in backend memory, as the step state keeps them */
+    float xent_seed = 128.0f, mse_seed = 2.0f;
+    float *xs_c = be_put(cpu, &xent_seed, sizeof xent_seed), *xs_g = be_put(gpu, &xent_seed, sizeof xent_seed);
+    float *ms_c = be_put(cpu, &mse_seed, sizeof mse_seed), *ms_g = be_put(gpu, &mse_seed, sizeof mse_seed);
     for (int d = 0; d < 3; d++) {
         enum dtype dt = all_dtypes[d];
         struct pair x, t, losses, dx;
@@ -536,16 +563,22 @@ Test(cuda_backend, losses, .init = open_both, .fini = close_both)
         pair_rand(&t, DT_FP32, 2, (int64_t[]){N, K}, -1, 1);
         pair_out(&losses, DT_FP32, 1, &N);
         pair_out(&dx, dt, 2, (int64_t[]){N, K});
-        cpu->xent_forward_backward(cpu, &losses.c, correct_c, &dx.c, &x.c, labels, N, K, 128.0f);
-        gpu->xent_forward_backward(gpu, &losses.g, dcor, &dx.g, &x.g, dlab, N, K, 128.0f);
+        cpu->xent_forward_backward(cpu, &losses.c, correct_c, &dx.c, &x.c, labels, N, K, xs_c);
+        gpu->xent_forward_backward(gpu, &losses.g, dcor, &dx.g, &x.g, dlab, N, K, xs_g);
         pair_expect(&losses, 1e-6, "xent losses");
         pair_expect(&dx, tol_of(dt) * 0.1, "xent dlogits");
         gpu->download(gpu, correct_g, dcor, sizeof correct_g);
         cr_assert_eq(memcmp(correct_c, correct_g, sizeof correct_c), 0, "xent correct flags differ");
-        cpu->mse_forward_backward(cpu, &losses.c, &dx.c, &x.c, &t.c, N, K, 2.0f);
-        gpu->mse_forward_backward(gpu, &losses.g, &dx.g, &x.g, &t.g, N, K, 2.0f);
+        cpu->mse_forward_backward(cpu, &losses.c, &dx.c, &x.c, &t.c, N, K, ms_c);
+        gpu->mse_forward_backward(gpu, &losses.g, &dx.g, &x.g, &t.g, N, K, ms_g);
         pair_expect(&losses, 1e-6, "mse losses");
         pair_expect(&dx, tol_of(dt) * 0.1, "mse dy");
+        /* evaluation: no gradient, no seed */
+        pair_free(&losses);
+        pair_out(&losses, DT_FP32, 1, &N);
+        cpu->xent_forward_backward(cpu, &losses.c, NULL, NULL, &x.c, labels, N, K, NULL);
+        gpu->xent_forward_backward(gpu, &losses.g, NULL, NULL, &x.g, dlab, N, K, NULL);
+        pair_expect(&losses, 1e-6, "xent losses without dlogits or seed");
         pair_free(&x);
         pair_free(&t);
         pair_free(&losses);
@@ -553,6 +586,48 @@ Test(cuda_backend, losses, .init = open_both, .fini = close_both)
     }
     gpu->free(gpu, dlab);
     gpu->free(gpu, dcor);
+    cpu->free(cpu, xs_c);
+    gpu->free(gpu, xs_g);
+    cpu->free(cpu, ms_c);
+    gpu->free(gpu, ms_g);
+}
+
+/* A step's loss: the mean of a prefix of the row losses, in double, added to a double in backend memory
+ * (or replacing it). Each case's tensor holds rows past n set to 1e30, which must not count, and the
+ * accumulator starts at 1e300, which the first (non-accumulating) case must drop. */
+Test(cuda_backend, loss_sum_matches_the_cpu, .init = open_both, .fini = close_both)
+{
+    rng_state = 16;
+    struct { int64_t numel, n; bool accumulate; } cases[] = {
+        {1, 1, false}, {77, 77, true}, {1000, 990, true}, {250001, 250001, false}, {300, 5, true}, {64, 64, true},
+    };
+    double start = 1e300, expect = 0.0;
+    double *acc_c = be_put(cpu, &start, sizeof start), *acc_g = be_put(gpu, &start, sizeof start);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct pair l;
+        pair_rand(&l, DT_FP32, 1, &cases[i].numel, 0.0f, 5.0f);
+        float *h = l.c.data;
+        for (int64_t j = cases[i].n; j < cases[i].numel; j++)
+            h[j] = 1e30f;
+        gpu->upload(gpu, l.g.data, h, tensor_bytes(&l.c));
+        double sum = 0.0;
+        for (int64_t j = 0; j < cases[i].n; j++)
+            sum += (double)h[j];
+        expect = (cases[i].accumulate ? expect : 0.0) + sum / (double)cases[i].n;
+        cpu->loss_sum(cpu, acc_c, &l.c, cases[i].n, cases[i].accumulate);
+        gpu->loss_sum(gpu, acc_g, &l.g, cases[i].n, cases[i].accumulate);
+        double vc = NAN, vg = NAN;
+        cpu->download(cpu, &vc, acc_c, sizeof vc);
+        gpu->download(gpu, &vg, acc_g, sizeof vg);
+        check_gpu();
+        cr_assert(fabs(vc - expect) <= 1e-12 * fabs(expect), "case %zu (n %lld, accumulate %d): CPU %.17g, expected %.17g",
+                  i, (long long)cases[i].n, cases[i].accumulate, vc, expect);
+        cr_assert(fabs(vg - vc) <= 1e-12 * fabs(vc), "case %zu (n %lld, accumulate %d): GPU %.17g vs CPU %.17g", i,
+                  (long long)cases[i].n, cases[i].accumulate, vg, vc);
+        pair_free(&l);
+    }
+    cpu->free(cpu, acc_c);
+    gpu->free(gpu, acc_g);
 }
 
 Test(cuda_backend, grad_stats_one_launch_many_tensors, .init = open_both, .fini = close_both)
@@ -576,21 +651,68 @@ Test(cuda_backend, grad_stats_one_launch_many_tensors, .init = open_both, .fini 
         gc[i] = &t[i].c;
         gg[i] = &t[i].g;
     }
-    int64_t inf_c[NT], nan_c[NT], inf_g[NT], nan_g[NT];
-    struct grad_stats sc = {.n_inf = inf_c, .n_nan = nan_c}, sg = {.n_inf = inf_g, .n_nan = nan_g};
-    cpu->grad_stats(cpu, gc, NT, &sc);
-    gpu->grad_stats(gpu, gg, NT, &sg);
+    /* The results stay in backend memory: one check and 2*NT counts for the CPU, three of each for the GPU
+     * (poisoned, so what grad_stats leaves unwritten fails below). */
+    struct grad_check *chk_c = cpu->alloc(cpu, sizeof *chk_c), *chk_g = be_poisoned(gpu, 3 * sizeof *chk_g);
+    int64_t *cnt_c = cpu->alloc(cpu, 2 * NT * sizeof *cnt_c), *cnt_g = be_poisoned(gpu, 3 * 2 * NT * sizeof *cnt_g);
+    cr_assert(chk_c && cnt_c);
+    /* the finite tensors in reverse order: another table */
+    const struct tensor *fc[] = {gc[6], gc[4], gc[3], gc[1], gc[0]}, *fg[] = {gg[6], gg[4], gg[3], gg[1], gg[0]};
+    enum { NF = sizeof fc / sizeof fc[0] };
+    /* Three calls queued without a synchronisation between them, alternating the two tables: each must
+     * run on its own table, though the host rewrites its copy of the table for the next call at once. */
+    gpu->grad_stats(gpu, gg, NT, &chk_g[0], cnt_g);
+    gpu->grad_stats(gpu, fg, NF, &chk_g[1], cnt_g + 2 * NT);
+    gpu->grad_stats(gpu, gg, NT, &chk_g[2], cnt_g + 4 * NT);
+    struct grad_check hg[3], hc;
+    int64_t counts_g[3][2 * NT], counts_c[2 * NT];
+    gpu->download(gpu, hg, chk_g, sizeof hg);
+    gpu->download(gpu, counts_g, cnt_g, sizeof counts_g);
     check_gpu();
-    cr_assert(sg.found_nonfinite && sc.found_nonfinite);
+
+    cpu->grad_stats(cpu, gc, NT, chk_c, cnt_c);
+    cpu->download(cpu, &hc, chk_c, sizeof hc);
+    cpu->download(cpu, counts_c, cnt_c, sizeof counts_c);
+    cr_assert_eq(hc.found_nonfinite, 1, "CPU found_nonfinite %lld", (long long)hc.found_nonfinite);
+    cr_assert_eq(hg[0].found_nonfinite, 1, "GPU found_nonfinite %lld (must be 0 or 1)", (long long)hg[0].found_nonfinite);
     for (int i = 0; i < NT; i++) {
-        cr_assert_eq(inf_g[i], inf_c[i], "tensor %d: inf count %lld vs %lld", i, (long long)inf_g[i], (long long)inf_c[i]);
-        cr_assert_eq(nan_g[i], nan_c[i], "tensor %d: nan count", i);
+        cr_assert_eq(counts_g[0][i], counts_c[i], "tensor %d: inf count %lld vs %lld", i, (long long)counts_g[0][i],
+                     (long long)counts_c[i]);
+        cr_assert_eq(counts_g[0][NT + i], counts_c[NT + i], "tensor %d: nan count %lld vs %lld", i,
+                     (long long)counts_g[0][NT + i], (long long)counts_c[NT + i]);
     }
-    cr_assert(fabs(sg.sumsq - sc.sumsq) <= 1e-12 * sc.sumsq, "sumsq %.17g vs %.17g", sg.sumsq, sc.sumsq);
-    cr_assert_eq(sg.absmax, sc.absmax, "absmax %.17g vs %.17g", sg.absmax, sc.absmax);
-    struct grad_stats again = {.n_inf = inf_g, .n_nan = nan_g};
-    gpu->grad_stats(gpu, gg, NT, &again);
-    cr_assert_eq(memcmp(&again.sumsq, &sg.sumsq, sizeof(double)), 0, "grad_stats must reproduce bit for bit");
+    cr_assert_eq(counts_c[2] + counts_c[5], 2, "CPU inf counts of the planted values");
+    cr_assert_eq(counts_c[NT + 5], 1, "CPU nan count of the planted value");
+    cr_assert(fabs(hg[0].sumsq - hc.sumsq) <= 1e-12 * hc.sumsq, "sumsq %.17g vs %.17g", hg[0].sumsq, hc.sumsq);
+    cr_assert_eq(hg[0].absmax, hc.absmax, "absmax %.17g vs %.17g", hg[0].absmax, hc.absmax);
+    cr_assert_eq(memcmp(&hg[2].sumsq, &hg[0].sumsq, sizeof(double)), 0, "grad_stats must reproduce bit for bit");
+    cr_assert_eq(memcmp(&hg[2].absmax, &hg[0].absmax, sizeof(double)), 0, "absmax must reproduce bit for bit");
+    cr_assert_eq(hg[2].found_nonfinite, 1);
+    cr_assert_eq(memcmp(counts_g[2], counts_g[0], sizeof counts_g[0]), 0, "counts must reproduce");
+
+    cpu->grad_stats(cpu, fc, NF, chk_c, cnt_c);
+    cpu->download(cpu, &hc, chk_c, sizeof hc);
+    cr_assert_eq(hc.found_nonfinite, 0, "CPU: the finite tensors");
+    cr_assert_eq(hg[1].found_nonfinite, 0, "GPU: the second table lists only finite tensors; found_nonfinite %lld",
+                 (long long)hg[1].found_nonfinite);
+    cr_assert(fabs(hg[1].sumsq - hc.sumsq) <= 1e-12 * hc.sumsq, "second table: sumsq %.17g vs %.17g", hg[1].sumsq,
+              hc.sumsq);
+    cr_assert_eq(hg[1].absmax, hc.absmax, "second table: absmax %.17g vs %.17g", hg[1].absmax, hc.absmax);
+    for (int i = 0; i < 2 * NF; i++)
+        cr_assert_eq(counts_g[1][i], 0, "second table: count %d is %lld", i, (long long)counts_g[1][i]);
+
+    /* no tensors: zeros */
+    gpu->upload(gpu, chk_g, &hg[0], sizeof hg[0]);
+    gpu->grad_stats(gpu, gg, 0, chk_g, cnt_g);
+    gpu->download(gpu, &hg[0], chk_g, sizeof hg[0]);
+    check_gpu();
+    cr_assert(hg[0].sumsq == 0.0 && hg[0].absmax == 0.0 && hg[0].found_nonfinite == 0,
+              "no tensors: sumsq %g, absmax %g, found_nonfinite %lld", hg[0].sumsq, hg[0].absmax,
+              (long long)hg[0].found_nonfinite);
+    cpu->free(cpu, chk_c);
+    cpu->free(cpu, cnt_c);
+    gpu->free(gpu, chk_g);
+    gpu->free(gpu, cnt_g);
     for (int i = 0; i < NT; i++)
         pair_free(&t[i]);
 }
@@ -610,20 +732,41 @@ Test(cuda_backend, count_zeros, .init = open_both, .fini = close_both)
     }
 }
 
+/* The GPU tensor's bytes, downloaded (malloc'd). */
+static void *gpu_bytes_of(const struct tensor *t)
+{
+    void *h = malloc(tensor_bytes(t));
+    cr_assert_not_null(h);
+    gpu->download(gpu, h, t->data, tensor_bytes(t));
+    return h;
+}
+
+/* The update reads its scalars (lr, bias corrections, unscale-and-clip factor, skip) from backend memory,
+ * as step_finish leaves them: each case builds them with step_rule_scalars and places them on both. After
+ * the compared update, the same update with skip set must leave every GPU tensor as it is. */
 Test(cuda_backend, optimizers, .init = open_both, .fini = close_both)
 {
     rng_state = 15;
     int64_t n = 10007;
-    for (int which = 0; which < 3; which++) {
+    struct { bool sgd, nesterov; int64_t step; } cases[] = {
+        {false, false, 3}, {true, false, 3}, {true, true, 3}, {true, false, 1}, {false, false, 1},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        bool sgd = cases[ci].sgd;
+        const char *name = sgd ? "sgd" : "adamw";
         struct pair p, g, m, v, low;
         pair_rand(&p, DT_FP32, 1, &n, -1, 1);
         pair_rand(&g, DT_FP32, 1, &n, -100, 100);
         pair_rand(&m, DT_FP32, 1, &n, -0.1f, 0.1f);
         pair_rand(&v, DT_FP32, 1, &n, 0, 0.1f);
-        pair_out(&low, which == 1 ? DT_FP16 : DT_BF16, 1, &n);
-        struct optim_update_args a = {.grad_mul = 1.0f / 128.0f, .lr = 1e-2f, .weight_decay = 0.1f, .beta1 = 0.9f,
-                                      .beta2 = 0.999f, .eps = 1e-8f, .step = 3, .momentum = 0.9f,
-                                      .nesterov = which == 2, .first_step = false};
+        pair_out(&low, ci % 2 ? DT_FP16 : DT_BF16, 1, &n);
+        struct step_params sp = {.beta1 = 0.9f, .beta2 = 0.999f, .weight_decay = 0.1f};
+        struct step_scalars sc;
+        step_rule_scalars(&sc, &sp, 1e-2f, cases[ci].step, 1.0f / 128.0f);
+        cr_assert_eq(sc.first_step, cases[ci].step == 1);
+        struct step_scalars *sc_c = be_put(cpu, &sc, sizeof sc), *sc_g = be_put(gpu, &sc, sizeof sc);
+        struct optim_update_args a = {.weight_decay = 0.1f, .beta1 = sp.beta1, .beta2 = sp.beta2, .eps = 1e-8f,
+                                      .momentum = 0.9f, .nesterov = cases[ci].nesterov};
         for (int side = 0; side < 2; side++) {
             struct backend *be = side ? gpu : cpu;
             a.master = side ? &p.g : &p.c;
@@ -631,19 +774,172 @@ Test(cuda_backend, optimizers, .init = open_both, .fini = close_both)
             a.m = side ? &m.g : &m.c;
             a.v = side ? &v.g : &v.c;
             a.lowp = side ? &low.g : &low.c;
-            if (which == 0)
-                be->adamw_update(be, &a);
-            else
+            a.sc = side ? sc_g : sc_c;
+            if (sgd)
                 be->sgd_update(be, &a);
+            else
+                be->adamw_update(be, &a);
         }
-        pair_expect(&p, 1e-6, which == 0 ? "adamw master" : "sgd master");
-        pair_expect(&m, 1e-6, "moment / momentum buffer");
-        if (which == 0)
+        char what[96];
+        snprintf(what, sizeof what, "%s step %lld nesterov %d: master", name, (long long)cases[ci].step,
+                 cases[ci].nesterov);
+        pair_expect(&p, 1e-6, what);
+        pair_expect(&m, 1e-6, sgd ? "sgd momentum buffer" : "adamw m");
+        if (!sgd)
             pair_expect(&v, 1e-6, "adamw v");
         pair_expect(&low, 1e-3, "low-precision copy written in the same pass");
+
+        sc.skip = 1;
+        gpu->upload(gpu, sc_g, &sc, sizeof sc);
+        struct tensor *kept[] = {&p.g, &m.g, &v.g, &low.g};
+        void *before[4];
+        for (int k = 0; k < 4; k++)
+            before[k] = gpu_bytes_of(kept[k]);
+        if (sgd)
+            gpu->sgd_update(gpu, &a);
+        else
+            gpu->adamw_update(gpu, &a);
+        check_gpu();
+        for (int k = 0; k < 4; k++) {
+            void *after = gpu_bytes_of(kept[k]);
+            cr_assert_eq(memcmp(before[k], after, tensor_bytes(kept[k])), 0,
+                         "%s with skip set wrote tensor %d (master, m, v, lowp)", name, k);
+            free(after);
+            free(before[k]);
+        }
+        cpu->free(cpu, sc_c);
+        gpu->free(gpu, sc_g);
         struct pair *all[] = {&p, &g, &m, &v, &low};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             pair_free(all[i]);
+    }
+}
+
+/* ---- the step's tail ---------------------------------------------------------------------------- */
+
+/* Relative closeness; a NaN on the CPU needs a NaN on the GPU. */
+static void expect_close(double g, double c, double tol, int step, const char *what)
+{
+    if (isnan(c)) {
+        cr_assert(isnan(g), "step %d: %s: GPU %.17g where the CPU has NaN", step, what, g);
+        return;
+    }
+    cr_assert(fabs(g - c) <= tol * fabs(c), "step %d: %s: GPU %.17g vs CPU %.17g (relative tolerance %g)", step, what,
+              g, c, tol);
+}
+
+#define EXPECT_SAME_INT(step, g, c, what)                                                                           \
+    cr_assert_eq((long long)(g), (long long)(c), "step %d: %s: GPU %lld vs CPU %lld", (step), (what), (long long)(g), \
+                 (long long)(c))
+#define EXPECT_SAME_REAL(step, g, c, what)                                                                          \
+    cr_assert((double)(g) == (double)(c), "step %d: %s: GPU %.17g vs CPU %.17g", (step), (what), (double)(g),      \
+              (double)(c))
+
+static void expect_same_row(int s, const struct step_row *g, const struct step_row *c)
+{
+    EXPECT_SAME_INT(s, g->step, c->step, "row.step");
+    EXPECT_SAME_INT(s, g->found_inf, c->found_inf, "row.found_inf");
+    EXPECT_SAME_INT(s, g->skipped, c->skipped, "row.skipped");
+    EXPECT_SAME_INT(s, g->skips_total, c->skips_total, "row.skips_total");
+    EXPECT_SAME_INT(s, g->consecutive_skips, c->consecutive_skips, "row.consecutive_skips");
+    EXPECT_SAME_REAL(s, g->scale, c->scale, "row.scale");
+    EXPECT_SAME_REAL(s, g->scale_next, c->scale_next, "row.scale_next");
+    expect_close(g->loss, c->loss, 1e-12, s, "row.loss");
+    expect_close(g->grad_norm, c->grad_norm, 1e-12, s, "row.grad_norm");
+    expect_close(g->clip_coef, c->clip_coef, 1e-12, s, "row.clip_coef");
+    expect_close(g->lr, c->lr, 1e-12, s, "row.lr");
+}
+
+static void expect_same_state(int s, const struct step_state *g, const struct step_state *c)
+{
+    const struct scaler *gs = &g->scaler, *cs = &c->scaler;
+    EXPECT_SAME_INT(s, gs->dynamic, cs->dynamic, "scaler.dynamic");
+    EXPECT_SAME_REAL(s, gs->scale, cs->scale, "scaler.scale");
+    EXPECT_SAME_REAL(s, gs->growth_factor, cs->growth_factor, "scaler.growth_factor");
+    EXPECT_SAME_REAL(s, gs->backoff_factor, cs->backoff_factor, "scaler.backoff_factor");
+    EXPECT_SAME_REAL(s, gs->min_scale, cs->min_scale, "scaler.min_scale");
+    EXPECT_SAME_REAL(s, gs->max_scale, cs->max_scale, "scaler.max_scale");
+    EXPECT_SAME_INT(s, gs->growth_interval, cs->growth_interval, "scaler.growth_interval");
+    EXPECT_SAME_INT(s, gs->hysteresis, cs->hysteresis, "scaler.hysteresis");
+    EXPECT_SAME_INT(s, gs->growth_tracker, cs->growth_tracker, "scaler.growth_tracker");
+    EXPECT_SAME_INT(s, gs->hysteresis_left, cs->hysteresis_left, "scaler.hysteresis_left");
+    EXPECT_SAME_INT(s, gs->consecutive_skips, cs->consecutive_skips, "scaler.consecutive_skips");
+    EXPECT_SAME_INT(s, gs->skips_total, cs->skips_total, "scaler.skips_total");
+    EXPECT_SAME_INT(s, gs->last_overflow_step, cs->last_overflow_step, "scaler.last_overflow_step");
+    EXPECT_SAME_INT(s, g->step, c->step, "state.step");
+    EXPECT_SAME_INT(s, g->opt_step, c->opt_step, "state.opt_step");
+    expect_close(g->loss_acc, c->loss_acc, 1e-12, s, "state.loss_acc");
+    EXPECT_SAME_REAL(s, g->seed, c->seed, "state.seed");
+    EXPECT_SAME_INT(s, g->sc.skip, c->sc.skip, "sc.skip");
+    EXPECT_SAME_INT(s, g->sc.first_step, c->sc.first_step, "sc.first_step");
+    /* fp32 roundings of double expressions with pow and cos: the device's may differ in the last ulp */
+    expect_close(g->sc.grad_mul, c->sc.grad_mul, 1e-6, s, "sc.grad_mul");
+    expect_close(g->sc.lr, c->sc.lr, 1e-6, s, "sc.lr");
+    expect_close(g->sc.adam_neg_step, c->sc.adam_neg_step, 1e-6, s, "sc.adam_neg_step");
+    expect_close(g->sc.adam_bc2_sqrt, c->sc.adam_bc2_sqrt, 1e-6, s, "sc.adam_bc2_sqrt");
+    expect_close(g->sc.adam_decay, c->sc.adam_decay, 1e-6, s, "sc.adam_decay");
+}
+
+/* step_finish on both backends over the same sequence of gradient checks: a dynamic scaler that grows
+ * every 3 clean steps and backs off on the second overflow in a row (hysteresis 2), clipping at norm 1,
+ * a cosine schedule with warmup that reaches its end. Every row and the state after every step must
+ * agree. Run with the L2 and the inf norm. */
+Test(cuda_backend, step_finish_matches_the_cpu, .init = open_both, .fini = close_both)
+{
+    rng_state = 17;
+    enum { STEPS = 12 };
+    static const bool nonfinite[STEPS] = {[3] = true, [4] = true, [8] = true};
+    for (int inf_norm = 0; inf_norm < 2; inf_norm++) {
+        struct step_params p = {.accum_steps = 2, .max_norm = 1.0, .inf_norm = inf_norm, .beta1 = 0.9f,
+                                .beta2 = 0.999f, .weight_decay = 0.01f,
+                                .schedule = {.kind = SCHEDULE_COSINE, .lr = 3e-3, .min_lr = 1e-5, .warmup_steps = 3,
+                                             .total_steps = 8}};
+        struct step_state st0 = {.scaler = {.dynamic = true, .scale = 65536.0, .growth_factor = 2.0,
+                                            .backoff_factor = 0.5, .min_scale = 1.0, .max_scale = 16777216.0,
+                                            .growth_interval = 3, .hysteresis = 2, .hysteresis_left = 2,
+                                            .last_overflow_step = -1},
+                                 .seed = 32768.0f};
+        struct grad_check checks[STEPS];
+        double loss_acc[STEPS];
+        for (int s = 0; s < STEPS; s++) {
+            double norm = uniform(0.05f, 4.0f) * 65536.0;
+            checks[s] = (struct grad_check){.sumsq = norm * norm, .absmax = norm * 0.8,
+                                            .found_nonfinite = nonfinite[s]};
+            loss_acc[s] = uniform(0.5f, 3.0f);
+        }
+        struct step_row rows[2][STEPS];
+        struct step_state states[2][STEPS];
+        for (int side = 0; side < 2; side++) {
+            struct backend *be = side ? gpu : cpu;
+            struct step_state *st = be_put(be, &st0, sizeof st0);
+            struct grad_check *chk = be_put(be, checks, sizeof checks);
+            struct step_row *row = be_poisoned(be, sizeof rows[side]);
+            for (int s = 0; s < STEPS; s++) {
+                be->upload(be, (char *)st + offsetof(struct step_state, loss_acc), &loss_acc[s], sizeof(double));
+                be->step_finish(be, &p, st, &chk[s], &row[s]);
+                be->download(be, &states[side][s], st, sizeof states[side][s]);
+            }
+            be->download(be, rows[side], row, sizeof rows[side]);
+            be->free(be, st);
+            be->free(be, chk);
+            be->free(be, row);
+        }
+        check_gpu();
+        int grew = 0, backed_off = 0, held = 0, clipped = 0;
+        for (int s = 0; s < STEPS; s++) {
+            const struct step_row *r = &rows[0][s];
+            cr_assert_eq(r->step, s + 1, "CPU row %d has step %lld", s, (long long)r->step);
+            grew += r->scale_next > r->scale;
+            backed_off += r->scale_next < r->scale;
+            held += r->skipped && r->scale_next == r->scale;
+            clipped += r->clip_coef < 1.0;
+            expect_same_row(s, &rows[1][s], r);
+            expect_same_state(s, &states[1][s], &states[0][s]);
+        }
+        cr_assert(grew >= 2 && backed_off >= 1 && held >= 1 && clipped >= 1,
+                  "inf_norm %d: the sequence must grow the scale (%d), back off (%d), hold it on an overflow (%d) "
+                  "and clip (%d)", inf_norm, grew, backed_off, held, clipped);
+        cr_assert_eq(states[0][STEPS - 1].opt_step, STEPS - 3, "CPU: the three overflows are not counted");
     }
 }
 
@@ -662,6 +958,19 @@ static void mlp_config(struct config *cfg, const char *device, const char *mode)
     cr_assert_eq(config_finalize(cfg, &err), AMP_OK, "%s", err.msg);
 }
 
+/* Queue one step and wait for it: its log record. */
+static enum amp_status step_now(struct trainer *t, struct step_record *rec, struct amp_error *err)
+{
+    enum amp_status s = trainer_step(t, err);
+    if (s == AMP_OK)
+        s = trainer_flush(t, err);
+    if (s == AMP_OK) {
+        cr_assert_gt(t->nrecs, 0, "trainer_flush after a step returned no record");
+        *rec = t->recs[t->nrecs - 1];
+    }
+    return s;
+}
+
 /* Mean loss over steps [from, to) of a 200-step run on `device`. */
 static void train_losses(const char *device, const char *mode, double *losses, int steps)
 {
@@ -671,8 +980,8 @@ static void train_losses(const char *device, const char *mode, double *losses, i
     struct amp_error err = {0};
     cr_assert_eq(trainer_setup(&t, &cfg, &err), AMP_OK, "%s: %s", device, err.msg);
     for (int s = 0; s < steps; s++) {
-        struct step_record rec;
-        cr_assert_eq(trainer_step(&t, &rec, &err), AMP_OK, "%s %s step %d: %s", device, mode, s, err.msg);
+        struct step_record rec = {0};
+        cr_assert_eq(step_now(&t, &rec, &err), AMP_OK, "%s %s step %d: %s", device, mode, s, err.msg);
         losses[s] = rec.loss;
     }
     trainer_teardown(&t);

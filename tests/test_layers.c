@@ -22,6 +22,9 @@
 #include "model.h"    /* model_build, struct layer, struct data_spec */
 #include "rng.h"      /* rng_normal, rng_uniform: seeded test values */
 
+/* The loss gradient's seed (CPU backend memory is host memory). */
+static const float unit_seed = 1.0f;
+
 /* ---- configs ------------------------------------------------------------------------------------- */
 
 /* A layer config with the schema's defaults (docs/config.md). */
@@ -142,7 +145,7 @@ static void rig_open(struct rig *r, struct data_spec spec, int64_t n, int k, int
     free(lab);
 
     r->ctx = (struct step_ctx){.be = r->be, .policy = &r->policy, .training = true,
-                               .key = {.seed = 7, .stream = 0, .counter = 3}, .grad_seed = 1.0f};
+                               .key = {.seed = 7, .stream = 0, .counter = 3}, .grad_seed = &unit_seed};
 
     /* layer k's input, filled with N(0, 1) values */
     if (k == 0) {

@@ -15,6 +15,10 @@
 #include "model.h"    /* model_build, model_init, ... */
 #include "rng.h"      /* rng_normal: seeded inputs */
 
+/* The loss gradient's seed and a plain SGD step at lr 0.5 (CPU backend memory is host memory). */
+static const float unit_seed = 1.0f;
+static const struct step_scalars sgd_half = {.grad_mul = 1.0f, .lr = 0.5f};
+
 /* ---- configs ------------------------------------------------------------------------------------- */
 
 static struct layer_config lc(enum layer_kind kind, const char *name)
@@ -716,7 +720,7 @@ static void batch_free(struct test_batch *tb)
 static struct step_ctx train_ctx(struct built *b, bool accumulate)
 {
     return (struct step_ctx){.be = b->be, .policy = &b->pol, .training = true, .key = {.seed = 9, .counter = 1},
-                             .grad_seed = 1.0f, .accumulate = accumulate};
+                             .grad_seed = &unit_seed, .accumulate = accumulate};
 }
 
 /* Mean loss of the batch (the loss layer's rows). */
@@ -956,7 +960,7 @@ static void train_mlp(enum dtype lowp, double *first, double *last, double *accu
         for (int i = 0; i < b.m.nparams; i++) {
             struct param *p = b.m.params[i];
             struct optim_update_args a = {.master = &p->master, .grad = &p->grad, .lowp = p->lowp.data ? &p->lowp : NULL,
-                                          .grad_mul = 1.0f, .lr = 0.5f};
+                                          .sc = &sgd_half};
             b.be->sgd_update(b.be, &a);
         }
     }

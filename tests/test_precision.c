@@ -45,10 +45,14 @@ static void setup(struct trainer *t, const struct config *cfg)
     cr_assert_eq(trainer_setup(t, cfg, &err), AMP_OK, "%s", err.msg);
 }
 
+/* One step, read back at once (a log window of one). */
 static void step(struct trainer *t, struct step_record *rec)
 {
     struct amp_error err = {0};
-    cr_assert_eq(trainer_step(t, rec, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(trainer_step(t, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(trainer_flush(t, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(t->nrecs, 1);
+    *rec = t->recs[0];
 }
 
 static struct param *param_named(struct trainer *t, const char *name)
@@ -178,6 +182,137 @@ Test(precision, overflow_attribution_names_the_layer_closest_to_the_loss)
     cr_assert_eq(t.scaler.scale, 65536.0 / 8);
     trainer_teardown(&t);
     config_free(&cfg);
+}
+
+/* ---- the step runs on the backend: nothing read back until the window ends ---- */
+
+/* The backend's waiting calls, counted (the trainer's backend table is patched in place). */
+static struct {
+    void (*download)(struct backend *, void *, const void *, size_t);
+    void (*synchronize)(struct backend *);
+    int64_t (*count_zeros)(struct backend *, const struct tensor *);
+    int downloads, syncs, zero_counts;
+} waits;
+
+static void counting_download(struct backend *be, void *dst, const void *src, size_t n)
+{
+    waits.downloads++;
+    waits.download(be, dst, src, n);
+}
+
+static void counting_synchronize(struct backend *be)
+{
+    waits.syncs++;
+    waits.synchronize(be);
+}
+
+static int64_t counting_count_zeros(struct backend *be, const struct tensor *x)
+{
+    waits.zero_counts++;
+    return waits.count_zeros(be, x);
+}
+
+Test(precision, a_log_window_of_steps_reads_nothing_back_until_its_flush)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=fp16-dynamic", "run.log_every=6", "accum_steps=2", "clip.max_norm=1", NULL};
+    struct config cfg;
+    small_mlp(&cfg, ov);
+    struct trainer t;
+    setup(&t, &cfg);
+    cr_assert_eq(t.window, 6);
+    waits.download = t.be->download;
+    waits.synchronize = t.be->synchronize;
+    waits.count_zeros = t.be->count_zeros;
+    t.be->download = counting_download;
+    t.be->synchronize = counting_synchronize;
+    t.be->count_zeros = counting_count_zeros;
+    struct amp_error err = {0};
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(waits.downloads + waits.syncs + waits.zero_counts, 0,
+                 "5 queued steps waited on the backend: %d downloads, %d synchronize, %d count_zeros", waits.downloads,
+                 waits.syncs, waits.zero_counts);
+    cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg); /* step 6 samples grad_zero_frac */
+    cr_assert_eq(waits.downloads + waits.syncs, 0);
+    cr_assert_gt(waits.zero_counts, 0, "the log step counts zeros");
+    cr_assert_eq(t.scaler.scale, 65536.0, "the host mirror is not read before the flush");
+    cr_assert_eq(trainer_step(&t, &err), AMP_ERR_INTERNAL, "a seventh step does not fit the window");
+    cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(waits.downloads, 3, "one flush: the state, the rows, the counts");
+    cr_assert_eq(t.nrecs, 6);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(t.recs[i].step, i + 1);
+    cr_assert_eq(t.opt.step, 6 - t.recs[5].skips_total, "the mirror read back");
+    t.be->download = waits.download;
+    t.be->synchronize = waits.synchronize;
+    t.be->count_zeros = waits.count_zeros;
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+/* The same run read back every step and once per window gives the same rows and weights: deferring the
+ * read changes nothing, overflow attribution and scale changes included. */
+Test(precision, rows_do_not_depend_on_when_the_window_is_read)
+{
+    need_data();
+    const char *ov[] = {"precision.mode=fp16-dynamic", "run.log_every=12", "precision.loss_scale.growth_interval=3",
+                        "precision.loss_scale.hysteresis=2", "clip.max_norm=0.5", "optim.schedule.kind=cosine",
+                        "optim.schedule.warmup_steps=4", NULL};
+    struct step_record every[12], once[12];
+    float *w[2];
+    size_t count[2] = {0, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        struct config cfg;
+        struct trainer t;
+        struct injection inj = {.at_step = -1, .param = {"fc2/weight"}, .value = {INFINITY}, .count = {2}};
+        setup_injected(&t, &cfg, ov, &inj);
+        struct amp_error err = {0};
+        for (int i = 0; i < 12; i++) {
+            inj.at_step = i == 4 || i == 5 || i == 9 ? i : 99; /* overflows at steps 5, 6 and 10 */
+            if (pass == 0) {
+                step(&t, &every[i]);
+            } else {
+                cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+            }
+        }
+        if (pass == 1) {
+            cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+            cr_assert_eq(t.nrecs, 12);
+            memcpy(once, t.recs, sizeof once);
+        }
+        for (int i = 0; i < t.model.nparams; i++)
+            count[pass] += t.model.params[i]->master.numel;
+        w[pass] = malloc(count[pass] * sizeof(float));
+        size_t off = 0;
+        for (int i = 0; i < t.model.nparams; i++) {
+            memcpy(w[pass] + off, t.model.params[i]->master.data, tensor_bytes(&t.model.params[i]->master));
+            off += t.model.params[i]->master.numel;
+        }
+        trainer_teardown(&t);
+        config_free(&cfg);
+    }
+    cr_assert(every[4].skipped && every[5].skipped && every[9].skipped && !every[6].skipped);
+    cr_assert_eq(every[5].scale_next, every[5].scale * 0.5, "hysteresis 2: the second overflow backs off");
+    cr_assert_eq(every[11].skips_total, 3);
+    for (int i = 0; i < 12; i++) {
+        const struct step_record *a = &every[i], *b = &once[i];
+        cr_assert(a->step == b->step && a->epoch == b->epoch && a->found_inf == b->found_inf &&
+                      a->skipped == b->skipped && a->skips_total == b->skips_total &&
+                      a->consecutive_skips == b->consecutive_skips,
+                  "step %d: counters differ", i + 1);
+        cr_assert(memcmp(&a->loss, &b->loss, sizeof(double)) == 0 && memcmp(&a->scale, &b->scale, sizeof(double)) == 0 &&
+                      memcmp(&a->scale_next, &b->scale_next, sizeof(double)) == 0 &&
+                      memcmp(&a->grad_norm, &b->grad_norm, sizeof(double)) == 0 &&
+                      memcmp(&a->clip_coef, &b->clip_coef, sizeof(double)) == 0 &&
+                      memcmp(&a->lr, &b->lr, sizeof(double)) == 0,
+                  "step %d: values differ (loss %.17g vs %.17g)", i + 1, a->loss, b->loss);
+        cr_assert_str_eq(a->overflow_layer, b->overflow_layer, "step %d", i + 1);
+    }
+    cr_assert_str_eq(once[9].overflow_layer, "fc2 (inf, 2 elements)");
+    cr_assert_eq(count[0], count[1]);
+    cr_assert_eq(memcmp(w[0], w[1], count[0] * sizeof(float)), 0, "weights after 12 steps");
+    free(w[0]), free(w[1]);
 }
 
 /* Run `steps` optimizer steps and copy out all master weights (fp32, concatenated). */

@@ -82,7 +82,7 @@ Test(resume, sigterm_then_resume_equals_uninterrupted)
 {
     make_scratch();
     const char *model = "model.layers.1.out=256 model.layers.3.out=256 data.batch_size=64 run.device=cpu "
-                        "run.log_every=1000 run.steps=150 optim.schedule.kind=cosine";
+                        "run.log_every=10 run.steps=150 optim.schedule.kind=cosine";
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "cd %s && exec %s run configs/fashion_mlp.yaml %s run.out_dir=%s/b >%s/b.out 2>&1",
              AMP_SOURCE_DIR, AMP_BINARY, model, scratch, scratch);
@@ -92,7 +92,8 @@ Test(resume, sigterm_then_resume_equals_uninterrupted)
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    /* Wait until training has started (a few log rows), then SIGTERM. */
+    /* Wait until training has started (a few log rows: they are written every log_every = 10 steps), then
+     * SIGTERM. */
     char csv[512];
     snprintf(csv, sizeof csv, "%s/b/scale_log.csv", scratch);
     for (int i = 0; i < 400 && (!file_exists(csv) || file_size(csv) < 200); i++)

@@ -1,0 +1,156 @@
+/*
+ * step_rule.h — the tail of an optimizer step, as one function that runs where the gradients are.
+ *
+ * After the last micro-batch's backward, backend->grad_stats writes the fused pass's result (struct
+ * grad_check and per-tensor non-finite counts) into backend memory, and backend->step_finish runs
+ * step_rule_finish on it, also in backend memory: it decides skip or step (DESIGN.md section 3), the
+ * unscale-and-clip factor and the learning rate, writes the scalars the optimizer updates read (struct
+ * step_scalars), updates the loss scaler (scaler_update) and writes the step's log row. The CPU backend
+ * calls it directly; the CUDA backend runs it in a one-thread kernel. Nothing in a step needs the
+ * host to know its outcome, so a GPU step queues without a host synchronisation, and the trainer reads
+ * the state and the rows of a whole log window at once (lib/train.c).
+ *
+ * Everything here is plain data (no pointers) and AMP_HD inline code: one definition of each rule for
+ * the host and every device. The arithmetic is the host's former order to the bit (doubles where it
+ * used doubles, fp32 roundings where it rounded), so the CPU backend's results did not change.
+ */
+#ifndef AMP_STEP_RULE_H
+#define AMP_STEP_RULE_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "scaler.h" /* struct scaler, scaler_update, AMP_HD */
+
+/* The learning-rate schedule (lib/optim.h gives the formulas), as plain data. */
+enum { SCHEDULE_CONSTANT, SCHEDULE_STEP, SCHEDULE_COSINE };
+struct schedule_params {
+    int32_t kind;
+    double lr, gamma, min_lr;
+    int64_t warmup_steps, step_size, total_steps;
+};
+
+/* Learning rate of the optimizer step that follows `t` steps taken. */
+AMP_HD static inline double schedule_lr(const struct schedule_params *s, int64_t t)
+{
+    double lr = s->lr;
+    int64_t w = s->warmup_steps;
+    if (t < w)
+        return lr * (double)(t + 1) / (double)w;
+    if (s->kind == SCHEDULE_STEP)
+        return lr * pow(s->gamma, (double)((t - w) / s->step_size));
+    if (s->kind == SCHEDULE_COSINE) {
+        double span = (double)(s->total_steps - w);
+        double frac = span > 0 ? fmin(1.0, (double)(t - w) / span) : 1.0;
+        return s->min_lr + (lr - s->min_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * frac));
+    }
+    return lr;
+}
+
+/* What stays fixed through a run: passed by value to step_finish. */
+struct step_params {
+    int64_t accum_steps;
+    double max_norm;          /* clip.max_norm; 0: no clipping */
+    int32_t inf_norm;         /* clip.norm_type is inf: the norm is max |g| */
+    float beta1, beta2, weight_decay; /* AdamW's, as the fp32 values the update uses */
+    struct schedule_params schedule;
+};
+
+/* The fused gradient pass's totals (backend->grad_stats), in backend memory. */
+struct grad_check {
+    double sumsq;             /* sum of squares of the finite elements (still scaled) */
+    double absmax;            /* max |g| over the finite elements */
+    int64_t found_nonfinite;  /* 1 when any element of any tensor is Inf or NaN */
+};
+
+/* This step's optimizer scalars, read by adamw_update / sgd_update from backend memory. */
+struct step_scalars {
+    int32_t skip;             /* non-finite gradients: the updates leave every tensor as it is */
+    int32_t first_step;       /* sgd: the momentum buffer starts as the gradient (PyTorch) */
+    float grad_mul;           /* unscale and clip folded: inv_scale * clip_coef */
+    float lr;
+    float adam_neg_step;      /* -lr / (1 - beta1^t), t the 1-based step count */
+    float adam_bc2_sqrt;      /* sqrt(1 - beta2^t) */
+    float adam_decay;         /* 1 - lr * weight_decay (applied where a parameter decays) */
+};
+
+/* One step's log row (the device part of a scale_log.csv row and what the fail-fast checks read). */
+struct step_row {
+    int64_t step;             /* 1-based */
+    double loss;              /* mean over the micro-batches of each one's mean row loss */
+    double scale;             /* the scale the step ran with */
+    double scale_next;        /* after the update */
+    double grad_norm;         /* unscaled; NaN when non-finite */
+    double clip_coef;
+    double lr;                /* applied; 0 when skipped */
+    int64_t found_inf, skipped, skips_total, consecutive_skips;
+};
+
+/* The training state the step rule owns, in backend memory. The host keeps a mirror (trainer.scaler,
+ * optimizer.step, trainer.step) that it writes before a log window and reads back after it. */
+struct step_state {
+    struct scaler scaler;
+    int64_t step;             /* optimizer steps attempted */
+    int64_t opt_step;         /* optimizer steps taken (the schedule's t; AdamW's step count) */
+    double loss_acc;          /* backend->loss_sum accumulates the micro-batches' losses here */
+    float seed;               /* the loss gradient's seed for the next step: scale / accum_steps */
+    struct step_scalars sc;   /* the decision of the last finished step */
+};
+
+/* The loss gradient's seed for a step run at the scaler's current scale. */
+AMP_HD static inline float step_rule_seed(const struct scaler *s, int64_t accum_steps)
+{
+    return scaler_loss_scale(s) / (float)accum_steps;
+}
+
+/* The optimizer scalars of a step taken at learning rate `lr` as step `t` (1-based). */
+AMP_HD static inline void step_rule_scalars(struct step_scalars *sc, const struct step_params *p, float lr,
+                                            int64_t t, float grad_mul)
+{
+    double bc1 = 1.0 - pow((double)p->beta1, (double)t);
+    double bc2 = 1.0 - pow((double)p->beta2, (double)t);
+    sc->skip = 0;
+    sc->first_step = t == 1;
+    sc->grad_mul = grad_mul;
+    sc->lr = lr;
+    sc->adam_neg_step = (float)(-(double)lr / bc1);
+    sc->adam_bc2_sqrt = (float)sqrt(bc2);
+    sc->adam_decay = (float)(1.0 - (double)lr * (double)p->weight_decay);
+}
+
+/* Finish step st->step + 1 (DESIGN.md section 3): inv = 1/scale; norm and clip coefficient from the
+ * finite totals; skip when non-finite (the schedule and step count stay), else the scalars for the
+ * update; the scale update; the log row; the next step's seed. */
+AMP_HD static inline void step_rule_finish(const struct step_params *p, struct step_state *st,
+                                           const struct grad_check *gc, struct step_row *row)
+{
+    float inv = scaler_inv_scale(&st->scaler);
+    int nonfinite = gc->found_nonfinite != 0;
+    double norm = NAN, coef = 1.0, lr = 0.0;
+    if (!nonfinite) {
+        double raw = p->inf_norm ? gc->absmax : sqrt(gc->sumsq);
+        norm = raw * (double)inv;
+        if (p->max_norm > 0)
+            coef = fmin(1.0, p->max_norm / (norm + 1e-6));
+        lr = schedule_lr(&p->schedule, st->opt_step);
+        st->opt_step++;
+        step_rule_scalars(&st->sc, p, (float)lr, st->opt_step, (float)((double)inv * coef));
+    } else {
+        st->sc.skip = 1;
+    }
+    row->step = st->step + 1;
+    row->loss = st->loss_acc / (double)p->accum_steps;
+    row->scale = st->scaler.scale;
+    row->found_inf = nonfinite;
+    row->skipped = scaler_update(&st->scaler, nonfinite, st->step + 1);
+    row->skips_total = st->scaler.skips_total;
+    row->consecutive_skips = st->scaler.consecutive_skips;
+    row->scale_next = st->scaler.scale;
+    row->grad_norm = norm;
+    row->clip_coef = coef;
+    row->lr = lr;
+    st->seed = step_rule_seed(&st->scaler, p->accum_steps);
+    st->step++;
+}
+
+#endif
