@@ -11,15 +11,16 @@ warm-up, with torch.cuda.synchronize around the timed region).
 Modes: fp32 (TF32 off), fp16-dynamic (torch.autocast fp16 + GradScaler), bf16 (torch.autocast bf16).
 Prints one line: 'torch MODEL MODE: X samples/s (Y tokens/s), peak Z MiB, final loss L'.
 
-usage: bench_gpu_torch.py MODEL MODE STEPS [--width W --layers L --heads H --seq S --batch B]
+usage: bench_gpu_torch.py MODEL MODE STEPS [--width W --layers L --heads H --seq S --batch B] [--device cpu]
+(--device cpu: gpu-check.sh's DRY run, which checks the plumbing and measures nothing)
 """
 import argparse
+import contextlib
 import gzip
 import glob
 import struct
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -33,12 +34,14 @@ ap.add_argument("--layers", type=int, default=2)
 ap.add_argument("--heads", type=int, default=4)
 ap.add_argument("--seq", type=int, default=64)
 ap.add_argument("--batch", type=int, default=0)
+ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
 args = ap.parse_args()
 
 torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as ampTrain without precision.tf32
 torch.backends.cudnn.allow_tf32 = False
 torch.manual_seed(1234)
-dev = torch.device("cuda")
+dev = torch.device(args.device)
+sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
 
 def fashion():
@@ -46,14 +49,14 @@ def fashion():
     try:
         with gzip.open(root + "train-images-idx3-ubyte.gz") as f:
             n, h, w = struct.unpack(">III", f.read(16)[4:])
-            x = np.frombuffer(f.read(), dtype=np.uint8).reshape(n, h * w)
+            x = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).reshape(n, h * w)
         with gzip.open(root + "train-labels-idx1-ubyte.gz") as f:
-            y = np.frombuffer(f.read()[8:], dtype=np.uint8)
+            y = torch.frombuffer(bytearray(f.read()[8:]), dtype=torch.uint8)
     except OSError:  # no dataset on this machine: random data of the same shape (throughput only)
-        x = np.random.randint(0, 256, size=(60000, 784), dtype=np.uint8)
-        y = np.random.randint(0, 10, size=60000, dtype=np.uint8)
-    x = torch.from_numpy((x.astype(np.float32) / 255.0 - 0.2860) / 0.3530)
-    return x.to(dev), torch.from_numpy(y.astype(np.int64)).to(dev)
+        x = torch.randint(0, 256, (60000, 784), dtype=torch.uint8)
+        y = torch.randint(0, 10, (60000,), dtype=torch.uint8)
+    x = (x.float() / 255.0 - 0.2860) / 0.3530
+    return x.to(dev), y.long().to(dev)
 
 
 class Block(nn.Module):
@@ -110,8 +113,8 @@ else:
     data = b"".join(open(f, "rb").read() for f in sorted(glob.glob("/usr/share/games/fortunes/*"))
                     if not f.endswith(".dat") and not f.endswith(".u8"))
     if len(data) < 100000:
-        data = bytes(np.random.randint(0, 256, size=1 << 20, dtype=np.uint8))
-    text = torch.tensor(np.frombuffer(data, dtype=np.uint8).astype(np.int64), device=dev)
+        data = bytes(torch.randint(0, 256, (1 << 20,), dtype=torch.uint8).tolist())
+    text = torch.frombuffer(bytearray(data), dtype=torch.uint8).long().to(dev)
     batch = args.batch or 32
     model = GPT(args.width, args.layers, args.heads, args.seq)
     opt_kw = dict(lr=1e-3, betas=(0.9, 0.95))
@@ -122,7 +125,10 @@ no_decay = [p for n_, p in model.named_parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                         **opt_kw)
 lowp = {"fp32": None, "fp16-dynamic": torch.float16, "bf16": torch.bfloat16}[args.mode]
-scaler = torch.amp.GradScaler("cuda", enabled=(args.mode == "fp16-dynamic"))
+try:  # torch >= 2.3
+    scaler = torch.amp.GradScaler(args.device, enabled=(args.mode == "fp16-dynamic"))
+except AttributeError:  # older: the CUDA scaler (a DRY run on the CPU goes without one)
+    scaler = torch.cuda.amp.GradScaler(enabled=(args.mode == "fp16-dynamic" and args.device == "cuda"))
 gen = torch.Generator(device=dev).manual_seed(1234)
 
 
@@ -136,9 +142,15 @@ def get_batch():
     return x[idx], y[idx]
 
 
+def autocast():
+    if lowp is None or (args.device == "cpu" and lowp is torch.float16):  # (old CPU autocast has no fp16)
+        return contextlib.nullcontext()
+    return torch.autocast(args.device, dtype=lowp)
+
+
 def step():
     xb, yb = get_batch()
-    with torch.autocast("cuda", dtype=lowp or torch.float32, enabled=lowp is not None):
+    with autocast():
         out = model(xb)
         loss = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), yb.reshape(-1))
     opt.zero_grad(set_to_none=True)
@@ -151,16 +163,17 @@ def step():
     return loss
 
 
-for _ in range(10):  # warm-up: cuDNN / cuBLAS autotuning, allocator growth
+for _ in range(10 if args.device == "cuda" else 1):  # warm-up: cuDNN / cuBLAS autotuning, allocator growth
     step()
-torch.cuda.synchronize()
-torch.cuda.reset_peak_memory_stats()
+sync()
+if args.device == "cuda":
+    torch.cuda.reset_peak_memory_stats()
 t0 = time.perf_counter()
 for _ in range(args.steps):
     loss = step()
-torch.cuda.synchronize()
+sync()
 dt = time.perf_counter() - t0
 sps = args.steps * batch / dt
-peak = torch.cuda.max_memory_allocated() / 2**20
+peak = torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else 0.0
 tps = f" ({sps * tokens_per_sample:.0f} tokens/s)" if tokens_per_sample else ""
 print(f"torch {args.model} {args.mode}: {sps:.1f} samples/s{tps}, peak {peak:.1f} MiB, final loss {loss.item():.4f}")

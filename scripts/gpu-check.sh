@@ -4,18 +4,28 @@
 # PyTorch eager AMP (scripts/bench_gpu_torch.py) on the same models, batches and optimizer, and write
 #   OUTDIR/table.md   one markdown table (samples/s, tokens/s, peak GPU memory, ratios) for docs/perf.md
 #   OUTDIR/*.log      every build, test, training and benchmark log
-#   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc)
+#   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc),
+#                                      PYTHON (python3: the one with PyTorch)
+# DRY=1 checks the script itself on a machine without a GPU: the same runs on the CPU (ampTrain
+# run.device=cpu, PyTorch on the CPU), a few steps each, GPU tests and the nvidia-smi check left out, so
+# that the logs' parsing and the table can be seen to work before a GPU's limited time is spent.
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: scripts/gpu-check.sh OUTDIR" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 2
 out=$(mkdir -p "$1" && cd "$1" && pwd)
+dry=${DRY:-0}; python=${PYTHON:-python3}
+[ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 steps=${STEPS:-300}; wide_steps=${WIDE_STEPS:-100}; jobs=${JOBS:-$(nproc)}
+[ "$dry" = 1 ] && { steps=${STEPS:-3}; wide_steps=${WIDE_STEPS:-2}; }
+device=cuda; torch_device=cuda
+[ "$dry" = 1 ] && { device=cpu; torch_device=cpu; }
 build="$out/build"
 status=0
 note() { echo "gpu-check: $*" | tee -a "$out/summary.log"; }
 fail() { note "FAIL: $*"; status=1; }
 
-nvidia-smi > "$out/nvidia-smi.log" 2>&1 || fail "nvidia-smi did not run (no GPU?)"
+if [ "$dry" = 1 ]; then note "DRY run: everything on the CPU, no GPU tests (checks this script, measures nothing)"
+else nvidia-smi > "$out/nvidia-smi.log" 2>&1 || fail "nvidia-smi did not run (no GPU?)"; fi
 note "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)'), $(date -u +%Y-%m-%dT%H:%MZ)"
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 
@@ -27,12 +37,13 @@ if cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BU
 else
   fail "build (see build.log)"; exit 1
 fi
-grep -q "CUDA backend ON" "$out/build.log" || { fail "the build has no CUDA backend (see build.log)"; exit 1; }
+grep -q "CUDA backend ON" "$out/build.log" || [ "$dry" = 1 ] || { fail "the build has no CUDA backend (see build.log)"; exit 1; }
 bin="$build/ampTrain"
 
 # ---- GPU tests: on a GPU machine a skip is a failure ----
 export OPENBLAS_NUM_THREADS=1
 for t in test_cuda_convert test_cuda_backend; do
+  [ "$dry" = 1 ] && break
   (cd "$build" && "./$t" --verbose --jobs=1) > "$out/$t.log" 2>&1
   rc=$?
   case $rc in
@@ -52,19 +63,19 @@ tokens_of() { case $1 in text_gpt*) echo 64 ;; *) echo 0 ;; esac; }
 run_amp() { # key config steps overrides...
   local key=$1 cfg=$2 n=$3; shift 3
   local log="$out/amp-$key.log"
-  AMP_CUDA_MEMLOG=1 timeout 300 "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 run.device=cuda \
+  AMP_CUDA_MEMLOG=1 timeout 300 "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
     run.log_every=50 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$out/runs/$key" "$@" > "$log" 2>&1
   local rc=$?
   amp_sps[$key]=$(sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p' "$log" | tail -1)
   amp_mem[$key]=$(sed -n 's/.*peak device memory in use \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
-  grep -q "device: cuda:0" "$log" || fail "ampTrain $key did not run on cuda:0 (see amp-$key.log)"
+  grep -q "device: $device" "$log" || fail "ampTrain $key did not run on $device (see amp-$key.log)"
   [ $rc -eq 0 ] && [ -n "${amp_sps[$key]}" ] || fail "ampTrain $key: rc $rc (see amp-$key.log)"
 }
 
 run_torch() { # key model mode steps extra...
   local key=$1 model=$2 mode=$3 n=$4; shift 4
   local log="$out/torch-$key.log"
-  timeout 300 python3 scripts/bench_gpu_torch.py "$model" "$mode" "$n" "$@" > "$log" 2>&1
+  timeout 300 "$python" scripts/bench_gpu_torch.py "$model" "$mode" "$n" --device "$torch_device" "$@" > "$log" 2>&1
   local rc=$?
   torch_sps[$key]=$(sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
   torch_mem[$key]=$(sed -n 's/.*peak \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
@@ -88,7 +99,8 @@ done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a/b }'; }
 fmt() { awk -v a="$1" -v t="$2" 'BEGIN{ if (a == "") print "-"; else if (t > 0) printf "%.0f (%.0f tok/s)", a, a*t; else printf "%.0f", a }'; }
 {
-  echo "GPU check of $(git rev-parse --short HEAD 2>/dev/null || echo unknown) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
+  if [ "$dry" = 1 ]; then echo "DRY run of gpu-check on the CPU, $(date -u +%Y-%m-%d): checks the script; these figures measure nothing"
+  else echo "GPU check of $(git rev-parse --short HEAD 2>/dev/null || echo unknown) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"; fi
   echo "($steps steps per run, $wide_steps for width 768; throughput over the whole run including start-up for ampTrain, timed steps after warm-up for PyTorch)"
   echo
   echo "| model | mode | ampTrain samples/s | PyTorch eager AMP samples/s | ampTrain / PyTorch | ampTrain peak MiB | PyTorch peak MiB |"
