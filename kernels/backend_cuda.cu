@@ -19,7 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend_cuda.h" /* backend_cuda_set_tf32, backend_cuda_peak_bytes */
+#include "backend_cuda.h" /* backend_cuda_peak_bytes */
 #include "convert.h"      /* cuda_convert */
 #include "cuda_check.h"   /* amp_cuda_hint, amp_cublas_hint, amp_cudnn_hint */
 
