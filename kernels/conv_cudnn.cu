@@ -10,7 +10,9 @@
  * Plans: descriptors and the three algorithms are made once per shape key (the conv_args, the dtype,
  * tf32) and kept until destroy. Algorithms come from cudnnGet*Algorithm_v7 (heuristics; no timing
  * runs): the first one that is deterministic (CUDNN_DETERMINISTIC) and succeeded, so results reproduce
- * (a non-deterministic one, with a warning, only when cuDNN offers nothing else).
+ * (a non-deterministic one, with a warning, only when cuDNN offers nothing else). Each list entry is
+ * an (algorithm, math type) pair with that pair's workspace; the chosen pair's math type is set on the
+ * descriptor before every call (fp32 without TF32 always runs FMA, its workspace asked again: pick).
  *
  * Dtypes (backend.h): when x, w and y (dx, w, dy) share a dtype the call runs natively in it; otherwise
  * the operands are widened to fp32 scratch (exact), computed in fp32 and rounded once into the output.
@@ -39,6 +41,8 @@ struct conv_plan {
     cudnnTensorDescriptor_t x, y;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
+    cudnnMathType_t math;             /* asked of the _v7 queries */
+    cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math; /* what each chosen algorithm runs with */
     bool have_fwd, have_bwd_data, have_bwd_filter;
     bool refused_fwd, refused_bwd_data; /* a soft query found nothing: do not ask again */
     cudnnConvolutionFwdAlgo_t fwd;
@@ -118,6 +122,7 @@ static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_arg
     p->key = key;
     cudnnDataType_t t = dnn_type(dt);
     cudnnMathType_t math = dt != DT_FP32 ? CUDNN_TENSOR_OP_MATH : key.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    p->math = math;
     bool ok = CB_CUDNN(cb, cudnnCreateTensorDescriptor(&p->x)) && CB_CUDNN(cb, cudnnCreateTensorDescriptor(&p->y)) &&
               CB_CUDNN(cb, cudnnCreateFilterDescriptor(&p->w)) &&
               CB_CUDNN(cb, cudnnCreateConvolutionDescriptor(&p->conv)) &&
@@ -142,25 +147,45 @@ static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_arg
 
 constexpr size_t kMaxConvWorkspace = (size_t)1 << 30; /* algorithms wanting more are passed over */
 
-/* The first deterministic, working algorithm from a _v7 list (sorted fastest first) whose workspace
- * is at most kMaxConvWorkspace; failing that, the first working one (results then may vary in the last
- * bits from run to run, so a bit-exact resume is no longer guaranteed for this layer — said once on
- * stderr rather than refusing to train). */
-template <typename Perf, typename Algo>
-static bool pick(struct cuda_backend *cb, const Perf *perf, int count, Algo *algo, size_t *ws, const char *what,
-                 bool soft)
+/* The math type an entry of a _v7 list runs with. Each entry is an (algorithm, math type) pair and its
+ * `memory` is that pair's workspace: cuDNN returns algorithms that have no tensor-op kernel "with
+ * CUDNN_DEFAULT_MATH, and returned as such", so an entry runs with its own math type — except fp32
+ * without TF32, which always runs with CUDNN_FMA_MATH (DEFAULT_MATH would allow TF32 on sm_80+). */
+static cudnnMathType_t run_math(const struct conv_plan *p, cudnnMathType_t entry)
 {
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < count; i++)
-            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxConvWorkspace &&
-                (pass == 1 || perf[i].determinism == CUDNN_DETERMINISTIC)) {
-                *algo = perf[i].algo;
-                *ws = perf[i].memory;
-                if (pass == 1)
-                    fprintf(stderr, "%s: warning: cuDNN has no deterministic %s algorithm for a convolution; "
-                            "using a non-deterministic one\n", cb->name, what);
-                return true;
-            }
+    return p->key.dt == DT_FP32 && !p->key.tf32 ? CUDNN_FMA_MATH : entry;
+}
+
+/* From a _v7 list (sorted fastest first), with workspace at most kMaxConvWorkspace: the first
+ * deterministic entry whose own math type is the one it will run with; else the first deterministic
+ * one, its workspace asked again for the math type it will run with (`ws_query(algo, &bytes)`, the
+ * descriptor set to it); else the first working one (results may then vary in the last bits from run
+ * to run, so a bit-exact resume is no longer guaranteed for this layer — said once on stderr rather
+ * than refusing to train). The choice's math type goes to *math; the caller sets it on the descriptor
+ * before each call. */
+template <typename Perf, typename Algo, typename WsQuery>
+static bool pick(struct cuda_backend *cb, struct conv_plan *p, const Perf *perf, int count, Algo *algo, size_t *ws,
+                 cudnnMathType_t *math, const char *what, bool soft, WsQuery ws_query)
+{
+    for (int pass = 0; pass < 3; pass++)
+        for (int i = 0; i < count; i++) {
+            const Perf &e = perf[i];
+            cudnnMathType_t m = run_math(p, e.mathType);
+            if (e.status != CUDNN_STATUS_SUCCESS || e.memory > kMaxConvWorkspace ||
+                (pass < 2 && e.determinism != CUDNN_DETERMINISTIC) || (pass == 0 && m != e.mathType))
+                continue;
+            size_t bytes = e.memory;
+            if (m != e.mathType && (cudnnSetConvolutionMathType(p->conv, m) != CUDNN_STATUS_SUCCESS ||
+                                    !ws_query(e.algo, &bytes) || bytes > kMaxConvWorkspace))
+                continue;
+            *algo = e.algo;
+            *ws = bytes;
+            *math = m;
+            if (pass == 2)
+                fprintf(stderr, "%s: warning: cuDNN has no deterministic %s algorithm for a convolution; "
+                        "using a non-deterministic one\n", cb->name, what);
+            return true;
+        }
     if (soft)
         return false;
     cuda_record(cb, "try another precision mode or batch size; report the layer's shape",
@@ -189,10 +214,15 @@ static bool ensure_fwd(struct cuda_backend *cb, struct conv_plan *p, bool soft)
         return false;
     cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
-    if (!dnn_query(cb, cudnnGetConvolutionForwardAlgorithm_v7(cb->dnn, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
+    auto ws_query = [&](cudnnConvolutionFwdAlgo_t algo, size_t *bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(cb->dnn, p->x, p->w, p->conv, p->y, algo, bytes) ==
+               CUDNN_STATUS_SUCCESS;
+    };
+    if (!CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, p->math)) ||
+        !dnn_query(cb, cudnnGetConvolutionForwardAlgorithm_v7(cb->dnn, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
                                                               perf),
                    soft, "cudnnGetConvolutionForwardAlgorithm_v7") ||
-        !pick(cb, perf, count, &p->fwd, &p->ws_fwd, "forward", soft)) {
+        !pick(cb, p, perf, count, &p->fwd, &p->ws_fwd, &p->fwd_math, "forward", soft, ws_query)) {
         p->refused_fwd = soft;
         return false;
     }
@@ -207,10 +237,15 @@ static bool ensure_bwd_data(struct cuda_backend *cb, struct conv_plan *p, bool s
         return false;
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
-    if (!dnn_query(cb, cudnnGetConvolutionBackwardDataAlgorithm_v7(cb->dnn, p->w, p->y, p->conv, p->x, kMaxAlgos,
+    auto ws_query = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t *bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(cb->dnn, p->w, p->y, p->conv, p->x, algo, bytes) ==
+               CUDNN_STATUS_SUCCESS;
+    };
+    if (!CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, p->math)) ||
+        !dnn_query(cb, cudnnGetConvolutionBackwardDataAlgorithm_v7(cb->dnn, p->w, p->y, p->conv, p->x, kMaxAlgos,
                                                                    &count, perf),
                    soft, "cudnnGetConvolutionBackwardDataAlgorithm_v7") ||
-        !pick(cb, perf, count, &p->bwd_data, &p->ws_bwd_data, "backward-data", soft)) {
+        !pick(cb, p, perf, count, &p->bwd_data, &p->ws_bwd_data, &p->bwd_data_math, "backward-data", soft, ws_query)) {
         p->refused_bwd_data = soft;
         return false;
     }
@@ -223,9 +258,15 @@ static bool ensure_bwd_filter(struct cuda_backend *cb, struct conv_plan *p)
         return true;
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
-    if (!CB_CUDNN(cb, cudnnGetConvolutionBackwardFilterAlgorithm_v7(cb->dnn, p->x, p->y, p->conv, p->w, kMaxAlgos,
+    auto ws_query = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t *bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(cb->dnn, p->x, p->y, p->conv, p->w, algo, bytes) ==
+               CUDNN_STATUS_SUCCESS;
+    };
+    if (!CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, p->math)) ||
+        !CB_CUDNN(cb, cudnnGetConvolutionBackwardFilterAlgorithm_v7(cb->dnn, p->x, p->y, p->conv, p->w, kMaxAlgos,
                                                                     &count, perf)) ||
-        !pick(cb, perf, count, &p->bwd_filter, &p->ws_bwd_filter, "backward-filter", false))
+        !pick(cb, p, perf, count, &p->bwd_filter, &p->ws_bwd_filter, &p->bwd_filter_math, "backward-filter", false,
+              ws_query))
         return false;
     return p->have_bwd_filter = true;
 }
@@ -268,7 +309,8 @@ void cuda_conv2d_forward(struct backend *be, const struct conv_args *a, struct t
     if (!xp || !wp || !yp || !ws)
         return;
     float one = 1.0f, zero = 0.0f;
-    if (!CB_CUDNN(cb, cudnnConvolutionForward(cb->dnn, &one, p->x, xp, p->w, wp, p->conv, p->fwd, ws, p->ws_fwd, &zero,
+    if (!CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, p->fwd_math)) ||
+        !CB_CUDNN(cb, cudnnConvolutionForward(cb->dnn, &one, p->x, xp, p->w, wp, p->conv, p->fwd, ws, p->ws_fwd, &zero,
                                               p->y, yp)))
         return;
     if (bias)
@@ -298,7 +340,8 @@ void cuda_conv2d_backward_data(struct backend *be, const struct conv_args *a, st
     if (!dyp || !wp || !dxp || !ws)
         return;
     float one = 1.0f, zero = 0.0f;
-    if (!CB_CUDNN(cb, cudnnConvolutionBackwardData(cb->dnn, &one, p->w, wp, p->y, dyp, p->conv, p->bwd_data, ws,
+    if (!CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, p->bwd_data_math)) ||
+        !CB_CUDNN(cb, cudnnConvolutionBackwardData(cb->dnn, &one, p->w, wp, p->y, dyp, p->conv, p->bwd_data, ws,
                                                    p->ws_bwd_data, &zero, p->x, dxp)))
         return;
     if (dxp != dx->data)
@@ -312,9 +355,11 @@ void cuda_conv2d_backward_filter(struct backend *be, const struct conv_args *a, 
     if (a->n <= 0) { /* no samples: dw = beta * dw (db likewise) */
         if (beta != 1.0f) {
             float *d = static_cast<float *>(dw->data);
-            if (beta == 0.0f)
+            if (beta == 0.0f) {
                 CB_CUDA(cb, cudaMemsetAsync(d, 0, dw->numel * sizeof(float), cb->stream));
-            else
+                if (db)
+                    CB_CUDA(cb, cudaMemsetAsync(db->data, 0, db->numel * sizeof(float), cb->stream));
+            } else
                 cuda_record(cb, "this is a bug in the caller", "conv2d_backward_filter with n = 0 and beta %g", beta);
         }
         return;
@@ -328,7 +373,8 @@ void cuda_conv2d_backward_filter(struct backend *be, const struct conv_args *a, 
     if (!xp || !dyp || !ws)
         return;
     float one = 1.0f;
-    if (!CB_CUDNN(cb, cudnnConvolutionBackwardFilter(cb->dnn, &one, p->x, xp, p->y, dyp, p->conv, p->bwd_filter, ws,
+    if (!CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math)) ||
+        !CB_CUDNN(cb, cudnnConvolutionBackwardFilter(cb->dnn, &one, p->x, xp, p->y, dyp, p->conv, p->bwd_filter, ws,
                                                      p->ws_bwd_filter, &beta, p->w, dw->data)))
         return;
     if (db)

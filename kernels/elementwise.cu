@@ -208,16 +208,19 @@ __global__ void pool_backward_kernel(pool_dims a, void *dx, int dx_dt, const voi
 constexpr int64_t kRowChunk = 256;
 
 /* partial[chunk][j] = sum of dy[r][j] over the chunk's rows, in double */
-__global__ void column_partials_kernel(double *partial, const void *dy, int dy_dt, int64_t m, int64_t n)
+__global__ void column_partials_kernel(double *partial, const void *dy, int dy_dt, int64_t m, int64_t n,
+                                       int64_t chunks)
 {
-    int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (j >= n)
         return;
-    int64_t r0 = chunk * kRowChunk, r1 = r0 + kRowChunk < m ? r0 + kRowChunk : m;
-    double s = 0.0;
-    for (int64_t r = r0; r < r1; r++)
-        s += load_elem(dy, dy_dt, (size_t)(r * n + j));
-    partial[chunk * n + j] = s;
+    for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) { /* gridDim.y is at most 65535 */
+        int64_t r0 = chunk * kRowChunk, r1 = r0 + kRowChunk < m ? r0 + kRowChunk : m;
+        double s = 0.0;
+        for (int64_t r = r0; r < r1; r++)
+            s += load_elem(dy, dy_dt, (size_t)(r * n + j));
+        partial[chunk * n + j] = s;
+    }
 }
 
 __global__ void column_finish_kernel(float *db, const double *partial, int64_t chunks, int64_t n, float beta)
@@ -294,15 +297,18 @@ __global__ void scale_kernel(float *d, size_t n, float beta)
     d[i] = beta == 0.0f ? 0.0f : beta * d[i];
 }
 
-/* dwpe[t][c] = beta * dwpe + sum over b of dy[b][t][c], in b order */
-__global__ void wpe_backward_kernel(float *dwpe, const void *dy, int dy_dt, int64_t B, int64_t T, int64_t C, float beta)
+/* dwpe[t][c] = beta * dwpe + sum over b of dy[b][t][c], in b order; a token outside the vocabulary
+ * adds nothing (the CPU skips it for both tables) */
+__global__ void wpe_backward_kernel(float *dwpe, const void *dy, int dy_dt, const int32_t *tokens, int64_t vocab,
+                                    int64_t B, int64_t T, int64_t C, float beta)
 {
     GRID_STRIDE(i, (size_t)(T * C))
     {
         int64_t t = (int64_t)(i / C), c = (int64_t)(i % C);
         float acc = beta == 0.0f ? 0.0f : beta * dwpe[i];
         for (int64_t b = 0; b < B; b++)
-            acc += load_elem(dy, dy_dt, (size_t)((b * T + t) * C + c));
+            if (tokens[b * T + t] >= 0 && tokens[b * T + t] < vocab)
+                acc += load_elem(dy, dy_dt, (size_t)((b * T + t) * C + c));
         dwpe[i] = acc;
     }
 }
@@ -344,7 +350,8 @@ void cuda_bias_grad(struct backend *be, struct tensor *db, const struct tensor *
         return;
     unsigned gx = (unsigned)((n + 127) / 128);
     if (chunks > 0) {
-        column_partials_kernel<<<dim3(gx, (unsigned)chunks), 128, 0, cb->stream>>>(partial, dy->data, dy->dtype, m, n);
+        unsigned gy = (unsigned)(chunks < 65535 ? chunks : 65535);
+        column_partials_kernel<<<dim3(gx, gy), 128, 0, cb->stream>>>(partial, dy->data, dy->dtype, m, n, chunks);
         CB_LAUNCHED(cb, "column_partials_kernel");
     }
     column_finish_kernel<<<gx, 128, 0, cb->stream>>>(static_cast<float *>(db->data), partial, chunks, n, beta);
@@ -497,8 +504,8 @@ void cuda_embedding_backward(struct backend *be, struct tensor *dwte, struct ten
 {
     struct cuda_backend *cb = cuda_of(be);
     int64_t BT = B * T, vocab = (int64_t)dwte->numel / C;
-    wpe_backward_kernel<<<grid_for((size_t)(T * C)), kThreads, 0, cb->stream>>>(static_cast<float *>(dwpe->data),
-                                                                                dy->data, dy->dtype, B, T, C, beta);
+    wpe_backward_kernel<<<grid_for((size_t)(T * C)), kThreads, 0, cb->stream>>>(
+        static_cast<float *>(dwpe->data), dy->data, dy->dtype, tokens, vocab, B, T, C, beta);
     CB_LAUNCHED(cb, "wpe_backward_kernel");
     if (dwpe->numel > (size_t)(T * C)) /* rows beyond T get no gradient: only the scaling */
         scale_kernel<<<grid_for(dwpe->numel - (size_t)(T * C)), kThreads, 0, cb->stream>>>(

@@ -169,7 +169,7 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
                                                           sizeof bias_type));
         if (ok)
             ok = plan_pick_algo(cb, p, true, &found);
-        if (ok && !found) {
+        if (ok && !found) { /* no fused-bias kernel for this combination: a separate bias kernel */
             epi = CUBLASLT_EPILOGUE_DEFAULT;
             p->bias_by_kernel = true;
             ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -242,13 +242,15 @@ void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm)
 {
     if (mm->m <= 0 || mm->n <= 0 || mm->batch <= 0)
         return;
-    if (mm->k == 0) { /* C = beta * C, batch by batch (bias never comes with k = 0 in the engine) */
+    if (mm->k == 0) { /* C = beta * C (+ bias), batch by batch, as the CPU does */
         for (int64_t i = 0; i < mm->batch; i++) {
             char *c = (char *)mm->c + (size_t)(i * mm->stride_c) * dtype_size(mm->c_dt);
             scale_rows_kernel<<<grid_for((size_t)(mm->m * mm->n)), kThreads, 0, cb->stream>>>(c, mm->c_dt, mm->m, mm->n,
                                                                                               mm->ldc, mm->beta);
         }
         CB_LAUNCHED(cb, "scale_rows_kernel");
+        if (mm->bias)
+            cuda_add_row_bias(cb, mm->c, mm->c_dt, mm->bias, mm->m, mm->n, mm->batch, mm->stride_c);
         return;
     }
     size_t es_ab = dtype_size(mm->ab_dt), es_c = dtype_size(mm->c_dt);
@@ -456,8 +458,10 @@ static void *att_buffer(struct cuda_backend *cb, enum cuda_scratch_slot slot, en
 
 static bool att_shapes_ok(struct cuda_backend *cb, int64_t B, int64_t T, int64_t C, int64_t H)
 {
-    if (H < 1 || C % H != 0 || T < 1 || B < 1 || T * (int64_t)sizeof(float) > 48 * 1024) {
-        cuda_record(cb, "use a sequence length of at most 12288 and a width divisible by the head count",
+    /* softmax_causal_kernel: T floats of dynamic shared memory next to its 384 static bytes, in the
+     * default 48 KiB a block may have: T <= 12192 */
+    if (H < 1 || C % H != 0 || T < 1 || B < 1 || T * (int64_t)sizeof(float) + 384 > 48 * 1024) {
+        cuda_record(cb, "use a sequence length of at most 12192 and a width divisible by the head count",
                     "attention: unsupported shape B=%lld T=%lld C=%lld H=%lld", (long long)B, (long long)T,
                     (long long)C, (long long)H);
         return false;

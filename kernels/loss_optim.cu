@@ -84,9 +84,10 @@ __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int 
     mi = si[0];
     for (int w = 1; w < (int)(blockDim.x >> 5); w++)
         argmax_merge(mv, mi, sv[w], si[w]);
-    if (mi >= K) { /* every logit NaN: the CPU keeps x[0] */
+    float x0 = load_elem(logits, x_dt, base);
+    if (mi >= K || isnan(x0)) { /* the CPU's scan starts at x[0] and a NaN there is never beaten */
         mi = 0;
-        mv = load_elem(logits, x_dt, base);
+        mv = x0;
     }
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < K; j += blockDim.x)

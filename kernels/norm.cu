@@ -84,22 +84,24 @@ __global__ void layernorm_backward_dx_kernel(void *dx, int dx_dt, const void *dy
 /* partial[chunk][j] = (sum dy * xhat, sum dy) over the chunk's rows, double */
 __global__ void layernorm_param_partials_kernel(double *pg, double *pb, const void *dy, int dy_dt, const void *x,
                                                 int x_dt, const float *mean, const float *rstd, int64_t rows,
-                                                int64_t cols)
+                                                int64_t cols, int64_t chunks)
 {
-    int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (j >= cols)
         return;
-    int64_t r0 = chunk * kLnChunk, r1 = r0 + kLnChunk < rows ? r0 + kLnChunk : rows;
-    double sg = 0.0, sb = 0.0;
-    for (int64_t r = r0; r < r1; r++) {
-        size_t at = (size_t)(r * cols + j);
-        float xhat = (load_elem(x, x_dt, at) - mean[r]) * rstd[r];
-        float g = load_elem(dy, dy_dt, at);
-        sg += (double)g * xhat;
-        sb += g;
+    for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) { /* gridDim.y is at most 65535 */
+        int64_t r0 = chunk * kLnChunk, r1 = r0 + kLnChunk < rows ? r0 + kLnChunk : rows;
+        double sg = 0.0, sb = 0.0;
+        for (int64_t r = r0; r < r1; r++) {
+            size_t at = (size_t)(r * cols + j);
+            float xhat = (load_elem(x, x_dt, at) - mean[r]) * rstd[r];
+            float g = load_elem(dy, dy_dt, at);
+            sg += (double)g * xhat;
+            sb += g;
+        }
+        pg[chunk * cols + j] = sg;
+        pb[chunk * cols + j] = sb;
     }
-    pg[chunk * cols + j] = sg;
-    pb[chunk * cols + j] = sb;
 }
 
 __global__ void param_finish_kernel(float *dgamma, float *dbeta, const double *pg, const double *pb, int64_t chunks,
@@ -249,8 +251,9 @@ void cuda_layernorm_backward(struct backend *be, const struct norm_args *a, stru
         return;
     unsigned gx = (unsigned)((cols + 127) / 128);
     if (chunks > 0) {
-        layernorm_param_partials_kernel<<<dim3(gx, (unsigned)chunks), 128, 0, cb->stream>>>(
-            pg, pb, dy->data, dy->dtype, x->data, x->dtype, f32_or_null(mean), f32_or_null(rstd), rows, cols);
+        unsigned gy = (unsigned)(chunks < 65535 ? chunks : 65535);
+        layernorm_param_partials_kernel<<<dim3(gx, gy), 128, 0, cb->stream>>>(
+            pg, pb, dy->data, dy->dtype, x->data, x->dtype, f32_or_null(mean), f32_or_null(rstd), rows, cols, chunks);
         CB_LAUNCHED(cb, "layernorm_param_partials_kernel");
     }
     param_finish_kernel<<<gx, 128, 0, cb->stream>>>(f32_or_null(dgamma), f32_or_null(dbeta), pg, pb, chunks, cols,

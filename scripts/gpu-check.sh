@@ -5,7 +5,10 @@
 #   OUTDIR/table.md   one markdown table (samples/s, tokens/s, peak GPU memory, ratios) for docs/perf.md
 #   OUTDIR/*.log      every build, test, training and benchmark log
 #   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc),
-#                                      PYTHON (python3: the one with PyTorch)
+#                                      PYTHON (python3: the one with PyTorch), BUILD_DIR (build-gpu),
+#                                      PHASES ("build tests bench": any of them, in that order)
+# The build goes to BUILD_DIR in the checkout, not OUTDIR, so OUTDIR holds only logs and the table, and a
+# later call with PHASES="tests" or "bench" reuses it (on the device machine: while it stays warm).
 # DRY=1 checks the script itself on a machine without a GPU: the same runs on the CPU (ampTrain
 # run.device=cpu, PyTorch on the CPU), a few steps each, GPU tests and the nvidia-smi check left out, so
 # that the logs' parsing and the table can be seen to work before a GPU's limited time is spent.
@@ -19,7 +22,8 @@ steps=${STEPS:-300}; wide_steps=${WIDE_STEPS:-100}; jobs=${JOBS:-$(nproc)}
 [ "$dry" = 1 ] && { steps=${STEPS:-3}; wide_steps=${WIDE_STEPS:-2}; }
 device=cuda; torch_device=cuda
 [ "$dry" = 1 ] && { device=cpu; torch_device=cpu; }
-build="$out/build"
+build=${BUILD_DIR:-build-gpu}; phases=" ${PHASES:-build tests bench} "
+has_phase() { case $phases in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 status=0
 note() { echo "gpu-check: $*" | tee -a "$out/summary.log"; }
 fail() { note "FAIL: $*"; status=1; }
@@ -31,30 +35,41 @@ note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=cs
 
 # ---- build (sm_90 only: the H200; the default build also makes sm_80 and PTX) ----
 t0=$(date +%s)
-if cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
+if ! has_phase build; then
+  [ -x "$build/ampTrain" ] || { fail "no $build/ampTrain: run the build phase first"; exit 1; }
+  note "build: skipped (PHASES), using $build"
+elif cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
    cmake --build "$build" -j "$jobs" >> "$out/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - t0 )) s)"
 else
   fail "build (see build.log)"; exit 1
 fi
-grep -q "CUDA backend ON" "$out/build.log" || [ "$dry" = 1 ] || { fail "the build has no CUDA backend (see build.log)"; exit 1; }
+has_phase build && ! grep -q "CUDA backend ON" "$out/build.log" && [ "$dry" != 1 ] &&
+  { fail "the build has no CUDA backend (see build.log)"; exit 1; }
 bin="$build/ampTrain"
 
 # ---- GPU tests: on a GPU machine a skip is a failure ----
 export OPENBLAS_NUM_THREADS=1
 for t in test_cuda_convert test_cuda_backend; do
-  [ "$dry" = 1 ] && break
+  { [ "$dry" = 1 ] || ! has_phase tests; } && break
+  t1=$(date +%s)
   (cd "$build" && "./$t" --verbose --jobs=1) > "$out/$t.log" 2>&1
   rc=$?
   case $rc in
-    0) note "$t: passed" ;;
+    0) note "$t: passed ($(( $(date +%s) - t1 )) s)" ;;
     77) fail "$t: skipped on a GPU machine (see $t.log)" ;;
     *) fail "$t: failed, rc $rc (see $t.log)" ;;
   esac
 done
 
+if ! has_phase bench; then
+  note "done in $(( $(date +%s) - t0 )) s, status $status (PHASES without bench: no table)"
+  exit $status
+fi
+
 # ---- training and benchmarks ----
 declare -A amp_sps amp_mem torch_sps torch_mem
+runs=$(mktemp -d /tmp/gpu-check-runs.XXXXXX)
 models="fashion_mlp fashion_cnn text_gpt"
 modes="fp32 fp16-dynamic bf16"
 tokens_of() { case $1 in text_gpt*) echo 64 ;; *) echo 0 ;; esac; }
@@ -64,8 +79,10 @@ run_amp() { # key config steps overrides...
   local key=$1 cfg=$2 n=$3; shift 3
   local log="$out/amp-$key.log"
   AMP_CUDA_MEMLOG=1 timeout 300 "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
-    run.log_every=50 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$out/runs/$key" "$@" > "$log" 2>&1
+    run.log_every=50 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$runs/$key" "$@" > "$log" 2>&1
   local rc=$?
+  # keep the step log; the run's checkpoint (up to ~200 MB at width 768) stays out of OUTDIR
+  cp "$runs/$key/scale_log.csv" "$out/amp-$key.scale_log.csv" 2>/dev/null; rm -rf "${runs:?}/$key"
   amp_sps[$key]=$(sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p' "$log" | tail -1)
   amp_mem[$key]=$(sed -n 's/.*peak device memory in use \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
   grep -q "device: $device" "$log" || fail "ampTrain $key did not run on $device (see amp-$key.log)"
@@ -94,6 +111,8 @@ for mode in $modes; do
   run_amp "text_gpt768-$mode" text_gpt "$wide_steps" "precision.mode=$mode" "${wide[@]}"
   run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width 768 --heads 12
 done
+
+rmdir "$runs" 2>/dev/null
 
 # ---- the table ----
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a/b }'; }
