@@ -584,6 +584,27 @@ Test(cuda_backend, losses, .init = open_both, .fini = close_both)
         pair_free(&losses);
         pair_free(&dx);
     }
+    /* NaN logits: the CPU's scan starts at x[0], so a NaN there is the row's argmax (index 0), and a NaN
+     * later in the row is passed over; `correct` must follow the same rule on the GPU */
+    struct pair x, losses;
+    pair_rand(&x, DT_FP32, 2, (int64_t[]){N, K}, -4, 4);
+    float *hx = x.c.data;
+    for (int i = 0; i < 8; i++)
+        labels[i] = i % 2 ? 0 : 3; /* odd rows: label 0, so "argmax is 0" shows as correct */
+    gpu->upload(gpu, dlab, labels, (size_t)N * sizeof(int32_t));
+    for (int i = 0; i < 8; i++)
+        hx[i * K + (i < 4 ? 0 : 5)] = NAN;
+    gpu->upload(gpu, x.g.data, x.c.data, tensor_bytes(&x.c));
+    pair_out(&losses, DT_FP32, 1, &N);
+    cpu->xent_forward_backward(cpu, &losses.c, correct_c, NULL, &x.c, labels, N, K, NULL);
+    gpu->xent_forward_backward(gpu, &losses.g, dcor, NULL, &x.g, dlab, N, K, NULL);
+    gpu->download(gpu, correct_g, dcor, sizeof correct_g);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(correct_g[i], correct_c[i], "row %d (NaN at %s): correct %d on the GPU, %d on the CPU", i,
+                     i < 4 ? "x[0]" : i < 8 ? "x[5]" : "nowhere", correct_g[i], correct_c[i]);
+    cr_assert(correct_c[1] == 1 && correct_c[0] == 0, "the CPU rule itself: NaN at x[0] is the argmax");
+    pair_free(&x);
+    pair_free(&losses);
     gpu->free(gpu, dlab);
     gpu->free(gpu, dcor);
     cpu->free(cpu, xs_c);
