@@ -159,6 +159,8 @@ struct lt_matmul {
     const void *a, *b; /* row-major operands as in gemm_args, dtype ab_dt */
     void *c;           /* dtype c_dt */
     const float *bias; /* fp32 (n) or NULL */
+    void *aux;         /* NULL, or the GELU epilogue (backend.h GEMM_EPI_GELU_TANH): aux (m, n) of c_dt with ld
+                        * ldc gets the pre-activation, C its GELU; needs batch 1, beta 0, !trans_a, ldc == n */
     enum dtype ab_dt, c_dt;
     bool trans_a, trans_b;
     int64_t m, n, k, lda, ldb, ldc;

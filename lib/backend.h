@@ -37,6 +37,14 @@
 enum act_kind { ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF };
 enum pool_kind { POOL_MAX, POOL_AVG };
 
+/* What the product's epilogue does besides alpha, beta and the bias. */
+enum gemm_epilogue {
+    GEMM_EPI_NONE,            /* C = alpha * op(A) @ op(B) + beta * C (+ bias) */
+    GEMM_EPI_GELU_TANH,       /* pre = alpha * op(A) @ op(B) + bias, in fp32; aux = pre and C = gelu_tanh(pre),
+                               * each rounded once to their dtype (which they share). Needs beta 0, batch 1,
+                               * !trans_a, and aux (m, n). aux is what GELU's backward reads (act_backward). */
+};
+
 /* C = alpha * op(A) @ op(B) + beta * C, row-major, `batch` independent products (strided batched). */
 struct gemm_args {
     const struct tensor *a;   /* op(A) is (m, k): A is (m, k), or (k, m) when trans_a */
@@ -48,6 +56,8 @@ struct gemm_args {
     float alpha, beta;
     int64_t batch;            /* >= 1 */
     int64_t stride_a, stride_b, stride_c; /* elements between consecutive batch matrices */
+    enum gemm_epilogue epilogue; /* GEMM_EPI_NONE (0) unless set */
+    struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype */
 };
 
 struct conv_args {

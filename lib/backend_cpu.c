@@ -364,9 +364,15 @@ static struct mat_out out_mat_f32(float *p, int64_t ld)
     return (struct mat_out){ .p = p, .dt = DT_FP32, .ld = ld };
 }
 
+static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g);
+
 static void cpu_gemm(struct backend *be, const struct gemm_args *g)
 {
     struct cpu_backend *cb = cpu_of(be);
+    if (g->epilogue == GEMM_EPI_GELU_TANH) {
+        gemm_gelu(cb, g);
+        return;
+    }
     assert(g->batch >= 1);
     assert(g->a->dtype == g->b->dtype); /* the contract; gemm_core itself would take any pair */
     assert(g->c->dtype == DT_FP32 || g->c->dtype == g->a->dtype);
@@ -423,6 +429,43 @@ HOT_LOOP static void act_apply(enum act_kind kind, float *y, const float *x, siz
         for (size_t i = 0; i < n; i++)
             y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT2));
         break;
+    }
+}
+
+/* The GELU epilogue (backend.h GEMM_EPI_GELU_TANH), a block of rows at a time so the fp32 scratch stays
+ * small: the product with the bias into fp32 (gemm_core, as for any product), then per row aux =
+ * round(pre) and C = round(gelu_tanh(pre)), GELU computed on the unrounded fp32 value, as a GEMM
+ * epilogue on a GPU computes it. */
+static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
+{
+    assert(g->batch == 1 && g->beta == 0.0f && !g->trans_a && g->aux);
+    assert(g->a->dtype == g->b->dtype && g->aux->dtype == g->c->dtype);
+    assert((int64_t)g->aux->numel == g->m * g->n && (int64_t)g->c->numel == g->m * g->n);
+    int64_t m = g->m, n = g->n, k = g->k;
+    if (m <= 0 || n <= 0)
+        return;
+    const float *bias = g->bias ? (const float *)g->bias->data : NULL;
+    struct mat_in b = { g->b->data, g->b->dtype, g->trans_b ? k : n };
+    if (g->c->dtype == DT_FP32) { /* aux holds the fp32 product itself: no scratch, no copies */
+        struct mat_in a = { g->a->data, g->a->dtype, k };
+        gemm_core(cb, false, g->trans_b, m, n, k, g->alpha, a, b, 0.0f, out_mat_f32(g->aux->data, n), bias);
+        act_apply(ACT_GELU_TANH, g->c->data, g->aux->data, (size_t)(m * n));
+        return;
+    }
+    int64_t rows = (int64_t)1 << 16; /* elements a block: 256 KiB of fp32, to stay in cache for the GELU pass */
+    rows = rows / n > 0 ? rows / n : 1;
+    rows = rows < m ? rows : m;
+    float *pre = scratch_get(cb, SCR_TMP0, (size_t)(rows * n) * sizeof(float));
+    if (!pre)
+        return;
+    for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        int64_t rb = m - r0 < rows ? m - r0 : rows;
+        struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(r0 * k)), g->a->dtype, k };
+        gemm_core(cb, false, g->trans_b, rb, n, k, g->alpha, a, b, 0.0f, out_mat_f32(pre, n), bias);
+        size_t off = (size_t)(r0 * n), cnt = (size_t)(rb * n);
+        dtype_convert(elem_ptr(g->aux->data, g->aux->dtype, off), g->aux->dtype, pre, DT_FP32, cnt);
+        act_apply(ACT_GELU_TANH, pre, pre, cnt);
+        dtype_convert(elem_ptr(g->c->data, g->c->dtype, off), g->c->dtype, pre, DT_FP32, cnt);
     }
 }
 

@@ -255,8 +255,7 @@ static void block_forward(struct layer *l, const struct step_ctx *ctx, const str
     linear_op_forward(be, &p->proj, &proj, &att, rows);
     be->add(be, &r1, x, &proj);
     layernorm_op_forward(be, &p->ln2, &h2, &r1, rows);
-    linear_op_forward(be, &p->fc, &fc, &h2, rows);
-    be->act_forward(be, p->act, &g, &fc);
+    linear_op_forward_act(be, &p->fc, p->act, &g, &fc, &h2, rows);
     linear_op_forward(be, &p->fc2, &fc2, &g, rows);
     be->add(be, &l->y, &r1, &fc2);
 }

@@ -136,6 +136,12 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
                                 enum param_init weight_init);
 void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
                        int64_t rows);
+/* The op followed by an activation: pre = the op's output (rows, out), saved for the activation's
+ * backward, and y = act(pre). GELU (tanh) whose output has pre's dtype is the GEMM's epilogue
+ * (GEMM_EPI_GELU_TANH: GELU of the unrounded fp32 pre-activation, one pass less over the activation);
+ * otherwise the op, then act_forward. */
+void linear_op_forward_act(struct backend *be, struct linear_op *op, enum act_kind act, struct tensor *y,
+                           struct tensor *pre, const struct tensor *x, int64_t rows);
 /* dx may be NULL (first layer): no input gradient. beta: 0 overwrite weight grads, 1 accumulate. */
 void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor *dx, const struct tensor *dy,
                         const struct tensor *x, int64_t rows, float beta);

@@ -58,11 +58,13 @@ static const struct tensor *linear_op_weight(const struct linear_op *op)
     return op->d == DT_FP32 ? &op->w->master : &op->w->lowp;
 }
 
-void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
-                       int64_t rows)
+/* y = x W^T + b, or with the GELU epilogue y = gelu(pre), pre = x W^T + b (pre NULL: none). */
+static void linear_op_gemm(struct backend *be, struct linear_op *op, struct tensor *y, struct tensor *pre,
+                           const struct tensor *x, int64_t rows)
 {
     struct tensor x2 = matrix_view(x, rows, op->in);
     struct tensor y2 = matrix_view(y, rows, op->out);
+    struct tensor pre2 = pre ? matrix_view(pre, rows, op->out) : y2;
     struct tensor xc;
     const struct tensor *xin = &x2;
     if (op->xc.data) {
@@ -73,8 +75,26 @@ void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *
     struct gemm_args g = {
         .a = xin, .b = linear_op_weight(op), .c = &y2, .bias = op->b ? &op->b->master : NULL,
         .trans_b = true, .m = rows, .n = op->out, .k = op->in, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
+        .epilogue = pre ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE, .aux = pre ? &pre2 : NULL,
     };
     be->gemm(be, &g);
+}
+
+void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
+                       int64_t rows)
+{
+    linear_op_gemm(be, op, y, NULL, x, rows);
+}
+
+void linear_op_forward_act(struct backend *be, struct linear_op *op, enum act_kind act, struct tensor *y,
+                           struct tensor *pre, const struct tensor *x, int64_t rows)
+{
+    if (act == ACT_GELU_TANH && y->dtype == pre->dtype && y->dtype == op->d) {
+        linear_op_gemm(be, op, y, pre, x, rows);
+        return;
+    }
+    linear_op_gemm(be, op, pre, NULL, x, rows);
+    be->act_forward(be, act, y, pre);
 }
 
 void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor *dx, const struct tensor *dy,

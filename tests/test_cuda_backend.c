@@ -133,18 +133,18 @@ static float tol_of(enum dtype dt)
     return dt == DT_FP32 ? 1e-5f : 1e-2f;
 }
 
-/* Relative L2 error of the GPU tensor against the CPU one; every GPU element must be finite where the
- * CPU's is (a NaN left by the poison fails here). */
-static void pair_expect(const struct pair *p, double tol, const char *what)
+/* Relative L2 error of GPU tensor `gt` against CPU tensor `ct` (same dtype and numel); every GPU element
+ * must be finite where the CPU's is (a NaN left by the poison fails here). */
+static double rel_l2(const struct tensor *gt, const struct tensor *ct, const char *what)
 {
     check_gpu();
-    size_t n = p->c.numel, bytes = tensor_bytes(&p->c);
+    size_t n = ct->numel, bytes = tensor_bytes(ct);
     void *raw = malloc(bytes);
     float *g = malloc(n * sizeof *g), *c = malloc(n * sizeof *c);
     cr_assert(raw && g && c);
-    gpu->download(gpu, raw, p->g.data, bytes);
-    dtype_convert(g, DT_FP32, raw, p->c.dtype, n);
-    tensor_to_host_f32(&p->c, c);
+    gpu->download(gpu, raw, gt->data, bytes);
+    dtype_convert(g, DT_FP32, raw, ct->dtype, n);
+    tensor_to_host_f32(ct, c);
     double num = 0.0, den = 0.0;
     size_t bad = 0, first_bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -161,11 +161,16 @@ static void pair_expect(const struct pair *p, double tol, const char *what)
     }
     cr_assert_eq(bad, 0, "%s: %zu GPU elements non-finite where the CPU's are finite (first [%zu]: GPU %g, CPU %g)",
                  what, bad, first_bad, g[first_bad], c[first_bad]);
-    double rel = sqrt(num) / (den > 0.0 ? sqrt(den) : 1.0);
-    cr_assert(rel <= tol, "%s (%s): relative L2 error %.3g > %.3g", what, dtype_name(p->c.dtype), rel, tol);
     free(raw);
     free(g);
     free(c);
+    return sqrt(num) / (den > 0.0 ? sqrt(den) : 1.0);
+}
+
+static void pair_expect(const struct pair *p, double tol, const char *what)
+{
+    double rel = rel_l2(&p->g, &p->c, what);
+    cr_assert(rel <= tol, "%s (%s): relative L2 error %.3g > %.3g", what, dtype_name(p->c.dtype), rel, tol);
 }
 
 /* int32 buffers (labels, tokens, correct) on both backends */
@@ -255,6 +260,114 @@ Test(cuda_backend, gemm_tf32, .init = open_both, .fini = close_both)
     gpu->allow_tf32 = true;
     gemm_case(DT_FP32, DT_FP32, false, true, true, 0.0f, 1, 1e-3);
     gemm_case(DT_FP32, DT_FP32, true, false, false, 1.0f, 2, 1e-3);
+}
+
+/* The GELU epilogue (backend.h GEMM_EPI_GELU_TANH): aux (the pre-activation) and C (its GELU) each against
+ * the CPU. n = 72 and 256 give aux a leading dimension cuBLASLt's epilogue takes (a multiple of 8), so they
+ * run fused where its heuristic offers a kernel; n = 50 does not and runs the fallback (the product into
+ * aux, then the GELU kernel). The fp32 cases also decide which GELU cuBLASLt computes: its documentation
+ * does not say, and the erf form differs from the tanh form by up to 4.7e-4, a relative L2 error of
+ * 1.4e-4 to 1.6e-4 on these pre-activations (standard deviation 1.8 to 2.1), far above the 1e-5 asked of
+ * C here. A failure prints
+ * the error against the erf form too: near 0 there means an erf epilogue; about 1e-4 against both, an
+ * approximate tanh. */
+static void gemm_gelu_case(enum dtype dt, enum dtype c_dt, bool tb, bool bias, int64_t m, int64_t n, int64_t k)
+{
+    struct pair a, b, aux, c, bi;
+    pair_rand(&a, dt, 2, (int64_t[]){m, k}, -1, 1);
+    pair_rand(&b, dt, 2, (int64_t[]){tb ? n : k, tb ? k : n}, -1, 1);
+    pair_out(&aux, c_dt, 2, (int64_t[]){m, n});
+    pair_out(&c, c_dt, 2, (int64_t[]){m, n});
+    if (bias)
+        pair_rand(&bi, DT_FP32, 1, (int64_t[]){n}, -1, 1);
+    struct gemm_args g = {.trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.75f, .beta = 0.0f, .batch = 1,
+                          .epilogue = GEMM_EPI_GELU_TANH};
+    g.a = &a.c, g.b = &b.c, g.c = &c.c, g.bias = bias ? &bi.c : NULL, g.aux = &aux.c;
+    cpu->gemm(cpu, &g);
+    g.a = &a.g, g.b = &b.g, g.c = &c.g, g.bias = bias ? &bi.g : NULL, g.aux = &aux.g;
+    gpu->gemm(gpu, &g);
+    double tol = c_dt != DT_FP32 ? 1e-2 : dt == DT_FP32 ? 1e-5 : 1e-4; /* as the gemm test */
+    char what[160];
+    snprintf(what, sizeof what, "gemm+gelu %s->%s tb=%d bias=%d m=%lld n=%lld k=%lld", dtype_name(dt),
+             dtype_name(c_dt), tb, bias, (long long)m, (long long)n, (long long)k);
+    pair_expect(&aux, tol, what);
+    if (dt == DT_FP32) {
+        struct amp_error err = {0};
+        struct tensor erf; /* the erf form of the CPU's pre-activation */
+        cr_assert_eq(tensor_alloc(&erf, cpu, DT_FP32, 2, (int64_t[]){m, n}, "erf reference", &err), AMP_OK, "%s",
+                     err.msg);
+        cpu->act_forward(cpu, ACT_GELU_ERF, &erf, &aux.c);
+        double to_tanh = rel_l2(&c.g, &c.c, what), to_erf = rel_l2(&c.g, &erf, what);
+        cr_assert(to_tanh <= tol, "%s: C's relative L2 error against the tanh form %.3g > %.3g (against the erf form "
+                  "%.3g)", what, to_tanh, tol, to_erf);
+        tensor_free(&erf);
+    } else {
+        pair_expect(&c, tol, what);
+    }
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&aux);
+    pair_free(&c);
+    if (bias)
+        pair_free(&bi);
+}
+
+Test(cuda_backend, gemm_gelu_epilogue, .init = open_both, .fini = close_both)
+{
+    static const int64_t shapes[][3] = {{37, 72, 50}, {64, 256, 64}, {37, 50, 72}}; /* m, n, k */
+    rng_state = 21;
+    for (int d = 0; d < 3; d++) {
+        enum dtype dt = all_dtypes[d];
+        enum dtype outs[2] = {dt, DT_FP32};
+        for (int o = 0; o < (dt == DT_FP32 ? 1 : 2); o++)
+            for (int s = 0; s < 3; s++)
+                for (int t = 0; t < 4; t++)
+                    gemm_gelu_case(dt, outs[o], t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2]);
+    }
+}
+
+/* A GELU call that breaks a precondition of backend.h records an error and writes nothing: C and aux keep
+ * their poison. Each case on a fresh backend, since the first error stays recorded. */
+Test(cuda_backend, gemm_gelu_epilogue_refuses_bad_calls, .init = open_both, .fini = close_both)
+{
+    enum { BETA, BATCH, TRANS_A, NO_AUX, AUX_DTYPE, CASES };
+    static const char *names[CASES] = {"beta 1", "batch 2", "trans_a", "aux NULL", "aux fp16 with C fp32"};
+    int64_t m = 16, shape[] = {2, m, m};
+    rng_state = 22;
+    for (int v = 0; v < CASES; v++) {
+        struct amp_error err = {0};
+        if (v > 0) {
+            backend_close(gpu);
+            cr_assert_eq(backend_cuda_create(&gpu, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
+        }
+        struct pair a, b, aux, c;
+        pair_rand(&a, DT_FP32, 3, shape, -1, 1);
+        pair_rand(&b, DT_FP32, 3, shape, -1, 1);
+        pair_out(&aux, v == AUX_DTYPE ? DT_FP16 : DT_FP32, 2, (int64_t[]){m, m});
+        pair_out(&c, DT_FP32, 3, shape);
+        struct gemm_args g = {.a = &a.g, .b = &b.g, .c = &c.g, .aux = v == NO_AUX ? NULL : &aux.g,
+                              .trans_a = v == TRANS_A, .m = m, .n = m, .k = m, .alpha = 1.0f,
+                              .beta = v == BETA ? 1.0f : 0.0f, .batch = v == BATCH ? 2 : 1, .stride_a = m * m,
+                              .stride_b = m * m, .stride_c = m * m, .epilogue = GEMM_EPI_GELU_TANH};
+        gpu->gemm(gpu, &g);
+        gpu->synchronize(gpu);
+        cr_assert_neq(gpu->status(gpu, &err), AMP_OK, "%s: no error recorded", names[v]);
+        cr_assert(strstr(err.hint, "bug in the caller"), "%s: hint \"%s\"", names[v], err.hint);
+        const struct pair *outs[2] = {&c, &aux};
+        for (int o = 0; o < 2; o++) {
+            size_t bytes = tensor_bytes(&outs[o]->c);
+            unsigned char *h = malloc(bytes);
+            cr_assert_not_null(h);
+            gpu->download(gpu, h, outs[o]->g.data, bytes);
+            for (size_t i = 0; i < bytes; i++)
+                cr_assert_eq(h[i], 0xFF, "%s: %s byte %zu written", names[v], o ? "aux" : "C", i);
+            free(h);
+        }
+        pair_free(&a);
+        pair_free(&b);
+        pair_free(&aux);
+        pair_free(&c);
+    }
 }
 
 Test(cuda_backend, bias_grad, .init = open_both, .fini = close_both)
