@@ -9,6 +9,11 @@
 #                                      PHASES ("build tests bench": any of them, in that order)
 # The build goes to BUILD_DIR in the checkout, not OUTDIR, so OUTDIR holds only logs and the table, and a
 # later call with PHASES="tests" or "bench" reuses it (on the device machine: while it stays warm).
+# BUNDLE=.gpu-bundle/bundle.tar.xz uses what scripts/gpu-bundle.sh built on the development machine
+# (binaries, the shared libraries the GPU machine lacks, the datasets) instead of building: the lent H200
+# has CUDA, cuDNN (PyTorch's), CMake and PyTorch but none of our Debian packages or datasets, and can fetch
+# nothing. It unpacks the bundle to /tmp, installs the datasets where the configs expect them, links the
+# checkout to the path the tests were built in, and finds cuDNN; the build phase is then skipped.
 # DRY=1 checks the script itself on a machine without a GPU: the same runs on the CPU (ampTrain
 # run.device=cpu, PyTorch on the CPU), a few steps each, GPU tests and the nvidia-smi check left out, so
 # that the logs' parsing and the table can be seen to work before a GPU's limited time is spent.
@@ -27,10 +32,38 @@ has_phase() { case $phases in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 status=0
 note() { echo "gpu-check: $*" | tee -a "$out/summary.log"; }
 fail() { note "FAIL: $*"; status=1; }
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+# ---- the bundle: binaries and libraries from the development machine ----
+if [ -n "${BUNDLE:-}" ]; then
+  root=/tmp/amp-bundle
+  rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf "$BUNDLE" ||
+    { fail "cannot unpack $BUNDLE"; exit 1; }
+  commit="$(head -c 9 "$root/COMMIT")$(grep -q dirty "$root/COMMIT" && echo ' (dirty)') (bundle)"
+  for d in datasets/fashion-mnist games/fortunes; do
+    [ -e "/usr/share/$d" ] || { mkdir -p "$(dirname "/usr/share/$d")" && cp -r "$root/data/${d#*/}" "/usr/share/$d"; } ||
+      fail "cannot install /usr/share/$d (needs root)"
+  done
+  src=$(cat "$root/SOURCE_DIR")
+  if [ "$(cd "$src" 2>/dev/null && pwd -P)" != "$(pwd -P)" ]; then
+    [ -e "$src" ] && { fail "the tests were built in $src, which exists here and is not this checkout"; exit 1; }
+    mkdir -p "$(dirname "$src")" && ln -s "$(pwd -P)" "$src" || { fail "cannot link $src to this checkout"; exit 1; }
+  fi
+  cudnn=$("$python" -c 'import nvidia.cudnn as m; print(m.__path__[0] + "/lib")' 2>/dev/null)
+  [ -e "$cudnn/libcudnn.so.9" ] ||
+    cudnn=$(dirname "$(find /usr/local /usr/lib /opt -name libcudnn.so.9 2>/dev/null | head -1)" 2>/dev/null)
+  [ -e "$cudnn/libcudnn.so.9" ] || { fail "no libcudnn.so.9 on this machine"; exit 1; }
+  cuda_lib=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda-13*/ -name 'libcublasLt.so.13' 2>/dev/null | head -1)" 2>/dev/null)
+  export LD_LIBRARY_PATH="$root/lib:$cuda_lib:$cudnn${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  note "bundle: commit $commit, cuDNN from $cudnn, CUDA libraries from ${cuda_lib:-the default search path}"
+  ldd "$root/bin/test_cuda_backend" | grep "not found" && { fail "libraries missing (ldd above)"; exit 1; }
+  build="$root/bin"
+  phases=${phases/ build / }
+fi
 
 if [ "$dry" = 1 ]; then note "DRY run: everything on the CPU, no GPU tests (checks this script, measures nothing)"
 else nvidia-smi > "$out/nvidia-smi.log" 2>&1 || fail "nvidia-smi did not run (no GPU?)"; fi
-note "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)'), $(date -u +%Y-%m-%dT%H:%MZ)"
+note "commit $commit$(git diff --quiet 2>/dev/null || echo ' (checkout dirty)'), $(date -u +%Y-%m-%dT%H:%MZ)"
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 
 # ---- build (sm_90 only: the H200; the default build also makes sm_80 and PTX) ----
@@ -119,7 +152,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || b == 0) prin
 fmt() { awk -v a="$1" -v t="$2" 'BEGIN{ if (a == "") print "-"; else if (t > 0) printf "%.0f (%.0f tok/s)", a, a*t; else printf "%.0f", a }'; }
 {
   if [ "$dry" = 1 ]; then echo "DRY run of gpu-check on the CPU, $(date -u +%Y-%m-%d): checks the script; these figures measure nothing"
-  else echo "GPU check of $(git rev-parse --short HEAD 2>/dev/null || echo unknown) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"; fi
+  else echo "GPU check of $commit on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"; fi
   echo "($steps steps per run, $wide_steps for width 768; throughput over the whole run including start-up for ampTrain, timed steps after warm-up for PyTorch)"
   echo
   echo "| model | mode | ampTrain samples/s | PyTorch eager AMP samples/s | ampTrain / PyTorch | ampTrain peak MiB | PyTorch peak MiB |"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Prepare what scripts/gpu-check.sh needs on a lent GPU machine that has CUDA, cuDNN (PyTorch's), CMake
+# and PyTorch but none of our Debian packages and no datasets, and can fetch nothing (the device tool's
+# H200 image, /work/.library/device): one file, .gpu-bundle/bundle.tar.xz (~15-40 MB, under the 64 MiB a
+# device call may carry), holding
+#   bin/   ampTrain, test_cuda_backend, test_cuda_convert, built here for sm_90 (-Werror, Release),
+#          linked against the reference BLAS instead of OpenBLAS (0.4 MB against 36 MB)
+#   lib/   every shared library they load except glibc's, libstdc++/libgcc_s and CUDA's own
+#          (cudart, cuBLAS, cuBLASLt, cuDNN come from the GPU machine)
+#   data/  Fashion-MNIST and the fortunes corpus, for /usr/share/datasets and /usr/share/games there
+#   COMMIT the commit built (gpu-check.sh warns when the checkout differs)
+# Run it here (the development machine), then on the GPU machine:
+#   BUNDLE=.gpu-bundle/bundle.tar.xz PHASES="tests" scripts/gpu-check.sh OUT      (carry: .gpu-bundle)
+# The test binaries have this checkout's path compiled in (AMP_SOURCE_DIR); gpu-check.sh links that path
+# to the checkout there when they differ. Glibc is backward compatible, so binaries built on this Debian 12
+# (glibc 2.36) run on a newer glibc there; if they do not, build there instead (docs/perf.md, GPU figures).
+#   scripts/gpu-bundle.sh              env: BUILD_DIR (build-gpu-bundle), JOBS (nproc)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
+build=${BUILD_DIR:-build-gpu-bundle}
+jobs=${JOBS:-$(nproc)}
+netlib=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3 # Debian's reference BLAS (libblas3), CBLAS included
+fashion=/usr/share/datasets/fashion-mnist
+fortunes=/usr/share/games/fortunes
+for need in "$netlib" "$fashion/train-images-idx3-ubyte.gz" "$fortunes"; do
+  [ -e "$need" ] || { echo "gpu-bundle: $need is missing: run scripts/install-deps.sh (and apt-get install libblas3)" >&2; exit 1; }
+done
+
+cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+  -DAMP_BLAS_VENDOR=Generic > /dev/null
+grep -q "^AMP_CUDA:BOOL=ON" "$build/CMakeCache.txt" && command -v nvcc > /dev/null ||
+  { echo "gpu-bundle: no CUDA toolkit here (nvcc): the bundle needs the CUDA backend" >&2; exit 1; }
+cmake --build "$build" -j "$jobs" --target ampTrain test_cuda_backend test_cuda_convert > /dev/null
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
+bins=("$build/ampTrain" "$build/test_cuda_backend" "$build/test_cuda_convert")
+cp "${bins[@]}" "$stage/bin/"
+# the libraries the binaries load, resolved here with the reference BLAS first (the alternatives link
+# libblas.so.3 may be OpenBLAS's, which would pull in libopenblas and libgfortran), less the ones the GPU
+# machine must provide itself
+LD_LIBRARY_PATH="$(dirname "$netlib")" ldd "${bins[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+  grep -v -E '^(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*)\.so' |
+  while read -r soname path; do
+    case $soname in
+      libblas.so.3) cp -L "$netlib" "$stage/lib/$soname" ;; # not OpenBLAS's libblas.so.3 (the alternatives link)
+      *) cp -L "$path" "$stage/lib/$soname" ;;
+    esac
+  done
+cp -r "$fashion" "$stage/data/fashion-mnist"
+cp -r "$fortunes" "$stage/data/fortunes"
+git rev-parse HEAD > "$stage/COMMIT"
+git diff --quiet HEAD 2> /dev/null || echo "dirty" >> "$stage/COMMIT"
+echo "$(pwd)" > "$stage/SOURCE_DIR" # AMP_SOURCE_DIR compiled into the tests
+
+mkdir -p .gpu-bundle
+tar -C "$stage" -cJf .gpu-bundle/bundle.tar.xz .
+echo "gpu-bundle: .gpu-bundle/bundle.tar.xz, $(du -h .gpu-bundle/bundle.tar.xz | cut -f1), commit $(head -c 12 "$stage/COMMIT"):" \
+     "$(ls "$stage/lib" | wc -l) libraries ($(du -sh "$stage/lib" | cut -f1) unpacked), data $(du -sh "$stage/data" | cut -f1)"
