@@ -6,7 +6,8 @@
 #   OUTDIR/*.log      every build, test, training and benchmark log
 #   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc),
 #                                      PYTHON (python3: the one with PyTorch), BUILD_DIR (build-gpu),
-#                                      PHASES ("build tests bench": any of them, in that order)
+#                                      PHASES ("build tests bench": any of them, in that order),
+#                                      TEST_TIMEOUT (300 s a test binary), RUN_TIMEOUT (90 s a training run)
 # The build goes to BUILD_DIR in the checkout, not OUTDIR, so OUTDIR holds only logs and the table, and a
 # later call with PHASES="tests" or "bench" reuses it (on the device machine: while it stays warm).
 # BUNDLE=.gpu-bundle/bundle.tar.xz uses what scripts/gpu-bundle.sh built on the development machine
@@ -86,11 +87,12 @@ export OPENBLAS_NUM_THREADS=1
 for t in test_cuda_convert test_cuda_backend; do
   { [ "$dry" = 1 ] || ! has_phase tests; } && break
   t1=$(date +%s)
-  (cd "$build" && "./$t" --verbose --jobs=1) > "$out/$t.log" 2>&1
+  (cd "$build" && timeout "${TEST_TIMEOUT:-300}" "./$t" --verbose --jobs=1) > "$out/$t.log" 2>&1
   rc=$?
   case $rc in
     0) note "$t: passed ($(( $(date +%s) - t1 )) s)" ;;
     77) fail "$t: skipped on a GPU machine (see $t.log)" ;;
+    124) fail "$t: timed out after ${TEST_TIMEOUT:-300} s (see $t.log)" ;;
     *) fail "$t: failed, rc $rc (see $t.log)" ;;
   esac
 done
@@ -111,7 +113,7 @@ tokens_of() { case $1 in text_gpt*) echo 64 ;; *) echo 0 ;; esac; }
 run_amp() { # key config steps overrides...
   local key=$1 cfg=$2 n=$3; shift 3
   local log="$out/amp-$key.log"
-  AMP_CUDA_MEMLOG=1 timeout 300 "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
+  AMP_CUDA_MEMLOG=1 timeout "${RUN_TIMEOUT:-90}" "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
     run.log_every=50 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$runs/$key" "$@" > "$log" 2>&1
   local rc=$?
   # keep the step log; the run's checkpoint (up to ~200 MB at width 768) stays out of OUTDIR
@@ -125,7 +127,7 @@ run_amp() { # key config steps overrides...
 run_torch() { # key model mode steps extra...
   local key=$1 model=$2 mode=$3 n=$4; shift 4
   local log="$out/torch-$key.log"
-  timeout 300 "$python" scripts/bench_gpu_torch.py "$model" "$mode" "$n" --device "$torch_device" "$@" > "$log" 2>&1
+  timeout "${RUN_TIMEOUT:-90}" "$python" scripts/bench_gpu_torch.py "$model" "$mode" "$n" --device "$torch_device" "$@" > "$log" 2>&1
   local rc=$?
   torch_sps[$key]=$(sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
   torch_mem[$key]=$(sed -n 's/.*peak \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
