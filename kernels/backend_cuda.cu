@@ -209,6 +209,7 @@ static void cu_destroy(struct backend *be)
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
     free(cb->gs_table.host);
+    free(cb->opt_table.host);
     if (cb->host_pinned)
         cudaFreeHost(cb->host_pinned);
     if (cb->lt_workspace)

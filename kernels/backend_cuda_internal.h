@@ -44,6 +44,7 @@ enum cuda_scratch_slot {
     CSCR_PARTIAL,                 /* per-block partial results of reductions */
     CSCR_PARTIAL2,
     CSCR_GS_DESC,                 /* grad_stats: the tensor table (struct grad_table holds its host copy) */
+    CSCR_OPT_DESC,                /* adamw / sgd: the parameter table (struct optim_table holds its host copy) */
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
     CSCR_COUNT
 };
@@ -68,6 +69,26 @@ struct grad_table {
     int cap;
 };
 
+/* adamw_update / sgd_update's parameter table (loss_optim.cu): one entry per parameter, in the caller's
+ * order; the n entries of one call share the step scalars and the hyperparameters (kernel arguments). */
+struct optim_table_entry {
+    float *master;       /* fp32 (numel), updated in place */
+    const float *grad;   /* fp32 (numel), still scaled by the loss scale */
+    float *m, *v;        /* fp32 (numel): adamw's moments; sgd: m the momentum buffer or NULL, v NULL */
+    void *lowp;          /* (numel) of lowp_dt: the copy written in the same pass, or NULL */
+    uint64_t numel;
+    float weight_decay;  /* 0 where the parameter does not decay */
+    int32_t lowp_dt;     /* enum dtype of lowp */
+};
+
+/* The host copy of the table last uploaded to scr[CSCR_OPT_DESC]; the same scheme as struct grad_table:
+ * an update uploads again only when its parameters change. */
+struct optim_table {
+    struct optim_table_entry *host; /* malloc'd, cap entries */
+    int n;           /* entries on the device; 0 when nothing valid is there */
+    int cap;
+};
+
 struct gemm_plan; /* gemm_cublaslt.cu */
 struct conv_plan; /* conv_cudnn.cu */
 
@@ -84,6 +105,7 @@ struct cuda_backend {
     int n_gemm_plans;
     struct conv_plan *conv_plans;
     struct grad_table gs_table;
+    struct optim_table opt_table;
     void *host_pinned;   /* small pinned host buffer for reduction results (count_zeros) */
     size_t host_pinned_cap;
     size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */
@@ -239,7 +261,7 @@ void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int 
 void cuda_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
                       const struct grad_check *check, struct step_row *row);
 int64_t cuda_count_zeros(struct backend *be, const struct tensor *t);
-void cuda_adamw_update(struct backend *be, const struct optim_update_args *a);
-void cuda_sgd_update(struct backend *be, const struct optim_update_args *a);
+void cuda_adamw_update(struct backend *be, const struct optim_update_args *a, int n);
+void cuda_sgd_update(struct backend *be, const struct optim_update_args *a, int n);
 
 #endif

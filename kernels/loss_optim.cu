@@ -19,15 +19,22 @@
  * cudaMemcpyAsync stages a pageable source before it returns, so rewriting the copy later can never
  * race a queued upload (a shared pinned buffer could, without a synchronisation per call).
  * step_finish: step_rule_finish (lib/step_rule.h) in a one-thread kernel, on state in device memory.
- * adamw / sgd: one pass per parameter updating the fp32 master (and moments) and writing the fp16/bf16
- * copy in the same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor,
- * skip) are read from struct step_scalars in device memory, written by step_finish in double as PyTorch
- * and the CPU backend compute them; a skipped step leaves every tensor untouched.
+ * adamw / sgd: ONE launch updates all n parameters of a call (a model's ~30 tensors paid ~30 launches a
+ * step before). A table of {master, grad, m, v, lowp, lowp dtype, numel, weight decay} per parameter lives
+ * in device memory, cached and uploaded as grad_stats' is (struct optim_table, scratch slot
+ * CSCR_OPT_DESC); a grid (blocks per tensor, tensors) gives each tensor the same number of blocks, enough
+ * for 4 elements a thread over the largest tensor and at most kOptimMaxBlocks, which grid-stride over its
+ * elements (past 65535 tensors, one launch per 65535). Each element is updated in the CPU backend's
+ * order (adamw_element, sgd_element): the fp32 master and moments, and the fp16/bf16 copy written in the
+ * same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor, skip) are
+ * read from struct step_scalars in device memory, written by step_finish in double as PyTorch and the CPU
+ * backend compute them; every thread reads skip first, and a skipped step leaves every tensor untouched.
  */
 #include "backend_cuda_internal.h"
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 namespace {
 
@@ -35,6 +42,10 @@ constexpr unsigned kLossThreads = 256;
 constexpr unsigned kLossSumThreads = 1024; /* loss_sum: one block */
 constexpr unsigned kStatBlocks = 64;   /* slices per tensor in grad_stats */
 constexpr unsigned kStatThreads = 256;
+constexpr unsigned kOptimThreads = 256;
+constexpr unsigned kOptimPerThread = 4;    /* elements a thread at least, over the largest tensor */
+constexpr unsigned kOptimMaxBlocks = 512;  /* blocks per tensor at most; beyond, the threads grid-stride */
+constexpr int kMaxTensorsPerLaunch = 65535; /* gridDim.y */
 
 __device__ double block_sum_d(double v, double *shared)
 {
@@ -262,60 +273,76 @@ __global__ void sum_partials_kernel(long long *out, const long long *part, unsig
     *out = s;
 }
 
-/* What adamw_kernel takes from the host; the step's scalars come from struct step_scalars. */
+/* What adamw_kernel takes from the host (shared by the call's parameters); the step's scalars come from
+ * struct step_scalars, each parameter's weight decay from its table entry. */
 struct adamw_consts {
     float b1, b2, omb1, omb2, eps;
-    bool decay_on;
 };
 
-__global__ void adamw_kernel(float *p, float *m, float *v, const float *g, void *lowp, int lowp_dt, size_t n,
-                             const struct step_scalars *sc, adamw_consts c)
+/* Element i of torch.optim.AdamW, in the CPU backend's order (adamw_one). */
+__device__ __forceinline__ void adamw_element(const struct optim_table_entry &t, size_t i,
+                                              const struct step_scalars &s, const adamw_consts &c, bool decay_on)
 {
-    if (sc->skip)
-        return;
-    float gm = sc->grad_mul, decay = sc->adam_decay, neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i] * gm;
-        float pi = c.decay_on ? p[i] * decay : p[i];
-        float mi = c.b1 * m[i] + c.omb1 * gi;
-        float vi = c.b2 * v[i] + c.omb2 * gi * gi;
-        float denom = sqrtf(vi) / bc2_sqrt + c.eps;
-        float np = pi + neg_step * mi / denom;
-        p[i] = np;
-        m[i] = mi;
-        v[i] = vi;
-        if (lowp)
-            store_elem(lowp, lowp_dt, i, np);
-    }
+    float gi = t.grad[i] * s.grad_mul;
+    float pi = decay_on ? t.master[i] * s.adam_decay : t.master[i];
+    float mi = c.b1 * t.m[i] + c.omb1 * gi;
+    float vi = c.b2 * t.v[i] + c.omb2 * gi * gi;
+    float denom = sqrtf(vi) / s.adam_bc2_sqrt + c.eps;
+    float np = pi + s.adam_neg_step * mi / denom;
+    t.master[i] = np;
+    t.m[i] = mi;
+    t.v[i] = vi;
+    if (t.lowp)
+        store_elem(t.lowp, t.lowp_dt, i, np);
 }
 
-/* What sgd_kernel takes from the host. */
+/* Grid (blocks per tensor, tensors): block row y updates tab[y] with a grid-stride loop over its
+ * elements. Every thread reads the skip flag first: a skipped step writes nothing. */
+__global__ void adamw_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, adamw_consts c)
+{
+    const struct step_scalars s = *sc;
+    if (s.skip)
+        return;
+    const struct optim_table_entry t = tab[blockIdx.y];
+    bool decay_on = t.weight_decay != 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (size_t)gridDim.x * blockDim.x)
+        adamw_element(t, i, s, c, decay_on);
+}
+
+/* What sgd_kernel takes from the host (shared by the call's parameters). */
 struct sgd_consts {
-    float wd, mom;
+    float mom;
     bool nesterov;
 };
 
-__global__ void sgd_kernel(float *p, float *buf, const float *g, void *lowp, int lowp_dt, size_t n,
-                           const struct step_scalars *sc, sgd_consts c)
+/* Element i of torch.optim.SGD, in the CPU backend's order (sgd_one); t.m NULL: no momentum. */
+__device__ __forceinline__ void sgd_element(const struct optim_table_entry &t, size_t i, const struct step_scalars &s,
+                                            const sgd_consts &c, bool first_step)
 {
-    if (sc->skip)
-        return;
-    float gm = sc->grad_mul, neg_lr = -sc->lr;
-    bool first_step = sc->first_step != 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i] * gm;
-        if (c.wd != 0.0f)
-            gi = gi + c.wd * p[i];
-        if (buf) {
-            float bi = first_step ? gi : c.mom * buf[i] + gi;
-            buf[i] = bi;
-            gi = c.nesterov ? gi + c.mom * bi : bi;
-        }
-        float np = p[i] + neg_lr * gi;
-        p[i] = np;
-        if (lowp)
-            store_elem(lowp, lowp_dt, i, np);
+    float gi = t.grad[i] * s.grad_mul;
+    if (t.weight_decay != 0.0f)
+        gi = gi + t.weight_decay * t.master[i];
+    if (t.m) {
+        float bi = first_step ? gi : c.mom * t.m[i] + gi;
+        t.m[i] = bi;
+        gi = c.nesterov ? gi + c.mom * bi : bi;
     }
+    float np = t.master[i] + (-s.lr) * gi;
+    t.master[i] = np;
+    if (t.lowp)
+        store_elem(t.lowp, t.lowp_dt, i, np);
+}
+
+/* The grid and the skip rule of adamw_kernel. */
+__global__ void sgd_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, sgd_consts c)
+{
+    const struct step_scalars s = *sc;
+    if (s.skip)
+        return;
+    const struct optim_table_entry t = tab[blockIdx.y];
+    bool first_step = s.first_step != 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (size_t)gridDim.x * blockDim.x)
+        sgd_element(t, i, s, c, first_step);
 }
 
 /* The device table of `grads` for grad_stats_partial_kernel. The last table uploaded is reused when it
@@ -361,14 +388,169 @@ const struct grad_table_entry *grad_table_for(struct cuda_backend *cb, const str
     return static_cast<const struct grad_table_entry *>(dev);
 }
 
-/* An optimizer update needs the step's scalars; without them it is a bug in the caller. */
-bool has_step_scalars(struct cuda_backend *cb, const struct optim_update_args *a, const char *op)
+/* Blocks per tensor of an optimizer launch: enough for kOptimPerThread elements a thread over the
+ * largest tensor, at most kOptimMaxBlocks (the rest grid-stride). */
+unsigned optim_blocks_for(uint64_t max_numel)
 {
-    if (a->sc)
-        return true;
-    cuda_record(cb, "this is a bug in the caller: pass the step_scalars step_finish wrote",
-                "%s without step scalars (optim_update_args.sc is NULL)", op);
-    return false;
+    uint64_t per_block = (uint64_t)kOptimThreads * kOptimPerThread;
+    uint64_t b = (max_numel + per_block - 1) / per_block;
+    return b < 1 ? 1u : b > kOptimMaxBlocks ? kOptimMaxBlocks : (unsigned)b;
+}
+
+/* The table entry of parameter `a`: adamw reads m and v; sgd a momentum buffer only where it has one and
+ * momentum is on (the CPU's rule). */
+struct optim_table_entry optim_entry_of(const struct optim_update_args *a, bool adamw)
+{
+    struct optim_table_entry e;
+    e.master = static_cast<float *>(a->master->data);
+    e.grad = static_cast<const float *>(a->grad->data);
+    if (adamw) {
+        e.m = static_cast<float *>(a->m->data);
+        e.v = static_cast<float *>(a->v->data);
+    } else {
+        e.m = a->m && a->momentum != 0.0f ? static_cast<float *>(a->m->data) : NULL;
+        e.v = NULL;
+    }
+    e.lowp = a->lowp ? a->lowp->data : NULL;
+    e.lowp_dt = a->lowp ? a->lowp->dtype : DT_FP32;
+    e.numel = a->master->numel;
+    e.weight_decay = a->weight_decay;
+    return e;
+}
+
+bool same_bits(float x, float y)
+{
+    return memcmp(&x, &y, sizeof x) == 0;
+}
+
+bool same_entry(const struct optim_table_entry &x, const struct optim_table_entry &y)
+{
+    return x.master == y.master && x.grad == y.grad && x.m == y.m && x.v == y.v && x.lowp == y.lowp &&
+           x.lowp_dt == y.lowp_dt && x.numel == y.numel && same_bits(x.weight_decay, y.weight_decay);
+}
+
+/* The device table of the n parameters, reused when the last one uploaded lists the same entries; the
+ * scheme and its safety argument are grad_table_for's. NULL (status set) on failure. */
+const struct optim_table_entry *optim_table_for(struct cuda_backend *cb, const struct optim_update_args *a, int n,
+                                                bool adamw)
+{
+    struct optim_table *ot = &cb->opt_table;
+    size_t bytes = (size_t)n * sizeof(struct optim_table_entry);
+    const struct device_scratch *slot = &cb->scr[CSCR_OPT_DESC];
+    if (!slot->p || bytes > slot->cap)
+        ot->n = 0; /* cuda_scratch replaces the buffer: what was uploaded is gone */
+    void *dev = cuda_scratch(cb, CSCR_OPT_DESC, bytes);
+    if (!dev) {
+        ot->n = 0;
+        return NULL;
+    }
+    bool same = ot->n == n;
+    for (int t = 0; same && t < n; t++)
+        same = same_entry(ot->host[t], optim_entry_of(&a[t], adamw));
+    if (same)
+        return static_cast<const struct optim_table_entry *>(dev);
+    ot->n = 0;
+    if (n > ot->cap) {
+        void *h = realloc(ot->host, bytes);
+        if (!h) {
+            cuda_record(cb, "free some host memory and try again",
+                        "%s: out of host memory for a %d-parameter table", adamw ? "adamw_update" : "sgd_update", n);
+            return NULL;
+        }
+        ot->host = static_cast<struct optim_table_entry *>(h);
+        ot->cap = n;
+    }
+    for (int t = 0; t < n; t++)
+        ot->host[t] = optim_entry_of(&a[t], adamw);
+    if (!CB_CUDA(cb, cudaMemcpyAsync(dev, ot->host, bytes, cudaMemcpyHostToDevice, cb->stream)))
+        return NULL;
+    ot->n = n;
+    return static_cast<const struct optim_table_entry *>(dev);
+}
+
+/* Entry i against entry 0 and its own shapes; a violation is a bug in the caller. */
+bool optim_entry_ok(struct cuda_backend *cb, const struct optim_update_args *a, int i, bool adamw, const char *op)
+{
+    const struct optim_update_args *e = &a[i], *a0 = &a[0];
+    const char *hint = "this is a bug in the caller: one call's entries share sc and the hyperparameters (backend.h)";
+    if (e->sc != a0->sc) {
+        cuda_record(cb, hint, "%s: entry %d has other step scalars than entry 0", op, i);
+        return false;
+    }
+    bool shared = adamw ? same_bits(e->beta1, a0->beta1) && same_bits(e->beta2, a0->beta2) && same_bits(e->eps, a0->eps)
+                        : same_bits(e->momentum, a0->momentum) && e->nesterov == a0->nesterov;
+    if (!shared) {
+        cuda_record(cb, hint, "%s: entry %d has other %s than entry 0", op, i,
+                    adamw ? "betas or eps" : "momentum or nesterov");
+        return false;
+    }
+    size_t n = e->master->numel;
+    bool fits = e->master->dtype == DT_FP32 && e->grad->dtype == DT_FP32 && e->grad->numel == n &&
+                (!e->lowp || e->lowp->numel == n);
+    if (adamw)
+        fits = fits && e->m && e->v && e->m->numel == n && e->v->numel == n;
+    else
+        fits = fits && (!e->m || e->m->numel == n);
+    if (!fits) {
+        cuda_record(cb, "this is a bug in the caller: see struct optim_update_args (backend.h)",
+                    "%s: entry %d: the fp32 master, gradient%s and low-precision copy must all have %zu elements",
+                    op, i, adamw ? ", m, v" : ", momentum buffer", n);
+        return false;
+    }
+    return true;
+}
+
+/* The n parameters of one update call are consistent; *max_numel gets the largest. */
+bool optim_args_ok(struct cuda_backend *cb, const struct optim_update_args *a, int n, bool adamw,
+                   uint64_t *max_numel)
+{
+    const char *op = adamw ? "adamw_update" : "sgd_update";
+    if (!a[0].sc) {
+        cuda_record(cb, "this is a bug in the caller: pass the step_scalars step_finish wrote",
+                    "%s without step scalars (optim_update_args.sc is NULL)", op);
+        return false;
+    }
+    *max_numel = 0;
+    for (int i = 0; i < n; i++) {
+        if (!optim_entry_ok(cb, a, i, adamw, op))
+            return false;
+        if (a[i].master->numel > *max_numel)
+            *max_numel = a[i].master->numel;
+    }
+    return true;
+}
+
+/* adamw_update / sgd_update: one launch per kMaxTensorsPerLaunch parameters (the grid's y limit). */
+void optim_update(struct backend *be, const struct optim_update_args *a, int n, bool adamw)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    uint64_t max_numel;
+    if (n <= 0 || !optim_args_ok(cb, a, n, adamw, &max_numel) || !max_numel)
+        return;
+    const struct optim_table_entry *tab = optim_table_for(cb, a, n, adamw);
+    if (!tab)
+        return;
+    adamw_consts adam_c;
+    adam_c.b1 = a->beta1;
+    adam_c.b2 = a->beta2;
+    adam_c.omb1 = 1.0f - a->beta1;
+    adam_c.omb2 = 1.0f - a->beta2;
+    adam_c.eps = a->eps;
+    sgd_consts sgd_c;
+    sgd_c.mom = a->momentum;
+    sgd_c.nesterov = a->nesterov;
+    unsigned blocks = optim_blocks_for(max_numel);
+    for (int off = 0; off < n; off += kMaxTensorsPerLaunch) {
+        int left = n - off;
+        dim3 grid(blocks, (unsigned)(left < kMaxTensorsPerLaunch ? left : kMaxTensorsPerLaunch));
+        if (adamw) {
+            adamw_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c);
+            CB_LAUNCHED(cb, "adamw_kernel");
+        } else {
+            sgd_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c);
+            CB_LAUNCHED(cb, "sgd_kernel");
+        }
+    }
 }
 
 } // namespace
@@ -471,40 +653,12 @@ int64_t cuda_count_zeros(struct backend *be, const struct tensor *t)
     return (int64_t)*host;
 }
 
-void cuda_adamw_update(struct backend *be, const struct optim_update_args *a)
+void cuda_adamw_update(struct backend *be, const struct optim_update_args *a, int n)
 {
-    struct cuda_backend *cb = cuda_of(be);
-    size_t n = a->master->numel;
-    if (!n || !has_step_scalars(cb, a, "adamw_update"))
-        return;
-    adamw_consts c;
-    c.b1 = a->beta1;
-    c.b2 = a->beta2;
-    c.omb1 = 1.0f - a->beta1;
-    c.omb2 = 1.0f - a->beta2;
-    c.eps = a->eps;
-    c.decay_on = a->weight_decay != 0.0f;
-    adamw_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(
-        static_cast<float *>(a->master->data), static_cast<float *>(a->m->data), static_cast<float *>(a->v->data),
-        static_cast<const float *>(a->grad->data), a->lowp ? a->lowp->data : NULL, a->lowp ? a->lowp->dtype : DT_FP32,
-        n, a->sc, c);
-    CB_LAUNCHED(cb, "adamw_kernel");
+    optim_update(be, a, n, true);
 }
 
-void cuda_sgd_update(struct backend *be, const struct optim_update_args *a)
+void cuda_sgd_update(struct backend *be, const struct optim_update_args *a, int n)
 {
-    struct cuda_backend *cb = cuda_of(be);
-    size_t n = a->master->numel;
-    if (!n || !has_step_scalars(cb, a, "sgd_update"))
-        return;
-    sgd_consts c;
-    c.wd = a->weight_decay;
-    c.mom = a->momentum;
-    c.nesterov = a->nesterov;
-    float *buf = a->m && a->momentum != 0.0f ? static_cast<float *>(a->m->data) : NULL;
-    sgd_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(static_cast<float *>(a->master->data), buf,
-                                                         static_cast<const float *>(a->grad->data),
-                                                         a->lowp ? a->lowp->data : NULL,
-                                                         a->lowp ? a->lowp->dtype : DT_FP32, n, a->sc, c);
-    CB_LAUNCHED(cb, "sgd_kernel");
+    optim_update(be, a, n, false);
 }

@@ -206,9 +206,10 @@ struct backend {
     /* number of elements exactly zero (for grad_zero_frac) */
     int64_t (*count_zeros)(struct backend *be, const struct tensor *t);
 
-    /* optimizer updates (one parameter each) */
-    void (*adamw_update)(struct backend *be, const struct optim_update_args *a);
-    void (*sgd_update)(struct backend *be, const struct optim_update_args *a);
+    /* optimizer updates: n parameters' in one call (the CUDA backend: one launch for all of them, as grad_stats);
+     * the n entries share sc, betas, eps, momentum and nesterov, and name distinct tensors */
+    void (*adamw_update)(struct backend *be, const struct optim_update_args *a, int n);
+    void (*sgd_update)(struct backend *be, const struct optim_update_args *a, int n);
 
     /* first error recorded, AMP_OK when none; `err` filled */
     enum amp_status (*status)(struct backend *be, struct amp_error *err);

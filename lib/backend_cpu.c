@@ -1585,9 +1585,8 @@ static void optim_store_lowp(const struct optim_update_args *a, size_t off, size
  * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;
  *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step. */
-HOT_LOOP static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a)
+HOT_LOOP static void adamw_one(const struct optim_update_args *a)
 {
-    (void)be;
     optim_check(a);
     assert(a->m && a->v);
     const struct step_scalars *sc = a->sc;
@@ -1617,9 +1616,8 @@ HOT_LOOP static void cpu_adamw_update(struct backend *be, const struct optim_upd
 
 /* torch.optim.SGD (dampening 0): g = grad*mul + wd*p; buf = first_step ? g : momentum*buf + g;
  * g = nesterov ? g + momentum*buf : buf; p -= lr*g. No momentum when a->m is NULL or momentum 0. */
-HOT_LOOP static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a)
+HOT_LOOP static void sgd_one(const struct optim_update_args *a)
 {
-    (void)be;
     optim_check(a);
     const struct step_scalars *sc = a->sc;
     if (sc->skip)
@@ -1644,6 +1642,20 @@ HOT_LOOP static void cpu_sgd_update(struct backend *be, const struct optim_updat
         }
         optim_store_lowp(a, off, c);
     }
+}
+
+static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a, int n)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        adamw_one(&a[i]);
+}
+
+static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a, int n)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        sgd_one(&a[i]);
 }
 
 /* ---- status and lifetime --------------------------------------------------------------------- */

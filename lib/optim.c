@@ -12,7 +12,8 @@ enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg
 {
     *o = (struct optimizer){.cfg = *cfg, .total_steps = total_steps};
     o->state = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->state);
-    if (!o->state)
+    o->args = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->args);
+    if (!o->state || !o->args)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory creating optimizer state");
     o->nstate = m->nparams;
     bool need_m = cfg->kind == OPTIM_ADAMW || cfg->momentum > 0;
@@ -59,7 +60,7 @@ void optim_step(struct optimizer *o, struct model *m, const struct step_scalars 
 {
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
-        struct optim_update_args a = {
+        o->args[i] = (struct optim_update_args){
             .master = &p->master,
             .grad = &p->grad,
             .m = o->state[i].m.data ? &o->state[i].m : NULL,
@@ -73,11 +74,11 @@ void optim_step(struct optimizer *o, struct model *m, const struct step_scalars 
             .momentum = (float)o->cfg.momentum,
             .nesterov = o->cfg.nesterov,
         };
-        if (o->cfg.kind == OPTIM_ADAMW)
-            m->be->adamw_update(m->be, &a);
-        else
-            m->be->sgd_update(m->be, &a);
     }
+    if (o->cfg.kind == OPTIM_ADAMW)
+        m->be->adamw_update(m->be, o->args, m->nparams);
+    else
+        m->be->sgd_update(m->be, o->args, m->nparams);
 }
 
 void optim_free(struct optimizer *o)
@@ -89,6 +90,8 @@ void optim_free(struct optimizer *o)
         tensor_free(&o->state[i].v);
     }
     free(o->state);
+    free(o->args);
     o->state = NULL;
+    o->args = NULL;
     o->nstate = 0;
 }

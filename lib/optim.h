@@ -30,6 +30,7 @@ struct optimizer {
     int64_t step;         /* optimizer steps taken */
     struct optim_state *state; /* one per model parameter */
     int nstate;
+    struct optim_update_args *args; /* one per parameter: the update call's table, filled each step */
 };
 
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,

@@ -1537,7 +1537,7 @@ Test(backend_cpu, adamw_matches_pytorch_formula)
     double *wp = to_d(hp, n), *wm = dalloc(n), *wv = dalloc(n);
     for (int64_t step = 1; step <= 2; step++) {
         step_rule_scalars(&sc, &sp, lr_f, step, gm);
-        be->adamw_update(be, &a);
+        be->adamw_update(be, &a, 1);
         double b1 = a.beta1, b2 = a.beta2, lr = lr_f, wd = a.weight_decay;
         double bc1 = 1 - pow(b1, (double)step), bc2 = 1 - pow(b2, (double)step);
         for (size_t i = 0; i < n; i++) {
@@ -1566,7 +1566,7 @@ Test(backend_cpu, adamw_matches_pytorch_formula)
     be->zero(be, b.v);
     b.lowp = NULL;
     step_rule_scalars(&sc, &sp, lr_f, 1, 1.0f);
-    be->adamw_update(be, &b);
+    be->adamw_update(be, &b, 1);
     check_f32(b.master, (double[]){ 0.5 * (1 - 1e-3) + 1e-2 * 3.0 / (3.0 + 1e-8) }, 1, 1e-6, 0, "adamw step 1");
 }
 
@@ -1598,7 +1598,7 @@ Test(backend_cpu, sgd_momentum_and_nesterov_two_steps)
             /* the poisoned buffer must not be read on the first step (sc.first_step) */
             step_rule_scalars(&sc, &sp, 0.1f, step + 1, 0.5f);
             cr_assert_eq(sc.first_step, step == 0);
-            be->sgd_update(be, &a);
+            be->sgd_update(be, &a, 1);
             sgd_reference(wp, wb, hg, n, sc.grad_mul, sc.lr, a.weight_decay, a.momentum, nesterov, step == 0);
             check_f32(p, wp, n, 1e-6, 1e-7, nesterov ? "sgd nesterov master" : "sgd momentum master");
             check_f32(buf, wb, n, 1e-6, 1e-7, "sgd momentum buffer");
@@ -1611,7 +1611,7 @@ Test(backend_cpu, sgd_momentum_and_nesterov_two_steps)
     float hp = 1.0f, hg = 2.0f;
     struct step_scalars sc = { .grad_mul = 1, .lr = 0.25f };
     struct optim_update_args s = { .master = tfrom(DT_FP32, 1, &hp), .grad = tfrom(DT_FP32, 1, &hg), .sc = &sc };
-    be->sgd_update(be, &s);
+    be->sgd_update(be, &s, 1);
     check_f32(s.master, (double[]){ 0.5 }, 1, 0, 0, "p - lr g");
 }
 
@@ -1640,18 +1640,71 @@ Test(backend_cpu, optimizer_updates_leave_everything_on_a_skipped_step)
     struct optim_update_args a = { .master = p, .grad = g, .m = m, .v = v, .lowp = lowp, .sc = &sc,
                                    .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                                    .momentum = 0.9f };
-    be->adamw_update(be, &a);
+    be->adamw_update(be, &a, 1);
     for (int k = 0; k < 4; k++)
         cr_assert_eq(memcmp(before[k], ts[k]->data, tensor_bytes(ts[k])), 0, "adamw wrote tensor %d on a skip", k);
     a.v = NULL;
-    be->sgd_update(be, &a);
+    be->sgd_update(be, &a, 1);
     for (int k = 0; k < 4; k++)
         cr_assert_eq(memcmp(before[k], ts[k]->data, tensor_bytes(ts[k])), 0, "sgd wrote tensor %d on a skip", k);
     sc.skip = 0; /* and the same call without the flag does move them: the check above can fail */
-    be->sgd_update(be, &a);
+    be->sgd_update(be, &a, 1);
     cr_assert_neq(memcmp(before[0], p->data, tensor_bytes(p)), 0);
     for (int k = 0; k < 4; k++)
         free(before[k]);
+}
+
+/* One call with several parameters (what optim_step makes) is the same as one call for each, bit for bit:
+ * different sizes, decay on some, lowp copies on some, SGD with and without a momentum buffer. */
+Test(backend_cpu, optimizer_updates_of_many_tensors_in_one_call_equal_one_at_a_time)
+{
+    seed(26);
+    size_t sizes[4] = { 1, 7, 1000, 4097 };
+    for (int kind = 0; kind < 2; kind++) {
+        struct tensor *t[2][4][5], *init[4]; /* [pass][tensor][master, grad, m, v, lowp] */
+        struct optim_update_args args[2][4];
+        for (int i = 0; i < 4; i++) {
+            float *h;
+            struct tensor *p = init[i] = trand(DT_FP32, sizes[i], -1, 1, &h), *g = trand(DT_FP32, sizes[i], -1, 1, NULL);
+            struct tensor *m = trand(DT_FP32, sizes[i], -1, 1, NULL), *v = trand(DT_FP32, sizes[i], 0, 1, NULL);
+            for (int pass = 0; pass < 2; pass++) {
+                t[pass][i][0] = tfrom(DT_FP32, sizes[i], p->data);
+                t[pass][i][1] = g;
+                t[pass][i][2] = tfrom(DT_FP32, sizes[i], m->data);
+                t[pass][i][3] = tfrom(DT_FP32, sizes[i], v->data);
+                t[pass][i][4] = i % 2 ? tnew(i == 1 ? DT_BF16 : DT_FP16, sizes[i]) : NULL;
+            }
+        }
+        struct step_params sp = { .beta1 = 0.9f, .beta2 = 0.99f, .weight_decay = 0.1f };
+        struct step_scalars sc;
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < 4; i++)
+                args[pass][i] = (struct optim_update_args){
+                    .master = t[pass][i][0], .grad = t[pass][i][1], .m = kind == 1 && i == 2 ? NULL : t[pass][i][2],
+                    .v = kind == 0 ? t[pass][i][3] : NULL, .lowp = t[pass][i][4], .sc = &sc,
+                    .weight_decay = i < 2 ? 0.1f : 0.0f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f,
+                    .momentum = 0.9f, .nesterov = true,
+                };
+        for (int step = 1; step <= 2; step++) {
+            step_rule_scalars(&sc, &sp, 1e-2f, step, 0.5f);
+            if (kind == 0) {
+                be->adamw_update(be, args[0], 4);
+                for (int i = 0; i < 4; i++)
+                    be->adamw_update(be, &args[1][i], 1);
+            } else {
+                be->sgd_update(be, args[0], 4);
+                for (int i = 0; i < 4; i++)
+                    be->sgd_update(be, &args[1][i], 1);
+            }
+        }
+        for (int i = 0; i < 4; i++)
+            for (int k = 0; k < 5; k++)
+                if (t[0][i][k] && k != 1)
+                    cr_assert_eq(memcmp(t[0][i][k]->data, t[1][i][k]->data, tensor_bytes(t[0][i][k])), 0,
+                                 "%s tensor %d part %d", kind ? "sgd" : "adamw", i, k);
+        for (int i = 0; i < 4; i++) /* and the weights did move, so the comparison means something */
+            cr_assert_neq(memcmp(t[0][i][0]->data, init[i]->data, tensor_bytes(init[i])), 0, "tensor %d moved", i);
+    }
 }
 
 /* loss_sum: the mean of n fp32 rows in double, added to the accumulator or replacing it. */

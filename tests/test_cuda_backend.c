@@ -910,9 +910,9 @@ Test(cuda_backend, optimizers, .init = open_both, .fini = close_both)
             a.lowp = side ? &low.g : &low.c;
             a.sc = side ? sc_g : sc_c;
             if (sgd)
-                be->sgd_update(be, &a);
+                be->sgd_update(be, &a, 1);
             else
-                be->adamw_update(be, &a);
+                be->adamw_update(be, &a, 1);
         }
         char what[96];
         snprintf(what, sizeof what, "%s step %lld nesterov %d: master", name, (long long)cases[ci].step,
@@ -930,9 +930,9 @@ Test(cuda_backend, optimizers, .init = open_both, .fini = close_both)
         for (int k = 0; k < 4; k++)
             before[k] = gpu_bytes_of(kept[k]);
         if (sgd)
-            gpu->sgd_update(gpu, &a);
+            gpu->sgd_update(gpu, &a, 1);
         else
-            gpu->adamw_update(gpu, &a);
+            gpu->adamw_update(gpu, &a, 1);
         check_gpu();
         for (int k = 0; k < 4; k++) {
             void *after = gpu_bytes_of(kept[k]);
@@ -947,6 +947,282 @@ Test(cuda_backend, optimizers, .init = open_both, .fini = close_both)
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             pair_free(all[i]);
     }
+}
+
+/* The parameters of optimizers_many_tensors_in_one_call: one element to more than one block's share of
+ * the grid, with and without a low-precision copy, decaying or not. */
+static const struct mt_spec {
+    int64_t numel;
+    bool has_lowp;
+    enum dtype lowp_dt;
+    float weight_decay;
+    bool may_lack_m; /* the case with drop_m gives this parameter no momentum buffer (m NULL) */
+} mt_specs[] = {
+    {1, false, DT_FP32, 0.1f, false},   {7, true, DT_BF16, 0.0f, true},      {1000, true, DT_FP16, 0.1f, false},
+    {4097, false, DT_FP32, 0.0f, true}, {65536, true, DT_BF16, 0.1f, false},
+};
+enum { MT_N = sizeof mt_specs / sizeof mt_specs[0] };
+
+struct mt_case {
+    const char *name;
+    bool sgd, nesterov;
+    bool drop_m; /* sgd: the parameters marked may_lack_m pass m NULL */
+};
+
+struct mt_param {
+    struct pair p, g, m, v, low; /* low only where the spec has_lowp */
+};
+
+static void mt_alloc(struct mt_param *t)
+{
+    for (int i = 0; i < MT_N; i++) {
+        int64_t n = mt_specs[i].numel;
+        pair_rand(&t[i].p, DT_FP32, 1, &n, -1, 1);
+        pair_rand(&t[i].g, DT_FP32, 1, &n, -100, 100);
+        pair_rand(&t[i].m, DT_FP32, 1, &n, -0.1f, 0.1f);
+        pair_rand(&t[i].v, DT_FP32, 1, &n, 0, 0.1f);
+        if (mt_specs[i].has_lowp)
+            pair_out(&t[i].low, mt_specs[i].lowp_dt, 1, &n);
+    }
+}
+
+static void mt_free(struct mt_param *t)
+{
+    for (int i = 0; i < MT_N; i++) {
+        pair_free(&t[i].p);
+        pair_free(&t[i].g);
+        pair_free(&t[i].m);
+        pair_free(&t[i].v);
+        if (mt_specs[i].has_lowp)
+            pair_free(&t[i].low);
+    }
+}
+
+static struct tensor *side_of(struct pair *p, bool on_gpu)
+{
+    return on_gpu ? &p->g : &p->c;
+}
+
+/* One update call's arguments: the parameters idx[0..n) of t, on one backend. */
+static void mt_args(struct optim_update_args *a, struct mt_param *t, const int *idx, int n, bool on_gpu,
+                    const struct mt_case *c, const struct step_scalars *sc, const struct step_params *sp)
+{
+    for (int k = 0; k < n; k++) {
+        int i = idx[k];
+        bool no_m = c->drop_m && mt_specs[i].may_lack_m;
+        a[k] = (struct optim_update_args){
+            .master = side_of(&t[i].p, on_gpu),
+            .grad = side_of(&t[i].g, on_gpu),
+            .m = no_m ? NULL : side_of(&t[i].m, on_gpu),
+            .v = c->sgd ? NULL : side_of(&t[i].v, on_gpu),
+            .lowp = mt_specs[i].has_lowp ? side_of(&t[i].low, on_gpu) : NULL,
+            .sc = sc,
+            .weight_decay = mt_specs[i].weight_decay,
+            .beta1 = sp->beta1,
+            .beta2 = sp->beta2,
+            .eps = 1e-8f,
+            .momentum = 0.9f,
+            .nesterov = c->nesterov,
+        };
+    }
+}
+
+static void mt_update(struct backend *be, const struct mt_case *c, const struct optim_update_args *a, int n)
+{
+    if (c->sgd)
+        be->sgd_update(be, a, n);
+    else
+        be->adamw_update(be, a, n);
+}
+
+/* The same call on both backends: the CPU loops over the parameters, the GPU queues one launch. */
+static void mt_update_both(struct mt_param *t, const struct mt_case *c, const int *idx, int n,
+                           const struct step_scalars *sc_c, const struct step_scalars *sc_g,
+                           const struct step_params *sp)
+{
+    struct optim_update_args a[MT_N];
+    mt_args(a, t, idx, n, false, c, sc_c, sp);
+    mt_update(cpu, c, a, n);
+    mt_args(a, t, idx, n, true, c, sc_g, sp);
+    mt_update(gpu, c, a, n);
+}
+
+/* Step t's scalars (step_rule_scalars, as step_finish leaves them) into both backends' memory. */
+static void mt_put_scalars(struct step_scalars *sc, const struct step_params *sp, int64_t step,
+                           struct step_scalars *sc_c, struct step_scalars *sc_g)
+{
+    step_rule_scalars(sc, sp, 1e-2f, step, 1.0f / 128.0f);
+    cpu->upload(cpu, sc_c, sc, sizeof *sc);
+    gpu->upload(gpu, sc_g, sc, sizeof *sc);
+}
+
+/* An fp32 update against the CPU's by relative L2 error, the reference's RMS floored at 1e-2: the GPU
+ * contracts a*b + c into one FMA where the CPU rounds twice, and in a one-element tensor whose value
+ * cancels to near zero that ulp of the operands would be a large relative error of the result. */
+static void expect_update(const struct pair *t, const char *what)
+{
+    size_t n = t->c.numel;
+    const float *c = t->c.data;
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)c[i] * c[i];
+    double norm = sqrt(ss), rel = rel_l2(&t->g, &t->c, what);
+    double err = rel * (ss > 0.0 ? norm : 1.0), floor_norm = 1e-2 * sqrt((double)n);
+    rel = err / (norm > floor_norm ? norm : floor_norm);
+    cr_assert(rel <= tol_of(DT_FP32), "%s: relative L2 error %.3g > %.3g", what, rel, tol_of(DT_FP32));
+}
+
+/* The GPU's low-precision copy is its own fp32 master rounded once (the same pass wrote both). */
+static void expect_lowp_is_master(const struct mt_param *t, enum dtype dt, const char *what)
+{
+    size_t n = t->p.c.numel, bytes = tensor_bytes(&t->low.c);
+    float *master = gpu_bytes_of(&t->p.g);
+    void *low = gpu_bytes_of(&t->low.g), *want = malloc(bytes);
+    cr_assert_not_null(want);
+    dtype_convert(want, dt, master, DT_FP32, n);
+    cr_assert_eq(memcmp(want, low, bytes), 0, "%s: the GPU's copy is not its master rounded once to %s", what,
+                 dtype_name(dt));
+    free(master);
+    free(low);
+    free(want);
+}
+
+/* Every parameter's master, m and v (untouched ones too: they must stay equal), and each lowp copy. */
+static void mt_expect(const struct mt_param *t, const char *name, const char *when)
+{
+    char what[192];
+    for (int i = 0; i < MT_N; i++) {
+        const char *part[] = {"master", "m", "v"};
+        const struct pair *fp32[] = {&t[i].p, &t[i].m, &t[i].v};
+        for (int k = 0; k < 3; k++) {
+            snprintf(what, sizeof what, "%s, %s: parameter %d (%lld elements): %s", name, when, i,
+                     (long long)mt_specs[i].numel, part[k]);
+            expect_update(fp32[k], what);
+        }
+        if (!mt_specs[i].has_lowp)
+            continue;
+        snprintf(what, sizeof what, "%s, %s: parameter %d (%lld elements): low-precision copy", name, when, i,
+                 (long long)mt_specs[i].numel);
+        pair_expect(&t[i].low, tol_of(mt_specs[i].lowp_dt), what);
+        expect_lowp_is_master(&t[i], mt_specs[i].lowp_dt, what);
+    }
+}
+
+/* A call whose step scalars say skip leaves every GPU tensor bit for bit as it was. */
+static void mt_expect_skip_writes_nothing(struct mt_param *t, const struct mt_case *c, const int *idx, int n,
+                                          const struct step_scalars *sc_g, const struct step_params *sp)
+{
+    enum { KEPT = 4 };
+    struct tensor *kept[MT_N][KEPT];
+    void *before[MT_N][KEPT];
+    for (int i = 0; i < MT_N; i++) {
+        struct tensor *k[KEPT] = {&t[i].p.g, &t[i].m.g, &t[i].v.g, mt_specs[i].has_lowp ? &t[i].low.g : NULL};
+        for (int j = 0; j < KEPT; j++) {
+            kept[i][j] = k[j];
+            before[i][j] = k[j] ? gpu_bytes_of(k[j]) : NULL;
+        }
+    }
+    struct optim_update_args a[MT_N];
+    mt_args(a, t, idx, n, true, c, sc_g, sp);
+    mt_update(gpu, c, a, n);
+    check_gpu();
+    for (int i = 0; i < MT_N; i++)
+        for (int j = 0; j < KEPT; j++) {
+            if (!kept[i][j])
+                continue;
+            void *after = gpu_bytes_of(kept[i][j]);
+            cr_assert_eq(memcmp(before[i][j], after, tensor_bytes(kept[i][j])), 0,
+                         "%s with skip set wrote parameter %d's tensor %d (master, m, v, lowp)", c->name, i, j);
+            free(after);
+            free(before[i][j]);
+        }
+}
+
+/* A fresh GPU backend refuses the call and says why (the first error stays until destroy, so each
+ * refusal gets its own backend; the kernels never run). */
+static void expect_refused(const struct optim_update_args *a, int n, bool sgd, const char *needle)
+{
+    struct backend *be = NULL;
+    struct amp_error err = {0};
+    cr_assert_eq(backend_cuda_create(&be, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
+    if (sgd)
+        be->sgd_update(be, a, n);
+    else
+        be->adamw_update(be, a, n);
+    cr_assert_neq(be->status(be, &err), AMP_OK, "%s update of %d parameters was not refused (expected \"%s\")",
+                  sgd ? "sgd" : "adamw", n, needle);
+    cr_assert(strstr(err.msg, needle), "refused with \"%s\", expected \"%s\"", err.msg, needle);
+    backend_close(be);
+}
+
+/* One call updates all of a model's parameters (one launch on the GPU): every tensor against the CPU,
+ * which loops, over two steps; a skipped step writes nothing; three calls queued back to back on two
+ * different tables (the GPU caches its table and rewrites its host copy at once) each update their own
+ * parameters; n = 0 does nothing, and calls breaking the shared-fields contract are refused. */
+Test(cuda_backend, optimizers_many_tensors_in_one_call, .init = open_both, .fini = close_both)
+{
+    rng_state = 16;
+    static const struct mt_case cases[] = {
+        {"adamw", false, false, false},
+        {"sgd with momentum", true, false, false},
+        {"sgd nesterov", true, true, false},
+        {"sgd, two parameters without a momentum buffer (m NULL)", true, false, true},
+    };
+    struct step_params sp = {.beta1 = 0.9f, .beta2 = 0.999f, .weight_decay = 0.1f};
+    struct step_scalars sc;
+    struct step_scalars *sc_c = cpu->alloc(cpu, sizeof sc), *sc_g = gpu->alloc(gpu, sizeof sc);
+    cr_assert(sc_c && sc_g);
+    int all[MT_N];
+    for (int i = 0; i < MT_N; i++)
+        all[i] = i;
+    const int some[] = {3, 0}; /* another table: fewer parameters, in another order */
+    enum { SOME = sizeof some / sizeof some[0] };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const struct mt_case *c = &cases[ci];
+        struct mt_param t[MT_N];
+        mt_alloc(t);
+        for (int64_t step = 1; step <= 2; step++) {
+            mt_put_scalars(&sc, &sp, step, sc_c, sc_g);
+            mt_update_both(t, c, all, MT_N, sc_c, sc_g, &sp);
+            char when[32];
+            snprintf(when, sizeof when, "step %lld", (long long)step);
+            mt_expect(t, c->name, when);
+        }
+        sc.skip = 1;
+        gpu->upload(gpu, sc_g, &sc, sizeof sc);
+        mt_expect_skip_writes_nothing(t, c, all, MT_N, sc_g, &sp);
+
+        /* no synchronisation between the GPU calls: each must run on its own table */
+        mt_put_scalars(&sc, &sp, 3, sc_c, sc_g);
+        mt_update_both(t, c, all, MT_N, sc_c, sc_g, &sp);
+        mt_update_both(t, c, some, SOME, sc_c, sc_g, &sp);
+        mt_update_both(t, c, all, MT_N, sc_c, sc_g, &sp);
+        mt_expect(t, c->name, "step 3: all parameters, then parameters 3 and 0, then all, queued back to back");
+        mt_free(t);
+    }
+
+    /* n = 0 reads nothing and records nothing */
+    gpu->adamw_update(gpu, NULL, 0);
+    gpu->sgd_update(gpu, NULL, 0);
+    check_gpu();
+
+    struct mt_param t[MT_N];
+    mt_alloc(t);
+    struct optim_update_args a[MT_N];
+    struct step_scalars *other_sc = be_put(gpu, &sc, sizeof sc);
+    mt_args(a, t, all, MT_N, true, &cases[0], NULL, &sp);
+    expect_refused(a, MT_N, false, "without step scalars");
+    mt_args(a, t, all, MT_N, true, &cases[1], sc_g, &sp);
+    a[2].sc = other_sc;
+    expect_refused(a, MT_N, true, "entry 2 has other step scalars");
+    mt_args(a, t, all, MT_N, true, &cases[0], sc_g, &sp);
+    a[4].beta2 = 0.99f;
+    expect_refused(a, MT_N, false, "entry 4 has other betas or eps");
+    check_gpu(); /* the refusals were on other backends */
+    mt_free(t);
+    gpu->free(gpu, other_sc);
+    cpu->free(cpu, sc_c);
+    gpu->free(gpu, sc_g);
 }
 
 /* ---- the step's tail ---------------------------------------------------------------------------- */

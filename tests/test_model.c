@@ -961,7 +961,7 @@ static void train_mlp(enum dtype lowp, double *first, double *last, double *accu
             struct param *p = b.m.params[i];
             struct optim_update_args a = {.master = &p->master, .grad = &p->grad, .lowp = p->lowp.data ? &p->lowp : NULL,
                                           .sc = &sgd_half};
-            b.be->sgd_update(b.be, &a);
+            b.be->sgd_update(b.be, &a, 1);
         }
     }
     *last = mean_loss(&b, &ctx, &tb.b);
