@@ -113,6 +113,57 @@ void *cuda_host_buffer(struct cuda_backend *cb, size_t bytes)
     return p;
 }
 
+void *device_table_begin(struct cuda_backend *cb, struct device_table *t, size_t bytes, const char *what)
+{
+    if (bytes > t->cap) {
+        void *b = malloc(bytes), *s = malloc(bytes);
+        if (!b || !s) {
+            free(b);
+            free(s);
+            cuda_record(cb, "free some host memory and try again", "%s: out of host memory for a %zu-byte table",
+                        what, bytes);
+            return NULL;
+        }
+        if (t->sent_bytes)
+            memcpy(s, t->sent, t->sent_bytes);
+        free(t->build);
+        free(t->sent);
+        t->build = b;
+        t->sent = s;
+        t->cap = bytes;
+    }
+    memset(t->build, 0, bytes);
+    return t->build;
+}
+
+const void *device_table_commit(struct cuda_backend *cb, struct device_table *t, enum cuda_scratch_slot slot,
+                                size_t bytes)
+{
+    const struct device_scratch *s = &cb->scr[slot];
+    if (!s->p || bytes > s->cap)
+        t->sent_bytes = 0; /* cuda_scratch replaces the buffer: what was uploaded is gone */
+    void *dev = cuda_scratch(cb, slot, bytes);
+    if (!dev) {
+        t->sent_bytes = 0;
+        return NULL;
+    }
+    if (t->sent_bytes == bytes && memcmp(t->sent, t->build, bytes) == 0)
+        return dev;
+    memcpy(t->sent, t->build, bytes);
+    t->sent_bytes = 0;
+    if (!CB_CUDA(cb, cudaMemcpyAsync(dev, t->sent, bytes, cudaMemcpyHostToDevice, cb->stream)))
+        return NULL;
+    t->sent_bytes = bytes;
+    return dev;
+}
+
+void device_table_free(struct device_table *t)
+{
+    free(t->build);
+    free(t->sent);
+    *t = (struct device_table){};
+}
+
 static void *cu_alloc(struct backend *be, size_t bytes)
 {
     struct cuda_backend *cb = cuda_of(be);
@@ -208,8 +259,8 @@ static void cu_destroy(struct backend *be)
             cudaFreeAsync(cb->scr[i].p, cb->stream);
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
-    free(cb->gs_table.host);
-    free(cb->opt_table.host);
+    device_table_free(&cb->gs_table);
+    device_table_free(&cb->opt_table);
     if (cb->host_pinned)
         cudaFreeHost(cb->host_pinned);
     if (cb->lt_workspace)

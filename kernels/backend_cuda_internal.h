@@ -43,8 +43,8 @@ enum cuda_scratch_slot {
     CSCR_ATT_DQ, CSCR_ATT_DK, CSCR_ATT_DV, /* attention backward */
     CSCR_PARTIAL,                 /* per-block partial results of reductions */
     CSCR_PARTIAL2,
-    CSCR_GS_DESC,                 /* grad_stats: the tensor table (struct grad_table holds its host copy) */
-    CSCR_OPT_DESC,                /* adamw / sgd: the parameter table (struct optim_table holds its host copy) */
+    CSCR_GS_DESC,                 /* grad_stats: the tensor table (cuda_backend.gs_table, a device_table) */
+    CSCR_OPT_DESC,                /* adamw / sgd: the parameter table (cuda_backend.opt_table) */
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
     CSCR_COUNT
 };
@@ -60,14 +60,6 @@ struct grad_table_entry {
     uint64_t n;      /* elements */
 };
 
-/* The host copy of the table last uploaded to scr[CSCR_GS_DESC]: grad_stats uploads again only when
- * the tensors change. Pageable on purpose: cudaMemcpyAsync stages it before returning, so it may be
- * rewritten while the upload is still queued. */
-struct grad_table {
-    struct grad_table_entry *host; /* malloc'd, cap entries */
-    int n;           /* entries on the device; 0 when nothing valid is there */
-    int cap;
-};
 
 /* adamw_update / sgd_update's parameter table (loss_optim.cu): one entry per parameter, in the caller's
  * order; the n entries of one call share the step scalars and the hyperparameters (kernel arguments). */
@@ -81,13 +73,22 @@ struct optim_table_entry {
     int32_t lowp_dt;     /* enum dtype of lowp */
 };
 
-/* The host copy of the table last uploaded to scr[CSCR_OPT_DESC]; the same scheme as struct grad_table:
- * an update uploads again only when its parameters change. */
-struct optim_table {
-    struct optim_table_entry *host; /* malloc'd, cap entries */
-    int n;           /* entries on the device; 0 when nothing valid is there */
-    int cap;
+/* A table of plain entries kept in a scratch slot and uploaded again only when it changes (the grad_stats
+ * and optimizer tables: the same tensors every step). The caller fills device_table_begin's buffer
+ * (zeroed, so padding compares equal) and device_table_commit compares it with the copy last sent.
+ * Both host copies are pageable on purpose: cudaMemcpyAsync stages a pageable source before it
+ * returns, so the next call may rewrite them while the upload is still queued; the device copy is only
+ * rewritten in stream order, after the kernels queued before have read it. */
+struct cuda_backend;
+struct device_table {
+    void *build, *sent;  /* malloc'd, cap bytes each */
+    size_t cap;
+    size_t sent_bytes;   /* what the slot holds; 0 when nothing valid is there */
 };
+void *device_table_begin(struct cuda_backend *cb, struct device_table *t, size_t bytes, const char *what);
+const void *device_table_commit(struct cuda_backend *cb, struct device_table *t, enum cuda_scratch_slot slot,
+                                size_t bytes);
+void device_table_free(struct device_table *t);
 
 struct gemm_plan; /* gemm_cublaslt.cu */
 struct conv_plan; /* conv_cudnn.cu */
@@ -104,8 +105,8 @@ struct cuda_backend {
     struct gemm_plan *gemm_plans; /* linked list, most recently used first */
     int n_gemm_plans;
     struct conv_plan *conv_plans;
-    struct grad_table gs_table;
-    struct optim_table opt_table;
+    struct device_table gs_table; /* grad_stats (CSCR_GS_DESC) */
+    struct device_table opt_table; /* adamw / sgd (CSCR_OPT_DESC) */
     void *host_pinned;   /* small pinned host buffer for reduction results (count_zeros) */
     size_t host_pinned_cap;
     size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */

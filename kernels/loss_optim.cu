@@ -21,11 +21,11 @@
  * step_finish: step_rule_finish (lib/step_rule.h) in a one-thread kernel, on state in device memory.
  * adamw / sgd: ONE launch updates all n parameters of a call (a model's ~30 tensors paid ~30 launches a
  * step before). A table of {master, grad, m, v, lowp, lowp dtype, numel, weight decay} per parameter lives
- * in device memory, cached and uploaded as grad_stats' is (struct optim_table, scratch slot
+ * in device memory, cached and uploaded as grad_stats' is (struct device_table, scratch slot
  * CSCR_OPT_DESC); a grid (blocks per tensor, tensors) gives each tensor the same number of blocks, enough
  * for 4 elements a thread over the largest tensor and at most kOptimMaxBlocks, which grid-stride over its
  * elements (past 65535 tensors, one launch per 65535). Each element is updated in the CPU backend's
- * order (adamw_element, sgd_element): the fp32 master and moments, and the fp16/bf16 copy written in the
+ * order (update_element): the fp32 master and moments, and the fp16/bf16 copy written in the
  * same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor, skip) are
  * read from struct step_scalars in device memory, written by step_finish in double as PyTorch and the CPU
  * backend compute them; every thread reads skip first, and a skipped step leaves every tensor untouched.
@@ -273,18 +273,18 @@ __global__ void sum_partials_kernel(long long *out, const long long *part, unsig
     *out = s;
 }
 
-/* What adamw_kernel takes from the host (shared by the call's parameters); the step's scalars come from
+/* What the AdamW launch takes from the host (shared by the call's parameters); the step's scalars come from
  * struct step_scalars, each parameter's weight decay from its table entry. */
 struct adamw_consts {
     float b1, b2, omb1, omb2, eps;
 };
 
 /* Element i of torch.optim.AdamW, in the CPU backend's order (adamw_one). */
-__device__ __forceinline__ void adamw_element(const struct optim_table_entry &t, size_t i,
-                                              const struct step_scalars &s, const adamw_consts &c, bool decay_on)
+__device__ __forceinline__ void update_element(const struct optim_table_entry &t, size_t i,
+                                               const struct step_scalars &s, const adamw_consts &c)
 {
     float gi = t.grad[i] * s.grad_mul;
-    float pi = decay_on ? t.master[i] * s.adam_decay : t.master[i];
+    float pi = t.weight_decay != 0.0f ? t.master[i] * s.adam_decay : t.master[i];
     float mi = c.b1 * t.m[i] + c.omb1 * gi;
     float vi = c.b2 * t.v[i] + c.omb2 * gi * gi;
     float denom = sqrtf(vi) / s.adam_bc2_sqrt + c.eps;
@@ -296,34 +296,21 @@ __device__ __forceinline__ void adamw_element(const struct optim_table_entry &t,
         store_elem(t.lowp, t.lowp_dt, i, np);
 }
 
-/* Grid (blocks per tensor, tensors): block row y updates tab[y] with a grid-stride loop over its
- * elements. Every thread reads the skip flag first: a skipped step writes nothing. */
-__global__ void adamw_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, adamw_consts c)
-{
-    const struct step_scalars s = *sc;
-    if (s.skip)
-        return;
-    const struct optim_table_entry t = tab[blockIdx.y];
-    bool decay_on = t.weight_decay != 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (size_t)gridDim.x * blockDim.x)
-        adamw_element(t, i, s, c, decay_on);
-}
-
-/* What sgd_kernel takes from the host (shared by the call's parameters). */
+/* What the SGD launch takes from the host (shared by the call's parameters). */
 struct sgd_consts {
     float mom;
     bool nesterov;
 };
 
 /* Element i of torch.optim.SGD, in the CPU backend's order (sgd_one); t.m NULL: no momentum. */
-__device__ __forceinline__ void sgd_element(const struct optim_table_entry &t, size_t i, const struct step_scalars &s,
-                                            const sgd_consts &c, bool first_step)
+__device__ __forceinline__ void update_element(const struct optim_table_entry &t, size_t i,
+                                               const struct step_scalars &s, const sgd_consts &c)
 {
     float gi = t.grad[i] * s.grad_mul;
     if (t.weight_decay != 0.0f)
         gi = gi + t.weight_decay * t.master[i];
     if (t.m) {
-        float bi = first_step ? gi : c.mom * t.m[i] + gi;
+        float bi = s.first_step ? gi : c.mom * t.m[i] + gi;
         t.m[i] = bi;
         gi = c.nesterov ? gi + c.mom * bi : bi;
     }
@@ -333,59 +320,34 @@ __device__ __forceinline__ void sgd_element(const struct optim_table_entry &t, s
         store_elem(t.lowp, t.lowp_dt, i, np);
 }
 
-/* The grid and the skip rule of adamw_kernel. */
-__global__ void sgd_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, sgd_consts c)
+/* Grid (blocks per tensor, tensors): block row y updates tab[y] with a grid-stride loop over its
+ * elements, each by the update's update_element (AdamW's or SGD's, by Consts). Every thread reads the
+ * skip flag first: a skipped step writes nothing. */
+template <typename Consts>
+__global__ void optim_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, Consts c)
 {
     const struct step_scalars s = *sc;
     if (s.skip)
         return;
     const struct optim_table_entry t = tab[blockIdx.y];
-    bool first_step = s.first_step != 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (size_t)gridDim.x * blockDim.x)
-        sgd_element(t, i, s, c, first_step);
+        update_element(t, i, s, c);
 }
 
-/* The device table of `grads` for grad_stats_partial_kernel. The last table uploaded is reused when it
- * lists the same tensors; otherwise the host copy is rewritten and uploaded from it. The copy is
- * pageable, so cudaMemcpyAsync has staged it before it returns and the next call may rewrite it while
- * this upload is still queued; the device buffer is only rewritten in stream order, after every kernel
- * queued before has read it. NULL (status set) on failure. */
+/* The device table of `grads` for grad_stats_partial_kernel, uploaded only when it changed (struct
+ * device_table). NULL (status set) on failure. */
 const struct grad_table_entry *grad_table_for(struct cuda_backend *cb, const struct tensor *const *grads, int nt)
 {
-    struct grad_table *gt = &cb->gs_table;
     size_t bytes = (size_t)nt * sizeof(struct grad_table_entry);
-    const struct device_scratch *slot = &cb->scr[CSCR_GS_DESC];
-    if (!slot->p || bytes > slot->cap)
-        gt->n = 0; /* cuda_scratch replaces the buffer: what was uploaded is gone */
-    void *dev = cuda_scratch(cb, CSCR_GS_DESC, bytes);
-    if (!dev) {
-        gt->n = 0;
+    struct grad_table_entry *e =
+        static_cast<struct grad_table_entry *>(device_table_begin(cb, &cb->gs_table, bytes, "grad_stats"));
+    if (!e)
         return NULL;
-    }
-    bool same = gt->n == nt;
-    for (int t = 0; same && t < nt; t++)
-        same = gt->host[t].p == grads[t]->data && gt->host[t].n == grads[t]->numel;
-    if (same)
-        return static_cast<const struct grad_table_entry *>(dev);
-    gt->n = 0;
-    if (nt > gt->cap) {
-        void *h = realloc(gt->host, bytes);
-        if (!h) {
-            cuda_record(cb, "free some host memory and try again", "grad_stats: out of host memory for a %d-tensor table",
-                        nt);
-            return NULL;
-        }
-        gt->host = static_cast<struct grad_table_entry *>(h);
-        gt->cap = nt;
-    }
     for (int t = 0; t < nt; t++) {
-        gt->host[t].p = static_cast<const float *>(grads[t]->data);
-        gt->host[t].n = grads[t]->numel;
+        e[t].p = static_cast<const float *>(grads[t]->data);
+        e[t].n = grads[t]->numel;
     }
-    if (!CB_CUDA(cb, cudaMemcpyAsync(dev, gt->host, bytes, cudaMemcpyHostToDevice, cb->stream)))
-        return NULL;
-    gt->n = nt;
-    return static_cast<const struct grad_table_entry *>(dev);
+    return static_cast<const struct grad_table_entry *>(device_table_commit(cb, &cb->gs_table, CSCR_GS_DESC, bytes));
 }
 
 /* Blocks per tensor of an optimizer launch: enough for kOptimPerThread elements a thread over the
@@ -423,49 +385,19 @@ bool same_bits(float x, float y)
     return memcmp(&x, &y, sizeof x) == 0;
 }
 
-bool same_entry(const struct optim_table_entry &x, const struct optim_table_entry &y)
-{
-    return x.master == y.master && x.grad == y.grad && x.m == y.m && x.v == y.v && x.lowp == y.lowp &&
-           x.lowp_dt == y.lowp_dt && x.numel == y.numel && same_bits(x.weight_decay, y.weight_decay);
-}
-
-/* The device table of the n parameters, reused when the last one uploaded lists the same entries; the
- * scheme and its safety argument are grad_table_for's. NULL (status set) on failure. */
+/* The device table of the n parameters, uploaded only when it changed (struct device_table). NULL
+ * (status set) on failure. */
 const struct optim_table_entry *optim_table_for(struct cuda_backend *cb, const struct optim_update_args *a, int n,
                                                 bool adamw)
 {
-    struct optim_table *ot = &cb->opt_table;
     size_t bytes = (size_t)n * sizeof(struct optim_table_entry);
-    const struct device_scratch *slot = &cb->scr[CSCR_OPT_DESC];
-    if (!slot->p || bytes > slot->cap)
-        ot->n = 0; /* cuda_scratch replaces the buffer: what was uploaded is gone */
-    void *dev = cuda_scratch(cb, CSCR_OPT_DESC, bytes);
-    if (!dev) {
-        ot->n = 0;
+    struct optim_table_entry *e = static_cast<struct optim_table_entry *>(
+        device_table_begin(cb, &cb->opt_table, bytes, adamw ? "adamw_update" : "sgd_update"));
+    if (!e)
         return NULL;
-    }
-    bool same = ot->n == n;
-    for (int t = 0; same && t < n; t++)
-        same = same_entry(ot->host[t], optim_entry_of(&a[t], adamw));
-    if (same)
-        return static_cast<const struct optim_table_entry *>(dev);
-    ot->n = 0;
-    if (n > ot->cap) {
-        void *h = realloc(ot->host, bytes);
-        if (!h) {
-            cuda_record(cb, "free some host memory and try again",
-                        "%s: out of host memory for a %d-parameter table", adamw ? "adamw_update" : "sgd_update", n);
-            return NULL;
-        }
-        ot->host = static_cast<struct optim_table_entry *>(h);
-        ot->cap = n;
-    }
     for (int t = 0; t < n; t++)
-        ot->host[t] = optim_entry_of(&a[t], adamw);
-    if (!CB_CUDA(cb, cudaMemcpyAsync(dev, ot->host, bytes, cudaMemcpyHostToDevice, cb->stream)))
-        return NULL;
-    ot->n = n;
-    return static_cast<const struct optim_table_entry *>(dev);
+        e[t] = optim_entry_of(&a[t], adamw);
+    return static_cast<const struct optim_table_entry *>(device_table_commit(cb, &cb->opt_table, CSCR_OPT_DESC, bytes));
 }
 
 /* Entry i against entry 0 and its own shapes; a violation is a bug in the caller. */
@@ -544,11 +476,11 @@ void optim_update(struct backend *be, const struct optim_update_args *a, int n, 
         int left = n - off;
         dim3 grid(blocks, (unsigned)(left < kMaxTensorsPerLaunch ? left : kMaxTensorsPerLaunch));
         if (adamw) {
-            adamw_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c);
-            CB_LAUNCHED(cb, "adamw_kernel");
+            optim_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c);
+            CB_LAUNCHED(cb, "optim_kernel (adamw)");
         } else {
-            sgd_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c);
-            CB_LAUNCHED(cb, "sgd_kernel");
+            optim_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c);
+            CB_LAUNCHED(cb, "optim_kernel (sgd)");
         }
     }
 }
