@@ -93,26 +93,6 @@ void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t 
     return p;
 }
 
-void *cuda_host_buffer(struct cuda_backend *cb, size_t bytes)
-{
-    if (cb->host_pinned && bytes <= cb->host_pinned_cap)
-        return cb->host_pinned;
-    /* the previous buffer may still be the target of a queued copy */
-    if (cb->host_pinned) {
-        CB_CUDA(cb, cudaStreamSynchronize(cb->stream));
-        cudaFreeHost(cb->host_pinned);
-        cb->host_pinned = NULL;
-        cb->host_pinned_cap = 0;
-    }
-    size_t cap = (bytes + 4095) & ~(size_t)4095;
-    void *p = NULL;
-    if (!CB_CUDA(cb, cudaMallocHost(&p, cap)))
-        return NULL;
-    cb->host_pinned = p;
-    cb->host_pinned_cap = cap;
-    return p;
-}
-
 void *device_table_begin(struct cuda_backend *cb, struct device_table *t, size_t bytes, const char *what)
 {
     if (bytes > t->cap) {
@@ -261,8 +241,6 @@ static void cu_destroy(struct backend *be)
         cudaStreamSynchronize(cb->stream);
     device_table_free(&cb->gs_table);
     device_table_free(&cb->opt_table);
-    if (cb->host_pinned)
-        cudaFreeHost(cb->host_pinned);
     if (cb->lt_workspace)
         cudaFree(cb->lt_workspace);
     if (cb->lt)

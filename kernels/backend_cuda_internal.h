@@ -4,9 +4,9 @@
  * The backend is one `struct cuda_backend` (its first member the `struct backend` table callers hold),
  * one non-blocking stream every op is queued on, a cuBLASLt handle with a 32 MB workspace, a cuDNN
  * handle, per-shape caches (matmul plans in gemm_cublaslt.cu, convolution algorithms in conv_cudnn.cu)
- * and a few growable device scratch slots. Nothing here synchronises the host except download,
- * synchronize and count_zeros, whose result is a host value: a training step's losses, gradient check
- * and decision stay in device memory (backend.h).
+ * and a few growable device scratch slots. Nothing here synchronises the host except download and
+ * synchronize: a training step's losses, gradient check, zero counts and decision stay in device
+ * memory (backend.h).
  *
  * Errors: the first failure (a CUDA/cuBLAS/cuDNN error, a launch error, a violated alignment rule) is
  * recorded with file and line and stays until destroy; backend->status reports it. After a failure the
@@ -107,8 +107,6 @@ struct cuda_backend {
     struct conv_plan *conv_plans;
     struct device_table gs_table; /* grad_stats (CSCR_GS_DESC) */
     struct device_table opt_table; /* adamw / sgd (CSCR_OPT_DESC) */
-    void *host_pinned;   /* small pinned host buffer for reduction results (count_zeros) */
-    size_t host_pinned_cap;
     size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */
     enum amp_status status;
     struct amp_error err;
@@ -133,8 +131,6 @@ bool cudnn_ok_(struct cuda_backend *cb, cudnnStatus_t s, const char *file, int l
 /* A slot's device buffer of at least `bytes` (stream-ordered: growing never races queued kernels).
  * NULL with the status set when memory runs out. */
 void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t bytes);
-/* Pinned host bytes for copying small results back. */
-void *cuda_host_buffer(struct cuda_backend *cb, size_t bytes);
 
 /* Blocks for an n-element grid-stride loop. */
 static inline unsigned grid_for(size_t n, unsigned threads = kThreads)
@@ -261,7 +257,7 @@ void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int 
                      int64_t *counts);
 void cuda_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
                       const struct grad_check *check, struct step_row *row);
-int64_t cuda_count_zeros(struct backend *be, const struct tensor *t);
+void cuda_count_zeros(struct backend *be, const struct tensor *t, int64_t *acc);
 void cuda_adamw_update(struct backend *be, const struct optim_update_args *a, int n);
 void cuda_sgd_update(struct backend *be, const struct optim_update_args *a, int n);
 

@@ -1,7 +1,7 @@
 /*
  * loss_optim.cu — losses, the fused gradient check, the step's tail, zero counting and the optimizer
- * updates. Nothing here waits for the device except count_zeros: a training step queues on the stream
- * without a host synchronisation (backend.h).
+ * updates. Nothing here waits for the device: a training step queues on the stream without a host
+ * synchronisation (backend.h); count_zeros adds into an int64 in device memory.
  *
  * xent / mse: one block per sample row, FP32 math with double sums (the CPU's formulas): max and
  * argmax (first maximum), log-sum-exp, the per-sample loss, and the gradient (softmax - onehot) *
@@ -265,12 +265,12 @@ __global__ void count_zeros_partial_kernel(long long *part, const void *p, int d
     }
 }
 
-__global__ void sum_partials_kernel(long long *out, const long long *part, unsigned n)
+__global__ void add_partials_kernel(long long *acc, const long long *part, unsigned n)
 {
     long long s = 0;
     for (unsigned i = 0; i < n; i++)
         s += part[i];
-    *out = s;
+    *acc += s;
 }
 
 /* What the AdamW launch takes from the host (shared by the call's parameters); the step's scalars come from
@@ -564,25 +564,20 @@ void cuda_step_finish(struct backend *be, const struct step_params *p, struct st
     CB_LAUNCHED(cb, "step_finish_kernel");
 }
 
-int64_t cuda_count_zeros(struct backend *be, const struct tensor *t)
+void cuda_count_zeros(struct backend *be, const struct tensor *t, int64_t *acc)
 {
     struct cuda_backend *cb = cuda_of(be);
     if (!t->numel)
-        return 0;
+        return;
     unsigned blocks = grid_for(t->numel);
     if (blocks > 1024)
         blocks = 1024;
-    long long *part = static_cast<long long *>(cuda_scratch(cb, CSCR_PARTIAL2, (blocks + 1) * sizeof(long long)));
-    long long *host = static_cast<long long *>(cuda_host_buffer(cb, sizeof(long long)));
-    if (!part || !host)
-        return 0;
-    count_zeros_partial_kernel<<<blocks, kThreads, 0, cb->stream>>>(part + 1, t->data, t->dtype, t->numel);
-    sum_partials_kernel<<<1, 1, 0, cb->stream>>>(part, part + 1, blocks);
+    long long *part = static_cast<long long *>(cuda_scratch(cb, CSCR_PARTIAL2, blocks * sizeof(long long)));
+    if (!part)
+        return;
+    count_zeros_partial_kernel<<<blocks, kThreads, 0, cb->stream>>>(part, t->data, t->dtype, t->numel);
+    add_partials_kernel<<<1, 1, 0, cb->stream>>>(reinterpret_cast<long long *>(acc), part, blocks);
     CB_LAUNCHED(cb, "count_zeros kernels");
-    if (!CB_CUDA(cb, cudaMemcpyAsync(host, part, sizeof(long long), cudaMemcpyDeviceToHost, cb->stream)) ||
-        !CB_CUDA(cb, cudaStreamSynchronize(cb->stream)))
-        return 0;
-    return (int64_t)*host;
 }
 
 void cuda_adamw_update(struct backend *be, const struct optim_update_args *a, int n)

@@ -15,7 +15,7 @@
  *
  * Nothing in a training step returns a value to the host: losses, the gradient check, the loss scale
  * and the step's decision stay in backend memory (lib/step_rule.h), so a GPU queues a whole step
- * without a host synchronisation. Only download, synchronize and count_zeros wait.
+ * without a host synchronisation. Only download and synchronize wait.
  *
  * Errors: operations return void; a backend records its first failure (a CUDA error, say) and
  * backend_status() reports it. The training loop checks it once per step. Shape and dtype mistakes
@@ -203,8 +203,8 @@ struct backend {
     /* the step's tail (lib/step_rule.h, step_rule_finish) on state, check and row in backend memory */
     void (*step_finish)(struct backend *be, const struct step_params *p, struct step_state *state,
                         const struct grad_check *check, struct step_row *row);
-    /* number of elements exactly zero (for grad_zero_frac) */
-    int64_t (*count_zeros)(struct backend *be, const struct tensor *t);
+    /* *acc (one int64 in backend memory) += the number of elements exactly zero, +0 or -0 (grad_zero_frac) */
+    void (*count_zeros)(struct backend *be, const struct tensor *t, int64_t *acc);
 
     /* optimizer updates: n parameters' in one call (the CUDA backend: one launch for all of them, as grad_stats);
      * the n entries share sc, betas, eps, momentum and nesterov, and name distinct tensors */

@@ -84,6 +84,8 @@ struct step_row {
     double clip_coef;
     double lr;                /* applied; 0 when skipped */
     int64_t found_inf, skipped, skips_total, consecutive_skips;
+    int64_t grad_zeros;       /* zeros of the sampled activation gradients: count_zeros adds them here (the
+                               * trainer zeroes the window's rows first; step_rule_finish leaves it) */
 };
 
 /* The training state the step rule owns, in backend memory. The host keeps a mirror (trainer.scaler,

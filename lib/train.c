@@ -204,11 +204,11 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
     size_t bytes = off_counts + w * nc * sizeof(int64_t);
     t->dev = t->be->alloc(t->be, bytes);
     t->pend_epoch = calloc(w, sizeof *t->pend_epoch);
-    t->pend_zero_frac = calloc(w, sizeof *t->pend_zero_frac);
+    t->pend_zero_total = calloc(w, sizeof *t->pend_zero_total);
     t->rows_host = calloc(w, sizeof *t->rows_host);
     t->counts_host = calloc(w * nc, sizeof *t->counts_host);
     t->recs = calloc(w, sizeof *t->recs);
-    if (!t->dev || !t->pend_epoch || !t->pend_zero_frac || !t->rows_host || !t->counts_host || !t->recs)
+    if (!t->dev || !t->pend_epoch || !t->pend_zero_total || !t->rows_host || !t->counts_host || !t->recs)
         return amp_fail(err, AMP_ERR_INTERNAL, "lower run.log_every", "out of memory allocating the step log window");
     char *base = t->dev;
     t->dev_state = (struct step_state *)base;
@@ -277,7 +277,7 @@ void trainer_teardown(struct trainer *t)
     if (t->dev)
         t->be->free(t->be, t->dev);
     free(t->pend_epoch);
-    free(t->pend_zero_frac);
+    free(t->pend_zero_total);
     free(t->rows_host);
     free(t->counts_host);
     free(t->recs);
@@ -299,6 +299,9 @@ static void push_state(struct trainer *t)
         .seed = step_rule_seed(&t->scaler, t->cfg->accum_steps),
     };
     t->be->upload(t->be, t->dev_state, &st, sizeof st);
+    /* the window's rows start at zero: count_zeros adds into them (grad_zeros) */
+    memset(t->rows_host, 0, (size_t)t->window * sizeof *t->rows_host);
+    t->be->upload(t->be, t->dev_rows, t->rows_host, (size_t)t->window * sizeof *t->rows_host);
 }
 
 /* One optimizer step: accum_steps micro-batches, check, step or skip, scale update; queued. */
@@ -316,7 +319,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         push_state(t);
     int64_t accum = cfg->accum_steps, n = cfg->data.batch_size;
     bool sample_zeros = cfg->run.log_every > 0 && (step + 1) % cfg->run.log_every == 0;
-    struct grad_zeros zeros = {0, 0};
+    struct grad_zeros zeros = {.zeros = &t->dev_rows[t->pending].grad_zeros, .total = 0};
     const struct layer *loss = &m->layers[m->nlayers - 1];
 
     for (int64_t micro = 0; micro < accum; micro++) {
@@ -346,7 +349,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
 
     t->pend_epoch[t->pending] = t->sampler.epoch;
     /* fraction of the last micro-batch's low-precision activation-gradient elements that are zero */
-    t->pend_zero_frac[t->pending] = zeros.total ? (double)zeros.zeros / (double)zeros.total : NAN;
+    t->pend_zero_total[t->pending] = zeros.total;
     t->pending++;
     t->step++;
     return be->status(be, err);
@@ -384,7 +387,7 @@ enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
         rec->lr = r->lr;
         if (r->found_inf)
             attribute_overflow(&t->model, t->counts_host + i * nc, rec->overflow_layer, sizeof rec->overflow_layer);
-        rec->grad_zero_frac = t->pend_zero_frac[i];
+        rec->grad_zero_frac = t->pend_zero_total[i] ? (double)r->grad_zeros / (double)t->pend_zero_total[i] : NAN;
         rec->consecutive_skips = r->consecutive_skips;
         rec->scale_next = r->scale_next;
     }

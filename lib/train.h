@@ -67,7 +67,7 @@ struct trainer {
     int64_t window;              /* rows the buffers hold: min(run.log_every, TRAIN_MAX_WINDOW) */
     int64_t pending;             /* steps queued since the last flush */
     int64_t *pend_epoch;         /* host side of the pending rows */
-    double *pend_zero_frac;
+    int64_t *pend_zero_total;    /* elements the sampled grad_zero_frac counted (0: not sampled) */
     struct step_row *rows_host;
     int64_t *counts_host;
     struct step_record *recs;    /* trainer_flush's output: recs[0..nrecs) */

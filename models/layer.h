@@ -55,7 +55,8 @@ struct buffer {
 
 /* Zero count of low-precision activation gradients (scale_log.csv's grad_zero_frac). */
 struct grad_zeros {
-    int64_t zeros, total;
+    int64_t *zeros;       /* one int64 in backend memory: count_zeros adds to it */
+    int64_t total;        /* elements counted (host) */
 };
 
 /* What one forward/backward pass needs to know. */

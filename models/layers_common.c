@@ -127,6 +127,6 @@ void count_grad_zeros(const struct step_ctx *ctx, const struct tensor *g, bool c
 {
     if (!ctx->zeros || !g->data || (g->dtype == DT_FP32 && !computed_lowp))
         return;
-    ctx->zeros->zeros += ctx->be->count_zeros(ctx->be, g);
+    ctx->be->count_zeros(ctx->be, g, ctx->zeros->zeros);
     ctx->zeros->total += (int64_t)g->numel;
 }
