@@ -118,7 +118,12 @@ run_amp() { # key config steps overrides...
   local rc=$?
   # keep the step log; the run's checkpoint (up to ~200 MB at width 768) stays out of OUTDIR
   cp "$runs/$key/scale_log.csv" "$out/amp-$key.scale_log.csv" 2>/dev/null; rm -rf "${runs:?}/$key"
-  amp_sps[$key]=$(sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p' "$log" | tail -1)
+  # steady throughput: the median of the log windows' samples/s after the first window (its 50 steps hold
+  # the cuBLASLt plans' and cuDNN algorithms' first calls), like PyTorch's timing after its warm-up;
+  # samples_per_s is the row's last field, the same for every row of a window
+  amp_sps[$key]=$(awk -F, 'NR > 1 && $1 > 50 && ($1 % 50 == 0 || $1 == n) {print $NF}' n="$n" \
+                    "$out/amp-$key.scale_log.csv" 2>/dev/null | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}')
+  [ -n "${amp_sps[$key]}" ] || amp_sps[$key]=$(sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p' "$log" | tail -1)
   amp_mem[$key]=$(sed -n 's/.*peak device memory in use \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
   grep -q "device: $device" "$log" || fail "ampTrain $key did not run on $device (see amp-$key.log)"
   [ $rc -eq 0 ] && [ -n "${amp_sps[$key]}" ] || fail "ampTrain $key: rc $rc (see amp-$key.log)"
@@ -155,7 +160,7 @@ fmt() { awk -v a="$1" -v t="$2" 'BEGIN{ if (a == "") print "-"; else if (t > 0) 
 {
   if [ "$dry" = 1 ]; then echo "DRY run of gpu-check on the CPU, $(date -u +%Y-%m-%d): checks the script; these figures measure nothing"
   else echo "GPU check of $commit on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"; fi
-  echo "($steps steps per run, $wide_steps for width 768; throughput over the whole run including start-up for ampTrain, timed steps after warm-up for PyTorch)"
+  echo "($steps steps per run, $wide_steps for width 768; ampTrain: the median samples/s of its 50-step log windows after the first, PyTorch: the steps after 10 warm-up steps)"
   echo
   echo "| model | mode | ampTrain samples/s | PyTorch eager AMP samples/s | ampTrain / PyTorch | ampTrain peak MiB | PyTorch peak MiB |"
   echo "|---|---|---|---|---|---|---|"
