@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prepare what scripts/gpu-check.sh needs on a lent GPU machine that has CUDA, cuDNN (PyTorch's), CMake
 # and PyTorch but none of our Debian packages and no datasets, and can fetch nothing (the device tool's
-# H200 image, /work/.library/device): one file, .gpu-bundle/bundle.tar.xz (~15-40 MB, under the 64 MiB a
-# device call may carry), holding
+# H200 image, /work/.library/device): one file, .gpu-bundle/bundle.tar.gz (about 42 MB, under the 64 MiB a
+# device call may carry; gzip, which every system's tar reads), holding
 #   bin/   ampTrain, test_cuda_backend, test_cuda_convert, built here for sm_90 (-Werror, Release),
 #          linked against the reference BLAS instead of OpenBLAS (0.4 MB against 36 MB)
 #   lib/   every shared library they load except glibc's, libstdc++/libgcc_s and CUDA's own
@@ -10,7 +10,7 @@
 #   data/  Fashion-MNIST and the fortunes corpus, for /usr/share/datasets and /usr/share/games there
 #   COMMIT the commit built (gpu-check.sh warns when the checkout differs)
 # Run it here (the development machine), then on the GPU machine:
-#   BUNDLE=.gpu-bundle/bundle.tar.xz PHASES="tests" scripts/gpu-check.sh OUT      (carry: .gpu-bundle)
+#   BUNDLE=.gpu-bundle/bundle.tar.gz PHASES="tests" scripts/gpu-check.sh OUT      (carry: .gpu-bundle)
 # The test binaries have this checkout's path compiled in (AMP_SOURCE_DIR); gpu-check.sh links that path
 # to the checkout there when they differ. Glibc is backward compatible, so binaries built on this Debian 12
 # (glibc 2.36) run on a newer glibc there; if they do not, build there instead (docs/perf.md, GPU figures).
@@ -56,6 +56,6 @@ git diff --quiet HEAD 2> /dev/null || echo "dirty" >> "$stage/COMMIT"
 echo "$(pwd)" > "$stage/SOURCE_DIR" # AMP_SOURCE_DIR compiled into the tests
 
 mkdir -p .gpu-bundle
-tar -C "$stage" -cJf .gpu-bundle/bundle.tar.xz .
-echo "gpu-bundle: .gpu-bundle/bundle.tar.xz, $(du -h .gpu-bundle/bundle.tar.xz | cut -f1), commit $(head -c 12 "$stage/COMMIT"):" \
+tar -C "$stage" -czf .gpu-bundle/bundle.tar.gz .
+echo "gpu-bundle: .gpu-bundle/bundle.tar.gz, $(du -h .gpu-bundle/bundle.tar.gz | cut -f1), commit $(head -c 12 "$stage/COMMIT"):" \
      "$(ls "$stage/lib" | wc -l) libraries ($(du -sh "$stage/lib" | cut -f1) unpacked), data $(du -sh "$stage/data" | cut -f1)"

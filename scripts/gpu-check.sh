@@ -10,7 +10,7 @@
 #                                      TEST_TIMEOUT (300 s a test binary), RUN_TIMEOUT (90 s a training run)
 # The build goes to BUILD_DIR in the checkout, not OUTDIR, so OUTDIR holds only logs and the table, and a
 # later call with PHASES="tests" or "bench" reuses it (on the device machine: while it stays warm).
-# BUNDLE=.gpu-bundle/bundle.tar.xz uses what scripts/gpu-bundle.sh built on the development machine
+# BUNDLE=.gpu-bundle/bundle.tar.gz uses what scripts/gpu-bundle.sh built on the development machine
 # (binaries, the shared libraries the GPU machine lacks, the datasets) instead of building: the lent H200
 # has CUDA, cuDNN (PyTorch's), CMake and PyTorch but none of our Debian packages or datasets, and can fetch
 # nothing. It unpacks the bundle to /tmp, installs the datasets where the configs expect them, links the
@@ -38,7 +38,7 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # ---- the bundle: binaries and libraries from the development machine ----
 if [ -n "${BUNDLE:-}" ]; then
   root=/tmp/amp-bundle
-  rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf "$BUNDLE" ||
+  rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xzf "$BUNDLE" ||
     { fail "cannot unpack $BUNDLE"; exit 1; }
   commit="$(head -c 9 "$root/COMMIT")$(grep -q dirty "$root/COMMIT" && echo ' (dirty)') (bundle)"
   for d in datasets/fashion-mnist games/fortunes; do
