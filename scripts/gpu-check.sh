@@ -55,7 +55,9 @@ if [ -n "${BUNDLE:-}" ]; then
     cudnn=$(dirname "$(find /usr/local /usr/lib /opt -name libcudnn.so.9 2>/dev/null | head -1)" 2>/dev/null)
   [ -e "$cudnn/libcudnn.so.9" ] || { fail "no libcudnn.so.9 on this machine"; exit 1; }
   cuda_lib=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda-13*/ -name 'libcublasLt.so.13' 2>/dev/null | head -1)" 2>/dev/null)
-  export LD_LIBRARY_PATH="$root/lib:$cuda_lib:$cudnn${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # PyTorch's pip copies of cuBLAS and the CUDA runtime, for a machine whose toolkit lacks them
+  pip_cuda=$("$python" -c 'import nvidia.cublas as b, nvidia.cuda_runtime as r; print(b.__path__[0] + "/lib:" + r.__path__[0] + "/lib")' 2>/dev/null)
+  export LD_LIBRARY_PATH="$root/lib:$cuda_lib:$cudnn${pip_cuda:+:$pip_cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   note "bundle: commit $commit, cuDNN from $cudnn, CUDA libraries from ${cuda_lib:-the default search path}"
   ldd "$root/bin/test_cuda_backend" | grep "not found" && { fail "libraries missing (ldd above)"; exit 1; }
   build="$root/bin"
