@@ -16,10 +16,12 @@
  * CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE left unset, C's dtype (cublasLt.h: the default). cublasLt.h
  * asks for an aux leading dimension divisible by 8, and the heuristic infers the aux alignment from the
  * pointer's value, so the building call's aux pointer is set before it is asked; the fused path is taken
- * only for ldc % 8 == 0, a 16-byte-aligned aux and k > 0. cuBLASLt's documentation says only "GELU";
- * NVIDIA's nvmath-python tests model its epilogue with the tanh form, the one backend.h asks for, and the
- * fp32 case of tests/test_cuda_backend.c (gemm_gelu_epilogue, 1e-5) holds it to that. Otherwise (shape,
- * alignment, or a heuristic with no kernel for the epilogue, a refusal the plan remembers) the product
+ * only for a 16-bit C, ldc % 8 == 0, a 16-byte-aligned aux and k > 0. cuBLASLt's documentation says
+ * only "GELU"; NVIDIA's nvmath-python tests model its epilogue with the tanh form, the one backend.h asks
+ * for, but whether it is computed exactly or with a fast tanh (~1e-4) is not said: invisible under a
+ * 16-bit rounding, not in fp32, so an fp32 C takes the exact path below (an fp32 product costs far more
+ * than the extra pass). Otherwise (fp32, shape, alignment, or a heuristic with no kernel for the epilogue,
+ * or cublasLtMatmul refusing it at the first call: refusals the plan remembers) the product
  * with the bias goes into aux, rounded to its dtype, and elementwise.cu's GELU kernel maps aux into C:
  * GELU of the rounded pre-activation, so a 16-bit C is rounded twice (three times where the bias
  * fallback applies as well).
@@ -64,6 +66,7 @@ struct gemm_plan {
     cublasLtMatmulAlgo_t algo;
     bool bias_by_kernel; /* the epilogue was refused: bias added by cuda_add_row_bias */
     bool gelu_by_kernel; /* the GELU epilogue was refused: no algorithm, the call falls back (lt_matmul_gelu) */
+    bool ran;            /* cublasLtMatmul has accepted this plan once */
     struct gemm_plan *next;
 };
 
@@ -320,6 +323,29 @@ static bool key_of(struct cuda_backend *cb, const struct lt_matmul *mm, enum gem
 }
 
 /* One cuBLASLt call of plan p on mm's operands (the bias added by a kernel where p says so). */
+/* A fused epilogue (bias, GELU) that cublasLtMatmul itself refuses at a plan's first call, though the
+ * heuristic offered an algorithm for it: cuBLASLt documents the bias as D's type (fp32 with a 16-bit D is
+ * not in its list), so this may happen. The plan then drops the epilogue as if the heuristic had refused
+ * it: the bias goes to cuda_add_row_bias (the plan's algorithm asked again without the epilogue), the
+ * GELU to lt_matmul_gelu's fallback. false: the caller must take the unfused path (GELU). */
+static bool plan_refused(struct cuda_backend *cb, struct gemm_plan *p, cublasStatus_t st)
+{
+    bool fused = p->key.epilogue == GEMM_EPI_GELU_TANH || (p->key.has_bias && !p->bias_by_kernel);
+    if (p->ran || !fused || (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE))
+        return false;
+    if (p->key.epilogue == GEMM_EPI_GELU_TANH) {
+        p->gelu_by_kernel = true;
+        return true;
+    }
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    bool found = false;
+    if (!CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
+        !plan_pick_algo(cb, p, false, &found) || !found)
+        return false;
+    p->bias_by_kernel = true;
+    return true;
+}
+
 static void plan_run(struct cuda_backend *cb, struct gemm_plan *p, const struct lt_matmul *mm)
 {
     if (mm->bias && !p->bias_by_kernel &&
@@ -331,8 +357,18 @@ static void plan_run(struct cuda_backend *cb, struct gemm_plan *p, const struct 
                                                       sizeof mm->aux)))
         return;
     /* cuBLASLt's A is our B, its B our A; beta 0 never reads C (cuBLAS semantics) */
-    CB_CUBLAS(cb, cublasLtMatmul(cb->lt, p->desc, &mm->alpha, mm->b, p->lay_a, mm->a, p->lay_b, &mm->beta, mm->c,
-                                 p->lay_c, mm->c, p->lay_c, &p->algo, cb->lt_workspace, kLtWorkspaceBytes, cb->stream));
+    cublasStatus_t st = cublasLtMatmul(cb->lt, p->desc, &mm->alpha, mm->b, p->lay_a, mm->a, p->lay_b, &mm->beta, mm->c,
+                                       p->lay_c, mm->c, p->lay_c, &p->algo, cb->lt_workspace, kLtWorkspaceBytes,
+                                       cb->stream);
+    if (st != CUBLAS_STATUS_SUCCESS && plan_refused(cb, p, st)) {
+        if (p->gelu_by_kernel)
+            return; /* lt_matmul_gelu sees the flag and runs its fallback */
+        plan_run(cb, p, mm); /* now without the bias epilogue: once, since bias_by_kernel is set */
+        return;
+    }
+    if (!CB_CUBLAS(cb, st))
+        return;
+    p->ran = true;
     if (mm->bias && p->bias_by_kernel)
         cuda_add_row_bias(cb, mm->c, mm->c_dt, mm->bias, mm->m, mm->n, mm->batch, mm->stride_c);
 }
@@ -371,7 +407,9 @@ static void lt_matmul_gelu(struct cuda_backend *cb, const struct lt_matmul *mm)
                     (long long)mm->m, (long long)mm->n, (long long)mm->k, mm->c, mm->aux, align_c, align_aux);
         return;
     }
-    bool fusable = mm->k > 0 && mm->ldc % 8 == 0 && align_aux >= 16;
+    /* fused for 16-bit outputs only: cuBLASLt does not say how it computes GELU (a fast tanh would be
+     * ~1e-4 off, invisible under a 16-bit rounding but not in fp32, where the product is the cost anyway) */
+    bool fusable = mm->c_dt != DT_FP32 && mm->k > 0 && mm->ldc % 8 == 0 && align_aux >= 16;
     if (fusable) {
         struct gemm_key key;
         if (!key_of(cb, mm, GEMM_EPI_GELU_TANH, &key))
@@ -381,7 +419,8 @@ static void lt_matmul_gelu(struct cuda_backend *cb, const struct lt_matmul *mm)
             return;
         if (!p->gelu_by_kernel) {
             plan_run(cb, p, mm);
-            return;
+            if (!p->gelu_by_kernel) /* (plan_run sets it when cuBLASLt refuses the epilogue at the call) */
+                return;
         }
     }
     struct lt_matmul pre = *mm; /* the product with the bias into aux ... */
