@@ -203,18 +203,21 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
     size_t off_counts = off_rows + align256(w * sizeof(struct step_row));
     size_t bytes = off_counts + w * nc * sizeof(int64_t);
     t->dev = t->be->alloc(t->be, bytes);
+    t->host = calloc(1, bytes);
     t->pend_epoch = calloc(w, sizeof *t->pend_epoch);
     t->pend_zero_total = calloc(w, sizeof *t->pend_zero_total);
-    t->rows_host = calloc(w, sizeof *t->rows_host);
-    t->counts_host = calloc(w * nc, sizeof *t->counts_host);
     t->recs = calloc(w, sizeof *t->recs);
-    if (!t->dev || !t->pend_epoch || !t->pend_zero_total || !t->rows_host || !t->counts_host || !t->recs)
+    if (!t->dev || !t->host || !t->pend_epoch || !t->pend_zero_total || !t->recs)
         return amp_fail(err, AMP_ERR_INTERNAL, "lower run.log_every", "out of memory allocating the step log window");
-    char *base = t->dev;
+    t->ncounts = (int64_t)nc;
+    t->counts_off = off_counts;
+    char *base = t->dev, *host = t->host;
     t->dev_state = (struct step_state *)base;
     t->dev_check = (struct grad_check *)(base + off_check);
     t->dev_rows = (struct step_row *)(base + off_rows);
     t->dev_counts = (int64_t *)(base + off_counts);
+    t->rows_host = (struct step_row *)(host + off_rows);
+    t->counts_host = (int64_t *)(host + off_counts);
     return AMP_OK;
 }
 
@@ -278,8 +281,7 @@ void trainer_teardown(struct trainer *t)
         t->be->free(t->be, t->dev);
     free(t->pend_epoch);
     free(t->pend_zero_total);
-    free(t->rows_host);
-    free(t->counts_host);
+    free(t->host);
     free(t->recs);
     optim_free(&t->opt);
     sampler_free(&t->sampler);
@@ -342,7 +344,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     /* [reduce across ranks goes here: the after_backward hook sits in its slot] then one fused check */
     if (t->after_backward)
         t->after_backward(t, t->hook_user);
-    int64_t *counts = t->dev_counts + t->pending * 2 * m->nparams;
+    int64_t *counts = t->dev_counts + t->pending * t->ncounts;
     be->grad_stats(be, t->grads, m->nparams, t->dev_check, counts);
     be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_rows + t->pending);
     optim_step(&t->opt, m, &t->dev_state->sc);
@@ -358,17 +360,17 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
 enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
 {
     struct backend *be = t->be;
-    int64_t n = t->pending, nc = 2 * t->model.nparams;
+    int64_t n = t->pending, nc = t->ncounts;
     t->nrecs = 0;
     if (n == 0)
         return AMP_OK;
-    struct step_state st;
-    be->download(be, &st, t->dev_state, sizeof st);
-    be->download(be, t->rows_host, t->dev_rows, (size_t)n * sizeof *t->rows_host);
-    be->download(be, t->counts_host, t->dev_counts, (size_t)(n * nc) * sizeof *t->counts_host);
+    /* one download, one wait: the state, the check, the window's rows and the first n rows' counts */
+    be->download(be, t->host, t->dev, t->counts_off + (size_t)(n * nc) * sizeof(int64_t));
     enum amp_status status = be->status(be, err);
     if (status != AMP_OK)
         return status;
+    struct step_state st;
+    memcpy(&st, t->host, sizeof st);
     t->scaler = st.scaler;
     t->opt.step = st.opt_step;
     for (int64_t i = 0; i < n; i++) {

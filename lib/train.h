@@ -59,7 +59,7 @@ struct trainer {
     /* The step rule's state in backend memory. scaler, opt.step and the steps in flight are the host's
      * mirror of it: written to the backend when a window starts, read back by trainer_flush. */
     struct step_params params;
-    void *dev;                   /* one backend allocation holding the four below */
+    void *dev;                   /* one backend allocation holding the four below, in this order */
     struct step_state *dev_state;
     struct grad_check *dev_check;
     struct step_row *dev_rows;   /* window rows */
@@ -68,8 +68,11 @@ struct trainer {
     int64_t pending;             /* steps queued since the last flush */
     int64_t *pend_epoch;         /* host side of the pending rows */
     int64_t *pend_zero_total;    /* elements the sampled grad_zero_frac counted (0: not sampled) */
-    struct step_row *rows_host;
+    void *host;                  /* the host copy of the dev block (trainer_flush reads it in one download) */
+    struct step_row *rows_host;  /* views into host, at dev_rows' and dev_counts' offsets */
     int64_t *counts_host;
+    int64_t ncounts;             /* counts per row: 2 * parameter tensors (at least 2) */
+    size_t counts_off;           /* where the counts start in the block */
     struct step_record *recs;    /* trainer_flush's output: recs[0..nrecs) */
     int64_t nrecs;
     /* Called after the last micro-batch's backward, before the non-finite check: the slot where a
