@@ -6,7 +6,8 @@
 #   OUTDIR/*.log      every build, test, training and benchmark log
 #   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc),
 #                                      PYTHON (python3: the one with PyTorch), BUILD_DIR (build-gpu),
-#                                      PHASES ("build tests bench": any of them, in that order),
+#                                      PHASES ("build tests bench", and "sanitize": compute-sanitizer
+#                                      memcheck over the op tests, when asked),
 #                                      TEST_TIMEOUT (300 s a test binary), RUN_TIMEOUT (90 s a training run)
 # The build goes to BUILD_DIR in the checkout, not OUTDIR, so OUTDIR holds only logs and the table, and a
 # later call with PHASES="tests" or "bench" reuses it (on the device machine: while it stays warm).
@@ -98,6 +99,20 @@ for t in test_cuda_convert test_cuda_backend; do
     *) fail "$t: failed, rc $rc (see $t.log)" ;;
   esac
 done
+
+# ---- optional: the op tests under compute-sanitizer memcheck (PHASES="... sanitize"; Firecracker
+# machines only: on gVisor it cannot attach, /work/.library/device/KINDS.md) ----
+if has_phase sanitize && [ "$dry" != 1 ]; then
+  t1=$(date +%s)
+  (cd "$build" && timeout "${TEST_TIMEOUT:-300}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+     ./test_cuda_backend --jobs=1 --filter='cuda_backend/!(fashion_mlp*|resume*)') > "$out/sanitize.log" 2>&1
+  rc=$?
+  case $rc in
+    0) note "compute-sanitizer memcheck: clean ($(( $(date +%s) - t1 )) s)" ;;
+    9) fail "compute-sanitizer memcheck found errors (see sanitize.log)" ;;
+    *) fail "compute-sanitizer run: rc $rc (see sanitize.log; on gVisor it cannot run)" ;;
+  esac
+fi
 
 if ! has_phase bench; then
   note "done in $(( $(date +%s) - t0 )) s, status $status (PHASES without bench: no table)"
