@@ -207,3 +207,54 @@ Test(cli, a_second_signal_stops_at_once_and_the_previous_checkpoint_still_loads,
     cr_assert(strstr(r.out, "graceful 0"), "the second signal did not wait for the step and the save:\n%s", r.out);
     cr_assert(strstr(r.out, "inspect 0"), "latest names a checkpoint that verifies:\n%s", r.out);
 }
+
+/* scripts/gpu-check.sh is run only where a GPU is lent, rarely: its DRY mode (everything on the CPU, a
+ * few steps a run) checks here that it still parses ampTrain's and PyTorch's output and fills every row
+ * of its table. Needs /usr/bin/python3 with torch (scripts/install-deps.sh installs python3-torch). */
+Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 900)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip_test("checked in the build without sanitizers: under ASan the script's 27 runs take over 5 minutes");
+#endif
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+        cr_skip_test("/usr/bin/python3 lacks torch (Debian: python3-torch)");
+    char build[1024];
+    snprintf(build, sizeof build, "%s", AMP_BINARY);
+    char *slash = strrchr(build, '/');
+    cr_assert_not_null(slash);
+    *slash = '\0';
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && out=$(mktemp -d /tmp/amp_gpucheck.XXXXXX) && DRY=1 PYTHON=/usr/bin/python3 STEPS=2 "
+             "WIDE_STEPS=1 PHASES=bench RUN_TIMEOUT=300 BUILD_DIR=%s OPENBLAS_NUM_THREADS=1 scripts/gpu-check.sh \"$out\" "
+             ">/dev/null 2>&1; echo \"rc $?\"; cat \"$out/table.md\" \"$out/summary.log\"; rm -rf \"$out\"",
+             AMP_SOURCE_DIR, build);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    static char out[65536];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    pclose(p);
+    cr_assert(strstr(out, "rc 0\n"), "%s", out);
+    cr_assert_null(strstr(out, "FAIL"), "%s", out);
+    /* 15 rows: 3 models x 4 modes and text_gpt768 x 3; every one with an ampTrain figure, and the 12
+     * with a PyTorch counterpart with one too ("-" marks a missing figure) */
+    int rows = 0, torch_rows = 0;
+    for (const char *l = strstr(out, "\n| "); l; l = strstr(l + 1, "\n| ")) {
+        char model[32], mode[32], amp_sps[64], torch_sps[64];
+        if (sscanf(l, "\n| %31s | %31s | %63[^|]| %63[^|]|", model, mode, amp_sps, torch_sps) != 4 ||
+            strcmp(model, "model") == 0 || model[0] == '-')
+            continue;
+        rows++;
+        cr_assert(amp_sps[0] >= '1' && amp_sps[0] <= '9', "%s %s: ampTrain figure '%s'\n%s", model, mode, amp_sps,
+                  out);
+        if (strcmp(mode, "fp16-static") != 0) {
+            torch_rows++;
+            cr_assert(torch_sps[0] >= '1' && torch_sps[0] <= '9', "%s %s: PyTorch figure '%s'\n%s", model, mode,
+                      torch_sps, out);
+        }
+    }
+    cr_assert_eq(rows, 15, "%s", out);
+    cr_assert_eq(torch_rows, 12, "%s", out);
+    cr_assert(strstr(out, "Targets (text_gpt width 768): bf16 / fp32 = "), "%s", out);
+}
