@@ -335,12 +335,9 @@ Test(ckpt, read_only_output_directory)
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "cd %s && OPENBLAS_NUM_THREADS=1 %s%s resume %s run.steps=11 run.out_dir=%s 2>&1; echo \"code $?\"",
              AMP_SOURCE_DIR, as, AMP_BINARY, ckpt10, dir);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    static char out[65536];
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    pclose(p);
+    static struct result r;
+    r = shell(cmd);
+    const char *out = r.out;
     cr_assert(strstr(out, "code 1\n"), "an I/O error is exit code 1:\n%s", out);
     cr_assert(strstr(out, "cannot") && strstr(out, dir) && strstr(out, "hint:"), "%s", out);
     cr_assert(strstr(out, "Permission denied"), "%s", out);

@@ -229,12 +229,9 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 900)
              "WIDE_STEPS=1 PHASES=bench RUN_TIMEOUT=300 BUILD_DIR=%s OPENBLAS_NUM_THREADS=1 scripts/gpu-check.sh \"$out\" "
              ">/dev/null 2>&1; echo \"rc $?\"; cat \"$out/table.md\" \"$out/summary.log\"; rm -rf \"$out\"",
              AMP_SOURCE_DIR, build);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    static char out[65536];
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    pclose(p);
+    static struct result r;
+    r = shell(cmd);
+    const char *out = r.out;
     cr_assert(strstr(out, "rc 0\n"), "%s", out);
     cr_assert_null(strstr(out, "FAIL"), "%s", out);
     /* 15 rows: 3 models x 4 modes and text_gpt768 x 3; every one with an ampTrain figure, and the 12

@@ -16,19 +16,12 @@ struct result {
     char out[65536];
 };
 
-/* Run `ampTrain ARGS` (ARGS may go on with more shell commands after a ';') from the source directory
- * with one BLAS thread, stderr merged into stdout. Returns a static buffer. */
-static struct result amp(const char *fmt, ...) __attribute__((format(printf, 1, 2), unused));
-static struct result amp(const char *fmt, ...)
+/* Run the shell command `cmd` and take its stdout (the first 64 KiB) and exit code. Returns a static buffer. */
+static struct result shell(const char *cmd) __attribute__((unused));
+static struct result shell(const char *cmd)
 {
     static struct result r;
     memset(&r, 0, sizeof r);
-    char args[3000], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && { OPENBLAS_NUM_THREADS=1 %s %s ; } 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     size_t n = fread(r.out, 1, sizeof r.out - 1, p);
@@ -36,6 +29,20 @@ static struct result amp(const char *fmt, ...)
     int status = pclose(p);
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return r;
+}
+
+/* Run `ampTrain ARGS` (ARGS may go on with more shell commands after a ';') from the source directory
+ * with one BLAS thread, stderr merged into stdout. Returns a static buffer. */
+static struct result amp(const char *fmt, ...) __attribute__((format(printf, 1, 2), unused));
+static struct result amp(const char *fmt, ...)
+{
+    char args[3000], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && { OPENBLAS_NUM_THREADS=1 %s %s ; } 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
+    return shell(cmd);
 }
 
 #endif
