@@ -320,7 +320,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     if (t->pending == 0)
         push_state(t);
     int64_t accum = cfg->accum_steps, n = cfg->data.batch_size;
-    bool sample_zeros = cfg->run.log_every > 0 && (step + 1) % cfg->run.log_every == 0;
+    bool sample_zeros = (step + 1) % cfg->run.log_every == 0; /* log_every >= 1 (config) */
     struct grad_zeros zeros = {.zeros = &t->dev_rows[t->pending].grad_zeros, .total = 0};
     const struct layer *loss = &m->layers[m->nlayers - 1];
 
@@ -463,7 +463,6 @@ static enum amp_status save_checkpoint(struct trainer *t, int64_t protect, char 
     return st;
 }
 
-/* Train from scratch (resume == NULL) or from the checkpoint `resume`. */
 /* Append to a fail-fast error's hint where training can continue from. */
 static void name_last_good_checkpoint(struct amp_error *err, const char *ckpt)
 {
@@ -528,6 +527,7 @@ static enum amp_status checkpoint_now(struct trainer *t, struct loop_marks *lm, 
     return st;
 }
 
+/* Train from scratch (resume == NULL) or from the checkpoint `resume`. */
 static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler,
                                 struct amp_error *err)
 {
