@@ -13,13 +13,18 @@
 #include "checkpoint.h" /* ckpt_resolve, ckpt_read_config, ckpt_verify, ckpt_load_model, ckpt_inspect */
 #include "data.h"       /* data_load */
 #include "runlog.h"     /* runlog_eval */
+#include "comm.h"     /* comm_open, comm_close: the ranks of a data-parallel job */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
+#include "dist.h"     /* comm_agree, dist_check_config */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
 
 #ifndef AMP_VERSION
 #define AMP_VERSION "0.0.0"
 #endif
+
+/* The ranks of this job (mpirun -np N; one rank without a launcher). Rank 0 alone prints progress. */
+static struct comm *ranks;
 
 struct command {
     const char *name;
@@ -52,8 +57,17 @@ static enum amp_status load_with_overrides(struct config *cfg, const char *path,
         st = config_finalize(cfg, err);
     if (st != AMP_OK)
         config_free(cfg);
-    else
+    else if (ranks->rank == 0)
         config_print_warnings(cfg, stderr);
+    return st;
+}
+
+/* Every rank has its config (or the first failure), and all configs are one. */
+static enum amp_status agree_on_config(enum amp_status st, const struct config *cfg, struct amp_error *err)
+{
+    st = comm_agree(ranks, st, err);
+    if (st == AMP_OK)
+        st = comm_agree(ranks, dist_check_config(ranks, cfg, err), err);
     return st;
 }
 
@@ -87,15 +101,19 @@ static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)
 
 static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
 {
-    enum amp_status st = need_config_arg(argc, argv, "run", err);
+    enum amp_status st = comm_agree(ranks, need_config_arg(argc, argv, "run", err), err);
     if (st != AMP_OK)
         return st;
     struct config cfg;
-    if ((st = load_with_overrides(&cfg, argv[1], argc, argv, 2, err)) != AMP_OK)
-        return st;
-    printf("ampTrain %s: run '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
-    st = train_run(&cfg, err);
-    config_free(&cfg);
+    st = load_with_overrides(&cfg, argv[1], argc, argv, 2, err);
+    enum amp_status loaded = st;
+    st = agree_on_config(st, &cfg, err);
+    if (st == AMP_OK) {
+        printf("ampTrain %s: run '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
+        st = train_run(&cfg, ranks, err);
+    }
+    if (loaded == AMP_OK)
+        config_free(&cfg);
     return st;
 }
 
@@ -103,6 +121,8 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
 static const char *const resume_allowed[] = {
     "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts",
     "run.out_dir", "run.device", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
+    "dist.backend", "dist.check_every",
+    "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
 };
 
 static const char *resume_refusal(const char *key)
@@ -128,7 +148,8 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
     if (!eq || !ok)
         return amp_fail(err, AMP_ERR_CONFIG,
                         "resume accepts run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every, "
-                        "run.keep_ckpts, run.out_dir, run.device, precision.mode and stability.*; start a new run "
+                        "run.keep_ckpts, run.out_dir, run.device, precision.mode, stability.*, dist.* and "
+                        "accum_steps; start a new run "
                         "with 'ampTrain run' to change anything else",
                         "resume: override '%s' refused: %s", ov,
                         eq ? resume_refusal(key) : "expected KEY=VALUE");
@@ -161,19 +182,24 @@ static enum amp_status need_ckpt_arg(int argc, char **argv, const char *cmd, str
 
 static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
 {
-    enum amp_status st = need_ckpt_arg(argc, argv, "resume", err);
+    enum amp_status st = comm_agree(ranks, need_ckpt_arg(argc, argv, "resume", err), err);
     if (st != AMP_OK)
         return st;
     struct config cfg;
-    if ((st = ckpt_read_config(argv[1], &cfg, err)) != AMP_OK)
+    enum amp_status read = ckpt_read_config(argv[1], &cfg, err);
+    if ((st = comm_agree(ranks, read, err)) != AMP_OK) {
+        if (read == AMP_OK)
+            config_free(&cfg);
         return st;
+    }
     bool mode_changed = false;
     enum precision_mode old_mode = cfg.precision.mode;
     for (int i = 2; i < argc && st == AMP_OK; i++)
         st = resume_override(&cfg, argv[i], &mode_changed, err);
     if (st == AMP_OK)
         st = config_finalize(&cfg, err);
-    if (st == AMP_OK && mode_changed && cfg.precision.mode != old_mode)
+    st = agree_on_config(st, &cfg, err);
+    if (st == AMP_OK && mode_changed && cfg.precision.mode != old_mode && ranks->rank == 0)
         fprintf(stderr,
                 "ampTrain: warning: precision.mode changes from %s to %s on resume: the FP32 weights and optimizer "
                 "state carry over, the loss scaler starts from its init, and the run is no longer bit-identical to "
@@ -181,7 +207,7 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
                 precision_mode_name(old_mode), precision_mode_name(cfg.precision.mode), precision_mode_name(old_mode));
     if (st == AMP_OK) {
         printf("ampTrain %s: resume '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
-        st = train_resume(&cfg, argv[1], mode_changed && cfg.precision.mode != old_mode, err);
+        st = train_resume(&cfg, argv[1], mode_changed && cfg.precision.mode != old_mode, ranks, err);
     }
     config_free(&cfg);
     return st;
@@ -244,14 +270,18 @@ static enum amp_status eval_mode(const struct eval_args *a, enum precision_mode 
 static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
 {
     enum amp_status st = need_ckpt_arg(argc, argv, "eval", err);
-    struct eval_args a;
+    struct eval_args a = {0};
     if (st == AMP_OK)
         st = parse_eval_args(argc, argv, &a, err);
-    if (st != AMP_OK)
+    if ((st = comm_agree(ranks, st, err)) != AMP_OK)
         return st;
     struct config cfg;
-    if ((st = ckpt_read_config(a.ckpt, &cfg, err)) != AMP_OK)
+    enum amp_status read = ckpt_read_config(a.ckpt, &cfg, err);
+    if ((st = comm_agree(ranks, read, err)) != AMP_OK) {
+        if (read == AMP_OK)
+            config_free(&cfg);
         return st;
+    }
     struct ckpt_info info;
     struct backend *be = NULL;
     struct dataset ds;
@@ -265,7 +295,7 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
     if (st == AMP_OK)
         st = eval_mode(&a, cfg.precision.mode, &mode, err);
     if (st == AMP_OK)
-        st = backend_open(&be, cfg.run.device, chosen, sizeof chosen, err);
+        st = backend_open_rank(&be, cfg.run.device, ranks->local_rank, ranks->local_world, chosen, sizeof chosen, err);
     if (st == AMP_OK)
         st = data_load(&ds, &cfg.data, cfg.data.batch_size * cfg.accum_steps, err);
     if (st == AMP_OK)
@@ -275,9 +305,10 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
     if (st == AMP_OK)
         st = ckpt_load_model(a.ckpt, &m, err);
     struct eval_result r;
-    if (st == AMP_OK)
-        st = train_evaluate(&m, &ds, a.split, &r, err);
-    if (st == AMP_OK) {
+    st = comm_agree(ranks, st, err);
+    if (st == AMP_OK) /* sharded over the ranks; every rank gets the one-rank result */
+        st = train_evaluate(&m, &ds, a.split, ranks, &r, err);
+    if (st == AMP_OK && ranks->rank == 0) {
         /* eval.jsonl goes beside the checkpoint: its run directory. */
         char dir[CFG_STR + 64];
         snprintf(dir, sizeof dir, "%s", a.ckpt);
@@ -298,6 +329,7 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         };
         st = runlog_eval(dir, stdout, &rec, err);
     }
+    st = comm_agree(ranks, st, err);
     model_free(&m);
     data_free(&ds);
     if (be)
@@ -325,7 +357,8 @@ static const struct command commands[] = {
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every,\n"
-     "run.keep_ckpts, run.out_dir, run.device, stability.*, and precision.mode (with a warning: the FP32\n"
+     "run.keep_ckpts, run.out_dir, run.device, stability.*, dist.*, accum_steps (to keep the step's batch\n"
+     "when resuming on another number of ranks), and precision.mode (with a warning: the FP32\n"
      "state carries over, the loss scaler starts from its init). Anything else is refused (exit 2).\n"
      "Appends to the run's scale_log.csv. See docs/checkpoint.md.",
      cmd_resume},
@@ -350,7 +383,9 @@ static void print_usage(FILE *out)
                  "usage:\n", AMP_VERSION);
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %s\n", commands[i].usage);
-    fprintf(out, "  ampTrain --help | --version\n\n%s\nSee README.md and docs/ for the config schema.\n", exit_codes);
+    fprintf(out, "  ampTrain --help | --version\n"
+                 "  mpirun -np N ampTrain run|resume|eval ...   data parallel over N ranks (docs/distributed.md)\n\n"
+                 "%s\nSee README.md and docs/ for the config schema.\n", exit_codes);
 }
 
 static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err)
@@ -375,7 +410,20 @@ static void print_version(void)
 #else
     const char *cuda = "CUDA backend: not built (CPU-only)";
 #endif
-    printf("ampTrain %s\n%s\n", AMP_VERSION, cuda);
+    printf("ampTrain %s\n%s\n%s\n%s\n", AMP_VERSION, cuda, comm_mpi_version(), comm_nccl_version());
+}
+
+/* Rank 0 prints every error (its own, and the others' that comm_agree brought it); another rank prints
+ * only what rank 0 has not heard of, prefixed with its rank. */
+static void print_error(const struct amp_error *err)
+{
+    if (ranks->rank == 0) {
+        amp_error_print(err, stderr);
+    } else if (!err->agreed) {
+        fprintf(stderr, "[rank %d] ampTrain: error: %s\n", ranks->rank, err->msg);
+        if (err->hint[0])
+            fprintf(stderr, "[rank %d] hint: %s\n", ranks->rank, err->hint);
+    }
 }
 
 int main(int argc, char **argv)
@@ -393,16 +441,20 @@ int main(int argc, char **argv)
         print_version();
         return AMP_OK;
     }
-    for (int i = 0; i < NCOMMANDS; i++) {
-        if (strcmp(argv[1], commands[i].name) != 0)
-            continue;
-        enum amp_status st = commands[i].fn(argc - 1, argv + 1, &err);
-        fflush(stdout);
-        if (st != AMP_OK)
-            amp_error_print(&err, stderr);
+    enum amp_status st = comm_open(&ranks, &argc, &argv, &err);
+    if (st != AMP_OK) {
+        amp_error_print(&err, stderr);
         return (int)st;
     }
-    amp_fail(&err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'", argv[1]);
-    amp_error_print(&err, stderr);
-    return AMP_ERR_CONFIG;
+    if (ranks->rank != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 alone reports progress */
+        fclose(stdout);
+    st = amp_fail(&err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'", argv[1]);
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            st = commands[i].fn(argc - 1, argv + 1, &err);
+    fflush(stdout);
+    if (st != AMP_OK)
+        print_error(&err);
+    comm_close(ranks);
+    return (int)st;
 }

@@ -305,11 +305,11 @@ __global__ void wpe_backward_kernel(float *dwpe, const void *dy, int dy_dt, cons
     GRID_STRIDE(i, (size_t)(T * C))
     {
         int64_t t = (int64_t)(i / C), c = (int64_t)(i % C);
-        float acc = beta == 0.0f ? 0.0f : beta * dwpe[i];
+        float acc = 0.0f; /* this pass's gradient first, then added: as one rank sums two micro-batches */
         for (int64_t b = 0; b < B; b++)
             if (tokens[b * T + t] >= 0 && tokens[b * T + t] < vocab)
                 acc += load_elem(dy, dy_dt, (size_t)((b * T + t) * C + c));
-        dwpe[i] = acc;
+        dwpe[i] = beta == 0.0f ? acc : beta * dwpe[i] + acc;
     }
 }
 
@@ -319,8 +319,8 @@ __global__ void iota_kernel(int32_t *v, size_t n)
     v[i] = (int32_t)i;
 }
 
-/* Thread (i, c) with i the first of a run of equal sorted tokens: dwte[tok][c] += the run's rows, in
- * position order (the sort is stable). dwte was already scaled by beta. */
+/* Thread (i, c) with i the first of a run of equal sorted tokens: dwte[tok][c] += the run's rows summed
+ * from zero in position order (the sort is stable). dwte was already scaled by beta. */
 __global__ void wte_backward_kernel(float *dwte, int64_t vocab, const uint32_t *keys, const int32_t *pos, const void *dy,
                                     int dy_dt, int64_t BT, int64_t C)
 {
@@ -330,10 +330,10 @@ __global__ void wte_backward_kernel(float *dwte, int64_t vocab, const uint32_t *
         uint32_t tok = keys[s];
         if ((s > 0 && keys[s - 1] == tok) || (int64_t)tok >= vocab) /* out of range (negative as uint32): skipped */
             continue;
-        float acc = dwte[(size_t)tok * C + c];
+        float acc = 0.0f;
         for (int64_t r = s; r < BT && keys[r] == tok; r++)
             acc += load_elem(dy, dy_dt, (size_t)pos[r] * C + c);
-        dwte[(size_t)tok * C + c] = acc;
+        dwte[(size_t)tok * C + c] += acc;
     }
 }
 

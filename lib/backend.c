@@ -59,6 +59,12 @@ static enum amp_status open_cpu(struct backend **out, const char *why, char *cho
 enum amp_status backend_open(struct backend **out, const char *device, char *chosen, size_t chosen_len,
                              struct amp_error *err)
 {
+    return backend_open_rank(out, device, 0, 1, chosen, chosen_len, err);
+}
+
+enum amp_status backend_open_rank(struct backend **out, const char *device, int local_rank, int local_world,
+                                  char *chosen, size_t chosen_len, struct amp_error *err)
+{
     *out = NULL;
     if (chosen && chosen_len)
         chosen[0] = '\0';
@@ -72,10 +78,23 @@ enum amp_status backend_open(struct backend **out, const char *device, char *cho
         return open_cpu(out, "", chosen, chosen_len, err);
 #ifdef AMP_HAVE_CUDA
     int count = backend_cuda_device_count();
+    /* data parallel: one GPU per rank, the node-local rank's ("cuda" parses as cuda:0) */
+    bool any_gpu = is_auto || (strcmp(dev, "cuda") == 0);
+    if (local_world > 1 && !any_gpu && count > 0)
+        return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cuda (or auto): each rank then takes the GPU of its "
+                        "node-local rank",
+                        "run.device is '%s', but %d ranks share this host and would all use that one GPU", dev,
+                        local_world);
+    if (local_world > 1 && count > 0 && count < local_world)
+        return amp_fail(err, AMP_ERR_CONFIG, "launch at most one rank per GPU on each host (mpirun --map-by "
+                        "ppr:GPUS:node), or set run.device: cpu",
+                        "%d ranks on this host but only %d CUDA device%s", local_world, count, count == 1 ? "" : "s");
     if (is_auto) {
         if (count <= 0)
             return open_cpu(out, " (no CUDA device found)", chosen, chosen_len, err);
-        cuda_index = 0;
+        cuda_index = local_rank;
+    } else if (any_gpu && count > 0) {
+        cuda_index = local_rank;
     } else if (cuda_index >= count) {
         if (count <= 0)
             return amp_fail(err, AMP_ERR_CONFIG,
@@ -96,6 +115,7 @@ enum amp_status backend_open(struct backend **out, const char *device, char *cho
     }
     return AMP_OK;
 #else
+    (void)local_rank, (void)local_world;
     if (is_auto)
         return open_cpu(out, " (CPU-only build)", chosen, chosen_len, err);
     return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cpu or auto",

@@ -104,6 +104,8 @@ struct optim_update_args {
 
 struct backend {
     const char *name;         /* "cpu", "cuda:0" */
+    bool host_memory;         /* backend memory is the process's own (the CPU backend): host code and MPI may
+                               * read and write it directly */
     bool allow_tf32;          /* precision.tf32: fp32 GEMMs and convolutions may use TF32 tensor cores (CUDA);
                                * the CPU computes fp32 products exactly and ignores it. Default false. */
 
@@ -220,6 +222,11 @@ struct backend {
  * `chosen` gets a line saying which ("device: cpu (no CUDA device found)"). */
 enum amp_status backend_open(struct backend **out, const char *device, char *chosen, size_t chosen_len,
                              struct amp_error *err);
+/* The same for one of local_world data-parallel ranks on this host: "auto" and "cuda" take the GPU of
+ * the node-local rank; fewer GPUs than ranks, or one explicit cuda:N shared by several ranks, is
+ * AMP_ERR_CONFIG. */
+enum amp_status backend_open_rank(struct backend **out, const char *device, int local_rank, int local_world,
+                                  char *chosen, size_t chosen_len, struct amp_error *err);
 void backend_close(struct backend *be);
 
 /* Constructors, used by backend_open and by tests that compare backends. */

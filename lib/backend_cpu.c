@@ -325,7 +325,18 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
     if (!af || !bf)
         return;
     float *cf;
-    if (c.dt == DT_FP32) {
+    /* fp32 C accumulated into (beta != 0: a gradient over micro-batches): the product is formed apart and
+     * then added, C = beta * C + product, as gemm_avx512 does, so the sum of two micro-batches has the bits
+     * of two ranks' all-reduce whichever path runs. */
+    float *acc_into = c.dt == DT_FP32 && beta != 0.0f && k > 0 ? (float *)c.p : NULL;
+    float acc_beta = beta;
+    if (acc_into) {
+        cf = scratch_get(cb, SCR_GEMM_C, (size_t)(m * n) * sizeof(float));
+        if (!cf)
+            return;
+        ldc = n;
+        beta = 0.0f;
+    } else if (c.dt == DT_FP32) {
         cf = (float *)c.p;
         ldc = c.ld;
     } else {
@@ -349,7 +360,11 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(m),
                     blas_dim(n), blas_dim(k), alpha, af, blas_dim(lda), bf, blas_dim(ldb), beta, cf, blas_dim(ldc));
     }
-    if (c.dt != DT_FP32)
+    if (acc_into)
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < n; j++)
+                acc_into[r * c.ld + j] = acc_beta * acc_into[r * c.ld + j] + cf[r * n + j];
+    else if (c.dt != DT_FP32)
         for (int64_t r = 0; r < m; r++)
             dtype_convert(elem_ptr(c.p, c.dt, (size_t)(r * c.ld)), c.dt, cf + r * n, DT_FP32, (size_t)n);
 }
@@ -1210,9 +1225,19 @@ static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, stru
     float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)C, &ok); /* one row at a time */
     if (!ok)
         return;
+    /* This pass's gradient is summed from zero, then added to beta * d: accumulating micro-batches is
+     * "grad += new" (PyTorch's order), so one rank summing two micro-batches gives the bits of two ranks'
+     * all-reduce. With beta != 0 the sums go to scratch first. */
     float *dte = (float *)dwte->data, *dpe = (float *)dwpe->data;
-    scale_f32(dte, dwte->numel, beta);
-    scale_f32(dpe, dwpe->numel, beta);
+    float *acc_te = dte, *acc_pe = dpe;
+    if (beta != 0.0f) {
+        acc_te = scratch_get(cb, SCR_TMP0, dwte->numel * sizeof(float));
+        acc_pe = scratch_get(cb, SCR_TMP1, dwpe->numel * sizeof(float));
+        if (!acc_te || !acc_pe)
+            return;
+    }
+    scale_f32(acc_te, dwte->numel, 0.0f);
+    scale_f32(acc_pe, dwpe->numel, 0.0f);
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
             int32_t tok = tokens[b * T + t];
@@ -1220,12 +1245,18 @@ static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, stru
             if (tok < 0 || tok >= vocab)
                 continue;
             const float *g = load_f32(dy->data, dy->dtype, (size_t)((b * T + t) * C), (size_t)C, dybuf);
-            float *e = dte + tok * C, *p = dpe + t * C;
+            float *e = acc_te + tok * C, *p = acc_pe + t * C;
             for (int64_t j = 0; j < C; j++) {
                 e[j] += g[j];
                 p[j] += g[j];
             }
         }
+    if (beta != 0.0f) {
+        for (size_t i = 0; i < dwte->numel; i++)
+            dte[i] = beta * dte[i] + acc_te[i];
+        for (size_t i = 0; i < dwpe->numel; i++)
+            dpe[i] = beta * dpe[i] + acc_pe[i];
+    }
 }
 
 /* ---- attention ------------------------------------------------------------------------------- */
@@ -1696,6 +1727,7 @@ struct backend *backend_cpu_create(void)
         cb->gemm_avx512[dt] = !forced && gemm_avx512_supported((enum dtype)dt);
     struct backend *be = &cb->base;
     be->name = "cpu";
+    be->host_memory = true;
     be->alloc = cpu_alloc;
     be->free = cpu_free;
     be->upload = cpu_copy;

@@ -275,14 +275,14 @@ static void write_contents(struct writer *w, const struct trainer *t)
     write_attrs_ok(w, rc, "writing the root attributes");
     write_config(w, cfg);
 
-    int64_t per_step = cfg->data.batch_size * cfg->accum_steps;
     hid_t g = make_group(w, "state");
     if (g >= 0) {
         rc = attr_i64(g, "step", t->step);
         rc |= attr_i64(g, "micro_step", 0);
         rc |= attr_i64(g, "epoch", t->sampler.epoch);
         rc |= attr_i64(g, "cursor", t->sampler.cursor);
-        rc |= attr_i64(g, "samples_seen", t->step * per_step);
+        rc |= attr_i64(g, "samples_seen", t->samples_seen);
+        rc |= attr_i64(g, "world_size", t->world); /* data-parallel ranks that wrote it (docs/distributed.md) */
         rc |= attr_i64(g, "skips_total", t->scaler.skips_total);
         rc |= attr_i64(g, "total_steps", t->total_steps);
         rc |= attr_str(g, "precision_mode", precision_mode_name(cfg->precision.mode));
@@ -696,6 +696,9 @@ static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_e
     rc |= g < 0 ? -1 : read_attr_i64(g, "samples_seen", &info->samples_seen);
     rc |= g < 0 ? -1 : read_attr_i64(g, "skips_total", &info->skips_total);
     rc |= g < 0 ? -1 : read_attr_str(g, "precision_mode", info->precision_mode, sizeof info->precision_mode);
+    info->world_size = 1; /* written before data parallel: one rank */
+    if (g >= 0 && H5Aexists(g, "world_size") > 0)
+        rc |= read_attr_i64(g, "world_size", &info->world_size);
     h5_close_id(g);
     if (rc != 0) {
         amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /state is missing or incomplete", path);
@@ -885,7 +888,7 @@ static enum amp_status load_trainer_from(hid_t f, const char *path, struct train
     h5_close_id(g);
     if (rc != 0)
         return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /optimizer or its step is missing", path);
-    int64_t epoch = 0, cursor = 0, step = 0;
+    int64_t epoch = 0, cursor = 0, step = 0, samples_seen = 0;
     g = H5Gopen2(f, "data", H5P_DEFAULT);
     rc = g < 0 ? -1 : read_attr_i64(g, "epoch", &epoch);
     rc |= g < 0 ? -1 : read_attr_i64(g, "cursor", &cursor);
@@ -894,9 +897,10 @@ static enum amp_status load_trainer_from(hid_t f, const char *path, struct train
         return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /data (the sampler position) is missing", path);
     g = H5Gopen2(f, "state", H5P_DEFAULT);
     rc = g < 0 ? -1 : read_attr_i64(g, "step", &step);
+    rc |= g < 0 ? -1 : read_attr_i64(g, "samples_seen", &samples_seen);
     h5_close_id(g);
     if (rc != 0)
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: /state has no step", path);
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: /state has no step or samples_seen", path);
     struct scaler s = t->scaler;
     if ((st = load_scaler(f, path, &s, err)) != AMP_OK)
         return st;
@@ -906,6 +910,7 @@ static enum amp_status load_trainer_from(hid_t f, const char *path, struct train
         t->scaler.skips_total = s.skips_total;
     sampler_seek(&t->sampler, epoch, cursor);
     t->step = step;
+    t->samples_seen = samples_seen;
     return AMP_OK;
 }
 
@@ -978,6 +983,7 @@ enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
         fprintf(out, "step: %lld  epoch: %lld  cursor: %lld  samples_seen: %lld\n", (long long)info.step,
                 (long long)info.epoch, (long long)info.cursor, (long long)info.samples_seen);
         fprintf(out, "precision: %s\n", info.precision_mode);
+        fprintf(out, "world_size: %lld (data-parallel ranks that wrote it)\n", (long long)info.world_size);
         fprintf(out,
                 "scaler: scale %g, growth_tracker %lld, hysteresis_left %lld, consecutive_skips %lld, "
                 "skips_total %lld, last_overflow_step %lld\n",

@@ -37,6 +37,7 @@
 struct ckpt_info {
     int64_t format_version;
     int64_t step, epoch, cursor, samples_seen, skips_total;
+    int64_t world_size;    /* data-parallel ranks that wrote it (1 for checkpoints from before data parallel) */
     char precision_mode[32];
     char created[64];
     char amptrain_version[32];

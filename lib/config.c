@@ -47,6 +47,7 @@ static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-
 static const char *const on_nonfinite_names[] = {"skip", "stop", NULL};
 static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
 static const char *const gelu_approx_names[] = {"tanh", "none", NULL};
+static const char *const dist_backend_names[] = {"auto", "none", "mpi", "nccl", NULL};
 /* Op kinds that precision.autocast lists may name (the autocast policy table's rows). */
 static const char *const op_kind_names[] = {
     "linear",      "conv2d", "attention_matmul", "softmax",   "log_softmax", "layernorm",    "batchnorm2d", "cross_entropy",
@@ -60,7 +61,8 @@ _Static_assert(ARRAY_LEN(precision_mode_names) == PREC_BF16 + 2, "one name per p
 _Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format) == sizeof(int) &&
                    sizeof(enum optim_kind) == sizeof(int) && sizeof(enum sched_kind) == sizeof(int) &&
                    sizeof(enum precision_mode) == sizeof(int) && sizeof(enum on_nonfinite) == sizeof(int) &&
-                   sizeof(enum init_scheme) == sizeof(int) && sizeof(enum gelu_approx) == sizeof(int),
+                   sizeof(enum init_scheme) == sizeof(int) && sizeof(enum gelu_approx) == sizeof(int) &&
+                   sizeof(enum dist_backend) == sizeof(int),
                "enums are int-sized");
 
 static const char *name_or(const char *const *names, size_t count, int i)
@@ -73,6 +75,7 @@ const char *precision_mode_name(enum precision_mode m)
     return name_or(precision_mode_names, ARRAY_LEN(precision_mode_names), (int)m);
 }
 const char *data_format_name(enum data_format f) { return name_or(data_format_names, ARRAY_LEN(data_format_names), (int)f); }
+const char *dist_backend_name(enum dist_backend b) { return name_or(dist_backend_names, ARRAY_LEN(dist_backend_names), (int)b); }
 
 /* ---- descriptor tables ------------------------------------------------------------------------ */
 
@@ -310,6 +313,14 @@ static const struct field stability_fields[] = {
 #undef S
 static const struct section stability_section = {"stability", stability_fields, ARRAY_LEN(stability_fields)};
 
+#define S struct dist_config
+static const struct field dist_fields[] = {
+    ENUM_(S, backend, dist_backend_names, DIST_AUTO),
+    INT_(S, check_every, 0, GE(0), .def_text = "0: at every log flush"),
+};
+#undef S
+static const struct section dist_section = {"dist", dist_fields, ARRAY_LEN(dist_fields)};
+
 #define S struct config
 static const struct field root_fields[] = {
     SECT_(S, run, run_section),
@@ -320,6 +331,7 @@ static const struct field root_fields[] = {
     INT_(S, accum_steps, 1, GE(1)),
     SECT_(S, clip, clip_section),
     SECT_(S, stability, stability_section),
+    SECT_(S, dist, dist_section),
 };
 #undef S
 static const struct section root_section = {"", root_fields, ARRAY_LEN(root_fields)};

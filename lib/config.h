@@ -30,6 +30,7 @@ enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16 
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
 enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
 enum gelu_approx { GELU_TANH, GELU_ERF };
+enum dist_backend { DIST_AUTO, DIST_NONE, DIST_MPI, DIST_NCCL };
 
 enum layer_kind {
     LAYER_LINEAR,
@@ -164,6 +165,12 @@ struct stability_config {
     int64_t max_consecutive_skips;  /* default 100; 0 = never stop */
 };
 
+/* Data parallel (DESIGN.md section 10, docs/distributed.md). */
+struct dist_config {
+    enum dist_backend backend; /* auto (default: nccl on CUDA where built, else mpi) | none | mpi | nccl */
+    int64_t check_every;       /* steps between replica checksum comparisons; 0 (default): every log flush */
+};
+
 struct config {
     char source[CFG_STR];   /* the file it was read from ("<string>" for config_parse_string) */
     struct run_config run;
@@ -174,6 +181,7 @@ struct config {
     int64_t accum_steps;    /* default 1, >= 1 */
     struct clip_config clip;
     struct stability_config stability;
+    struct dist_config dist;
     unsigned explicit_keys; /* private to config.c: which keys with derived defaults (run.out_dir,
                                run.epochs, optim.weight_decay) were written explicitly, so that
                                config_finalize re-derives only the others; not compared by config_equal */
@@ -222,5 +230,6 @@ void config_free(struct config *cfg);
 const char *layer_kind_name(enum layer_kind k);
 const char *precision_mode_name(enum precision_mode m);
 const char *data_format_name(enum data_format f);
+const char *dist_backend_name(enum dist_backend b);
 
 #endif

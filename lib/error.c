@@ -11,6 +11,7 @@ enum amp_status amp_fail(struct amp_error *err, enum amp_status code, const char
     if (!err)
         return code;
     err->code = code;
+    err->agreed = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);

@@ -49,7 +49,7 @@ AMP_HD static inline double schedule_lr(const struct schedule_params *s, int64_t
 
 /* What stays fixed through a run: passed by value to step_finish. */
 struct step_params {
-    int64_t accum_steps;
+    int64_t micro_batches;    /* summed into one step over all ranks: accum_steps x world (data parallel) */
     double max_norm;          /* clip.max_norm; 0: no clipping */
     int32_t inf_norm;         /* clip.norm_type is inf: the norm is max |g| */
     float beta1, beta2, weight_decay; /* AdamW's, as the fp32 values the update uses */
@@ -77,7 +77,7 @@ struct step_scalars {
 /* One step's log row (the device part of a scale_log.csv row and what the fail-fast checks read). */
 struct step_row {
     int64_t step;             /* 1-based */
-    double loss;              /* mean over the micro-batches of each one's mean row loss */
+    double loss;              /* mean over the micro-batches (of every rank) of each one's mean row loss */
     double scale;             /* the scale the step ran with */
     double scale_next;        /* after the update */
     double grad_norm;         /* unscaled; NaN when non-finite */
@@ -94,15 +94,16 @@ struct step_state {
     struct scaler scaler;
     int64_t step;             /* optimizer steps attempted */
     int64_t opt_step;         /* optimizer steps taken (the schedule's t; AdamW's step count) */
-    double loss_acc;          /* backend->loss_sum accumulates the micro-batches' losses here */
-    float seed;               /* the loss gradient's seed for the next step: scale / accum_steps */
+    double loss_acc;          /* backend->loss_sum accumulates the micro-batches' losses here (then summed over
+                               * the ranks) */
+    float seed;               /* the loss gradient's seed for the next step: scale / (accum_steps x world) */
     struct step_scalars sc;   /* the decision of the last finished step */
 };
 
 /* The loss gradient's seed for a step run at the scaler's current scale. */
-AMP_HD static inline float step_rule_seed(const struct scaler *s, int64_t accum_steps)
+AMP_HD static inline float step_rule_seed(const struct scaler *s, int64_t micro_batches)
 {
-    return scaler_loss_scale(s) / (float)accum_steps;
+    return scaler_loss_scale(s) / (float)micro_batches;
 }
 
 /* The optimizer scalars of a step taken at learning rate `lr` as step `t` (1-based). */
@@ -141,7 +142,7 @@ AMP_HD static inline void step_rule_finish(const struct step_params *p, struct s
         st->sc.skip = 1;
     }
     row->step = st->step + 1;
-    row->loss = st->loss_acc / (double)p->accum_steps;
+    row->loss = st->loss_acc / (double)p->micro_batches;
     row->scale = st->scaler.scale;
     row->found_inf = nonfinite;
     row->skipped = scaler_update(&st->scaler, nonfinite, st->step + 1);
@@ -151,7 +152,7 @@ AMP_HD static inline void step_rule_finish(const struct step_params *p, struct s
     row->grad_norm = norm;
     row->clip_coef = coef;
     row->lr = lr;
-    st->seed = step_rule_seed(&st->scaler, p->accum_steps);
+    st->seed = step_rule_seed(&st->scaler, p->micro_batches);
     st->step++;
 }
 

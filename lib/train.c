@@ -101,38 +101,50 @@ static void read_losses(struct model *m, struct batch_io *io, int64_t n, double 
     }
 }
 
-enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum split s, struct eval_result *out,
-                               struct amp_error *err)
+enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum split s, struct comm *comm,
+                               struct eval_result *out, struct amp_error *err)
 {
+    if (!comm)
+        comm = comm_single();
+    int64_t total = ds->split[s].n;
+    int64_t nb = (total + m->max_batch - 1) / m->max_batch;
+    /* per batch: its loss sum, and its correct count (exact in a double) */
+    double *sums = calloc((size_t)(2 * nb + 1), sizeof *sums);
     struct batch_io io;
     enum amp_status st = batch_io_init(&io, m->be, ds, m->max_batch, err);
-    if (st != AMP_OK) {
-        batch_io_free(&io, m->be);
-        return st;
-    }
+    if (st == AMP_OK && !sums)
+        st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory evaluating %lld batches", (long long)nb);
     struct step_ctx ctx = {.be = m->be, .policy = &m->policy, .training = false, .grad_seed = NULL};
-    int64_t total = ds->split[s].n;
-    double loss_sum = 0;
-    int64_t correct = 0, rows = 0;
-    for (int64_t start = 0; start < total; start += m->max_batch) {
+    for (int64_t b = comm->rank; st == AMP_OK && b < nb; b += comm->world) {
+        int64_t start = b * m->max_batch;
         int64_t n = total - start < m->max_batch ? total - start : m->max_batch;
         for (int64_t i = 0; i < n; i++)
             io.idx[i] = start + i;
         batch_io_load(&io, m->be, ds, s, n);
         model_forward(m, &ctx, &io.b);
-        double ls;
         int64_t c;
-        read_losses(m, &io, n, &ls, &c);
-        loss_sum += ls;
-        correct += c;
-        rows += model_loss_rows(m, n);
+        read_losses(m, &io, n, &sums[b], &c);
+        sums[nb + b] = (double)c;
     }
     batch_io_free(&io, m->be);
+    if (st == AMP_OK)
+        st = m->be->status(m->be, err);
+    st = comm_agree(comm, st, err);
+    if (st == AMP_OK) /* each batch's entry has one rank's value and zeros: the sum is that value exactly */
+        comm->host_allreduce(comm, sums, (size_t)(2 * nb), COMM_F64, COMM_SUM);
+    double loss_sum = 0;
+    int64_t correct = 0;
+    for (int64_t b = 0; st == AMP_OK && b < nb; b++) {
+        loss_sum += sums[b];
+        correct += (int64_t)sums[nb + b];
+    }
+    free(sums);
+    int64_t rows = model_loss_rows(m, total);
     out->samples = total;
     out->loss = rows ? loss_sum / (double)rows : NAN;
     bool classify = m->correct && !ds->spec.is_tokens;
     out->accuracy = classify && rows ? (double)correct / (double)rows : NAN;
-    return m->be->status(m->be, err);
+    return st;
 }
 
 /* The layer closest to the loss whose parameter gradients went non-finite, as "NAME (inf|nan, N elements)",
@@ -157,12 +169,16 @@ static void attribute_overflow(const struct model *m, const int64_t *counts, cha
     }
 }
 
-static enum amp_status run_eval(struct model *m, const struct dataset *ds, const struct config *cfg, int64_t step,
-                                struct amp_error *err)
+/* Evaluate on the test split (every rank, sharded); rank 0 writes eval.jsonl. */
+static enum amp_status run_eval(struct trainer *t, int64_t step, struct amp_error *err)
 {
+    struct model *m = &t->model;
+    const struct config *cfg = t->cfg;
+    const struct dataset *ds = &t->ds;
     struct eval_result r;
-    enum amp_status st = train_evaluate(m, ds, SPLIT_TEST, &r, err);
-    if (st != AMP_OK)
+    dist_broadcast_buffers(&t->dist, m);
+    enum amp_status st = train_evaluate(m, ds, SPLIT_TEST, t->dist.comm, &r, err);
+    if (st != AMP_OK || t->rank != 0)
         return st;
     struct eval_record rec = {
         .step = step,
@@ -188,7 +204,7 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
 {
     const struct config *cfg = t->cfg;
     t->params = (struct step_params){
-        .accum_steps = cfg->accum_steps,
+        .micro_batches = cfg->accum_steps * t->world,
         .max_norm = cfg->clip.max_norm,
         .inf_norm = cfg->clip.norm_type == INFINITY,
         .beta1 = (float)cfg->optim.betas[0],
@@ -221,19 +237,27 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
     return AMP_OK;
 }
 
-enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err)
+enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct comm *comm, struct amp_error *err)
 {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
+    if (!comm)
+        comm = comm_single();
+    t->dist.comm = comm;
+    t->rank = comm->rank;
+    t->world = comm->world;
     char chosen[160];
-    enum amp_status st = backend_open(&t->be, cfg->run.device, chosen, sizeof chosen, err);
+    enum amp_status st = backend_open_rank(&t->be, cfg->run.device, comm->local_rank, comm->local_world, chosen,
+                                           sizeof chosen, err);
     if (st != AMP_OK)
         return st;
     printf("%s\n", chosen);
     t->be->allow_tf32 = cfg->precision.tf32;
+    if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
+        return st;
 
     int64_t micro = cfg->data.batch_size;
-    if ((st = data_load(&t->ds, &cfg->data, micro * cfg->accum_steps, err)) != AMP_OK)
+    if ((st = data_load(&t->ds, &cfg->data, micro * cfg->accum_steps * t->world, err)) != AMP_OK)
         return st;
     struct autocast_policy policy;
     if ((st = autocast_from_config(&policy, cfg->precision.mode, &cfg->precision.autocast, err)) != AMP_OK)
@@ -246,13 +270,15 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
 
     if ((st = sampler_init(&t->sampler, t->ds.split[SPLIT_TRAIN].n, cfg->run.seed, cfg->data.shuffle, err)) != AMP_OK)
         return st;
-    int64_t per_epoch = sampler_batches_per_epoch(&t->sampler, micro) / cfg->accum_steps;
+    int64_t per_epoch = sampler_batches_per_epoch(&t->sampler, micro) / (cfg->accum_steps * t->world);
     t->total_steps = cfg->run.steps > 0 ? cfg->run.steps : cfg->run.epochs * per_epoch;
     if ((st = optim_create(&t->opt, &cfg->optim, &t->model, t->total_steps, err)) != AMP_OK)
         return st;
     scaler_init(&t->scaler, &cfg->precision);
     if ((st = batch_io_init(&t->io, t->be, &t->ds, micro, err)) != AMP_OK)
         return st;
+    if (!(t->idx_skip = malloc((size_t)micro * sizeof *t->idx_skip)))
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
 
     int n = t->model.nparams;
     t->grads = calloc((size_t)(n ? n : 1), sizeof *t->grads);
@@ -268,6 +294,12 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
            t->model.nlayers, n, (long long)t->ds.split[SPLIT_TRAIN].n, (long long)t->ds.split[SPLIT_TEST].n,
            (long long)t->total_steps, (long long)micro, (long long)cfg->accum_steps,
            precision_mode_name(cfg->precision.mode));
+    if (t->world > 1)
+        printf("data parallel: %d ranks on %d host%s, transport %s, device of rank 0: %s; micro-batch %lld per rank, "
+               "effective batch %lld (batch %lld x accum %lld x %d ranks)\n",
+               t->world, comm->hosts, comm->hosts == 1 ? "" : "s", comm->transport, t->be->name, (long long)micro,
+               (long long)(micro * cfg->accum_steps * t->world), (long long)micro, (long long)cfg->accum_steps,
+               t->world);
     return AMP_OK;
 }
 
@@ -277,6 +309,8 @@ void trainer_teardown(struct trainer *t)
     if (t->be)
         batch_io_free(&t->io, t->be);
     free(t->grads);
+    free(t->idx_skip);
+    dist_free(&t->dist);
     if (t->dev)
         t->be->free(t->be, t->dev);
     free(t->pend_epoch);
@@ -298,7 +332,7 @@ static void push_state(struct trainer *t)
         .scaler = t->scaler,
         .step = t->step,
         .opt_step = t->opt.step,
-        .seed = step_rule_seed(&t->scaler, t->cfg->accum_steps),
+        .seed = step_rule_seed(&t->scaler, t->params.micro_batches),
     };
     t->be->upload(t->be, t->dev_state, &st, sizeof st);
     /* the window's rows start at zero: count_zeros adds into them (grad_zeros) */
@@ -324,24 +358,36 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     struct grad_zeros zeros = {.zeros = &t->dev_rows[t->pending].grad_zeros, .total = 0};
     const struct layer *loss = &m->layers[m->nlayers - 1];
 
+    int64_t world = t->world;
     for (int64_t micro = 0; micro < accum; micro++) {
-        sampler_next(&t->sampler, n, t->io.idx);
+        /* The global order gives each micro-batch slot `world` consecutive batches, one per rank: so world
+         * ranks see per step the samples one rank sees with world x the accumulation, and the dropout
+         * counter is that one rank's micro-batch index. */
+        for (int r = 0; r < world; r++)
+            sampler_next(&t->sampler, n, r == t->rank ? t->io.idx : t->idx_skip);
         batch_io_load(&t->io, be, &t->ds, SPLIT_TRAIN, n);
+        uint64_t global_micro = (uint64_t)((step * accum + micro) * world + t->rank);
         struct step_ctx ctx = {
             .be = be,
             .policy = &m->policy,
             .training = true,
-            .key = {.seed = cfg->run.seed, .counter = (uint64_t)(step * accum + micro)},
+            .key = {.seed = cfg->run.seed, .counter = global_micro},
             .grad_seed = &t->dev_state->seed,
             .accumulate = micro > 0,
-            .zeros = sample_zeros && micro == accum - 1 ? &zeros : NULL,
+            /* sampled on the step's last micro-batch: with several ranks, the last rank's (trainer_flush
+             * gives its counts to every rank) */
+            .zeros = sample_zeros && micro == accum - 1 && t->rank == world - 1 ? &zeros : NULL,
         };
         model_forward(m, &ctx, &t->io.b);
         model_backward(m, &ctx, &t->io.b);
         be->loss_sum(be, &t->dev_state->loss_acc, &loss->y, model_loss_rows(m, n), micro > 0);
     }
 
-    /* [reduce across ranks goes here: the after_backward hook sits in its slot] then one fused check */
+    /* reduce: once per step, after the last micro-batch; then every rank checks identical gradients */
+    if (world > 1) {
+        dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
+        dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
+    }
     if (t->after_backward)
         t->after_backward(t, t->hook_user);
     int64_t *counts = t->dev_counts + t->pending * t->ncounts;
@@ -354,7 +400,32 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     t->pend_zero_total[t->pending] = zeros.total;
     t->pending++;
     t->step++;
+    t->samples_seen += n * accum * world;
     return be->status(be, err);
+}
+
+/* grad_zero_frac samples the step's last micro-batch, which is the last rank's: its counts of the n
+ * rows to every rank (a collective, made whatever the flush's status). */
+static void share_zero_counts(struct trainer *t, int64_t n)
+{
+    struct comm *c = t->dist.comm;
+    if (c->world == 1)
+        return;
+    int64_t *z = calloc((size_t)(2 * n), sizeof *z);
+    if (!z) {
+        c->abort(c, AMP_ERR_INTERNAL);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        z[i] = t->rows_host[i].grad_zeros;
+        z[n + i] = t->pend_zero_total[i];
+    }
+    c->host_bcast(c, z, (size_t)(2 * n) * sizeof *z, c->world - 1);
+    for (int64_t i = 0; i < n; i++) {
+        t->rows_host[i].grad_zeros = z[i];
+        t->pend_zero_total[i] = z[n + i];
+    }
+    free(z);
 }
 
 enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
@@ -367,6 +438,7 @@ enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
     /* one download, one wait: the state, the check, the window's rows and the first n rows' counts */
     be->download(be, t->host, t->dev, t->counts_off + (size_t)(n * nc) * sizeof(int64_t));
     enum amp_status status = be->status(be, err);
+    share_zero_counts(t, n);
     if (status != AMP_OK)
         return status;
     struct step_state st;
@@ -485,6 +557,7 @@ struct loop_marks {
     char saved[CFG_STR + 64], good[CFG_STR + 64]; /* the last checkpoint written; the last after a clean step */
     int64_t saved_step, good_step;
     bool last_skipped;          /* the last step logged was skipped */
+    int64_t checked_step;       /* the step of the last replica comparison */
 };
 
 /* Wait for the queued steps, then log each (scale_log.csv, progress) and apply the fail-fast checks in
@@ -496,28 +569,42 @@ static enum amp_status drain(struct trainer *t, struct loop_marks *lm, struct am
     enum amp_status st = trainer_flush(t, err);
     double now = runlog_now();
     lm->train_seconds += now - t0;
+    st = comm_agree(t->dist.comm, st, err);
     if (st != AMP_OK)
         return st;
-    double samples = (double)(t->nrecs * t->cfg->data.batch_size * t->cfg->accum_steps);
+    /* replicas compared every dist.check_every steps (0: every flush), in the same flushes on every rank */
+    int64_t every = t->cfg->dist.check_every;
+    if (t->world > 1 && (every == 0 || t->step - lm->checked_step >= every)) {
+        lm->checked_step = t->step;
+        st = dist_check_replicas(&t->dist, &t->model, &t->scaler, t->step, t->opt.step, err);
+        if (st != AMP_OK)
+            return comm_agree(t->dist.comm, st, err);
+    }
+    double samples = (double)(t->nrecs * t->cfg->data.batch_size * t->cfg->accum_steps * t->world);
     double rate = now > lm->t_window ? samples / (now - lm->t_window) : 0;
     lm->t_window = now;
     for (int64_t i = 0; i < t->nrecs; i++) {
         struct step_record *rec = &t->recs[i];
         rec->samples_per_s = rate;
-        if ((st = runlog_step(&t->log, rec, err)) != AMP_OK)
-            return st;
+        if (t->rank == 0 && (st = runlog_step(&t->log, rec, err)) != AMP_OK)
+            break;
         if ((st = trainer_check_stability(t, rec, err)) != AMP_OK) {
             name_last_good_checkpoint(err, lm->good[0] ? lm->good : lm->resume);
-            return st;
+            break;
         }
         lm->last_skipped = rec->skipped;
     }
-    return AMP_OK;
+    return comm_agree(t->dist.comm, st, err);
 }
 
+/* Rank 0 writes the checkpoint; every rank learns how that went, and its path. */
 static enum amp_status checkpoint_now(struct trainer *t, struct loop_marks *lm, struct amp_error *err)
 {
-    enum amp_status st = save_checkpoint(t, lm->good_step, lm->saved, sizeof lm->saved, err);
+    enum amp_status st = AMP_OK;
+    if (t->rank == 0)
+        st = save_checkpoint(t, lm->good_step, lm->saved, sizeof lm->saved, err);
+    st = comm_agree(t->dist.comm, st, err);
+    t->dist.comm->host_bcast(t->dist.comm, lm->saved, sizeof lm->saved, 0);
     lm->saved_step = t->step;
     if (st == AMP_OK && !lm->last_skipped) { /* after a clean step: a point to continue from */
         snprintf(lm->good, sizeof lm->good, "%s", lm->saved);
@@ -528,49 +615,73 @@ static enum amp_status checkpoint_now(struct trainer *t, struct loop_marks *lm, 
 }
 
 /* Train from scratch (resume == NULL) or from the checkpoint `resume`. */
-static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler,
+static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler, struct comm *comm,
                                 struct amp_error *err)
 {
+    if (!comm)
+        comm = comm_single();
     struct trainer t;
-    enum amp_status st = trainer_setup(&t, cfg, err);
+    enum amp_status st = trainer_setup(&t, cfg, comm, err);
     if (st == AMP_OK && resume) {
         st = ckpt_load_trainer(resume, &t, fresh_scaler, err);
         if (st == AMP_OK)
             printf("resumed from %s at step %lld (epoch %lld)\n", resume, (long long)t.step,
                    (long long)t.sampler.epoch);
+        struct ckpt_info info;
+        if (st == AMP_OK && ckpt_verify(resume, &info, NULL) == AMP_OK && info.world_size != t.world)
+            printf("note: %s was written by %lld rank%s and resumes on %d: a step now takes %lld samples (batch %lld "
+                   "x accum %lld x %d ranks) instead of %lld; to keep the step's batch, resume with accum_steps=K such "
+                   "that K x %d = %lld x the old world size\n",
+                   resume, (long long)info.world_size, info.world_size == 1 ? "" : "s", t.world,
+                   (long long)(cfg->data.batch_size * cfg->accum_steps * t.world), (long long)cfg->data.batch_size,
+                   (long long)cfg->accum_steps, t.world,
+                   (long long)(cfg->data.batch_size * cfg->accum_steps * info.world_size), t.world,
+                   (long long)cfg->accum_steps);
     }
-    if (st == AMP_OK) {
+    st = comm_agree(comm, st, err);
+    if (st == AMP_OK && comm->rank == 0) {
         /* Resuming into a directory without a log (run.out_dir changed) starts a fresh log with a header. */
         char csv[CFG_STR + 32];
         snprintf(csv, sizeof csv, "%s/scale_log.csv", cfg->run.out_dir);
         bool append = resume && access(csv, F_OK) == 0;
         st = runlog_open(&t.log, cfg, t.total_steps, append, err);
+        if (comm->world > 1) /* mpirun gives ranks a pty whatever its own output is: plain lines */
+            t.log.tty = false;
     }
-    if (st == AMP_OK && ckpt_clean_stale(cfg->run.out_dir) > 0)
+    if (st == AMP_OK && comm->rank == 0 && ckpt_clean_stale(cfg->run.out_dir) > 0)
         printf("removed stale checkpoint .tmp files in %s (left by an interrupted save)\n", cfg->run.out_dir);
+    st = comm_agree(comm, st, err);
     install_signals(true);
-    struct loop_marks lm = {.resume = resume, .t_window = runlog_now(), .saved_step = -1, .good_step = -1};
-    while (st == AMP_OK && t.step < t.total_steps && !stop_signal) {
+    struct loop_marks lm = {.resume = resume, .t_window = runlog_now(), .saved_step = -1, .good_step = -1,
+                            .checked_step = t.step};
+    int sig = 0; /* a stop signal any rank saw, agreed by all after each step */
+    while (st == AMP_OK && t.step < t.total_steps && !sig) {
         double t0 = runlog_now();
         st = trainer_step(&t, err);
         lm.train_seconds += runlog_now() - t0;
+        dist_test_perturb(&t.dist, &t.model, t.step);
+        sig = stop_signal;
+        st = comm_agree_stop(comm, st, &sig, err);
         if (st != AMP_OK)
             break;
         lm.steps_done++;
         bool last = t.step == t.total_steps;
         bool ckpt = last || (cfg->run.ckpt_every > 0 && t.step % cfg->run.ckpt_every == 0);
         bool eval = cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last;
-        if (t.pending == t.window || t.step % cfg->run.log_every == 0 || last || ckpt || eval || stop_signal)
+        if (t.pending == t.window || t.step % cfg->run.log_every == 0 || last || ckpt || eval || sig)
             st = drain(&t, &lm, err);
         if (st == AMP_OK && ckpt)
             st = checkpoint_now(&t, &lm, err);
-        if (st == AMP_OK && eval && !stop_signal) {
-            st = run_eval(&t.model, &t.ds, cfg, t.step, err);
+        if (st == AMP_OK && eval && !sig) {
+            st = comm_agree(comm, run_eval(&t, t.step, err), err);
             lm.t_window = runlog_now();
         }
     }
-    if (st == AMP_OK && stop_signal) {
-        int sig = stop_signal;
+    if (st == AMP_OK && !sig) { /* a signal that landed after the last step */
+        sig = stop_signal;
+        st = comm_agree_stop(comm, st, &sig, err);
+    }
+    if (st == AMP_OK && sig) {
         st = drain(&t, &lm, err); /* a signal that landed after the last flush check */
         if (st == AMP_OK && lm.saved_step != t.step)
             st = checkpoint_now(&t, &lm, err);
@@ -579,25 +690,26 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                           "continue with 'ampTrain resume CHECKPOINT.h5'",
                           "stopped by %s after step %lld; checkpoint written: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
                           (long long)t.step, lm.saved);
+        err->agreed = t.world > 1; /* every rank stops here alike: rank 0 says so */
     } else if (st == AMP_OK) {
-        double samples = (double)(lm.steps_done * cfg->data.batch_size * cfg->accum_steps);
+        double samples = (double)(lm.steps_done * cfg->data.batch_size * cfg->accum_steps * t.world);
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
-        st = run_eval(&t.model, &t.ds, cfg, t.total_steps, err);
+        st = comm_agree(comm, run_eval(&t, t.total_steps, err), err);
     }
     install_signals(false);
     trainer_teardown(&t);
     return st;
 }
 
-enum amp_status train_run(const struct config *cfg, struct amp_error *err)
+enum amp_status train_run(const struct config *cfg, struct comm *comm, struct amp_error *err)
 {
-    return run_loop(cfg, NULL, false, err);
+    return run_loop(cfg, NULL, false, comm, err);
 }
 
-enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler,
+enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler, struct comm *comm,
                              struct amp_error *err)
 {
-    return run_loop(cfg, checkpoint, fresh_scaler, err);
+    return run_loop(cfg, checkpoint, fresh_scaler, comm, err);
 }

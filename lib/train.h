@@ -1,11 +1,12 @@
 /*
  * train.h — the training loop (`ampTrain run`) and evaluation.
  *
- * One optimizer step (DESIGN.md sections 3 and 10 — keep this shape, a data-parallel reduce slots in
- * after backward):
- *   for each of accum_steps micro-batches: forward, backward seeded with scale/accum_steps
- *     (weight gradients accumulate in FP32)
- *   [reduce]  check: one fused pass over all gradients (non-finite counts, squared norm)
+ * One optimizer step (DESIGN.md sections 3 and 10):
+ *   for each of accum_steps micro-batches: forward, backward seeded with scale/(accum_steps x world)
+ *     (weight gradients accumulate in FP32, each micro-batch's summed apart and then added)
+ *   reduce:   data parallel: the flat FP32 gradient buffer and the step's loss summed over the ranks, once
+ *             per step (lib/dist.h); every rank then holds the same gradients and decides alike
+ *   check:    one fused pass over all gradients (non-finite counts, squared norm)
  *   step:     skipped if non-finite; else unscale and clip folded into one factor, optimizer update,
  *             low-precision weight copies refreshed
  *   update:   loss scale; log row; evaluation every eval_every steps
@@ -20,7 +21,9 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "comm.h"  /* struct comm */
 #include "data.h"
+#include "dist.h"  /* struct dist */
 #include "error.h"
 #include "model.h"
 #include "optim.h"  /* struct optimizer */
@@ -46,6 +49,10 @@ struct batch_io {
 struct trainer {
     const struct config *cfg;
     struct backend *be;
+    struct dist dist;            /* the communicator bound to the backend; one rank: collectives are no-ops */
+    int rank, world;
+    int64_t *idx_skip;           /* sampler indices of the other ranks' micro-batches (read past) */
+    int64_t samples_seen;        /* training samples of every rank so far (checkpointed) */
     struct dataset ds;
     struct model model;
     struct optimizer opt;
@@ -75,15 +82,15 @@ struct trainer {
     size_t counts_off;           /* where the counts start in the block */
     struct step_record *recs;    /* trainer_flush's output: recs[0..nrecs) */
     int64_t nrecs;
-    /* Called after the last micro-batch's backward, before the non-finite check: the slot where a
-     * data-parallel all-reduce goes; tests use it to inject faults. */
+    /* Called after the last micro-batch's backward and the reduce, before the non-finite check; tests
+     * use it to inject faults. */
     void (*after_backward)(struct trainer *t, void *user);
     void *hook_user;
 };
 
 /* Open the backend, load data, build and initialise the model, optimizer, scaler and sampler. On
- * failure the trainer is still safe to tear down. */
-enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct amp_error *err);
+ * failure the trainer is still safe to tear down. comm: the ranks (NULL: one rank). */
+enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struct comm *comm, struct amp_error *err);
 
 /* Queue optimizer step t->step (accum_steps micro-batches, check, step or skip, scale update) and
  * advance t->step. It waits for nothing on the backend; the step's outcome is known after
@@ -103,11 +110,11 @@ void trainer_teardown(struct trainer *t);
 /* Train as `cfg` says. Prints progress to stdout. Checkpoints every run.ckpt_every steps and at the end
  * (lib/checkpoint.h). On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
  * status is AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM; a second signal during that save exits at once. */
-enum amp_status train_run(const struct config *cfg, struct amp_error *err);
+enum amp_status train_run(const struct config *cfg, struct comm *comm, struct amp_error *err);
 
 /* The same, continuing from `checkpoint` (cfg is its embedded config with the allowed overrides).
  * fresh_scaler: the precision mode changed, so the loss scaler starts from its init. */
-enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler,
+enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler, struct comm *comm,
                              struct amp_error *err);
 
 struct eval_result {
@@ -116,8 +123,10 @@ struct eval_result {
     int64_t samples;
 };
 
-/* Forward-only pass over a whole split in batches of m->max_batch. */
-enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum split s, struct eval_result *out,
-                               struct amp_error *err);
+/* Forward-only pass over a whole split in batches of m->max_batch. With several ranks (comm; NULL: one)
+ * batch b runs on rank b mod world and the per-batch sums are gathered and added in batch order, so
+ * every rank gets the bits of a one-rank evaluation. A collective: every rank calls it. */
+enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum split s, struct comm *comm,
+                               struct eval_result *out, struct amp_error *err);
 
 #endif

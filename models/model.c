@@ -146,6 +146,33 @@ static enum amp_status gather_params(struct model *m, struct amp_error *err)
     return AMP_OK;
 }
 
+/* Move every parameter's gradient into one zeroed allocation (struct model, grad_flat). */
+static enum amp_status flatten_grads(struct model *m, struct amp_error *err)
+{
+    const size_t align = 64; /* floats: 256 bytes */
+    size_t total = 0;
+    for (int i = 0; i < m->nparams; i++)
+        total += (m->params[i]->grad.numel + align - 1) / align * align;
+    if (total == 0)
+        return AMP_OK;
+    struct tensor flat;
+    int64_t n = (int64_t)total;
+    enum amp_status st = tensor_zeros(&flat, m->be, DT_FP32, 1, &n, "flat gradient buffer", err);
+    if (st != AMP_OK)
+        return st;
+    m->grad_flat = flat.data;
+    m->grad_flat_count = total;
+    size_t off = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        struct tensor *g = &m->params[i]->grad;
+        if (g->data)
+            g->be->free(g->be, g->data);
+        g->data = m->grad_flat + off;
+        off += (g->numel + align - 1) / align * align;
+    }
+    return AMP_OK;
+}
+
 enum amp_status model_build(struct model *m, const struct config *cfg, const struct data_spec *spec,
                             struct backend *be, const struct autocast_policy *policy, int64_t max_batch,
                             struct amp_error *err)
@@ -194,6 +221,8 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     st = tensor_alloc(m->workspace, be, DT_FP32, 1, &words, "backward workspace", err);
     if (st == AMP_OK)
         st = gather_params(m, err);
+    if (st == AMP_OK)
+        st = flatten_grads(m, err);
     if (st != AMP_OK)
         model_free(m);
     return st;
@@ -366,14 +395,15 @@ int64_t model_loss_rows(const struct model *m, int64_t n)
 
 /* ---- free ---------------------------------------------------------------------------------------- */
 
-static void layer_free(struct layer *l)
+static void layer_free(struct layer *l, const float *grad_flat)
 {
     if (l->ops && l->ops->free_priv)
         l->ops->free_priv(l);
     free(l->priv);
     for (int j = 0; j < l->nparams; j++) {
         tensor_free(&l->params[j].master);
-        tensor_free(&l->params[j].grad);
+        if (!grad_flat) /* else a view into the model's grad_flat */
+            tensor_free(&l->params[j].grad);
         tensor_free(&l->params[j].lowp);
     }
     free(l->params);
@@ -391,10 +421,12 @@ void model_free(struct model *m)
     if (!m)
         return;
     for (int i = 0; i < m->nlayers; i++)
-        layer_free(&m->layers[i]);
+        layer_free(&m->layers[i], m->grad_flat);
     free(m->layers);
     free(m->params);
     free(m->buffers);
+    if (m->grad_flat)
+        m->be->free(m->be, m->grad_flat);
     if (m->correct)
         m->be->free(m->be, m->correct);
     if (m->workspace) {

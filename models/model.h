@@ -33,6 +33,10 @@ struct model {
     struct autocast_policy policy;
     int32_t *correct;              /* int32 per loss row, 1 where argmax == label (cross_entropy; NULL for mse) */
     struct tensor *workspace;      /* scratch shared by every layer's backward (models/layers.h) */
+    /* Every parameter's fp32 gradient lives in this one backend allocation, in parameter order, each
+     * starting on a 256-byte boundary (zeros between): a data-parallel step reduces it in one go. */
+    float *grad_flat;
+    size_t grad_flat_count;        /* floats, padding included */
 };
 
 /* Build (allocating every tensor for max_batch samples) and check shapes. */

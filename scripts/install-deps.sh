@@ -8,6 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libyaml-dev libhdf5-dev zlib1g-dev libopenblas-dev libcriterion-dev
+  libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes
   python3 python3-numpy python3-h5py python3-torch
   gnuplot-nox

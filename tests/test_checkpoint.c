@@ -194,7 +194,7 @@ Test(ckpt, checkpoint_of_another_model_names_the_tensor_and_both_shapes)
         cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
     cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
     struct trainer t;
-    cr_assert_eq(trainer_setup(&t, &cfg, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
     enum amp_status st = ckpt_load_trainer(ckpt10, &t, false, &err);
     cr_assert_eq(st, AMP_ERR_CKPT);
     cr_assert(strstr(err.msg, "/model/fc1/bias") || strstr(err.msg, "/model/fc1/weight"), "%s", err.msg);

@@ -1307,7 +1307,7 @@ Test(cuda_backend, step_finish_matches_the_cpu, .init = open_both, .fini = close
     enum { STEPS = 12 };
     static const bool nonfinite[STEPS] = {[3] = true, [4] = true, [8] = true};
     for (int inf_norm = 0; inf_norm < 2; inf_norm++) {
-        struct step_params p = {.accum_steps = 2, .max_norm = 1.0, .inf_norm = inf_norm, .beta1 = 0.9f,
+        struct step_params p = {.micro_batches = 2, .max_norm = 1.0, .inf_norm = inf_norm, .beta1 = 0.9f,
                                 .beta2 = 0.999f, .weight_decay = 0.01f,
                                 .schedule = {.kind = SCHEDULE_COSINE, .lr = 3e-3, .min_lr = 1e-5, .warmup_steps = 3,
                                              .total_steps = 8}};
@@ -1395,7 +1395,7 @@ static void train_losses(const char *device, const char *mode, double *losses, i
     mlp_config(&cfg, device, mode);
     struct trainer t;
     struct amp_error err = {0};
-    cr_assert_eq(trainer_setup(&t, &cfg, &err), AMP_OK, "%s: %s", device, err.msg);
+    cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s: %s", device, err.msg);
     for (int s = 0; s < steps; s++) {
         struct step_record rec = {0};
         cr_assert_eq(step_now(&t, &rec, &err), AMP_OK, "%s %s step %d: %s", device, mode, s, err.msg);

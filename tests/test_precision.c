@@ -42,7 +42,7 @@ static void small_mlp(struct config *cfg, const char *const *overrides)
 static void setup(struct trainer *t, const struct config *cfg)
 {
     struct amp_error err = {0};
-    cr_assert_eq(trainer_setup(t, cfg, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(trainer_setup(t, cfg, NULL, &err), AMP_OK, "%s", err.msg);
 }
 
 /* One step, read back at once (a log window of one). */

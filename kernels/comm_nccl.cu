@@ -1,0 +1,103 @@
+/*
+ * comm_nccl.cu — NCCL between GPUs (comm.h, dist.backend nccl): the MPI communicator whose gradient
+ * reduce is ncclAllReduce on the CUDA backend's stream.
+ *
+ * As llm.c arranges it: MPI starts the ranks and carries the host collectives; rank 0 makes the NCCL
+ * unique id and MPI_Bcast gives it to every rank; ncclCommInitRank builds the communicator over the
+ * ranks' devices (one per rank, chosen from the node-local rank by backend_open). reduce_sum is
+ * queued on the backend's stream, after the backward that wrote the gradients and before the check
+ * that reads them, so a step still never waits for the host. FP32 sums (ncclFloat), fp64 for the loss.
+ *
+ * Built where CUDA, MPI and NCCL are found (AMP_HAVE_NCCL); compiled in CI, run only on GPUs.
+ */
+#ifdef AMP_HAVE_NCCL
+#include <mpi.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cuda_internal.h" /* struct cuda_backend, cuda_of, cuda_record */
+extern "C" {
+#include "comm.h"
+}
+
+struct nccl_state {
+    ncclComm_t nccl;
+    struct cuda_backend *cb;
+    void (*mpi_close)(struct comm *c);
+};
+
+static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    if (s->cb->status != AMP_OK)
+        return;
+    ncclResult_t r = ncclAllReduce(buf, buf, count, dt == COMM_F32 ? ncclFloat : ncclDouble, ncclSum, s->nccl,
+                                   s->cb->stream);
+    if (r != ncclSuccess)
+        cuda_record(s->cb, "check NCCL_DEBUG=INFO output and that every rank has its own GPU",
+                    "ncclAllReduce of %zu elements failed: %s", count, ncclGetErrorString(r));
+}
+
+static void nccl_close(struct comm *c)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    void (*mpi_close)(struct comm *) = s->mpi_close;
+    ncclCommDestroy(s->nccl);
+    free(s);
+    c->impl = NULL;
+    mpi_close(c);
+}
+
+extern "C" enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err)
+{
+    if (strncmp(be->name, "cuda", 4) != 0)
+        return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cuda, or dist.backend: mpi",
+                        "dist.backend is nccl, but the device is %s: NCCL reduces GPU memory only", be->name);
+    if (strcmp(c->transport, "mpi") != 0 && c->world > 1)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "NCCL needs the MPI communicator underneath");
+    struct nccl_state *s = (struct nccl_state *)calloc(1, sizeof *s);
+    if (!s)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
+    ncclUniqueId id;
+    ncclResult_t r = ncclSuccess;
+    if (c->rank == 0)
+        r = ncclGetUniqueId(&id);
+    int bad = r != ncclSuccess;
+    if (c->world > 1) {
+        MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    }
+    if (!bad)
+        r = ncclCommInitRank(&s->nccl, c->world, id, c->rank);
+    if (bad || r != ncclSuccess) {
+        free(s);
+        return amp_fail(err, AMP_ERR_INTERNAL, "run with NCCL_DEBUG=INFO to see why, or set dist.backend: mpi",
+                        "NCCL communicator over %d ranks could not be made: %s", c->world,
+                        ncclGetErrorString(bad ? ncclInternalError : r));
+    }
+    s->cb = cuda_of(be);
+    s->mpi_close = c->close;
+    c->impl = s;
+    c->transport = "nccl";
+    c->device_memory = true;
+    c->reduce_sum = nccl_reduce_sum;
+    c->close = nccl_close;
+    return AMP_OK;
+}
+
+extern "C" const char *comm_nccl_version(void)
+{
+    static char buf[64];
+    int v = 0;
+    ncclGetVersion(&v);
+    snprintf(buf, sizeof buf, "NCCL: built (%d.%d.%d)", v / 10000, (v / 100) % 100, v % 100);
+    return buf;
+}
+
+extern "C" bool comm_have_nccl(void)
+{
+    return true;
+}
+#endif

@@ -1,0 +1,127 @@
+/*
+ * comm.c — the single-rank communicator, launcher detection, and what the build has (comm.h).
+ *
+ * Without a launcher every collective is the identity: one rank's sum, max, broadcast and gather of
+ * itself. So the trainer calls the same collectives whether it runs alone or in a job of N ranks, and a
+ * one-rank run is exactly today's.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void single_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    (void)c, (void)buf, (void)count, (void)dt;
+}
+
+static void single_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
+{
+    (void)c, (void)buf, (void)count, (void)dt, (void)op;
+}
+
+static void single_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
+{
+    (void)c, (void)buf, (void)bytes, (void)root;
+}
+
+static void single_host_allgather(struct comm *c, const void *send, void *recv, size_t bytes)
+{
+    (void)c;
+    if (recv != send)
+        memmove(recv, send, bytes);
+}
+
+static void single_abort(struct comm *c, int code)
+{
+    (void)c;
+    _Exit(code);
+}
+
+static void single_close(struct comm *c)
+{
+    (void)c;
+}
+
+struct comm *comm_single(void)
+{
+    static struct comm single = {
+        .rank = 0, .world = 1, .local_rank = 0, .local_world = 1, .hosts = 1,
+        .transport = "none",
+        .device_memory = true, /* the identity works on any memory */
+        .reduce_sum = single_reduce_sum,
+        .host_allreduce = single_host_allreduce,
+        .host_bcast = single_host_bcast,
+        .host_allgather = single_host_allgather,
+        .abort = single_abort,
+        .close = single_close,
+    };
+    return &single;
+}
+
+/* The world size a launcher announces: Open MPI's mpirun, PMI/PMIx (MPICH, Slurm's srun). */
+int comm_launched_world(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            long n = strtol(v, NULL, 10);
+            if (n >= 1 && n <= 1 << 20)
+                return (int)n;
+        }
+    }
+    /* PMIx launchers (Open MPI 5, srun --mpi=pmix) set a rank but not always a size */
+    return getenv("PMIX_RANK") || getenv("OMPI_COMM_WORLD_RANK") ? 2 : 1;
+}
+
+enum amp_status comm_open(struct comm **out, int *argc, char ***argv, struct amp_error *err)
+{
+    *out = comm_single();
+    int world = comm_launched_world();
+#ifdef AMP_HAVE_MPI
+    if (world > 1 || getenv("OMPI_COMM_WORLD_SIZE"))
+        return comm_mpi_open(out, argc, argv, err);
+    return AMP_OK;
+#else
+    (void)argc, (void)argv;
+    if (world > 1)
+        return amp_fail(err, AMP_ERR_CONFIG,
+                        "install libopenmpi-dev and rebuild (scripts/build.sh), or run without mpirun",
+                        "launched as %d ranks, but this ampTrain was built without MPI (ampTrain --version)", world);
+    return AMP_OK;
+#endif
+}
+
+void comm_close(struct comm *c)
+{
+    if (c)
+        c->close(c);
+}
+
+#ifndef AMP_HAVE_MPI
+const char *comm_mpi_version(void)
+{
+    return "MPI: not built (install libopenmpi-dev and rebuild for mpirun -np N)";
+}
+#endif
+
+#ifndef AMP_HAVE_NCCL
+const char *comm_nccl_version(void)
+{
+    return "NCCL: not built (needs the CUDA backend, MPI and nccl.h)";
+}
+
+bool comm_have_nccl(void)
+{
+    return false;
+}
+
+enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err)
+{
+    (void)c, (void)be;
+    return amp_fail(err, AMP_ERR_CONFIG, "set dist.backend: mpi (or auto), or rebuild where CUDA, MPI and NCCL are found",
+                    "dist.backend is nccl, but this ampTrain was built without NCCL (ampTrain --version)");
+}
+#endif

@@ -1,0 +1,86 @@
+/*
+ * comm.h — the one seam between ranks: the communicator of data-parallel training (DESIGN.md section 10).
+ *
+ * ampTrain runs as N ranks launched by MPI (`mpirun -np N ampTrain run ...`), one per device. The engine
+ * (lib/train.c, lib/dist.c) talks to the other ranks only through this table; it never calls MPI or
+ * NCCL itself, and the implementations never look inside the engine's structures.
+ *
+ * Implementations:
+ *  - none (comm_open without a launcher): one rank; every collective returns its input unchanged.
+ *  - mpi (lib/comm_mpi.c, built where CMake finds MPI): every collective by MPI on host memory. The
+ *    gradient reduce works on backend memory only where that is host memory (the CPU backend); the
+ *    trainer stages through the host otherwise.
+ *  - nccl (kernels/comm_nccl.c, built where CUDA and NCCL are found): the mpi communicator whose
+ *    `reduce_sum` is ncclAllReduce on the CUDA backend's stream, on device memory; the NCCL unique id
+ *    goes to every rank by MPI_Bcast. Host collectives stay MPI's.
+ *
+ * Rules every implementation keeps:
+ *  - Every rank calls the same collectives in the same order with the same sizes. A rank that would
+ *    skip one (an error, a signal) first tells the others through comm_agree (lib/dist.h), so that no
+ *    rank ever waits for a collective another rank will not make.
+ *  - reduce_sum gives every rank the same bits (all-reduce; with two ranks a + b == b + a exactly, so
+ *    it equals one rank summing the same two micro-batches). It may run asynchronously on the backend's
+ *    queue (NCCL): the result is ready for the backend's next operation, not for the host.
+ *  - Host collectives (host_*) are synchronous and take host memory.
+ *  - A lost rank ends the job: MPI's default error handler aborts every rank (mpirun kills them);
+ *    nothing waits forever.
+ */
+#ifndef AMP_COMM_H
+#define AMP_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h" /* enum amp_status, struct amp_error */
+
+enum comm_dtype { COMM_F32, COMM_F64, COMM_I64 };
+enum comm_op { COMM_SUM, COMM_MAX, COMM_MIN };
+
+struct comm {
+    int rank, world;          /* this rank, and the number of ranks */
+    int local_rank, local_world; /* on this host (GPUs are chosen by local_rank) */
+    int hosts;                /* distinct hosts */
+    const char *transport;    /* "none", "mpi" or "nccl" */
+    bool device_memory;       /* reduce_sum takes backend (device) memory; false: host memory */
+
+    /* buf[0..count) = its sum over all ranks, in place, f32 or f64; device or host memory as above */
+    void (*reduce_sum)(struct comm *c, void *buf, size_t count, enum comm_dtype dt);
+    /* host memory, synchronous */
+    void (*host_allreduce)(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op);
+    void (*host_bcast)(struct comm *c, void *buf, size_t bytes, int root);
+    /* recv[r * bytes ..] = rank r's send[0..bytes) */
+    void (*host_allgather)(struct comm *c, const void *send, void *recv, size_t bytes);
+    /* end every rank now with `code` (after a rank's error that the others cannot hear about) */
+    void (*abort)(struct comm *c, int code);
+    void (*close)(struct comm *c);
+    void *impl;
+};
+
+/* The communicator of this process. Launched by mpirun/srun (their environment says so) and built with
+ * MPI: the MPI communicator over all ranks (MPI_Init here). Otherwise one rank. Launched with more
+ * than one rank but built without MPI: AMP_ERR_CONFIG (N copies would each train alone). */
+enum amp_status comm_open(struct comm **out, int *argc, char ***argv, struct amp_error *err);
+/* The single-rank communicator (also for tests). */
+struct comm *comm_single(void);
+/* Ends MPI where it was started; NULL-safe. */
+void comm_close(struct comm *c);
+
+/* What the build has: "MPI: built (Open MPI 4.1.4)" / "MPI: not built"; the same for NCCL. */
+const char *comm_mpi_version(void);
+const char *comm_nccl_version(void);
+bool comm_have_nccl(void);
+
+/* The number of ranks the launcher says this job has (1 when not launched by one). */
+int comm_launched_world(void);
+
+#ifdef AMP_HAVE_MPI
+enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct amp_error *err);
+#endif
+
+struct backend;
+/* Switch c's gradient reduce to NCCL on the CUDA backend be's stream (dist.backend nccl). Returns
+ * AMP_ERR_CONFIG where NCCL is not built or be is not a CUDA backend. */
+enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err);
+
+#endif

@@ -1,0 +1,273 @@
+/*
+ * dist.c — the data-parallel collectives of a run (dist.h), on the communicator and backend tables.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "dist.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"  /* struct model, struct param, struct buffer */
+#include "scaler.h" /* struct scaler */
+
+enum amp_status dist_init(struct dist *d, struct comm *c, struct backend *be, const struct dist_config *cfg,
+                          struct amp_error *err)
+{
+    memset(d, 0, sizeof *d);
+    d->comm = c;
+    d->be = be;
+    enum dist_backend want = cfg->backend;
+    if (want == DIST_NONE && c->world > 1)
+        return amp_fail(err, AMP_ERR_CONFIG, "set dist.backend: auto (or mpi/nccl), or run without mpirun",
+                        "dist.backend is none, but the job has %d ranks: each would train alone and all would write "
+                        "one run directory", c->world);
+    bool cuda = !be->host_memory;
+    if (want == DIST_NCCL && c->world > 1 && !comm_have_nccl())
+        return amp_fail(err, AMP_ERR_CONFIG, "set dist.backend: mpi (or auto), or rebuild where CUDA, MPI and NCCL "
+                        "are found (ampTrain --version says what was built)",
+                        "dist.backend is nccl, but this ampTrain was built without NCCL");
+    if (want == DIST_NCCL && c->world > 1 && !cuda)
+        return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cuda, or dist.backend: mpi (or auto)",
+                        "dist.backend is nccl, but the device is %s: NCCL reduces GPU memory only", be->name);
+    bool nccl = c->world > 1 && cuda && comm_have_nccl() && (want == DIST_NCCL || want == DIST_AUTO);
+    if (nccl) {
+        enum amp_status st = comm_use_nccl(c, be, err);
+        if (st != AMP_OK)
+            return st;
+    }
+    /* the communicator reduces host memory but the backend's is elsewhere: stage through the host */
+    d->stage = !c->device_memory && !be->host_memory;
+    return AMP_OK;
+}
+
+void dist_free(struct dist *d)
+{
+    if (d)
+        free(d->stage_buf);
+}
+
+static void *stage(struct dist *d, size_t bytes)
+{
+    if (bytes > d->stage_cap) {
+        void *p = realloc(d->stage_buf, bytes);
+        if (!p)
+            return NULL;
+        d->stage_buf = p;
+        d->stage_cap = bytes;
+    }
+    return d->stage_buf;
+}
+
+void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt)
+{
+    d->reduces++;
+    if (d->comm->world == 1)
+        return;
+    if (!d->stage) {
+        d->comm->reduce_sum(d->comm, buf, count, dt);
+        return;
+    }
+    size_t bytes = count * (dt == COMM_F32 ? 4 : 8);
+    void *h = stage(d, bytes);
+    if (!h) { /* every rank must still call the collective: abort the job rather than hang it */
+        fprintf(stderr, "[rank %d] ampTrain: error: out of memory staging %zu bytes for the all-reduce\n",
+                d->comm->rank, bytes);
+        d->comm->abort(d->comm, AMP_ERR_INTERNAL);
+        return;
+    }
+    d->be->download(d->be, h, buf, bytes);
+    d->comm->host_allreduce(d->comm, h, count, dt, COMM_SUM);
+    d->be->upload(d->be, buf, h, bytes);
+}
+
+/* ---- agreeing on errors and signals -------------------------------------------------------------- */
+
+struct outcome {
+    int32_t status;
+    int32_t sig;
+};
+
+static enum amp_status agree(struct comm *c, enum amp_status st, int *sig, struct amp_error *err)
+{
+    if (c->world == 1)
+        return st;
+    struct outcome mine = {.status = (int32_t)st, .sig = sig ? *sig : 0};
+    struct outcome *all = calloc((size_t)c->world, sizeof *all);
+    if (!all) {
+        fprintf(stderr, "[rank %d] ampTrain: error: out of memory agreeing on a step's outcome\n", c->rank);
+        c->abort(c, AMP_ERR_INTERNAL);
+        return AMP_ERR_INTERNAL;
+    }
+    c->host_allgather(c, &mine, all, sizeof mine);
+    int failed = -1;
+    for (int r = 0; r < c->world; r++) {
+        if (sig && !*sig && all[r].sig)
+            *sig = all[r].sig;
+        if (failed < 0 && all[r].status != AMP_OK)
+            failed = r;
+    }
+    free(all);
+    if (failed < 0)
+        return AMP_OK;
+    struct amp_error e;
+    memset(&e, 0, sizeof e);
+    if (failed == c->rank) {
+        e = *err;
+        char msg[sizeof e.msg];
+        snprintf(msg, sizeof msg, "%s", e.msg);
+        if (failed != 0) /* rank 0 prints it: say whose it is */
+            snprintf(e.msg, sizeof e.msg, "rank %d: %.2000s", c->rank, msg);
+    }
+    c->host_bcast(c, &e, sizeof e, failed);
+    e.agreed = 1;
+    *err = e;
+    return e.code;
+}
+
+enum amp_status comm_agree(struct comm *c, enum amp_status st, struct amp_error *err)
+{
+    return agree(c, st, NULL, err);
+}
+
+enum amp_status comm_agree_stop(struct comm *c, enum amp_status st, int *sig, struct amp_error *err)
+{
+    return agree(c, st, sig, err);
+}
+
+/* ---- config and replica checks ------------------------------------------------------------------- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+#define FNV_INIT 1469598103934665603ull
+
+/* all[r * stride + idx] is rank r's value: list the ranks whose value differs from rank 0's into buf.
+ * Returns whether all are equal. */
+static bool same_on_all(struct comm *c, const uint64_t *all, size_t stride, size_t idx, char *buf, size_t len)
+{
+    bool same = true;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int r = 1; r < c->world; r++)
+        if (all[(size_t)r * stride + idx] != all[idx]) {
+            same = false;
+            if (used < len)
+                used += (size_t)snprintf(buf + used, len - used, "%s%d", used ? ", " : "", r);
+        }
+    return same;
+}
+
+enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err)
+{
+    if (c->world == 1)
+        return AMP_OK;
+    char *yaml = config_to_yaml_string(cfg);
+    uint64_t h = yaml ? fnv1a(FNV_INIT, yaml, strlen(yaml)) : 0;
+    free(yaml);
+    uint64_t *all = calloc((size_t)c->world, sizeof *all);
+    if (!all) {
+        c->abort(c, AMP_ERR_INTERNAL);
+        return AMP_ERR_INTERNAL;
+    }
+    c->host_allgather(c, &h, all, sizeof h);
+    char ranks[256];
+    bool same = same_on_all(c, all, 1, 0, ranks, sizeof ranks);
+    free(all);
+    if (same)
+        return AMP_OK;
+    return amp_fail(err, AMP_ERR_CONFIG,
+                    "give every rank the same config and the same KEY=VALUE overrides (compare 'ampTrain check' "
+                    "on each)",
+                    "%s: the resolved config of rank%s %s differs from rank 0's: data-parallel ranks must run one "
+                    "config", cfg->source, strchr(ranks, ',') ? "s" : "", ranks);
+}
+
+static uint64_t hash_tensor(struct dist *d, const struct tensor *t)
+{
+    size_t bytes = tensor_bytes(t);
+    if (d->be->host_memory)
+        return fnv1a(FNV_INIT, t->data, bytes);
+    void *h = stage(d, bytes);
+    if (!h)
+        return 0; /* every rank that runs out hashes 0: a difference is still reported */
+    d->be->download(d->be, h, t->data, bytes);
+    return fnv1a(FNV_INIT, h, bytes);
+}
+
+enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const struct scaler *s, int64_t step,
+                                    int64_t opt_step, struct amp_error *err)
+{
+    struct comm *c = d->comm;
+    if (c->world == 1)
+        return AMP_OK;
+    size_t n = (size_t)m->nparams + 1; /* every master, then the scaler and step counters */
+    uint64_t *mine = calloc(n, sizeof *mine), *all = calloc(n * (size_t)c->world, sizeof *all);
+    if (!mine || !all) {
+        free(mine);
+        free(all);
+        c->abort(c, AMP_ERR_INTERNAL);
+        return AMP_ERR_INTERNAL;
+    }
+    for (int i = 0; i < m->nparams; i++)
+        mine[i] = hash_tensor(d, &m->params[i]->master);
+    const int64_t counters[] = {step, opt_step, s->growth_tracker, s->hysteresis_left, s->consecutive_skips,
+                                s->skips_total, s->last_overflow_step};
+    uint64_t h = fnv1a(FNV_INIT, &s->scale, sizeof s->scale);
+    mine[n - 1] = fnv1a(h, counters, sizeof counters);
+    c->host_allgather(c, mine, all, n * sizeof *mine);
+    enum amp_status st = AMP_OK;
+    char ranks[256];
+    for (size_t i = 0; i < n && st == AMP_OK; i++)
+        if (!same_on_all(c, all, n, i, ranks, sizeof ranks))
+            st = amp_fail(err, AMP_ERR_UNSTABLE,
+                          "this is a bug or a hardware fault: report it with the run's config; continue from the "
+                          "last checkpoint with 'ampTrain resume'",
+                          "replicas diverged at step %lld: %s on rank%s %s differs from rank 0's", (long long)step,
+                          i + 1 < n ? m->params[i]->name : "the loss-scaler state", strchr(ranks, ',') ? "s" : "",
+                          ranks);
+    free(mine);
+    free(all);
+    return st;
+}
+
+void dist_broadcast_buffers(struct dist *d, struct model *m)
+{
+    struct comm *c = d->comm;
+    if (c->world == 1)
+        return;
+    for (int i = 0; i < m->nbuffers; i++) {
+        struct tensor *t = &m->buffers[i]->t;
+        size_t bytes = tensor_bytes(t);
+        void *h = d->be->host_memory ? t->data : stage(d, bytes);
+        if (!h) {
+            c->abort(c, AMP_ERR_INTERNAL);
+            return;
+        }
+        if (!d->be->host_memory)
+            d->be->download(d->be, h, t->data, bytes);
+        c->host_bcast(c, h, bytes, 0);
+        if (!d->be->host_memory)
+            d->be->upload(d->be, t->data, h, bytes);
+    }
+}
+
+void dist_test_perturb(struct dist *d, struct model *m, int64_t step)
+{
+    const char *v = getenv("AMPTRAIN_TEST_PERTURB");
+    int rank;
+    long long at;
+    if (!v || sscanf(v, "%d:%lld", &rank, &at) != 2 || rank != d->comm->rank || at != step || m->nparams == 0)
+        return;
+    struct tensor *w = &m->params[0]->master;
+    float x;
+    d->be->download(d->be, &x, w->data, sizeof x);
+    x += 1e-3f;
+    d->be->upload(d->be, w->data, &x, sizeof x);
+    fprintf(stderr, "[rank %d] ampTrain: test switch AMPTRAIN_TEST_PERTURB: %s[0] perturbed after step %lld\n",
+            d->comm->rank, m->params[0]->name, at);
+}

@@ -1,0 +1,73 @@
+/*
+ * dist.h — what a data-parallel step needs besides one rank's step (DESIGN.md section 10,
+ * docs/distributed.md): reducing backend buffers over the communicator, agreeing on errors and stop
+ * signals, comparing replicas, sharding evaluation, and checking that every rank runs one config.
+ *
+ * It knows the communicator (comm.h) and the backend (backend.h) only through their tables. Where the
+ * communicator reduces host memory (MPI) and the backend's memory is not the host's (CUDA without
+ * NCCL), a reduce goes through a host staging buffer: download, MPI, upload.
+ *
+ * Every function here is a collective: all ranks call it at the same point of the run, whatever
+ * happened on them, and all return the same answer.
+ */
+#ifndef AMP_DIST_H
+#define AMP_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h" /* struct backend */
+#include "comm.h"    /* struct comm */
+#include "config.h"  /* struct config, struct dist_config */
+#include "error.h"
+
+struct model;
+struct scaler;
+
+struct dist {
+    struct comm *comm;
+    struct backend *be;
+    bool stage;               /* reduce through the host staging buffer below */
+    void *stage_buf;
+    size_t stage_cap;
+    int64_t reduces;          /* reduce calls made (tests count them per step) */
+};
+
+/* Bind the communicator to the backend as cfg->backend says (auto: NCCL where the backend is CUDA and
+ * NCCL is built, else MPI). none with more than one rank, or nccl without NCCL, is AMP_ERR_CONFIG. */
+enum amp_status dist_init(struct dist *d, struct comm *c, struct backend *be, const struct dist_config *cfg,
+                          struct amp_error *err);
+void dist_free(struct dist *d);
+
+/* buf[0..count) (backend memory, f32 or f64) = its sum over the ranks. */
+void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt);
+
+/* Every rank learns the outcome of a step that may have failed on some: the lowest failing rank's
+ * status, with its error (message prefixed "rank R: " when R is not 0) copied into err on every rank,
+ * err->agreed set (rank 0 prints it). Returns AMP_OK where none failed. */
+enum amp_status comm_agree(struct comm *c, enum amp_status st, struct amp_error *err);
+
+/* The same, also agreeing on a stop signal: *sig becomes the first nonzero signal of any rank (lowest
+ * rank first), so all stop at the same step. */
+enum amp_status comm_agree_stop(struct comm *c, enum amp_status st, int *sig, struct amp_error *err);
+
+/* Ranks whose resolved configs differ (per-rank overrides, different files): AMP_ERR_CONFIG on every
+ * rank, naming the ranks. Compares a hash of the resolved YAML. */
+enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err);
+
+/* Replicas never diverge silently: hash every parameter's FP32 master and the scaler state and step,
+ * gather the hashes, and on any difference fail with AMP_ERR_UNSTABLE naming the first differing tensor
+ * and the ranks that differ from rank 0. */
+enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const struct scaler *s, int64_t step,
+                                    int64_t opt_step, struct amp_error *err);
+
+/* Batchnorm running statistics are per rank during training; before an evaluation and a checkpoint
+ * every rank takes rank 0's (PyTorch DDP's broadcast_buffers rule). */
+void dist_broadcast_buffers(struct dist *d, struct model *m);
+
+/* Test-only (docs/distributed.md): AMPTRAIN_TEST_PERTURB=R:S adds 1e-3 to the first weight of rank R
+ * after step S, so that the replica check has something to find. */
+void dist_test_perturb(struct dist *d, struct model *m, int64_t step);
+
+#endif

@@ -1,0 +1,555 @@
+/*
+ * test_dist.c — data parallel (issue 11, DESIGN.md section 10, docs/distributed.md), end to end with
+ * `mpirun -np N ampTrain`, and in process with a counting communicator.
+ *
+ * The main test: on the CPU, 2 ranks with batch B train exactly as 1 rank with batch B and accum_steps 2
+ * (scale_log.csv but for samples_per_s, eval.jsonl and every checkpoint tensor byte-identical) in all
+ * four modes, with overflows and skips, clipping and dropout, for fashion_mlp and text_gpt; also over
+ * TCP (the path between hosts). Where the reduction's association differs (2 ranks with accumulation, 3
+ * ranks), the weights after 20 steps stay within 1e-6 relative (in norm) of the one-rank run. Then the
+ * faults: replicas perturbed, configs that differ, a rank without its data, signals to all or one
+ * rank, a rank killed, and resume at the same and at another world size.
+ *
+ * Every test skips where the build has no MPI or mpirun is missing.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "ckpt_testlib.h"
+
+#include <math.h>
+#include <signal.h>
+#include <time.h>
+
+#include "dist.h"  /* struct dist, comm_agree */
+#include "train.h" /* trainer_setup, trainer_step, trainer_flush: the in-process test */
+
+static bool have_mpi(void)
+{
+#ifdef AMP_HAVE_MPI
+    return system("command -v mpirun > /dev/null 2>&1") == 0;
+#else
+    return false;
+#endif
+}
+
+#define NEED_MPI()                                                                                                   \
+    do {                                                                                                             \
+        if (!have_mpi())                                                                                             \
+            cr_skip_test("built without MPI, or no mpirun on PATH");                                                 \
+    } while (0)
+
+/* `mpirun -np NP [MCA] ampTrain ARGS` from the source directory, one BLAS thread a rank, as root where we
+ * are root, stderr merged. Returns a static buffer. */
+static struct result mpi(int np, const char *mca, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static struct result mpi(int np, const char *mca, const char *fmt, ...)
+{
+    char args[3000], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 "
+             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 "
+             "timeout -s KILL 300 mpirun -np %d --oversubscribe --bind-to none %s %s %s ; } 2>&1",
+             AMP_SOURCE_DIR, AMP_SOURCE_DIR, np, mca ? mca : "", AMP_BINARY, args);
+    return shell(cmd);
+}
+
+/* scale_log.csv, the last eval_lines of eval.jsonl (a resumed run has one more: its first part's end) and
+ * every tensor of the checkpoints at `steps`. */
+static void compare_runs(const char *a, const char *b, int steps, int eval_lines)
+{
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/%s/scale_log.csv", scratch, a);
+    snprintf(pb, sizeof pb, "%s/%s/scale_log.csv", scratch, b);
+    assert_same_logs(pa, pb);
+    snprintf(pa, sizeof pa, "%s/%s/eval.jsonl", scratch, a);
+    snprintf(pb, sizeof pb, "%s/%s/eval.jsonl", scratch, b);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "[ \"$(tail -n %d %s)\" = \"$(tail -n %d %s)\" ] && echo SAME", eval_lines, pa,
+             eval_lines, pb);
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "SAME"), "eval.jsonl differ: %s", r.out);
+    snprintf(pa, sizeof pa, "%s/%s/ckpt-%d.h5", scratch, a, steps);
+    snprintf(pb, sizeof pb, "%s/%s/ckpt-%d.h5", scratch, b, steps);
+    int n = assert_same_tensors(pa, pb);
+    cr_assert_geq(n, 6, "only %d tensors compared", n);
+}
+
+/* One rank with accum_steps 2 against two ranks, `extra` on both; `cfg` the config. */
+static void check_equivalence(const char *cfg, const char *extra, const char *mca)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = amp("run %s %s accum_steps=2 run.out_dir=%s/one", cfg, extra, scratch);
+    cr_assert_eq(r.code, 0, "one rank:\n%s", r.out);
+    r = mpi(2, mca, "run %s %s run.out_dir=%s/two", cfg, extra, scratch);
+    cr_assert_eq(r.code, 0, "two ranks:\n%s", r.out);
+    cr_assert(strstr(r.out, "data parallel: 2 ranks on 1 host, transport mpi"), "%s", r.out);
+    cr_assert(strstr(r.out, "effective batch"), "%s", r.out);
+    compare_runs("one", "two", 20, 1000);
+    remove_scratch();
+}
+
+#define MLP "configs/fashion_mlp.yaml " SMALL " run.steps=20 run.log_every=7 run.eval_every=10"
+/* scale 2^30 overflows fp16 at once: skips, backoff, overflow attribution; clipping; dropout */
+#define HARD "clip.max_norm=0.5 model.layers.2.kind=dropout"
+#define OVERFLOWING "precision.loss_scale.init=1073741824 precision.loss_scale.max=1073741824"
+
+Test(dist, two_ranks_equal_one_with_accum_fp32) { check_equivalence(MLP, "precision.mode=fp32 " HARD, NULL); }
+Test(dist, two_ranks_equal_one_with_accum_bf16) { check_equivalence(MLP, "precision.mode=bf16 " HARD, NULL); }
+Test(dist, two_ranks_equal_one_with_accum_fp16_static)
+{
+    check_equivalence(MLP, "precision.mode=fp16-static precision.loss_scale.value=1e9 " HARD, NULL);
+}
+Test(dist, two_ranks_equal_one_with_accum_fp16_dynamic_overflowing)
+{
+    check_equivalence(MLP, "precision.mode=fp16-dynamic " OVERFLOWING " precision.loss_scale.hysteresis=2 " HARD,
+                      NULL);
+}
+
+#define GPT                                                                                                          \
+    "configs/text_gpt.yaml run.steps=20 run.log_every=6 run.eval_every=0 run.ckpt_every=0 run.device=cpu "          \
+    "data.batch_size=4 data.seq_len=32 clip.max_norm=0.5"
+Test(dist, text_gpt_two_ranks_equal_one_fp16_dynamic)
+{
+    check_equivalence(GPT, "precision.mode=fp16-dynamic " OVERFLOWING, NULL);
+}
+Test(dist, text_gpt_two_ranks_equal_one_bf16) { check_equivalence(GPT, "precision.mode=bf16", NULL); }
+Test(dist, text_gpt_two_ranks_equal_one_fp32) { check_equivalence(GPT, "precision.mode=fp32", NULL); }
+Test(dist, text_gpt_two_ranks_equal_one_fp16_static)
+{
+    check_equivalence(GPT, "precision.mode=fp16-static precision.loss_scale.value=1024", NULL);
+}
+
+/* The TCP byte transfer layer, the path between hosts. */
+Test(dist, equivalence_over_tcp) { check_equivalence(MLP, "precision.mode=fp16-dynamic " HARD, "--mca btl tcp,self"); }
+
+/* ---- where bit identity cannot hold: a bound -------------------------------------------------------- */
+
+/* Largest |a - b| / max|a| over each tensor under /model of two checkpoints (relative error in max norm). */
+struct rel_ctx {
+    hid_t other;
+    double worst;
+    char name[256];
+};
+
+#if H5_VERSION_GE(1, 12, 0)
+static herr_t rel_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
+#else
+static herr_t rel_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
+#endif
+{
+    (void)info;
+    struct rel_ctx *c = data;
+    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
+    if (o >= 0 && H5Iget_type(o) == H5I_DATASET && strncmp(name, "model/", 6) == 0) {
+        hid_t d2 = H5Dopen2(c->other, name, H5P_DEFAULT);
+        cr_assert(d2 >= 0, "%s missing in the other checkpoint", name);
+        hid_t sp = H5Dget_space(o);
+        size_t n = (size_t)H5Sget_simple_extent_npoints(sp);
+        H5Sclose(sp);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        H5Dread(o, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a);
+        H5Dread(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b);
+        double dmax = 0, amax = 0;
+        for (size_t i = 0; i < n; i++) {
+            dmax = fmax(dmax, fabs((double)a[i] - (double)b[i]));
+            amax = fmax(amax, fabs((double)a[i]));
+        }
+        double rel = amax > 0 ? dmax / amax : dmax;
+        if (rel > c->worst || c->name[0] == '\0') {
+            c->worst = rel;
+            snprintf(c->name, sizeof c->name, "%s", name);
+        }
+        free(a);
+        free(b);
+        H5Dclose(d2);
+    }
+    if (o >= 0)
+        H5Oclose(o);
+    return 0;
+}
+
+static double max_rel_diff(const char *a, const char *b, char *worst, size_t len)
+{
+    hid_t fa = H5Fopen(a, H5F_ACC_RDONLY, H5P_DEFAULT), fb = H5Fopen(b, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(fa >= 0 && fb >= 0, "cannot open %s or %s", a, b);
+    struct rel_ctx c = {.other = fb, .worst = -1};
+    H5Lvisit(fa, H5_INDEX_NAME, H5_ITER_INC, rel_cb, &c);
+    H5Fclose(fa);
+    H5Fclose(fb);
+    snprintf(worst, len, "%s", c.name);
+    return c.worst;
+}
+
+static void check_bounded(int np, int accum_each, int accum_one)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = amp("run " MLP " precision.mode=fp32 accum_steps=%d run.out_dir=%s/one", accum_one, scratch);
+    cr_assert_eq(r.code, 0, "one rank:\n%s", r.out);
+    r = mpi(np, NULL, "run " MLP " precision.mode=fp32 accum_steps=%d run.out_dir=%s/many", accum_each, scratch);
+    cr_assert_eq(r.code, 0, "%d ranks:\n%s", np, r.out);
+    char a[512], b[512], worst[256] = "";
+    snprintf(a, sizeof a, "%s/one/ckpt-20.h5", scratch);
+    snprintf(b, sizeof b, "%s/many/ckpt-20.h5", scratch);
+    double d = max_rel_diff(a, b, worst, sizeof worst);
+    cr_assert_geq(d, 0, "no tensors compared");
+    cr_assert_leq(d, 1e-6, "np %d accum %d vs np 1 accum %d: %s differs by %.3e relative", np, accum_each, accum_one,
+                  worst, d);
+    remove_scratch();
+}
+
+/* (g0 + g2) + (g1 + g3) against ((g0 + g1) + g2) + g3: the association differs, the samples do not */
+Test(dist, two_ranks_with_accumulation_within_1e6) { check_bounded(2, 2, 4); }
+Test(dist, three_ranks_within_1e6) { check_bounded(3, 1, 3); }
+
+/* ---- replicas, configs, data ----------------------------------------------------------------------- */
+
+Test(dist, diverged_replica_stops_with_exit_5_naming_tensor_and_rank)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = mpi(2, "-x AMPTRAIN_TEST_PERTURB=1:3",
+                          "run " MLP " run.log_every=2 precision.mode=fp32 run.out_dir=%s/p", scratch);
+    cr_assert_eq(r.code, 5, "%s", r.out);
+    cr_assert(strstr(r.out, "replicas diverged at step 4: fc1/weight on rank 1 differs from rank 0's"), "%s", r.out);
+    cr_assert(strstr(r.out, "hint:"), "%s", r.out);
+    /* unperturbed, the same run passes its checks */
+    r = mpi(2, NULL, "run " MLP " run.log_every=2 precision.mode=fp32 run.out_dir=%s/q", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    remove_scratch();
+}
+
+Test(dist, ranks_with_different_configs_are_refused)
+{
+    NEED_MPI();
+    make_scratch();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 timeout -s KILL 120 mpirun "
+             "--oversubscribe -np 1 %s run " MLP " run.out_dir=%s/c : -np 1 %s run " MLP " run.out_dir=%s/c "
+             "optim.lr=0.5 ; } 2>&1",
+             AMP_SOURCE_DIR, AMP_SOURCE_DIR, AMP_BINARY, scratch, AMP_BINARY, scratch);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "the resolved config of rank 1 differs from rank 0's"), "%s", r.out);
+    char dir[512];
+    path_in(dir, sizeof dir, "c/scale_log.csv");
+    cr_assert(!file_exists(dir), "a refused job wrote %s", dir);
+    remove_scratch();
+}
+
+Test(dist, a_rank_without_its_data_stops_every_rank_with_its_error)
+{
+    NEED_MPI();
+    make_scratch();
+    /* the config names its data relative to the working directory; rank 1's has none */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && mkdir a b && ln -s /usr/share/datasets/fashion-mnist a/data && "
+             "sed 's#/usr/share/datasets/fashion-mnist#data#' %s/configs/fashion_mlp.yaml > cfg.yaml && "
+             "{ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 timeout -s KILL 120 mpirun "
+             "--oversubscribe -np 1 -wdir %s/a %s run %s/cfg.yaml " SMALL " run.out_dir=%s/out : -np 1 -wdir %s/b %s run "
+             "%s/cfg.yaml " SMALL " run.out_dir=%s/out ; } 2>&1",
+             scratch, AMP_SOURCE_DIR, AMP_SOURCE_DIR, scratch, AMP_BINARY, scratch, scratch, scratch, AMP_BINARY,
+             scratch, scratch);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 3, "%s", r.out);
+    cr_assert(strstr(r.out, "ampTrain: error: rank 1: "), "rank 0 names rank 1:\n%s", r.out);
+    cr_assert(strstr(r.out, "data/train-images"), "%s", r.out);
+    remove_scratch();
+}
+
+Test(dist, bad_setups_get_clear_errors)
+{
+    NEED_MPI();
+    make_scratch();
+    /* more ranks than samples: a step needs batch x accum x world training samples */
+    struct result r = mpi(2, NULL, "run " MLP " data.batch_size=40000 run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 3, "%s", r.out);
+    cr_assert(strstr(r.out, "80000"), "%s", r.out);
+    r = mpi(2, NULL, "run " MLP " dist.backend=none run.out_dir=%s/b", scratch);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "dist.backend is none, but the job has 2 ranks"), "%s", r.out);
+    r = mpi(2, NULL, "run " MLP " dist.backend=nccl run.out_dir=%s/c", scratch);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "dist.backend is nccl, but"), "%s", r.out);
+    r = mpi(2, NULL, "run " MLP " dist.backend=bogus run.out_dir=%s/d", scratch);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "dist.backend"), "%s", r.out);
+    remove_scratch();
+}
+
+/* ---- checkpoints and resume ---------------------------------------------------------------------------- */
+
+Test(dist, resume_at_the_same_world_size_is_bit_exact)
+{
+    NEED_MPI();
+    make_scratch();
+    const char *m = MLP " precision.mode=fp16-dynamic precision.loss_scale.growth_interval=3 " HARD;
+    struct result r = mpi(2, NULL, "run %s run.out_dir=%s/a", m, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = mpi(2, NULL, "run %s run.steps=8 run.out_dir=%s/b", m, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = mpi(2, NULL, "resume %s/b/ckpt-8.h5 run.steps=20", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(!strstr(r.out, "note:"), "same world size, no note:\n%s", r.out);
+    compare_runs("a", "b", 20, 1);
+    r = amp("inspect %s/b/ckpt-20.h5", scratch);
+    cr_assert(strstr(r.out, "world_size: 2"), "%s", r.out);
+    remove_scratch();
+}
+
+Test(dist, resume_two_one_two_says_how_the_batch_changes)
+{
+    NEED_MPI();
+    make_scratch();
+    const char *m = MLP " precision.mode=bf16";
+    struct result r = mpi(2, NULL, "run %s run.steps=6 run.out_dir=%s/a", m, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("resume %s/a/ckpt-6.h5 run.steps=12", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "was written by 2 ranks and resumes on 1: a step now takes 32 samples"), "%s", r.out);
+    r = amp("inspect %s/a/ckpt-12.h5", scratch);
+    cr_assert(strstr(r.out, "world_size: 1"), "%s", r.out);
+    /* back to two, keeping the step's batch with accum_steps: the same samples per step as one rank with 2 */
+    r = mpi(2, NULL, "resume %s/a/ckpt-12.h5 run.steps=20", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "resumes on 2: a step now takes 64 samples"), "%s", r.out);
+    r = amp("inspect %s/a/ckpt-20.h5", scratch);
+    /* 6 x 64 + 6 x 32 + 8 x 64 samples, and the global data cursor with them */
+    cr_assert(strstr(r.out, "cursor: 1088  samples_seen: 1088"), "%s", r.out);
+    remove_scratch();
+}
+
+Test(dist, eval_sharded_over_ranks_equals_one_rank)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = amp("run " MLP " run.steps=4 run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("eval %s/a/ckpt-4.h5", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char one[512];
+    char *line = strstr(r.out, "eval step");
+    cr_assert_not_null(line, "%s", r.out);
+    snprintf(one, sizeof one, "%.*s", (int)strcspn(line, "\n"), line);
+    r = mpi(3, NULL, "eval %s/a/ckpt-4.h5", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, one), "one rank said '%s'; three:\n%s", one, r.out);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "tail -n 2 %s/a/eval.jsonl | uniq | wc -l", scratch);
+    r = shell(cmd);
+    cr_assert_eq(atoi(r.out), 1, "the two evaluations' JSON lines differ");
+    remove_scratch();
+}
+
+/* ---- signals and a lost rank --------------------------------------------------------------------------- */
+
+/* Start a long two-rank run in the background (its exit code goes to OUT.rc); returns once scale_log.csv
+ * has a row. */
+static void start_long_run(const char *out)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 "
+             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 "
+             "timeout -s KILL 200 mpirun -np 2 --oversubscribe --bind-to none %s run configs/fashion_mlp.yaml "
+             SMALL " run.steps=100000 run.log_every=5 run.ckpt_every=40 run.out_dir=%s/%s > %s/%s.out 2>&1; echo $? > %s/%s.rc; } "
+             "> /dev/null 2>&1 &",
+             AMP_SOURCE_DIR, AMP_SOURCE_DIR, AMP_BINARY, scratch, out, scratch, out, scratch, out);
+    cr_assert_eq(system(cmd), 0);
+    char csv[512];
+    snprintf(csv, sizeof csv, "%s/%s/scale_log.csv", scratch, out);
+    for (int i = 0; i < 600; i++) {
+        struct result r = shell((snprintf(cmd, sizeof cmd, "cat %s 2>/dev/null | wc -l", csv), cmd));
+        if (atoi(r.out) >= 2)
+            return;
+        nanosleep(&(struct timespec){.tv_nsec = 100000000}, NULL);
+    }
+    cr_assert_fail("the run never logged a step");
+}
+
+/* Wait up to `seconds` for the background job; returns mpirun's exit code, or -1 if it still runs. */
+static int wait_run(const char *out, int seconds)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "for i in $(seq %d); do [ -s %s/%s.rc ] && break; sleep 0.1; done; cat %s/%s.rc",
+             seconds * 10, scratch, out, scratch, out);
+    struct result r = shell(cmd);
+    return r.out[0] ? atoi(r.out) : -1;
+}
+
+/* Signal the ranks (the processes whose command line starts with the binary; not mpirun) of run OUT:
+ * `which` is "-n" for the newest one only, "" for all. */
+static void signal_ranks(const char *sig, const char *which, const char *out)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "pkill -%s %s -f '^%s run configs/fashion_mlp.yaml.*%s/%s'", sig, which, AMP_BINARY,
+             scratch, out);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+/* The job stopped at one step: its checkpoint verifies, latest names it, and it is the log's last row. */
+static void assert_stopped_with_checkpoint(const char *out)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cat %s/%s.out", scratch, out);
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "ampTrain: error: stopped by SIGTERM after step"), "%s", r.out);
+    cr_assert(!strstr(r.out, "[rank 1]"), "rank 1 should leave the report to rank 0:\n%s", r.out);
+    r = amp("inspect %s/%s", scratch, out);
+    cr_assert_eq(r.code, 0, "latest of %s does not verify:\n%s", out, r.out);
+    snprintf(cmd, sizeof cmd, "tail -n 1 %s/%s/scale_log.csv | cut -d, -f1; cat %s/%s/latest", scratch, out, scratch,
+             out);
+    r = shell(cmd);
+    char want[64];
+    snprintf(want, sizeof want, "ckpt-%d.h5", atoi(r.out));
+    cr_assert(strstr(r.out, want), "the log's last row and latest disagree: %s", r.out);
+}
+
+/* SIGTERM to one rank only: every rank stops at the same step, rank 0 writes the checkpoint, all exit 143. */
+Test(dist, sigterm_to_one_rank_stops_all_at_one_step)
+{
+    NEED_MPI();
+    make_scratch();
+    start_long_run("one");
+    signal_ranks("TERM", "-n", "one");
+    cr_assert_eq(wait_run("one", 60), 143);
+    assert_stopped_with_checkpoint("one");
+    remove_scratch();
+}
+
+/* SIGTERM to every rank (what a scheduler sends): the same. */
+Test(dist, sigterm_to_all_ranks_stops_all_at_one_step)
+{
+    NEED_MPI();
+    make_scratch();
+    start_long_run("all");
+    signal_ranks("TERM", "", "all");
+    cr_assert_eq(wait_run("all", 60), 143);
+    assert_stopped_with_checkpoint("all");
+    remove_scratch();
+}
+
+/* SIGTERM to mpirun, which forwards it to the ranks: they stop and save the same way (mpirun's own exit
+ * code is then Open MPI's: 1). */
+Test(dist, sigterm_to_mpirun_is_forwarded)
+{
+    NEED_MPI();
+    make_scratch();
+    start_long_run("fw");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "pkill -TERM -f '^mpirun .*%s/fw'", scratch);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_neq(wait_run("fw", 60), -1, "the job did not end");
+    assert_stopped_with_checkpoint("fw");
+    remove_scratch();
+}
+
+/* A rank killed outright: the job ends (mpirun takes the others down), nothing hangs, latest verifies. */
+Test(dist, sigkill_of_one_rank_ends_the_job)
+{
+    NEED_MPI();
+    make_scratch();
+    start_long_run("k");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "for i in $(seq 300); do [ -s %s/k/latest ] && break; sleep 0.1; done; cat %s/k/latest",
+             scratch, scratch);
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "ckpt-"), "no checkpoint before the kill: %s", r.out);
+    signal_ranks("KILL", "-n", "k");
+    time_t t0 = time(NULL);
+    int rc = wait_run("k", 60);
+    cr_assert_neq(rc, -1, "the job still runs 60 s after a rank was killed");
+    cr_assert_neq(rc, 0);
+    cr_assert_leq(time(NULL) - t0, 60);
+    snprintf(cmd, sizeof cmd, "cat %s/k.out", scratch);
+    r = shell(cmd);
+    cr_assert(strstr(r.out, "signal 9") || strstr(r.out, "Killed") || strstr(r.out, "killed"), "%s", r.out);
+    r = amp("inspect %s/k", scratch);
+    cr_assert_eq(r.code, 0, "latest does not name a checkpoint that verifies after the kill:\n%s", r.out);
+    remove_scratch();
+}
+
+/* ---- in process: what a step asks of the communicator ------------------------------------------------ */
+
+/* A stand-in for a second rank identical to this one: a sum over two ranks doubles the buffer. */
+static int64_t fake_reduces, fake_host;
+static void fake_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    (void)c;
+    fake_reduces++;
+    for (size_t i = 0; i < count; i++) {
+        if (dt == COMM_F32)
+            ((float *)buf)[i] *= 2;
+        else
+            ((double *)buf)[i] *= 2;
+    }
+}
+static void fake_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
+{
+    (void)c, (void)buf, (void)count, (void)dt, (void)op;
+    fake_host++;
+}
+static void fake_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
+{
+    (void)c, (void)buf, (void)bytes, (void)root;
+    fake_host++;
+}
+static void fake_host_allgather(struct comm *c, const void *send, void *recv, size_t bytes)
+{
+    (void)c;
+    memcpy(recv, send, bytes);
+    memcpy((char *)recv + bytes, send, bytes);
+    fake_host++;
+}
+static void fake_abort(struct comm *c, int code)
+{
+    (void)c;
+    cr_assert_fail("abort(%d)", code);
+}
+static void fake_close(struct comm *c) { (void)c; }
+
+Test(dist, a_step_reduces_once_after_the_last_micro_batch)
+{
+    struct comm fake = {
+        .rank = 0, .world = 2, .local_rank = 0, .local_world = 1, .hosts = 1, .transport = "fake",
+        .device_memory = true, .reduce_sum = fake_reduce_sum, .host_allreduce = fake_host_allreduce,
+        .host_bcast = fake_host_bcast, .host_allgather = fake_host_allgather, .abort = fake_abort,
+        .close = fake_close,
+    };
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    struct config cfg;
+    struct amp_error err;
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp_fp16_dynamic.yaml", &err), AMP_OK, "%s",
+                 err.msg);
+    const char *ov[] = {"model.layers.1.out=16", "model.layers.3.out=16", "data.batch_size=8", "run.device=cpu",
+                        "accum_steps=3", "run.log_every=4"};
+    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    cr_assert_eq(trainer_setup(&t, &cfg, &fake, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(t.params.micro_batches, 6, "3 micro-batches on each of 2 ranks");
+    for (int s = 0; s < 4; s++) {
+        int64_t before = fake_reduces, host_before = fake_host;
+        cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+        /* the flat gradient buffer and the loss, once each, whatever accum_steps; no host collective */
+        cr_assert_eq(fake_reduces - before, 2, "step %d: %lld reduces", s, (long long)(fake_reduces - before));
+        cr_assert_eq(fake_host - host_before, 0, "step %d made host collectives", s);
+    }
+    cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(t.nrecs, 4);
+    cr_assert_eq(t.samples_seen, 4 * 8 * 3 * 2, "samples of both ranks");
+    /* the step's global sample order: rank 0 read past rank 1's batch of every micro-batch slot */
+    cr_assert_eq(t.sampler.cursor, 4 * 3 * 2 * 8);
+    /* an identical peer doubles the gradient and the seed halves it: the loss is this rank's own mean */
+    cr_assert(isfinite(t.recs[0].loss) && t.recs[0].loss > 1.0 && t.recs[0].loss < 3.5, "loss %g", t.recs[0].loss);
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
