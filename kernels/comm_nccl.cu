@@ -25,7 +25,7 @@ extern "C" {
 struct nccl_state {
     ncclComm_t nccl;
     struct cuda_backend *cb;
-    void (*mpi_close)(struct comm *c);
+    struct comm before; /* the communicator as it was: comm_release_nccl puts it back */
 };
 
 static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
@@ -40,14 +40,21 @@ static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_d
                     "ncclAllReduce of %zu elements failed: %s", count, ncclGetErrorString(r));
 }
 
+/* Before the backend goes (the NCCL communicator uses its device and stream). */
+extern "C" void comm_release_nccl(struct comm *c)
+{
+    if (strcmp(c->transport, "nccl") != 0)
+        return;
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    ncclCommDestroy(s->nccl);
+    *c = s->before;
+    free(s);
+}
+
 static void nccl_close(struct comm *c)
 {
-    struct nccl_state *s = (struct nccl_state *)c->impl;
-    void (*mpi_close)(struct comm *) = s->mpi_close;
-    ncclCommDestroy(s->nccl);
-    free(s);
-    c->impl = NULL;
-    mpi_close(c);
+    comm_release_nccl(c);
+    c->close(c);
 }
 
 extern "C" enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err)
@@ -57,6 +64,7 @@ extern "C" enum amp_status comm_use_nccl(struct comm *c, struct backend *be, str
                         "dist.backend is nccl, but the device is %s: NCCL reduces GPU memory only", be->name);
     if (strcmp(c->transport, "mpi") != 0 && c->world > 1)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "NCCL needs the MPI communicator underneath");
+    /* one rank without mpirun: a one-rank NCCL communicator over the single communicator (no id to share) */
     struct nccl_state *s = (struct nccl_state *)calloc(1, sizeof *s);
     if (!s)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
@@ -78,7 +86,7 @@ extern "C" enum amp_status comm_use_nccl(struct comm *c, struct backend *be, str
                         ncclGetErrorString(bad ? ncclInternalError : r));
     }
     s->cb = cuda_of(be);
-    s->mpi_close = c->close;
+    s->before = *c;
     c->impl = s;
     c->transport = "nccl";
     c->device_memory = true;

@@ -82,5 +82,7 @@ struct backend;
 /* Switch c's gradient reduce to NCCL on the CUDA backend be's stream (dist.backend nccl). Returns
  * AMP_ERR_CONFIG where NCCL is not built or be is not a CUDA backend. */
 enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err);
+/* Back to the communicator comm_use_nccl found, before the backend closes; a no-op where NCCL is not in use. */
+void comm_release_nccl(struct comm *c);
 
 #endif

@@ -23,19 +23,20 @@ enum amp_status dist_init(struct dist *d, struct comm *c, struct backend *be, co
                         "dist.backend is none, but the job has %d ranks: each would train alone and all would write "
                         "one run directory", c->world);
     bool cuda = !be->host_memory;
-    if (want == DIST_NCCL && c->world > 1 && !comm_have_nccl())
+    if (want == DIST_NCCL && !comm_have_nccl())
         return amp_fail(err, AMP_ERR_CONFIG, "set dist.backend: mpi (or auto), or rebuild where CUDA, MPI and NCCL "
                         "are found (ampTrain --version says what was built)",
                         "dist.backend is nccl, but this ampTrain was built without NCCL");
-    if (want == DIST_NCCL && c->world > 1 && !cuda)
+    if (want == DIST_NCCL && !cuda)
         return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cuda, or dist.backend: mpi (or auto)",
                         "dist.backend is nccl, but the device is %s: NCCL reduces GPU memory only", be->name);
-    bool nccl = c->world > 1 && cuda && comm_have_nccl() && (want == DIST_NCCL || want == DIST_AUTO);
+    bool nccl = cuda && comm_have_nccl() && (want == DIST_NCCL || (want == DIST_AUTO && c->world > 1));
     if (nccl) {
         enum amp_status st = comm_use_nccl(c, be, err);
         if (st != AMP_OK)
             return st;
     }
+    d->active = c->world > 1 || nccl;
     /* the communicator reduces host memory but the backend's is elsewhere: stage through the host */
     d->stage = !c->device_memory && !be->host_memory;
     return AMP_OK;
@@ -43,8 +44,12 @@ enum amp_status dist_init(struct dist *d, struct comm *c, struct backend *be, co
 
 void dist_free(struct dist *d)
 {
-    if (d)
-        free(d->stage_buf);
+    if (!d)
+        return;
+    if (d->comm)
+        comm_release_nccl(d->comm);
+    free(d->stage_buf);
+    d->stage_buf = NULL;
 }
 
 static void *stage(struct dist *d, size_t bytes)
@@ -62,7 +67,7 @@ static void *stage(struct dist *d, size_t bytes)
 void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt)
 {
     d->reduces++;
-    if (d->comm->world == 1)
+    if (!d->active)
         return;
     if (!d->stage) {
         d->comm->reduce_sum(d->comm, buf, count, dt);

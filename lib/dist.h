@@ -28,14 +28,17 @@ struct scaler;
 struct dist {
     struct comm *comm;
     struct backend *be;
+    bool active;              /* a step reduces: several ranks, or NCCL asked for on one (scripts/gpu-check.sh) */
     bool stage;               /* reduce through the host staging buffer below */
     void *stage_buf;
     size_t stage_cap;
     int64_t reduces;          /* reduce calls made (tests count them per step) */
 };
 
-/* Bind the communicator to the backend as cfg->backend says (auto: NCCL where the backend is CUDA and
- * NCCL is built, else MPI). none with more than one rank, or nccl without NCCL, is AMP_ERR_CONFIG. */
+/* Bind the communicator to the backend as cfg->backend says (auto: NCCL where there are several ranks,
+ * the backend is CUDA and NCCL is built, else MPI; nccl on one rank: a one-rank NCCL communicator, which
+ * checks the NCCL path on one GPU). none with more than one rank, or nccl without NCCL or on the CPU, is
+ * AMP_ERR_CONFIG. */
 enum amp_status dist_init(struct dist *d, struct comm *c, struct backend *be, const struct dist_config *cfg,
                           struct amp_error *err);
 void dist_free(struct dist *d);

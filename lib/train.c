@@ -384,7 +384,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     }
 
     /* reduce: once per step, after the last micro-batch; then every rank checks identical gradients */
-    if (world > 1) {
+    if (t->dist.active) {
         dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
         dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
     }

@@ -10,8 +10,10 @@
 # np 2 puts one process on each of 2 cores: on a machine with fewer, or with other work on it, the scaling
 # ratios mean little.
 #   scripts/bench_dist.sh [STEPS=...] [ROUNDS=3] [MODELS="fashion_mlp text_gpt"] [MODE=fp32]
-# STEPS defaults to 200 for fashion_mlp and 40 for text_gpt (a round of either takes about 30 s on 2 cores,
-# most of it PyTorch's); AMP_BIN (default build/ampTrain) picks the binary. MODE: fp32 | bf16.
+# STEPS defaults to 200 for fashion_mlp and 20 for text_gpt: a round of either then takes about 25-30 s on
+# 2 idle cores, most of it PyTorch's (its start-up, and its fp32 text_gpt at about 100 samples/s per process
+# on OpenBLAS's SSE3 kernel; see the OpenBLAS core line). AMP_BIN (default build/ampTrain) picks the binary.
+# MODE: fp32 | bf16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}; models=${MODELS:-fashion_mlp text_gpt}; mode=${MODE:-fp32}
@@ -62,7 +64,7 @@ median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2
 div() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}'; }
 
 for model in $models; do
-  case $model in fashion_mlp) steps=${STEPS:-200} ;; text_gpt) steps=${STEPS:-40} ;; esac
+  case $model in fashion_mlp) steps=${STEPS:-200} ;; text_gpt) steps=${STEPS:-20} ;; esac
   batch=$(sed -n 's/^  batch_size: *\([0-9]*\).*/\1/p' "configs/$model.yaml")
   amp_args=(run "configs/$model.yaml" "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu
             run.log_every=100000)

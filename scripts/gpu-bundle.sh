@@ -40,9 +40,9 @@ bins=("$build/ampTrain" "$build/test_cuda_backend" "$build/test_cuda_convert")
 cp "${bins[@]}" "$stage/bin/"
 # the libraries the binaries load, resolved here with the reference BLAS first (the alternatives link
 # libblas.so.3 may be OpenBLAS's, which would pull in libopenblas and libgfortran), less the ones the GPU
-# machine must provide itself
+# machine must provide itself (NCCL too: 218 MB here; PyTorch's pip copy serves there)
 LD_LIBRARY_PATH="$(dirname "$netlib")" ldd "${bins[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
-  grep -v -E '^(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*)\.so' |
+  grep -v -E '^(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl)\.so' |
   while read -r soname path; do
     case $soname in
       libblas.so.3) cp -L "$netlib" "$stage/lib/$soname" ;; # not OpenBLAS's libblas.so.3 (the alternatives link)

@@ -58,6 +58,10 @@ if [ -n "${BUNDLE:-}" ]; then
   cuda_lib=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda-13*/ -name 'libcublasLt.so.13' 2>/dev/null | head -1)" 2>/dev/null)
   # PyTorch's pip copies of cuBLAS and the CUDA runtime, for a machine whose toolkit lacks them
   pip_cuda=$("$python" -c 'import nvidia.cublas as b, nvidia.cuda_runtime as r; print(b.__path__[0] + "/lib:" + r.__path__[0] + "/lib")' 2>/dev/null)
+  # NCCL (not in the bundle: 218 MB): the toolkit's, else PyTorch's pip copy
+  nccl_lib=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda-13*/ /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null)
+  [ -n "$nccl_lib" ] || nccl_lib=$("$python" -c 'import nvidia.nccl as n; print(n.__path__[0] + "/lib")' 2>/dev/null)
+  pip_cuda="${pip_cuda}${nccl_lib:+:$nccl_lib}"
   export LD_LIBRARY_PATH="$root/lib:$cuda_lib:$cudnn${pip_cuda:+:$pip_cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   note "bundle: commit $commit, cuDNN from $cudnn, CUDA libraries from ${cuda_lib:-the default search path}"
   ldd "$root/bin/test_cuda_backend" | grep "not found" && { fail "libraries missing (ldd above)"; exit 1; }
@@ -168,6 +172,19 @@ for mode in $modes; do
   run_amp "text_gpt768-$mode" text_gpt "$wide_steps" "precision.mode=$mode" "${wide[@]}"
   run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width 768 --heads 12
 done
+
+# data parallel's NCCL path on one GPU (docs/distributed.md): a one-rank NCCL communicator reduces every
+# step's gradients and loss (a sum over one rank), so the log must equal the plain bf16 run's
+if [ "$dry" = 1 ]; then
+  note "nccl one-rank run: skipped (DRY: NCCL needs a GPU)"
+else
+  run_amp "fashion_mlp-bf16-nccl" fashion_mlp "$steps" precision.mode=bf16 dist.backend=nccl
+  if cmp -s <(cut -d, -f1-12 "$out/amp-fashion_mlp-bf16.scale_log.csv") <(cut -d, -f1-12 "$out/amp-fashion_mlp-bf16-nccl.scale_log.csv"); then
+    note "nccl one-rank run: SAME log as without NCCL, ${amp_sps[fashion_mlp-bf16-nccl]:-?} samples/s against ${amp_sps[fashion_mlp-bf16]:-?}"
+  else
+    fail "nccl one-rank run: its log differs from the plain bf16 run's (see amp-fashion_mlp-bf16-nccl.log)"
+  fi
+fi
 
 rmdir "$runs" 2>/dev/null
 
