@@ -10,10 +10,11 @@
  * faults: replicas perturbed, configs that differ, a rank without its data, signals to all or one
  * rank, a rank killed, and resume at the same and at another world size.
  *
- * Every test skips where the build has no MPI or mpirun is missing.
+ * Every mpirun test skips where the build has no MPI or mpirun is missing. The GPU side (NCCL) is
+ * tests/test_cuda_dist.c.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "ckpt_testlib.h"
+#include "disttest.h" /* mpi, compare_runs, max_rel_diff, NEED_MPI; ckpt_testlib.h */
 
 #include <math.h>
 #include <signal.h>
@@ -21,60 +22,6 @@
 
 #include "dist.h"  /* struct dist, comm_agree */
 #include "train.h" /* trainer_setup, trainer_step, trainer_flush: the in-process test */
-
-static bool have_mpi(void)
-{
-#ifdef AMP_HAVE_MPI
-    return system("command -v mpirun > /dev/null 2>&1") == 0;
-#else
-    return false;
-#endif
-}
-
-#define NEED_MPI()                                                                                                   \
-    do {                                                                                                             \
-        if (!have_mpi())                                                                                             \
-            cr_skip_test("built without MPI, or no mpirun on PATH");                                                 \
-    } while (0)
-
-/* `mpirun -np NP [MCA] ampTrain ARGS` from the source directory, one BLAS thread a rank, as root where we
- * are root, stderr merged. Returns a static buffer. */
-static struct result mpi(int np, const char *mca, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static struct result mpi(int np, const char *mca, const char *fmt, ...)
-{
-    char args[3000], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd,
-             "cd %s && { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 "
-             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 "
-             "timeout -s KILL 300 mpirun -np %d --oversubscribe --bind-to none %s %s %s ; } 2>&1",
-             AMP_SOURCE_DIR, AMP_SOURCE_DIR, np, mca ? mca : "", AMP_BINARY, args);
-    return shell(cmd);
-}
-
-/* scale_log.csv, the last eval_lines of eval.jsonl (a resumed run has one more: its first part's end) and
- * every tensor of the checkpoints at `steps`. */
-static void compare_runs(const char *a, const char *b, int steps, int eval_lines)
-{
-    char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/%s/scale_log.csv", scratch, a);
-    snprintf(pb, sizeof pb, "%s/%s/scale_log.csv", scratch, b);
-    assert_same_logs(pa, pb);
-    snprintf(pa, sizeof pa, "%s/%s/eval.jsonl", scratch, a);
-    snprintf(pb, sizeof pb, "%s/%s/eval.jsonl", scratch, b);
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "[ \"$(tail -n %d %s)\" = \"$(tail -n %d %s)\" ] && echo SAME", eval_lines, pa,
-             eval_lines, pb);
-    struct result r = shell(cmd);
-    cr_assert(strstr(r.out, "SAME"), "eval.jsonl differ: %s", r.out);
-    snprintf(pa, sizeof pa, "%s/%s/ckpt-%d.h5", scratch, a, steps);
-    snprintf(pb, sizeof pb, "%s/%s/ckpt-%d.h5", scratch, b, steps);
-    int n = assert_same_tensors(pa, pb);
-    cr_assert_geq(n, 6, "only %d tensors compared", n);
-}
 
 /* One rank with accum_steps 2 against two ranks, `extra` on both; `cfg` the config. */
 static void check_equivalence(const char *cfg, const char *extra, const char *mca)
@@ -127,62 +74,6 @@ Test(dist, equivalence_over_tcp) { check_equivalence(MLP, "precision.mode=fp16-d
 
 /* ---- where bit identity cannot hold: a bound -------------------------------------------------------- */
 
-/* Largest |a - b| / max|a| over each tensor under /model of two checkpoints (relative error in max norm). */
-struct rel_ctx {
-    hid_t other;
-    double worst;
-    char name[256];
-};
-
-#if H5_VERSION_GE(1, 12, 0)
-static herr_t rel_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
-#else
-static herr_t rel_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
-#endif
-{
-    (void)info;
-    struct rel_ctx *c = data;
-    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
-    if (o >= 0 && H5Iget_type(o) == H5I_DATASET && strncmp(name, "model/", 6) == 0) {
-        hid_t d2 = H5Dopen2(c->other, name, H5P_DEFAULT);
-        cr_assert(d2 >= 0, "%s missing in the other checkpoint", name);
-        hid_t sp = H5Dget_space(o);
-        size_t n = (size_t)H5Sget_simple_extent_npoints(sp);
-        H5Sclose(sp);
-        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
-        H5Dread(o, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a);
-        H5Dread(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b);
-        double dmax = 0, amax = 0;
-        for (size_t i = 0; i < n; i++) {
-            dmax = fmax(dmax, fabs((double)a[i] - (double)b[i]));
-            amax = fmax(amax, fabs((double)a[i]));
-        }
-        double rel = amax > 0 ? dmax / amax : dmax;
-        if (rel > c->worst || c->name[0] == '\0') {
-            c->worst = rel;
-            snprintf(c->name, sizeof c->name, "%s", name);
-        }
-        free(a);
-        free(b);
-        H5Dclose(d2);
-    }
-    if (o >= 0)
-        H5Oclose(o);
-    return 0;
-}
-
-static double max_rel_diff(const char *a, const char *b, char *worst, size_t len)
-{
-    hid_t fa = H5Fopen(a, H5F_ACC_RDONLY, H5P_DEFAULT), fb = H5Fopen(b, H5F_ACC_RDONLY, H5P_DEFAULT);
-    cr_assert(fa >= 0 && fb >= 0, "cannot open %s or %s", a, b);
-    struct rel_ctx c = {.other = fb, .worst = -1};
-    H5Lvisit(fa, H5_INDEX_NAME, H5_ITER_INC, rel_cb, &c);
-    H5Fclose(fa);
-    H5Fclose(fb);
-    snprintf(worst, len, "%s", c.name);
-    return c.worst;
-}
-
 static void check_bounded(int np, int accum_each, int accum_one)
 {
     NEED_MPI();
@@ -228,11 +119,10 @@ Test(dist, ranks_with_different_configs_are_refused)
     make_scratch();
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "cd %s && { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 timeout -s KILL 120 mpirun "
+             "cd %s && { " MPI_ENV "timeout -s KILL 120 mpirun "
              "--oversubscribe -np 1 %s run " MLP " run.out_dir=%s/c : -np 1 %s run " MLP " run.out_dir=%s/c "
              "optim.lr=0.5 ; } 2>&1",
-             AMP_SOURCE_DIR, AMP_SOURCE_DIR, AMP_BINARY, scratch, AMP_BINARY, scratch);
+             AMP_SOURCE_DIR, AMP_BINARY, scratch, AMP_BINARY, scratch);
     struct result r = shell(cmd);
     cr_assert_eq(r.code, 2, "%s", r.out);
     cr_assert(strstr(r.out, "the resolved config of rank 1 differs from rank 0's"), "%s", r.out);
@@ -251,11 +141,10 @@ Test(dist, a_rank_without_its_data_stops_every_rank_with_its_error)
     snprintf(cmd, sizeof cmd,
              "cd %s && mkdir a b && ln -s /usr/share/datasets/fashion-mnist a/data && "
              "sed 's#/usr/share/datasets/fashion-mnist#data#' %s/configs/fashion_mlp.yaml > cfg.yaml && "
-             "{ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 timeout -s KILL 120 mpirun "
+             "{ " MPI_ENV "timeout -s KILL 120 mpirun "
              "--oversubscribe -np 1 -wdir %s/a %s run %s/cfg.yaml " SMALL " run.out_dir=%s/out : -np 1 -wdir %s/b %s run "
              "%s/cfg.yaml " SMALL " run.out_dir=%s/out ; } 2>&1",
-             scratch, AMP_SOURCE_DIR, AMP_SOURCE_DIR, scratch, AMP_BINARY, scratch, scratch, scratch, AMP_BINARY,
+             scratch, AMP_SOURCE_DIR, scratch, AMP_BINARY, scratch, scratch, scratch, AMP_BINARY,
              scratch, scratch);
     struct result r = shell(cmd);
     cr_assert_eq(r.code, 3, "%s", r.out);
@@ -356,12 +245,11 @@ static void start_long_run(const char *out)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "cd %s && { OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 "
-             "LSAN_OPTIONS=suppressions=%s/tests/lsan_mpi.supp:print_suppressions=0 "
+             "cd %s && { " MPI_ENV
              "timeout -s KILL 200 mpirun -np 2 --oversubscribe --bind-to none %s run configs/fashion_mlp.yaml "
              SMALL " run.steps=100000 run.log_every=5 run.ckpt_every=40 run.out_dir=%s/%s > %s/%s.out 2>&1; echo $? > %s/%s.rc; } "
              "> /dev/null 2>&1 &",
-             AMP_SOURCE_DIR, AMP_SOURCE_DIR, AMP_BINARY, scratch, out, scratch, out, scratch, out);
+             AMP_SOURCE_DIR, AMP_BINARY, scratch, out, scratch, out, scratch, out);
     cr_assert_eq(system(cmd), 0);
     char csv[512];
     snprintf(csv, sizeof csv, "%s/%s/scale_log.csv", scratch, out);

@@ -1,0 +1,129 @@
+/*
+ * disttest.h — running ampTrain under mpirun from the data-parallel suites (test_dist.c, test_cuda_dist.c),
+ * and comparing their runs and checkpoints. Needs _POSIX_C_SOURCE before the first include.
+ */
+#ifndef AMP_DISTTEST_H
+#define AMP_DISTTEST_H
+
+#include "ckpt_testlib.h" /* scratch, amp, shell, assert_same_logs, assert_same_tensors */
+
+#include <math.h>
+
+/* The ranks' environment. Under ASan (scripts/test.sh's second build) LeakSanitizer is off in the ranks:
+ * Open MPI's components are unloaded at MPI_Finalize, so its own leftovers cannot even be attributed
+ * (frames in "<unknown module>"), let alone suppressed by library. Address and UB checks stay on, and the
+ * same engine code is leak-checked in the one-rank suites and in this suite's in-process test. */
+#define MPI_ENV                                                                                                      \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 "                              \
+    "ASAN_OPTIONS=\"${ASAN_OPTIONS:-}:detect_leaks=0\" "
+
+static inline bool have_mpi(void)
+{
+#ifdef AMP_HAVE_MPI
+    return system("command -v mpirun > /dev/null 2>&1") == 0;
+#else
+    return false;
+#endif
+}
+
+#define NEED_MPI()                                                                                                   \
+    do {                                                                                                             \
+        if (!have_mpi())                                                                                             \
+            cr_skip_test("built without MPI, or no mpirun on PATH");                                                 \
+    } while (0)
+
+/* `mpirun -np NP [MCA] ampTrain ARGS` from the source directory, one BLAS thread a rank, as root where we
+ * are root, stderr merged. Returns a static buffer. */
+static struct result mpi(int np, const char *mca, const char *fmt, ...) __attribute__((format(printf, 3, 4), unused));
+static struct result mpi(int np, const char *mca, const char *fmt, ...)
+{
+    char args[3000], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { " MPI_ENV
+             "timeout -s KILL 300 mpirun -np %d --oversubscribe --bind-to none %s %s %s ; } 2>&1",
+             AMP_SOURCE_DIR, np, mca ? mca : "", AMP_BINARY, args);
+    return shell(cmd);
+}
+
+/* scale_log.csv, the last eval_lines of eval.jsonl (a resumed run has one more: its first part's end) and
+ * every tensor of the checkpoints at `steps`, of runs scratch/A and scratch/B. */
+static inline void compare_runs(const char *a, const char *b, int steps, int eval_lines)
+{
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/%s/scale_log.csv", scratch, a);
+    snprintf(pb, sizeof pb, "%s/%s/scale_log.csv", scratch, b);
+    assert_same_logs(pa, pb);
+    snprintf(pa, sizeof pa, "%s/%s/eval.jsonl", scratch, a);
+    snprintf(pb, sizeof pb, "%s/%s/eval.jsonl", scratch, b);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "[ \"$(tail -n %d %s)\" = \"$(tail -n %d %s)\" ] && echo SAME", eval_lines, pa,
+             eval_lines, pb);
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "SAME"), "eval.jsonl differ: %s", r.out);
+    snprintf(pa, sizeof pa, "%s/%s/ckpt-%d.h5", scratch, a, steps);
+    snprintf(pb, sizeof pb, "%s/%s/ckpt-%d.h5", scratch, b, steps);
+    int n = assert_same_tensors(pa, pb);
+    cr_assert_geq(n, 6, "only %d tensors compared", n);
+}
+
+/* Largest |a - b| / max|a| over each tensor under /model of two checkpoints (relative error in max norm). */
+struct rel_ctx {
+    hid_t other;
+    double worst;
+    char name[256];
+};
+
+#if H5_VERSION_GE(1, 12, 0)
+static herr_t rel_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
+#else
+static herr_t rel_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
+#endif
+{
+    (void)info;
+    struct rel_ctx *c = data;
+    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
+    if (o >= 0 && H5Iget_type(o) == H5I_DATASET && strncmp(name, "model/", 6) == 0) {
+        hid_t d2 = H5Dopen2(c->other, name, H5P_DEFAULT);
+        cr_assert(d2 >= 0, "%s missing in the other checkpoint", name);
+        hid_t sp = H5Dget_space(o);
+        size_t n = (size_t)H5Sget_simple_extent_npoints(sp);
+        H5Sclose(sp);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        H5Dread(o, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a);
+        H5Dread(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b);
+        double dmax = 0, amax = 0;
+        for (size_t i = 0; i < n; i++) {
+            dmax = fmax(dmax, fabs((double)a[i] - (double)b[i]));
+            amax = fmax(amax, fabs((double)a[i]));
+        }
+        double rel = amax > 0 ? dmax / amax : dmax;
+        if (rel > c->worst || c->name[0] == '\0') {
+            c->worst = rel;
+            snprintf(c->name, sizeof c->name, "%s", name);
+        }
+        free(a);
+        free(b);
+        H5Dclose(d2);
+    }
+    if (o >= 0)
+        H5Oclose(o);
+    return 0;
+}
+
+static inline double max_rel_diff(const char *a, const char *b, char *worst, size_t len)
+{
+    hid_t fa = H5Fopen(a, H5F_ACC_RDONLY, H5P_DEFAULT), fb = H5Fopen(b, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(fa >= 0 && fb >= 0, "cannot open %s or %s", a, b);
+    struct rel_ctx c = {.other = fb, .worst = -1};
+    H5Lvisit(fa, H5_INDEX_NAME, H5_ITER_INC, rel_cb, &c);
+    H5Fclose(fa);
+    H5Fclose(fb);
+    snprintf(worst, len, "%s", c.name);
+    return c.worst;
+}
+
+#endif
