@@ -60,20 +60,19 @@ struct comm *comm_single(void)
     return &single;
 }
 
-/* The world size a launcher announces: Open MPI's mpirun, PMI/PMIx (MPICH, Slurm's srun). */
+/* The world size a launcher announces (Open MPI's mpirun, PMI/PMIx: MPICH, Slurm's srun); 0 when this
+ * process was not started by one. */
 int comm_launched_world(void)
 {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) {
-            long n = strtol(v, NULL, 10);
-            if (n >= 1 && n <= 1 << 20)
-                return (int)n;
-        }
+    static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        const char *v = getenv(sizes[i]);
+        long n = v && *v ? strtol(v, NULL, 10) : 0;
+        if (n >= 1 && n <= 1 << 20)
+            return (int)n;
     }
-    /* PMIx launchers (Open MPI 5, srun --mpi=pmix) set a rank but not always a size */
-    return getenv("PMIX_RANK") || getenv("OMPI_COMM_WORLD_RANK") ? 2 : 1;
+    /* a PMIx launcher that sets a rank but no size: launched, size unknown until MPI_Init */
+    return getenv("PMIX_RANK") || getenv("PMI_RANK") ? 1 : 0;
 }
 
 enum amp_status comm_open(struct comm **out, int *argc, char ***argv, struct amp_error *err)
@@ -81,7 +80,7 @@ enum amp_status comm_open(struct comm **out, int *argc, char ***argv, struct amp
     *out = comm_single();
     int world = comm_launched_world();
 #ifdef AMP_HAVE_MPI
-    if (world > 1 || getenv("OMPI_COMM_WORLD_SIZE"))
+    if (world > 0)
         return comm_mpi_open(out, argc, argv, err);
     return AMP_OK;
 #else

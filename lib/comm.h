@@ -71,7 +71,7 @@ const char *comm_mpi_version(void);
 const char *comm_nccl_version(void);
 bool comm_have_nccl(void);
 
-/* The number of ranks the launcher says this job has (1 when not launched by one). */
+/* The number of ranks the launcher says this job has; 0 when not started by a launcher. */
 int comm_launched_world(void);
 
 #ifdef AMP_HAVE_MPI

@@ -97,8 +97,10 @@ static void count_hosts(struct comm *c)
     for (const char *s = name; *s; s++)
         h = (h ^ (uint8_t)*s) * 1099511628211ull;
     uint64_t *all = calloc((size_t)c->world, sizeof *all);
-    if (!all)
-        return;
+    if (!all) { /* the others are in the gather below: end the job rather than leave them waiting */
+        fprintf(stderr, "[rank %d] ampTrain: error: out of memory starting MPI\n", c->rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
     c->local_rank = 0;
     c->local_world = 0;

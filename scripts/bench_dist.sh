@@ -10,9 +10,9 @@
 # np 2 puts one process on each of 2 cores: on a machine with fewer, or with other work on it, the scaling
 # ratios mean little.
 #   scripts/bench_dist.sh [STEPS=...] [ROUNDS=3] [MODELS="fashion_mlp text_gpt"] [MODE=fp32]
-# STEPS defaults to 200 for fashion_mlp and 20 for text_gpt: a round of either then takes about 25-30 s on
-# 2 idle cores, most of it PyTorch's (its start-up, and its fp32 text_gpt at about 100 samples/s per process
-# on OpenBLAS's SSE3 kernel; see the OpenBLAS core line). AMP_BIN (default build/ampTrain) picks the binary.
+# STEPS defaults to 600 for fashion_mlp and 60 for text_gpt (fewer make the ratios noise: a 20-step text_gpt
+# run lasts 2 s); a round of text_gpt then takes about 35 s on 2 idle cores. ampTrain's np 2 runs with Open
+# MPI's default binding (a rank per core), as a user's would. AMP_BIN (default build/ampTrain) picks the binary.
 # MODE: fp32 | bf16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,9 +36,18 @@ echo "bench_dist: $(getconf _NPROCESSORS_ONLN) cores, $(mpirun --version 2>/dev/
 core=$("$py" -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
 f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
 echo "bench_dist: OpenBLAS core $core (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-unset})"
-if [ "$core" = Prescott ] && grep -qw avx512f /proc/cpuinfo; then
-  echo "bench_dist: warning: OpenBLAS does not know this AVX-512 CPU and runs its SSE3 kernel, so PyTorch fp32 is" \
-       "slowed; OPENBLAS_CORETYPE=SkylakeX (or Cooperlake) gives it its AVX-512 one" >&2
+# So that PyTorch is measured at its best, on such a CPU its runs get OpenBLAS's AVX-512 kernel; ampTrain's
+# runs keep what OpenBLAS picks (ampTrain uses OpenBLAS only off its own GEMM's path, and measured slower on
+# text_gpt with the forced kernel). Set OPENBLAS_CORETYPE yourself to choose for both.
+torch_env=()
+if [ "$core" = Prescott ] && grep -qw avx512f /proc/cpuinfo && [ -z "${OPENBLAS_CORETYPE+x}" ]; then
+  forced=SkylakeX
+  grep -qw avx512_bf16 /proc/cpuinfo && forced=Cooperlake
+  torch_env=(env "OPENBLAS_CORETYPE=$forced")
+  core=$("${torch_env[@]}" "$py" -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
+f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
+  echo "bench_dist: OpenBLAS does not know this AVX-512 CPU (its SSE3 kernel would slow PyTorch fp32):" \
+       "PyTorch runs with OPENBLAS_CORETYPE=$forced (core $core)"
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -64,17 +73,17 @@ median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2
 div() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}'; }
 
 for model in $models; do
-  case $model in fashion_mlp) steps=${STEPS:-200} ;; text_gpt) steps=${STEPS:-20} ;; esac
+  case $model in fashion_mlp) steps=${STEPS:-600} ;; text_gpt) steps=${STEPS:-60} ;; esac
   batch=$(sed -n 's/^  batch_size: *\([0-9]*\).*/\1/p' "configs/$model.yaml")
   amp_args=(run "configs/$model.yaml" "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu
             run.log_every=100000)
   sums="0 0 0 0"; r_amp=""; r_torch=""; r_vs=""
   for r in $(seq "$rounds"); do
     a1=$(rate "amp-np1-$model-$r" "$bin" "${amp_args[@]}" "run.out_dir=$tmp/amp-np1-$model-$r")
-    a2=$(rate "amp-np2-$model-$r" mpirun -np 2 --bind-to none -x OPENBLAS_NUM_THREADS=1 -x OMP_NUM_THREADS=1 \
+    a2=$(rate "amp-np2-$model-$r" mpirun -np 2 -x OPENBLAS_NUM_THREADS=1 -x OMP_NUM_THREADS=1 \
            "$bin" "${amp_args[@]}" "run.out_dir=$tmp/amp-np2-$model-$r")
-    t1=$(rate "torch-np1-$model-$r" "$py" scripts/bench_ddp_torch.py "$model" 1 "$steps" "$mode")
-    t2=$(rate "torch-np2-$model-$r" "$py" scripts/bench_ddp_torch.py "$model" 2 "$steps" "$mode")
+    t1=$(rate "torch-np1-$model-$r" "${torch_env[@]}" "$py" scripts/bench_ddp_torch.py "$model" 1 "$steps" "$mode")
+    t2=$(rate "torch-np2-$model-$r" "${torch_env[@]}" "$py" scripts/bench_ddp_torch.py "$model" 2 "$steps" "$mode")
     ra=$(div "$a2" "$a1"); rt=$(div "$t2" "$t1"); rv=$(div "$a2" "$t2")
     r_amp="$r_amp $ra"; r_torch="$r_torch $rt"; r_vs="$r_vs $rv"
     sums=$(echo "$sums" | awk -v a="$a1" -v b="$a2" -v c="$t1" -v d="$t2" '{print $1+a, $2+b, $3+c, $4+d}')

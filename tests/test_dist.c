@@ -212,6 +212,11 @@ Test(dist, resume_two_one_two_says_how_the_batch_changes)
     r = amp("inspect %s/a/ckpt-20.h5", scratch);
     /* 6 x 64 + 6 x 32 + 8 x 64 samples, and the global data cursor with them */
     cr_assert(strstr(r.out, "cursor: 1088  samples_seen: 1088"), "%s", r.out);
+    /* a refused override at another world size: exit 2 on every rank, said once (by rank 0) */
+    r = mpi(2, NULL, "resume %s/a/ckpt-20.h5 run.steps=30 data.batch_size=16", scratch);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    char *first = strstr(r.out, "override 'data.batch_size=16' refused");
+    cr_assert(first && !strstr(first + 1, "override 'data.batch_size=16' refused"), "said once:\n%s", r.out);
     remove_scratch();
 }
 
