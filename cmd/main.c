@@ -410,7 +410,9 @@ static void print_version(void)
 #else
     const char *cuda = "CUDA backend: not built (CPU-only)";
 #endif
-    printf("ampTrain %s\n%s\n%s\n%s\n", AMP_VERSION, cuda, comm_mpi_version(), comm_nccl_version());
+    char loaded[512];
+    backend_describe_build(loaded, sizeof loaded);
+    printf("ampTrain %s\n%s\n%s\n%s\n%s\n", AMP_VERSION, cuda, loaded, comm_mpi_version(), comm_nccl_version());
 }
 
 /* Rank 0 prints every error (its own, and the others' that comm_agree brought it); another rank prints

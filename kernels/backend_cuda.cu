@@ -73,6 +73,18 @@ static void note_usage(struct cuda_backend *cb)
         cb->peak_used = total_b - free_b;
 }
 
+/* Free a scratch slot's buffer once the kernels queued before have used it: in stream order where the
+ * device has memory pools, else after waiting for the stream (a slot grows rarely: a few times a run). */
+static void scratch_release(struct cuda_backend *cb, void *p)
+{
+    if (cb->pools) {
+        cudaFreeAsync(p, cb->stream);
+    } else {
+        cudaStreamSynchronize(cb->stream);
+        cudaFree(p);
+    }
+}
+
 void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t bytes)
 {
     struct device_scratch *s = &cb->scr[slot];
@@ -80,12 +92,12 @@ void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t 
         return s->p;
     size_t cap = ((bytes ? bytes : 1) + bytes / 4 + 255) & ~(size_t)255;
     if (s->p) {
-        cudaFreeAsync(s->p, cb->stream); /* stream-ordered: kernels queued before still see it */
+        scratch_release(cb, s->p);
         s->p = NULL;
         s->cap = 0;
     }
     void *p = NULL;
-    if (!CB_CUDA(cb, cudaMallocAsync(&p, cap, cb->stream)))
+    if (!CB_CUDA(cb, cb->pools ? cudaMallocAsync(&p, cap, cb->stream) : cudaMalloc(&p, cap)))
         return NULL;
     s->p = p;
     s->cap = cap;
@@ -170,6 +182,42 @@ static void cu_upload(struct backend *be, void *dst, const void *host_src, size_
         CB_CUDA(cb, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cb->stream));
 }
 
+/* Staging from pinned memory: the copy is queued and the host goes on; an event per slot marks the
+ * slot's last copy, and staging_wait waits for it before the host rewrites that memory. */
+static void *cu_host_alloc(struct backend *be, size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        (void)be;
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(struct backend *be, void *p)
+{
+    (void)be;
+    if (p)
+        cudaFreeHost(p);
+}
+
+static void cu_upload_staged(struct backend *be, void *dst, const void *src, size_t bytes, int slot)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (bytes && CB_CUDA(cb, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream)))
+        cb->staged[slot] = CB_CUDA(cb, cudaEventRecord(cb->stage_done[slot], cb->stream));
+}
+
+static void cu_staging_wait(struct backend *be, int slot)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (cb->staged[slot]) {
+        CB_CUDA(cb, cudaEventSynchronize(cb->stage_done[slot]));
+        cb->staged[slot] = false;
+    }
+}
+
 static void cu_download(struct backend *be, void *host_dst, const void *src, size_t bytes)
 {
     struct cuda_backend *cb = cuda_of(be);
@@ -236,11 +284,14 @@ static void cu_destroy(struct backend *be)
     cuda_conv_plans_free(cb);
     for (int i = 0; i < CSCR_COUNT; i++)
         if (cb->scr[i].p)
-            cudaFreeAsync(cb->scr[i].p, cb->stream);
+            scratch_release(cb, cb->scr[i].p);
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
     device_table_free(&cb->gs_table);
     device_table_free(&cb->opt_table);
+    for (int i = 0; i < BACKEND_STAGING_SLOTS; i++)
+        if (cb->stage_done[i])
+            cudaEventDestroy(cb->stage_done[i]);
     if (cb->lt_workspace)
         cudaFree(cb->lt_workspace);
     if (cb->lt)
@@ -275,6 +326,10 @@ static void fill_table(struct backend *be)
     be->free = cu_free;
     be->upload = cu_upload;
     be->download = cu_download;
+    be->host_alloc = cu_host_alloc;
+    be->host_free = cu_host_free;
+    be->upload_staged = cu_upload_staged;
+    be->staging_wait = cu_staging_wait;
     be->zero = cu_zero;
     be->synchronize = cu_synchronize;
     be->convert = cu_convert;
@@ -331,6 +386,16 @@ extern "C" enum amp_status backend_cuda_create(struct backend **out, int device_
             break;
         if (!CB_CUDA(cb, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)))
             break;
+        /* stream-ordered allocation needs memory pools, which some devices and virtualised GPUs lack */
+        int pools = 0;
+        if (!CB_CUDA(cb, cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_index)))
+            break;
+        cb->pools = pools != 0;
+        for (int i = 0; i < BACKEND_STAGING_SLOTS; i++)
+            if (!CB_CUDA(cb, cudaEventCreateWithFlags(&cb->stage_done[i], cudaEventDisableTiming)))
+                break;
+        if (cb->status != AMP_OK)
+            break;
         if (!CB_CUBLAS(cb, cublasLtCreate(&cb->lt)))
             break;
         if (!CB_CUDA(cb, cudaMalloc(&cb->lt_workspace, kLtWorkspaceBytes)))
@@ -350,6 +415,32 @@ extern "C" enum amp_status backend_cuda_create(struct backend **out, int device_
     }
     *out = &cb->base;
     return AMP_OK;
+}
+
+/* What was loaded, for `ampTrain --version` and gpu-check's summary: a version mismatch between the
+ * libraries built against and those found at run time must never pass for a code bug. */
+extern "C" void backend_cuda_versions(char *buf, size_t len)
+{
+    int driver = 0, runtime = 0, count = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        count = 0;
+    }
+    size_t lt = cublasLtGetVersion(), dnn = cudnnGetVersion();
+    int n = snprintf(buf, len, "CUDA loaded: driver %d.%d, runtime %d.%d, cuBLASLt %zu, cuDNN %zu.%zu.%zu; ",
+                     driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10, lt, dnn / 10000,
+                     dnn / 100 % 100, dnn % 100);
+    cudaDeviceProp prop;
+    if (n > 0 && (size_t)n < len) {
+        if (count > 0 && cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+            snprintf(buf + n, len - (size_t)n, "%d GPU%s, GPU 0: %s, compute capability %d.%d", count,
+                     count == 1 ? "" : "s", prop.name, prop.major, prop.minor);
+        else
+            snprintf(buf + n, len - (size_t)n, "no GPU found");
+    }
+    cudaGetLastError();
 }
 
 /* Used by lib/backend.c for its "device: cuda:0 (NVIDIA H200, sm_90)" line. */

@@ -25,6 +25,10 @@ size_t backend_cuda_peak_bytes(struct backend *be);
  * when the device cannot be queried. */
 int backend_cuda_describe(int device_index, char *buf, size_t len);
 
+/* "CUDA loaded: driver 13.0, runtime 13.0, cuBLASLt 130100, cuDNN 9.19.0; 1 GPU, GPU 0: NVIDIA H200, compute
+ * capability 9.0": the versions actually loaded and the first GPU, for --version and gpu-check. */
+void backend_cuda_versions(char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -98,6 +98,9 @@ struct cuda_backend {
     char name[16];       /* "cuda:N" */
     int device;
     cudaStream_t stream;
+    bool pools;          /* cudaDevAttrMemoryPoolsSupported: scratch by cudaMallocAsync, else cudaMalloc */
+    cudaEvent_t stage_done[BACKEND_STAGING_SLOTS]; /* upload_staged: each slot's last queued copy */
+    bool staged[BACKEND_STAGING_SLOTS];            /* a copy was queued since the slot's last wait */
     cublasLtHandle_t lt;
     void *lt_workspace;  /* kLtWorkspaceBytes */
     cudnnHandle_t dnn;
@@ -128,7 +131,8 @@ bool cudnn_ok_(struct cuda_backend *cb, cudnnStatus_t s, const char *file, int l
 /* After a kernel launch: a bad configuration is reported here, with the kernel's name. */
 #define CB_LAUNCHED(cb, kernel) cuda_ok_((cb), cudaGetLastError(), __FILE__, __LINE__, "launch of " kernel)
 
-/* A slot's device buffer of at least `bytes` (stream-ordered: growing never races queued kernels).
+/* A slot's device buffer of at least `bytes`; growing never races queued kernels (stream-ordered free where the
+ * device has memory pools, else a wait for the stream before the free).
  * NULL with the status set when memory runs out. */
 void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t bytes);
 

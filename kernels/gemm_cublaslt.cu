@@ -28,8 +28,10 @@
  *
  * Plans: the matmul descriptor, the three layouts and the heuristic's algorithm are built once per
  * shape key (transposes, m, n, k, leading dimensions, batch and strides, dtypes, bias, epilogue,
- * alignment, tf32) and kept in a most-recently-used list until destroy; a call only sets the bias and
- * aux pointers.
+ * alignment of every operand and of the bias, tf32) and kept in a most-recently-used list until destroy;
+ * a call only sets the bias and aux pointers. While the heuristic chooses, the descriptor holds the first
+ * call's bias and aux pointers (struct plan_probes), so it sees their real alignment: a bias that is a
+ * view into a larger buffer gets a kernel legal for it, and another alignment gets another plan.
  *
  * Alignment rule: every operand pointer and every batch stride (in bytes) must be a multiple of the
  * element size (else the call records an error and computes nothing). 16-byte alignment of pointers and
@@ -55,6 +57,7 @@
 struct gemm_key {
     int32_t trans_a, trans_b, ab_dt, c_dt, has_bias, tf32;
     int32_t align_a, align_b, align_c;
+    int32_t align_bias;  /* the bias's alignment (0: no bias): the heuristic reads it from the probe pointer */
     int32_t epilogue; /* enum gemm_epilogue */
     int64_t m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
 };
@@ -158,8 +161,21 @@ static bool plan_pick_algo(struct cuda_backend *cb, struct gemm_plan *p, bool so
     return ok;
 }
 
-/* The GELU epilogue on p's descriptor (see the top of the file). `aux_probe`: an aux pointer with the
- * alignment the plan's calls will have, which the heuristic reads. */
+/* Pointers with the alignment the plan's calls will have, set on the descriptor while the heuristic
+ * chooses (it reads their alignment; a NULL one says nothing, and a kernel chosen for one alignment may
+ * be wrong for another, so the alignments are in the plan key). */
+struct plan_probes {
+    void *aux;        /* GELU epilogue: the call's aux */
+    const void *bias; /* the call's bias, or NULL */
+};
+
+static bool plan_set_bias_probe(struct cuda_backend *cb, struct gemm_plan *p, const void *bias)
+{
+    return !p->key.has_bias ||
+           CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+}
+
+/* The GELU epilogue on p's descriptor (see the top of the file). */
 static bool plan_set_gelu(struct cuda_backend *cb, struct gemm_plan *p, void *aux_probe)
 {
     cublasLtEpilogue_t epi = p->key.has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
@@ -175,7 +191,7 @@ static bool plan_set_gelu(struct cuda_backend *cb, struct gemm_plan *p, void *au
                                                          sizeof bias_type)));
 }
 
-static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_key *key, void *aux_probe)
+static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_key *key, const struct plan_probes *probe)
 {
     struct gemm_plan *p = static_cast<struct gemm_plan *>(calloc(1, sizeof *p));
     if (!p) {
@@ -198,7 +214,8 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
               layout_create(cb, &p->lay_c, c, key->n, key->m, key->ldc, key->batch, key->stride_c);
     bool found = false;
     if (ok && key->epilogue == GEMM_EPI_GELU_TANH) {
-        ok = plan_set_gelu(cb, p, aux_probe) && plan_pick_algo(cb, p, true, &found);
+        ok = plan_set_gelu(cb, p, probe->aux) && plan_set_bias_probe(cb, p, probe->bias) &&
+             plan_pick_algo(cb, p, true, &found);
         if (ok && !found) { /* kept, so the heuristic is asked once; the caller falls back */
             p->gelu_by_kernel = true;
             return p;
@@ -208,7 +225,8 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
         int32_t bias_type = CUDA_R_32F;
         ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) &&
              CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                          sizeof bias_type));
+                                                          sizeof bias_type)) &&
+             plan_set_bias_probe(cb, p, probe->bias);
         if (ok)
             ok = plan_pick_algo(cb, p, true, &found);
         if (ok && !found) { /* no fused-bias kernel for this combination: a separate bias kernel */
@@ -234,8 +252,8 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
     return p;
 }
 
-/* The plan for `key`, moved to the front of the list; built on first use (aux_probe: see plan_set_gelu). */
-static struct gemm_plan *plan_get(struct cuda_backend *cb, const struct gemm_key *key, void *aux_probe)
+/* The plan for `key`, moved to the front of the list; built on first use with the call's pointers as probes. */
+static struct gemm_plan *plan_get(struct cuda_backend *cb, const struct gemm_key *key, const struct plan_probes *probe)
 {
     struct gemm_plan **link = &cb->gemm_plans;
     for (struct gemm_plan *p = cb->gemm_plans; p; link = &p->next, p = p->next)
@@ -245,7 +263,7 @@ static struct gemm_plan *plan_get(struct cuda_backend *cb, const struct gemm_key
             cb->gemm_plans = p;
             return p;
         }
-    struct gemm_plan *p = plan_build(cb, key, aux_probe);
+    struct gemm_plan *p = plan_build(cb, key, probe);
     if (!p)
         return NULL;
     p->next = cb->gemm_plans;
@@ -295,6 +313,7 @@ static bool key_of(struct cuda_backend *cb, const struct lt_matmul *mm, enum gem
     key->align_a = alignment_of(mm->a, mm->stride_a * (int64_t)es_ab, mm->batch);
     key->align_b = alignment_of(mm->b, mm->stride_b * (int64_t)es_ab, mm->batch);
     key->align_c = alignment_of(mm->c, mm->stride_c * (int64_t)es_c, mm->batch);
+    key->align_bias = mm->bias ? alignment_of(mm->bias, 0, 1) : 0;
     key->epilogue = epilogue;
     key->m = mm->m;
     key->n = mm->n;
@@ -414,7 +433,8 @@ static void lt_matmul_gelu(struct cuda_backend *cb, const struct lt_matmul *mm)
         struct gemm_key key;
         if (!key_of(cb, mm, GEMM_EPI_GELU_TANH, &key))
             return;
-        struct gemm_plan *p = plan_get(cb, &key, mm->aux);
+        struct plan_probes probe = {.aux = mm->aux, .bias = mm->bias};
+        struct gemm_plan *p = plan_get(cb, &key, &probe);
         if (!p)
             return;
         if (!p->gelu_by_kernel) {
@@ -454,7 +474,8 @@ void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm)
     struct gemm_key key;
     if (!key_of(cb, mm, GEMM_EPI_NONE, &key))
         return;
-    struct gemm_plan *p = plan_get(cb, &key, NULL);
+    struct plan_probes probe = {.aux = NULL, .bias = mm->bias};
+    struct gemm_plan *p = plan_get(cb, &key, &probe);
     if (p)
         plan_run(cb, p, mm);
 }

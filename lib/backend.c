@@ -16,6 +16,8 @@
 #ifdef AMP_HAVE_CUDA
 /* kernels/backend_cuda.cu: "NVIDIA H200, sm_90" into buf; 0, or -1 when the device cannot be queried. */
 int backend_cuda_describe(int device_index, char *buf, size_t len);
+/* kernels/backend_cuda.cu: the CUDA libraries loaded and the first GPU. */
+void backend_cuda_versions(char *buf, size_t len);
 #endif
 
 /* Parse run.device. Returns 0 and sets *is_auto / *cuda_index (-1 for the CPU), or -1 when the string
@@ -127,4 +129,13 @@ void backend_close(struct backend *be)
 {
     if (be)
         be->destroy(be);
+}
+
+void backend_describe_build(char *buf, size_t len)
+{
+#ifdef AMP_HAVE_CUDA
+    backend_cuda_versions(buf, len);
+#else
+    snprintf(buf, len, "CUDA: not built");
+#endif
 }

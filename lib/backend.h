@@ -35,6 +35,7 @@
 #include "tensor.h" /* struct tensor */
 
 enum act_kind { ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF };
+#define BACKEND_STAGING_SLOTS 2
 enum pool_kind { POOL_MAX, POOL_AVG };
 
 /* What the product's epilogue does besides alpha, beta and the bias. */
@@ -116,6 +117,15 @@ struct backend {
     void (*download)(struct backend *be, void *host_dst, const void *src, size_t bytes);
     void (*zero)(struct backend *be, struct tensor *t);
     void (*synchronize)(struct backend *be);
+
+    /* batch staging (lib/train.c, batch_io): host memory the device copies from while the host goes on
+     * (pinned on CUDA, plain on the CPU); copies queued under one of BACKEND_STAGING_SLOTS slots; and a
+     * wait for a slot's queued copies, before the host writes that slot's memory again. With two slots
+     * alternated the host prepares the next batch while the device still copies the last. */
+    void *(*host_alloc)(struct backend *be, size_t bytes);   /* NULL on failure */
+    void (*host_free)(struct backend *be, void *p);
+    void (*upload_staged)(struct backend *be, void *dst, const void *staged_src, size_t bytes, int slot);
+    void (*staging_wait)(struct backend *be, int slot);
 
     /* dtype conversion between two tensors of the same numel (same dtype: copy) */
     void (*convert)(struct backend *be, struct tensor *dst, const struct tensor *src);
@@ -228,6 +238,10 @@ enum amp_status backend_open(struct backend **out, const char *device, char *cho
 enum amp_status backend_open_rank(struct backend **out, const char *device, int local_rank, int local_world,
                                   char *chosen, size_t chosen_len, struct amp_error *err);
 void backend_close(struct backend *be);
+
+/* What the devices' libraries are at run time ("CUDA loaded: driver 13.0, runtime 13.0, cuBLASLt ..., cuDNN
+ * ...; 1 GPU, GPU 0: NVIDIA H200, compute capability 9.0"), for --version. */
+void backend_describe_build(char *buf, size_t len);
 
 /* Constructors, used by backend_open and by tests that compare backends. */
 struct backend *backend_cpu_create(void);

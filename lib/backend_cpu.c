@@ -226,6 +226,18 @@ static void cpu_copy(struct backend *be, void *dst, const void *src, size_t byte
         memcpy(dst, src, bytes);
 }
 
+/* Staging: host memory is the CPU's own, so an upload is a copy, done when it returns. */
+static void cpu_upload_staged(struct backend *be, void *dst, const void *src, size_t bytes, int slot)
+{
+    (void)slot;
+    cpu_copy(be, dst, src, bytes);
+}
+
+static void cpu_staging_wait(struct backend *be, int slot)
+{
+    (void)be, (void)slot;
+}
+
 static void cpu_zero(struct backend *be, struct tensor *t)
 {
     (void)be;
@@ -1732,6 +1744,10 @@ struct backend *backend_cpu_create(void)
     be->free = cpu_free;
     be->upload = cpu_copy;
     be->download = cpu_copy;
+    be->host_alloc = cpu_alloc;
+    be->host_free = cpu_free;
+    be->upload_staged = cpu_upload_staged;
+    be->staging_wait = cpu_staging_wait;
     be->zero = cpu_zero;
     be->synchronize = cpu_synchronize;
     be->convert = cpu_convert;

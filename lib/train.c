@@ -26,22 +26,26 @@ static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, co
     io->label_count = text ? (size_t)ds->sample_numel : 1;
     size_t rows = (size_t)max_n * io->label_count;
     io->idx = malloc((size_t)max_n * sizeof *io->idx);
-    io->labels_host = malloc(rows * sizeof *io->labels_host);
     io->correct_host = malloc(rows * sizeof *io->correct_host);
     io->loss_host = malloc(rows * sizeof *io->loss_host);
     io->b.labels = be->alloc(be, rows * sizeof(int32_t));
-    bool ok = io->idx && io->labels_host && io->correct_host && io->loss_host && io->b.labels;
+    bool ok = io->idx && io->correct_host && io->loss_host && io->b.labels;
+    for (int s = 0; s < BACKEND_STAGING_SLOTS && ok; s++) {
+        io->labels_stage[s] = be->host_alloc(be, rows * sizeof(int32_t));
+        if (text)
+            io->tokens_stage[s] = be->host_alloc(be, rows * sizeof(int32_t));
+        else
+            io->x_stage[s] = be->host_alloc(be, (size_t)max_n * (size_t)ds->sample_numel * sizeof(float));
+        ok = io->labels_stage[s] && (text ? io->tokens_stage[s] != NULL : io->x_stage[s] != NULL);
+    }
     if (ok && text) {
-        io->tokens_host = malloc(rows * sizeof *io->tokens_host);
         io->b.tokens = be->alloc(be, rows * sizeof(int32_t));
-        ok = io->tokens_host && io->b.tokens;
+        ok = io->b.tokens != NULL;
     } else if (ok) {
-        io->x_host = malloc((size_t)max_n * (size_t)ds->sample_numel * sizeof *io->x_host);
         int64_t shape[4] = {max_n, 1, 1, 1};
         for (int i = 0; i < ds->spec.sample_ndim; i++)
             shape[i + 1] = ds->spec.sample_shape[i];
-        ok = io->x_host &&
-             tensor_alloc(&io->b.x, be, DT_FP32, 1 + ds->spec.sample_ndim, shape, "input batch", err) == AMP_OK;
+        ok = tensor_alloc(&io->b.x, be, DT_FP32, 1 + ds->spec.sample_ndim, shape, "input batch", err) == AMP_OK;
     }
     if (!ok)
         return amp_fail(err, AMP_ERR_INTERNAL, "use a smaller data.batch_size", "out of memory allocating batch buffers");
@@ -51,9 +55,12 @@ static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, co
 static void batch_io_free(struct batch_io *io, struct backend *be)
 {
     free(io->idx);
-    free(io->x_host);
-    free(io->tokens_host);
-    free(io->labels_host);
+    for (int s = 0; s < BACKEND_STAGING_SLOTS; s++) {
+        be->staging_wait(be, s); /* no copy may still read what is freed */
+        be->host_free(be, io->x_stage[s]);
+        be->host_free(be, io->tokens_stage[s]);
+        be->host_free(be, io->labels_stage[s]);
+    }
     free(io->correct_host);
     free(io->loss_host);
     if (io->b.labels)
@@ -63,20 +70,22 @@ static void batch_io_free(struct batch_io *io, struct backend *be)
     tensor_free(&io->b.x);
 }
 
-/* Gather samples idx[0..n) of split s and upload them. */
+/* Gather samples idx[0..n) of split s into the next staging set and queue their upload. The wait is for
+ * that set's previous copies (two batches ago), which the device finished long since in a step of any size. */
 static void batch_io_load(struct batch_io *io, struct backend *be, const struct dataset *ds, enum split s, int64_t n)
 {
-    data_gather(ds, s, io->idx, n, io->x_host, io->tokens_host, io->labels_host);
+    int slot = io->slot;
+    io->slot = (io->slot + 1) % BACKEND_STAGING_SLOTS;
+    be->staging_wait(be, slot);
+    float *x = io->x_stage[slot];
+    int32_t *tokens = io->tokens_stage[slot], *labels = io->labels_stage[slot];
+    data_gather(ds, s, io->idx, n, x, tokens, labels);
     size_t rows = (size_t)n * io->label_count;
-    be->upload(be, io->b.labels, io->labels_host, rows * sizeof(int32_t));
-    if (io->tokens_host) {
-        be->upload(be, io->b.tokens, io->tokens_host, rows * sizeof(int32_t));
-    } else {
-        struct tensor x = io->b.x;
-        x.shape[0] = n;
-        x.numel = (size_t)n * (size_t)ds->sample_numel;
-        be->upload(be, x.data, io->x_host, x.numel * sizeof(float));
-    }
+    be->upload_staged(be, io->b.labels, labels, rows * sizeof(int32_t), slot);
+    if (tokens)
+        be->upload_staged(be, io->b.tokens, tokens, rows * sizeof(int32_t), slot);
+    else
+        be->upload_staged(be, io->b.x.data, x, (size_t)n * (size_t)ds->sample_numel * sizeof(float), slot);
     io->b.n = n;
     io->b.x.shape[0] = n;
     io->b.x.numel = (size_t)n * (size_t)ds->sample_numel;

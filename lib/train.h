@@ -33,12 +33,15 @@
 
 #define TRAIN_MAX_WINDOW 256 /* steps queued at most between two flushes */
 
-/* Host staging buffers and backend buffers for one batch. */
+/* Host staging buffers and backend buffers for one batch. The staging buffers come in
+ * BACKEND_STAGING_SLOTS sets (backend host_alloc: pinned on CUDA), used in turn, so the host gathers the
+ * next batch while the device may still copy the last one. */
 struct batch_io {
     int64_t max_n;
     int64_t *idx;
-    float *x_host;
-    int32_t *tokens_host, *labels_host;
+    float *x_stage[BACKEND_STAGING_SLOTS];
+    int32_t *tokens_stage[BACKEND_STAGING_SLOTS], *labels_stage[BACKEND_STAGING_SLOTS];
+    int slot;              /* the set the next batch_io_load fills */
     size_t label_count;    /* labels per sample: 1, or seq_len for text */
     struct batch b;        /* backend side */
     int32_t *correct_host;

@@ -45,7 +45,7 @@ static struct result mpi(int np, const char *mca, const char *fmt, ...)
     snprintf(cmd, sizeof cmd,
              "cd %s && { " MPI_ENV
              "timeout -s KILL 300 mpirun -np %d --oversubscribe --bind-to none %s %s %s ; } 2>&1",
-             AMP_SOURCE_DIR, np, mca ? mca : "", AMP_BINARY, args);
+             AMP_SOURCE_DIR, np, mca ? mca : "", amp_binary(), args);
     return shell(cmd);
 }
 

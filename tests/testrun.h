@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h> /* getenv */
 #include <string.h>
 #include <sys/wait.h>
 
@@ -31,6 +32,15 @@ static struct result shell(const char *cmd)
     return r;
 }
 
+/* The binary under test: $AMPTRAIN_BIN where set (scripts/gpu-check.sh sets it to the bundle's, which is
+ * unpacked away from the build directory compiled in here), else AMP_BINARY. */
+static const char *amp_binary(void) __attribute__((unused));
+static const char *amp_binary(void)
+{
+    const char *env = getenv("AMPTRAIN_BIN");
+    return env && *env ? env : AMP_BINARY;
+}
+
 /* Run `ampTrain ARGS` (ARGS may go on with more shell commands after a ';') from the source directory
  * with one BLAS thread, stderr merged into stdout. Returns a static buffer. */
 static struct result amp(const char *fmt, ...) __attribute__((format(printf, 1, 2), unused));
@@ -41,7 +51,7 @@ static struct result amp(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && { OPENBLAS_NUM_THREADS=1 %s %s ; } 2>&1", AMP_SOURCE_DIR, AMP_BINARY, args);
+    snprintf(cmd, sizeof cmd, "cd %s && { OPENBLAS_NUM_THREADS=1 %s %s ; } 2>&1", AMP_SOURCE_DIR, amp_binary(), args);
     return shell(cmd);
 }
 
