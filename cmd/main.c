@@ -71,11 +71,18 @@ static enum amp_status agree_on_config(enum amp_status st, const struct config *
     return st;
 }
 
+/* A missing FILE argument of `cmd` (what: CONFIG.yaml or CHECKPOINT.h5). */
+static enum amp_status missing_arg(const char *cmd, const char *what, struct amp_error *err)
+{
+    char hint[96];
+    snprintf(hint, sizeof hint, "run 'ampTrain help %s' for usage", cmd);
+    return amp_fail(err, AMP_ERR_CONFIG, hint, "%s: missing %s argument", cmd, what);
+}
+
 static enum amp_status need_config_arg(int argc, char **argv, const char *cmd, struct amp_error *err)
 {
     if (argc < 2 || argv[1][0] == '-' || strchr(argv[1], '='))
-        return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help %s' for usage", "%s: missing CONFIG.yaml argument",
-                        cmd);
+        return missing_arg(cmd, "CONFIG.yaml", err);
     return AMP_OK;
 }
 
@@ -172,8 +179,7 @@ static enum amp_status need_ckpt_arg(int argc, char **argv, const char *cmd, str
 {
     static char resolved[CFG_STR + 64];
     if (argc < 2 || argv[1][0] == '-' || strchr(argv[1], '='))
-        return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help %s' for usage", "%s: missing CHECKPOINT.h5 argument",
-                        cmd);
+        return missing_arg(cmd, "CHECKPOINT.h5", err);
     enum amp_status st = ckpt_resolve(argv[1], resolved, sizeof resolved, err);
     if (st == AMP_OK)
         argv[1] = resolved;

@@ -480,7 +480,7 @@ static void prune(const char *dir, int64_t keep, int64_t current, int64_t protec
     }
     closedir(d);
     qsort(steps, (size_t)n, sizeof steps[0], cmp_desc);
-    for (int i = (int)(keep < 1 ? 1 : keep); i < n; i++) {
+    for (int64_t i = keep < 1 ? 1 : keep; i < n; i++) { /* keep is any int64 (run.keep_ckpts): no narrowing */
         if (steps[i] == current || steps[i] == protect)
             continue;
         char path[CFG_STR + 64];
@@ -611,7 +611,8 @@ enum amp_status ckpt_resolve(const char *arg, char *path, size_t len, struct amp
 
 static enum amp_status check_file(const char *path, struct amp_error *err)
 {
-    int fd = open(path, O_RDONLY);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever (fstat refuses it) */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
     if (fd < 0)
         return amp_fail(err, AMP_ERR_CKPT, "give the path of a ckpt-STEP.h5 file in a run directory (see its 'latest')",
                         "cannot open checkpoint %s: %s", path, strerror(errno));

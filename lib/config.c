@@ -20,6 +20,7 @@
  * their key in the document when there is one. No global mutable state: a `struct ctx` carries
  * the source name, the document and the error through the recursion.
  */
+#define _POSIX_C_SOURCE 200809L /* stat */
 #include "config.h"
 
 #include <errno.h>
@@ -28,6 +29,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h> /* stat: a config is a regular file */
 
 #include <yaml.h>
 
@@ -1701,6 +1703,9 @@ enum amp_status config_parse_string(struct config *cfg, const char *yaml, size_t
 enum amp_status config_load(struct config *cfg, const char *path, struct amp_error *err)
 {
     config_defaults(cfg);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) /* a FIFO or device would block or never end */
+        return amp_fail(err, AMP_ERR_CONFIG, "give the path of a YAML file", "%s: not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return amp_fail(err, AMP_ERR_CONFIG, "check the path; configs/ holds ready-made configs",

@@ -25,9 +25,47 @@ Test(cli, version_says_whether_cuda_was_built)
     cr_assert(strstr(r.out, "ampTrain 0.1.0"), "%s", r.out);
 #ifdef AMP_HAVE_CUDA
     cr_assert(strstr(r.out, "CUDA backend: built"), "%s", r.out);
+    cr_assert(strstr(r.out, "CUDA loaded: driver "), "the libraries actually loaded:\n%s", r.out);
 #else
     cr_assert(strstr(r.out, "CUDA backend: not built"), "%s", r.out);
 #endif
+#ifdef AMP_HAVE_MPI
+    cr_assert(strstr(r.out, "MPI: built ("), "%s", r.out);
+#else
+    cr_assert(strstr(r.out, "MPI: not built"), "%s", r.out);
+#endif
+    cr_assert(strstr(r.out, "NCCL: "), "%s", r.out);
+}
+
+/* Hostile inputs (issue 12, items 1, 6, 9): each of these hung, crashed, lost data or printed a raw '%s'. */
+Test(cli, a_fifo_given_as_config_or_checkpoint_is_refused_not_waited_on, .timeout = 60)
+{
+    struct result r = shell("f=/tmp/amp_cli_fifo_$$; mkfifo $f && { timeout 20 " AMP_BINARY " check $f; echo \"check $?\"; "
+              "timeout 20 " AMP_BINARY " inspect $f; echo \"inspect $?\"; timeout 20 " AMP_BINARY
+              " resume $f; echo \"resume $?\"; } 2>&1; rm -f $f");
+    cr_assert(strstr(r.out, "check 2"), "a FIFO config: exit 2, not a hang (124):\n%s", r.out);
+    cr_assert(strstr(r.out, "inspect 4") && strstr(r.out, "resume 4"), "a FIFO checkpoint: exit 4:\n%s", r.out);
+    cr_assert(strstr(r.out, "not a regular file"), "%s", r.out);
+}
+
+Test(cli, a_missing_argument_hint_names_the_command)
+{
+    struct result r = run("run");
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.out, "hint: run 'ampTrain help run' for usage"), "%s", r.out);
+    r = run("inspect");
+    cr_assert(strstr(r.out, "hint: run 'ampTrain help inspect' for usage"), "%s", r.out);
+    cr_assert_null(strstr(r.out, "%s"), "%s", r.out);
+}
+
+/* run.keep_ckpts of 2^32 + 1 was narrowed to int (1) when pruning: every checkpoint but the newest deleted. */
+Test(cli, keep_ckpts_beyond_int_keeps_every_checkpoint, .timeout = 120)
+{
+    struct result r = run("run configs/fashion_mlp.yaml model.layers.1.out=16 model.layers.3.out=16 data.batch_size=16 "
+                          "run.device=cpu run.steps=5 run.ckpt_every=1 run.keep_ckpts=4294967297 "
+                          "run.out_dir=/tmp/amp_cli_keep_$$ > /dev/null; echo \"rc $?\"; ls /tmp/amp_cli_keep_$$ | "
+                          "grep -c '^ckpt-.*h5$'; rm -rf /tmp/amp_cli_keep_$$");
+    cr_assert(strstr(r.out, "rc 0\n5\n"), "all 5 checkpoints kept:\n%s", r.out);
 }
 
 Test(cli, help_lists_commands_and_exit_codes)
