@@ -166,6 +166,13 @@ enum amp_status runlog_step(struct runlog *rl, const struct step_record *r, stru
     return AMP_OK;
 }
 
+enum amp_status runlog_flush(struct runlog *rl, struct amp_error *err)
+{
+    if (rl->scale_csv && fflush(rl->scale_csv) != 0)
+        return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space", "cannot write %s/scale_log.csv", rl->dir);
+    return AMP_OK;
+}
+
 static void json_num(FILE *f, double v)
 {
     if (!isfinite(v))

@@ -63,6 +63,10 @@ struct runlog {
 enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, bool append,
                             struct amp_error *err);
 enum amp_status runlog_step(struct runlog *rl, const struct step_record *r, struct amp_error *err);
+
+/* Hand the rows written so far to the file system (the trainer calls it after each log window, so a
+ * checkpoint is never ahead of its log, whatever kills the process next). */
+enum amp_status runlog_flush(struct runlog *rl, struct amp_error *err);
 /* Append to DIR/eval.jsonl and print a line. */
 enum amp_status runlog_eval(const char *dir, FILE *out, const struct eval_record *r, struct amp_error *err);
 void runlog_close(struct runlog *rl);

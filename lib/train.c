@@ -603,6 +603,8 @@ static enum amp_status drain(struct trainer *t, struct loop_marks *lm, struct am
         }
         lm->last_skipped = rec->skipped;
     }
+    if (st == AMP_OK && t->rank == 0)
+        st = runlog_flush(&t->log, err);
     return comm_agree(t->dist.comm, st, err);
 }
 

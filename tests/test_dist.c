@@ -246,15 +246,15 @@ Test(dist, eval_sharded_over_ranks_equals_one_rank)
 
 /* Start a long two-rank run in the background (its exit code goes to OUT.rc); returns once scale_log.csv
  * has a row. */
-static void start_long_run(const char *out)
+static void start_long_run_with(const char *out, const char *mpirun_options)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "cd %s && { " MPI_ENV
-             "timeout -s KILL 200 mpirun -np 2 --oversubscribe --bind-to none %s run configs/fashion_mlp.yaml "
+             "timeout -s KILL 200 mpirun -np 2 --oversubscribe --bind-to none %s %s run configs/fashion_mlp.yaml "
              SMALL " run.steps=100000 run.log_every=5 run.ckpt_every=40 run.out_dir=%s/%s > %s/%s.out 2>&1; echo $? > %s/%s.rc; } "
              "> /dev/null 2>&1 &",
-             AMP_SOURCE_DIR, AMP_BINARY, scratch, out, scratch, out, scratch, out);
+             AMP_SOURCE_DIR, mpirun_options, AMP_BINARY, scratch, out, scratch, out, scratch, out);
     cr_assert_eq(system(cmd), 0);
     char csv[512];
     snprintf(csv, sizeof csv, "%s/%s/scale_log.csv", scratch, out);
@@ -265,6 +265,11 @@ static void start_long_run(const char *out)
         nanosleep(&(struct timespec){.tv_nsec = 100000000}, NULL);
     }
     cr_assert_fail("the run never logged a step");
+}
+
+static void start_long_run(const char *out)
+{
+    start_long_run_with(out, "");
 }
 
 /* Wait up to `seconds` for the background job; returns mpirun's exit code, or -1 if it still runs. */
@@ -288,12 +293,13 @@ static void signal_ranks(const char *sig, const char *which, const char *out)
 }
 
 /* The job stopped at one step: its checkpoint verifies, latest names it, and it is the log's last row. */
-static void assert_stopped_with_checkpoint(const char *out)
+static void assert_stopped_with_checkpoint(const char *out, bool says_so)
 {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "cat %s/%s.out", scratch, out);
     struct result r = shell(cmd);
-    cr_assert(strstr(r.out, "ampTrain: error: stopped by SIGTERM after step"), "%s", r.out);
+    if (says_so)
+        cr_assert(strstr(r.out, "ampTrain: error: stopped by SIGTERM after step"), "%s", r.out);
     cr_assert(!strstr(r.out, "[rank 1]"), "rank 1 should leave the report to rank 0:\n%s", r.out);
     r = amp("inspect %s/%s", scratch, out);
     cr_assert_eq(r.code, 0, "latest of %s does not verify:\n%s", out, r.out);
@@ -313,7 +319,7 @@ Test(dist, sigterm_to_one_rank_stops_all_at_one_step)
     start_long_run("one");
     signal_ranks("TERM", "-n", "one");
     cr_assert_eq(wait_run("one", 60), 143);
-    assert_stopped_with_checkpoint("one");
+    assert_stopped_with_checkpoint("one", true);
     remove_scratch();
 }
 
@@ -325,22 +331,25 @@ Test(dist, sigterm_to_all_ranks_stops_all_at_one_step)
     start_long_run("all");
     signal_ranks("TERM", "", "all");
     cr_assert_eq(wait_run("all", 60), 143);
-    assert_stopped_with_checkpoint("all");
+    assert_stopped_with_checkpoint("all", true);
     remove_scratch();
 }
 
-/* SIGTERM to mpirun, which forwards it to the ranks: they stop and save the same way (mpirun's own exit
- * code is then Open MPI's: 1). */
+/* SIGTERM to mpirun, which passes it on to the ranks: they stop and save the same way (mpirun's own exit
+ * code is then Open MPI's: 1), the stop's checkpoint the log's last row. Open MPI 4.1 sends the ranks SIGCONT, then SIGTERM after
+ * odls_base_sigkill_timeout (default 1 s), then SIGKILL after as long again (docs/distributed.md): the
+ * ranks have that long for the step and the save, which 1 s may not cover on a loaded machine. */
 Test(dist, sigterm_to_mpirun_is_forwarded)
 {
     NEED_MPI();
     make_scratch();
-    start_long_run("fw");
+    start_long_run_with("fw", "--mca odls_base_sigkill_timeout 10");
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "pkill -TERM -f '^mpirun .*%s/fw'", scratch);
     cr_assert_eq(system(cmd), 0);
     cr_assert_neq(wait_run("fw", 60), -1, "the job did not end");
-    assert_stopped_with_checkpoint("fw");
+    /* the ranks' stop message may not reach mpirun's output once it is ending: the checkpoint is the proof */
+    assert_stopped_with_checkpoint("fw", false);
     remove_scratch();
 }
 
