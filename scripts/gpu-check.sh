@@ -148,7 +148,9 @@ fi
 # (the device tool returns what OUTDIR holds even after a timeout) ----
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a/b }'; }
 fmt() { awk -v a="$1" -v t="$2" 'BEGIN{ if (a == "") print "-"; else if (t > 0) printf "%.0f (%.0f tok/s)", a, a*t; else printf "%.0f", a }'; }
-write_table() { {
+write_table() {
+  local m mode k tk # the callers loop over m and mode too
+  {
   if [ "$dry" = 1 ]; then echo "DRY run of gpu-check on the CPU, $(date -u +%Y-%m-%d): checks the script; these figures measure nothing"
   else echo "GPU check of $commit on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"; fi
   echo "($steps steps per run, $wide_steps for width 768; ampTrain: the median samples/s of its 50-step log windows after the first, PyTorch: the steps after 10 warm-up steps)"
