@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 BUILD_DIR=build scripts/build.sh -DCMAKE_BUILD_TYPE=Release >/dev/null
-echo "quickstart: built build/ampTrain ($(build/ampTrain --version | tail -n 1))"
+echo "quickstart: built build/ampTrain ($(build/ampTrain --version | sed -n 2p))"
 
 out="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 build/ampTrain check configs/fashion_mlp_bf16.yaml run.device=auto "run.out_dir=$out" "$@" >/dev/null

@@ -38,7 +38,7 @@ Test(cli, version_says_whether_cuda_was_built)
 }
 
 /* Hostile inputs (issue 12, items 1, 6, 9): each of these hung, crashed, lost data or printed a raw '%s'. */
-Test(cli, a_fifo_given_as_config_or_checkpoint_is_refused_not_waited_on, .timeout = 60)
+Test(cli, a_fifo_given_as_config_or_checkpoint_is_refused_not_waited_on) /* each call under timeout 20 */
 {
     struct result r = shell("f=/tmp/amp_cli_fifo_$$; mkfifo $f && { timeout 20 " AMP_BINARY " check $f; echo \"check $?\"; "
               "timeout 20 " AMP_BINARY " inspect $f; echo \"inspect $?\"; timeout 20 " AMP_BINARY
@@ -59,7 +59,7 @@ Test(cli, a_missing_argument_hint_names_the_command)
 }
 
 /* run.keep_ckpts of 2^32 + 1 was narrowed to int (1) when pruning: every checkpoint but the newest deleted. */
-Test(cli, keep_ckpts_beyond_int_keeps_every_checkpoint, .timeout = 120)
+Test(cli, keep_ckpts_beyond_int_keeps_every_checkpoint)
 {
     struct result r = run("run configs/fashion_mlp.yaml model.layers.1.out=16 model.layers.3.out=16 data.batch_size=16 "
                           "run.device=cpu run.steps=5 run.ckpt_every=1 run.keep_ckpts=4294967297 "
