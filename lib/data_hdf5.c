@@ -172,15 +172,17 @@ static enum amp_status h5_read_y(const struct h5_ctx *c, struct dataset *ds, hid
     if (H5Dread(dset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, lab) < 0)
         st = amp_fail(c->err, AMP_ERR_DATA, "the file may be damaged", "%s: cannot read dataset '%s' (data.y_key)",
                       c->path, name);
-    int64_t max_label = 0;
+    int64_t max_label = 0, max_at = 0;
     for (int64_t i = 0; i < n && st == AMP_OK; i++) {
         if (lab[i] < 0 || lab[i] >= INT32_MAX)
             st = amp_fail(c->err, AMP_ERR_DATA, "labels must be class indices 0, 1, 2, ...",
                           "%s: dataset '%s' has label %lld at index %lld, out of range (labels must be in [0, %d)) "
                           "(data.y_key)",
                           c->path, name, (long long)lab[i], (long long)i, INT32_MAX);
-        else if (i < n_train && lab[i] > max_label)
+        else if (i < n_train && lab[i] > max_label) {
             max_label = lab[i];
+            max_at = i;
+        }
     }
     for (int64_t i = n_train; i < n && st == AMP_OK; i++)
         if (lab[i] > max_label)
@@ -198,6 +200,8 @@ static enum amp_status h5_read_y(const struct h5_ctx *c, struct dataset *ds, hid
                 ds->split[SPLIT_TEST].y[i - n_train] = (int32_t)lab[i];
         }
         ds->spec.num_classes = max_label + 1;
+        ds->spec.max_label_at = max_at;
+        snprintf(ds->spec.labels_from, sizeof ds->spec.labels_from, "%s dataset '%s' (data.y_key)", c->path, name);
     }
     free(lab);
     return st;

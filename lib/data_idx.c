@@ -268,10 +268,15 @@ enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg,
         st = idx_make_split(&ds->split[s], &f[2 * s], &f[2 * s + 1], lut, err);
     if (st == AMP_OK) {
         int32_t max_label = 0;
+        int64_t max_at = 0;
         for (int64_t i = 0; i < ds->split[SPLIT_TRAIN].n; i++)
-            if (ds->split[SPLIT_TRAIN].y[i] > max_label)
+            if (ds->split[SPLIT_TRAIN].y[i] > max_label) {
                 max_label = ds->split[SPLIT_TRAIN].y[i];
+                max_at = i;
+            }
         ds->spec.num_classes = (int64_t)max_label + 1;
+        ds->spec.max_label_at = max_at;
+        snprintf(ds->spec.labels_from, sizeof ds->spec.labels_from, "%s (data.train_labels)", f[1].path);
         const struct data_split *te = &ds->split[SPLIT_TEST];
         for (int64_t i = 0; i < te->n; i++)
             if (te->y[i] >= ds->spec.num_classes) {

@@ -86,6 +86,15 @@ enum amp_status loss_setup(struct layer *l, struct layer_build *b)
                           shape_str_n(got, sizeof got, b->in_ndim, b->in_shape), b->in_from);
     }
     int64_t K = b->in_shape[want_ndim - 1];
+    if (xent && !text && K < b->spec->num_classes && b->spec->labels_from[0])
+        /* more labels than the model has classes: most often one bad label (a corrupt or foreign file) */
+        return amp_fail(b->err, AMP_ERR_DATA,
+                        "check that labels file (a corrupt byte, or another data set's labels?); if the data "
+                        "really has that many classes, set `out` of the layer before the loss to it",
+                        "%s: label %lld at index %lld is beyond the %lld classes the model gives (%s feeds "
+                        "model.layers[%d] '%s' %lld logits)",
+                        b->spec->labels_from, (long long)(b->spec->num_classes - 1), (long long)b->spec->max_label_at,
+                        (long long)K, b->in_from, l->index, l->cfg.name, (long long)K);
     if (xent && K != b->spec->num_classes)
         return layer_fail(l, b, "set `out` of the layer before the loss to the number of classes",
                           "expects %lld classes (the data's %s), but %s gives %lld (input %s)",

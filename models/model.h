@@ -19,6 +19,11 @@ struct data_spec {
     int64_t sample_shape[3];
     bool is_tokens;                /* text: samples are int32 token ids of length sample_shape[0] */
     int64_t num_classes;           /* labels in [0, num_classes); vocabulary size for text */
+    /* classification data: where the labels come from ("FILE (data.train_labels)"), and the first training
+     * sample holding the largest label, num_classes - 1 (so a model with fewer classes can name it); empty
+     * where unknown */
+    char labels_from[CFG_STR + 160];
+    int64_t max_label_at;
 };
 
 struct model {

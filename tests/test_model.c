@@ -168,6 +168,23 @@ Test(build_errors, wrong_num_classes_names_the_loss_and_the_linear)
     assert_msg_has(err, "gives 5");
 }
 
+/* One out-of-range label (a byte 255 in a 10-class IDX file) used to read as a config error with no file
+ * named (issue 12 item 7): with the labels' source known it is a data error naming it, the index and the
+ * label. */
+Test(build_errors, a_label_beyond_the_models_classes_is_a_data_error_naming_the_file)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), linear("head", 10), lc(LAYER_CROSS_ENTROPY, "xent")};
+    struct data_spec spec = MNIST;
+    spec.num_classes = 256;
+    spec.max_label_at = 1234;
+    snprintf(spec.labels_from, sizeof spec.labels_from, "/data/train-labels-idx1-ubyte (data.train_labels)");
+    struct amp_error err;
+    cr_assert_eq(try_build(layers, 3, spec, &err), AMP_ERR_DATA);
+    assert_msg_has(err, "/data/train-labels-idx1-ubyte (data.train_labels): label 255 at index 1234");
+    assert_msg_has(err, "beyond the 10 classes");
+    assert_hint_has(err, "labels file");
+}
+
 Test(build_errors, text_logits_must_match_the_vocabulary)
 {
     struct layer_config layers[] = {embedding("emb", 256, 16), linear("head", 100), lc(LAYER_CROSS_ENTROPY, "loss")};
