@@ -58,61 +58,80 @@ static inline void copy_file(const char *from, const char *to)
 
 /* ---- comparing checkpoints ----------------------------------------------------------------------- */
 
-struct cmp_ctx {
+/* Each float dataset of one checkpoint (but /config) with its counterpart in another: fn gets the name, the
+ * values of both, and the count; `b` is NULL where the other file lacks the dataset or its size differs. */
+typedef void (*tensor_pair_fn)(const char *name, const float *a, const float *b, size_t n, void *user);
+
+struct pair_visit {
     hid_t other;
-    int compared;
-    int differ;
-    char first_diff[256];
+    tensor_pair_fn fn;
+    void *user;
 };
 
 #if H5_VERSION_GE(1, 12, 0)
-static herr_t cmp_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
+static herr_t pair_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
 #else
-static herr_t cmp_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
+static herr_t pair_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
 #endif
 {
     (void)info;
-    struct cmp_ctx *c = data;
+    struct pair_visit *v = data;
     hid_t o = H5Oopen(g, name, H5P_DEFAULT);
     if (o >= 0 && H5Iget_type(o) == H5I_DATASET && strcmp(name, "config") != 0) {
-        hid_t d2 = H5Dopen2(c->other, name, H5P_DEFAULT);
         hid_t s1 = H5Dget_space(o);
-        hsize_t n1 = (hsize_t)H5Sget_simple_extent_npoints(s1);
+        size_t n = (size_t)H5Sget_simple_extent_npoints(s1);
         H5Sclose(s1);
-        bool same = d2 >= 0;
-        if (same) {
+        float *a = malloc((n ? n : 1) * sizeof *a), *b = NULL;
+        H5Dread(o, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a);
+        hid_t d2 = H5Dopen2(v->other, name, H5P_DEFAULT);
+        if (d2 >= 0) {
             hid_t s2 = H5Dget_space(d2);
-            same = (hsize_t)H5Sget_simple_extent_npoints(s2) == n1;
+            if ((size_t)H5Sget_simple_extent_npoints(s2) == n) {
+                b = malloc((n ? n : 1) * sizeof *b);
+                H5Dread(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b);
+            }
             H5Sclose(s2);
-        }
-        if (same) {
-            float *a = malloc(n1 * sizeof *a), *b = malloc(n1 * sizeof *b);
-            H5Dread(o, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a);
-            H5Dread(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b);
-            same = memcmp(a, b, n1 * sizeof *a) == 0;
-            free(a);
-            free(b);
-        }
-        if (d2 >= 0)
             H5Dclose(d2);
-        c->compared++;
-        if (!same && c->differ++ == 0)
-            snprintf(c->first_diff, sizeof c->first_diff, "%s", name);
+        }
+        v->fn(name, a, b, n, v->user);
+        free(a);
+        free(b);
     }
     if (o >= 0)
         H5Oclose(o);
     return 0;
 }
 
-/* Assert that every tensor of checkpoint a is byte-identical in b; returns how many were compared. */
-static inline int assert_same_tensors(const char *a, const char *b)
+static inline void visit_tensor_pairs(const char *a, const char *b, tensor_pair_fn fn, void *user)
 {
     hid_t fa = H5Fopen(a, H5F_ACC_RDONLY, H5P_DEFAULT), fb = H5Fopen(b, H5F_ACC_RDONLY, H5P_DEFAULT);
     cr_assert(fa >= 0 && fb >= 0, "cannot open %s or %s", a, b);
-    struct cmp_ctx c = {.other = fb};
-    H5Lvisit(fa, H5_INDEX_NAME, H5_ITER_INC, cmp_cb, &c);
+    struct pair_visit v = {.other = fb, .fn = fn, .user = user};
+    H5Lvisit(fa, H5_INDEX_NAME, H5_ITER_INC, pair_cb, &v);
     H5Fclose(fa);
     H5Fclose(fb);
+}
+
+struct cmp_ctx {
+    int compared;
+    int differ;
+    char first_diff[256];
+};
+
+static void cmp_pair(const char *name, const float *a, const float *b, size_t n, void *user)
+{
+    struct cmp_ctx *c = user;
+    bool same = b && memcmp(a, b, n * sizeof *a) == 0;
+    c->compared++;
+    if (!same && c->differ++ == 0)
+        snprintf(c->first_diff, sizeof c->first_diff, "%s", name);
+}
+
+/* Assert that every tensor of checkpoint a is byte-identical in b; returns how many were compared. */
+static inline int assert_same_tensors(const char *a, const char *b)
+{
+    struct cmp_ctx c = {0};
+    visit_tensor_pairs(a, b, cmp_pair, &c);
     cr_assert(c.compared > 0, "no tensors in %s", a);
     cr_assert_eq(c.differ, 0, "%d of %d tensors differ between %s and %s, first /%s", c.differ, c.compared, a, b,
                  c.first_diff);

@@ -72,56 +72,32 @@ static inline void compare_runs(const char *a, const char *b, int steps, int eva
 
 /* Largest |a - b| / max|a| over each tensor under /model of two checkpoints (relative error in max norm). */
 struct rel_ctx {
-    hid_t other;
     double worst;
     char name[256];
 };
 
-#if H5_VERSION_GE(1, 12, 0)
-static herr_t rel_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
-#else
-static herr_t rel_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
-#endif
+static void rel_pair(const char *name, const float *a, const float *b, size_t n, void *user)
 {
-    (void)info;
-    struct rel_ctx *c = data;
-    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
-    if (o >= 0 && H5Iget_type(o) == H5I_DATASET && strncmp(name, "model/", 6) == 0) {
-        hid_t d2 = H5Dopen2(c->other, name, H5P_DEFAULT);
-        cr_assert(d2 >= 0, "%s missing in the other checkpoint", name);
-        hid_t sp = H5Dget_space(o);
-        size_t n = (size_t)H5Sget_simple_extent_npoints(sp);
-        H5Sclose(sp);
-        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
-        H5Dread(o, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a);
-        H5Dread(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b);
-        double dmax = 0, amax = 0;
-        for (size_t i = 0; i < n; i++) {
-            dmax = fmax(dmax, fabs((double)a[i] - (double)b[i]));
-            amax = fmax(amax, fabs((double)a[i]));
-        }
-        double rel = amax > 0 ? dmax / amax : dmax;
-        if (rel > c->worst || c->name[0] == '\0') {
-            c->worst = rel;
-            snprintf(c->name, sizeof c->name, "%s", name);
-        }
-        free(a);
-        free(b);
-        H5Dclose(d2);
+    struct rel_ctx *c = user;
+    if (strncmp(name, "model/", 6) != 0)
+        return;
+    cr_assert_not_null(b, "%s missing in the other checkpoint, or of another size", name);
+    double dmax = 0, amax = 0;
+    for (size_t i = 0; i < n; i++) {
+        dmax = fmax(dmax, fabs((double)a[i] - (double)b[i]));
+        amax = fmax(amax, fabs((double)a[i]));
     }
-    if (o >= 0)
-        H5Oclose(o);
-    return 0;
+    double rel = amax > 0 ? dmax / amax : dmax;
+    if (rel > c->worst || c->name[0] == '\0') {
+        c->worst = rel;
+        snprintf(c->name, sizeof c->name, "%s", name);
+    }
 }
 
 static inline double max_rel_diff(const char *a, const char *b, char *worst, size_t len)
 {
-    hid_t fa = H5Fopen(a, H5F_ACC_RDONLY, H5P_DEFAULT), fb = H5Fopen(b, H5F_ACC_RDONLY, H5P_DEFAULT);
-    cr_assert(fa >= 0 && fb >= 0, "cannot open %s or %s", a, b);
-    struct rel_ctx c = {.other = fb, .worst = -1};
-    H5Lvisit(fa, H5_INDEX_NAME, H5_ITER_INC, rel_cb, &c);
-    H5Fclose(fa);
-    H5Fclose(fb);
+    struct rel_ctx c = {.worst = -1};
+    visit_tensor_pairs(a, b, rel_pair, &c);
     snprintf(worst, len, "%s", c.name);
     return c.worst;
 }
