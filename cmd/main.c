@@ -152,6 +152,17 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
     bool ok = false;
     for (size_t i = 0; i < sizeof resume_allowed / sizeof resume_allowed[0]; i++)
         ok = ok || strcmp(key, resume_allowed[i]) == 0;
+    if (eq && !ok) {
+        /* A key the config does not have at all: the config reader's message, with its did-you-mean. */
+        struct config scratch;
+        enum amp_status st = config_copy(&scratch, cfg, err);
+        if (st == AMP_OK) {
+            st = config_apply_override(&scratch, ov, err);
+            config_free(&scratch);
+        }
+        if (st != AMP_OK)
+            return st;
+    }
     if (!eq || !ok)
         return amp_fail(err, AMP_ERR_CONFIG,
                         "resume accepts run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every, "
@@ -161,13 +172,9 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
                         "resume: override '%s' refused: %s", ov,
                         eq ? resume_refusal(key) : "expected KEY=VALUE");
     enum precision_mode before = cfg->precision.mode;
-    /* Run length is steps or epochs: setting one clears the other. */
-    enum amp_status st = AMP_OK;
-    if (strcmp(key, "run.steps") == 0)
-        cfg->run.epochs = 0;
-    else if (strcmp(key, "run.epochs") == 0)
-        cfg->run.steps = 0;
-    st = config_apply_override(cfg, ov, err);
+    /* Run length is steps or epochs: one override replaces the checkpoint's choice, both are refused as
+     * 'run' refuses them (config_apply_override and config_finalize). */
+    enum amp_status st = config_apply_override(cfg, ov, err);
     if (st == AMP_OK && cfg->precision.mode != before)
         *mode_changed = true;
     return st;
@@ -259,6 +266,9 @@ static enum amp_status eval_mode(const struct eval_args *a, enum precision_mode 
                                  struct amp_error *err)
 {
     bool on = a->autocast == 1 || (a->autocast == -1 && (run_mode != PREC_FP32 || a->dtype));
+    if (!on && a->dtype)
+        return amp_fail(err, AMP_ERR_CONFIG, "drop --dtype, or evaluate with --autocast on",
+                        "eval: --dtype %s has no effect with --autocast off (the model evaluates in fp32)", a->dtype);
     if (!on) {
         *out = PREC_FP32;
         return AMP_OK;

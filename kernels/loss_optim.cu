@@ -409,7 +409,7 @@ bool optim_entry_ok(struct cuda_backend *cb, const struct optim_update_args *a, 
         cuda_record(cb, hint, "%s: entry %d has other step scalars than entry 0", op, i);
         return false;
     }
-    bool shared = adamw ? same_bits(e->beta1, a0->beta1) && same_bits(e->beta2, a0->beta2) && same_bits(e->eps, a0->eps)
+    bool shared = adamw ? e->beta1 == a0->beta1 && e->beta2 == a0->beta2 && same_bits(e->eps, a0->eps)
                         : same_bits(e->momentum, a0->momentum) && e->nesterov == a0->nesterov;
     if (!shared) {
         cuda_record(cb, hint, "%s: entry %d has other %s than entry 0", op, i,
@@ -463,10 +463,10 @@ void optim_update(struct backend *be, const struct optim_update_args *a, int n, 
     if (!tab)
         return;
     adamw_consts adam_c;
-    adam_c.b1 = a->beta1;
-    adam_c.b2 = a->beta2;
-    adam_c.omb1 = 1.0f - a->beta1;
-    adam_c.omb2 = 1.0f - a->beta2;
+    adam_c.b1 = (float)a->beta1;
+    adam_c.b2 = (float)a->beta2;
+    adam_c.omb1 = (float)(1.0 - a->beta1); /* in double, as PyTorch passes 1 - beta */
+    adam_c.omb2 = (float)(1.0 - a->beta2);
     adam_c.eps = a->eps;
     sgd_consts sgd_c;
     sgd_c.mom = a->momentum;

@@ -98,7 +98,9 @@ struct optim_update_args {
     struct tensor *lowp;      /* optional fp16/bf16 copy of master, written in the same pass (or NULL) */
     const struct step_scalars *sc; /* backend memory; sc->skip: leave every tensor as it is */
     float weight_decay;       /* this parameter's (0 where it does not decay); adamw applies sc->adam_decay */
-    float beta1, beta2, eps;  /* adamw */
+    double beta1, beta2;      /* adamw: the config's; the update uses (float)beta and (float)(1 - beta), 1 - beta
+                               * computed in double as PyTorch passes it (0.001f for 0.999, not 1.0f - 0.999f) */
+    float eps;                /* adamw */
     float momentum;           /* sgd */
     bool nesterov;            /* sgd */
 };

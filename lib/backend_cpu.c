@@ -1626,7 +1626,7 @@ static void optim_store_lowp(const struct optim_update_args *a, size_t off, size
 
 /* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
  * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
- *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;
+ *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;   (1-b as a double rounded to fp32)
  *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step. */
 HOT_LOOP static void adamw_one(const struct optim_update_args *a)
 {
@@ -1638,7 +1638,7 @@ HOT_LOOP static void adamw_one(const struct optim_update_args *a)
     float *p = (float *)a->master->data, *m = (float *)a->m->data, *v = (float *)a->v->data;
     const float *g = (const float *)a->grad->data;
     float neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt, decay = sc->adam_decay;
-    float b1 = a->beta1, b2 = a->beta2, omb1 = 1.0f - a->beta1, omb2 = 1.0f - a->beta2;
+    float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
     float gm = sc->grad_mul, eps = a->eps;
     size_t n = a->master->numel;
     for (size_t off = 0; off < n; off += BLOCK) {

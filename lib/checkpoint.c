@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -25,6 +26,8 @@
 #include <zlib.h> /* crc32 */
 
 #include "backend.h" /* download, upload */
+#include "dtype.h"   /* double_to_text */
+#include "scaler.h"  /* scaler_init: the settings that bound a loaded state */
 
 #define USERBLOCK 512
 #define MAGIC "AMPTCKPT"
@@ -111,45 +114,6 @@ static int attr_str(hid_t loc, const char *name, const char *v)
     h5_close_id(a);
     h5_close_id(sp);
     h5_close_id(t);
-    return rc;
-}
-
-static int read_attr_i64(hid_t loc, const char *name, int64_t *v)
-{
-    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-    int rc = a < 0 ? -1 : H5Aread(a, H5T_NATIVE_INT64, v);
-    h5_close_id(a);
-    return rc < 0 ? -1 : 0;
-}
-
-static int read_attr_f64(hid_t loc, const char *name, double *v)
-{
-    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-    int rc = a < 0 ? -1 : H5Aread(a, H5T_NATIVE_DOUBLE, v);
-    h5_close_id(a);
-    return rc < 0 ? -1 : 0;
-}
-
-static int read_attr_str(hid_t loc, const char *name, char *buf, size_t len)
-{
-    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-    if (a < 0)
-        return -1;
-    hid_t ft = H5Aget_type(a);
-    int rc = -1;
-    if (ft >= 0 && H5Tget_class(ft) == H5T_STRING && !H5Tis_variable_str(ft)) {
-        size_t n = H5Tget_size(ft);
-        char *tmp = calloc(n + 1, 1);
-        hid_t mt = str_type(n);
-        if (tmp && H5Aread(a, mt, tmp) >= 0) {
-            snprintf(buf, len, "%s", tmp);
-            rc = 0;
-        }
-        h5_close_id(mt);
-        free(tmp);
-    }
-    h5_close_id(ft);
-    h5_close_id(a);
     return rc;
 }
 
@@ -391,8 +355,10 @@ static void seal_image(unsigned char *img, size_t size)
     put_le(img + 24, (uint32_t)crc, 4);
 }
 
-/* Write the image to `path` and fsync it. */
-static enum amp_status write_image(const char *path, const unsigned char *img, size_t size, struct amp_error *err)
+/* Write the image to `path` and fsync it. `previous`: the run directory has an earlier checkpoint (which
+ * this failure leaves intact). */
+static enum amp_status write_image(const char *path, const unsigned char *img, size_t size, bool previous,
+                                   struct amp_error *err)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     bool ok = fd >= 0;
@@ -410,8 +376,11 @@ static enum amp_status write_image(const char *path, const unsigned char *img, s
         ok = false;
     }
     if (!ok)
-        return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space, quotas (ulimit -f) and permissions of the run "
-                        "directory; the previous checkpoint is intact",
+        return amp_fail(err, AMP_ERR_INTERNAL,
+                        previous ? "check free disk space, quotas (ulimit -f) and permissions of the run directory; the "
+                                   "previous checkpoint is intact"
+                                 : "check free disk space, quotas (ulimit -f) and permissions of the run directory (no "
+                                   "checkpoint of this run was written before this one)",
                         "cannot write checkpoint %s: %s", path, strerror(e ? e : EIO));
     return AMP_OK;
 }
@@ -561,7 +530,9 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
         return err->code;
     }
     seal_image(img, USERBLOCK + (size_t)size);
-    enum amp_status st = write_image(tmp, img, USERBLOCK + (size_t)size, err);
+    char latest[CFG_STR + 16];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    enum amp_status st = write_image(tmp, img, USERBLOCK + (size_t)size, access(latest, F_OK) == 0, err);
     free(img);
     if (st == AMP_OK && rename(tmp, path) != 0)
         st = amp_fail(err, AMP_ERR_INTERNAL, "check permissions of the run directory", "cannot rename %s to %s: %s",
@@ -651,7 +622,218 @@ static enum amp_status check_file(const char *path, struct amp_error *err)
     return st;
 }
 
-/* Verify, open with HDF5 and check the root attributes. Returns the file id or -1 with err filled. */
+/* ---- reading: every object checked before a byte of it is read ------------------------------------ */
+
+/* A checkpoint that verified is still only bytes someone may have edited and re-sealed (issue 12): each
+ * attribute and dataset is checked for its type class, rank and size before it is read, and each value
+ * for its range after; a failure is AMP_ERR_CKPT naming the file and the object. */
+struct reader {
+    hid_t file;
+    const char *path;
+    struct amp_error *err;
+};
+
+#define MAX_ATTR_TEXT 4096             /* longest string attribute read */
+#define MAX_CONFIG_TEXT (16u << 20)    /* /config: the config reader's own cap */
+#define MAX_STEP ((int64_t)CFG_MAX_STEPS)
+#define MAX_COUNT (INT64_C(1) << 62)   /* samples, epochs: train.c keeps every product below it */
+#define MAX_WORLD (INT64_C(1) << 20)
+
+static const char *class_name(H5T_class_t c)
+{
+    switch (c) {
+    case H5T_INTEGER: return "an integer";
+    case H5T_FLOAT: return "a float";
+    case H5T_STRING: return "a string";
+    case H5T_BITFIELD: return "a bitfield";
+    case H5T_OPAQUE: return "opaque bytes";
+    case H5T_COMPOUND: return "a compound (struct)";
+    case H5T_REFERENCE: return "a reference";
+    case H5T_ENUM: return "an enum";
+    case H5T_VLEN: return "a variable-length sequence";
+    case H5T_ARRAY: return "an array type";
+    default: return "of an unknown type";
+    }
+}
+
+/* Whether dataspace `sp` holds exactly one value; else why not, in `why`. */
+static bool one_value(hid_t sp, char *why, size_t len)
+{
+    H5S_class_t c = sp >= 0 ? H5Sget_simple_extent_type(sp) : H5S_NO_CLASS;
+    hssize_t n = c == H5S_SIMPLE ? H5Sget_simple_extent_npoints(sp) : 0;
+    if (c == H5S_SCALAR || (c == H5S_SIMPLE && n == 1))
+        return true;
+    if (c == H5S_SIMPLE)
+        snprintf(why, len, "is an array of %lld values (%d dimensions) where one value belongs",
+                 (long long)n, H5Sget_simple_extent_ndims(sp));
+    else
+        snprintf(why, len, "holds no value (an empty dataspace)");
+    return false;
+}
+
+/* The one string value of attribute or dataset `obj`: fixed or variable length, ASCII or UTF-8, at most
+ * `max` bytes; a new NUL-terminated buffer, or NULL with `why` filled. */
+static char *read_string(hid_t obj, bool attr, size_t max, char *why, size_t len)
+{
+    hid_t ft = attr ? H5Aget_type(obj) : H5Dget_type(obj);
+    hid_t sp = attr ? H5Aget_space(obj) : H5Dget_space(obj);
+    char *out = NULL;
+    snprintf(why, len, "cannot be read");
+    if (ft < 0 || !one_value(sp, why, len)) {
+    } else if (H5Tget_class(ft) != H5T_STRING) {
+        snprintf(why, len, "is %s where a string belongs", class_name(H5Tget_class(ft)));
+    } else {
+        H5T_cset_t cset = H5Tget_cset(ft);
+        hid_t mt = H5Tcopy(H5T_C_S1);
+        if (cset == H5T_CSET_ASCII || cset == H5T_CSET_UTF8)
+            H5Tset_cset(mt, cset); /* HDF5 converts no string between character sets */
+        if (H5Tis_variable_str(ft) > 0) {
+            char *p = NULL;
+            H5Tset_size(mt, H5T_VARIABLE);
+            herr_t rc = attr ? H5Aread(obj, mt, &p) : H5Dread(obj, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p);
+            if (rc >= 0 && p && strnlen(p, max + 1) > max)
+                snprintf(why, len, "is longer than %zu bytes", max);
+            else if (rc >= 0)
+                out = strdup(p ? p : "");
+            if (p)
+                H5free_memory(p);
+        } else {
+            size_t n = H5Tget_size(ft);
+            if (n == 0 || n > max) {
+                snprintf(why, len, "is a string of %zu bytes (at most %zu)", n, max);
+            } else if ((out = calloc(n + 1, 1)) != NULL) {
+                H5Tset_size(mt, n);
+                H5Tset_strpad(mt, H5T_STR_NULLPAD);
+                herr_t rc = attr ? H5Aread(obj, mt, out) : H5Dread(obj, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, out);
+                if (rc < 0) {
+                    free(out);
+                    out = NULL;
+                }
+            }
+        }
+        h5_close_id(mt);
+    }
+    h5_close_id(sp);
+    h5_close_id(ft);
+    return out;
+}
+
+/* Open attribute WHERE/NAME of `loc` (where: "" for the root, "/state", ...) that must exist, hold one
+ * value and be of class `want` (an integer also serves where a float belongs). */
+static enum amp_status open_attr(const struct reader *r, hid_t loc, const char *where, const char *name,
+                                 H5T_class_t want, hid_t *out)
+{
+    *out = -1;
+    if (loc < 0 || H5Aexists(loc, name) <= 0)
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: attribute %s/%s is missing", r->path, where, name);
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    hid_t sp = a >= 0 ? H5Aget_space(a) : -1, ft = a >= 0 ? H5Aget_type(a) : -1;
+    char why[128] = "cannot be opened";
+    bool ok = a >= 0 && ft >= 0 && one_value(sp, why, sizeof why);
+    H5T_class_t c = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    if (ok && c != want && !(want == H5T_FLOAT && c == H5T_INTEGER)) {
+        snprintf(why, sizeof why, "is %s where %s belongs", class_name(c), class_name(want));
+        ok = false;
+    }
+    h5_close_id(sp);
+    h5_close_id(ft);
+    if (!ok) {
+        h5_close_id(a);
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: attribute %s/%s %s", r->path, where, name, why);
+    }
+    *out = a;
+    return AMP_OK;
+}
+
+/* An integer attribute in [lo, hi]. */
+static enum amp_status get_i64(const struct reader *r, hid_t loc, const char *where, const char *name, int64_t lo,
+                               int64_t hi, int64_t *v)
+{
+    hid_t a;
+    enum amp_status st = open_attr(r, loc, where, name, H5T_INTEGER, &a);
+    if (st != AMP_OK)
+        return st;
+    int64_t x = 0;
+    herr_t rc = H5Aread(a, H5T_NATIVE_INT64, &x);
+    h5_close_id(a);
+    if (rc < 0)
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: attribute %s/%s cannot be read", r->path, where, name);
+    if (x < lo || x > hi)
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: attribute %s/%s is %lld, outside [%lld, %lld]",
+                        r->path, where, name, (long long)x, (long long)lo, (long long)hi);
+    *v = x;
+    return AMP_OK;
+}
+
+/* A finite number attribute (the range is the caller's). */
+static enum amp_status get_f64(const struct reader *r, hid_t loc, const char *where, const char *name, double *v)
+{
+    hid_t a;
+    enum amp_status st = open_attr(r, loc, where, name, H5T_FLOAT, &a);
+    if (st != AMP_OK)
+        return st;
+    double x = 0;
+    herr_t rc = H5Aread(a, H5T_NATIVE_DOUBLE, &x);
+    h5_close_id(a);
+    if (rc < 0 || !isfinite(x))
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: attribute %s/%s %s", r->path, where, name,
+                        rc < 0 ? "cannot be read" : "is not a finite number");
+    *v = x;
+    return AMP_OK;
+}
+
+/* A string attribute into buf (of `len` bytes; a longer one is refused). */
+static enum amp_status get_str(const struct reader *r, hid_t loc, const char *where, const char *name, char *buf,
+                               size_t len)
+{
+    hid_t a;
+    enum amp_status st = open_attr(r, loc, where, name, H5T_STRING, &a);
+    if (st != AMP_OK)
+        return st;
+    char why[128];
+    char *text = read_string(a, true, len - 1 < MAX_ATTR_TEXT ? len - 1 : MAX_ATTR_TEXT, why, sizeof why);
+    h5_close_id(a);
+    if (!text)
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: attribute %s/%s %s", r->path, where, name, why);
+    snprintf(buf, len, "%s", text);
+    free(text);
+    return AMP_OK;
+}
+
+static hid_t open_group(const struct reader *r, const char *name, const char *what)
+{
+    hid_t g = H5Lexists(r->file, name, H5P_DEFAULT) > 0 ? H5Gopen2(r->file, name, H5P_DEFAULT) : -1;
+    if (g < 0)
+        amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /%s (%s) is missing", r->path, name, what);
+    return g;
+}
+
+/* /state: the run's position. */
+static enum amp_status read_state(const struct reader *r, struct ckpt_info *info)
+{
+    hid_t g = open_group(r, "state", "the run's position");
+    if (g < 0)
+        return AMP_ERR_CKPT;
+    enum amp_status st = get_i64(r, g, "/state", "step", 0, MAX_STEP, &info->step);
+    if (st == AMP_OK)
+        st = get_i64(r, g, "/state", "epoch", 0, MAX_COUNT, &info->epoch);
+    if (st == AMP_OK)
+        st = get_i64(r, g, "/state", "cursor", 0, MAX_COUNT, &info->cursor);
+    if (st == AMP_OK)
+        st = get_i64(r, g, "/state", "samples_seen", 0, MAX_COUNT, &info->samples_seen);
+    if (st == AMP_OK)
+        st = get_i64(r, g, "/state", "skips_total", 0, info->step, &info->skips_total);
+    if (st == AMP_OK)
+        st = get_str(r, g, "/state", "precision_mode", info->precision_mode, sizeof info->precision_mode);
+    info->world_size = 1; /* written before data parallel: one rank */
+    if (st == AMP_OK && H5Aexists(g, "world_size") > 0)
+        st = get_i64(r, g, "/state", "world_size", 1, MAX_WORLD, &info->world_size);
+    h5_close_id(g);
+    return st;
+}
+
+/* Verify, open with HDF5 and read the root attributes and /state. Returns the file id, or -1 with err
+ * filled. */
 static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_error *err)
 {
     if (check_file(path, err) != AMP_OK)
@@ -667,42 +849,38 @@ static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_e
     if (!info)
         info = &tmp;
     memset(info, 0, sizeof *info);
+    struct reader r = {.file = f, .path = path, .err = err};
     char format[64] = "";
-    if (read_attr_str(f, "format", format, sizeof format) != 0 || strcmp(format, CKPT_FORMAT) != 0) {
-        amp_fail(err, AMP_ERR_CKPT, "give a file written by 'ampTrain run' or 'ampTrain resume'",
-                 "%s is not an ampTrain checkpoint (root attribute format is '%s', want '%s')", path, format,
-                 CKPT_FORMAT);
-        H5Fclose(f);
-        return -1;
+    hid_t a = -1;
+    enum amp_status st = AMP_OK;
+    if (H5Aexists(f, "format") > 0 && open_attr(&r, f, "", "format", H5T_STRING, &a) == AMP_OK) {
+        char why[128];
+        char *text = read_string(a, true, sizeof format - 1, why, sizeof why);
+        snprintf(format, sizeof format, "%s", text ? text : "");
+        free(text);
+        h5_close_id(a);
     }
-    if (read_attr_i64(f, "format_version", &info->format_version) != 0) {
-        amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s has no format_version attribute", path);
-        H5Fclose(f);
-        return -1;
-    }
-    if (info->format_version > CKPT_FORMAT_VERSION || info->format_version < 1) {
-        amp_fail(err, AMP_ERR_CKPT, "upgrade ampTrain to read this checkpoint",
-                 "%s has format_version %lld; this ampTrain reads format_version %d", path,
-                 (long long)info->format_version, CKPT_FORMAT_VERSION);
-        H5Fclose(f);
-        return -1;
-    }
-    read_attr_str(f, "created", info->created, sizeof info->created);
-    read_attr_str(f, "amptrain_version", info->amptrain_version, sizeof info->amptrain_version);
-    hid_t g = H5Gopen2(f, "state", H5P_DEFAULT);
-    int rc = g < 0 ? -1 : 0;
-    rc |= g < 0 ? -1 : read_attr_i64(g, "step", &info->step);
-    rc |= g < 0 ? -1 : read_attr_i64(g, "epoch", &info->epoch);
-    rc |= g < 0 ? -1 : read_attr_i64(g, "cursor", &info->cursor);
-    rc |= g < 0 ? -1 : read_attr_i64(g, "samples_seen", &info->samples_seen);
-    rc |= g < 0 ? -1 : read_attr_i64(g, "skips_total", &info->skips_total);
-    rc |= g < 0 ? -1 : read_attr_str(g, "precision_mode", info->precision_mode, sizeof info->precision_mode);
-    info->world_size = 1; /* written before data parallel: one rank */
-    if (g >= 0 && H5Aexists(g, "world_size") > 0)
-        rc |= read_attr_i64(g, "world_size", &info->world_size);
-    h5_close_id(g);
-    if (rc != 0) {
-        amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /state is missing or incomplete", path);
+    if (strcmp(format, CKPT_FORMAT) != 0)
+        st = amp_fail(err, AMP_ERR_CKPT, "give a file written by 'ampTrain run' or 'ampTrain resume'",
+                      "%s is not an ampTrain checkpoint (root attribute format is '%s', want '%s')", path, format,
+                      CKPT_FORMAT);
+    if (st == AMP_OK)
+        st = get_i64(&r, f, "", "format_version", INT64_MIN, INT64_MAX, &info->format_version);
+    if (st == AMP_OK && (info->format_version > CKPT_FORMAT_VERSION || info->format_version < 1))
+        st = amp_fail(err, AMP_ERR_CKPT, "upgrade ampTrain to read this checkpoint",
+                      "%s has format_version %lld; this ampTrain reads format_version %d", path,
+                      (long long)info->format_version, CKPT_FORMAT_VERSION);
+    /* Informational: a file without them still loads. */
+    struct amp_error ignored = {0};
+    struct reader quiet = {.file = f, .path = path, .err = &ignored};
+    if (st == AMP_OK && get_str(&quiet, f, "", "created", info->created, sizeof info->created) != AMP_OK)
+        snprintf(info->created, sizeof info->created, "?");
+    if (st == AMP_OK &&
+        get_str(&quiet, f, "", "amptrain_version", info->amptrain_version, sizeof info->amptrain_version) != AMP_OK)
+        snprintf(info->amptrain_version, sizeof info->amptrain_version, "?");
+    if (st == AMP_OK)
+        st = read_state(&r, info);
+    if (st != AMP_OK) {
         H5Fclose(f);
         return -1;
     }
@@ -720,25 +898,19 @@ enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp
     return f >= 0 ? AMP_OK : AMP_ERR_CKPT;
 }
 
-static char *read_config_text(hid_t f)
+/* /config: the resolved YAML, one string. */
+static char *read_config_text(const struct reader *r)
 {
-    hid_t d = H5Dopen2(f, "config", H5P_DEFAULT);
-    if (d < 0)
+    if (H5Lexists(r->file, "config", H5P_DEFAULT) <= 0) {
+        amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: dataset /config (the run's config) is missing", r->path);
         return NULL;
-    hid_t ft = H5Dget_type(d);
-    char *text = NULL;
-    if (ft >= 0 && H5Tget_class(ft) == H5T_STRING && !H5Tis_variable_str(ft)) {
-        size_t n = H5Tget_size(ft);
-        text = calloc(n + 1, 1);
-        hid_t mt = str_type(n);
-        if (text && H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, text) < 0) {
-            free(text);
-            text = NULL;
-        }
-        h5_close_id(mt);
     }
-    h5_close_id(ft);
+    hid_t d = H5Dopen2(r->file, "config", H5P_DEFAULT);
+    char why[128] = "is not a dataset";
+    char *text = d >= 0 ? read_string(d, false, MAX_CONFIG_TEXT, why, sizeof why) : NULL;
     h5_close_id(d);
+    if (!text)
+        amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: dataset /config %s", r->path, why);
     return text;
 }
 
@@ -747,14 +919,13 @@ enum amp_status ckpt_read_config(const char *path, struct config *cfg, struct am
     struct h5_quiet q;
     h5_quiet_begin(&q);
     hid_t f = open_checked(path, NULL, err);
-    char *text = f >= 0 ? read_config_text(f) : NULL;
+    struct reader r = {.file = f, .path = path, .err = err};
+    char *text = f >= 0 ? read_config_text(&r) : NULL;
     if (f >= 0)
         H5Fclose(f);
     h5_quiet_end(&q);
-    if (f < 0)
-        return AMP_ERR_CKPT;
     if (!text)
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: dataset /config is missing or not a string", path);
+        return AMP_ERR_CKPT;
     char name[CFG_STR + 16];
     snprintf(name, sizeof name, "%s:/config", path);
     struct amp_error perr = {0};
@@ -775,66 +946,93 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
         snprintf(buf + off, len - off, ")");
 }
 
-/* Read dataset `name` into tensor t after checking its shape. */
-static enum amp_status read_tensor(hid_t f, const char *path, const char *name, struct tensor *t, struct backend *be,
-                                   struct amp_error *err)
+/* What a tensor's values must be. */
+enum values { ANY_FINITE, NONNEG_FINITE };
+
+/* Read dataset `name` into tensor t after checking its class, rank and shape, then its values. */
+static enum amp_status read_tensor(const struct reader *r, const char *name, struct tensor *t, enum values want,
+                                   struct backend *be)
 {
+    const char *hint_model = "the checkpoint belongs to a different model; use the config it was written with";
     if (!t->data)
         return AMP_OK;
-    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    hid_t d = H5Lexists(r->file, name, H5P_DEFAULT) > 0 ? H5Dopen2(r->file, name, H5P_DEFAULT) : -1;
     if (d < 0)
-        return amp_fail(err, AMP_ERR_CKPT,
-                        "the checkpoint belongs to a different model; use the config it was written with",
-                        "%s: tensor /%s is missing", path, name);
-    hid_t sp = H5Dget_space(d);
-    int nd = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
-    hsize_t dims[8] = {0};
+        return amp_fail(r->err, AMP_ERR_CKPT, hint_model, "%s: tensor /%s is missing", r->path, name);
+    hid_t sp = H5Dget_space(d), ft = H5Dget_type(d);
+    H5S_class_t sc = sp >= 0 ? H5Sget_simple_extent_type(sp) : H5S_NO_CLASS;
+    int nd = sc == H5S_SIMPLE ? H5Sget_simple_extent_ndims(sp) : 0;
+    H5T_class_t tc = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    char why[400] = "";
+    bool other_model = false; /* a shape mismatch: the config's model is not the checkpoint's */
     int64_t got[8] = {0};
-    if (nd > 0 && nd <= 8)
+    if (tc != H5T_FLOAT) {
+        snprintf(why, sizeof why, "is %s; checkpoint tensors are float32", class_name(tc));
+    } else if (sc != H5S_SIMPLE || nd < 1 || nd > 8) {
+        snprintf(why, sizeof why, "has %d dimensions (%s); a tensor has 1 to 8",
+                 sc == H5S_SIMPLE ? nd : 0, sc == H5S_SCALAR ? "a scalar" : sc == H5S_NULL ? "empty" : "rank");
+    } else {
+        hsize_t dims[8] = {0};
         H5Sget_simple_extent_dims(sp, dims, NULL);
-    for (int i = 0; i < nd && i < 8; i++)
-        got[i] = (int64_t)dims[i];
-    bool same = nd == t->ndim;
-    for (int i = 0; same && i < nd; i++)
-        same = got[i] == t->shape[i];
+        bool same = nd == t->ndim;
+        for (int i = 0; i < nd; i++) {
+            got[i] = dims[i] > (hsize_t)INT64_MAX ? INT64_MAX : (int64_t)dims[i];
+            same = same && got[i] == t->shape[i];
+        }
+        if (!same) {
+            char a[160], b[160];
+            shape_str(a, sizeof a, nd, got);
+            shape_str(b, sizeof b, t->ndim, t->shape);
+            snprintf(why, sizeof why, "has shape %s in the checkpoint but %s in the config's model", a, b);
+            other_model = true;
+        }
+    }
     h5_close_id(sp);
-    if (!same) {
-        char a[128], b[128];
-        shape_str(a, sizeof a, nd < 0 ? 0 : nd > 8 ? 8 : nd, got);
-        shape_str(b, sizeof b, t->ndim, t->shape);
+    h5_close_id(ft);
+    if (why[0]) {
         h5_close_id(d);
-        return amp_fail(err, AMP_ERR_CKPT,
-                        "the checkpoint belongs to a different model; use the config it was written with",
-                        "%s: tensor /%s has shape %s in the checkpoint but %s in the config's model", path, name, a, b);
+        return amp_fail(r->err, AMP_ERR_CKPT, other_model ? hint_model : HINT_CORRUPT,
+                        "%s: tensor /%s %s", r->path, name, why);
     }
     float *host = malloc((t->numel ? t->numel : 1) * sizeof *host);
     if (!host) {
         h5_close_id(d);
-        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory reading %s", name);
+        return amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading %s", name);
     }
     herr_t rc = H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host);
     h5_close_id(d);
     if (rc < 0) {
         free(host);
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /%s cannot be read (Fletcher-32 checksum?)",
-                        path, name);
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT,
+                        "%s: tensor /%s cannot be read: its data fails HDF5's Fletcher-32 checksum or is damaged",
+                        r->path, name);
+    }
+    for (size_t i = 0; i < t->numel; i++) {
+        if (isfinite(host[i]) && (want == ANY_FINITE || host[i] >= 0.0f))
+            continue;
+        enum amp_status st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /%s holds %g at element %zu; %s",
+                                      r->path, name, (double)host[i], i,
+                                      want == ANY_FINITE ? "every value must be finite"
+                                                         : "every value must be finite and >= 0");
+        free(host);
+        return st;
     }
     be->upload(be, t->data, host, t->numel * sizeof(float));
     free(host);
     return AMP_OK;
 }
 
-static enum amp_status load_model_from(hid_t f, const char *path, struct model *m, struct amp_error *err)
+static enum amp_status load_model_from(const struct reader *r, struct model *m)
 {
     char name[256];
     enum amp_status st = AMP_OK;
     for (int i = 0; i < m->nparams && st == AMP_OK; i++) {
         snprintf(name, sizeof name, "model/%s", m->params[i]->name);
-        st = read_tensor(f, path, name, &m->params[i]->master, m->be, err);
+        st = read_tensor(r, name, &m->params[i]->master, ANY_FINITE, m->be);
     }
     for (int i = 0; i < m->nbuffers && st == AMP_OK; i++) {
         snprintf(name, sizeof name, "model/%s", m->buffers[i]->name);
-        st = read_tensor(f, path, name, &m->buffers[i]->t, m->be, err);
+        st = read_tensor(r, name, &m->buffers[i]->t, m->buffers[i]->nonneg ? NONNEG_FINITE : ANY_FINITE, m->be);
     }
     if (st == AMP_OK)
         model_refresh_lowp(m);
@@ -846,72 +1044,87 @@ enum amp_status ckpt_load_model(const char *path, struct model *m, struct amp_er
     struct h5_quiet q;
     h5_quiet_begin(&q);
     hid_t f = open_checked(path, NULL, err);
-    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_model_from(f, path, m, err);
+    struct reader r = {.file = f, .path = path, .err = err};
+    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_model_from(&r, m);
     if (f >= 0)
         H5Fclose(f);
     h5_quiet_end(&q);
     return st;
 }
 
-static enum amp_status load_scaler(hid_t f, const char *path, struct scaler *s, struct amp_error *err)
+/* /scaler into s (whose settings, from the config, bound its state), for a run at optimizer step `step`. */
+static enum amp_status load_scaler(const struct reader *r, int64_t step, struct scaler *s)
 {
-    hid_t g = H5Gopen2(f, "scaler", H5P_DEFAULT);
+    hid_t g = open_group(r, "scaler", "the loss-scaler state");
     if (g < 0)
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /scaler (the loss-scaler state) is missing", path);
-    int rc = read_attr_f64(g, "scale", &s->scale);
-    rc |= read_attr_i64(g, "growth_tracker", &s->growth_tracker);
-    rc |= read_attr_i64(g, "hysteresis_left", &s->hysteresis_left);
-    rc |= read_attr_i64(g, "consecutive_skips", &s->consecutive_skips);
-    rc |= read_attr_i64(g, "skips_total", &s->skips_total);
-    rc |= read_attr_i64(g, "last_overflow_step", &s->last_overflow_step);
+        return AMP_ERR_CKPT;
+    const char *w = "/scaler";
+    enum amp_status st = get_f64(r, g, w, "scale", &s->scale);
+    if (st == AMP_OK)
+        st = get_i64(r, g, w, "skips_total", 0, step, &s->skips_total);
+    if (st == AMP_OK)
+        st = get_i64(r, g, w, "consecutive_skips", 0, s->skips_total, &s->consecutive_skips);
+    if (st == AMP_OK)
+        st = get_i64(r, g, w, "last_overflow_step", -1, step, &s->last_overflow_step);
+    if (st == AMP_OK)
+        st = get_i64(r, g, w, "growth_tracker", 0, s->growth_interval > 0 ? s->growth_interval - 1 : 0,
+                     &s->growth_tracker);
+    /* each overflow since the last growth took one off */
+    if (st == AMP_OK)
+        st = get_i64(r, g, w, "hysteresis_left", s->hysteresis - s->skips_total, s->hysteresis, &s->hysteresis_left);
     h5_close_id(g);
-    if (rc != 0)
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /scaler is incomplete", path);
-    return AMP_OK;
+    bool in_range = s->dynamic ? s->scale >= s->min_scale && s->scale <= s->max_scale : s->scale > 0;
+    char scale[40];
+    double_to_text(s->scale, scale, sizeof scale);
+    if (st == AMP_OK && !in_range)
+        st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: attribute /scaler/scale is %s, outside %s", r->path,
+                      scale, s->dynamic ? "[precision.loss_scale.min, max]" : "(0, inf)");
+    return st;
 }
 
-static enum amp_status load_trainer_from(hid_t f, const char *path, struct trainer *t, bool fresh_scaler,
-                                         struct amp_error *err)
+static enum amp_status load_trainer_from(const struct reader *r, const struct ckpt_info *info, struct trainer *t,
+                                         bool fresh_scaler)
 {
-    enum amp_status st = load_model_from(f, path, &t->model, err);
+    enum amp_status st = load_model_from(r, &t->model);
     char name[256];
     for (int i = 0; i < t->opt.nstate && i < t->model.nparams && st == AMP_OK; i++) {
         snprintf(name, sizeof name, "optimizer/%s/m", t->model.params[i]->name);
-        st = read_tensor(f, path, name, &t->opt.state[i].m, t->be, err);
+        st = read_tensor(r, name, &t->opt.state[i].m, ANY_FINITE, t->be);
         snprintf(name, sizeof name, "optimizer/%s/v", t->model.params[i]->name);
         if (st == AMP_OK)
-            st = read_tensor(f, path, name, &t->opt.state[i].v, t->be, err);
+            st = read_tensor(r, name, &t->opt.state[i].v, NONNEG_FINITE, t->be);
     }
     if (st != AMP_OK)
         return st;
-    hid_t g = H5Gopen2(f, "optimizer", H5P_DEFAULT);
-    int rc = g < 0 ? -1 : read_attr_i64(g, "step", &t->opt.step);
+    hid_t g = open_group(r, "optimizer", "the optimizer's step");
+    if (g < 0)
+        return AMP_ERR_CKPT;
+    st = get_i64(r, g, "/optimizer", "step", 0, info->step, &t->opt.step); /* steps taken <= steps attempted */
     h5_close_id(g);
-    if (rc != 0)
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /optimizer or its step is missing", path);
-    int64_t epoch = 0, cursor = 0, step = 0, samples_seen = 0;
-    g = H5Gopen2(f, "data", H5P_DEFAULT);
-    rc = g < 0 ? -1 : read_attr_i64(g, "epoch", &epoch);
-    rc |= g < 0 ? -1 : read_attr_i64(g, "cursor", &cursor);
-    h5_close_id(g);
-    if (rc != 0)
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /data (the sampler position) is missing", path);
-    g = H5Gopen2(f, "state", H5P_DEFAULT);
-    rc = g < 0 ? -1 : read_attr_i64(g, "step", &step);
-    rc |= g < 0 ? -1 : read_attr_i64(g, "samples_seen", &samples_seen);
-    h5_close_id(g);
-    if (rc != 0)
-        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: /state has no step or samples_seen", path);
-    struct scaler s = t->scaler;
-    if ((st = load_scaler(f, path, &s, err)) != AMP_OK)
+    if (st != AMP_OK)
         return st;
+    int64_t epoch = 0, cursor = 0;
+    if ((g = open_group(r, "data", "the sampler position")) < 0)
+        return AMP_ERR_CKPT;
+    st = get_i64(r, g, "/data", "epoch", 0, MAX_COUNT, &epoch);
+    if (st == AMP_OK)
+        st = get_i64(r, g, "/data", "cursor", 0, t->sampler.n, &cursor);
+    h5_close_id(g);
+    if (st != AMP_OK)
+        return st;
+    /* The file's state is checked against the mode that wrote it (a resume may change precision.mode). */
+    struct scaler s = t->scaler;
+    s.dynamic = strcmp(info->precision_mode, precision_mode_name(PREC_FP16_DYNAMIC)) == 0;
+    if ((st = load_scaler(r, info->step, &s)) != AMP_OK)
+        return st;
+    s.dynamic = t->scaler.dynamic;
     if (!fresh_scaler)
         t->scaler = s;
     else
         t->scaler.skips_total = s.skips_total;
     sampler_seek(&t->sampler, epoch, cursor);
-    t->step = step;
-    t->samples_seen = samples_seen;
+    t->step = info->step;
+    t->samples_seen = info->samples_seen;
     return AMP_OK;
 }
 
@@ -919,8 +1132,10 @@ enum amp_status ckpt_load_trainer(const char *path, struct trainer *t, bool fres
 {
     struct h5_quiet q;
     h5_quiet_begin(&q);
-    hid_t f = open_checked(path, NULL, err);
-    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_trainer_from(f, path, t, fresh_scaler, err);
+    struct ckpt_info info;
+    hid_t f = open_checked(path, &info, err);
+    struct reader r = {.file = f, .path = path, .err = err};
+    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_trainer_from(&r, &info, t, fresh_scaler);
     if (f >= 0)
         H5Fclose(f);
     h5_quiet_end(&q);
@@ -943,19 +1158,23 @@ static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *
     (void)info;
     struct visit *v = data;
     hid_t o = H5Oopen(g, name, H5P_DEFAULT);
-    if (o >= 0 && H5Iget_type(o) == H5I_DATASET) {
-        hid_t sp = H5Dget_space(o);
-        int nd = H5Sget_simple_extent_ndims(sp);
-        hsize_t dims[8] = {0};
-        int64_t shape[8] = {0};
+    if (o >= 0 && H5Iget_type(o) == H5I_DATASET && strcmp(name, "config") != 0) {
+        hid_t sp = H5Dget_space(o), ft = H5Dget_type(o);
+        int nd = H5Sget_simple_extent_type(sp) == H5S_SIMPLE ? H5Sget_simple_extent_ndims(sp) : 0;
+        bool f32 = H5Tget_class(ft) == H5T_FLOAT && H5Tget_size(ft) == 4;
+        char s[160];
         if (nd > 0 && nd <= 8) {
+            hsize_t dims[8] = {0};
+            int64_t shape[8] = {0};
             H5Sget_simple_extent_dims(sp, dims, NULL);
             for (int i = 0; i < nd; i++)
-                shape[i] = (int64_t)dims[i];
-            char s[128];
+                shape[i] = dims[i] > (hsize_t)INT64_MAX ? INT64_MAX : (int64_t)dims[i];
             shape_str(s, sizeof s, nd, shape);
-            fprintf(v->out, "  /%-40s float32 %s\n", name, s);
+        } else {
+            snprintf(s, sizeof s, "(%d dimensions: not a tensor ampTrain reads)", nd);
         }
+        fprintf(v->out, "  /%-40s %s %s\n", name, f32 ? "float32" : class_name(H5Tget_class(ft)), s);
+        h5_close_id(ft);
         h5_close_id(sp);
     }
     h5_close_id(o);
@@ -972,11 +1191,23 @@ enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
         h5_quiet_end(&q);
         return AMP_ERR_CKPT;
     }
+    /* The scaler's state is checked against the settings of the config it ran with. */
+    struct reader r = {.file = f, .path = path, .err = err};
+    char *text = read_config_text(&r);
+    enum amp_status st = text ? AMP_OK : AMP_ERR_CKPT;
+    struct config cfg;
+    struct amp_error perr = {0};
+    if (st == AMP_OK && config_parse_string(&cfg, text, strlen(text), path, &perr) != AMP_OK)
+        st = amp_fail(err, AMP_ERR_CKPT, "the checkpoint was written by an incompatible ampTrain version",
+                      "%s: its embedded config does not parse: %s", path, perr.msg);
     struct scaler s = {0};
-    enum amp_status st = load_scaler(f, path, &s, err);
-    char *text = st == AMP_OK ? read_config_text(f) : NULL;
-    if (st == AMP_OK && !text)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: dataset /config is missing", path);
+    if (st == AMP_OK) {
+        scaler_init(&s, &cfg.precision);
+        config_free(&cfg);
+        st = load_scaler(&r, info.step, &s);
+    }
+    char scale[40];
+    double_to_text(s.scale, scale, sizeof scale);
     if (st == AMP_OK && text) {
         fprintf(out, "checkpoint %s\n", path);
         fprintf(out, "format: %s version %lld, written by ampTrain %s at %s (whole-file CRC-32 verified)\n",
@@ -986,9 +1217,9 @@ enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
         fprintf(out, "precision: %s\n", info.precision_mode);
         fprintf(out, "world_size: %lld (data-parallel ranks that wrote it)\n", (long long)info.world_size);
         fprintf(out,
-                "scaler: scale %g, growth_tracker %lld, hysteresis_left %lld, consecutive_skips %lld, "
+                "scaler: scale %s, growth_tracker %lld, hysteresis_left %lld, consecutive_skips %lld, "
                 "skips_total %lld, last_overflow_step %lld\n",
-                s.scale, (long long)s.growth_tracker, (long long)s.hysteresis_left, (long long)s.consecutive_skips,
+                scale, (long long)s.growth_tracker, (long long)s.hysteresis_left, (long long)s.consecutive_skips,
                 (long long)s.skips_total, (long long)s.last_overflow_step);
         fprintf(out, "tensors:\n");
         struct visit v = {.out = out, .file = f};

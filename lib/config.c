@@ -33,6 +33,8 @@
 
 #include <yaml.h>
 
+#include "dtype.h" /* double_to_text */
+
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MAX_CONFIG_BYTES ((size_t)16 << 20) /* a config larger than this is surely not a config */
 #define MAX_EXACT_INT 9007199254740992.0    /* 2^53: integers written as 1e3 must be exact doubles */
@@ -173,8 +175,8 @@ static const struct field run_fields[] = {
     STR_(S, out_dir, "", .flags = F_NONEMPTY, .explicit_bit = X_OUT_DIR, .def_text = "runs/<name>"),
     U64_(S, seed, 1234),
     STR_(S, device, "auto", .check_str = check_device, .what = "auto, cpu, cuda or cuda:N"),
-    INT_(S, steps, 0, GE(0), .def_text = "0: train for run.epochs"),
-    INT_(S, epochs, 0, GE(0), .explicit_bit = X_EPOCHS, .def_text = "1 when run.steps is 0"),
+    INT_(S, steps, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "0: train for run.epochs"),
+    INT_(S, epochs, 0, IN_CC(0, CFG_MAX_EPOCHS), .explicit_bit = X_EPOCHS, .def_text = "1 when run.steps is 0"),
     INT_(S, log_every, 50, GE(1)),
     INT_(S, eval_every, 0, GE(0), .def_text = "0: only at the end"),
     INT_(S, ckpt_every, 0, GE(0), .def_text = "0: only at the end"),
@@ -194,9 +196,9 @@ static const struct field data_fields[] = {
     STR_(S, x_key, "x", .flags = F_NONEMPTY),
     STR_(S, y_key, "y", .flags = F_NONEMPTY),
     LIST_(S, files, nfiles, NULL),
-    INT_(S, seq_len, 64, GE(1)),
+    INT_(S, seq_len, 64, IN_CC(1, CFG_MAX_SIZE)),
     DBL_(S, val_fraction, 0.1, IN_CO(0, 1)),
-    INT_(S, batch_size, 64, GE(1)),
+    INT_(S, batch_size, 64, IN_CC(1, CFG_MAX_SIZE)),
     BOOL_(S, shuffle, true),
     DBL_(S, mean, 0),
     DBL_(S, std, 1, GT(0)),
@@ -212,22 +214,22 @@ static const struct field layer_fields[] = {
     ENUM_(S, kind, layer_kind_names, LAYER_LINEAR, .kinds = ALL_KINDS),
     STR_(S, name, "", .flags = F_NONEMPTY, .kinds = ALL_KINDS, .explicit_bit = XL_NAME, .check_str = check_layer_name,
          .def_text = "kind_N, N its position"),
-    INT_(S, out, 0, GE(1), .kinds = K(LAYER_LINEAR) | K(LAYER_CONV2D), .required = K(LAYER_LINEAR) | K(LAYER_CONV2D)),
-    INT_(S, kernel, 0, GE(1), .kinds = K(LAYER_CONV2D) | POOLS, .required = K(LAYER_CONV2D) | POOLS),
-    INT_(S, stride, 1, GE(1), .kinds = K(LAYER_CONV2D) | POOLS, .explicit_bit = XL_STRIDE,
+    INT_(S, out, 0, IN_CC(1, CFG_MAX_SIZE), .kinds = K(LAYER_LINEAR) | K(LAYER_CONV2D), .required = K(LAYER_LINEAR) | K(LAYER_CONV2D)),
+    INT_(S, kernel, 0, IN_CC(1, CFG_MAX_WINDOW), .kinds = K(LAYER_CONV2D) | POOLS, .required = K(LAYER_CONV2D) | POOLS),
+    INT_(S, stride, 1, IN_CC(1, CFG_MAX_WINDOW), .kinds = K(LAYER_CONV2D) | POOLS, .explicit_bit = XL_STRIDE,
          .def_text = "1 for conv2d, kernel for pools"),
-    INT_(S, padding, 0, GE(0), .kinds = K(LAYER_CONV2D) | POOLS),
+    INT_(S, padding, 0, IN_CC(0, CFG_MAX_WINDOW), .kinds = K(LAYER_CONV2D) | POOLS),
     BOOL_(S, bias, true, .kinds = K(LAYER_LINEAR) | K(LAYER_CONV2D)),
     DBL_(S, eps, 1e-5, GT(0), .kinds = K(LAYER_BATCHNORM2D) | K(LAYER_LAYERNORM)),
     DBL_(S, momentum, 0.1, IN_CC(0, 1), .kinds = K(LAYER_BATCHNORM2D)),
     DBL_(S, p, 0.1, IN_CO(0, 1), .kinds = K(LAYER_DROPOUT)),
-    INT_(S, vocab, 256, GE(1), .kinds = K(LAYER_EMBEDDING)),
-    INT_(S, dim, 0, GE(0), .kinds = K(LAYER_EMBEDDING) | K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK),
+    INT_(S, vocab, 256, IN_CC(1, CFG_MAX_SIZE), .kinds = K(LAYER_EMBEDDING)),
+    INT_(S, dim, 0, IN_CC(0, CFG_MAX_SIZE), .kinds = K(LAYER_EMBEDDING) | K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK),
          .required = K(LAYER_EMBEDDING), .def_text = "0: inferred from the input"),
-    INT_(S, max_len, 0, GE(1), .kinds = K(LAYER_EMBEDDING), .explicit_bit = XL_MAX_LEN, .def_text = "data.seq_len"),
-    INT_(S, heads, 0, GE(1), .kinds = K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK),
+    INT_(S, max_len, 0, IN_CC(1, CFG_MAX_SIZE), .kinds = K(LAYER_EMBEDDING), .explicit_bit = XL_MAX_LEN, .def_text = "data.seq_len"),
+    INT_(S, heads, 0, IN_CC(1, CFG_MAX_WINDOW), .kinds = K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK),
          .required = K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK)),
-    INT_(S, mlp_ratio, 4, GE(1), .kinds = K(LAYER_TRANSFORMER_BLOCK)),
+    INT_(S, mlp_ratio, 4, IN_CC(1, CFG_MAX_WINDOW), .kinds = K(LAYER_TRANSFORMER_BLOCK)),
     ENUM_(S, approximate, gelu_approx_names, GELU_TANH, .kinds = K(LAYER_GELU) | K(LAYER_TRANSFORMER_BLOCK)),
 };
 #undef S
@@ -330,7 +332,7 @@ static const struct field root_fields[] = {
     SECT_(S, model, model_section),
     SECT_(S, optim, optim_section),
     SECT_(S, precision, precision_section),
-    INT_(S, accum_steps, 1, GE(1)),
+    INT_(S, accum_steps, 1, IN_CC(1, CFG_MAX_ACCUM)),
     SECT_(S, clip, clip_section),
     SECT_(S, stability, stability_section),
     SECT_(S, dist, dist_section),
@@ -417,19 +419,8 @@ static void cat_text(char *buf, size_t size, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Shortest of %.15g, %.16g, %.17g that reads back to the same double; "inf" for infinity. */
-static void format_double(double v, char *buf, size_t size)
-{
-    if (isinf(v)) {
-        snprintf(buf, size, "%s", v > 0 ? "inf" : "-inf");
-        return;
-    }
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(buf, size, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v)
-            return;
-    }
-}
+/* The shortest text that reads back to the same double (double_to_text); "inf" for infinity. */
+static void format_double(double v, char *buf, size_t size) { double_to_text(v, buf, size); }
 
 /* A scalar's text for a message: at most ~60 bytes, control characters shown as '?'. */
 static const char *show(const char *s, char *buf, size_t size)
@@ -560,14 +551,21 @@ static bool in_range(const struct field *f, double v)
 
 static void range_text(const struct field *f, char *buf, size_t size)
 {
+    char lo[40], hi[40];
+    if (f->type == FT_INT) { /* bounds of integers read as integers: 1000000000000, not 1e+12 */
+        snprintf(lo, sizeof lo, "%.0f", f->lo);
+        snprintf(hi, sizeof hi, "%.0f", f->hi);
+    } else {
+        format_double(f->lo, lo, sizeof lo);
+        format_double(f->hi, hi, sizeof hi);
+    }
     buf[0] = '\0';
     if ((f->flags & F_MIN) && (f->flags & F_MAX))
-        snprintf(buf, size, "in %c%g, %g%c", f->flags & F_MIN_OPEN ? '(' : '[', f->lo, f->hi,
-                 f->flags & F_MAX_OPEN ? ')' : ']');
+        snprintf(buf, size, "in %c%s, %s%c", f->flags & F_MIN_OPEN ? '(' : '[', lo, hi, f->flags & F_MAX_OPEN ? ')' : ']');
     else if (f->flags & F_MIN)
-        snprintf(buf, size, "%s %g", f->flags & F_MIN_OPEN ? ">" : ">=", f->lo);
+        snprintf(buf, size, "%s %s", f->flags & F_MIN_OPEN ? ">" : ">=", lo);
     else if (f->flags & F_MAX)
-        snprintf(buf, size, "%s %g", f->flags & F_MAX_OPEN ? "<" : "<=", f->hi);
+        snprintf(buf, size, "%s %s", f->flags & F_MAX_OPEN ? "<" : "<=", hi);
 }
 
 static void default_text(const struct field *f, char *buf, size_t size)
@@ -679,6 +677,8 @@ struct ctx {
     const char *override;     /* the whole KEY=VALUE while applying an override, else NULL */
     const char *override_key; /* its KEY */
     yaml_document_t *doc;     /* the document the nodes belong to; NULL in a bare config_finalize */
+    const char *text;         /* its source text (len bytes): where a node's marks point */
+    size_t len;
     unsigned *explicit_keys;  /* where writes to keys with derived defaults are recorded */
     struct amp_error *err;
 };
@@ -810,11 +810,33 @@ static bool is_inf_word(const char *s)
 
 /* ---- reading scalar values -------------------------------------------------------------------- */
 
+/* A scalar with an explicit tag (!!str 1e-3, !!float 1): libyaml's document gives every scalar a tag, so
+ * the source text tells, at the node's start (after an &anchor). */
+static bool tagged(const struct ctx *c, const yaml_node_t *n)
+{
+    size_t i = n->start_mark.index;
+    if (!c->text || i >= c->len)
+        return false;
+    if (c->text[i] == '&') {
+        while (i < c->len && !strchr(" \t\r\n", c->text[i]))
+            i++;
+        while (i < c->len && strchr(" \t\r\n", c->text[i]))
+            i++;
+    }
+    return i < c->len && c->text[i] == '!';
+}
+
+/* Numbers and booleans are written bare: plain style, no tag. */
+static bool bare(const struct ctx *c, const yaml_node_t *n) { return is_plain(n) && !tagged(c, n); }
+
 static enum amp_status reject_quoted_number(const struct ctx *c, const yaml_node_t *n, const char *path,
                                             const char *kind)
 {
     char shown[96];
     show(stext(n), shown, sizeof shown);
+    if (tagged(c, n))
+        return fail_value(c, n, path, "remove the tag: numbers are written bare, e.g. lr: 1e-4",
+                          "expected %s, got a tagged (!!...) value \"%s\"", kind, shown);
     return fail_value(c, n, path, "remove the quotes: numbers are written bare, e.g. lr: 1e-4",
                       "expected %s, got the quoted string \"%s\"", kind, shown);
 }
@@ -824,9 +846,9 @@ static enum amp_status read_double(const struct ctx *c, const struct field *f, c
 {
     const char *s = stext(n);
     char shown[96];
-    if (!is_plain(n) && (number_syntax(s) || is_inf_word(s)))
+    if (!bare(c, n) && (number_syntax(s) || is_inf_word(s)))
         return reject_quoted_number(c, n, path, "a number");
-    if (is_plain(n) && is_inf_word(s)) {
+    if (bare(c, n) && is_inf_word(s)) {
         if (f->flags & F_INF_OK) {
             *out = INFINITY;
             return AMP_OK;
@@ -834,7 +856,7 @@ static enum amp_status read_double(const struct ctx *c, const struct field *f, c
         return fail_value(c, n, path, hint, "expected a finite number, got '%s'",
                           show(s, shown, sizeof shown));
     }
-    if (!is_plain(n) || !number_syntax(s))
+    if (!bare(c, n) || !number_syntax(s))
         return fail_value(c, n, path, hint, "expected a number, got %s",
                           describe(n, shown, sizeof shown));
     double v = strtod(s, NULL);
@@ -852,9 +874,9 @@ static enum amp_status read_integer(const struct ctx *c, const yaml_node_t *n, c
     const char *s = stext(n);
     char shown[96];
     const char *what = is_unsigned ? "a non-negative integer" : "an integer";
-    if (!is_plain(n) && number_syntax(s))
+    if (!bare(c, n) && number_syntax(s))
         return reject_quoted_number(c, n, path, what);
-    if (!is_plain(n) || !number_syntax(s))
+    if (!bare(c, n) || !number_syntax(s))
         return fail_value(c, n, path, hint, "expected %s, got %s", what,
                           describe(n, shown, sizeof shown));
     if (is_unsigned && s[0] == '-')
@@ -886,13 +908,14 @@ static enum amp_status read_bool(const struct ctx *c, const yaml_node_t *n, cons
 {
     const char *s = stext(n);
     char shown[96];
-    if (is_plain(n) && (!strcmp(s, "true") || !strcmp(s, "false"))) {
+    if (bare(c, n) && (!strcmp(s, "true") || !strcmp(s, "false"))) {
         *out = s[0] == 't';
         return AMP_OK;
     }
-    if (!is_plain(n) && (!strcmp(s, "true") || !strcmp(s, "false")))
-        return fail_value(c, n, path, "remove the quotes: write true or false bare",
-                          "expected true or false, got the quoted string \"%s\"", s);
+    if (!bare(c, n) && (!strcmp(s, "true") || !strcmp(s, "false")))
+        return fail_value(c, n, path, "remove the quotes or tag: write true or false bare",
+                          "expected true or false, got the %s \"%s\"", tagged(c, n) ? "tagged value" : "quoted string",
+                          s);
     return fail_value(c, n, path, "write true or false (YAML 1.1 words such as yes, no, on, off are not booleans here)",
                       "expected true or false, got %s", describe(n, shown, sizeof shown));
 }
@@ -956,23 +979,30 @@ static enum amp_status apply_layers(struct ctx *c, const struct field *f, void *
 
 static void layer_defaults(struct layer_config *l, enum layer_kind kind);
 
-static enum amp_status check_duplicate_keys(const struct ctx *c, const yaml_node_t *map, const char *place)
+/* A key given twice in one mapping. Linear: only keys of section `s` can be duplicates that matter (any
+ * other key is refused as unknown), so each pair looks up its field and remembers where it was first seen. */
+static enum amp_status check_duplicate_keys(const struct ctx *c, const struct section *s, const yaml_node_t *map,
+                                            const char *place)
 {
+    const yaml_node_t *first[64] = {0};
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
         yaml_node_t *k = node_at(c, p->key);
-        if (!k || k->type != YAML_SCALAR_NODE)
+        if (!k || k->type != YAML_SCALAR_NODE || has_nul(k))
             continue;
-        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
-            yaml_node_t *prev = node_at(c, q->key);
-            if (prev && prev->type == YAML_SCALAR_NODE && prev->data.scalar.length == k->data.scalar.length &&
-                !memcmp(stext(prev), stext(k), k->data.scalar.length)) {
-                char shown[96];
-                return fail_at(c, &k->start_mark, "remove one of them: a YAML mapping takes each key once",
-                               "duplicate key '%s' %s: first at line %zu, again at line %zu",
-                               show(stext(k), shown, sizeof shown), place, prev->start_mark.line + 1,
-                               k->start_mark.line + 1);
-            }
+        const struct field *f = find_field(s, stext(k));
+        if (!f)
+            continue;
+        size_t i = (size_t)(f - s->fields);
+        if (i >= ARRAY_LEN(first))
+            continue;
+        if (first[i]) {
+            char shown[96];
+            return fail_at(c, &k->start_mark, "remove one of them: a YAML mapping takes each key once",
+                           "duplicate key '%s' %s: first at line %zu, again at line %zu",
+                           show(stext(k), shown, sizeof shown), place, first[i]->start_mark.line + 1,
+                           k->start_mark.line + 1);
         }
+        first[i] = k;
     }
     return AMP_OK;
 }
@@ -1176,7 +1206,7 @@ static enum amp_status apply_section(struct ctx *c, const struct section *s, voi
                            describe(node, shown, sizeof shown));
         return fail_value(c, node, s->path, hint, "expected a mapping of keys, got %s", describe(node, shown, sizeof shown));
     }
-    enum amp_status st = check_duplicate_keys(c, node, place);
+    enum amp_status st = check_duplicate_keys(c, s, node, place);
     for (yaml_node_pair_t *p = node->data.mapping.pairs.start; st == AMP_OK && p < node->data.mapping.pairs.top; p++) {
         yaml_node_t *k = node_at(c, p->key), *v = node_at(c, p->value);
         const char *key = NULL;
@@ -1270,7 +1300,7 @@ static enum amp_status apply_layer(struct ctx *c, struct layer_config *l, int in
         snprintf(path, sizeof path, "model.layers.%d", index);
         return fail_value(c, node, path, hint, "expected a mapping with a kind, got %s", describe(node, shown, sizeof shown));
     }
-    enum amp_status st = check_duplicate_keys(c, node, place);
+    enum amp_status st = check_duplicate_keys(c, &layer_section, node, place);
     if (st != AMP_OK)
         return st;
     yaml_node_pair_t *kind_pair = NULL;
@@ -1311,7 +1341,11 @@ static enum amp_status apply_layers(struct ctx *c, const struct field *f, void *
         return fail_value(c, node, "model.layers", field_hint(f, "model.layers", -1, hint, sizeof hint),
                           "expected a list of layers, got %s", describe(node, shown, sizeof shown));
     yaml_node_item_t *items = node->data.sequence.items.start;
-    int n = (int)(node->data.sequence.items.top - items);
+    ptrdiff_t count = node->data.sequence.items.top - items;
+    if (count > CFG_MAX_LAYERS)
+        return fail_value(c, node, "model.layers", "split the model or raise CFG_MAX_LAYERS in lib/config.h",
+                          "%td layers; ampTrain builds at most %d", count, CFG_MAX_LAYERS);
+    int n = (int)count;
     struct layer_config *layers = calloc(n > 0 ? (size_t)n : 1, sizeof *layers);
     if (!layers)
         return out_of_memory(c->err);
@@ -1631,14 +1665,46 @@ static enum amp_status syntax_error(const struct ctx *c, const yaml_parser_t *p,
 }
 
 /* Parse exactly one YAML document from text into *doc. *empty: the text holds no document. */
-static enum amp_status load_document(const struct ctx *c, const char *text, size_t len, yaml_document_t *doc,
-                                     bool *empty)
+/* libyaml's scanner does work proportional to the flow nesting depth on every token, so deep nesting is
+ * quadratic (8 s for 40000 levels). A first pass over the events refuses more than CFG_MAX_DEPTH levels
+ * before the document is built; it stops within a few tokens of the limit, so it is linear. A syntax
+ * error ends the pass quietly: the load that follows reports it. */
+static enum amp_status check_depth(const struct ctx *c, const char *text, size_t len)
 {
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser))
         return out_of_memory(c->err);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     enum amp_status st = AMP_OK;
+    int depth = 0;
+    for (bool done = false; !done && st == AMP_OK;) {
+        yaml_event_t e;
+        if (!yaml_parser_parse(&parser, &e))
+            break;
+        if (e.type == YAML_SEQUENCE_START_EVENT || e.type == YAML_MAPPING_START_EVENT)
+            depth++;
+        else if (e.type == YAML_SEQUENCE_END_EVENT || e.type == YAML_MAPPING_END_EVENT)
+            depth--;
+        done = e.type == YAML_STREAM_END_EVENT;
+        if (depth > CFG_MAX_DEPTH)
+            st = fail_at(c, &e.start_mark, "a config nests at most 4 levels (model: layers: - kind: ...)",
+                         "the YAML nests more than %d lists or mappings deep here", CFG_MAX_DEPTH);
+        yaml_event_delete(&e);
+    }
+    yaml_parser_delete(&parser);
+    return st;
+}
+
+static enum amp_status load_document(const struct ctx *c, const char *text, size_t len, yaml_document_t *doc,
+                                     bool *empty)
+{
+    enum amp_status st = check_depth(c, text, len);
+    if (st != AMP_OK)
+        return st;
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser))
+        return out_of_memory(c->err);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     if (!yaml_parser_load(&parser, doc)) {
         st = syntax_error(c, &parser, text, len);
         yaml_parser_delete(&parser);
@@ -1671,7 +1737,7 @@ enum amp_status config_parse_string(struct config *cfg, const char *yaml, size_t
     config_defaults(cfg);
     name = name ? name : "<string>";
     snprintf(cfg->source, sizeof cfg->source, "%s", name);
-    struct ctx c = {.file = name, .explicit_keys = &cfg->explicit_keys, .err = err};
+    struct ctx c = {.file = name, .explicit_keys = &cfg->explicit_keys, .err = err, .text = yaml, .len = len};
     if (!yaml && len)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "%s: no text to parse", name);
     enum amp_status st = check_tabs(&c, yaml ? yaml : "", len);
@@ -1828,7 +1894,8 @@ enum amp_status config_apply_override(struct config *cfg, const char *override, 
     key[klen] = '\0';
     const char *value = eq + 1;
 
-    struct ctx c = {.file = cfg->source, .override = override, .override_key = key, .err = err};
+    struct ctx c = {.file = cfg->source, .override = override, .override_key = key, .err = err, .text = value,
+                    .len = strlen(value)};
     yaml_document_t doc;
     bool empty = true;
     enum amp_status st = load_document(&c, value, strlen(value), &doc, &empty);

@@ -22,6 +22,15 @@
 #define CFG_STR 256      /* longest string value (paths included) */
 #define CFG_MAX_FILES 16 /* most files in data.files */
 #define CFG_MAX_OPS 32   /* most op kinds in one autocast override list */
+#define CFG_MAX_LAYERS 4096 /* most entries in model.layers (a check of names is quadratic in it) */
+/* Bounds of the counts that the training loop multiplies (docs/config.md): with them, steps x accum x
+ * ranks and batch x accum x ranks fit in int64; train.c checks the whole product once more. */
+#define CFG_MAX_STEPS 1000000000000.0 /* run.steps: 1e12 */
+#define CFG_MAX_EPOCHS 1000000.0      /* run.epochs */
+#define CFG_MAX_ACCUM 65536.0         /* accum_steps */
+#define CFG_MAX_SIZE 16777216.0       /* data.batch_size, data.seq_len, layer widths, vocab, max_len: 2^24 */
+#define CFG_MAX_WINDOW 65536.0        /* kernel, stride, padding, heads, mlp_ratio */
+#define CFG_MAX_DEPTH 32    /* most nested lists and mappings in a YAML config (a config needs 4) */
 
 enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT };
 enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };

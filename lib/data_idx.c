@@ -148,6 +148,19 @@ static enum amp_status idx_read_payload(gzFile gz, struct idx_file *f, int64_t f
     }
     if (got < f->count)
         return idx_fail_truncated(f, f->ndim == 3 ? "pixel data" : "label data", f->count, got, gz, err);
+    if (f->gzipped) {
+        /* zlib checks the gzip trailer (CRC-32 and length) only when a read reaches the stream's end: a
+         * file cut inside the trailer would otherwise pass with all its data. */
+        uint8_t extra;
+        int r = gzread(gz, &extra, 1);
+        int zerr = Z_OK;
+        const char *msg = gzerror(gz, &zerr);
+        if (r < 0 || zerr != Z_OK)
+            return amp_fail(err, AMP_ERR_DATA, "the file is damaged or was cut short: re-download or reinstall it",
+                            "%s: the gzip stream does not end properly after the %s (%s): %s", f->path,
+                            f->ndim == 3 ? "pixel data" : "label data", f->key,
+                            zerr == Z_BUF_ERROR ? "its trailer is missing (the file is truncated)" : msg ? msg : "?");
+    }
     return AMP_OK;
 }
 

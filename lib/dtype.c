@@ -20,7 +20,9 @@
  */
 #include "dtype.h"
 
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -260,4 +262,17 @@ const char *dtype_simd_path(void)
 {
     const struct dtype_simd_table *t = current_table();
     return t ? t->name : "portable";
+}
+
+void double_to_text(double v, char *buf, size_t size)
+{
+    if (isnan(v) || isinf(v)) {
+        snprintf(buf, size, "%s", isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+        return;
+    }
+    for (int prec = 9; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
 }

@@ -39,6 +39,11 @@ float dtype_round(float x, enum dtype dt);
  * Any n and any alignment; dst and src must not overlap unless dst == src with the same dtype. */
 void dtype_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
 
+/* The shortest decimal text ("%.Ng", N in 9..17) that strtod reads back to exactly v: 2^30 prints as
+ * 1073741824, 0.1 as 0.1; "nan", "inf", "-inf" for the rest. Logs and messages print values a user may
+ * compare with it. */
+void double_to_text(double v, char *buf, size_t size);
+
 /* The same, forced through the portable scalar path (for tests and for AMP_DTYPE_PORTABLE=1). */
 void dtype_convert_portable(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
 

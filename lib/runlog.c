@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dtype.h" /* double_to_text */
+
 double runlog_now(void)
 {
     struct timespec ts;
@@ -93,7 +95,7 @@ void runlog_csv_field(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* %.9g for floats that round-trip; empty for NaN where a value is "not measured". */
+/* The shortest text that reads back exactly (double_to_text); empty for NaN where a value is "not measured". */
 static void csv_num(FILE *f, double v, bool nan_empty)
 {
     if (isnan(v) && nan_empty)
@@ -102,8 +104,11 @@ static void csv_num(FILE *f, double v, bool nan_empty)
         fputs("nan", f);
     else if (isinf(v))
         fputs(v > 0 ? "inf" : "-inf", f);
-    else
-        fprintf(f, "%.9g", v);
+    else {
+        char text[40];
+        double_to_text(v, text, sizeof text);
+        fputs(text, f);
+    }
 }
 
 static void format_eta(char *buf, size_t len, double seconds)
@@ -175,10 +180,9 @@ enum amp_status runlog_flush(struct runlog *rl, struct amp_error *err)
 
 static void json_num(FILE *f, double v)
 {
-    if (!isfinite(v))
-        fputs("null", f);
-    else
-        fprintf(f, "%.9g", v);
+    char text[40];
+    double_to_text(v, text, sizeof text);
+    fputs(isfinite(v) ? text : "null", f);
 }
 
 enum amp_status runlog_eval(const char *dir, FILE *out, const struct eval_record *r, struct amp_error *err)

@@ -52,7 +52,8 @@ struct step_params {
     int64_t micro_batches;    /* summed into one step over all ranks: accum_steps x world (data parallel) */
     double max_norm;          /* clip.max_norm; 0: no clipping */
     int32_t inf_norm;         /* clip.norm_type is inf: the norm is max |g| */
-    float beta1, beta2, weight_decay; /* AdamW's, as the fp32 values the update uses */
+    double beta1, beta2;      /* AdamW's, as the config gives them: bias corrections 1 - beta^t in double, as PyTorch */
+    float weight_decay;       /* AdamW's, as the fp32 value the update uses */
     struct schedule_params schedule;
 };
 
@@ -110,8 +111,8 @@ AMP_HD static inline float step_rule_seed(const struct scaler *s, int64_t micro_
 AMP_HD static inline void step_rule_scalars(struct step_scalars *sc, const struct step_params *p, float lr,
                                             int64_t t, float grad_mul)
 {
-    double bc1 = 1.0 - pow((double)p->beta1, (double)t);
-    double bc2 = 1.0 - pow((double)p->beta2, (double)t);
+    double bc1 = 1.0 - pow(p->beta1, (double)t);
+    double bc2 = 1.0 - pow(p->beta2, (double)t);
     sc->skip = 0;
     sc->first_step = t == 1;
     sc->grad_mul = grad_mul;

@@ -216,8 +216,8 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
         .micro_batches = cfg->accum_steps * t->world,
         .max_norm = cfg->clip.max_norm,
         .inf_norm = cfg->clip.norm_type == INFINITY,
-        .beta1 = (float)cfg->optim.betas[0],
-        .beta2 = (float)cfg->optim.betas[1],
+        .beta1 = cfg->optim.betas[0],
+        .beta2 = cfg->optim.betas[1],
         .weight_decay = (float)cfg->optim.weight_decay,
         .schedule = optim_schedule_params(&t->opt),
     };
@@ -265,8 +265,14 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
         return st;
 
-    int64_t micro = cfg->data.batch_size;
-    if ((st = data_load(&t->ds, &cfg->data, micro * cfg->accum_steps * t->world, err)) != AMP_OK)
+    int64_t micro = cfg->data.batch_size, per_step = 0;
+    /* docs/config.md bounds each count; the products the loop forms (samples per step, steps x samples per
+     * step, (step x accum + micro) x ranks) must also fit in int64: keep them below 2^62. */
+    if (__builtin_mul_overflow(micro * cfg->accum_steps, (int64_t)t->world, &per_step) || per_step > INT64_C(1) << 62)
+        return amp_fail(err, AMP_ERR_CONFIG, "lower data.batch_size or accum_steps",
+                        "%s: data.batch_size %lld x accum_steps %lld x %d ranks is more than 2^62 samples per step",
+                        cfg->source, (long long)micro, (long long)cfg->accum_steps, t->world);
+    if ((st = data_load(&t->ds, &cfg->data, per_step, err)) != AMP_OK)
         return st;
     struct autocast_policy policy;
     if ((st = autocast_from_config(&policy, cfg->precision.mode, &cfg->precision.autocast, err)) != AMP_OK)
@@ -280,7 +286,14 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if ((st = sampler_init(&t->sampler, t->ds.split[SPLIT_TRAIN].n, cfg->run.seed, cfg->data.shuffle, err)) != AMP_OK)
         return st;
     int64_t per_epoch = sampler_batches_per_epoch(&t->sampler, micro) / (cfg->accum_steps * t->world);
-    t->total_steps = cfg->run.steps > 0 ? cfg->run.steps : cfg->run.epochs * per_epoch;
+    int64_t samples = 0;
+    bool too_many = cfg->run.steps > 0 ? false : __builtin_mul_overflow(cfg->run.epochs, per_epoch, &t->total_steps);
+    if (cfg->run.steps > 0)
+        t->total_steps = cfg->run.steps;
+    if (too_many || __builtin_mul_overflow(t->total_steps, per_step, &samples) || samples > INT64_C(1) << 62)
+        return amp_fail(err, AMP_ERR_CONFIG, "lower run.steps or run.epochs",
+                        "%s: %s steps of %lld samples (data.batch_size x accum_steps x ranks) are more than 2^62 "
+                        "samples", cfg->source, too_many ? "the run's" : "its", (long long)per_step);
     if ((st = optim_create(&t->opt, &cfg->optim, &t->model, t->total_steps, err)) != AMP_OK)
         return st;
     scaler_init(&t->scaler, &cfg->precision);
@@ -521,6 +534,15 @@ static void on_stop_signal(int sig)
     stop_signal = sig;
 }
 
+/* Test-only (docs/reliability.md): AMPTRAIN_TEST_RAISE=setup|final_eval sends this process SIGTERM at that
+ * point of run_loop, so a test can place a signal where no timing could. */
+static void test_raise(const char *where)
+{
+    const char *v = getenv("AMPTRAIN_TEST_RAISE");
+    if (v && strcmp(v, where) == 0)
+        raise(SIGTERM);
+}
+
 static void install_signals(bool on)
 {
     struct sigaction sa;
@@ -631,13 +653,24 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
 {
     if (!comm)
         comm = comm_single();
+    /* From here to the end a first SIGINT/SIGTERM is a request, answered with a message: before the first
+     * step (data loading can take long) and after the last (the final evaluation) as well as between steps. */
+    install_signals(true);
+    test_raise("setup");
     struct trainer t;
     enum amp_status st = trainer_setup(&t, cfg, comm, err);
     if (st == AMP_OK && resume) {
         st = ckpt_load_trainer(resume, &t, fresh_scaler, err);
+        if (st == AMP_OK && t.step > t.total_steps)
+            st = amp_fail(err, AMP_ERR_CONFIG,
+                          "give run.steps beyond the checkpoint's step (run.steps counts from the run's start)",
+                          "resume: %s is at step %lld, past the run's %lld steps (run.steps or run.epochs): nothing "
+                          "to train", resume, (long long)t.step, (long long)t.total_steps);
         if (st == AMP_OK)
-            printf("resumed from %s at step %lld (epoch %lld)\n", resume, (long long)t.step,
-                   (long long)t.sampler.epoch);
+            printf("resumed from %s at step %lld (epoch %lld)%s\n", resume, (long long)t.step,
+                   (long long)t.sampler.epoch,
+                   t.step == t.total_steps ? "; it is the run's last step: nothing to train, only the final "
+                                             "evaluation (raise run.steps to train further)" : "");
         struct ckpt_info info;
         if (st == AMP_OK && ckpt_verify(resume, &info, NULL) == AMP_OK && info.world_size != t.world)
             printf("note: %s was written by %lld rank%s and resumes on %d: a step now takes %lld samples (batch %lld "
@@ -650,6 +683,14 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                    (long long)cfg->accum_steps);
     }
     st = comm_agree(comm, st, err);
+    int sig = stop_signal; /* a stop signal any rank saw, agreed by all after each step */
+    st = comm_agree_stop(comm, st, &sig, err);
+    if (st == AMP_OK && sig) {
+        st = amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM, "run the same command again",
+                      "stopped by %s before the first step (while loading the data and building the model): "
+                      "nothing was trained or written", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        err->agreed = t.world > 1;
+    }
     if (st == AMP_OK && comm->rank == 0) {
         /* Resuming into a directory without a log (run.out_dir changed) starts a fresh log with a header. */
         char csv[CFG_STR + 32];
@@ -662,10 +703,8 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     if (st == AMP_OK && comm->rank == 0 && ckpt_clean_stale(cfg->run.out_dir) > 0)
         printf("removed stale checkpoint .tmp files in %s (left by an interrupted save)\n", cfg->run.out_dir);
     st = comm_agree(comm, st, err);
-    install_signals(true);
     struct loop_marks lm = {.resume = resume, .t_window = runlog_now(), .saved_step = -1, .good_step = -1,
                             .checked_step = t.step};
-    int sig = 0; /* a stop signal any rank saw, agreed by all after each step */
     while (st == AMP_OK && t.step < t.total_steps && !sig) {
         double t0 = runlog_now();
         st = trainer_step(&t, err);
@@ -707,7 +746,17 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
+        test_raise("final_eval");
         st = comm_agree(comm, run_eval(&t, t.total_steps, err), err);
+        sig = stop_signal;
+        st = comm_agree_stop(comm, st, &sig, err);
+        if (st == AMP_OK && sig) {
+            st = amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM,
+                          "the run is complete: evaluate its checkpoint again with 'ampTrain eval CHECKPOINT.h5'",
+                          "%s arrived during the final evaluation; training had finished and its last checkpoint "
+                          "is written: %s", sig == SIGINT ? "SIGINT" : "SIGTERM", lm.saved[0] ? lm.saved : "(none)");
+            err->agreed = t.world > 1;
+        }
     }
     install_signals(false);
     trainer_teardown(&t);

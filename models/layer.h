@@ -51,6 +51,7 @@ struct param {
 struct buffer {
     char name[96];
     struct tensor t;
+    bool nonneg;             /* a variance: a checkpoint holding a negative value is refused */
 };
 
 /* Zero count of low-precision activation gradients (scale_log.csv's grad_zero_frac). */

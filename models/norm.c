@@ -235,8 +235,8 @@ enum amp_status batchnorm2d_setup(struct layer *l, struct layer_build *b)
     if (!l->buffers)
         return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
     st = layer_add_buffer(l, b, "running_mean", 1, &c);
-    if (st == AMP_OK)
-        st = layer_add_buffer(l, b, "running_var", 1, &c);
+    if (st == AMP_OK && (st = layer_add_buffer(l, b, "running_var", 1, &c)) == AMP_OK)
+        l->buffers[1].nonneg = true;
     if (st == AMP_OK)
         st = layer_alloc(l, b, &p->mean, DT_FP32, 1, &c, "batch mean");
     if (st == AMP_OK)

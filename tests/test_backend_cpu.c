@@ -1575,6 +1575,28 @@ Test(backend_cpu, adamw_matches_pytorch_formula)
     check_f32(b.master, (double[]){ 0.5 * (1 - 1e-3) + 1e-2 * 3.0 / (3.0 + 1e-8) }, 1, 1e-6, 0, "adamw step 1");
 }
 
+/* 1 - beta is computed in double and then rounded, as PyTorch passes the Python float 1 - beta2 to
+ * addcmul_: for beta2 = 0.999 the factor is 0.001f, not 1.0f - 0.999f = 0.00099998713 (issue 12 item 12).
+ * One step from v = 0 with g = 1 makes v exactly that factor. */
+Test(backend_cpu, adamw_one_minus_beta_is_rounded_from_double_as_pytorch_does)
+{
+    float hp = 0.5f, hg = 1.0f;
+    struct tensor *p = tfrom(DT_FP32, 1, &hp), *g = tfrom(DT_FP32, 1, &hg), *m = tnew(DT_FP32, 1),
+                  *v = tnew(DT_FP32, 1);
+    be->zero(be, m);
+    be->zero(be, v);
+    struct step_params sp = {.beta1 = 0.9, .beta2 = 0.999};
+    struct step_scalars sc;
+    step_rule_scalars(&sc, &sp, 1e-3f, 1, 1.0f);
+    struct optim_update_args a = {.master = p, .grad = g, .m = m, .v = v, .sc = &sc, .beta1 = 0.9, .beta2 = 0.999,
+                                  .eps = 1e-8f};
+    be->adamw_update(be, &a, 1);
+    float got_m = ((const float *)m->data)[0], got_v = ((const float *)v->data)[0];
+    cr_assert_eq(got_v, (float)(1.0 - 0.999), "v = %.9g, want (float)(1 - 0.999) = %.9g (1.0f - 0.999f is %.9g)",
+                 (double)got_v, (double)(float)(1.0 - 0.999), (double)(1.0f - 0.999f));
+    cr_assert_eq(got_m, (float)(1.0 - 0.9), "m = %.9g, want %.9g", (double)got_m, (double)(float)(1.0 - 0.9));
+}
+
 static void sgd_reference(double *p, double *buf, const float *g, size_t n, double gm, double lr, double wd,
                           double mom, bool nesterov, bool first)
 {

@@ -898,13 +898,13 @@ Test(errors, top_level_not_a_mapping)
 
 Test(ranges, accum_steps_zero)
 {
-    expect_error_exact("accum_steps: 0\n" BASE, "t.yaml:1:14: accum_steps must be >= 1, got 0");
-    expect_error("accum_steps: 0\n" BASE, "t.yaml:1:14: ", "accum_steps", "accum_steps takes an integer >= 1 (default 1)");
+    expect_error_exact("accum_steps: 0\n" BASE, "t.yaml:1:14: accum_steps must be in [1, 65536], got 0");
+    expect_error("accum_steps: 0\n" BASE, "t.yaml:1:14: ", "accum_steps", "accum_steps takes an integer in [1, 65536] (default 1)");
 }
 
 Test(ranges, accum_steps_negative)
 {
-    expect_error_exact("accum_steps: -4\n" BASE, "t.yaml:1:14: accum_steps must be >= 1, got -4");
+    expect_error_exact("accum_steps: -4\n" BASE, "t.yaml:1:14: accum_steps must be in [1, 65536], got -4");
 }
 
 Test(ranges, clip_max_norm_negative)
@@ -927,7 +927,7 @@ Test(ranges, static_loss_scale_zero)
 Test(ranges, batch_size_zero)
 {
     expect_error_exact("data:\n  format: idx\n  batch_size: 0\n" BASE_MODEL,
-                       "t.yaml:3:15: data.batch_size must be >= 1, got 0");
+                       "t.yaml:3:15: data.batch_size must be in [1, 16777216], got 0");
 }
 
 Test(ranges, lr_not_positive)
@@ -970,7 +970,7 @@ Test(ranges, other_bounds)
         {"optim:\n  weight_decay: -0.1\n", "t.yaml:2:17: optim.weight_decay must be >= 0, got -0.1"},
         {"stability:\n  max_consecutive_skips: -1\n", "t.yaml:2:26: stability.max_consecutive_skips must be >= 0, got -1"},
         {"run:\n  keep_ckpts: 0\n", "t.yaml:2:15: run.keep_ckpts must be >= 1, got 0"},
-        {"run:\n  steps: -5\n", "t.yaml:2:10: run.steps must be >= 0, got -5"},
+        {"run:\n  steps: -5\n", "t.yaml:2:10: run.steps must be in [0, 1000000000000], got -5"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char yaml[1024];
@@ -1131,7 +1131,7 @@ Test(layers, missing_required_key)
     expect_error(BASE_DATA "model:\n  layers:\n    - kind: maxpool2d\n    - kind: mse\n", "t.yaml:9:7: ",
                  "needs 'kernel'", NULL);
     expect_error(BASE_DATA "model:\n  layers:\n    - kind: linear\n      out: 0\n    - kind: mse\n", "t.yaml:10:12: ",
-                 "model.layers.0.out must be >= 1, got 0", NULL);
+                 "model.layers.0.out must be in [1, 16777216], got 0", NULL);
 }
 
 Test(layers, last_layer_not_a_loss)
@@ -1417,7 +1417,7 @@ Test(overrides, out_of_range_and_bad_values)
 {
     struct config c;
     load_mlp(&c);
-    expect_override_error(&c, "accum_steps=0", "override 'accum_steps=0': accum_steps must be >= 1, got 0", NULL);
+    expect_override_error(&c, "accum_steps=0", "override 'accum_steps=0': accum_steps must be in [1, 65536], got 0", NULL);
     expect_override_error(&c, "optim.betas=[0.9, 1.5]",
                           "override 'optim.betas=[0.9, 1.5]': optim.betas[1] must be in [0, 1), got 1.5", NULL);
     expect_override_error(&c, "optim.lr=", "override 'optim.lr=': missing value after '='", NULL);
@@ -1458,4 +1458,89 @@ Test(overrides, finalize_catches_cross_key_errors_after_overrides)
     cr_assert_str_eq(err.msg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml: precision.loss_scale: min (1000000) is larger "
                               "than init (65536)");
     config_free(&c);
+}
+
+/* ---- hostile sizes (issue 12 items 4, 5, 11) ----------------------------------------------------- */
+
+/* A growing buffer for generated configs. */
+static char *gen(size_t cap) { char *s = calloc(cap, 1); cr_assert_not_null(s); return s; }
+
+Test(bounds, counts_the_loop_multiplies_are_bounded)
+{
+    /* Before: these passed and then overflowed int64 in the loop (or looped for ever in one step). */
+    expect_error("accum_steps: 4611686018427387904\n" BASE, "t.yaml:1:14: ",
+                 "accum_steps must be in [1, 65536], got 4611686018427387904", NULL);
+    expect_error("run:\n  epochs: 4611686018427387904\n" BASE, "t.yaml:2:11: ",
+                 "run.epochs must be in [0, 1000000], got 4611686018427387904", NULL);
+    expect_error("run:\n  steps: 1000000000001\n" BASE, "t.yaml:2:10: ",
+                 "run.steps must be in [0, 1000000000000], got 1000000000001", NULL);
+    expect_error("data:\n  batch_size: 16777217\n" BASE_MODEL, "t.yaml:2:15: ",
+                 "data.batch_size must be in [1, 16777216], got 16777217", NULL);
+    expect_error(BASE_DATA "model:\n  layers:\n    - kind: linear\n      out: 99999999999\n    - kind: mse\n",
+                 "t.yaml:10:12: ", "model.layers.0.out must be in [1, 16777216], got 99999999999", NULL);
+    struct config cfg;
+    parse_ok(&cfg, "accum_steps: 65536\nrun:\n  steps: 1000000000000\n" BASE);
+    config_free(&cfg);
+}
+
+Test(bounds, deep_nesting_is_refused_before_libyaml_goes_quadratic)
+{
+    /* 200000 levels took minutes in libyaml's scanner (8 s at 40000); the event pass stops at 33. */
+    size_t depth = 200000;
+    char *s = gen(2 * depth + 16);
+    strcpy(s, "run: ");
+    memset(s + 5, '[', depth);
+    memset(s + 5 + depth, ']', depth);
+    strcat(s, "\n");
+    expect_error(s, "t.yaml:1:", "the YAML nests more than 32 lists or mappings deep here", "at most 4 levels");
+    free(s);
+    /* Within the limit, the usual message. */
+    expect_error("run: [[[[1]]]]\n" BASE, "t.yaml:1:6: ", "run: expected a mapping of keys, got a list", NULL);
+    /* And in an override's value. */
+    struct config cfg;
+    parse_ok(&cfg, BASE);
+    char ov[200] = "optim.betas=";
+    memset(ov + strlen(ov), '[', 40);
+    struct amp_error err = {0};
+    cr_assert_eq(config_apply_override(&cfg, ov, &err), AMP_ERR_CONFIG);
+    cr_assert(strstr(err.msg, "nests more than 32"), "%s", err.msg);
+    config_free(&cfg);
+}
+
+Test(bounds, many_layers_and_many_keys_are_linear_or_refused)
+{
+    /* 5000 layers: refused by count (names are compared pairwise). */
+    size_t n = 5000;
+    char *s = gen(n * 24 + 1024);
+    strcpy(s, BASE_DATA "model:\n  layers:\n");
+    size_t len = strlen(s);
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)sprintf(s + len, "    - {kind: relu}\n");
+    expect_error(s, "t.yaml:", "model.layers: 5000 layers; ampTrain builds at most 4096", NULL);
+    free(s);
+    /* 40000 keys in one mapping (11 s before: the duplicate check compared every pair): the first unknown
+     * key is reported, and a duplicate among known keys is still found after thousands of others. */
+    n = 40000;
+    s = gen(n * 16 + 1024);
+    strcpy(s, "run:\n");
+    len = strlen(s);
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)sprintf(s + len, "  k%zu: 1\n", i);
+    strcat(s, BASE);
+    expect_error(s, "t.yaml:2:3: ", "unknown key 'k0' in run", NULL);
+    free(s);
+}
+
+Test(errors, a_tagged_number_is_not_a_number)
+{
+    /* docs/config.md: numbers are written bare; before, !!str 1e-3 was read as the number. */
+    expect_error_exact("optim:\n  lr: !!str 1e-3\n" BASE,
+                       "t.yaml:2:7: optim.lr: expected a number, got a tagged (!!...) value \"1e-3\"");
+    expect_error("accum_steps: !!int 2\n" BASE, "t.yaml:1:14: ", "expected an integer, got a tagged (!!...) value", NULL);
+    expect_error("data:\n  shuffle: !!bool true\n" BASE_MODEL, "t.yaml:2:12: ", "got the tagged value \"true\"", NULL);
+    /* Anchors and aliases of bare numbers still work. */
+    struct config cfg;
+    parse_ok(&cfg, "optim:\n  lr: &x 0.25\n  eps: *x\n" BASE);
+    cr_assert_eq(cfg.optim.eps, 0.25);
+    config_free(&cfg);
 }

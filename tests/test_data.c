@@ -472,6 +472,36 @@ Test(data_idx, truncated_gzip_stream)
     free(pix);
 }
 
+/* A gzip file cut inside its 8-byte trailer (CRC-32 and length) still holds all the data: zlib only
+ * checks the trailer when a read reaches the stream's end. Before (issue 12 item 8) it was accepted. */
+Test(data_idx, gzip_without_its_trailer_is_refused)
+{
+    for (int cut = 1; cut <= 8; cut += 7) {
+        struct idx_set s = write_idx_set(true);
+        long size = file_size(s.trl);
+        cr_assert_eq(truncate(s.trl, size - cut), 0);
+        struct data_config c = idx_config(s);
+        struct amp_error e = load_fails(&c, 1);
+        assert_contains(e.msg, s.trl);
+        assert_contains(e.msg, "the gzip stream does not end properly after the label data (data.train_labels)");
+    }
+    /* A flipped bit in the stored CRC-32: the data inflates, the check fails (where zlib checks it depends
+     * on how much of the file its buffer held). */
+    struct idx_set s = write_idx_set(true);
+    long size = file_size(s.tri);
+    FILE *f = fopen(s.tri, "r+b");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, size - 8, SEEK_SET), 0);
+    int byte = fgetc(f);
+    cr_assert_eq(fseek(f, size - 8, SEEK_SET), 0);
+    fputc(byte ^ 1, f);
+    fclose(f);
+    struct data_config c = idx_config(s);
+    struct amp_error e = load_fails(&c, 1);
+    assert_contains(e.msg, s.tri);
+    assert_contains(e.msg, "incorrect data check");
+}
+
 Test(data_idx, corrupt_gzip)
 {
     struct idx_set s = write_idx_set(true);

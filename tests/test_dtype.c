@@ -652,3 +652,34 @@ Test(dtype, env_var_forces_the_portable_path)
     for (int i = 0; i < 33; i++)
         cr_assert_eq(got[i], fp16_from_fp32(f[i]));
 }
+
+/* Values a user compares (scale_log.csv, messages) print so that they read back exactly: 2^30 was
+ * 1.07374182e+09 with %.9g (issue 12 item 12). */
+Test(dtype, double_to_text_is_the_shortest_exact_decimal)
+{
+    char buf[40];
+    struct { double v; const char *want; } cases[] = {
+        {1073741824.0, "1073741824"}, {65536.0, "65536"}, {0.1, "0.1"}, {1e-300, "1e-300"}, {0.0, "0"},
+        {-2.5, "-2.5"}, {INFINITY, "inf"}, {-INFINITY, "-inf"}, {NAN, "nan"}, {16777216.0 * 4096, "68719476736"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double_to_text(cases[i].v, buf, sizeof buf);
+        cr_assert_str_eq(buf, cases[i].want);
+    }
+    /* Every power of two a loss scale can take, and random doubles, read back exactly. */
+    for (int e = -1074; e <= 1023; e++) {
+        double v = ldexp(1.0, e);
+        double_to_text(v, buf, sizeof buf);
+        cr_assert_eq(strtod(buf, NULL), v, "2^%d printed as %s", e, buf);
+    }
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 100000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        double v;
+        memcpy(&v, &x, sizeof v);
+        if (!isfinite(v))
+            continue;
+        double_to_text(v, buf, sizeof buf);
+        cr_assert_eq(strtod(buf, NULL), v, "%a printed as %s", v, buf);
+    }
+}
