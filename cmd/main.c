@@ -18,6 +18,11 @@
 #include "dist.h"     /* comm_agree, dist_check_config */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
+#include "numerics.h" /* numerics_run */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 
 #ifndef AMP_VERSION
 #define AMP_VERSION "0.0.0"
@@ -362,6 +367,68 @@ static enum amp_status cmd_inspect(int argc, char **argv, struct amp_error *err)
     return ckpt_inspect(argv[1], stdout, err);
 }
 
+/* numerics CONFIG.yaml|CHECKPOINT.h5 [--steps K] [--underflow F] [KEY=VALUE ...]: a checkpoint (a .h5 file or
+ * a run directory) measures from its state, a config from a fresh initialisation. */
+static enum amp_status cmd_numerics(int argc, char **argv, struct amp_error *err)
+{
+    if (argc < 2 || argv[1][0] == '-' || strchr(argv[1], '='))
+        return missing_arg("numerics", "CONFIG.yaml or CHECKPOINT.h5", err);
+    struct stat sb;
+    size_t len = strlen(argv[1]);
+    bool is_ckpt = (stat(argv[1], &sb) == 0 && S_ISDIR(sb.st_mode)) || (len > 3 && !strcmp(argv[1] + len - 3, ".h5"));
+    static char resolved[CFG_STR + 64];
+    enum amp_status st = AMP_OK;
+    if (is_ckpt && (st = ckpt_resolve(argv[1], resolved, sizeof resolved, err)) != AMP_OK)
+        return st;
+    int64_t steps = 5;
+    double underflow = 0.001;
+    char *ov_argv[258] = {0}, **overrides = ov_argv + 2; /* load_with_overrides reads argv[2..] */
+    int nov = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(argv[i], "--steps") && val) {
+            errno = 0;
+            long long k = strtoll(val, &end, 10);
+            if (errno || *end || k <= 0 || k > 100000)
+                return amp_fail(err, AMP_ERR_CONFIG, "give the number of steps to measure, e.g. --steps 5",
+                                "numerics: --steps '%s' is not an integer in [1, 100000]", val);
+            steps = k;
+            i++;
+        } else if (!strcmp(argv[i], "--underflow") && val) {
+            double u = strtod(val, &end);
+            if (*end || !(u >= 0 && u < 1))
+                return amp_fail(err, AMP_ERR_CONFIG, "give a fraction, e.g. --underflow 0.001 (0.1%)",
+                                "numerics: --underflow '%s' is not a fraction in [0, 1)", val);
+            underflow = u;
+            i++;
+        } else if (strchr(argv[i], '=') && argv[i][0] != '-' && nov < 256) {
+            overrides[nov++] = argv[i];
+        } else {
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help numerics' for usage",
+                            "numerics: bad argument '%s' (expected --steps K, --underflow F or KEY=VALUE)", argv[i]);
+        }
+    }
+    struct config cfg;
+    if (is_ckpt) {
+        if ((st = ckpt_read_config(resolved, &cfg, err)) != AMP_OK)
+            return st;
+        for (int i = 0; i < nov && st == AMP_OK; i++)
+            st = config_apply_override(&cfg, overrides[i], err);
+        if (st == AMP_OK)
+            st = config_finalize(&cfg, err);
+        if (st != AMP_OK) {
+            config_free(&cfg);
+            return st;
+        }
+    } else if ((st = load_with_overrides(&cfg, argv[1], nov + 2, ov_argv, 2, err)) != AMP_OK) {
+        return st;
+    }
+    st = numerics_run(&cfg, is_ckpt ? resolved : NULL, steps, underflow, err);
+    config_free(&cfg);
+    return st;
+}
+
 static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err);
 
 static const struct command commands[] = {
@@ -389,6 +456,14 @@ static const struct command commands[] = {
      "Validate a config and its overrides; print the resolved config as YAML (it parses back to the\n"
      "same config) and the autocast policy table.",
      cmd_check},
+    {"numerics", "ampTrain numerics CONFIG.yaml|CHECKPOINT.h5 [--steps K] [--underflow F] [KEY=VALUE ...]",
+     "What fp16, bf16 and fp8 do to this model: K steps (default 5) run in the configured precision and as\n"
+     "an FP32 shadow of the same step; for every activation, activation gradient and weight gradient the\n"
+     "fractions that would overflow, flush to zero or go subnormal in fp16, bf16, E4M3 and E5M2 go to\n"
+     "run.out_dir/numerics.csv. Prints headroom per tensor, the fp16 loss-scale window (at most F of the\n"
+     "nonzero gradient elements flushed, default 0.001) and a verdict per precision mode. The K steps are\n"
+     "trained in memory only. See docs/precision.md.",
+     cmd_numerics},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])

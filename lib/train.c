@@ -426,6 +426,53 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     return be->status(be, err);
 }
 
+enum amp_status trainer_measure(struct trainer *t, trainer_measure_fn fn, void *user, struct amp_error *err)
+{
+    struct model *m = &t->model;
+    struct backend *be = t->be;
+    if (t->pending != 0)
+        return amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: flush the trainer before measuring",
+                        "trainer_measure: %lld steps are queued", (long long)t->pending);
+    int64_t n = t->cfg->data.batch_size, epoch = t->sampler.epoch, cursor = t->sampler.cursor;
+    for (int r = 0; r < t->world; r++)
+        sampler_next(&t->sampler, n, r == t->rank ? t->io.idx : t->idx_skip);
+    sampler_seek(&t->sampler, epoch, cursor);
+    batch_io_load(&t->io, be, &t->ds, SPLIT_TRAIN, n);
+
+    float seed = step_rule_seed(&t->scaler, t->params.micro_batches);
+    float *dev_seed = be->alloc(be, sizeof seed);
+    size_t saved_bytes = 0;
+    for (int i = 0; i < m->nbuffers; i++)
+        saved_bytes += m->buffers[i]->t.numel * sizeof(float);
+    float *saved = malloc(saved_bytes ? saved_bytes : 1);
+    if (!dev_seed || !saved) {
+        if (dev_seed)
+            be->free(be, dev_seed);
+        free(saved);
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory", "out of memory measuring a step");
+    }
+    be->upload(be, dev_seed, &seed, sizeof seed);
+    for (size_t i = 0, off = 0; i < (size_t)m->nbuffers; off += m->buffers[i]->t.numel, i++)
+        be->download(be, saved + off, m->buffers[i]->t.data, m->buffers[i]->t.numel * sizeof(float));
+    struct step_ctx ctx = {
+        .be = be,
+        .policy = &m->policy,
+        .training = true,
+        .key = {.seed = t->cfg->run.seed, .counter = (uint64_t)(t->step * t->cfg->accum_steps * t->world + t->rank)},
+        .grad_seed = dev_seed,
+        .accumulate = false,
+    };
+    enum amp_status st = fn(t, &ctx, &t->io.b, user, err);
+    for (size_t i = 0, off = 0; i < (size_t)m->nbuffers; off += m->buffers[i]->t.numel, i++)
+        be->upload(be, m->buffers[i]->t.data, saved + off, m->buffers[i]->t.numel * sizeof(float));
+    be->synchronize(be);
+    be->free(be, dev_seed);
+    free(saved);
+    if (st == AMP_OK)
+        st = be->status(be, err);
+    return st;
+}
+
 /* grad_zero_frac samples the step's last micro-batch, which is the last rank's: its counts of the n
  * rows to every rank (a collective, made whatever the flush's status). */
 static void share_zero_counts(struct trainer *t, int64_t n)

@@ -1,0 +1,100 @@
+/*
+ * numerics.h — what fp16, bf16 and fp8 do to this model's tensors (`ampTrain numerics`, docs/precision.md).
+ *
+ * For a sampled step the model runs its first micro-batch twice: in the run's precision, and as an FP32
+ * shadow (the same weights, batch and dropout masks; trainer_measure puts back what the passes change, so
+ * the run itself is untouched). For every layer's output activation, every activation gradient (at the
+ * loss scale in effect) and every weight gradient it records, from the FP32 shadow's values: absmax, RMS,
+ * the smallest nonzero magnitude, and for each format the fractions that would overflow (round beyond
+ * the largest finite value), flush to zero, or land in subnormals; and the relative L2 error of the run's
+ * tensor against the shadow. Rows go to numerics.csv; the report turns them into headroom per layer, the
+ * loss-scale window, and one verdict per precision mode.
+ */
+#ifndef AMP_NUMERICS_H
+#define AMP_NUMERICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "error.h"
+#include "model.h"
+#include "train.h"
+
+enum num_format { NF_FP16, NF_BF16, NF_E4M3, NF_E5M2, NF_COUNT };
+
+struct num_format_info {
+    const char *name;      /* "fp16", "bf16", "e4m3", "e5m2" */
+    int mant_bits;         /* stored mantissa bits */
+    int emin;              /* exponent of the smallest normal: 2^emin */
+    double max;            /* largest finite value */
+};
+
+const struct num_format_info *num_format(enum num_format f);
+
+/* x rounded to nearest even in format f, with subnormals; +-INFINITY where it rounds beyond the largest
+ * finite value (E4M3 has no Inf: there it stands for NaN, what a non-saturating cast gives). */
+double num_round(double x, enum num_format f);
+
+#define NUM_HIST_MIN (-160) /* floor(log2 |x|) bins of nonzero magnitudes, clamped to [MIN, MAX] */
+#define NUM_HIST_MAX 160
+
+enum num_kind { NK_ACTIVATION, NK_ACT_GRAD, NK_WEIGHT_GRAD, NK_COUNT };
+
+/* Figures of one tensor (summed over the steps measured). */
+struct num_stats {
+    int64_t n, nonzero;
+    double absmax, sumsq, min_nonzero;                  /* of the FP32 shadow's values */
+    int64_t overflow[NF_COUNT], flush[NF_COUNT], subnormal[NF_COUNT];
+    int64_t hist[NUM_HIST_MAX - NUM_HIST_MIN + 1];      /* nonzero |x| by floor(log2) */
+    int64_t pow2[NUM_HIST_MAX - NUM_HIST_MIN + 1];      /* those that are exact powers of two (the window's
+                                                           flush counts are exact with them) */
+    double err_sumsq, ref_sumsq;                        /* |run - shadow|^2, |shadow|^2 */
+};
+
+/* Add n values: ref the FP32 shadow's, run the run's own (NULL: the same, error 0). */
+void num_stats_add(struct num_stats *s, const float *ref, const float *run, size_t n);
+
+/* The report of a measured run. */
+struct numerics {
+    struct model shadow;       /* the FP32 shadow, on the run's backend */
+    bool built;
+    int ntensors;
+    struct num_tensor {
+        char name[128];        /* "fc1" (its output activation / gradient) or "fc1/weight" */
+        enum num_kind kind;
+        int layer;             /* index in the model */
+        struct num_stats total;
+    } *tensors;
+    int64_t steps;
+    double scale;              /* the loss scale of the last measured step (1 without loss scaling) */
+    FILE *csv;                 /* numerics.csv, or NULL */
+    float *host_ref, *host_run;
+    size_t host_len;
+};
+
+/* Build the shadow of t's model (FP32 policy, the same layers) and open DIR/numerics.csv (append when it
+ * exists; dir NULL: no file). */
+enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char *dir, struct amp_error *err);
+
+/* Measure the next step's first micro-batch (call with no steps queued); the run is left as it was. */
+enum amp_status numerics_measure(struct numerics *nm, struct trainer *t, struct amp_error *err);
+
+/* Headroom per layer, the loss-scale window (at most `underflow` of nonzero activation-gradient elements
+ * flushed), and one verdict per precision mode, to `out`. `cfg` gives the static scale and the dynamic init. */
+void numerics_report(const struct numerics *nm, const struct config *cfg, double underflow, FILE *out);
+
+void numerics_close(struct numerics *nm);
+
+/* `ampTrain numerics`: set up the run of `cfg` (from `checkpoint` when not NULL), measure and train `steps`
+ * steps in memory, write run.out_dir/numerics.csv and print the report. */
+enum amp_status numerics_run(const struct config *cfg, const char *checkpoint, int64_t steps, double underflow,
+                             struct amp_error *err);
+
+/* The loss-scale window from activation-gradient figures measured at `scale`: [*lo, *hi] as powers of two
+ * (log2); *hi is the largest 2^k at which no element overflows fp16, *lo the smallest at which at most
+ * `underflow` of the nonzero elements flush to zero. *lo > *hi when no scale satisfies both. */
+void num_scale_window(const struct num_stats *g, double scale, double underflow, int *lo, int *hi);
+
+#endif
