@@ -131,7 +131,7 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
 
 /* Keys `resume` may change, and why the others may not (DESIGN.md section 6: resume continues the same run). */
 static const char *const resume_allowed[] = {
-    "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts",
+    "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
     "run.out_dir", "run.device", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
     "dist.backend", "dist.check_every",
     "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
@@ -171,7 +171,7 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
     if (!eq || !ok)
         return amp_fail(err, AMP_ERR_CONFIG,
                         "resume accepts run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every, "
-                        "run.keep_ckpts, run.out_dir, run.device, precision.mode, stability.*, dist.* and "
+                        "run.keep_ckpts, run.numerics_every, run.out_dir, run.device, precision.mode, stability.*, dist.* and "
                         "accum_steps; start a new run "
                         "with 'ampTrain run' to change anything else",
                         "resume: override '%s' refused: %s", ov,

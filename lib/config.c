@@ -181,6 +181,7 @@ static const struct field run_fields[] = {
     INT_(S, eval_every, 0, GE(0), .def_text = "0: only at the end"),
     INT_(S, ckpt_every, 0, GE(0), .def_text = "0: only at the end"),
     INT_(S, keep_ckpts, 3, GE(1)),
+    INT_(S, numerics_every, 0, GE(0), .def_text = "0: off"),
 };
 #undef S
 static const struct section run_section = {"run", run_fields, ARRAY_LEN(run_fields)};

@@ -94,6 +94,7 @@ struct run_config {
     int64_t eval_every;   /* optimizer steps between evaluations; 0 = only at the end (default 0) */
     int64_t ckpt_every;   /* optimizer steps between checkpoints; 0 = only at the end (default 0) */
     int64_t keep_ckpts;   /* checkpoints kept (default 3, >= 1) */
+    int64_t numerics_every; /* steps between numerics measurements (lib/numerics.h); 0 = off (default) */
 };
 
 struct data_config {

@@ -13,6 +13,7 @@
 #include "autocast.h" /* autocast_from_config, precision_lowp_dtype */
 #include "backend.h"  /* backend_open, struct grad_stats */
 #include "checkpoint.h" /* ckpt_save, ckpt_load_trainer, ckpt_clean_stale */
+#include "numerics.h"   /* run.numerics_every */
 #include "optim.h"    /* optimizer, schedule */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "scaler.h"   /* loss scaler */
@@ -752,7 +753,20 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     st = comm_agree(comm, st, err);
     struct loop_marks lm = {.resume = resume, .t_window = runlog_now(), .saved_step = -1, .good_step = -1,
                             .checked_step = t.step};
+    /* run.numerics_every: rank 0 measures (lib/numerics.h); every rank flushes before a measured step alike */
+    struct numerics nm = {0};
+    int64_t measure_every = cfg->run.numerics_every;
+    if (st == AMP_OK && measure_every > 0 && comm->rank == 0)
+        st = numerics_open(&nm, &t, cfg->run.out_dir, err);
+    st = comm_agree(comm, st, err);
     while (st == AMP_OK && t.step < t.total_steps && !sig) {
+        if (measure_every > 0 && t.step % measure_every == 0) {
+            st = drain(&t, &lm, err); /* the host's scaler is the step's */
+            if (st == AMP_OK && comm->rank == 0)
+                st = numerics_measure(&nm, &t, err);
+            if ((st = comm_agree(comm, st, err)) != AMP_OK)
+                break;
+        }
         double t0 = runlog_now();
         st = trainer_step(&t, err);
         lm.train_seconds += runlog_now() - t0;
@@ -805,6 +819,9 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             err->agreed = t.world > 1;
         }
     }
+    if (st == AMP_OK && nm.steps > 0)
+        numerics_report(&nm, cfg, 0.001, stdout);
+    numerics_close(&nm);
     install_signals(false);
     trainer_teardown(&t);
     return st;

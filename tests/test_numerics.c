@@ -4,15 +4,12 @@
  * that measuring leaves the run bit-identical.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <criterion/criterion.h>
+#include "ckpt_testlib.h" /* amp, scratch, assert_same_tensors, assert_same_logs */
+
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "dtype.h"    /* dtype_round: the exact fp16 / bf16 rounding */
 #include "numerics.h" /* the module under test */
-#include "testrun.h"  /* amp: run the binary */
 
 /* num_round is the generic definition; for fp16 and bf16 it must be dtype.c's exact conversion. */
 Test(numerics, rounding_matches_the_exact_fp16_and_bf16_conversions)
@@ -233,4 +230,30 @@ Test(numerics, a_checkpoint_is_measured_from_its_state)
     cr_assert(strstr(r.out, "step 4 | loss"), "%s", r.out);
     cr_assert(strstr(r.out, "numerics.csv"), "%s", r.out);
     cr_assert(!strstr(r.out, "ckpt-4.h5"), "nothing but numerics.csv is written:\n%s", r.out);
+}
+
+/* run.numerics_every during a run: scale_log.csv and every checkpoint tensor as without it. */
+Test(numerics, a_run_that_measures_is_bit_identical_to_one_that_does_not)
+{
+    make_scratch();
+    const char *common = "run configs/fashion_mlp.yaml precision.mode=fp16-dynamic precision.loss_scale.init=1e9 "
+                         "precision.loss_scale.max=inf " SMALL_MLP " run.steps=6 run.log_every=4 run.ckpt_every=3";
+    struct result r = amp("%s run.out_dir=%s/plain", common, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("%s run.numerics_every=2 run.out_dir=%s/measured", common, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "numerics: 3 steps measured"), "steps 1, 3, 5:\n%s", r.out);
+    char a[600], b[600];
+    const char *files[] = {"ckpt-3.h5", "ckpt-6.h5"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/plain/%s", scratch, files[i]);
+        snprintf(b, sizeof b, "%s/measured/%s", scratch, files[i]);
+        assert_same_tensors(a, b);
+    }
+    snprintf(a, sizeof a, "%s/plain/scale_log.csv", scratch);
+    snprintf(b, sizeof b, "%s/measured/scale_log.csv", scratch);
+    assert_same_logs(a, b);
+    snprintf(b, sizeof b, "%s/measured/numerics.csv", scratch);
+    cr_assert(file_exists(b));
+    remove_scratch();
 }
