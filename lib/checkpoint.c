@@ -28,6 +28,7 @@
 #include "backend.h" /* download, upload */
 #include "dtype.h"   /* double_to_text */
 #include "scaler.h"  /* scaler_init: the settings that bound a loaded state */
+#include "trial.h"   /* trial_run: HDF5 parses a file in a child first */
 
 #define USERBLOCK 512
 #define MAGIC "AMPTCKPT"
@@ -631,6 +632,7 @@ struct reader {
     hid_t file;
     const char *path;
     struct amp_error *err;
+    bool dry;      /* a trial read (trial.h): everything but uploads to the backend */
 };
 
 #define MAX_ATTR_TEXT 4096             /* longest string attribute read */
@@ -832,12 +834,10 @@ static enum amp_status read_state(const struct reader *r, struct ckpt_info *info
     return st;
 }
 
-/* Verify, open with HDF5 and read the root attributes and /state. Returns the file id, or -1 with err
- * filled. */
+/* Open a file that check_file verified with HDF5 and read the root attributes and /state. Returns the file
+ * id, or -1 with err filled. */
 static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_error *err)
 {
-    if (check_file(path, err) != AMP_OK)
-        return -1;
     hid_t fapl = fapl_unlocked();
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     h5_close_id(fapl);
@@ -887,17 +887,6 @@ static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_e
     return f;
 }
 
-enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp_error *err)
-{
-    struct h5_quiet q;
-    h5_quiet_begin(&q);
-    hid_t f = open_checked(path, info, err);
-    if (f >= 0)
-        H5Fclose(f);
-    h5_quiet_end(&q);
-    return f >= 0 ? AMP_OK : AMP_ERR_CKPT;
-}
-
 /* /config: the resolved YAML, one string. */
 static char *read_config_text(const struct reader *r)
 {
@@ -912,29 +901,6 @@ static char *read_config_text(const struct reader *r)
     if (!text)
         amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: dataset /config %s", r->path, why);
     return text;
-}
-
-enum amp_status ckpt_read_config(const char *path, struct config *cfg, struct amp_error *err)
-{
-    struct h5_quiet q;
-    h5_quiet_begin(&q);
-    hid_t f = open_checked(path, NULL, err);
-    struct reader r = {.file = f, .path = path, .err = err};
-    char *text = f >= 0 ? read_config_text(&r) : NULL;
-    if (f >= 0)
-        H5Fclose(f);
-    h5_quiet_end(&q);
-    if (!text)
-        return AMP_ERR_CKPT;
-    char name[CFG_STR + 16];
-    snprintf(name, sizeof name, "%s:/config", path);
-    struct amp_error perr = {0};
-    enum amp_status st = config_parse_string(cfg, text, strlen(text), name, &perr);
-    free(text);
-    if (st != AMP_OK)
-        return amp_fail(err, AMP_ERR_CKPT, "the checkpoint was written by an incompatible ampTrain version",
-                        "%s: its embedded config does not parse: %s", path, perr.msg);
-    return AMP_OK;
 }
 
 static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
@@ -1017,7 +983,8 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
         free(host);
         return st;
     }
-    be->upload(be, t->data, host, t->numel * sizeof(float));
+    if (!r->dry)
+        be->upload(be, t->data, host, t->numel * sizeof(float));
     free(host);
     return AMP_OK;
 }
@@ -1034,21 +1001,8 @@ static enum amp_status load_model_from(const struct reader *r, struct model *m)
         snprintf(name, sizeof name, "model/%s", m->buffers[i]->name);
         st = read_tensor(r, name, &m->buffers[i]->t, m->buffers[i]->nonneg ? NONNEG_FINITE : ANY_FINITE, m->be);
     }
-    if (st == AMP_OK)
+    if (st == AMP_OK && !r->dry)
         model_refresh_lowp(m);
-    return st;
-}
-
-enum amp_status ckpt_load_model(const char *path, struct model *m, struct amp_error *err)
-{
-    struct h5_quiet q;
-    h5_quiet_begin(&q);
-    hid_t f = open_checked(path, NULL, err);
-    struct reader r = {.file = f, .path = path, .err = err};
-    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_model_from(&r, m);
-    if (f >= 0)
-        H5Fclose(f);
-    h5_quiet_end(&q);
     return st;
 }
 
@@ -1128,20 +1082,6 @@ static enum amp_status load_trainer_from(const struct reader *r, const struct ck
     return AMP_OK;
 }
 
-enum amp_status ckpt_load_trainer(const char *path, struct trainer *t, bool fresh_scaler, struct amp_error *err)
-{
-    struct h5_quiet q;
-    h5_quiet_begin(&q);
-    struct ckpt_info info;
-    hid_t f = open_checked(path, &info, err);
-    struct reader r = {.file = f, .path = path, .err = err};
-    enum amp_status st = f < 0 ? AMP_ERR_CKPT : load_trainer_from(&r, &info, t, fresh_scaler);
-    if (f >= 0)
-        H5Fclose(f);
-    h5_quiet_end(&q);
-    return st;
-}
-
 /* ---- inspect --------------------------------------------------------------------------------------- */
 
 struct visit {
@@ -1181,18 +1121,12 @@ static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *
     return 0;
 }
 
-enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
+static enum amp_status inspect_open(hid_t f, const char *path, const struct ckpt_info *info_in, FILE *out, bool dry,
+                                    struct amp_error *err)
 {
-    struct h5_quiet q;
-    h5_quiet_begin(&q);
-    struct ckpt_info info;
-    hid_t f = open_checked(path, &info, err);
-    if (f < 0) {
-        h5_quiet_end(&q);
-        return AMP_ERR_CKPT;
-    }
+    struct ckpt_info info = *info_in;
     /* The scaler's state is checked against the settings of the config it ran with. */
-    struct reader r = {.file = f, .path = path, .err = err};
+    struct reader r = {.file = f, .path = path, .err = err, .dry = dry};
     char *text = read_config_text(&r);
     enum amp_status st = text ? AMP_OK : AMP_ERR_CKPT;
     struct config cfg;
@@ -1208,7 +1142,10 @@ enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
     }
     char scale[40];
     double_to_text(s.scale, scale, sizeof scale);
-    if (st == AMP_OK && text) {
+    FILE *null = dry ? fopen("/dev/null", "w") : NULL; /* a trial makes the same calls and prints nowhere */
+    if (dry)
+        out = null;
+    if (st == AMP_OK && text && out) {
         fprintf(out, "checkpoint %s\n", path);
         fprintf(out, "format: %s version %lld, written by ampTrain %s at %s (whole-file CRC-32 verified)\n",
                 CKPT_FORMAT, (long long)info.format_version, info.amptrain_version, info.created);
@@ -1228,8 +1165,114 @@ enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
         if (text[0] && text[strlen(text) - 1] != '\n')
             fprintf(out, "\n");
     }
+    if (null)
+        fclose(null);
     free(text);
-    H5Fclose(f);
-    h5_quiet_end(&q);
     return st;
+}
+
+/* ---- the public readers: a trial read in a child first (trial.h) --------------------------------------- */
+
+enum ckpt_op { OP_VERIFY, OP_CONFIG, OP_MODEL, OP_TRAINER, OP_INSPECT };
+
+struct ckpt_job {
+    enum ckpt_op op;
+    const char *path;
+    struct ckpt_info *info; /* OP_VERIFY (may be NULL) */
+    struct config *cfg;     /* OP_CONFIG */
+    struct model *m;        /* OP_MODEL */
+    struct trainer *t;      /* OP_TRAINER */
+    bool fresh_scaler;
+    FILE *out;              /* OP_INSPECT */
+};
+
+/* The job's HDF5 part, on a file check_file verified. */
+static enum amp_status job_run(const struct ckpt_job *j, bool dry, struct amp_error *err)
+{
+    struct h5_quiet q;
+    h5_quiet_begin(&q);
+    struct ckpt_info info;
+    hid_t f = open_checked(j->path, &info, err);
+    struct reader r = {.file = f, .path = j->path, .err = err, .dry = dry};
+    enum amp_status st = f < 0 ? AMP_ERR_CKPT : AMP_OK;
+    char *text = NULL;
+    if (st == AMP_OK) {
+        switch (j->op) {
+        case OP_VERIFY:
+            if (j->info)
+                *j->info = info;
+            break;
+        case OP_CONFIG: st = (text = read_config_text(&r)) ? AMP_OK : AMP_ERR_CKPT; break;
+        case OP_MODEL: st = load_model_from(&r, j->m); break;
+        case OP_TRAINER: st = load_trainer_from(&r, &info, j->t, j->fresh_scaler); break;
+        case OP_INSPECT: st = inspect_open(f, j->path, &info, j->out, dry, err); break;
+        }
+    }
+    if (f >= 0)
+        H5Fclose(f);
+    h5_quiet_end(&q);
+    if (st == AMP_OK && j->op == OP_CONFIG) {
+        char name[CFG_STR + 16];
+        snprintf(name, sizeof name, "%s:/config", j->path);
+        struct amp_error perr = {0};
+        st = config_parse_string(j->cfg, text, strlen(text), name, &perr);
+        if (st != AMP_OK)
+            st = amp_fail(err, AMP_ERR_CKPT, "the checkpoint was written by an incompatible ampTrain version",
+                          "%s: its embedded config does not parse: %s", j->path, perr.msg);
+        else if (dry)
+            config_free(j->cfg);
+    }
+    free(text);
+    return st;
+}
+
+static void job_trial(void *arg)
+{
+    struct amp_error ignored = {0};
+    job_run(arg, true, &ignored);
+}
+
+/* check_file (no HDF5), then the job in a child, then here. */
+static enum amp_status guarded(const struct ckpt_job *j, struct amp_error *err)
+{
+    enum amp_status st = check_file(j->path, err);
+    if (st != AMP_OK)
+        return st;
+    struct stat sb;
+    long long bytes = stat(j->path, &sb) == 0 ? (long long)sb.st_size : 0;
+    struct trial_result tr = trial_run(job_trial, (void *)j, trial_seconds_for(bytes));
+    if (tr.outcome == TRIAL_CRASHED || tr.outcome == TRIAL_TIMEOUT) {
+        char what[96];
+        trial_describe(&tr, what, sizeof what);
+        return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT,
+                        "%s: its HDF5 metadata is damaged or crafted although its checksum matches: reading it "
+                        "in a trial process %s (libhdf5 trusts metadata; docs/reliability.md)", j->path, what);
+    }
+    return job_run(j, false, err);
+}
+
+enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp_error *err)
+{
+    struct amp_error ignored = {0};
+    return guarded(&(struct ckpt_job){.op = OP_VERIFY, .path = path, .info = info}, err ? err : &ignored);
+}
+
+enum amp_status ckpt_read_config(const char *path, struct config *cfg, struct amp_error *err)
+{
+    return guarded(&(struct ckpt_job){.op = OP_CONFIG, .path = path, .cfg = cfg}, err);
+}
+
+enum amp_status ckpt_load_model(const char *path, struct model *m, struct amp_error *err)
+{
+    return guarded(&(struct ckpt_job){.op = OP_MODEL, .path = path, .m = m}, err);
+}
+
+enum amp_status ckpt_load_trainer(const char *path, struct trainer *t, bool fresh_scaler, struct amp_error *err)
+{
+    return guarded(&(struct ckpt_job){.op = OP_TRAINER, .path = path, .t = t, .fresh_scaler = fresh_scaler}, err);
+}
+
+enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
+{
+    return guarded(&(struct ckpt_job){.op = OP_INSPECT, .path = path, .out = out}, err);
 }

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "data_internal.h" /* data_check_file, data_alloc, data_mul_ok */
+#include "trial.h"         /* trial_run: libhdf5 parses the file in a child first */
 
 #define H5_MISSING_HINT "fix data.path: it must name an HDF5 file holding the datasets data.x_key and data.y_key"
 #define H5_BLOCK_VALUES (1 << 20) /* doubles per read block (8 MB) */
@@ -295,11 +296,45 @@ static enum amp_status h5_load(struct h5_ctx *c, struct dataset *ds)
     return st;
 }
 
+static enum amp_status load_here(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+
+struct trial_job {
+    const struct data_config *cfg;
+};
+
+static void trial_load(void *arg)
+{
+    const struct trial_job *j = arg;
+    struct dataset ds;
+    memset(&ds, 0, sizeof ds);
+    struct amp_error ignored = {0};
+    load_here(&ds, j->cfg, &ignored);
+}
+
+/* The file is the user's, not ours: libhdf5 trusts its metadata, and a damaged or crafted one can crash it.
+ * So the whole load runs first in a child (trial.h), and here only when the child came back. A file is read
+ * twice; docs/data.md says so (AMPTRAIN_NO_TRIAL=1 reads it once, trusting it). */
 enum amp_status data_load_hdf5(struct dataset *ds, const struct data_config *cfg, struct amp_error *err)
 {
-    enum amp_status st = data_check_file(cfg->path, "data.path", H5_MISSING_HINT, NULL, err);
+    int64_t bytes = 0;
+    enum amp_status st = data_check_file(cfg->path, "data.path", H5_MISSING_HINT, &bytes, err);
     if (st != AMP_OK)
         return st;
+    struct trial_job job = {.cfg = cfg};
+    struct trial_result tr = trial_run(trial_load, &job, trial_seconds_for(bytes));
+    if (tr.outcome == TRIAL_CRASHED || tr.outcome == TRIAL_TIMEOUT) {
+        char what[96];
+        trial_describe(&tr, what, sizeof what);
+        return amp_fail(err, AMP_ERR_DATA, "the file is damaged: write it again (h5py, HDF5 C API) or restore it",
+                        "%s: its HDF5 metadata is damaged: reading it in a trial process %s (data.path; libhdf5 "
+                        "trusts metadata, docs/reliability.md)", cfg->path, what);
+    }
+    return load_here(ds, cfg, err);
+}
+
+static enum amp_status load_here(struct dataset *ds, const struct data_config *cfg, struct amp_error *err)
+{
+    enum amp_status st = AMP_OK;
     H5E_auto2_t old_func = NULL;
     void *old_data = NULL;
     H5Eget_auto2(H5E_DEFAULT, &old_func, &old_data);
