@@ -309,10 +309,12 @@ static enum amp_status measure_pass(struct trainer *t, const struct step_ctx *ct
         be->convert(be, &sh->params[i]->master, &m->params[i]->master);
     for (int i = 0; i < m->nbuffers; i++)
         be->convert(be, &sh->buffers[i]->t, &m->buffers[i]->t);
-    model_forward(m, ctx, b);
-    model_backward(m, ctx, b);
+    struct step_state state; /* the loss scale this step runs at, from the backend's state */
+    be->download(be, &state, t->dev_state, sizeof state);
+    nm->scale = state.scaler.scale;
     struct step_ctx sctx = *ctx;
     sctx.policy = &sh->policy;
+    sctx.zeros = NULL; /* grad_zero_frac counts the run's tensors only */
     model_forward(sh, &sctx, b);
     model_backward(sh, &sctx, b);
 
@@ -356,10 +358,25 @@ static enum amp_status measure_pass(struct trainer *t, const struct step_ctx *ct
     return AMP_OK;
 }
 
-enum amp_status numerics_measure(struct numerics *nm, struct trainer *t, struct amp_error *err)
+static enum amp_status measure_hook(struct trainer *t, const struct step_ctx *ctx, const struct batch *b, void *user,
+                                    struct amp_error *err)
 {
-    nm->scale = t->scaler.scale;
-    enum amp_status st = trainer_measure(t, measure_pass, nm, err);
+    struct numerics *nm = user;
+    double t0 = runlog_now();
+    enum amp_status st = measure_pass(t, ctx, b, nm, err);
+    if (st == AMP_OK)
+        st = t->be->status(t->be, err);
+    nm->seconds += runlog_now() - t0;
+    return st;
+}
+
+enum amp_status numerics_step(struct numerics *nm, struct trainer *t, struct amp_error *err)
+{
+    t->after_first_micro = measure_hook;
+    t->micro_user = nm;
+    enum amp_status st = trainer_step(t, err);
+    t->after_first_micro = NULL;
+    t->micro_user = NULL;
     if (st == AMP_OK)
         nm->steps++;
     if (nm->csv && fflush(nm->csv) != 0 && st == AMP_OK)
@@ -433,9 +450,9 @@ static double grad_over_frac(const struct num_stats *s, const void *arg)
 
 void numerics_report(const struct numerics *nm, const struct config *cfg, double underflow, FILE *out)
 {
-    fprintf(out, "numerics: %lld step%s measured, the run in %s against an FP32 shadow; loss scale 2^%.0f at the "
-                 "last (numerics.csv has every figure)\n",
-            (long long)nm->steps, nm->steps == 1 ? "" : "s", precision_mode_name(cfg->precision.mode),
+    fprintf(out, "numerics: %lld step%s measured in %.2f s, the run in %s against an FP32 shadow; loss scale 2^%.0f "
+                 "at the last (numerics.csv has every figure)\n",
+            (long long)nm->steps, nm->steps == 1 ? "" : "s", nm->seconds, precision_mode_name(cfg->precision.mode),
             log2(nm->scale));
     fprintf(out, "%-28s %-11s %11s %11s %8s %8s %8s %10s %9s\n", "tensor", "kind", "absmax", "min_nonzero",
             "fp16_up", "fp16_dn", "e4m3_up", "fp16_flush", "rel_err");
@@ -558,9 +575,7 @@ enum amp_status numerics_run(const struct config *cfg, const char *checkpoint, i
         printf("numerics: measuring %lld step%s from step %lld (they are trained in memory; nothing but %s/numerics.csv "
                "is written)\n", (long long)steps, steps == 1 ? "" : "s", (long long)t.step, cfg->run.out_dir);
     for (int64_t k = 0; k < steps && st == AMP_OK; k++) {
-        st = numerics_measure(&nm, &t, err);
-        if (st == AMP_OK)
-            st = trainer_step(&t, err);
+        st = numerics_step(&nm, &t, err);
         if (st == AMP_OK)
             st = trainer_flush(&t, err);
         if (st == AMP_OK && t.nrecs == 1) {

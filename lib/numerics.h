@@ -1,9 +1,9 @@
 /*
  * numerics.h — what fp16, bf16 and fp8 do to this model's tensors (`ampTrain numerics`, docs/precision.md).
  *
- * For a sampled step the model runs its first micro-batch twice: in the run's precision, and as an FP32
- * shadow (the same weights, batch and dropout masks; trainer_measure puts back what the passes change, so
- * the run itself is untouched). For every layer's output activation, every activation gradient (at the
+ * For a sampled step, after the step's own first micro-batch has run forward and backward in the run's
+ * precision, an FP32 shadow model runs the same micro-batch (the same weights, batch, dropout masks and
+ * loss scale) on its own tensors; the step then goes on untouched. For every layer's output activation, every activation gradient (at the
  * loss scale in effect) and every weight gradient it records, from the FP32 shadow's values: absmax, RMS,
  * the smallest nonzero magnitude, and for each format the fractions that would overflow (round beyond
  * the largest finite value), flush to zero, or land in subnormals; and the relative L2 error of the run's
@@ -68,6 +68,7 @@ struct numerics {
         struct num_stats total;
     } *tensors;
     int64_t steps;
+    double seconds;            /* wall time spent measuring (scripts/bench_numerics.sh) */
     double scale;              /* the loss scale of the last measured step (1 without loss scaling) */
     FILE *csv;                 /* numerics.csv, or NULL */
     float *host_ref, *host_run;
@@ -78,8 +79,9 @@ struct numerics {
  * exists; dir NULL: no file). */
 enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char *dir, struct amp_error *err);
 
-/* Measure the next step's first micro-batch (call with no steps queued); the run is left as it was. */
-enum amp_status numerics_measure(struct numerics *nm, struct trainer *t, struct amp_error *err);
+/* trainer_step, measuring the step's first micro-batch against the shadow on the way: the step itself runs
+ * as it would without (the shadow has its own tensors), so the run stays bit-identical. */
+enum amp_status numerics_step(struct numerics *nm, struct trainer *t, struct amp_error *err);
 
 /* Headroom per layer, the loss-scale window (at most `underflow` of nonzero activation-gradient elements
  * flushed), and one verdict per precision mode, to `out`. `cfg` gives the static scale and the dynamic init. */

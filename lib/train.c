@@ -403,6 +403,11 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         };
         model_forward(m, &ctx, &t->io.b);
         model_backward(m, &ctx, &t->io.b);
+        if (micro == 0 && t->after_first_micro) {
+            enum amp_status st = t->after_first_micro(t, &ctx, &t->io.b, t->micro_user, err);
+            if (st != AMP_OK)
+                return st;
+        }
         be->loss_sum(be, &t->dev_state->loss_acc, &loss->y, model_loss_rows(m, n), micro > 0);
     }
 
@@ -425,53 +430,6 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     t->step++;
     t->samples_seen += n * accum * world;
     return be->status(be, err);
-}
-
-enum amp_status trainer_measure(struct trainer *t, trainer_measure_fn fn, void *user, struct amp_error *err)
-{
-    struct model *m = &t->model;
-    struct backend *be = t->be;
-    if (t->pending != 0)
-        return amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: flush the trainer before measuring",
-                        "trainer_measure: %lld steps are queued", (long long)t->pending);
-    int64_t n = t->cfg->data.batch_size, epoch = t->sampler.epoch, cursor = t->sampler.cursor;
-    for (int r = 0; r < t->world; r++)
-        sampler_next(&t->sampler, n, r == t->rank ? t->io.idx : t->idx_skip);
-    sampler_seek(&t->sampler, epoch, cursor);
-    batch_io_load(&t->io, be, &t->ds, SPLIT_TRAIN, n);
-
-    float seed = step_rule_seed(&t->scaler, t->params.micro_batches);
-    float *dev_seed = be->alloc(be, sizeof seed);
-    size_t saved_bytes = 0;
-    for (int i = 0; i < m->nbuffers; i++)
-        saved_bytes += m->buffers[i]->t.numel * sizeof(float);
-    float *saved = malloc(saved_bytes ? saved_bytes : 1);
-    if (!dev_seed || !saved) {
-        if (dev_seed)
-            be->free(be, dev_seed);
-        free(saved);
-        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory", "out of memory measuring a step");
-    }
-    be->upload(be, dev_seed, &seed, sizeof seed);
-    for (size_t i = 0, off = 0; i < (size_t)m->nbuffers; off += m->buffers[i]->t.numel, i++)
-        be->download(be, saved + off, m->buffers[i]->t.data, m->buffers[i]->t.numel * sizeof(float));
-    struct step_ctx ctx = {
-        .be = be,
-        .policy = &m->policy,
-        .training = true,
-        .key = {.seed = t->cfg->run.seed, .counter = (uint64_t)(t->step * t->cfg->accum_steps * t->world + t->rank)},
-        .grad_seed = dev_seed,
-        .accumulate = false,
-    };
-    enum amp_status st = fn(t, &ctx, &t->io.b, user, err);
-    for (size_t i = 0, off = 0; i < (size_t)m->nbuffers; off += m->buffers[i]->t.numel, i++)
-        be->upload(be, m->buffers[i]->t.data, saved + off, m->buffers[i]->t.numel * sizeof(float));
-    be->synchronize(be);
-    be->free(be, dev_seed);
-    free(saved);
-    if (st == AMP_OK)
-        st = be->status(be, err);
-    return st;
 }
 
 /* grad_zero_frac samples the step's last micro-batch, which is the last rank's: its counts of the n
@@ -753,22 +711,16 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     st = comm_agree(comm, st, err);
     struct loop_marks lm = {.resume = resume, .t_window = runlog_now(), .saved_step = -1, .good_step = -1,
                             .checked_step = t.step};
-    /* run.numerics_every: rank 0 measures (lib/numerics.h); every rank flushes before a measured step alike */
+    /* run.numerics_every: rank 0 measures its first micro-batch of every such step (lib/numerics.h) */
     struct numerics nm = {0};
     int64_t measure_every = cfg->run.numerics_every;
     if (st == AMP_OK && measure_every > 0 && comm->rank == 0)
         st = numerics_open(&nm, &t, cfg->run.out_dir, err);
     st = comm_agree(comm, st, err);
     while (st == AMP_OK && t.step < t.total_steps && !sig) {
-        if (measure_every > 0 && t.step % measure_every == 0) {
-            st = drain(&t, &lm, err); /* the host's scaler is the step's */
-            if (st == AMP_OK && comm->rank == 0)
-                st = numerics_measure(&nm, &t, err);
-            if ((st = comm_agree(comm, st, err)) != AMP_OK)
-                break;
-        }
         double t0 = runlog_now();
-        st = trainer_step(&t, err);
+        bool measure = measure_every > 0 && t.step % measure_every == 0 && comm->rank == 0;
+        st = measure ? numerics_step(&nm, &t, err) : trainer_step(&t, err);
         lm.train_seconds += runlog_now() - t0;
         dist_test_perturb(&t.dist, &t.model, t.step);
         sig = stop_signal;

@@ -89,6 +89,12 @@ struct trainer {
      * use it to inject faults. */
     void (*after_backward)(struct trainer *t, void *user);
     void *hook_user;
+    /* When set, called after the first micro-batch's forward and backward of the next step, with that
+     * micro-batch's context and batch (lib/numerics.c measures there, against its FP32 shadow). It must not
+     * change the model's tensors: the step goes on from them. */
+    enum amp_status (*after_first_micro)(struct trainer *t, const struct step_ctx *ctx, const struct batch *b,
+                                         void *user, struct amp_error *err);
+    void *micro_user;
 };
 
 /* Open the backend, load data, build and initialise the model, optimizer, scaler and sampler. On
@@ -104,18 +110,6 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err);
  * in step order, and the backend's state into the host mirror (t->scaler, t->opt.step). With nothing
  * queued it sets nrecs to 0. */
 enum amp_status trainer_flush(struct trainer *t, struct amp_error *err);
-
-/* A measurement of one forward and backward pass (lib/numerics.c): ctx and b are those of the next step's
- * first micro-batch. */
-typedef enum amp_status (*trainer_measure_fn)(struct trainer *t, const struct step_ctx *ctx, const struct batch *b,
-                                              void *user, struct amp_error *err);
-
-/* Call fn with micro-batch 0 of step t->step + 1 loaded into t->io and the context that micro-batch will run
- * with (the same dropout key; the backward seed scale / (accum_steps x world) from the host's scaler, so call
- * it with no steps queued, after trainer_flush). Afterwards it puts back what passes change: the sampler
- * position and the batchnorm running statistics. Parameter gradients are left overwritten, which the next
- * step's first micro-batch does anyway: the step that follows is bit-identical to one without it. */
-enum amp_status trainer_measure(struct trainer *t, trainer_measure_fn fn, void *user, struct amp_error *err);
 
 /* Fail-fast policy after a step (DESIGN.md section 3): AMP_ERR_UNSTABLE with the reason. */
 enum amp_status trainer_check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err);
