@@ -233,11 +233,19 @@ enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char
         st = model_build(&nm->shadow, cfg, &t->ds.spec, t->be, &fp32, cfg->data.batch_size, err);
         nm->built = true;
     }
-    if (st == AMP_ERR_INTERNAL) /* out of memory, most likely: say what the shadow costs */
+    if (st == AMP_ERR_INTERNAL) { /* out of memory, most likely: say what the shadow costs */
+        double bytes = 0; /* FP32: weights and gradients, every layer's output and input gradient */
+        for (int i = 0; i < t->model.nparams; i++)
+            bytes += 8.0 * (double)t->model.params[i]->master.numel;
+        for (int i = 0; i < t->model.nlayers; i++)
+            bytes += 4.0 * (double)(t->model.layers[i].y.numel + t->model.layers[i].dx.numel);
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
         return amp_fail(err, AMP_ERR_INTERNAL,
                         "lower data.batch_size: the shadow's activations scale with it",
                         "numerics: the FP32 shadow of the model (a second copy of every weight, gradient and "
-                        "activation, in FP32) does not fit: %s", err->msg);
+                        "activation, in FP32: about %.0f MiB) does not fit: %s", bytes / (1 << 20), why);
+    }
     if (st != AMP_OK)
         return st;
     int n = count_or_list(nm, &t->model, false);
