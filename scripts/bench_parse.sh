@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Time `ampTrain check` on the configs that were quadratic (issue 12 item 5): deep flow nesting, many layers,
-# many keys in one mapping, each at N items (default 40000 and 400000; the 16 MiB cap allows about that).
+# many keys in one mapping (clip:), each at N items (default 40000 and 400000; the 16 MiB cap allows about that).
 #   scripts/bench_parse.sh                       # build/ampTrain
 #   BASE=/path/to/old/ampTrain scripts/bench_parse.sh   # the same inputs through an older binary, side by side
 # Prints one row per input and binary: seconds (wall) and the exit code; every input must be refused (exit 2).
@@ -19,7 +19,7 @@ base = open('configs/fashion_mlp.yaml').read().split('model:')[0]
 for n in map(int, sys.argv[2:]):
     open(f'{d}/nest_{n}.yaml', 'w').write('run: ' + '[' * n + ']' * n + '\n')
     open(f'{d}/layers_{n}.yaml', 'w').write(base + 'model:\n  layers:\n' + '  - {kind: relu}\n' * n)
-    open(f'{d}/keys_{n}.yaml', 'w').write('run:\n' + ''.join(f'  k{i}: 1\n' for i in range(n)) + base)
+    open(f'{d}/keys_{n}.yaml', 'w').write(base + 'clip:\n' + ''.join(f'  k{i}: 1\n' for i in range(n)))
 EOF
 
 printf '%-22s %-10s %9s %5s\n' input binary seconds exit

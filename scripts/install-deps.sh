@@ -12,6 +12,7 @@ packages=(
   dataset-fashion-mnist fortunes
   python3 python3-numpy python3-h5py python3-torch
   gnuplot-nox
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()

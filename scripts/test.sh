@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Install what is missing, build, and run every test — twice:
+# Install what is missing, build, and run every test — twice — then the fuzz harnesses:
 #   1. the normal build (CUDA backend compiled where nvcc is present; GPU tests skip without a GPU),
-#   2. a CPU-only build with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails.
-# Warnings are errors in both. Exit status is non-zero if anything fails.
+#   2. a CPU-only build with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails,
+#   3. tests/fuzz/ (clang, libFuzzer, ASan + UBSan), each harness 60 s with a fixed seed; any finding in our
+#      code fails (docs/reliability.md).
+# Warnings are errors in the first two. Exit status is non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,4 +30,9 @@ if grep -nE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" build-asan/
   exit 1
 fi
 
-echo "test.sh: all tests passed in both builds"
+echo "== fuzz: each harness 60 s, fixed seed =="
+# The libFuzzer harnesses of tests/fuzz/ (build-fuzz/, clang, ASan + UBSan + leak detection): scripts/fuzz.sh
+# sets the sanitizer options libFuzzer needs itself and exits non-zero on any finding in our code.
+SECONDS_EACH=60 scripts/fuzz.sh
+
+echo "test.sh: all tests passed in both builds, and the fuzz harnesses found nothing in our code"

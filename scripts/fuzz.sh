@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# Build the libFuzzer harnesses (tests/fuzz/, CMake option AMP_FUZZ) into build-fuzz/ with clang and run them.
+#
+#   SECONDS_EACH=60 scripts/fuzz.sh   CI mode: each harness 60 s, one after another, fixed seed (-seed=1, then 2, 3, ...
+#                                     for the restarts below), the repo's corpus copied to build-fuzz/ci/HARNESS/corpus
+#                                     (tests/fuzz/corpus is never written). Exit 1 on any finding in our code.
+#   HOURS=1 scripts/fuzz.sh           long run: HOURS in all, split evenly over the harnesses, run one after another;
+#                                     each harness runs JOBS (default: nproc) fuzzers in parallel on one corpus, which
+#                                     grows in build-fuzz/corpus/HARNESS; random seeds.
+#   HARNESS=fuzz_data (or data)       run one harness only (default: all of them).
+#   FUZZ_ARGS="-max_len=512 ..."      more libFuzzer flags; AMP_FUZZ_ORACLES=0 hunts crashes only (fuzz_common.h).
+#
+# libFuzzer stops at a finding; this script starts it again on the same corpus until the harness's time is up, so
+# one run lists every finding it meets (libFuzzer's own -fork mode would too, but restarting a job costs seconds
+# here: the checkpoint harnesses train their seed at start). Every finding (crash-*, leak-*, timeout-*, oom-*) is
+# kept in build-fuzz/findings/HARNESS/, replayed once (its report next to it, FILE.txt; rerun it with
+# build-fuzz/HARNESS FILE, AMP_FUZZ_VERBOSE=1 says what became of it) and summarised on one line: the sanitizer or
+# oracle, where, the top frames in our code, the reproducer. Where is "ours" (lib/, models/), "libhdf5" (inside
+# HDF5, on HDF5's own memory: we cannot fix it; fuzz_ckpt_resealed and the raw-HDF5 mode of fuzz_data reach HDF5's
+# parser with malformed files by design, with lib/trial.h's child process turned off), libyaml, zlib or harness.
+# Findings in libhdf5 are counted apart and fail the run only with FUZZ_FAIL_ON_HDF5=1; so do those that do not
+# reproduce alone (an earlier input of the same process left state behind); any other finding fails it, and in
+# fuzz_ckpt_guarded (the trial process on, as in production) every finding but a leak inside libhdf5 does. The
+# output ends with a table for docs: harness, seconds, execs, cov and ft (libFuzzer's last status line), corpus
+# size, findings (ours), libhdf5 findings, not reproducible.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+build="build-fuzz"
+all_harnesses=(fuzz_config fuzz_ckpt_raw fuzz_ckpt_resealed fuzz_ckpt_guarded fuzz_ckpt_edit fuzz_data)
+
+# ---- per harness: seed corpus, dictionary, longest input -------------------------------------------
+corpus_of() { case $1 in fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo ckpt_raw ;; *) echo "${1#fuzz_}" ;; esac; }
+dict_of() {
+  case $1 in
+    fuzz_config) echo tests/fuzz/config.dict ;;
+    fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo tests/fuzz/ckpt.dict ;;
+    fuzz_data) echo tests/fuzz/data.dict ;;
+  esac
+}
+max_len_of() {
+  case $1 in
+    fuzz_config) echo 8192 ;;
+    fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo 131072 ;; # the seed checkpoint is ~80 KB
+    fuzz_ckpt_edit) echo 4096 ;;
+    fuzz_data) echo 16384 ;;
+  esac
+}
+
+if [ -n "${HARNESS:-}" ]; then
+  harnesses=("fuzz_${HARNESS#fuzz_}")
+  case " ${all_harnesses[*]} " in *" ${harnesses[0]} "*) ;; *)
+    echo "fuzz.sh: unknown HARNESS=$HARNESS (one of: ${all_harnesses[*]})" >&2
+    exit 2
+  esac
+else
+  harnesses=("${all_harnesses[@]}")
+fi
+
+if [ -n "${HOURS:-}" ]; then
+  mode=long
+  seconds=$(awk -v h="$HOURS" -v n="${#harnesses[@]}" 'BEGIN { s = int(h * 3600 / n); print s < 1 ? 1 : s }')
+else
+  mode=ci
+  seconds=${SECONDS_EACH:-60}
+fi
+jobs=${JOBS:-$(nproc)}
+
+# ---- build -----------------------------------------------------------------------------------------
+command -v clang > /dev/null || { echo "fuzz.sh: clang is missing (scripts/install-deps.sh installs it)" >&2; exit 2; }
+echo "== fuzz: building $build (clang, libFuzzer + ASan + UBSan, CPU only) =="
+mkdir -p "$build"
+cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DAMP_FUZZ=ON -DAMP_CUDA=OFF -DAMP_MPI=OFF -DAMP_TESTS=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build/configure.log" 2>&1 || { cat "$build/configure.log" >&2; exit 1; }
+cmake --build "$build" --target fuzz -j "${BUILD_JOBS:-$(nproc)}"
+
+# The sanitizer settings of scripts/test.sh's ASan stage would do too; these are the ones libFuzzer wants.
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1:symbolize=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:symbolize=1"
+export OPENBLAS_NUM_THREADS=1
+if command -v llvm-symbolizer > /dev/null; then
+  ASAN_SYMBOLIZER_PATH=$(command -v llvm-symbolizer)
+  export ASAN_SYMBOLIZER_PATH
+fi
+
+# ---- triage: replay one finding, print "KIND | WHERE | TOP FRAMES" --------------------------------------
+triage() {
+  local bin=$1 file=$2 log=$2.txt
+  # full stacks through libraries built without frame pointers (libhdf5), so an allocation shows who asked for it
+  [ -f "$log" ] || ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0:malloc_context_size=40" TMPDIR=$tmpdir \
+    timeout 120 "$bin" -runs=1 -timeout=10 -rss_limit_mb=2048 "$file" > "$log" 2>&1 || true
+  awk -v root="$root/" '
+    function frame_kind(line) {
+      if (index(line, root "lib/") || index(line, root "models/")) return "ours"
+      if (line ~ /libhdf5/) return "libhdf5"
+      if (line ~ /libyaml/) return "libyaml"
+      if (line ~ /libz\.so/) return "zlib"
+      if (index(line, root "tests/fuzz/")) return "harness"
+      return ""
+    }
+    !kind && /ORACLE FAILED/ { sub(/.*ORACLE FAILED at [^ ]* /, ""); kind = "oracle: " substr($0, 1, 110); where = "ours" }
+    !kind && /ERROR: AddressSanitizer: requested allocation size/ { kind = "ASan allocation-size-too-big" }
+    !kind && /ERROR: AddressSanitizer: / { match($0, /AddressSanitizer: [^ ]+/); kind = "ASan " substr($0, RSTART + 18, RLENGTH - 18) }
+    !kind && /ERROR: LeakSanitizer/ { kind = "LSan leak" }
+    !kind && /runtime error: / { sub(/.*runtime error: /, ""); kind = "UBSan " substr($0, 1, 90) }
+    !kind && /ERROR: libFuzzer: timeout/ { kind = "timeout (>10 s)" }
+    !kind && /ERROR: libFuzzer: out-of-memory/ { kind = "out-of-memory" ($0 ~ /malloc/ ? " (malloc over the limit)" : " (rss)") }
+    !kind && /ERROR: libFuzzer: deadly signal/ { kind = "deadly signal" }
+    # the first stack is where it broke; an "allocated by" / "located in stack of" stack says whose memory it was
+    /allocated by thread|freed by thread|is located in stack of thread|Direct leak|Indirect leak/ { section = "owner" }
+    /^ *#[0-9]+ 0x/ && section == "after" { next }
+    /^ *#[0-9]+ 0x/ {
+      k = frame_kind($0)
+      if ($3 == "in") { fn = $4; loc = $5 } else { fn = "?"; loc = $3 }
+      sub(/^\(/, "", loc); sub(/\)$/, "", loc); sub(/.*\//, "", loc); sub(/:[0-9]+$/, "", loc)
+      if (section == "owner") {
+        if (k != "" && k != "harness" && !owner) owner = k
+        if (owner && k == owner && fn != "?" && fn !~ /^H5(FL|MM)_/ && !owner_at) owner_at = fn " " loc
+        if (k == "ours" && !owner_ours) owner_ours = fn " " loc
+        next
+      }
+      if (k != "" && k != "harness" && !where) where = k
+      if (k == "ours" && nours < 3) ours = ours (nours++ ? " < " : "") fn " " loc
+      started = 1
+    }
+    started && /^ *$/ && !section { section = "after" }
+    END {
+      if (!kind) { kind = "does not reproduce alone"; where = "unknown" }
+      if (owner) where = owner
+      if (!where) where = "harness"
+      if (owner_ours && owner_at != owner_ours) owner_at = owner_at (owner_at ? " from " : "") owner_ours
+      if (owner_at && kind !~ /leak/) ours = (ours ? ours : "-") " (memory of " owner_at ")"
+      if (kind ~ /leak/) ours = "allocated in " (owner_at ? owner_at : "?")
+      printf "%s | %s | %s\n", kind, where, ours ? ours : "-"
+    }' "$log"
+}
+
+# ---- run ---------------------------------------------------------------------------------------------
+rows=()
+failed=0
+mkdir -p "$build/findings"
+for h in "${harnesses[@]}"; do
+  bin=$build/$h
+  if [ "$mode" = ci ]; then
+    work=$build/ci/$h
+    rm -rf "$work"
+    corpus=$work/corpus
+  else
+    work=$build/long/$h
+    corpus=$build/corpus/$h
+  fi
+  tmpdir=$work/tmp
+  artifacts=$work/artifacts
+  mkdir -p "$corpus" "$tmpdir" "$artifacts" "$build/findings/$h"
+  rm -rf "${tmpdir:?}"/* "${artifacts:?}"/* "$work"/fuzz-*.log
+  cp -n "tests/fuzz/corpus/$(corpus_of "$h")"/* "$corpus"/ 2> /dev/null || true
+  if [ "$(corpus_of "$h")" = ckpt_raw ]; then
+    # a checkpoint written by this build, besides the committed one (the harness writes it at start)
+    AMP_FUZZ_WRITE_SEED=$root/$corpus/seed-current.h5 TMPDIR=$tmpdir "$bin" -runs=0 > /dev/null 2>&1 || true
+  fi
+  args=(-timeout=10 -rss_limit_mb=2048 -max_len="$(max_len_of "$h")" -artifact_prefix="$artifacts/"
+        -print_final_stats=1)
+  dict=$(dict_of "$h")
+  [ -n "$dict" ] && args+=(-dict="$dict")
+  # shellcheck disable=SC2206
+  args+=(${FUZZ_ARGS:-})
+  echo "== fuzz: $h, $seconds s ($mode mode${HOURS:+, $jobs in parallel}) =="
+  # One fuzzer, restarted after each finding until the deadline (at most 100 starts: a corpus input that fails at
+  # once would otherwise spin). CI: seeds 1, 2, ...; long runs: random.
+  fuzz_until() { # WORKER DEADLINE
+    local w=$1 deadline=$2 start=0 left
+    while left=$((deadline - $(date +%s))) && [ $left -gt 0 ] && [ $start -lt 100 ]; do
+      start=$((start + 1))
+      local seed=()
+      [ "$mode" = ci ] && seed=("-seed=$start")
+      local before after
+      before=$(find "$artifacts" -type f | wc -l)
+      { TMPDIR=$tmpdir timeout $((left + 120)) "$bin" "${args[@]}" "${seed[@]}" -max_total_time=$left "$corpus" \
+          > "$work/fuzz-$w-$start.log" 2>&1; } 2> /dev/null && break # (no "Aborted" line from bash per finding)
+      after=$(find "$artifacts" -type f | wc -l)
+      [ "$after" -gt "$before" ] || break # it failed without a finding: reported below, not retried
+      drop_findings_from_corpus
+    done
+  }
+  # A corpus input that is itself a finding (a seed the code under test now fails on) would end every start
+  # at once: take it out of the corpus (the repo's copy stays), so the next start fuzzes on. libFuzzer names a
+  # finding by the SHA-1 of its bytes.
+  drop_findings_from_corpus() {
+    local hashes
+    hashes=$(find "$artifacts" -type f -printf '%f\n' | sed -nE 's/^(crash|leak|timeout|oom)-([0-9a-f]{40})$/\2/p')
+    [ -n "$hashes" ] || return 0
+    find "$corpus" -type f -exec sha1sum {} + | { grep -F -f <(echo "$hashes") || true; } | cut -c43- | xargs -r rm -f
+  }
+  deadline=$(($(date +%s) + seconds))
+  if [ "$mode" = ci ]; then
+    fuzz_until 1 "$deadline"
+  else
+    for w in $(seq "$jobs"); do fuzz_until "$w" "$deadline" & done
+    wait
+  fi
+  logs=("$work"/fuzz-*.log)
+  # executions: every start's final stats; cov and ft: the last status line of the last start
+  execs=$(cat "${logs[@]}" | sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
+  status=$(grep -hE '^#[0-9]+[[:space:]].*cov: ' "$(ls -t "${logs[@]}" | head -1)" | tail -1 || true)
+  cov=$(sed -nE 's/.*cov: ([0-9]+).*/\1/p' <<< "$status")
+  ft=$(sed -nE 's/.*ft: ([0-9]+).*/\1/p' <<< "$status")
+  starts=${#logs[@]}
+  rc=0
+  grep -qE '^Done [0-9]+ runs' "${logs[@]}" || rc=1
+  ncorpus=$(find "$corpus" -type f | wc -l)
+  echo "$status ($starts start(s), $execs executions)"
+  nours=0
+  nhdf5=0
+  nflaky=0
+  n=0
+  lines=()
+  for f in "$artifacts"/crash-* "$artifacts"/leak-* "$artifacts"/timeout-* "$artifacts"/oom-*; do
+    [ -f "$f" ] || continue
+    n=$((n + 1))
+    cp "$f" "$build/findings/$h/"
+    kept=$build/findings/$h/$(basename "$f")
+    if [ $n -gt "${TRIAGE_MAX:-30}" ]; then # mostly the same few bugs again: kept, not replayed (nor counted)
+      lines+=("not replayed (over TRIAGE_MAX=${TRIAGE_MAX:-30}) | ? | - | $kept")
+      continue
+    fi
+    rm -f "$kept.txt"
+    line=$(triage "$bin" "$kept")
+    case $h:$line in
+      *:"does not reproduce alone"*) nflaky=$((nflaky + 1)) ;;
+      fuzz_ckpt_guarded:"LSan leak | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;; # no crash: the trial cannot catch it
+      fuzz_ckpt_guarded:*) nours=$((nours + 1)) ;; # the trial process promises that no crash reaches us
+      *" | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;;
+      *) nours=$((nours + 1)) ;;
+    esac
+    lines+=("$line | $kept")
+  done
+  if [ $n -gt 0 ]; then
+    echo "-- $h: $n findings; distinct (count | kind | where | top frames in our code):"
+    printf '%s\n' "${lines[@]}" | sed -E 's/ \| [^|]*$//' | sort | uniq -c | sort -rn
+    for line in "${lines[@]}"; do echo "FINDING $h | $line"; done
+  fi
+  if [ $n -eq 0 ] && [ $rc -ne 0 ]; then
+    echo "fuzz.sh: $h did not finish its run and left no finding file; the end of its last log:" >&2
+    tail -20 "$(ls -t "${logs[@]}" | head -1)" >&2
+    nours=1
+  fi
+  [ $nours -gt 0 ] && failed=1
+  [ $((nhdf5 + nflaky)) -gt 0 ] && [ "${FUZZ_FAIL_ON_HDF5:-0}" = 1 ] && failed=1
+  rows+=("| $h | $seconds | ${execs:-?} | ${cov:-?} | ${ft:-?} | $ncorpus | $nours | $nhdf5 | $nflaky |")
+done
+
+echo
+echo "== fuzz: summary ($mode mode; findings in $build/findings/) =="
+echo "| harness | seconds | execs | cov | ft | corpus | findings | libhdf5 findings | not reproducible |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+printf '%s\n' "${rows[@]}"
+exit $failed
