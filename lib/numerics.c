@@ -177,13 +177,14 @@ void num_scale_window(const struct num_stats *g, double scale, double underflow,
 
 static const char *const kind_names[NK_COUNT] = {"activation", "act_grad", "weight_grad"};
 
-static void add_tensor(struct numerics *nm, const char *name, enum num_kind kind, int layer)
+static void add_tensor(struct numerics *nm, const char *name, enum num_kind kind, int layer, int param)
 {
     struct num_tensor *t = &nm->tensors[nm->ntensors++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->kind = kind;
     t->layer = layer;
+    t->param = param;
 }
 
 /* The tensors measured: each layer's output activation and the gradient reaching it, and each parameter's
@@ -196,16 +197,16 @@ static int count_or_list(struct numerics *nm, const struct model *m, bool list)
         if (l->cfg.kind == LAYER_FLATTEN)
             continue;
         if (list)
-            add_tensor(nm, l->cfg.name, NK_ACTIVATION, i);
+            add_tensor(nm, l->cfg.name, NK_ACTIVATION, i, 0);
         n++;
         if (m->layers[i + 1].needs_dx) {
             if (list)
-                add_tensor(nm, l->cfg.name, NK_ACT_GRAD, i);
+                add_tensor(nm, l->cfg.name, NK_ACT_GRAD, i, 0);
             n++;
         }
         for (int p = 0; p < l->nparams; p++) {
             if (list)
-                add_tensor(nm, l->params[p].name, NK_WEIGHT_GRAD, i);
+                add_tensor(nm, l->params[p].name, NK_WEIGHT_GRAD, i, p);
             n++;
         }
     }
@@ -213,13 +214,13 @@ static int count_or_list(struct numerics *nm, const struct model *m, bool list)
 }
 
 /* The tensor a measured entry refers to, in model m (the run's or the shadow). */
-static const struct tensor *tensor_of(const struct model *m, const struct num_tensor *e, int param_index)
+static const struct tensor *tensor_of(const struct model *m, const struct num_tensor *e)
 {
     const struct layer *l = &m->layers[e->layer];
     switch (e->kind) {
     case NK_ACTIVATION: return &l->y;
     case NK_ACT_GRAD: return &m->layers[e->layer + 1].dx;
-    default: return &l->params[param_index].grad;
+    default: return &l->params[e->param].grad;
     }
 }
 
@@ -328,11 +329,7 @@ static enum amp_status measure_pass(struct trainer *t, const struct step_ctx *ct
 
     size_t most = 1;
     for (int i = 0; i < nm->ntensors; i++) {
-        int p = 0;
-        if (nm->tensors[i].kind == NK_WEIGHT_GRAD) /* its index among its layer's parameters */
-            while (strcmp(m->layers[nm->tensors[i].layer].params[p].name, nm->tensors[i].name) != 0)
-                p++;
-        const struct tensor *rt = tensor_of(m, &nm->tensors[i], p);
+        const struct tensor *rt = tensor_of(m, &nm->tensors[i]);
         most = rt->numel > most ? rt->numel : most;
     }
     float *ref = malloc(most * sizeof *ref), *run = malloc(most * sizeof *run);
@@ -345,11 +342,7 @@ static enum amp_status measure_pass(struct trainer *t, const struct step_ctx *ct
     }
     for (int i = 0; i < nm->ntensors; i++) {
         struct num_tensor *e = &nm->tensors[i];
-        int p = 0;
-        if (e->kind == NK_WEIGHT_GRAD)
-            while (strcmp(m->layers[e->layer].params[p].name, e->name) != 0)
-                p++;
-        const struct tensor *rt = tensor_of(m, e, p), *st = tensor_of(sh, e, p);
+        const struct tensor *rt = tensor_of(m, e), *st = tensor_of(sh, e);
         if (!rt->data || !st->data || rt->numel != st->numel)
             continue;
         fetch(be, st, ref, raw);

@@ -65,6 +65,7 @@ struct numerics {
         char name[128];        /* "fc1" (its output activation / gradient) or "fc1/weight" */
         enum num_kind kind;
         int layer;             /* index in the model */
+        int param;             /* NK_WEIGHT_GRAD: index among the layer's parameters */
         struct num_stats total;
     } *tensors;
     int64_t steps;
