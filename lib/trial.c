@@ -33,7 +33,10 @@ struct trial_result trial_run(void (*fn)(void *arg), void *arg, int seconds)
         /* The child: no output (a sanitizer's report of a crash inside libhdf5 included: the caller reports
          * the outcome), default signals (a SIGTERM handler of the parent's would only set a flag), and _exit,
          * which runs no atexit handlers (MPI's, the leak checker's) and flushes nothing. */
-        int null = open("/dev/null", O_WRONLY);
+        const char *log = getenv("AMPTRAIN_TRIAL_LOG"); /* debugging: where the child's output goes */
+        int null = log && *log ? open(log, O_WRONLY | O_CREAT | O_APPEND, 0644) : -1;
+        if (null < 0)
+            null = open("/dev/null", O_WRONLY);
         if (null >= 0) {
             dup2(null, STDOUT_FILENO);
             dup2(null, STDERR_FILENO);

@@ -31,7 +31,8 @@ struct trial_result {
 
 /* Run fn(arg) in a child process with at most `seconds` of wall time; the child's stdout and stderr go to
  * /dev/null.
- * AMPTRAIN_NO_TRIAL=1 skips the child (TRIAL_PASSED at once). */
+ * AMPTRAIN_NO_TRIAL=1 skips the child (TRIAL_PASSED at once); AMPTRAIN_TRIAL_LOG=FILE appends the child's output
+ * (a sanitizer's report of what it met) to FILE instead of discarding it, for debugging. */
 struct trial_result trial_run(void (*fn)(void *arg), void *arg, int seconds);
 
 /* A trial's limit for reading `bytes` from disk: 60 s plus 10 s per GiB. */
