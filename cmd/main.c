@@ -91,6 +91,24 @@ static enum amp_status need_config_arg(int argc, char **argv, const char *cmd, s
     return AMP_OK;
 }
 
+/* How the parameters and the optimizer state are stored (docs/precision.md, "bf16 master weights"). */
+static void print_storage(const struct config *cfg, FILE *out)
+{
+    bool bf16_master = cfg->precision.master_weights == STORE_BF16, bf16_state = cfg->optim.state_dtype == STORE_BF16;
+    const char *lowp = cfg->precision.mode == PREC_BF16 ? "bf16" : "fp16";
+    fprintf(out, "\nstorage:\n  weights: %s master", bf16_master ? "bf16" : "fp32");
+    if (bf16_master)
+        fprintf(out, " (read directly by bf16 ops; an fp32 copy of each weight read in fp32: biases, norms, embeddings)");
+    else if (cfg->precision.mode != PREC_FP32)
+        fprintf(out, " and a %s copy of each weight a %s op reads", lowp, lowp);
+    fprintf(out, "\n  gradients: fp32\n  optimizer state: %s\n", bf16_state ? "bf16" : "fp32");
+    if (bf16_master || bf16_state)
+        fprintf(out, "  bf16 stores of the update: %s\n",
+                cfg->optim.stochastic_rounding ? "stochastic rounding (keyed by run.seed, step, parameter)"
+                                               : "round to nearest even (updates below half a bf16 ulp are lost: "
+                                                 "consider optim.stochastic_rounding: true)");
+}
+
 static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)
 {
     enum amp_status st = need_config_arg(argc, argv, "check", err);
@@ -106,6 +124,7 @@ static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)
         config_print_yaml(&cfg, stdout);
         printf("\n");
         autocast_print(&policy, stdout);
+        print_storage(&cfg, stdout);
     }
     config_free(&cfg);
     return st;
@@ -133,6 +152,8 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
 static const char *const resume_allowed[] = {
     "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
     "run.out_dir", "run.device", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
+    /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
+    "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
     "dist.backend", "dist.check_every",
     "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
 };
@@ -171,7 +192,8 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
     if (!eq || !ok)
         return amp_fail(err, AMP_ERR_CONFIG,
                         "resume accepts run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every, "
-                        "run.keep_ckpts, run.numerics_every, run.out_dir, run.device, precision.mode, stability.*, dist.* and "
+                        "run.keep_ckpts, run.numerics_every, run.out_dir, run.device, precision.mode, "
+                        "precision.master_weights, optim.state_dtype, optim.stochastic_rounding, stability.*, dist.* and "
                         "accum_steps; start a new run "
                         "with 'ampTrain run' to change anything else",
                         "resume: override '%s' refused: %s", ov,
@@ -183,6 +205,20 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
     if (st == AMP_OK && cfg->precision.mode != before)
         *mode_changed = true;
     return st;
+}
+
+/* Resume converts the checkpoint's FP32 values to the storage a resume override asks for, once, at load. */
+static void warn_storage_change(const char *key, const char *what, enum store_dtype from, enum store_dtype to)
+{
+    if (from == to)
+        return;
+    if (to == STORE_FP32)
+        fprintf(stderr, "ampTrain: note: %s changes from bf16 to fp32 on resume: the %s carry over exactly (every "
+                        "bf16 value is an fp32 value) and are kept in fp32 from here on\n", key, what);
+    else
+        fprintf(stderr, "ampTrain: warning: %s changes from fp32 to bf16 on resume: the checkpoint's fp32 %s are "
+                        "rounded to nearest bf16 once at load, and the run is no longer bit-identical to one that kept "
+                        "fp32\n", key, what);
 }
 
 /* Check the CHECKPOINT argument and resolve a run directory to the checkpoint its `latest` names
@@ -212,6 +248,7 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
     }
     bool mode_changed = false;
     enum precision_mode old_mode = cfg.precision.mode;
+    enum store_dtype old_master = cfg.precision.master_weights, old_state = cfg.optim.state_dtype;
     for (int i = 2; i < argc && st == AMP_OK; i++)
         st = resume_override(&cfg, argv[i], &mode_changed, err);
     if (st == AMP_OK)
@@ -223,6 +260,10 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
                 "state carry over, the loss scaler starts from its init, and the run is no longer bit-identical to "
                 "one that kept %s\n",
                 precision_mode_name(old_mode), precision_mode_name(cfg.precision.mode), precision_mode_name(old_mode));
+    if (st == AMP_OK && ranks->rank == 0)
+        warn_storage_change("precision.master_weights", "weights", old_master, cfg.precision.master_weights);
+    if (st == AMP_OK && ranks->rank == 0)
+        warn_storage_change("optim.state_dtype", "optimizer moments", old_state, cfg.optim.state_dtype);
     if (st == AMP_OK) {
         printf("ampTrain %s: resume '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
         st = train_resume(&cfg, argv[1], mode_changed && cfg.precision.mode != old_mode, ranks, err);

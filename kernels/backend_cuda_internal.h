@@ -29,6 +29,7 @@
 #include <cudnn.h>            /* cudnnHandle_t */
 
 extern "C" {
+#include "sround.h" /* bf16_round_stochastic, sr_stream: the optimizer's bf16 stores */
 #include "backend.h" /* struct backend, the op argument structs */
 }
 
@@ -64,13 +65,16 @@ struct grad_table_entry {
 /* adamw_update / sgd_update's parameter table (loss_optim.cu): one entry per parameter, in the caller's
  * order; the n entries of one call share the step scalars and the hyperparameters (kernel arguments). */
 struct optim_table_entry {
-    float *master;       /* fp32 (numel), updated in place */
+    void *master;        /* (numel) of master_dt (fp32 or bf16), updated in place */
     const float *grad;   /* fp32 (numel), still scaled by the loss scale */
-    float *m, *v;        /* fp32 (numel): adamw's moments; sgd: m the momentum buffer or NULL, v NULL */
-    void *lowp;          /* (numel) of lowp_dt: the copy written in the same pass, or NULL */
+    void *m, *v;         /* (numel) of state_dt: adamw's moments; sgd: m the momentum buffer or NULL, v NULL */
+    void *copy;          /* (numel) of copy_dt: the copy written in the same pass, or NULL */
     uint64_t numel;
+    uint64_t sr_seed;    /* stochastic rounding (lib/sround.h): the seed, and this parameter's index */
+    uint32_t sr_param;
     float weight_decay;  /* 0 where the parameter does not decay */
-    int32_t lowp_dt;     /* enum dtype of lowp */
+    int32_t master_dt, state_dt, copy_dt; /* enum dtype of master, of m and v, of copy */
+    int32_t stochastic;  /* bf16 stores round stochastically */
 };
 
 /* A table of plain entries kept in a scratch slot and uploaded again only when it changes (the grad_stats
@@ -163,6 +167,26 @@ __device__ __forceinline__ void store_elem(void *p, int dt, size_t i, float v)
     case DT_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
     default: static_cast<float *>(p)[i] = v; break;
     }
+}
+
+/* v stored as element i of an optimizer tensor (fp32 or bf16): bf16 to nearest even, or stochastically with
+ * the 16 bits of `draw` at `shift` (lib/sround.h, the CPU backend's optim_store). Returns the value stored. */
+__device__ __forceinline__ float store_rounded(void *p, int dt, size_t i, float v, bool stochastic, uint64_t draw,
+                                               int shift)
+{
+    if (dt != DT_BF16) {
+        static_cast<float *>(p)[i] = v;
+        return v;
+    }
+    uint16_t h;
+    if (stochastic) {
+        h = bf16_round_stochastic(v, (uint32_t)(draw >> shift));
+    } else {
+        __nv_bfloat16 b = __float2bfloat16_rn(v);
+        memcpy(&h, &b, sizeof h);
+    }
+    static_cast<uint16_t *>(p)[i] = h;
+    return __uint_as_float((uint32_t)h << 16);
 }
 
 /* v rounded to dt and back (identity for fp32): what storing and reloading gives. */

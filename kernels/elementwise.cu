@@ -10,9 +10,10 @@
  *  - embedding_backward: wpe by one thread per (t, c) looping over b; wte by a stable radix sort of the
  *    token ids (CUB), then one thread per (token run, c) adding the run's rows in position order — the
  *    CPU's order again. Cost O(B*T*C) plus the sort, independent of the vocabulary size.
- * Dropout draws the CPU's mask bit for bit: rng_bits of lib/rng.c is copied into dropout_keep below.
+ * Dropout draws the CPU's mask bit for bit: rng_bits is lib/rng.h's one definition for the host and the device.
  */
 #include "backend_cuda_internal.h"
+#include "rng.h" /* rng_bits */
 
 #include <cub/device/device_radix_sort.cuh> /* cub::DeviceRadixSort::SortPairs */
 
@@ -75,20 +76,10 @@ __global__ void add_kernel(void *y, int y_dt, const void *a, int a_dt, const voi
     store_elem(y, y_dt, i, load_elem(a, a_dt, i) + load_elem(b, b_dt, i));
 }
 
-/* lib/rng.c, bit for bit */
-__device__ __forceinline__ uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
+/* lib/rng.c's rng_uniform: rng_bits is lib/rng.h's, shared with the host */
 __device__ __forceinline__ float rng_uniform_dev(uint64_t seed, uint64_t stream, uint64_t counter)
 {
-    uint64_t k = mix64(seed + 0x9e3779b97f4a7c15ULL);
-    k = mix64(k ^ (stream * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL));
-    uint64_t bits = mix64(k ^ (counter * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL));
-    return (float)(bits >> 40) * (1.0f / 16777216.0f);
+    return (float)(rng_bits(seed, stream, counter) >> 40) * (1.0f / 16777216.0f);
 }
 
 /* y = x * (kept ? 1/(1-p) : 0); element i kept iff rng_uniform(seed, (stream << 20) + (counter >> 32),

@@ -20,13 +20,13 @@
  * race a queued upload (a shared pinned buffer could, without a synchronisation per call).
  * step_finish: step_rule_finish (lib/step_rule.h) in a one-thread kernel, on state in device memory.
  * adamw / sgd: ONE launch updates all n parameters of a call (a model's ~30 tensors paid ~30 launches a
- * step before). A table of {master, grad, m, v, lowp, lowp dtype, numel, weight decay} per parameter lives
+ * step before). A table of {master, grad, m, v, copy, their dtypes, numel, weight decay, rounding} per parameter lives
  * in device memory, cached and uploaded as grad_stats' is (struct device_table, scratch slot
  * CSCR_OPT_DESC); a grid (blocks per tensor, tensors) gives each tensor the same number of blocks, enough
  * for 4 elements a thread over the largest tensor and at most kOptimMaxBlocks, which grid-stride over its
  * elements (past 65535 tensors, one launch per 65535). Each element is updated in the CPU backend's
- * order (update_element): the fp32 master and moments, and the fp16/bf16 copy written in the
- * same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor, skip) are
+ * order (update_element): the master and moments (fp32, or bf16 rounded to nearest or stochastically with
+ * lib/sround.h's bits), and the copy written in the same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor, skip) are
  * read from struct step_scalars in device memory, written by step_finish in double as PyTorch and the CPU
  * backend compute them; every thread reads skip first, and a skipped step leaves every tensor untouched.
  */
@@ -284,16 +284,18 @@ __device__ __forceinline__ void update_element(const struct optim_table_entry &t
                                                const struct step_scalars &s, const adamw_consts &c)
 {
     float gi = t.grad[i] * s.grad_mul;
-    float pi = t.weight_decay != 0.0f ? t.master[i] * s.adam_decay : t.master[i];
-    float mi = c.b1 * t.m[i] + c.omb1 * gi;
-    float vi = c.b2 * t.v[i] + c.omb2 * gi * gi;
+    float p0 = load_elem(t.master, t.master_dt, i);
+    float pi = t.weight_decay != 0.0f ? p0 * s.adam_decay : p0;
+    float mi = c.b1 * load_elem(t.m, t.state_dt, i) + c.omb1 * gi;
+    float vi = c.b2 * load_elem(t.v, t.state_dt, i) + c.omb2 * gi * gi;
     float denom = sqrtf(vi) / s.adam_bc2_sqrt + c.eps;
     float np = pi + s.adam_neg_step * mi / denom;
-    t.master[i] = np;
-    t.m[i] = mi;
-    t.v[i] = vi;
-    if (t.lowp)
-        store_elem(t.lowp, t.lowp_dt, i, np);
+    uint64_t draw = t.stochastic ? rng_bits(t.sr_seed, sr_stream(s.t, t.sr_param), (uint64_t)i) : 0;
+    float stored = store_rounded(t.master, t.master_dt, i, np, t.stochastic, draw, SR_WEIGHT);
+    store_rounded(t.m, t.state_dt, i, mi, t.stochastic, draw, SR_M);
+    store_rounded(t.v, t.state_dt, i, vi, t.stochastic, draw, SR_V);
+    if (t.copy)
+        store_elem(t.copy, t.copy_dt, i, stored);
 }
 
 /* What the SGD launch takes from the host (shared by the call's parameters). */
@@ -306,18 +308,19 @@ struct sgd_consts {
 __device__ __forceinline__ void update_element(const struct optim_table_entry &t, size_t i,
                                                const struct step_scalars &s, const sgd_consts &c)
 {
-    float gi = t.grad[i] * s.grad_mul;
+    float gi = t.grad[i] * s.grad_mul, p0 = load_elem(t.master, t.master_dt, i);
+    uint64_t draw = t.stochastic ? rng_bits(t.sr_seed, sr_stream(s.t, t.sr_param), (uint64_t)i) : 0;
     if (t.weight_decay != 0.0f)
-        gi = gi + t.weight_decay * t.master[i];
+        gi = gi + t.weight_decay * p0;
     if (t.m) {
-        float bi = s.first_step ? gi : c.mom * t.m[i] + gi;
-        t.m[i] = bi;
+        float bi = s.first_step ? gi : c.mom * load_elem(t.m, t.state_dt, i) + gi;
+        store_rounded(t.m, t.state_dt, i, bi, t.stochastic, draw, SR_M);
         gi = c.nesterov ? gi + c.mom * bi : bi;
     }
-    float np = t.master[i] + (-s.lr) * gi;
-    t.master[i] = np;
-    if (t.lowp)
-        store_elem(t.lowp, t.lowp_dt, i, np);
+    float np = p0 + (-s.lr) * gi;
+    float stored = store_rounded(t.master, t.master_dt, i, np, t.stochastic, draw, SR_WEIGHT);
+    if (t.copy)
+        store_elem(t.copy, t.copy_dt, i, stored);
 }
 
 /* Grid (blocks per tensor, tensors): block row y updates tab[y] with a grid-stride loop over its
@@ -364,19 +367,25 @@ unsigned optim_blocks_for(uint64_t max_numel)
 struct optim_table_entry optim_entry_of(const struct optim_update_args *a, bool adamw)
 {
     struct optim_table_entry e;
-    e.master = static_cast<float *>(a->master->data);
+    memset(&e, 0, sizeof e); /* padding compares equal (device_table_commit) */
+    e.master = a->master->data;
+    e.master_dt = a->master->dtype;
     e.grad = static_cast<const float *>(a->grad->data);
     if (adamw) {
-        e.m = static_cast<float *>(a->m->data);
-        e.v = static_cast<float *>(a->v->data);
+        e.m = a->m->data;
+        e.v = a->v->data;
     } else {
-        e.m = a->m && a->momentum != 0.0f ? static_cast<float *>(a->m->data) : NULL;
+        e.m = a->m && a->momentum != 0.0f ? a->m->data : NULL;
         e.v = NULL;
     }
-    e.lowp = a->lowp ? a->lowp->data : NULL;
-    e.lowp_dt = a->lowp ? a->lowp->dtype : DT_FP32;
+    e.state_dt = a->m ? a->m->dtype : DT_FP32;
+    e.copy = a->copy ? a->copy->data : NULL;
+    e.copy_dt = a->copy ? a->copy->dtype : DT_FP32;
     e.numel = a->master->numel;
     e.weight_decay = a->weight_decay;
+    e.stochastic = a->stochastic;
+    e.sr_seed = a->sr_seed;
+    e.sr_param = a->sr_param;
     return e;
 }
 
@@ -417,15 +426,16 @@ bool optim_entry_ok(struct cuda_backend *cb, const struct optim_update_args *a, 
         return false;
     }
     size_t n = e->master->numel;
-    bool fits = e->master->dtype == DT_FP32 && e->grad->dtype == DT_FP32 && e->grad->numel == n &&
-                (!e->lowp || e->lowp->numel == n);
+    bool fits = (e->master->dtype == DT_FP32 || e->master->dtype == DT_BF16) && e->grad->dtype == DT_FP32 &&
+                e->grad->numel == n && (!e->copy || e->copy->numel == n);
     if (adamw)
-        fits = fits && e->m && e->v && e->m->numel == n && e->v->numel == n;
+        fits = fits && e->m && e->v && e->m->numel == n && e->v->numel == n && e->m->dtype == e->v->dtype;
     else
         fits = fits && (!e->m || e->m->numel == n);
+    fits = fits && (!e->m || e->m->dtype == DT_FP32 || e->m->dtype == DT_BF16);
     if (!fits) {
         cuda_record(cb, "this is a bug in the caller: see struct optim_update_args (backend.h)",
-                    "%s: entry %d: the fp32 master, gradient%s and low-precision copy must all have %zu elements",
+                    "%s: entry %d: the master (fp32 or bf16), fp32 gradient%s and copy must all have %zu elements",
                     op, i, adamw ? ", m, v" : ", momentum buffer", n);
         return false;
     }

@@ -92,10 +92,13 @@ struct rng_key {
 /* One parameter's optimizer update. The step's scalars (unscale * clip factor, learning rate, step
  * count, skip) are in backend memory, written by step_finish: the host never needs them. */
 struct optim_update_args {
-    struct tensor *master;    /* fp32 weights, updated in place */
+    struct tensor *master;    /* the weights, updated in place: fp32, or bf16 (precision.master_weights) */
     const struct tensor *grad;/* fp32 gradient (still scaled by the loss scale) */
-    struct tensor *m, *v;     /* fp32 moments (adamw: m, v; sgd: m = momentum buffer or NULL) */
-    struct tensor *lowp;      /* optional fp16/bf16 copy of master, written in the same pass (or NULL) */
+    struct tensor *m, *v;     /* moments (adamw: m, v; sgd: m = momentum buffer or NULL): fp32, or bf16
+                               * (optim.state_dtype) */
+    struct tensor *copy;      /* optional copy of the new weights in another dtype, written in the same pass:
+                               * an fp32 master's fp16/bf16 compute copy, or a bf16 master's fp32 copy for the
+                               * ops that read weights in fp32 (or NULL) */
     const struct step_scalars *sc; /* backend memory; sc->skip: leave every tensor as it is */
     float weight_decay;       /* this parameter's (0 where it does not decay); adamw applies sc->adam_decay */
     double beta1, beta2;      /* adamw: the config's; the update uses (float)beta and (float)(1 - beta), 1 - beta
@@ -103,6 +106,9 @@ struct optim_update_args {
     float eps;                /* adamw */
     float momentum;           /* sgd */
     bool nesterov;            /* sgd */
+    bool stochastic;          /* bf16 stores round stochastically (lib/sround.h), else to nearest even */
+    uint64_t sr_seed;         /* sr_seed(run.seed) */
+    uint32_t sr_param;        /* this parameter's index: the rounding stream is sr_stream(sc->t, sr_param) */
 };
 
 struct backend {

@@ -38,6 +38,7 @@
 
 #include "gemm_avx512.h" /* gemm_avx512: fp32, fp16 and bf16 products with AVX-512 */
 #include "rng.h"       /* rng_uniform: dropout masks */
+#include "sround.h"    /* bf16_round_stochastic: bf16 master weights and moments */
 #include "vecmath.h"   /* tanh_f32: GELU */
 
 #define BLOCK 1024 /* elements per block in elementwise loops: a few fp32 blocks stay in L1 */
@@ -1606,28 +1607,64 @@ static void cpu_count_zeros(struct backend *be, const struct tensor *t, int64_t 
 
 /* ---- optimizers ------------------------------------------------------------------------------ */
 
-static void optim_check(const struct optim_update_args *a)
+static bool optim_dtype_ok(const struct tensor *t, size_t n)
 {
-    assert(a->master->dtype == DT_FP32 && a->grad->dtype == DT_FP32);
-    assert(a->grad->numel == a->master->numel);
-    assert(!a->m || (a->m->dtype == DT_FP32 && a->m->numel == a->master->numel));
-    assert(!a->v || (a->v->dtype == DT_FP32 && a->v->numel == a->master->numel));
-    assert(!a->lowp || a->lowp->numel == a->master->numel);
-    (void)a;
+    return !t || ((t->dtype == DT_FP32 || t->dtype == DT_BF16) && t->numel == n);
 }
 
-/* The fresh master values of block [off, off + n) into the lowp copy, rounded once. */
-static void optim_store_lowp(const struct optim_update_args *a, size_t off, size_t n)
+static void optim_check(const struct optim_update_args *a)
 {
-    if (a->lowp)
-        dtype_convert(elem_ptr(a->lowp->data, a->lowp->dtype, off), a->lowp->dtype, (const float *)a->master->data + off,
-                      DT_FP32, n);
+    assert(a->grad->dtype == DT_FP32 && a->grad->numel == a->master->numel);
+    assert(optim_dtype_ok(a->master, a->master->numel));
+    assert(optim_dtype_ok(a->m, a->master->numel) && optim_dtype_ok(a->v, a->master->numel));
+    assert(!a->copy || (a->copy->numel == a->master->numel && a->copy->dtype != a->master->dtype));
+    (void)a;
+    (void)optim_dtype_ok;
+}
+
+/* Every store of this update is fp32: the fp32 loops below, PyTorch's arithmetic to the bit. */
+static bool optim_all_fp32(const struct optim_update_args *a)
+{
+    return a->master->dtype == DT_FP32 && (!a->m || a->m->dtype == DT_FP32) && (!a->v || a->v->dtype == DT_FP32);
+}
+
+/* The fresh weights of block [off, off + n) into the copy, converted once. */
+static void optim_store_copy(const struct optim_update_args *a, size_t off, size_t n)
+{
+    if (a->copy)
+        dtype_convert(elem_ptr(a->copy->data, a->copy->dtype, off), a->copy->dtype,
+                      elem_ptr(a->master->data, a->master->dtype, off), a->master->dtype, n);
+}
+
+/* One element of a tensor stored in fp32 or bf16. */
+static inline float optim_load(const void *base, enum dtype dt, size_t i)
+{
+    return dt == DT_FP32 ? ((const float *)base)[i] : bf16_to_fp32(((const uint16_t *)base)[i]);
+}
+
+/* x stored as element i: fp32 as is, bf16 to nearest even, or stochastically with the 16 bits of `draw`
+ * at `shift` (lib/sround.h). */
+static inline void optim_store(void *base, enum dtype dt, size_t i, float x, bool stochastic, uint64_t draw,
+                               int shift)
+{
+    if (dt == DT_FP32)
+        ((float *)base)[i] = x;
+    else
+        ((uint16_t *)base)[i] = stochastic ? bf16_round_stochastic(x, (uint32_t)(draw >> shift)) : bf16_from_fp32(x);
+}
+
+/* The random bits of element i of this update (0 when nothing rounds stochastically). */
+static inline uint64_t optim_draw(const struct optim_update_args *a, uint64_t stream, size_t i)
+{
+    return a->stochastic ? rng_bits(a->sr_seed, stream, (uint64_t)i) : 0;
 }
 
 /* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
  * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;   (1-b as a double rounded to fp32)
  *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step. */
+static void adamw_one_16(const struct optim_update_args *a);
+
 HOT_LOOP static void adamw_one(const struct optim_update_args *a)
 {
     optim_check(a);
@@ -1635,6 +1672,10 @@ HOT_LOOP static void adamw_one(const struct optim_update_args *a)
     const struct step_scalars *sc = a->sc;
     if (sc->skip)
         return;
+    if (!optim_all_fp32(a)) {
+        adamw_one_16(a);
+        return;
+    }
     float *p = (float *)a->master->data, *m = (float *)a->m->data, *v = (float *)a->v->data;
     const float *g = (const float *)a->grad->data;
     float neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt, decay = sc->adam_decay;
@@ -1653,7 +1694,38 @@ HOT_LOOP static void adamw_one(const struct optim_update_args *a)
             m[i] = mi;
             v[i] = vi;
         }
-        optim_store_lowp(a, off, c);
+        optim_store_copy(a, off, c);
+    }
+}
+
+/* The same arithmetic where the weights or the moments are stored in bf16: each element loaded, updated
+ * in fp32 exactly as above, and stored rounded (to nearest, or stochastically). */
+HOT_LOOP static void adamw_one_16(const struct optim_update_args *a)
+{
+    const struct step_scalars *sc = a->sc;
+    void *p = a->master->data, *m = a->m->data, *v = a->v->data;
+    enum dtype pd = a->master->dtype, md = a->m->dtype, vd = a->v->dtype;
+    const float *g = (const float *)a->grad->data;
+    float neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt, decay = sc->adam_decay;
+    float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
+    float gm = sc->grad_mul, eps = a->eps;
+    uint64_t stream = sr_stream(sc->t, a->sr_param);
+    size_t n = a->master->numel;
+    for (size_t off = 0; off < n; off += BLOCK) {
+        size_t c = n - off < BLOCK ? n - off : BLOCK;
+        for (size_t i = off; i < off + c; i++) {
+            float gi = g[i] * gm;
+            float p0 = optim_load(p, pd, i);
+            float pi = a->weight_decay != 0.0f ? p0 * decay : p0;
+            float mi = b1 * optim_load(m, md, i) + omb1 * gi;
+            float vi = b2 * optim_load(v, vd, i) + omb2 * gi * gi;
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            uint64_t draw = optim_draw(a, stream, i);
+            optim_store(p, pd, i, pi + neg_step * mi / denom, a->stochastic, draw, SR_WEIGHT);
+            optim_store(m, md, i, mi, a->stochastic, draw, SR_M);
+            optim_store(v, vd, i, vi, a->stochastic, draw, SR_V);
+        }
+        optim_store_copy(a, off, c);
     }
 }
 
@@ -1665,25 +1737,44 @@ HOT_LOOP static void sgd_one(const struct optim_update_args *a)
     const struct step_scalars *sc = a->sc;
     if (sc->skip)
         return;
-    float *p = (float *)a->master->data, *buf = a->m && a->momentum != 0.0f ? (float *)a->m->data : NULL;
+    bool fp32 = optim_all_fp32(a);
+    void *p = a->master->data, *buf = a->m && a->momentum != 0.0f ? a->m->data : NULL;
+    enum dtype pd = a->master->dtype, bd = a->m ? a->m->dtype : DT_FP32;
     const float *g = (const float *)a->grad->data;
     float gm = sc->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -sc->lr;
     bool first_step = sc->first_step != 0;
+    uint64_t stream = sr_stream(sc->t, a->sr_param);
     size_t n = a->master->numel;
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t c = n - off < BLOCK ? n - off : BLOCK;
-        for (size_t i = off; i < off + c; i++) {
-            float gi = g[i] * gm;
-            if (wd != 0.0f)
-                gi = gi + wd * p[i];
-            if (buf) {
-                float bi = first_step ? gi : mom * buf[i] + gi;
-                buf[i] = bi;
-                gi = a->nesterov ? gi + mom * bi : bi;
+        if (fp32) {
+            float *pf = (float *)p, *bf = (float *)buf;
+            for (size_t i = off; i < off + c; i++) {
+                float gi = g[i] * gm;
+                if (wd != 0.0f)
+                    gi = gi + wd * pf[i];
+                if (bf) {
+                    float bi = first_step ? gi : mom * bf[i] + gi;
+                    bf[i] = bi;
+                    gi = a->nesterov ? gi + mom * bi : bi;
+                }
+                pf[i] = pf[i] + neg_lr * gi;
             }
-            p[i] = p[i] + neg_lr * gi;
+        } else { /* the same arithmetic, each bf16 element loaded and stored rounded */
+            for (size_t i = off; i < off + c; i++) {
+                float gi = g[i] * gm, pi = optim_load(p, pd, i);
+                uint64_t draw = optim_draw(a, stream, i);
+                if (wd != 0.0f)
+                    gi = gi + wd * pi;
+                if (buf) {
+                    float bi = first_step ? gi : mom * optim_load(buf, bd, i) + gi;
+                    optim_store(buf, bd, i, bi, a->stochastic, draw, SR_M);
+                    gi = a->nesterov ? gi + mom * bi : bi;
+                }
+                optim_store(p, pd, i, pi + neg_lr * gi, a->stochastic, draw, SR_WEIGHT);
+            }
         }
-        optim_store_lowp(a, off, c);
+        optim_store_copy(a, off, c);
     }
 }
 

@@ -179,12 +179,19 @@ static void write_tensor(struct writer *w, const char *name, const struct tensor
 {
     if (w->failed || !t->data)
         return;
+    /* every tensor is written as fp32 (bf16 master weights and moments exactly: they widen without rounding) */
     float *host = malloc((t->numel ? t->numel : 1) * sizeof *host);
-    if (!host) {
+    void *raw = t->dtype == DT_FP32 ? host : malloc(tensor_bytes(t) ? tensor_bytes(t) : 1);
+    if (!host || !raw) {
+        free(host);
         writer_fail(w, "allocating a host buffer");
         return;
     }
-    be->download(be, host, t->data, t->numel * sizeof(float));
+    be->download(be, raw, t->data, tensor_bytes(t));
+    if (raw != host) {
+        dtype_convert(host, DT_FP32, raw, t->dtype, t->numel);
+        free(raw);
+    }
     write_floats(w, name, host, t->ndim, t->shape);
     free(host);
 }
@@ -983,10 +990,28 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
         free(host);
         return st;
     }
-    if (!r->dry)
-        be->upload(be, t->data, host, t->numel * sizeof(float));
+    enum amp_status st = AMP_OK;
+    if (t->dtype == DT_FP32) {
+        if (!r->dry)
+            be->upload(be, t->data, host, t->numel * sizeof(float));
+    } else { /* a bf16 master or moment: rounded to nearest once (exact for what a bf16 run wrote) */
+        void *narrow = malloc(tensor_bytes(t) ? tensor_bytes(t) : 1);
+        if (!narrow)
+            st = amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading %s", name);
+        for (size_t i = 0; st == AMP_OK && i < t->numel; i++)
+            if (!isfinite(dtype_round(host[i], t->dtype)))
+                st = amp_fail(r->err, AMP_ERR_CKPT, "resume with precision.master_weights=fp32 and optim.state_dtype=fp32",
+                              "%s: tensor /%s holds %g at element %zu, beyond %s's range (this run keeps it in %s)",
+                              r->path, name, (double)host[i], i, dtype_name(t->dtype), dtype_name(t->dtype));
+        if (st == AMP_OK) {
+            dtype_convert(narrow, t->dtype, host, DT_FP32, t->numel);
+            if (!r->dry)
+                be->upload(be, t->data, narrow, tensor_bytes(t));
+        }
+        free(narrow);
+    }
     free(host);
-    return AMP_OK;
+    return st;
 }
 
 static enum amp_status load_model_from(const struct reader *r, struct model *m)
@@ -1002,7 +1027,7 @@ static enum amp_status load_model_from(const struct reader *r, struct model *m)
         st = read_tensor(r, name, &m->buffers[i]->t, m->buffers[i]->nonneg ? NONNEG_FINITE : ANY_FINITE, m->be);
     }
     if (st == AMP_OK && !r->dry)
-        model_refresh_lowp(m);
+        model_refresh_copies(m);
     return st;
 }
 

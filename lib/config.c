@@ -48,6 +48,7 @@ static const char *const data_format_names[] = {"idx", "hdf5", "text", NULL};
 static const char *const optim_kind_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_kind_names[] = {"constant", "step", "cosine", NULL};
 static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", NULL};
+static const char *const store_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const on_nonfinite_names[] = {"skip", "stop", NULL};
 static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
 static const char *const gelu_approx_names[] = {"tanh", "none", NULL};
@@ -264,6 +265,8 @@ static const struct field optim_fields[] = {
     DBL_(S, weight_decay, 0.01, GE(0), .explicit_bit = X_WEIGHT_DECAY, .def_text = "0.01 for adamw, 0 for sgd"),
     DBL_(S, momentum, 0, IN_CO(0, 1)),
     BOOL_(S, nesterov, false),
+    ENUM_(S, state_dtype, store_dtype_names, STORE_FP32),
+    BOOL_(S, stochastic_rounding, false),
     SECT_(S, schedule, schedule_section),
 };
 #undef S
@@ -298,6 +301,7 @@ static const struct field precision_fields[] = {
     SECT_(S, loss_scale, loss_scale_section),
     SECT_(S, autocast, autocast_section),
     BOOL_(S, tf32, false),
+    ENUM_(S, master_weights, store_dtype_names, STORE_FP32),
 };
 #undef S
 static const struct section precision_section = {"precision", precision_fields, ARRAY_LEN(precision_fields)};
@@ -1593,6 +1597,17 @@ static enum amp_status finalize(struct ctx *c, struct config *cfg)
         return fail_key(c, "optim.schedule.min_lr", "choose min_lr <= lr",
                         "optim.schedule.min_lr (%g) is larger than optim.lr (%g)", cfg->optim.schedule.min_lr,
                         cfg->optim.lr);
+    if (cfg->precision.master_weights == STORE_BF16 && cfg->precision.mode != PREC_BF16)
+        return fail_key(c, "precision.master_weights",
+                        "set precision.mode: bf16 (the weights are then their own bf16 copy), or master_weights: fp32",
+                        "precision.master_weights: bf16 needs precision.mode: bf16 (mode is %s)",
+                        precision_mode_name(cfg->precision.mode));
+    if (cfg->optim.stochastic_rounding && cfg->precision.master_weights == STORE_FP32 &&
+        cfg->optim.state_dtype == STORE_FP32)
+        return fail_key(c, "optim.stochastic_rounding",
+                        "set precision.master_weights: bf16 and/or optim.state_dtype: bf16, or stochastic_rounding: false",
+                        "optim.stochastic_rounding rounds bf16 stores, but the weights and the optimizer state are fp32 "
+                        "(nothing to round)");
     return check_precision(c, &cfg->precision);
 }
 

@@ -36,6 +36,8 @@ enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT };
 enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };
 enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE };
 enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16 };
+/* How master weights or optimizer moments are stored (precision.master_weights, optim.state_dtype). */
+enum store_dtype { STORE_FP32, STORE_BF16 };
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
 enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
 enum gelu_approx { GELU_TANH, GELU_ERF };
@@ -137,6 +139,9 @@ struct optim_config {
     double weight_decay;    /* default 0.01 for adamw, 0 for sgd */
     double momentum;        /* sgd (default 0) */
     bool nesterov;          /* sgd (default false; needs momentum > 0) */
+    enum store_dtype state_dtype; /* the moments (adamw m, v; sgd's momentum buffer): fp32 (default) | bf16 */
+    bool stochastic_rounding;     /* bf16 stores of weights and moments round stochastically (default false;
+                                   * needs a bf16 master or bf16 state) */
     struct schedule_config schedule;
 };
 
@@ -163,6 +168,8 @@ struct precision_config {
     struct loss_scale_config loss_scale;
     struct autocast_config autocast;
     bool tf32;                /* default false */
+    enum store_dtype master_weights; /* fp32 (default) | bf16 (needs mode bf16: the weights are then their own
+                                      * bf16 copy) */
 };
 
 struct clip_config {

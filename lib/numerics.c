@@ -231,7 +231,9 @@ enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char
     struct autocast_policy fp32;
     enum amp_status st = autocast_from_config(&fp32, PREC_FP32, &cfg->precision.autocast, err);
     if (st == AMP_OK) {
-        st = model_build(&nm->shadow, cfg, &t->ds.spec, t->be, &fp32, cfg->data.batch_size, err);
+        struct config shadow_cfg = *cfg; /* read only; fp32 masters, whatever the run keeps */
+        shadow_cfg.precision.master_weights = STORE_FP32;
+        st = model_build(&nm->shadow, &shadow_cfg, &t->ds.spec, t->be, &fp32, cfg->data.batch_size, err);
         nm->built = true;
     }
     if (st == AMP_ERR_INTERNAL) { /* out of memory, most likely: say what the shadow costs */

@@ -7,10 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "sround.h" /* sr_seed */
+
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
-                             int64_t total_steps, struct amp_error *err)
+                             int64_t total_steps, uint64_t run_seed, struct amp_error *err)
 {
-    *o = (struct optimizer){.cfg = *cfg, .total_steps = total_steps};
+    *o = (struct optimizer){.cfg = *cfg, .total_steps = total_steps, .sr_seed = sr_seed(run_seed)};
+    enum dtype sdt = cfg->state_dtype == STORE_BF16 ? DT_BF16 : DT_FP32;
     o->state = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->state);
     o->args = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->args);
     if (!o->state || !o->args)
@@ -24,9 +27,9 @@ enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg
         snprintf(what, sizeof what, "optimizer state of %s", m->params[i]->name);
         enum amp_status st = AMP_OK;
         if (need_m)
-            st = tensor_zeros(&o->state[i].m, m->be, DT_FP32, w->ndim, w->shape, what, err);
+            st = tensor_zeros(&o->state[i].m, m->be, sdt, w->ndim, w->shape, what, err);
         if (st == AMP_OK && need_v)
-            st = tensor_zeros(&o->state[i].v, m->be, DT_FP32, w->ndim, w->shape, what, err);
+            st = tensor_zeros(&o->state[i].v, m->be, sdt, w->ndim, w->shape, what, err);
         if (st != AMP_OK) {
             optim_free(o);
             return st;
@@ -65,7 +68,7 @@ void optim_step(struct optimizer *o, struct model *m, const struct step_scalars 
             .grad = &p->grad,
             .m = o->state[i].m.data ? &o->state[i].m : NULL,
             .v = o->state[i].v.data ? &o->state[i].v : NULL,
-            .lowp = p->lowp.data ? &p->lowp : NULL,
+            .copy = p->copy.data ? &p->copy : NULL,
             .sc = sc,
             .weight_decay = p->decay ? (float)o->cfg.weight_decay : 0.0f,
             .beta1 = o->cfg.betas[0],
@@ -73,6 +76,9 @@ void optim_step(struct optimizer *o, struct model *m, const struct step_scalars 
             .eps = (float)o->cfg.eps,
             .momentum = (float)o->cfg.momentum,
             .nesterov = o->cfg.nesterov,
+            .stochastic = o->cfg.stochastic_rounding,
+            .sr_seed = o->sr_seed,
+            .sr_param = (uint32_t)i,
         };
     }
     if (o->cfg.kind == OPTIM_ADAMW)

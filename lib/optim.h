@@ -1,7 +1,9 @@
 /*
  * optim.h — the optimizer (SGD with momentum/Nesterov, AdamW) and the learning-rate schedule.
  *
- * State per parameter is FP32 (AdamW: m, v; SGD: momentum buffer) and lives on the backend. The step
+ * State per parameter (AdamW: m, v; SGD: momentum buffer) is FP32, or bf16 with optim.state_dtype: bf16, and
+ * lives on the backend. bf16 stores (state, and bf16 master weights) round to nearest even, or stochastically
+ * with optim.stochastic_rounding (lib/sround.h: keyed by run.seed, the step and the parameter's index). The step
  * count `step` counts optimizer steps actually taken: a skipped step (non-finite gradients) moves
  * neither the weights, the moments, the step count nor the schedule.
  *
@@ -31,10 +33,12 @@ struct optimizer {
     struct optim_state *state; /* one per model parameter */
     int nstate;
     struct optim_update_args *args; /* one per parameter: the update call's table, filled each step */
+    uint64_t sr_seed;     /* sr_seed(run.seed): the stochastic rounding streams */
 };
 
+/* `run_seed` keys stochastic rounding (never the rank: every replica rounds alike). */
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
-                             int64_t total_steps, struct amp_error *err);
+                             int64_t total_steps, uint64_t run_seed, struct amp_error *err);
 
 /* The schedule as plain data, for the step rule (lib/step_rule.h). */
 struct schedule_params optim_schedule_params(const struct optimizer *o);

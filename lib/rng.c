@@ -5,20 +5,6 @@
 
 #include <math.h>
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-uint64_t rng_bits(uint64_t seed, uint64_t stream, uint64_t counter)
-{
-    uint64_t k = mix64(seed + 0x9e3779b97f4a7c15ULL);
-    k = mix64(k ^ (stream * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL));
-    return mix64(k ^ (counter * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL));
-}
-
 float rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter)
 {
     return (float)(rng_bits(seed, stream, counter) >> 40) * (1.0f / 16777216.0f);

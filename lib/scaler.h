@@ -20,15 +20,7 @@
 
 #include "config.h" /* struct precision_config */
 
-/* Functions that every backend runs on its own memory (the CUDA backend in a kernel) are marked
- * AMP_HD: one definition for the host and the device. */
-#ifndef AMP_HD
-#if defined(__CUDACC__)
-#define AMP_HD __host__ __device__
-#else
-#define AMP_HD
-#endif
-#endif
+#include "amp_hd.h" /* AMP_HD */
 
 struct scaler {
     bool dynamic;

@@ -73,6 +73,7 @@ struct step_scalars {
     float adam_neg_step;      /* -lr / (1 - beta1^t), t the 1-based step count */
     float adam_bc2_sqrt;      /* sqrt(1 - beta2^t) */
     float adam_decay;         /* 1 - lr * weight_decay (applied where a parameter decays) */
+    int64_t t;                /* the step's 1-based optimizer step count (stochastic rounding's key) */
 };
 
 /* One step's log row (the device part of a scale_log.csv row and what the fail-fast checks read). */
@@ -120,6 +121,7 @@ AMP_HD static inline void step_rule_scalars(struct step_scalars *sc, const struc
     sc->adam_neg_step = (float)(-(double)lr / bc1);
     sc->adam_bc2_sqrt = (float)sqrt(bc2);
     sc->adam_decay = (float)(1.0 - (double)lr * (double)p->weight_decay);
+    sc->t = t;
 }
 
 /* Finish step st->step + 1 (DESIGN.md section 3): inv = 1/scale; norm and clip coefficient from the

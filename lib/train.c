@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h> /* getrusage: the peak RSS of training */
 #include <unistd.h> /* access, _exit */
 
 #include "autocast.h" /* autocast_from_config, precision_lowp_dtype */
@@ -282,7 +283,7 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
         return st;
     if ((st = model_init(&t->model, cfg, cfg->run.seed, err)) != AMP_OK)
         return st;
-    model_refresh_lowp(&t->model);
+    model_refresh_copies(&t->model);
 
     if ((st = sampler_init(&t->sampler, t->ds.split[SPLIT_TRAIN].n, cfg->run.seed, cfg->data.shuffle, err)) != AMP_OK)
         return st;
@@ -295,7 +296,7 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
         return amp_fail(err, AMP_ERR_CONFIG, "lower run.steps or run.epochs",
                         "%s: %s steps of %lld samples (data.batch_size x accum_steps x ranks) are more than 2^62 "
                         "samples", cfg->source, too_many ? "the run's" : "its", (long long)per_step);
-    if ((st = optim_create(&t->opt, &cfg->optim, &t->model, t->total_steps, err)) != AMP_OK)
+    if ((st = optim_create(&t->opt, &cfg->optim, &t->model, t->total_steps, cfg->run.seed, err)) != AMP_OK)
         return st;
     scaler_init(&t->scaler, &cfg->precision);
     if ((st = batch_io_init(&t->io, t->be, &t->ds, micro, err)) != AMP_OK)
@@ -595,7 +596,16 @@ struct loop_marks {
     int64_t saved_step, good_step;
     bool last_skipped;          /* the last step logged was skipped */
     int64_t checked_step;       /* the step of the last replica comparison */
+    long train_peak_kb;         /* this process's peak RSS before its first checkpoint (whose in-memory image,
+                                 * 12 bytes a parameter and a copy of it, is the peak of most runs); 0 until then */
 };
+
+/* The process's peak resident set so far, in KiB (Linux's ru_maxrss). */
+static long peak_rss_kb(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
+}
 
 /* Wait for the queued steps, then log each (scale_log.csv, progress) and apply the fail-fast checks in
  * step order: a run that must stop stops at its first failing step's row, and its hint names the last
@@ -733,8 +743,11 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         bool eval = cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last;
         if (t.pending == t.window || t.step % cfg->run.log_every == 0 || last || ckpt || eval || sig)
             st = drain(&t, &lm, err);
-        if (st == AMP_OK && ckpt)
+        if (st == AMP_OK && ckpt) {
+            if (!lm.train_peak_kb)
+                lm.train_peak_kb = peak_rss_kb();
             st = checkpoint_now(&t, &lm, err);
+        }
         if (st == AMP_OK && eval && !sig) {
             st = comm_agree(comm, run_eval(&t, t.step, err), err);
             lm.t_window = runlog_now();
@@ -759,6 +772,9 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
+        if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMP_CUDA_MEMLOG=1) */
+            printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
+                   (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);
         test_raise("final_eval");
         st = comm_agree(comm, run_eval(&t, t.total_steps, err), err);
         sig = stop_signal;

@@ -4,7 +4,7 @@
  * conv2d: x (N, C, H, W) -> y (N, out, H', W') with H' = (H + 2 padding - kernel) / stride + 1.
  *   Parameters "NAME/weight" (out, C, k, k) and "NAME/bias" (out) fp32, fan_in = C*k*k. Like linear,
  *   the op runs in d = autocast(conv2d, x's dtype): x cast to d into a saved copy when it is not d,
- *   the weight's lowp copy (or master when d is fp32), fp32 bias inside the op. Backward: dW, db fp32
+ *   the weight in d (its copy, or master where master is d), fp32 bias inside the op. Backward: dW, db fp32
  *   (beta = accumulate), dx computed in d and cast to x's dtype when that differs.
  * maxpool2d / avgpool2d: square windows, stride defaulting to the kernel, padding at most kernel/2
  *   (as PyTorch requires); avg counts the padding in its divisor. They run in their input's dtype
@@ -72,8 +72,8 @@ static void conv2d_forward(struct layer *l, const struct step_ctx *ctx, const st
         be->convert(be, &xc, x);
         xin = &xc;
     }
-    const struct tensor *w = p->d == DT_FP32 ? &p->w->master : &p->w->lowp;
-    be->conv2d_forward(be, &a, &l->y, xin, w, p->bias ? &p->bias->master : NULL);
+    const struct tensor *w = param_value(p->w); /* in p->d */
+    be->conv2d_forward(be, &a, &l->y, xin, w, p->bias ? param_value(p->bias) : NULL);
 }
 
 static void conv2d_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -90,7 +90,7 @@ static void conv2d_backward(struct layer *l, const struct step_ctx *ctx, const s
     if (!l->needs_dx)
         return;
     l->dx = batch_view_like(&l->dx, x);
-    const struct tensor *w = p->d == DT_FP32 ? &p->w->master : &p->w->lowp;
+    const struct tensor *w = param_value(p->w); /* in p->d */
     if (!p->xc.data) {
         be->conv2d_backward_data(be, &a, &l->dx, dy, w);
         return;
@@ -145,15 +145,15 @@ enum amp_status conv2d_setup(struct layer *l, struct layer_build *b)
     st = layer_reserve_params(l, b, 2);
     if (st != AMP_OK)
         return st;
-    p->w = layer_add_param(l, b, "weight", 4, wshape, PINIT_CONV_WEIGHT, fan_in, true);
+    p->d = autocast_dtype(b->policy, OP_CONV2D, b->in_dtype, b->in_dtype);
+    p->w = layer_add_param(l, b, "weight", 4, wshape, PINIT_CONV_WEIGHT, fan_in, true, p->d);
     if (!p->w)
         return b->err->code;
     if (l->cfg.bias) {
-        p->bias = layer_add_param(l, b, "bias", 1, &a->c_out, PINIT_CONV_BIAS, fan_in, false);
+        p->bias = layer_add_param(l, b, "bias", 1, &a->c_out, PINIT_CONV_BIAS, fan_in, false, DT_FP32);
         if (!p->bias)
             return b->err->code;
     }
-    p->d = autocast_dtype(b->policy, OP_CONV2D, b->in_dtype, b->in_dtype);
     if (p->d != b->in_dtype) {
         st = layer_alloc(l, b, &p->xc, p->d, 4, b->in_shape, "conv2d input cast");
         if (st != AMP_OK)

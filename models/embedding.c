@@ -2,9 +2,9 @@
  * embedding.c — token + learned position embedding, the first layer of a text model.
  *
  * y (N, T, C) = wte[token] + wpe[t], read from the batch's int32 tokens (N, T) in backend memory.
- * Parameters "NAME/wte" (vocab, C) and "NAME/wpe" (max_len, C), fp32; no weight decay (they are
- * tables, like the norm gains). An fp32-class op: the lookup reads the fp32 masters and writes y in
- * fp32. Backward scatter-adds dy into dwte and dwpe (fp32, beta = accumulate); there is no dx.
+ * Parameters "NAME/wte" (vocab, C) and "NAME/wpe" (max_len, C); no weight decay (they are tables, like
+ * the norm gains). An fp32-class op: the lookup reads the tables in fp32 (the masters, or the fp32 copies
+ * of bf16 masters) and writes y in fp32. Backward scatter-adds dy into dwte and dwpe (fp32, beta = accumulate); there is no dx.
  * Setup checks: the layer is first, the data are tokens, vocab covers the data's token range
  * (num_classes), dim >= 1, and the sequence length fits max_len (default data.seq_len).
  */
@@ -23,7 +23,7 @@ static void embedding_forward(struct layer *l, const struct step_ctx *ctx, const
     (void)x;
     struct embedding_layer *p = l->priv;
     l->y = batch_view(&l->y, b->n);
-    ctx->be->embedding_forward(ctx->be, &l->y, b->tokens, &p->wte->master, &p->wpe->master, b->n, p->T, p->C);
+    ctx->be->embedding_forward(ctx->be, &l->y, b->tokens, param_value(p->wte), param_value(p->wpe), b->n, p->T, p->C);
 }
 
 static void embedding_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -74,10 +74,10 @@ enum amp_status embedding_setup(struct layer *l, struct layer_build *b)
     enum amp_status st = layer_reserve_params(l, b, 2);
     if (st != AMP_OK)
         return st;
-    p->wte = layer_add_param(l, b, "wte", 2, (int64_t[]){vocab, C}, PINIT_EMBEDDING, C, false);
+    p->wte = layer_add_param(l, b, "wte", 2, (int64_t[]){vocab, C}, PINIT_EMBEDDING, C, false, DT_FP32);
     if (!p->wte)
         return b->err->code;
-    p->wpe = layer_add_param(l, b, "wpe", 2, (int64_t[]){max_len, C}, PINIT_EMBEDDING, C, false);
+    p->wpe = layer_add_param(l, b, "wpe", 2, (int64_t[]){max_len, C}, PINIT_EMBEDDING, C, false, DT_FP32);
     if (!p->wpe)
         return b->err->code;
     l->ndim_out = 3;

@@ -38,14 +38,23 @@ enum param_init {
 
 struct param {
     char name[96];        /* "LAYER/PARAM" */
-    struct tensor master; /* fp32 weights */
+    struct tensor master; /* the weights: fp32, or bf16 with precision.master_weights: bf16 */
     struct tensor grad;   /* fp32 gradient, accumulated over micro-batches */
-    struct tensor lowp;   /* the run's fp16/bf16 copy, made once per optimizer step; empty in fp32 runs */
+    struct tensor copy;   /* the weights in the dtype the ops read them in (the run's fp16/bf16 for a lowp op's
+                           * weight, fp32 for a bias, a norm gain or an embedding table) where that is not
+                           * master's dtype, made once per optimizer step; empty where the ops read master */
     bool decay;           /* weight decay applies (weights: yes; biases, norm and embedding gains: no) */
     int layer;            /* index of the owning layer, for overflow attribution */
     enum param_init init; /* how model_init fills master */
     int64_t fan_in;       /* inputs per output unit, for the fan-in rules */
 };
+
+/* The tensor the ops read: the copy where there is one, else master. */
+static inline const struct tensor *param_value(const struct param *p)
+{
+    return p->copy.data ? &p->copy : &p->master;
+}
+
 
 /* Non-trainable state that is checkpointed (batchnorm running mean and variance), fp32. */
 struct buffer {

@@ -30,6 +30,7 @@
 struct layer_build {
     struct backend *be;
     const struct autocast_policy *policy;
+    enum dtype master_dtype;              /* the parameters' masters: fp32, or bf16 (precision.master_weights) */
     const struct data_spec *spec;
     int64_t max_batch;
     int64_t seq_len;                      /* data.seq_len (text), the default embedding max_len */
@@ -77,10 +78,12 @@ const char *shape_str_n(char *buf, size_t len, int ndim, const int64_t *shape);
 /* Size l->params for `n` parameters (before any layer_add_param). */
 enum amp_status layer_reserve_params(struct layer *l, struct layer_build *b, int n);
 
-/* Create parameter "LAYER/local": fp32 master and zeroed grad, and the lowp copy when the policy is
- * enabled. NULL on out of memory (b->err filled). */
+/* Create parameter "LAYER/local": master in b->master_dtype, a zeroed fp32 grad, and a copy in `read_as`, the
+ * dtype the op reads the weights in, when that is not master's (param_value gives what to read). NULL on out
+ * of memory (b->err filled). */
 struct param *layer_add_param(struct layer *l, struct layer_build *b, const char *local, int ndim,
-                              const int64_t *shape, enum param_init init, int64_t fan_in, bool decay);
+                              const int64_t *shape, enum param_init init, int64_t fan_in, bool decay,
+                              enum dtype read_as);
 
 /* Create buffer "LAYER/local" (fp32). l->buffers must be sized by the caller. */
 enum amp_status layer_add_buffer(struct layer *l, struct layer_build *b, const char *local, int ndim,

@@ -44,7 +44,8 @@ enum amp_status layer_reserve_params(struct layer *l, struct layer_build *b, int
 }
 
 struct param *layer_add_param(struct layer *l, struct layer_build *b, const char *local, int ndim,
-                              const int64_t *shape, enum param_init init, int64_t fan_in, bool decay)
+                              const int64_t *shape, enum param_init init, int64_t fan_in, bool decay,
+                              enum dtype read_as)
 {
     struct param *p = &l->params[l->nparams++];
     snprintf(p->name, sizeof p->name, "%s/%s", l->cfg.name, local);
@@ -52,10 +53,10 @@ struct param *layer_add_param(struct layer *l, struct layer_build *b, const char
     p->layer = l->index;
     p->init = init;
     p->fan_in = fan_in;
-    if (tensor_alloc(&p->master, b->be, DT_FP32, ndim, shape, p->name, b->err) != AMP_OK ||
+    if (tensor_alloc(&p->master, b->be, b->master_dtype, ndim, shape, p->name, b->err) != AMP_OK ||
         tensor_zeros(&p->grad, b->be, DT_FP32, ndim, shape, p->name, b->err) != AMP_OK)
         return NULL;
-    if (b->policy->enabled && tensor_alloc(&p->lowp, b->be, b->policy->lowp, ndim, shape, p->name, b->err) != AMP_OK)
+    if (read_as != b->master_dtype && tensor_alloc(&p->copy, b->be, read_as, ndim, shape, p->name, b->err) != AMP_OK)
         return NULL;
     return p;
 }

@@ -7,8 +7,8 @@
  * Dtype: the op runs in d = autocast(linear, x's dtype) — bf16/fp16 under an enabled policy, fp32
  * otherwise or with `fp32_ops: [linear]`. The input is cast to d into a saved copy when it is not d
  * already (PyTorch autocast casts it the same way and autograd keeps the cast tensor), the weight is
- * the parameter's lowp copy (made once per optimizer step by model_refresh_lowp) or the master in an
- * fp32 op, products accumulate in fp32, the fp32 bias is added before the one rounding to d.
+ * the parameter's copy in d (made once per optimizer step by model_refresh_copies) or the master where it
+ * is d already, products accumulate in fp32, the fp32 bias is added before the one rounding to d.
  * Backward (dy in d): dW = dy^T x_d and db = colsum(dy) in fp32, overwriting or accumulating
  * (ctx->accumulate); dx = dy W computed and rounded in d, then cast to x's dtype when that differs.
  * Nothing is computed for dx when the layer is the first one.
@@ -33,12 +33,12 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
 
     int64_t wshape[2] = {out, in};
     snprintf(name, sizeof name, "%sweight", prefix);
-    op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true);
+    op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, op->d);
     if (!op->w)
         return b->err->code;
     if (bias) {
         snprintf(name, sizeof name, "%sbias", prefix);
-        op->b = layer_add_param(l, b, name, 1, &out, PINIT_LINEAR_BIAS, in, false);
+        op->b = layer_add_param(l, b, name, 1, &out, PINIT_LINEAR_BIAS, in, false, DT_FP32);
         if (!op->b)
             return b->err->code;
     }
@@ -55,7 +55,7 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
 
 static const struct tensor *linear_op_weight(const struct linear_op *op)
 {
-    return op->d == DT_FP32 ? &op->w->master : &op->w->lowp;
+    return param_value(op->w); /* in op->d: the copy made once per optimizer step, or master */
 }
 
 /* y = x W^T + b, or with the GELU epilogue y = gelu(pre), pre = x W^T + b (pre NULL: none). */
@@ -73,7 +73,7 @@ static void linear_op_gemm(struct backend *be, struct linear_op *op, struct tens
         xin = &xc;
     }
     struct gemm_args g = {
-        .a = xin, .b = linear_op_weight(op), .c = &y2, .bias = op->b ? &op->b->master : NULL,
+        .a = xin, .b = linear_op_weight(op), .c = &y2, .bias = op->b ? param_value(op->b) : NULL,
         .trans_b = true, .m = rows, .n = op->out, .k = op->in, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
         .epilogue = pre ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE, .aux = pre ? &pre2 : NULL,
     };

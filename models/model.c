@@ -199,7 +199,8 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     }
     m->nlayers = cfg->model.nlayers;
     struct layer_build b = {
-        .be = be, .policy = &m->policy, .spec = spec, .max_batch = max_batch, .seq_len = cfg->data.seq_len,
+        .be = be, .policy = &m->policy, .master_dtype = cfg->precision.master_weights == STORE_BF16 ? DT_BF16 : DT_FP32,
+        .spec = spec, .max_batch = max_batch, .seq_len = cfg->data.seq_len,
         .workspace = m->workspace, .err = err,
     };
     input_from_data(&b, spec, max_batch);
@@ -348,16 +349,16 @@ enum amp_status model_init(struct model *m, const struct config *cfg, uint64_t s
         tensor_from_host_f32(&b->t, host);
     }
     free(host);
-    model_refresh_lowp(m);
+    model_refresh_copies(m);
     return AMP_OK;
 }
 
-void model_refresh_lowp(struct model *m)
+void model_refresh_copies(struct model *m)
 {
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
-        if (p->lowp.data)
-            m->be->convert(m->be, &p->lowp, &p->master);
+        if (p->copy.data)
+            m->be->convert(m->be, &p->copy, &p->master);
     }
 }
 
@@ -404,7 +405,7 @@ static void layer_free(struct layer *l, const float *grad_flat)
         tensor_free(&l->params[j].master);
         if (!grad_flat) /* else a view into the model's grad_flat */
             tensor_free(&l->params[j].grad);
-        tensor_free(&l->params[j].lowp);
+        tensor_free(&l->params[j].copy);
     }
     free(l->params);
     for (int j = 0; j < l->nbuffers; j++)

@@ -52,8 +52,9 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
 /* Initialise parameters and buffers from `seed` (deterministic, backend-independent). */
 enum amp_status model_init(struct model *m, const struct config *cfg, uint64_t seed, struct amp_error *err);
 
-/* Refresh every parameter's low-precision copy from its master (once per optimizer step). */
-void model_refresh_lowp(struct model *m);
+/* Refresh every parameter's copy (param.copy: the dtype its ops read) from its master (after init and load; the
+ * optimizer refreshes them in its update pass). */
+void model_refresh_copies(struct model *m);
 
 /* Forward through all layers and the loss. Per-row losses land in the loss layer's y (fp32); for
  * cross_entropy the rows are samples (or tokens for text) and m->correct marks right predictions. */

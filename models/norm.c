@@ -2,7 +2,8 @@
  * norm.c — batchnorm2d and layernorm, and the layernorm_op building block of transformer blocks.
  *
  * Both are fp32-class ops: they read their input in whatever dtype it comes, compute statistics in
- * fp32 and write y in fp32 (or wherever the policy moves them); gain and shift are the fp32 masters.
+ * fp32 and write y in fp32 (or wherever the policy moves them); gain and shift are read in fp32 (the masters, or
+ * their fp32 copies under bf16 master weights).
  * Backward writes dx in the input's dtype, and dgain / dshift fp32 with beta = accumulate.
  *
  * layernorm: normalises the last dimension of (N, D) or (N, T, D); "NAME/weight" (D) = 1 and
@@ -25,11 +26,11 @@ enum amp_status layernorm_op_setup(struct layernorm_op *op, struct layer *l, str
     op->cols = cols;
     op->eps = eps;
     snprintf(name, sizeof name, "%sweight", prefix);
-    op->gain = layer_add_param(l, b, name, 1, &cols, PINIT_NORM_GAIN, cols, false);
+    op->gain = layer_add_param(l, b, name, 1, &cols, PINIT_NORM_GAIN, cols, false, DT_FP32);
     if (!op->gain)
         return b->err->code;
     snprintf(name, sizeof name, "%sbias", prefix);
-    op->shift = layer_add_param(l, b, name, 1, &cols, PINIT_NORM_SHIFT, cols, false);
+    op->shift = layer_add_param(l, b, name, 1, &cols, PINIT_NORM_SHIFT, cols, false, DT_FP32);
     if (!op->shift)
         return b->err->code;
     snprintf(name, sizeof name, "%smean", prefix);
@@ -45,7 +46,7 @@ void layernorm_op_forward(struct backend *be, struct layernorm_op *op, struct te
 {
     struct norm_args a = {.rows = rows, .cols = op->cols, .eps = op->eps};
     struct tensor mean = batch_view(&op->mean, rows), rstd = batch_view(&op->rstd, rows);
-    be->layernorm_forward(be, &a, y, &mean, &rstd, x, &op->gain->master, &op->shift->master);
+    be->layernorm_forward(be, &a, y, &mean, &rstd, x, param_value(op->gain), param_value(op->shift));
 }
 
 void layernorm_op_backward(struct backend *be, struct layernorm_op *op, struct tensor *dx, const struct tensor *dy,
@@ -53,7 +54,7 @@ void layernorm_op_backward(struct backend *be, struct layernorm_op *op, struct t
 {
     struct norm_args a = {.rows = rows, .cols = op->cols, .eps = op->eps};
     struct tensor mean = batch_view(&op->mean, rows), rstd = batch_view(&op->rstd, rows);
-    be->layernorm_backward(be, &a, dx, &op->gain->grad, &op->shift->grad, dy, x, &mean, &rstd, &op->gain->master,
+    be->layernorm_backward(be, &a, dx, &op->gain->grad, &op->shift->grad, dy, x, &mean, &rstd, param_value(op->gain),
                            beta);
 }
 
@@ -173,7 +174,7 @@ static void batchnorm2d_forward(struct layer *l, const struct step_ctx *ctx, con
     struct norm_args a = batchnorm_args(p, x, ctx->training);
     l->y = batch_view(&l->y, x->shape[0]);
     ctx->be->batchnorm_forward(ctx->be, &a, &l->y, &p->mean, &p->rstd, &l->buffers[0].t, &l->buffers[1].t, x,
-                               &p->gain->master, &p->shift->master);
+                               param_value(p->gain), param_value(p->shift));
 }
 
 static void batchnorm2d_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -184,7 +185,7 @@ static void batchnorm2d_backward(struct layer *l, const struct step_ctx *ctx, co
     struct norm_args a = batchnorm_args(p, x, true);
     struct tensor dx = dx_or_scratch(l, p->workspace, p->dx_off, x);
     ctx->be->batchnorm_backward(ctx->be, &a, &dx, &p->gain->grad, &p->shift->grad, dy, x, &p->mean, &p->rstd,
-                                &p->gain->master, ctx->accumulate ? 1.0f : 0.0f);
+                                param_value(p->gain), ctx->accumulate ? 1.0f : 0.0f);
 }
 
 static void batchnorm2d_free(struct layer *l)
@@ -225,10 +226,10 @@ enum amp_status batchnorm2d_setup(struct layer *l, struct layer_build *b)
     enum amp_status st = layer_reserve_params(l, b, 2);
     if (st != AMP_OK)
         return st;
-    p->gain = layer_add_param(l, b, "weight", 1, &c, PINIT_NORM_GAIN, c, false);
+    p->gain = layer_add_param(l, b, "weight", 1, &c, PINIT_NORM_GAIN, c, false, DT_FP32);
     if (!p->gain)
         return b->err->code;
-    p->shift = layer_add_param(l, b, "bias", 1, &c, PINIT_NORM_SHIFT, c, false);
+    p->shift = layer_add_param(l, b, "bias", 1, &c, PINIT_NORM_SHIFT, c, false, DT_FP32);
     if (!p->shift)
         return b->err->code;
     l->buffers = calloc(2, sizeof *l->buffers);

@@ -19,6 +19,7 @@
 #include "testmem.h"  /* talloc, tracked_tensor, tracked_free_all */
 #include "backend.h" /* the interface under test, backend_cpu_create, backend_open */
 #include "rng.h"     /* rng_uniform: the documented dropout mask */
+#include "sround.h"  /* sr_seed: bf16 master weights */
 
 static const double PI = 3.14159265358979323846;
 
@@ -1537,7 +1538,7 @@ Test(backend_cpu, adamw_matches_pytorch_formula)
     struct step_params sp = { .beta1 = 0.9f, .beta2 = 0.999f, .weight_decay = 0.1f };
     struct step_scalars sc;
     float lr_f = 1e-2f, gm = 1.0f / 1024;
-    struct optim_update_args a = { .master = p, .grad = g, .m = m, .v = v, .lowp = lowp, .sc = &sc,
+    struct optim_update_args a = { .master = p, .grad = g, .m = m, .v = v, .copy = lowp, .sc = &sc,
                                    .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f };
     double *wp = to_d(hp, n), *wm = dalloc(n), *wv = dalloc(n);
     for (int64_t step = 1; step <= 2; step++) {
@@ -1569,7 +1570,7 @@ Test(backend_cpu, adamw_matches_pytorch_formula)
     b.v = tnew(DT_FP32, 1);
     be->zero(be, b.m);
     be->zero(be, b.v);
-    b.lowp = NULL;
+    b.copy = NULL;
     step_rule_scalars(&sc, &sp, lr_f, 1, 1.0f);
     be->adamw_update(be, &b, 1);
     check_f32(b.master, (double[]){ 0.5 * (1 - 1e-3) + 1e-2 * 3.0 / (3.0 + 1e-8) }, 1, 1e-6, 0, "adamw step 1");
@@ -1618,7 +1619,7 @@ Test(backend_cpu, sgd_momentum_and_nesterov_two_steps)
         struct tensor *buf = tnew(DT_FP32, n), *lowp = tnew(DT_FP16, n);
         struct step_params sp = { .beta1 = 0.9f, .beta2 = 0.999f };
         struct step_scalars sc;
-        struct optim_update_args a = { .master = p, .grad = g, .m = buf, .lowp = lowp, .sc = &sc,
+        struct optim_update_args a = { .master = p, .grad = g, .m = buf, .copy = lowp, .sc = &sc,
                                        .weight_decay = 0.01f, .momentum = 0.9f, .nesterov = nesterov };
         double *wp = to_d(hp, n), *wb = dalloc(n);
         for (int step = 0; step < 2; step++) {
@@ -1664,7 +1665,7 @@ Test(backend_cpu, optimizer_updates_leave_everything_on_a_skipped_step)
         before[k] = malloc(tensor_bytes(ts[k]));
         memcpy(before[k], ts[k]->data, tensor_bytes(ts[k]));
     }
-    struct optim_update_args a = { .master = p, .grad = g, .m = m, .v = v, .lowp = lowp, .sc = &sc,
+    struct optim_update_args a = { .master = p, .grad = g, .m = m, .v = v, .copy = lowp, .sc = &sc,
                                    .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                                    .momentum = 0.9f };
     be->adamw_update(be, &a, 1);
@@ -1708,7 +1709,7 @@ Test(backend_cpu, optimizer_updates_of_many_tensors_in_one_call_equal_one_at_a_t
             for (int i = 0; i < 4; i++)
                 args[pass][i] = (struct optim_update_args){
                     .master = t[pass][i][0], .grad = t[pass][i][1], .m = kind == 1 && i == 2 ? NULL : t[pass][i][2],
-                    .v = kind == 0 ? t[pass][i][3] : NULL, .lowp = t[pass][i][4], .sc = &sc,
+                    .v = kind == 0 ? t[pass][i][3] : NULL, .copy = t[pass][i][4], .sc = &sc,
                     .weight_decay = i < 2 ? 0.1f : 0.0f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f,
                     .momentum = 0.9f, .nesterov = true,
                 };
@@ -1816,4 +1817,104 @@ Test(backend_cpu, backend_open_device_strings)
         cr_assert(err.hint[0]);
     }
     backend_close(NULL);
+}
+
+/* ---- bf16 master weights and moments ------------------------------------------------------------ */
+
+/* The same AdamW step with bf16 master, m and v (from bf16-representable values): to nearest, every stored
+ * value is the fp32 update's value rounded once; stochastically, one of its two bf16 neighbours (the value
+ * itself where representable); the fp32 copy is the stored master widened. */
+static void adamw_bf16_case(bool stochastic)
+{
+    seed(41);
+    size_t n = 3000;
+    float *hp, *hg, *hm, *hv;
+    struct tensor *p16 = trand(DT_BF16, n, -1, 1, &hp), *g = trand(DT_FP32, n, -10, 10, &hg);
+    struct tensor *m16 = trand(DT_BF16, n, -0.1f, 0.1f, &hm), *v16 = trand(DT_BF16, n, 0, 0.5f, &hv);
+    struct tensor *p32 = tfrom(DT_FP32, n, hp), *m32 = tfrom(DT_FP32, n, hm), *v32 = tfrom(DT_FP32, n, hv);
+    struct tensor *wide = tnew(DT_FP32, n);
+    struct step_params sp = {.beta1 = 0.9, .beta2 = 0.999, .weight_decay = 0.1f};
+    struct step_scalars sc;
+    step_rule_scalars(&sc, &sp, 3e-2f, 4, 0.5f);
+    struct optim_update_args ref = {.master = p32, .grad = g, .m = m32, .v = v32, .sc = &sc, .weight_decay = 0.1f,
+                                    .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8f};
+    struct optim_update_args a = ref;
+    a.master = p16;
+    a.m = m16;
+    a.v = v16;
+    a.copy = wide;
+    a.stochastic = stochastic;
+    a.sr_seed = sr_seed(7);
+    a.sr_param = 3;
+    be->adamw_update(be, &ref, 1);
+    be->adamw_update(be, &a, 1);
+    const struct tensor *t16[3] = {p16, m16, v16}, *t32[3] = {p32, m32, v32};
+    size_t moved_up = 0, inexact = 0;
+    for (int k = 0; k < 3; k++) {
+        const uint16_t *h = t16[k]->data;
+        const float *f = t32[k]->data;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t near = bf16_from_fp32(f[i]);
+            if (!stochastic) {
+                cr_assert_eq(h[i], near, "tensor %d [%zu]: 0x%04x, want 0x%04x", k, i, h[i], near);
+                continue;
+            }
+            uint32_t u;
+            memcpy(&u, &f[i], sizeof u);
+            uint16_t down = (uint16_t)(u >> 16);
+            bool exact = (u & 0xFFFF) == 0;
+            cr_assert(h[i] == down || (!exact && h[i] == down + 1), "tensor %d [%zu]: 0x%04x not a neighbour of %a", k,
+                      i, h[i], (double)f[i]);
+            inexact += !exact;
+            moved_up += h[i] == (uint16_t)(down + 1);
+        }
+    }
+    if (stochastic) /* both directions happen (about half of the inexact values go up) */
+        cr_assert(moved_up > inexact / 4 && moved_up < inexact * 3 / 4, "%zu of %zu rounded up", moved_up, inexact);
+    const uint16_t *h = p16->data;
+    const float *w = wide->data;
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(w[i], bf16_to_fp32(h[i]), "the fp32 copy is the stored bf16 master");
+}
+
+Test(backend_cpu, adamw_bf16_master_and_moments_round_to_nearest) { adamw_bf16_case(false); }
+Test(backend_cpu, adamw_bf16_master_and_moments_round_stochastically) { adamw_bf16_case(true); }
+
+/* Updates below half a bf16 ulp: nearest rounding drops every one of them (the weights never move);
+ * stochastic rounding moves the weights by the update on average. SGD, lr * g = 2^-12 against weights in
+ * [1, 2), whose bf16 ulp is 2^-7: each weight moves one ulp down with probability 2^-5. */
+Test(backend_cpu, sgd_bf16_master_small_updates_survive_only_stochastically)
+{
+    size_t n = 1 << 16;
+    float *hp = malloc(n * sizeof *hp), *hg = malloc(n * sizeof *hg);
+    for (size_t i = 0; i < n; i++) {
+        hp[i] = 1.0f + (float)(i % 128) * 0x1p-7f; /* bf16 values in [1, 2) */
+        hg[i] = 1.0f;
+    }
+    struct step_params sp = {0};
+    struct step_scalars sc;
+    step_rule_scalars(&sc, &sp, 0x1p-12f, 1, 1.0f);
+    double moved[2] = {0, 0};
+    for (int stochastic = 0; stochastic < 2; stochastic++) {
+        float *h0 = malloc(n * sizeof *h0);
+        memcpy(h0, hp, n * sizeof *h0);
+        struct tensor *p = tfrom(DT_BF16, n, h0), *g = tfrom(DT_FP32, n, hg);
+        struct optim_update_args a = {.master = p, .grad = g, .sc = &sc, .stochastic = stochastic,
+                                      .sr_seed = sr_seed(1234), .sr_param = 0};
+        be->sgd_update(be, &a, 1);
+        float *after = malloc(n * sizeof *after);
+        tensor_to_host_f32(p, after);
+        for (size_t i = 0; i < n; i++)
+            moved[stochastic] += (double)after[i] - (double)hp[i];
+        free(after);
+        free(h0);
+    }
+    double want = -(double)n * 0x1p-12; /* what fp32 weights would move in total */
+    cr_assert_eq(moved[0], 0.0, "nearest rounding drops every update below half an ulp");
+    /* ups ~ Binomial(n, 2^-5): sd = sqrt(n p (1-p)) ulps; allow 6 sd */
+    double sd = sqrt((double)n * 0x1p-5 * (1 - 0x1p-5)) * 0x1p-7;
+    cr_assert(fabs(moved[1] - want) < 6 * sd, "stochastic rounding moved %g in total, want %g +- %g", moved[1], want,
+              6 * sd);
+    free(hp);
+    free(hg);
 }

@@ -774,7 +774,8 @@ Test(errors, unknown_key_with_trailing_space)
 {
     expect_error_exact("optim:\n  'lr ': 1e-3\n" BASE, "t.yaml:2:3: unknown key 'lr ' in optim (did you mean 'lr'?)");
     expect_error("optim:\n  'lr ': 1e-3\n" BASE, "t.yaml:2:3: ", "unknown key",
-                 "valid keys in optim: kind, lr, betas, eps, weight_decay, momentum, nesterov, schedule");
+                 "valid keys in optim: kind, lr, betas, eps, weight_decay, momentum, nesterov, state_dtype, "
+                 "stochastic_rounding, schedule");
 }
 
 Test(errors, unknown_key_trailing_space_from_a_file)
@@ -1210,6 +1211,31 @@ Test(cross, nesterov_needs_momentum)
     parse_ok(&c, "optim:\n  kind: sgd\n  momentum: 0.9\n  nesterov: true\n" BASE);
     cr_assert_eq(c.optim.momentum, 0.9);
     config_free(&c);
+}
+
+Test(cross, bf16_master_weights_need_bf16_mode)
+{
+    expect_error("precision:\n  mode: fp16-dynamic\n  master_weights: bf16\n" BASE, "t.yaml:3:3: ",
+                 "precision.master_weights: bf16 needs precision.mode: bf16 (mode is fp16-dynamic)", "mode: bf16");
+    struct config c;
+    parse_ok(&c, "precision:\n  mode: bf16\n  master_weights: bf16\n" BASE);
+    cr_assert_eq(c.precision.master_weights, STORE_BF16);
+    cr_assert_eq(c.optim.state_dtype, STORE_FP32);
+    cr_assert_not(c.optim.stochastic_rounding);
+    config_free(&c);
+}
+
+Test(cross, stochastic_rounding_needs_a_bf16_store)
+{
+    expect_error("optim:\n  stochastic_rounding: true\n" BASE, "t.yaml:2:3: ",
+                 "optim.stochastic_rounding rounds bf16 stores, but the weights and the optimizer state are fp32",
+                 "master_weights: bf16");
+    struct config c; /* bf16 moments alone have something to round */
+    parse_ok(&c, "optim:\n  stochastic_rounding: true\n  state_dtype: bf16\n" BASE);
+    cr_assert(c.optim.stochastic_rounding);
+    cr_assert_eq(c.optim.state_dtype, STORE_BF16);
+    config_free(&c);
+    expect_error("optim:\n  state_dtype: fp16\n" BASE, "t.yaml:2:16: ", "state_dtype", "fp32, bf16");
 }
 
 Test(cross, cosine_min_lr_above_lr)

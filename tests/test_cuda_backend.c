@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "backend.h" /* backend_open, backend_cpu_create, the op table */
+#include "sround.h" /* sr_seed: bf16 master weights */
 
 #include "skip_main.h" /* main: exit 77 (Skipped) when tests skipped and none failed */
 
@@ -924,7 +925,7 @@ Test(cuda_backend, optimizers, .init = open_both, .fini = close_both)
             a.grad = side ? &g.g : &g.c;
             a.m = side ? &m.g : &m.c;
             a.v = side ? &v.g : &v.c;
-            a.lowp = side ? &low.g : &low.c;
+            a.copy = side ? &low.g : &low.c;
             a.sc = side ? sc_g : sc_c;
             if (sgd)
                 be->sgd_update(be, &a, 1);
@@ -1032,7 +1033,7 @@ static void mt_args(struct optim_update_args *a, struct mt_param *t, const int *
             .grad = side_of(&t[i].g, on_gpu),
             .m = no_m ? NULL : side_of(&t[i].m, on_gpu),
             .v = c->sgd ? NULL : side_of(&t[i].v, on_gpu),
-            .lowp = mt_specs[i].has_lowp ? side_of(&t[i].low, on_gpu) : NULL,
+            .copy = mt_specs[i].has_lowp ? side_of(&t[i].low, on_gpu) : NULL,
             .sc = sc,
             .weight_decay = mt_specs[i].weight_decay,
             .beta1 = sp->beta1,
@@ -1528,3 +1529,67 @@ Test(cuda_backend, needs_the_cuda_backend)
 }
 
 #endif
+
+/* bf16 master weights and moments, rounded stochastically: the GPU draws lib/sround.h's bits as the CPU does
+ * and computes each element in the same fp32 order without FMA, so the stored bf16 values are the CPU's. An
+ * fp32 value a last-bit apart (a device sqrt or division off by an ulp) could round to the other neighbour: at
+ * most one element in 10^4 may differ, by one bf16 step; the fp32 copy is the GPU's stored master widened. */
+Test(cuda_backend, bf16_master_stochastic_rounding_matches_the_cpu, .init = open_both, .fini = close_both)
+{
+    int64_t n = 100003;
+    for (int sgd = 0; sgd < 2; sgd++) {
+        struct pair p, g, m, v, w;
+        pair_rand(&p, DT_BF16, 1, &n, -1, 1);
+        pair_rand(&g, DT_FP32, 1, &n, -100, 100);
+        pair_rand(&m, DT_BF16, 1, &n, -0.1f, 0.1f);
+        pair_rand(&v, DT_BF16, 1, &n, 0, 0.1f);
+        pair_out(&w, DT_FP32, 1, &n);
+        struct step_params sp = {.beta1 = 0.9, .beta2 = 0.999, .weight_decay = 0.1f};
+        struct step_scalars sc;
+        struct step_scalars *sc_c = cpu->alloc(cpu, sizeof sc), *sc_g = gpu->alloc(gpu, sizeof sc);
+        cr_assert(sc_c && sc_g);
+        mt_put_scalars(&sc, &sp, 3, sc_c, sc_g);
+        for (int on_gpu = 0; on_gpu < 2; on_gpu++) {
+            struct optim_update_args a = {
+                .master = side_of(&p, on_gpu), .grad = side_of(&g, on_gpu), .m = side_of(&m, on_gpu),
+                .v = sgd ? NULL : side_of(&v, on_gpu), .copy = side_of(&w, on_gpu), .sc = on_gpu ? sc_g : sc_c,
+                .weight_decay = 0.1f, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8f, .momentum = 0.9f,
+                .stochastic = true, .sr_seed = sr_seed(99), .sr_param = 5};
+            struct backend *be = on_gpu ? gpu : cpu;
+            if (sgd)
+                be->sgd_update(be, &a, 1);
+            else
+                be->adamw_update(be, &a, 1);
+        }
+        check_gpu();
+        const struct pair *t16[3] = {&p, &m, &v};
+        for (int k = 0; k < (sgd ? 2 : 3); k++) {
+            uint16_t *gb = gpu_bytes_of(&t16[k]->g);
+            const uint16_t *cb = t16[k]->c.data;
+            size_t differ = 0;
+            for (int64_t i = 0; i < n; i++) {
+                int d = (int)gb[i] - (int)cb[i];
+                cr_assert(d >= -1 && d <= 1, "%s tensor %d [%lld]: GPU 0x%04x, CPU 0x%04x", sgd ? "sgd" : "adamw", k,
+                          (long long)i, gb[i], cb[i]);
+                differ += d != 0;
+            }
+            cr_assert(differ * 10000 <= (size_t)n, "%s tensor %d: %zu of %lld elements differ from the CPU's",
+                      sgd ? "sgd" : "adamw", k, differ, (long long)n);
+            free(gb);
+        }
+        uint16_t *gm = gpu_bytes_of(&p.g);
+        float *gw = gpu_bytes_of(&w.g);
+        for (int64_t i = 0; i < n; i++)
+            cr_assert_eq(gw[i], bf16_to_fp32(gm[i]), "the GPU's fp32 copy is its stored master, element %lld",
+                         (long long)i);
+        free(gm);
+        free(gw);
+        cpu->free(cpu, sc_c);
+        gpu->free(gpu, sc_g);
+        pair_free(&p);
+        pair_free(&g);
+        pair_free(&m);
+        pair_free(&v);
+        pair_free(&w);
+    }
+}

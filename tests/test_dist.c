@@ -45,6 +45,14 @@ static void check_equivalence(const char *cfg, const char *extra, const char *mc
 
 Test(dist, two_ranks_equal_one_with_accum_fp32) { check_equivalence(MLP, "precision.mode=fp32 " HARD, NULL); }
 Test(dist, two_ranks_equal_one_with_accum_bf16) { check_equivalence(MLP, "precision.mode=bf16 " HARD, NULL); }
+/* the stochastic rounding bits are keyed by (run.seed, step, parameter), never by the rank: replicas round alike */
+Test(dist, two_ranks_equal_one_bf16_master_weights_stochastic_rounding)
+{
+    check_equivalence(MLP,
+                      "precision.mode=bf16 precision.master_weights=bf16 optim.state_dtype=bf16 "
+                      "optim.stochastic_rounding=true " HARD,
+                      NULL);
+}
 Test(dist, two_ranks_equal_one_with_accum_fp16_static)
 {
     check_equivalence(MLP, "precision.mode=fp16-static precision.loss_scale.value=1e9 " HARD, NULL);

@@ -414,3 +414,23 @@ Test(hostile, a_loss_scale_of_2_to_the_30_is_logged_exactly)
     r = amp("inspect %s/big_scale/ckpt-2.h5", scratch);
     cr_assert(strstr(r.out, "scaler: scale 268435456,"), "%s", r.out);
 }
+
+/* Resuming an fp32-master checkpoint with bf16 master weights rounds each value to bf16 once; a finite fp32
+ * value beyond bf16's range would become Inf: refused, naming the tensor, the element and the way out. */
+Test(hostile, resuming_into_bf16_refuses_a_value_beyond_bf16s_range)
+{
+    float big[32];
+    for (int i = 0; i < 32; i++)
+        big[i] = i == 7 ? 3.4e38f : 0.25f; /* finite in fp32, above bf16's largest finite 3.3895e38 */
+    hsize_t n32 = 32;
+    const char *p = copy_of_base("beyond_bf16");
+    set_dataset(p, BIAS, H5T_NATIVE_FLOAT, 1, &n32, big);
+    struct result r = amp("resume %s precision.mode=bf16 precision.master_weights=bf16", p);
+    cr_assert_eq(r.code, 4, "exit %d, want 4:\n%s", r.code, r.out);
+    cr_assert(strstr(r.out, "tensor /model/fc1/bias holds 3.4e+38 at element 7, beyond bf16's range"), "%s", r.out);
+    cr_assert(strstr(r.out, "precision.master_weights=fp32"), "the hint says how to keep it: %s", r.out);
+    cr_assert(strstr(r.out, "rounded to nearest bf16 once at load"), "the conversion is announced: %s", r.out);
+    /* kept in fp32, the same file resumes */
+    r = amp("resume %s run.steps=11", p);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+}

@@ -241,7 +241,7 @@ static void set_param(struct rig *r, const char *name, const float *v)
 {
     struct param *p = find_param(r, name);
     tensor_from_host_f32(&p->master, v);
-    model_refresh_lowp(&r->m);
+    model_refresh_copies(&r->m);
 }
 
 /* ---- finite differences -------------------------------------------------------------------------- */
@@ -285,15 +285,15 @@ static void check_gradients(struct rig *r, float eps, double atol, double rtol)
             float save = w[i];
             w[i] = save + eps;
             tensor_from_host_f32(&p->master, w);
-            model_refresh_lowp(&r->m);
+            model_refresh_copies(&r->m);
             double fp = rig_loss(r);
             w[i] = save - eps;
             tensor_from_host_f32(&p->master, w);
-            model_refresh_lowp(&r->m);
+            model_refresh_copies(&r->m);
             double fm = rig_loss(r);
             w[i] = save;
             tensor_from_host_f32(&p->master, w);
-            model_refresh_lowp(&r->m);
+            model_refresh_copies(&r->m);
             double fd = (fp - fm) / (2.0 * eps);
             checked++;
             if (!close_enough(fd, g[i], atol, rtol) && bad++ < 5)

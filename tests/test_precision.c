@@ -67,9 +67,10 @@ static struct param *param_named(struct trainer *t, const char *name)
 /* Bytes of a tensor (CPU backend memory is host memory). */
 static void *snapshot(const struct tensor *x)
 {
-    void *p = malloc(tensor_bytes(x));
+    void *p = malloc(tensor_bytes(x) ? tensor_bytes(x) : 1); /* an empty copy (a bias read in fp32): nothing */
     cr_assert_not_null(p);
-    memcpy(p, x->data, tensor_bytes(x));
+    if (tensor_bytes(x))
+        memcpy(p, x->data, tensor_bytes(x));
     return p;
 }
 
@@ -122,7 +123,7 @@ Test(precision, skipped_step_leaves_weights_moments_counters_and_lr_bit_identica
     cr_assert(n <= 16);
     for (int i = 0; i < n; i++) {
         w[i] = snapshot(&t.model.params[i]->master);
-        lp[i] = snapshot(&t.model.params[i]->lowp);
+        lp[i] = snapshot(&t.model.params[i]->copy);
         m1[i] = snapshot(&t.opt.state[i].m);
         v1[i] = snapshot(&t.opt.state[i].v);
     }
@@ -140,7 +141,7 @@ Test(precision, skipped_step_leaves_weights_moments_counters_and_lr_bit_identica
     for (int i = 0; i < n; i++) {
         const struct param *p = t.model.params[i];
         cr_assert_eq(memcmp(w[i], p->master.data, tensor_bytes(&p->master)), 0, "%s master moved", p->name);
-        cr_assert_eq(memcmp(lp[i], p->lowp.data, tensor_bytes(&p->lowp)), 0, "%s lowp copy moved", p->name);
+        cr_assert_eq(memcmp(lp[i], p->copy.data, tensor_bytes(&p->copy)), 0, "%s copy moved", p->name);
         cr_assert_eq(memcmp(m1[i], t.opt.state[i].m.data, tensor_bytes(&t.opt.state[i].m)), 0, "%s m moved", p->name);
         cr_assert_eq(memcmp(v1[i], t.opt.state[i].v.data, tensor_bytes(&t.opt.state[i].v)), 0, "%s v moved", p->name);
         free(w[i]), free(lp[i]), free(m1[i]), free(v1[i]);
@@ -680,4 +681,51 @@ Test(precision, grad_zero_frac_sees_inside_transformer_blocks, .timeout = 600)
     cr_assert(!isnan(unscaled) && !isnan(scaled) && !isnan(bf16), "%g %g %g", unscaled, scaled, bf16);
     cr_assert(unscaled > 5 * scaled + 0.01, "fp16 at scale 1 %g vs scale 2^16 %g", unscaled, scaled);
     cr_assert(bf16 < 0.01, "bf16 keeps fp32's exponent range: %g", bf16);
+}
+
+/* Bytes held per parameter by the weights, their copies, the gradient and the optimizer state (AdamW). */
+static double bytes_per_param(struct trainer *t)
+{
+    double bytes = 0, params = 0;
+    for (int i = 0; i < t->model.nparams; i++) {
+        const struct param *p = t->model.params[i];
+        params += (double)p->master.numel;
+        bytes += (double)(tensor_bytes(&p->master) + tensor_bytes(&p->grad) + tensor_bytes(&p->copy) +
+                          tensor_bytes(&t->opt.state[i].m) + tensor_bytes(&t->opt.state[i].v));
+    }
+    return bytes / params;
+}
+
+/* Mixed bf16 keeps an fp32 master, fp32 m and v, an fp32 gradient and a bf16 copy of each weight read in bf16:
+ * 18 bytes a weight. bf16 masters are their own bf16 copy and, with bf16 moments, hold 2 + 4 + 2 + 2 = 10
+ * (biases, read in fp32, keep an fp32 copy: 14 for those few). */
+Test(precision, bf16_master_weights_and_moments_hold_at_most_10_bytes_a_parameter)
+{
+    need_data();
+    const char *mixed[] = {"precision.mode=bf16", NULL};
+    const char *pure[] = {"precision.mode=bf16", "precision.master_weights=bf16", "optim.state_dtype=bf16", NULL};
+    struct config cfg;
+    struct trainer t;
+    small_mlp(&cfg, mixed);
+    setup(&t, &cfg);
+    double before = bytes_per_param(&t);
+    trainer_teardown(&t);
+    config_free(&cfg);
+    small_mlp(&cfg, pure);
+    setup(&t, &cfg);
+    double after = bytes_per_param(&t);
+    for (int i = 0; i < t.model.nparams; i++) {
+        const struct param *p = t.model.params[i];
+        cr_assert_eq(p->master.dtype, DT_BF16, "%s", p->name);
+        cr_assert_eq(t.opt.state[i].m.dtype, DT_BF16, "%s", p->name);
+        if (strstr(p->name, "/weight"))
+            cr_assert_null(p->copy.data, "%s: a bf16 linear reads the bf16 master itself", p->name);
+        else
+            cr_assert_eq(p->copy.dtype, DT_FP32, "%s: a bias is read in fp32", p->name);
+    }
+    trainer_teardown(&t);
+    config_free(&cfg);
+    cr_assert(before > 17.9 && before <= 18.0, "mixed bf16: %.3f bytes a parameter, want about 18", before);
+    cr_assert(after <= 10.05, "bf16 masters and moments: %.3f bytes a parameter, want <= 10 (+ the biases' copies)",
+              after);
 }

@@ -55,6 +55,18 @@ Test(resume, bit_exact_with_dropout_and_warmup)
     check_resume("dropout", "precision.mode=bf16 model.layers.2.kind=dropout optim.schedule.warmup_steps=8", 5);
 }
 
+Test(resume, bit_exact_bf16_master_weights_with_stochastic_rounding)
+{
+    /* the rounding bits are keyed by (run.seed, step, parameter): the resumed run draws what the straight one did */
+    check_resume("bf16-master", "precision.mode=bf16 precision.master_weights=bf16 optim.state_dtype=bf16 "
+                                "optim.stochastic_rounding=true", 5);
+}
+Test(resume, bit_exact_bf16_master_weights_sgd_momentum)
+{
+    check_resume("bf16-master-sgd", "precision.mode=bf16 precision.master_weights=bf16 optim.state_dtype=bf16 "
+                                    "optim.stochastic_rounding=true optim.kind=sgd optim.momentum=0.9 optim.lr=0.05", 5);
+}
+
 /* Scale 2^30 overflows fp16 at once; backoff 1/16 reaches a workable 2^18 after three skipped steps. */
 #define OVERFLOWING                                                                                                  \
     "precision.mode=fp16-dynamic precision.loss_scale.init=1073741824 precision.loss_scale.max=1073741824 "         \
