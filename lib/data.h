@@ -36,8 +36,8 @@ struct data_split {
     const uint8_t *tokens;/* tokens: the file's ids, little-endian, token_bytes each (points into dataset.maps) */
     int token_bytes;      /* tokens: 2 (uint16) or 4 (uint32) */
     int64_t ntokens;
-    int64_t draw_range;   /* tokens, data.sampling random, training split: window starts are drawn from
-                             [0, draw_range) = [0, ntokens - seq_len); 0 otherwise */
+    int64_t draw_range;   /* tokens, training split: windows can start at [0, draw_range) = [0, ntokens - seq_len),
+                             where data.sampling: random draws them; 0 otherwise */
 };
 
 /* Sample ids of token splits: id i >= 0 is the i-th consecutive window (it starts at token i * seq_len);

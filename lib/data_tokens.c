@@ -7,7 +7,8 @@
  *     header[2] the number of tokens; then the tokens. Magic 20240520 with version 1 is GPT-2's uint16 ids;
  *     magic 20240801 with version 7 is llama-3's uint32 ids (llm.c's data_common.py, HEADERS_INFO).
  *   - nanoGPT: no header, raw little-endian uint16 ids (np.uint16 tofile), so an even number of bytes.
- * A file that begins with neither magic is read as nanoGPT's layout.
+ * A file that begins with neither magic is read as nanoGPT's layout, unless the rest of an llm.c header is
+ * there (a token count at offset 8 that matches the file's size): then the magic is wrong.
  *
  * Checks, each a data error naming the file and the byte offset: a header too short, an unknown version,
  * a token count that disagrees with the file size, an odd length (raw uint16), fewer tokens than one window
@@ -69,6 +70,18 @@ static enum amp_status tokens_parse_layout(struct token_file *f, const uint8_t *
                                            struct amp_error *err)
 {
     uint32_t magic = size >= 4 ? le32(head) : 0;
+    if (magic != LLMC_MAGIC_GPT2 && magic != LLMC_MAGIC_LLAMA3 && size >= LLMC_HEADER_BYTES) {
+        /* An llm.c header whose magic alone is wrong: its token count (offset 8) matches the file's size. Raw
+         * uint16 ids that happen to do so are too unlikely to be worth reading as tokens. */
+        int64_t count = (int32_t)le32(head + 8), payload = size - LLMC_HEADER_BYTES;
+        if (count > 0 && (count * 2 == payload || count * 4 == payload))
+            return amp_fail(err, AMP_ERR_DATA,
+                            "llm.c token files begin with magic 20240520 (GPT-2, uint16) or 20240801 (llama-3, "
+                            "uint32): the header is damaged, re-make the file",
+                            "%s: wrong magic %u at offset 0 in what is otherwise an llm.c header (%lld tokens at "
+                            "offset 8, matching the file's size) (%s)",
+                            f->path, magic, (long long)count, f->key);
+    }
     if (magic != LLMC_MAGIC_GPT2 && magic != LLMC_MAGIC_LLAMA3) {
         f->layout = "raw uint16 (nanoGPT)";
         f->token_bytes = 2;
@@ -226,9 +239,8 @@ enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *c
         tokens_unmap(&train);
         return st;
     }
-    bool random = cfg->sampling == SAMPLING_RANDOM;
     tokens_set_split(ds, SPLIT_TRAIN, &train, T);
-    ds->split[SPLIT_TRAIN].draw_range = random ? train.ntokens - T : 0;
+    ds->split[SPLIT_TRAIN].draw_range = train.ntokens - T; /* what data.sampling: random draws from */
     if (cfg->val_bin[0]) {
         struct token_file val = {.path = cfg->val_bin, .key = "data.val_bin"};
         if ((st = tokens_open(&val, cfg, err)) != AMP_OK) {
