@@ -162,8 +162,10 @@ static void tokens_unmap(struct token_file *f)
     f->map = NULL;
 }
 
-/* Check, map and scan one file. On success f->map is owned by the caller. */
-static enum amp_status tokens_open(struct token_file *f, const struct data_config *cfg, struct amp_error *err)
+/* Check, map and scan one file; `random_reads` tells the kernel that windows will be read at random offsets
+ * (no readahead). On success and failure alike f->map (when set) is the caller's to unmap. */
+static enum amp_status tokens_open(struct token_file *f, const struct data_config *cfg, bool random_reads,
+                                   struct amp_error *err)
 {
     char hint[CFG_STR + 128];
     snprintf(hint, sizeof hint, TOKENS_MISSING_HINT, f->key);
@@ -199,7 +201,7 @@ static enum amp_status tokens_open(struct token_file *f, const struct data_confi
                         f->path, (long long)f->ntokens, f->layout, (long long)size, (long long)(T + 1), f->key);
     madvise(map, (size_t)size, MADV_SEQUENTIAL);
     int64_t bad = tokens_first_beyond(f, cfg->vocab);
-    madvise(map, (size_t)size, MADV_RANDOM);
+    madvise(map, (size_t)size, random_reads ? MADV_RANDOM : MADV_NORMAL);
     if (bad >= 0) {
         long long offset = (long long)(f->header_bytes + bad * f->token_bytes);
         return amp_fail(err, AMP_ERR_DATA,
@@ -234,7 +236,7 @@ enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *c
         return amp_fail(err, AMP_ERR_CONFIG, "set data.vocab to the tokenizer's vocabulary size",
                         "data.format is tokens but data.vocab is not set");
     struct token_file train = {.path = cfg->train_bin, .key = "data.train_bin"};
-    enum amp_status st = tokens_open(&train, cfg, err);
+    enum amp_status st = tokens_open(&train, cfg, cfg->sampling == SAMPLING_RANDOM, err);
     if (st != AMP_OK) {
         tokens_unmap(&train);
         return st;
@@ -243,7 +245,7 @@ enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *c
     ds->split[SPLIT_TRAIN].draw_range = train.ntokens - T; /* what data.sampling: random draws from */
     if (cfg->val_bin[0]) {
         struct token_file val = {.path = cfg->val_bin, .key = "data.val_bin"};
-        if ((st = tokens_open(&val, cfg, err)) != AMP_OK) {
+        if ((st = tokens_open(&val, cfg, false, err)) != AMP_OK) {
             tokens_unmap(&val);
             return st; /* data_load frees the training mapping */
         }

@@ -790,3 +790,72 @@ Test(tokens_resume, another_order_gives_other_weights)
     cr_assert_gt(cc.differ, 0, "random and sequential windows must train different weights");
     free(ids);
 }
+
+/* ---- the data.* keys of token files (lib/config.c) -------------------------------------------------- */
+
+#define TOKENS_MODEL                                                                                                 \
+    "model:\n"                                                                                                         \
+    "  layers:\n"                                                                                                      \
+    "    - kind: embedding\n"                                                                                          \
+    "      dim: 8\n"                                                                                                   \
+    "    - kind: linear\n"                                                                                             \
+    "      out: 256\n"                                                                                                 \
+    "    - kind: cross_entropy\n"
+
+static struct amp_error parse(const char *yaml, struct config *cfg)
+{
+    struct amp_error err = {0};
+    config_parse_string(cfg, yaml, strlen(yaml), "t.yaml", &err);
+    return err;
+}
+
+Test(tokens_config, keys_defaults_and_round_trip)
+{
+    struct config c;
+    struct amp_error e = parse("data:\n  format: tokens\n  train_bin: a.bin\n  vocab: 256\n" TOKENS_MODEL, &c);
+    cr_assert_eq(e.code, AMP_OK, "%s", e.msg);
+    cr_assert_eq(c.data.format, DATA_TOKENS);
+    cr_assert_str_eq(c.data.train_bin, "a.bin");
+    cr_assert_str_eq(c.data.val_bin, "", "no val_bin: no evaluation");
+    cr_assert_eq(c.data.vocab, 256);
+    cr_assert_eq(c.data.sampling, SAMPLING_RANDOM, "random (nanoGPT) by default");
+    cr_assert_eq(c.data.val_windows, 0);
+    struct amp_error oe = {0};
+    cr_assert_eq(config_apply_override(&c, "data.sampling=sequential", &oe), AMP_OK, "%s", oe.msg);
+    cr_assert_eq(config_apply_override(&c, "data.val_windows=12", &oe), AMP_OK, "%s", oe.msg);
+    cr_assert_eq(c.data.sampling, SAMPLING_SEQUENTIAL);
+    char *text = config_to_yaml_string(&c);
+    assert_contains(text, "sampling: sequential");
+    assert_contains(text, "val_windows: 12");
+    struct config back;
+    e = parse(text, &back);
+    cr_assert_eq(e.code, AMP_OK, "%s", e.msg);
+    cr_assert(config_equal(&c, &back), "the printed config parses back equal");
+    free(text);
+    config_free(&back);
+    config_free(&c);
+}
+
+Test(tokens_config, bad_values_name_the_key_and_position)
+{
+    struct config c;
+    struct amp_error e = parse("data:\n  format: tokens\n  train_bin: a.bin\n  vocab: 256\n  sampling: shuffle\n"
+                               TOKENS_MODEL, &c);
+    cr_assert_eq(e.code, AMP_ERR_CONFIG);
+    assert_contains(e.msg, "t.yaml:5:13");
+    assert_contains(e.hint, "random");
+    assert_contains(e.hint, "sequential");
+    e = parse("data:\n  format: tokens\n  train_bin: a.bin\n  vocab: -1\n" TOKENS_MODEL, &c);
+    cr_assert_eq(e.code, AMP_ERR_CONFIG);
+    assert_contains(e.msg, "t.yaml:4:10");
+    e = parse("data:\n  format: tokens\n  train_bin: a.bin\n  vocab: 256\n  val_windows: -3\n" TOKENS_MODEL, &c);
+    cr_assert_eq(e.code, AMP_ERR_CONFIG);
+    assert_contains(e.msg, "t.yaml:5:16");
+    e = parse("data:\n  format: tokens\n  vocab: 256\n" TOKENS_MODEL, &c);
+    cr_assert_eq(e.code, AMP_ERR_CONFIG);
+    assert_contains(e.msg, "data.format is tokens but data.train_bin is not set");
+    e = parse("data:\n  format: tokens\n  train_bin: a.bin\n" TOKENS_MODEL, &c);
+    cr_assert_eq(e.code, AMP_ERR_CONFIG);
+    assert_contains(e.msg, "t.yaml:2:3: data.format is tokens but data.vocab is not set");
+    assert_contains(e.hint, "50257");
+}
