@@ -13,8 +13,8 @@
  * Checks, each a data error naming the file and the byte offset: a header too short, an unknown version,
  * a token count that disagrees with the file size, an odd length (raw uint16), fewer tokens than one window
  * (data.seq_len + 1), and any id >= data.vocab. The id check reads the mapped file once, sequentially, at
- * load (the page cache keeps or drops those pages as it likes: nothing is copied), so a run never starts on
- * ids its embedding does not have.
+ * load, releasing the pages it has read every 64 MB (nothing is copied, and the process's resident set does
+ * not grow with the file), so a run never starts on ids its embedding does not have.
  *
  * Samples (T = data.seq_len) are windows of T + 1 tokens: the first T are the inputs, the last T the
  * targets. Sample i >= 0 of a split is the window at token i * T: consecutive windows sharing only their
@@ -40,6 +40,7 @@
 #define LLMC_MAGIC_GPT2 20240520   /* version 1: uint16 ids */
 #define LLMC_MAGIC_LLAMA3 20240801 /* version 7: uint32 ids */
 #define SCAN_BLOCK 65536           /* tokens per block of the id scan */
+#define SCAN_RELEASE (64u << 20)   /* bytes scanned between releases of the pages from this process */
 
 /* One token file, mapped. */
 struct token_file {
@@ -127,12 +128,28 @@ static enum amp_status tokens_parse_layout(struct token_file *f, const uint8_t *
     return AMP_OK;
 }
 
+/* Drop the scanned pages [*released, upto) from this process's resident set (never written, so they come back
+ * from the file if touched again; the page cache keeps them as it likes), so that scanning a file larger than
+ * memory does not look like using that memory. */
+static void tokens_release(const struct token_file *f, size_t *released, size_t upto)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), end = upto / page * page;
+    if (end > *released) {
+        madvise((uint8_t *)f->map + *released, end - *released, MADV_DONTNEED);
+        *released = end;
+    }
+}
+
 /* The first id >= vocab, scanning in blocks (a max per block, so the loop vectorises); -1 if none. */
 static int64_t tokens_first_beyond(const struct token_file *f, int64_t vocab)
 {
     if (f->token_bytes == 2 && vocab >= 65536)
         return -1;
+    size_t released = 0;
     for (int64_t b = 0; b < f->ntokens; b += SCAN_BLOCK) {
+        size_t scanned = (size_t)(f->header_bytes + b * f->token_bytes);
+        if (scanned - released >= SCAN_RELEASE)
+            tokens_release(f, &released, scanned);
         int64_t end = b + SCAN_BLOCK < f->ntokens ? b + SCAN_BLOCK : f->ntokens;
         uint32_t max = 0;
         if (f->token_bytes == 2) {
@@ -146,8 +163,11 @@ static int64_t tokens_first_beyond(const struct token_file *f, int64_t vocab)
                 max = v > max ? v : max;
             }
         }
-        if ((int64_t)max < vocab)
+        if ((int64_t)max < vocab) {
+            if (end == f->ntokens)
+                tokens_release(f, &released, f->map_len);
             continue;
+        }
         for (int64_t i = b; i < end; i++)
             if ((int64_t)token_at(f->tokens, f->token_bytes, i) >= vocab)
                 return i;

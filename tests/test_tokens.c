@@ -509,6 +509,35 @@ Test(tokens_sampling, file_beyond_2_pow_31_tokens_needs_no_memory_per_window)
     data_free(&ds);
 }
 
+/* The id scan at load reads every id of a 512 MB file without the process's resident set growing with it,
+ * and still finds an id beyond the vocabulary at its very end. */
+Test(tokens_sampling, id_scan_of_a_large_file_keeps_memory_flat)
+{
+    const int64_t L = (INT64_C(512) << 20) / 2;
+    const char *p = fx("large.bin");
+    int fd = open(p, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    cr_assert(fd >= 0);
+    cr_assert_eq(ftruncate(fd, L * 2), 0);
+    cr_assert_eq(close(fd), 0);
+    struct rusage before, after;
+    getrusage(RUSAGE_SELF, &before);
+    struct data_config c = tokens_config(p, NULL, 64, 256, SAMPLING_RANDOM); /* ids 0 < 256: a full scan */
+    struct dataset ds;
+    load_ok(&ds, &c);
+    data_free(&ds);
+    getrusage(RUSAGE_SELF, &after);
+    cr_assert_lt(after.ru_maxrss - before.ru_maxrss, 160 * 1024, "max RSS grew by %ld KB scanning 512 MB",
+                 after.ru_maxrss - before.ru_maxrss);
+    fd = open(p, O_WRONLY);
+    cr_assert_eq(pwrite(fd, "\x00\x01", 2, (off_t)(2 * (L - 1))), 2); /* id 256 at the last token */
+    cr_assert_eq(close(fd), 0);
+    struct amp_error e = load_fails(&c);
+    char want[128];
+    snprintf(want, sizeof want, "token id 256 at token %lld (byte offset %lld)", (long long)(L - 1),
+             (long long)(2 * (L - 1)));
+    assert_contains(e.msg, want);
+}
+
 /* ---- bad input: a data error naming the file and the offset ------------------------------------- */
 
 TestSuite(tokens_errors, .init = make_scratch, .fini = remove_scratch);
