@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h> /* fstat: a token file must be a regular file to be mapped */
 #include <unistd.h>
 
 #include "data_internal.h" /* data_check_file */
@@ -200,6 +201,13 @@ static enum amp_status tokens_open(struct token_file *f, const struct data_confi
     if (fd < 0)
         return amp_fail(err, AMP_ERR_DATA, "check the path and its permissions", "%s: cannot open (%s): %s", f->path,
                         f->key, strerror(errno));
+    struct stat stf;
+    if (fstat(fd, &stf) != 0 || !S_ISREG(stf.st_mode) || stf.st_size != size) {
+        close(fd);
+        return amp_fail(err, AMP_ERR_DATA, "name a token file on disk (not a device, pipe or a file being written)",
+                        "%s: not a regular file of a fixed size, which a token file must be to be memory-mapped (%s)",
+                        f->path, f->key);
+    }
     void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd);

@@ -720,6 +720,9 @@ Test(tokens_errors, missing_empty_and_directory)
     c = tokens_config(scratch, NULL, 16, 256, SAMPLING_RANDOM);
     e = load_fails(&c);
     assert_contains(e.msg, "is a directory");
+    c = tokens_config("/dev/zero", NULL, 16, 256, SAMPLING_RANDOM); /* endless: must not be read or mapped */
+    e = load_fails(&c);
+    assert_contains(e.msg, "/dev/zero: not a regular file");
 }
 
 /* Through the program: exit 3 (data error) and the file in the message; a missing key is exit 2. */
