@@ -18,6 +18,7 @@ val.bin.
 Python 3 standard library only.
 """
 import argparse
+import array
 import os
 import struct
 import sys
@@ -29,7 +30,10 @@ LLMC_HEADER_INTS = 256
 
 def write_tokens(path, data, layout):
     """Write `data` (bytes: one token per byte) as a uint16 token file, atomically (tmp + rename)."""
-    ids = struct.pack("<%dH" % len(data), *data)
+    ids = array.array("H", list(data))  # one uint16 per byte
+    if sys.byteorder == "big":
+        ids.byteswap()  # the files are little-endian
+    ids = ids.tobytes()
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         if layout == "llmc":
