@@ -44,7 +44,8 @@
 static const char *const layer_kind_names[] = {
     "linear",      "conv2d", "maxpool2d", "avgpool2d", "flatten",   "batchnorm2d",       "layernorm",     "relu",
     "gelu",        "dropout", "embedding", "attention", "transformer_block", "cross_entropy", "mse", NULL};
-static const char *const data_format_names[] = {"idx", "hdf5", "text", NULL};
+static const char *const data_format_names[] = {"idx", "hdf5", "text", "tokens", NULL};
+static const char *const data_sampling_names[] = {"random", "sequential", NULL};
 static const char *const optim_kind_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_kind_names[] = {"constant", "step", "cosine", NULL};
 static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", NULL};
@@ -60,14 +61,15 @@ static const char *const op_kind_names[] = {
     NULL};
 
 _Static_assert(ARRAY_LEN(layer_kind_names) == LAYER_KIND_COUNT + 1, "one name per layer kind");
-_Static_assert(ARRAY_LEN(data_format_names) == DATA_TEXT + 2, "one name per data format");
+_Static_assert(ARRAY_LEN(data_format_names) == DATA_TOKENS + 2, "one name per data format");
+_Static_assert(ARRAY_LEN(data_sampling_names) == SAMPLING_SEQUENTIAL + 2, "one name per sampling");
 _Static_assert(ARRAY_LEN(precision_mode_names) == PREC_BF16 + 2, "one name per precision mode");
 /* Enum fields are read and written as int through the tables. */
 _Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format) == sizeof(int) &&
                    sizeof(enum optim_kind) == sizeof(int) && sizeof(enum sched_kind) == sizeof(int) &&
                    sizeof(enum precision_mode) == sizeof(int) && sizeof(enum on_nonfinite) == sizeof(int) &&
                    sizeof(enum init_scheme) == sizeof(int) && sizeof(enum gelu_approx) == sizeof(int) &&
-                   sizeof(enum dist_backend) == sizeof(int),
+                   sizeof(enum dist_backend) == sizeof(int) && sizeof(enum data_sampling) == sizeof(int),
                "enums are int-sized");
 
 static const char *name_or(const char *const *names, size_t count, int i)
@@ -198,6 +200,11 @@ static const struct field data_fields[] = {
     STR_(S, x_key, "x", .flags = F_NONEMPTY),
     STR_(S, y_key, "y", .flags = F_NONEMPTY),
     LIST_(S, files, nfiles, NULL),
+    STR_(S, train_bin, ""),
+    STR_(S, val_bin, "", .def_text = "none: no evaluation"),
+    INT_(S, vocab, 0, IN_CC(0, CFG_MAX_SIZE), .def_text = "none: required for tokens"),
+    ENUM_(S, sampling, data_sampling_names, SAMPLING_RANDOM),
+    INT_(S, val_windows, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "0: every window of data.val_bin"),
     INT_(S, seq_len, 64, IN_CC(1, CFG_MAX_SIZE)),
     DBL_(S, val_fraction, 0.1, IN_CO(0, 1)),
     INT_(S, batch_size, 64, IN_CC(1, CFG_MAX_SIZE)),
@@ -1503,6 +1510,14 @@ static enum amp_status check_data(const struct ctx *c, const struct data_config 
                         "data.format is hdf5 but data.path is not set");
     } else if (d->format == DATA_TEXT && d->nfiles == 0) {
         return fail_key(c, "data.format", "add data.files: [a.txt, b.txt]", "data.format is text but data.files is empty");
+    } else if (d->format == DATA_TOKENS && !d->train_bin[0]) {
+        return fail_key(c, "data.format", "add data.train_bin: train.bin (nanoGPT's or llm.c's token file, docs/data.md)",
+                        "data.format is tokens but data.train_bin is not set");
+    } else if (d->format == DATA_TOKENS && d->vocab == 0) {
+        return fail_key(c, "data.format",
+                        "add data.vocab: the tokenizer's vocabulary size (50257 for GPT-2's BPE, 256 for the bytes of "
+                        "scripts/make_tokens.py); every id must be below it",
+                        "data.format is tokens but data.vocab is not set");
     }
     return AMP_OK;
 }

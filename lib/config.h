@@ -32,7 +32,8 @@
 #define CFG_MAX_WINDOW 65536.0        /* kernel, stride, padding, heads, mlp_ratio */
 #define CFG_MAX_DEPTH 32    /* most nested lists and mappings in a YAML config (a config needs 4) */
 
-enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT };
+enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT, DATA_TOKENS };
+enum data_sampling { SAMPLING_RANDOM, SAMPLING_SEQUENTIAL }; /* tokens: windows at random offsets | consecutive */
 enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };
 enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE };
 enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16 };
@@ -110,7 +111,12 @@ struct data_config {
     /* text: byte-level tokens from these files, concatenated */
     char files[CFG_MAX_FILES][CFG_STR];
     int nfiles;
-    int64_t seq_len;      /* text: tokens per sample (default 64) */
+    /* tokens: nanoGPT's raw uint16 or llm.c's headered token files (docs/data.md), memory-mapped */
+    char train_bin[CFG_STR], val_bin[CFG_STR]; /* val_bin "" = no test split */
+    int64_t vocab;        /* tokens: ids must be < vocab (required for tokens; 0 = not set) */
+    enum data_sampling sampling; /* tokens: random (default, nanoGPT) | sequential (llm.c) */
+    int64_t val_windows;  /* tokens: evaluate on the first N windows of val_bin; 0 (default) = all */
+    int64_t seq_len;      /* text, tokens: tokens per sample (default 64) */
     double val_fraction;  /* hdf5, text: held-out fraction, [0, 1) (default 0.1) */
     int64_t batch_size;   /* samples per micro-batch (default 64) */
     bool shuffle;         /* default true */

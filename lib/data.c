@@ -1,11 +1,14 @@
 /*
  * data.c — the data module's front: data_load dispatches to the format readers (data_idx.c,
- * data_hdf5.c, data_text.c) and applies the checks common to all formats; data_gather copies a batch
- * to host buffers; the sampler gives each epoch a deterministic permutation. See data.h and docs/data.md.
+ * data_hdf5.c, data_text.c, data_tokens.c) and applies the checks common to all formats; data_gather
+ * copies a batch to host buffers; the sampler gives each epoch a deterministic order. See data.h and
+ * docs/data.md.
  *
  * The sampler keeps no random state: epoch e's order is a Fisher-Yates shuffle whose draws are
- * rng_below(seed, DATA_SHUFFLE_STREAM + e, i, i + 1), so (seed, epoch, cursor) — what a checkpoint
- * stores — is all it takes to continue the same order after a resume.
+ * rng_below(seed, DATA_SHUFFLE_STREAM + e, i, i + 1), the identity, or (random token windows) draws
+ * rng_below(seed, DATA_WINDOW_STREAM + e, k, range) computed as they are handed out; so (seed, epoch,
+ * cursor) — what a checkpoint stores — is all it takes to continue the same order after a resume.
+ * Only a shuffled order is stored (n int64): token files of any size need no per-window memory.
  */
 #define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES), stat */
 
@@ -15,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h> /* munmap: token files */
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +28,8 @@
 /* Far from the small stream numbers layers use (their index), so shuffling never shares draws with
  * dropout or init. Epoch e uses stream DATA_SHUFFLE_STREAM + e. */
 #define DATA_SHUFFLE_STREAM 0x5348554646000000ULL /* "SHUFF" */
+/* Random token windows: epoch e draws from stream DATA_WINDOW_STREAM + e. */
+#define DATA_WINDOW_STREAM 0x57494e444f000000ULL /* "WINDO" */
 
 /* ---- helpers shared with the readers ---------------------------------------------------------- */
 
@@ -94,6 +100,7 @@ static const char *train_source(const struct data_config *cfg)
     case DATA_IDX: return cfg->train_images;
     case DATA_HDF5: return cfg->path;
     case DATA_TEXT: return cfg->nfiles == 1 ? cfg->files[0] : "data.files";
+    case DATA_TOKENS: return cfg->train_bin;
     }
     return "data";
 }
@@ -110,11 +117,12 @@ static enum amp_status check_min_samples(const struct dataset *ds, const struct 
                  (long long)(min_samples / cfg->batch_size), (long long)min_samples);
     else
         snprintf(need, sizeof need, "%lld", (long long)min_samples);
+    bool windows = cfg->format == DATA_TEXT || cfg->format == DATA_TOKENS;
     return amp_fail(err, AMP_ERR_DATA,
-                    cfg->format == DATA_TEXT ? "lower data.batch_size, accum_steps or data.seq_len, or add more text"
-                                             : "lower data.batch_size or accum_steps, or use a larger dataset",
+                    windows ? "lower data.batch_size, accum_steps or data.seq_len, or add more text"
+                            : "lower data.batch_size or accum_steps, or use a larger dataset",
                     "%s: the training split has %lld %s, fewer than one optimizer step needs (%s)", train_source(cfg),
-                    (long long)n, cfg->format == DATA_TEXT ? "windows" : "samples", need);
+                    (long long)n, windows ? "windows" : "samples", need);
 }
 
 enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int64_t min_samples,
@@ -129,7 +137,10 @@ enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int
     case DATA_IDX: st = data_load_idx(ds, cfg, err); break;
     case DATA_HDF5: st = data_load_hdf5(ds, cfg, err); break;
     case DATA_TEXT: st = data_load_text(ds, cfg, err); break;
-    default: st = amp_fail(err, AMP_ERR_CONFIG, "use idx, hdf5 or text", "data.format: unknown format %d", (int)cfg->format);
+    case DATA_TOKENS: st = data_load_tokens(ds, cfg, err); break;
+    default:
+        st = amp_fail(err, AMP_ERR_CONFIG, "use idx, hdf5, text or tokens", "data.format: unknown format %d",
+                      (int)cfg->format);
     }
     if (st == AMP_OK)
         st = check_min_samples(ds, cfg, min_samples, err);
@@ -147,6 +158,9 @@ void data_free(struct dataset *ds)
         free(ds->split[s].y);
     }
     free(ds->text_buf);
+    for (int s = 0; s < 2; s++)
+        if (ds->maps[s])
+            munmap(ds->maps[s], ds->map_len[s]);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -157,6 +171,10 @@ void data_gather(const struct dataset *ds, enum split s, const int64_t *idx, int
 {
     const struct data_split *sp = &ds->split[s];
     const int64_t numel = ds->sample_numel;
+    if (sp->tokens) {
+        data_gather_tokens(sp, numel, idx, n, tokens, labels);
+        return;
+    }
     if (ds->spec.is_tokens) {
         /* window i is bytes [i*T, i*T + T]: inputs the first T, targets the last T */
         for (int64_t i = 0; i < n; i++) {
@@ -182,10 +200,10 @@ void data_gather(const struct dataset *ds, enum split s, const int64_t *idx, int
 
 static void sampler_make_order(struct sampler *s)
 {
+    if (!s->order)
+        return; /* identity or draws: computed as handed out */
     for (int64_t i = 0; i < s->n; i++)
         s->order[i] = i;
-    if (!s->shuffle)
-        return;
     uint64_t stream = DATA_SHUFFLE_STREAM + (uint64_t)s->epoch;
     for (int64_t i = s->n - 1; i > 0; i--) {
         int64_t j = (int64_t)rng_below(s->seed, stream, (uint64_t)i, (uint64_t)i + 1);
@@ -195,20 +213,49 @@ static void sampler_make_order(struct sampler *s)
     }
 }
 
+/* The sample id at position `pos` of the current epoch's order. */
+static int64_t sampler_at(const struct sampler *s, int64_t pos)
+{
+    if (s->draw_range > 0)
+        return DATA_WINDOW_AT(rng_below(s->seed, DATA_WINDOW_STREAM + (uint64_t)s->epoch, (uint64_t)pos,
+                                        (uint64_t)s->draw_range));
+    return s->order ? s->order[pos] : pos;
+}
+
 enum amp_status sampler_init(struct sampler *s, int64_t n, uint64_t seed, bool shuffle, struct amp_error *err)
 {
     memset(s, 0, sizeof *s);
     if (n < 0)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "sampler_init: negative sample count %lld", (long long)n);
-    s->order = malloc((size_t)(n > 0 ? n : 1) * sizeof *s->order);
-    if (!s->order)
-        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry",
-                        "out of memory for the order of %lld samples", (long long)n);
+    if (shuffle) {
+        s->order = malloc((size_t)(n > 0 ? n : 1) * sizeof *s->order);
+        if (!s->order)
+            return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry",
+                            "out of memory for the order of %lld samples", (long long)n);
+    }
     s->n = n;
     s->seed = seed;
     s->shuffle = shuffle;
     sampler_make_order(s);
     return AMP_OK;
+}
+
+enum amp_status sampler_init_draws(struct sampler *s, int64_t n, uint64_t seed, int64_t range, struct amp_error *err)
+{
+    enum amp_status st = sampler_init(s, n, seed, false, err);
+    if (st == AMP_OK && range < 1)
+        st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "sampler_init_draws: empty range %lld", (long long)range);
+    s->draw_range = range;
+    return st;
+}
+
+enum amp_status data_sampler_init(struct sampler *s, const struct dataset *ds, const struct data_config *cfg,
+                                  uint64_t seed, struct amp_error *err)
+{
+    const struct data_split *train = &ds->split[SPLIT_TRAIN];
+    if (cfg->format == DATA_TOKENS && cfg->sampling == SAMPLING_RANDOM)
+        return sampler_init_draws(s, train->n, seed, train->draw_range, err);
+    return sampler_init(s, train->n, seed, cfg->format == DATA_TOKENS ? false : cfg->shuffle, err);
 }
 
 void sampler_seek(struct sampler *s, int64_t epoch, int64_t cursor)
@@ -227,11 +274,12 @@ void sampler_next(struct sampler *s, int64_t batch, int64_t *idx)
     if (batch > s->n) {
         /* Precondition broken (data_load guarantees n >= batch): wrap rather than read past the order. */
         for (int64_t k = 0; k < batch; k++)
-            idx[k] = s->order[k % s->n];
+            idx[k] = sampler_at(s, k % s->n);
         s->cursor = s->n;
         return;
     }
-    memcpy(idx, s->order + s->cursor, (size_t)batch * sizeof *idx);
+    for (int64_t k = 0; k < batch; k++)
+        idx[k] = sampler_at(s, s->cursor + k);
     s->cursor += batch;
 }
 

@@ -2,12 +2,14 @@
  * data.h — datasets in host memory and the deterministic, resumable sampler.
  *
  * Formats (DESIGN.md section 5): IDX (gzip or not; MNIST-style images and labels), HDF5 (float
- * array x (N, ...) and integer labels y (N)), and byte-level text (files concatenated; samples are
+ * array x (N, ...) and integer labels y (N)), byte-level text (files concatenated; samples are
  * non-overlapping windows of seq_len+1 bytes: inputs are the first seq_len, labels the next-byte
- * targets). Inputs are normalised once at load: idx x' = (x/255 - mean)/std, hdf5 x' = (x - mean)/std.
+ * targets), and token files (nanoGPT's raw uint16 / llm.c's headered .bin, memory-mapped, never held
+ * in memory whole; windows of seq_len+1 tokens like text, consecutive or at random offsets: see
+ * data_tokens.c). Inputs are normalised once at load: idx x' = (x/255 - mean)/std, hdf5 x' = (x - mean)/std.
  *
  * Splits: idx has its own test files; hdf5 and text hold out the last val_fraction of the samples
- * (of the byte stream for text) as the "test" split.
+ * (of the byte stream for text) as the "test" split; tokens read the test split from data.val_bin.
  *
  * Every failure is AMP_ERR_DATA naming the file and what is wrong: missing file, wrong magic number,
  * truncated file, image/label count mismatch, label out of range, fewer samples than one batch,
@@ -26,18 +28,30 @@
 enum split { SPLIT_TRAIN = 0, SPLIT_TEST = 1 };
 
 struct data_split {
-    int64_t n;            /* samples */
-    float *x;             /* (n, sample_numel) normalised fp32; NULL for text */
-    int32_t *y;           /* (n) labels; NULL for text */
+    int64_t n;            /* samples (tokens: consecutive windows, the first data.val_windows for the test split) */
+    float *x;             /* (n, sample_numel) normalised fp32; NULL for text and tokens */
+    int32_t *y;           /* (n) labels; NULL for text and tokens */
     const uint8_t *text;  /* text: the split's bytes (points into dataset.text_buf) */
     int64_t text_len;
+    const uint8_t *tokens;/* tokens: the file's ids, little-endian, token_bytes each (points into dataset.maps) */
+    int token_bytes;      /* tokens: 2 (uint16) or 4 (uint32) */
+    int64_t ntokens;
+    int64_t draw_range;   /* tokens, training split: windows can start at [0, draw_range) = [0, ntokens - seq_len),
+                             where data.sampling: random draws them; 0 otherwise */
 };
+
+/* Sample ids of token splits: id i >= 0 is the i-th consecutive window (it starts at token i * seq_len);
+ * a window that starts at token offset o (random sampling) has the id DATA_WINDOW_AT(o) = -1 - o, and
+ * DATA_WINDOW_AT of such an id gives o back. */
+#define DATA_WINDOW_AT(x) (-1 - (int64_t)(x))
 
 struct dataset {
     struct data_spec spec;
-    int64_t sample_numel; /* floats per sample (x) or tokens per sample (text) */
+    int64_t sample_numel; /* floats per sample (x) or tokens per sample (text, tokens) */
     struct data_split split[2];
     uint8_t *text_buf;    /* owned, text only */
+    void *maps[2];        /* owned, tokens only: each split's file, memory-mapped read-only */
+    size_t map_len[2];
 };
 
 /* Load and check everything. `min_samples` is the fewest training samples acceptable (batch_size *
@@ -47,7 +61,7 @@ enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int
 void data_free(struct dataset *ds);
 
 /* Copy samples idx[0..n) of a split into host buffers: x (n, sample_numel) fp32 for arrays, or
- * tokens (n, seq_len) int32 for text; labels (n) or (n, seq_len) int32. */
+ * tokens (n, seq_len) int32 for text and token files; labels (n) or (n, seq_len) int32. */
 void data_gather(const struct dataset *ds, enum split s, const int64_t *idx, int64_t n, float *x, int32_t *tokens,
                  int32_t *labels);
 
@@ -58,12 +72,21 @@ struct sampler {
     int64_t n;
     uint64_t seed;
     bool shuffle;
+    int64_t draw_range;   /* > 0: random token windows (sampler_init_draws) */
     int64_t epoch;        /* 0-based */
     int64_t cursor;       /* position in this epoch's order */
-    int64_t *order;       /* this epoch's permutation */
+    int64_t *order;       /* this epoch's permutation; NULL when not shuffling (the order is 0..n-1 or draws) */
 };
 
 enum amp_status sampler_init(struct sampler *s, int64_t n, uint64_t seed, bool shuffle, struct amp_error *err);
+/* Random token windows: each epoch is n draws with replacement, position k of epoch e giving the window
+ * at offset rng_below(seed, DATA_WINDOW_STREAM + e, k, range) as the id DATA_WINDOW_AT(offset). A pure
+ * function of (seed, epoch, cursor) like the shuffled order, so resume and the per-rank split work alike. */
+enum amp_status sampler_init_draws(struct sampler *s, int64_t n, uint64_t seed, int64_t range, struct amp_error *err);
+/* The training sampler the data and its config ask for: draws for tokens with data.sampling random, the
+ * order 0..n-1 for tokens with sequential, else a shuffled (data.shuffle) or identity order. */
+enum amp_status data_sampler_init(struct sampler *s, const struct dataset *ds, const struct data_config *cfg,
+                                  uint64_t seed, struct amp_error *err);
 /* Jump to (epoch, cursor), e.g. after a resume. */
 void sampler_seek(struct sampler *s, int64_t epoch, int64_t cursor);
 /* Fill idx with the next `batch` indices, moving to the next epoch first when fewer than `batch` remain. */

@@ -1,5 +1,5 @@
 /*
- * data_internal.h — what the format readers (data_idx.c, data_hdf5.c, data_text.c) share with
+ * data_internal.h — what the format readers (data_idx.c, data_hdf5.c, data_text.c, data_tokens.c) share with
  * data.c. Not part of the data module's public contract: only data*.c include it.
  *
  * Each reader fills a zeroed `struct dataset` (spec, sample_numel, both splits) or returns
@@ -17,6 +17,10 @@
 enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
 enum amp_status data_load_hdf5(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
 enum amp_status data_load_text(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+/* data_gather for a token split (data_tokens.c): windows of T + 1 tokens by sample id (data.h). */
+void data_gather_tokens(const struct data_split *sp, int64_t T, const int64_t *idx, int64_t n, int32_t *tokens,
+                        int32_t *labels);
 
 /* Check that `path` (named by config key `key`) is a readable, non-empty regular file before any
  * library touches it, so the common mistakes get our messages: missing (with `missing_hint`), a

@@ -285,7 +285,7 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
         return st;
     model_refresh_copies(&t->model);
 
-    if ((st = sampler_init(&t->sampler, t->ds.split[SPLIT_TRAIN].n, cfg->run.seed, cfg->data.shuffle, err)) != AMP_OK)
+    if ((st = data_sampler_init(&t->sampler, &t->ds, &cfg->data, cfg->run.seed, err)) != AMP_OK)
         return st;
     int64_t per_epoch = sampler_batches_per_epoch(&t->sampler, micro) / (cfg->accum_steps * t->world);
     int64_t samples = 0;

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 steps=${STEPS:-300}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}
 bin=${AMP_BIN:-build/ampTrain}
 [ -x "$bin" ] || { echo "bench_cpu: $bin not built; run scripts/build.sh" >&2; exit 1; }
+/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null ||
+  { echo "bench_cpu: /usr/bin/python3 cannot import torch and numpy; run scripts/install-deps.sh --test" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # Which kernels run: OpenBLAS picks its sgemm by CPU model, or by OPENBLAS_CORETYPE where that is set;
 # ampTrain's fp32/bf16 products run gemm_avx512.c where the CPU has AVX-512 (docs/backend.md).

@@ -22,7 +22,7 @@ py=/usr/bin/python3
 [ -x "$bin" ] || { echo "bench_dist: $bin not built; run scripts/build.sh" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "bench_dist: no mpirun; run scripts/install-deps.sh (openmpi-bin)" >&2; exit 1; }
 torch_version=$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
-  { echo "bench_dist: $py cannot import torch; run scripts/install-deps.sh (python3-torch)" >&2; exit 1; }
+  { echo "bench_dist: $py cannot import torch; run scripts/install-deps.sh --test (python3-torch)" >&2; exit 1; }
 case $mode in fp32 | bf16) ;; *) echo "bench_dist: MODE must be fp32 or bf16, not '$mode'" >&2; exit 2 ;; esac
 for model in $models; do
   case $model in fashion_mlp | text_gpt) ;; *) echo "bench_dist: MODELS: fashion_mlp, text_gpt, not '$model'" >&2; exit 2 ;; esac

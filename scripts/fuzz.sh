@@ -67,7 +67,7 @@ fi
 jobs=${JOBS:-$(nproc)}
 
 # ---- build -----------------------------------------------------------------------------------------
-command -v clang > /dev/null || { echo "fuzz.sh: clang is missing (scripts/install-deps.sh installs it)" >&2; exit 2; }
+command -v clang > /dev/null || { echo "fuzz.sh: clang is missing (scripts/install-deps.sh --test installs it)" >&2; exit 2; }
 echo "== fuzz: building $build (clang, libFuzzer + ASan + UBSan, CPU only) =="
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DAMP_FUZZ=ON -DAMP_CUDA=OFF -DAMP_MPI=OFF -DAMP_TESTS=OFF \

@@ -24,7 +24,7 @@ netlib=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3 # Debian's reference BLAS (li
 fashion=/usr/share/datasets/fashion-mnist
 fortunes=/usr/share/games/fortunes
 for need in "$netlib" "$fashion/train-images-idx3-ubyte.gz" "$fortunes"; do
-  [ -e "$need" ] || { echo "gpu-bundle: $need is missing: run scripts/install-deps.sh (and apt-get install libblas3)" >&2; exit 1; }
+  [ -e "$need" ] || { echo "gpu-bundle: $need is missing: run scripts/install-deps.sh --test (and apt-get install libblas3)" >&2; exit 1; }
 done
 
 cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release \

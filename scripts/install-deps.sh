@@ -1,19 +1,48 @@
 #!/usr/bin/env bash
-# Install the Debian packages ampTrain needs to build, test and run its reference jobs.
+# Install the Debian packages ampTrain needs. Two sets:
+#   scripts/install-deps.sh          the run set: build ampTrain without its tests (-DAMP_TESTS=OFF) and run the
+#                                    reference jobs (compiler, CMake, libyaml, HDF5, zlib, OpenBLAS, OpenMPI, the
+#                                    Fashion-MNIST and fortunes datasets, python3 for scripts/make_tokens.py).
+#                                    scripts/quickstart.sh installs this set only.
+#   scripts/install-deps.sh --test   the run set plus what the tests, the fuzz harnesses and the comparison and
+#                                    benchmark scripts need (Criterion, PyTorch, numpy, h5py, gnuplot, clang with
+#                                    libFuzzer, llvm). scripts/test.sh installs this set. PyTorch alone brings
+#                                    some 150 packages on a fresh machine: that is why it is not in the run set.
 # Idempotent: installs only what is missing. Needs root (or sudo) on a Debian/Ubuntu machine.
 # The CUDA toolkit is not a Debian package here: where nvcc is on PATH (or /usr/local/cuda), the
 # CUDA backend is built; otherwise the build is CPU-only and says so.
 set -euo pipefail
 
-packages=(
+usage() { echo "usage: scripts/install-deps.sh [--test]"; }
+with_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "install-deps: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+run_packages=(
   build-essential cmake pkg-config
-  libyaml-dev libhdf5-dev zlib1g-dev libopenblas-dev libcriterion-dev
+  libyaml-dev libhdf5-dev zlib1g-dev libopenblas-dev
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes
-  python3 python3-numpy python3-h5py python3-torch
+  python3
+)
+test_packages=(
+  libcriterion-dev
+  python3-numpy python3-h5py python3-torch
   gnuplot-nox
   clang libclang-rt-14-dev llvm
 )
+
+packages=("${run_packages[@]}")
+set_name="run"
+if [ "$with_test" -eq 1 ]; then
+  packages+=("${test_packages[@]}")
+  set_name="run + test"
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,11 +50,11 @@ for p in "${packages[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
+  echo "install-deps: all ${#packages[@]} packages of the $set_name set present"
   exit 0
 fi
 
-echo "install-deps: installing ${missing[*]}"
+echo "install-deps: installing (${set_name} set) ${missing[*]}"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive

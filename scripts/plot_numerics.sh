@@ -11,7 +11,7 @@ dir=$1
 out=${2:-$dir/numerics}
 csv=$dir/numerics.csv
 [ -f "$csv" ] || { echo "plot_numerics: $csv not found" >&2; echo "hint: run 'ampTrain numerics CONFIG' first" >&2; exit 2; }
-command -v gnuplot >/dev/null || { echo "plot_numerics: gnuplot not found" >&2; echo "hint: apt-get install gnuplot-nox" >&2; exit 1; }
+command -v gnuplot >/dev/null || { echo "plot_numerics: gnuplot not found" >&2; echo "hint: apt-get install gnuplot-nox (or scripts/install-deps.sh --test)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -7,7 +7,7 @@ dir=$1
 out=${2:-$dir/scale.png}
 csv=$dir/scale_log.csv
 [ -f "$csv" ] || { echo "plot_scale: $csv not found" >&2; echo "hint: pass the run.out_dir of a run" >&2; exit 2; }
-command -v gnuplot >/dev/null || { echo "plot_scale: gnuplot not found" >&2; echo "hint: apt-get install gnuplot-nox" >&2; exit 1; }
+command -v gnuplot >/dev/null || { echo "plot_scale: gnuplot not found" >&2; echo "hint: apt-get install gnuplot-nox (or scripts/install-deps.sh --test)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # step, loss, log2(scale), skipped — overflow_layer may hold quoted commas, so keep the first 6 fields only

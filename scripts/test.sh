@@ -8,20 +8,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-deps.sh
+# The run set and the test set: Criterion, PyTorch, h5py, clang/libFuzzer (scripts/install-deps.sh).
+scripts/install-deps.sh --test
 
 # Criterion's own parallelism times OpenBLAS threads oversubscribes 2-core machines.
 export OPENBLAS_NUM_THREADS=1
 
 echo "== build 1/2: release (-Werror) =="
-BUILD_DIR=build scripts/build.sh -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release
+BUILD_DIR=build scripts/build.sh -DAMP_WERROR=ON -DAMP_TESTS=ON -DCMAKE_BUILD_TYPE=Release
 (cd build && ctest --output-on-failure --timeout 1500)
 
 echo "== build 2/2: CPU-only with ASan + UBSan (-Werror) =="
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export AMP_SANITIZED=1
-BUILD_DIR=build-asan scripts/build.sh -DAMP_WERROR=ON -DAMP_SANITIZE=ON -DAMP_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+BUILD_DIR=build-asan scripts/build.sh -DAMP_WERROR=ON -DAMP_SANITIZE=ON -DAMP_CUDA=OFF -DAMP_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ctest --output-on-failure --timeout 2400)
 # Criterion runs each test in a worker whose sanitizer report does not always fail the test (LeakSanitizer
 # reports at worker exit): any report in the log fails the run.

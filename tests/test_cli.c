@@ -248,7 +248,7 @@ Test(cli, a_second_signal_stops_at_once_and_the_previous_checkpoint_still_loads,
 
 /* scripts/gpu-check.sh is run only where a GPU is lent, rarely: its DRY mode (everything on the CPU, a
  * few steps a run) checks here that it still parses ampTrain's and PyTorch's output and fills every row
- * of its table. Needs /usr/bin/python3 with torch (scripts/install-deps.sh installs python3-torch). */
+ * of its table. Needs /usr/bin/python3 with torch (scripts/install-deps.sh --test installs python3-torch). */
 Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 900)
 {
 #if defined(__SANITIZE_ADDRESS__)

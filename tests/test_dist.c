@@ -77,6 +77,32 @@ Test(dist, text_gpt_two_ranks_equal_one_fp16_static)
     check_equivalence(GPT, "precision.mode=fp16-static precision.loss_scale.value=1024", NULL);
 }
 
+/* Token files (data.format: tokens, docs/data.md): their windows, random or consecutive, are split between
+ * ranks as every format's samples are, and evaluation on val.bin is sharded. The files are made from the
+ * fortunes text by scripts/make_tokens.py (llm.c's layout). */
+static void check_tokens_equivalence(const char *sampling)
+{
+    NEED_MPI();
+    char dir[] = "/tmp/amp-dist-tokens-XXXXXX", cmd[1024], cfg[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "cd %s && /usr/bin/python3 scripts/make_tokens.py --format llmc --val-fraction 0.1 -o %s/train.bin "
+             "/usr/share/games/fortunes/cookie 2>&1",
+             AMP_SOURCE_DIR, dir);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(cfg, sizeof cfg,
+             "configs/tokens_gpt.yaml run.steps=20 run.log_every=6 run.eval_every=10 run.ckpt_every=0 run.device=cpu "
+             "data.batch_size=4 data.seq_len=32 data.val_windows=24 clip.max_norm=0.5 data.train_bin=%s/train.bin "
+             "data.val_bin=%s/val.bin data.sampling=%s",
+             dir, dir, sampling);
+    check_equivalence(cfg, "precision.mode=bf16", NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+Test(dist, tokens_random_two_ranks_equal_one) { check_tokens_equivalence("random"); }
+Test(dist, tokens_sequential_two_ranks_equal_one) { check_tokens_equivalence("sequential"); }
+
 /* The TCP byte transfer layer, the path between hosts. */
 Test(dist, equivalence_over_tcp) { check_equivalence(MLP, "precision.mode=fp16-dynamic " HARD, "--mca btl tcp,self"); }
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_data.c — libFuzzer harness for the data readers (lib/data.h: data_load; lib/data_idx.c,
- * lib/data_hdf5.c, lib/data_text.c), through temporary files written from the input.
+ * lib/data_hdf5.c, lib/data_text.c, lib/data_tokens.c), through temporary files written from the input.
  *
  * Input: byte 0 the mode, bytes 1..4 the data_config knobs (batch size, val_fraction, mean/std, seq_len,
  * each an index into a table of ordinary and extreme values), then the payload:
@@ -14,10 +14,14 @@
  *     big-endian, string, compound), rank 0 to 5, dims (huge ones left unallocated), layout, values (NaN,
  *     inf, huge, negative labels, ...).
  *   4 text: up to three files separated by "#--#" (data.files).
+ *   5 tokens: data.train_bin, then after "#--#" data.val_bin (none without a separator), written as they are
+ *     (nanoGPT's raw uint16 or llm.c's headered layout); byte 2 picks data.sampling (bit 0) and
+ *     data.val_windows, byte 3 data.vocab. An accepted random-sampling dataset also gathers a batch of drawn
+ *     windows.
  *
  * Oracles (data.h's contract): a refusal is AMP_ERR_DATA or AMP_ERR_CONFIG (AMP_ERR_INTERNAL for memory)
  * with a message (and a hint for data errors) and leaves the dataset empty; an accepted dataset holds at
- * least min_samples training samples, labels in [0, num_classes), finite inputs, and every sample can be
+ * least min_samples training samples, labels (and token ids) in [0, num_classes), finite inputs, and every sample can be
  * gathered (ASan checks the sizes); an accepted gzip file is a complete gzip stream whose trailer (CRC-32
  * and length) matches.
  */
@@ -37,14 +41,16 @@
 #define SEP_LEN 4
 #define MAX_CHUNKS 4
 
-enum mode { MODE_IDX, MODE_IDX_GZ, MODE_HDF5_RAW, MODE_HDF5, MODE_TEXT, MODE_COUNT };
-static const char *const MODE_NAMES[MODE_COUNT] = {"idx", "idx-gz", "hdf5-raw", "hdf5", "text"};
+enum mode { MODE_IDX, MODE_IDX_GZ, MODE_HDF5_RAW, MODE_HDF5, MODE_TEXT, MODE_TOKENS, MODE_COUNT };
+static const char *const MODE_NAMES[MODE_COUNT] = {"idx", "idx-gz", "hdf5-raw", "hdf5", "text", "tokens"};
 
 static const int64_t BATCH[] = {1, 2, 3, 4, 8, 64, 1000000};
 static const double VAL_FRACTION[] = {0.1, 0.0, 0.5, 0.25, 0.999, 1e-300, 0.9999999999};
 static const double MEAN_STD[][2] = {{0, 1}, {0.286, 0.353}, {0, 1e-300}, {1e300, 1}, {0, 1e-40}, {-1e10, 1e-5},
                                      {0, 3.4e38}};
 static const int64_t SEQ_LEN[] = {4, 1, 2, 3, 8, 16, 64, 1000, INT64_MAX / 2};
+static const int64_t VOCAB[] = {256, 1, 2, 50257, 65535, 65536, 100000, 16777216};
+static const int64_t VAL_WINDOWS[] = {0, 1, 2, 1000};
 #define PICK(table, b) table[(b) % (sizeof table / sizeof table[0])]
 
 /* ---- payload chunks ------------------------------------------------------------------------------ */
@@ -282,7 +288,8 @@ static void check_refusal(enum amp_status st, const struct amp_error *err, const
                 (int)st, err->msg);
     FUZZ_ORACLE(err->msg[0] != '\0', "data_load refused without a message");
     FUZZ_ORACLE(st != AMP_ERR_DATA || err->hint[0] != '\0', "data error without a hint: %s", err->msg);
-    FUZZ_ORACLE(!ds->split[0].x && !ds->split[0].y && !ds->split[1].x && !ds->split[1].y && !ds->text_buf,
+    FUZZ_ORACLE(!ds->split[0].x && !ds->split[0].y && !ds->split[1].x && !ds->split[1].y && !ds->text_buf &&
+                    !ds->maps[0] && !ds->maps[1],
                 "a refused load left buffers in the dataset: %s", err->msg);
 }
 
@@ -318,6 +325,9 @@ static void check_dataset(const struct dataset *ds, int64_t min_samples)
             for (int64_t i = 0; i < n * labels_per; i++)
                 FUZZ_ORACLE(lab[i] >= 0 && lab[i] < sp->num_classes, "split %d: label %d at %lld, num_classes %lld", s,
                             (int)lab[i], (long long)(i0 + i / labels_per), (long long)sp->num_classes);
+            for (int64_t i = 0; tok && i < n * numel; i++)
+                FUZZ_ORACLE(tok[i] >= 0 && tok[i] < sp->num_classes, "split %d: token %d at %lld, vocabulary %lld", s,
+                            (int)tok[i], (long long)(i0 + i / numel), (long long)sp->num_classes);
             for (int64_t i = 0; x && i < n * numel; i++)
                 FUZZ_ORACLE(isfinite(x[i]), "split %d: input %g at sample %lld", s, (double)x[i],
                             (long long)(i0 + i / numel));
@@ -327,6 +337,35 @@ static void check_dataset(const struct dataset *ds, int64_t min_samples)
     free(x);
     free(tok);
     free(lab);
+}
+
+/* Token files with random sampling: a batch of drawn windows (ids DATA_WINDOW_AT(offset)) gathers within the
+ * file, with ids below the vocabulary. */
+static void check_drawn_windows(const struct dataset *ds, const struct data_config *c)
+{
+    const int64_t per = 16, T = ds->sample_numel;
+    if (T > (1 << 16))
+        return;
+    struct sampler s;
+    struct amp_error err = {0};
+    FUZZ_ORACLE(data_sampler_init(&s, ds, c, 7, &err) == AMP_OK, "data_sampler_init refused: %s", err.msg);
+    int64_t idx[16];
+    int32_t *tok = malloc((size_t)(per * T) * sizeof *tok), *lab = malloc((size_t)(per * T) * sizeof *lab);
+    FUZZ_REQUIRE(tok && lab, "out of memory");
+    int64_t n = ds->split[SPLIT_TRAIN].n < per ? ds->split[SPLIT_TRAIN].n : per;
+    sampler_next(&s, n, idx);
+    for (int64_t i = 0; i < n; i++)
+        FUZZ_ORACLE(idx[i] < 0 && DATA_WINDOW_AT(idx[i]) + T < ds->split[SPLIT_TRAIN].ntokens,
+                    "drew window id %lld of a file of %lld tokens", (long long)idx[i],
+                    (long long)ds->split[SPLIT_TRAIN].ntokens);
+    data_gather(ds, SPLIT_TRAIN, idx, n, NULL, tok, lab);
+    for (int64_t i = 0; i < n * T; i++)
+        FUZZ_ORACLE(tok[i] >= 0 && tok[i] < ds->spec.num_classes && lab[i] >= 0 && lab[i] < ds->spec.num_classes,
+                    "drawn window: token %d, label %d, vocabulary %lld", (int)tok[i], (int)lab[i],
+                    (long long)ds->spec.num_classes);
+    free(tok);
+    free(lab);
+    sampler_free(&s);
 }
 
 /* ---- entry points ---------------------------------------------------------------------------------- */
@@ -392,6 +431,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(c.path, sizeof c.path, "%s", fuzz_path("data.h5"));
         build_hdf5(c.path, payload, plen);
         break;
+    case MODE_TOKENS: {
+        c.format = DATA_TOKENS;
+        c.vocab = PICK(VOCAB, data[3]);
+        c.sampling = (data[2] & 1) ? SAMPLING_SEQUENTIAL : SAMPLING_RANDOM;
+        c.val_windows = PICK(VAL_WINDOWS, data[2] >> 1);
+        int n = split_chunks(payload, plen, ch, 2);
+        snprintf(c.train_bin, sizeof c.train_bin, "%s", fuzz_path("train.bin"));
+        fuzz_write(c.train_bin, ch[0].p, ch[0].n);
+        if (n > 1) {
+            snprintf(c.val_bin, sizeof c.val_bin, "%s", fuzz_path("val.bin"));
+            fuzz_write(c.val_bin, ch[1].p, ch[1].n);
+        }
+        break;
+    }
     default: {
         c.format = DATA_TEXT;
         c.nfiles = split_chunks(payload, plen, ch, 3);
@@ -417,6 +470,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     check_dataset(&ds, min_samples);
+    if (mode == MODE_TOKENS && c.sampling == SAMPLING_RANDOM)
+        check_drawn_windows(&ds, &c);
     if (mode == MODE_IDX)
         for (int k = 0; k < 4; k++)
             if (ch[k].n >= 2 && ch[k].p[0] == 0x1f && ch[k].p[1] == 0x8b)
