@@ -139,6 +139,72 @@ float bf16_to_fp32(uint16_t h)
     return float_of_bits((uint32_t)h << 16);
 }
 
+/* ---- fp8 ------------------------------------------------------------------------------------------- */
+
+struct fp8_layout {
+    int mbits, bias;
+    double max;
+};
+
+static struct fp8_layout fp8_layout_of(enum fp8_format f)
+{
+    return f == FP8_E4M3 ? (struct fp8_layout){3, 7, 448.0} : (struct fp8_layout){2, 15, 57344.0};
+}
+
+float fp8_max(enum fp8_format f)
+{
+    return (float)fp8_layout_of(f).max;
+}
+
+uint8_t fp8_from_fp32(float x, enum fp8_format f, int saturate)
+{
+    const struct fp8_layout L = fp8_layout_of(f);
+    if (isnan(x))
+        return 0x7F;
+    uint8_t sign = signbit(x) ? 0x80 : 0x00;
+    double ax = fabs((double)x);
+    const int emin = 1 - L.bias; /* exponent of the smallest normal */
+    /* The grid around ax: spacing 2^(e - mbits), e = ax's exponent, never below emin (subnormals share
+     * emin's spacing). ax / q is exact (a power of two), rint rounds it to nearest even. */
+    double q = 0, n = 0;
+    if (!isinf(ax) && ax > 0) {
+        int k;
+        (void)frexp(ax, &k); /* ax = m 2^k, m in [0.5, 1): the leading bit's exponent is k - 1 */
+        int e = k - 1 < emin ? emin : k - 1;
+        q = ldexp(1.0, e - L.mbits);
+        n = rint(ax / q);
+    }
+    double v = isinf(ax) ? INFINITY : n * q; /* the rounded magnitude */
+    if (v > L.max) {
+        if (saturate)
+            return (uint8_t)(sign | (f == FP8_E4M3 ? 0x7E : 0x7B));
+        return (uint8_t)(sign | (f == FP8_E4M3 ? 0x7F : 0x7C));
+    }
+    if (v == 0)
+        return sign;
+    int k;
+    (void)frexp(v, &k);
+    int e = k - 1;
+    if (e < emin) /* subnormal: exponent field 0, the mantissa counts quanta of 2^(emin - mbits) */
+        return (uint8_t)(sign | (int)ldexp(v, L.mbits - emin));
+    int mant = (int)ldexp(v, L.mbits - e) - (1 << L.mbits);
+    return (uint8_t)(sign | ((e + L.bias) << L.mbits) | mant);
+}
+
+float fp8_to_fp32(uint8_t v, enum fp8_format f)
+{
+    const struct fp8_layout L = fp8_layout_of(f);
+    float sign = (v & 0x80) ? -1.0f : 1.0f;
+    int field = (v & 0x7F) >> L.mbits, mant = v & ((1 << L.mbits) - 1);
+    if (f == FP8_E4M3 && (v & 0x7F) == 0x7F)
+        return NAN;
+    if (f == FP8_E5M2 && field == 0x1F)
+        return mant ? NAN : sign * INFINITY;
+    if (field == 0)
+        return sign * (float)ldexp(mant, 1 - L.bias - L.mbits);
+    return sign * (float)ldexp((1 << L.mbits) + mant, field - L.bias - L.mbits);
+}
+
 float dtype_round(float x, enum dtype dt)
 {
     switch (dt) {

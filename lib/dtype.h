@@ -32,6 +32,18 @@ float fp16_to_fp32(uint16_t h);
 uint16_t bf16_from_fp32(float x);
 float bf16_to_fp32(uint16_t h);
 
+/* fp8 (the OCP formats of NVIDIA's __nv_fp8_e4m3 / __nv_fp8_e5m2 and Transformer Engine):
+ *   E4M3: bias 7, 3 mantissa bits, largest finite 448, no Inf; NaN is S.1111.111 (0x7F, 0xFF).
+ *   E5M2: bias 15, 2 mantissa bits, largest finite 57344; Inf and NaN as IEEE (0x7C Inf, 0x7D-0x7F NaN).
+ * From fp32: round to nearest, ties to even, with subnormals; a value whose rounding passes the largest finite
+ * one becomes +-max with `saturate` (Transformer Engine's and torchao's casts, and Inf too), else NaN (E4M3,
+ * sign kept) or +-Inf (E5M2). A NaN input gives 0x7F. These are the results of CUDA's __nv_cvt_float_to_fp8
+ * (cuda_fp8.hpp) with __NV_SATFINITE or __NV_NOSAT, bit for bit (tests/test_dtype.c). To fp32: exact. */
+enum fp8_format { FP8_E4M3, FP8_E5M2 };
+uint8_t fp8_from_fp32(float x, enum fp8_format f, int saturate);
+float fp8_to_fp32(uint8_t v, enum fp8_format f);
+float fp8_max(enum fp8_format f); /* 448 or 57344 */
+
 /* x rounded to `dt` and back to fp32 (identity for DT_FP32). */
 float dtype_round(float x, enum dtype dt);
 

@@ -18,7 +18,7 @@
 #   BATCH=2048 STEPS=2 scripts/bench_memory.sh
 #
 # PARAMS=1: the parameters' side instead (issue 14: bf16 master weights). A text_gpt wide enough that the
-# parameters dominate (WIDTH=512, BLOCKS=8: 25 M parameters; BATCH=2, so that activations stay small) in bf16
+# parameters dominate (WIDTH=512, BLOCKS=8: 25.5 M parameters; BATCH=2, so that activations stay small) in bf16
 # mixed precision (fp32 master, fp32 m and v, fp32 gradient, bf16 copy: 18 bytes a parameter) against
 # precision.master_weights=bf16 with optim.state_dtype=bf16 (10 bytes); target: peak RSS at least 40% lower
 # (TARGET_DROP=0.40). Measured: the run's own "memory: peak RSS ... training (before the first checkpoint)"

@@ -1520,16 +1520,6 @@ Test(cuda_backend, device_selection_follows_the_hardware)
     backend_close(be);
 }
 
-#else /* built without the CUDA backend */
-
-Test(cuda_backend, needs_the_cuda_backend)
-{
-    cr_skip_test("the CUDA backend is not built (no nvcc or cuDNN found, or -DAMP_CUDA=OFF): kernels/ was not "
-                 "tested");
-}
-
-#endif
-
 /* bf16 master weights and moments, rounded stochastically: the GPU draws lib/sround.h's bits as the CPU does
  * and computes each element in the same fp32 order without FMA, so the stored bf16 values are the CPU's. An
  * fp32 value a last-bit apart (a device sqrt or division off by an ulp) could round to the other neighbour: at
@@ -1593,3 +1583,14 @@ Test(cuda_backend, bf16_master_stochastic_rounding_matches_the_cpu, .init = open
         pair_free(&w);
     }
 }
+
+#else /* built without the CUDA backend */
+
+Test(cuda_backend, needs_the_cuda_backend)
+{
+    cr_skip_test("the CUDA backend is not built (no nvcc or cuDNN found, or -DAMP_CUDA=OFF): kernels/ was not "
+                 "tested");
+}
+
+#endif
+

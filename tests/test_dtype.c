@@ -22,6 +22,9 @@
 #include <string.h>
 
 #include "dtype.h"  /* the module under test */
+#ifdef AMP_HAVE_CUDA
+#include <cuda_fp8.h> /* __nv_cvt_float_to_fp8: NVIDIA's own conversion (host code), the fp8 reference */
+#endif
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_X86_INTRINSICS 1
@@ -682,4 +685,162 @@ Test(dtype, double_to_text_is_the_shortest_exact_decimal)
         double_to_text(v, buf, sizeof buf);
         cr_assert_eq(strtod(buf, NULL), v, "%a printed as %s", v, buf);
     }
+}
+
+/* ---- fp8 -------------------------------------------------------------------------------------------- */
+
+static const char *fp8_name(enum fp8_format f)
+{
+    return f == FP8_E4M3 ? "e4m3" : "e5m2";
+}
+
+static int fp8_is_nan_code(uint8_t c, enum fp8_format f)
+{
+    return f == FP8_E4M3 ? (c & 0x7F) == 0x7F : (c & 0x7F) > 0x7C;
+}
+
+/* Every code decodes to its value and encodes back to itself, in both saturation modes; the values rise
+ * with the codes (0x00..0x7E or 0x7B), and the largest finite value is the format's max. */
+Test(fp8, all_256_codes_round_trip)
+{
+    for (int f = FP8_E4M3; f <= FP8_E5M2; f++) {
+        float prev = -1;
+        for (int c = 0; c < 256; c++) {
+            float v = fp8_to_fp32((uint8_t)c, f);
+            if (fp8_is_nan_code((uint8_t)c, f)) {
+                cr_assert(isnan(v), "%s 0x%02x decodes to %g, want NaN", fp8_name(f), c, (double)v);
+                continue;
+            }
+            if (isinf(v)) {
+                cr_assert(f == FP8_E5M2 && (c & 0x7F) == 0x7C, "%s 0x%02x is Inf", fp8_name(f), c);
+                cr_assert_eq(fp8_from_fp32(v, f, 0), c);
+                continue;
+            }
+            cr_assert_eq(fp8_from_fp32(v, f, 0), c, "%s 0x%02x = %a encodes to 0x%02x", fp8_name(f), c, (double)v,
+                         fp8_from_fp32(v, f, 0));
+            cr_assert_eq(fp8_from_fp32(v, f, 1), c, "%s 0x%02x saturating", fp8_name(f), c);
+            cr_assert_eq(!!signbit(v), c >= 0x80, "%s 0x%02x: sign", fp8_name(f), c);
+            if (c < 0x80) {
+                cr_assert(v > prev || (c == 0 && v == 0), "%s codes rise: 0x%02x = %g after %g", fp8_name(f), c,
+                          (double)v, (double)prev);
+                prev = v;
+            }
+        }
+        cr_assert_eq(prev, fp8_max(f), "%s: largest finite %g", fp8_name(f), (double)prev);
+    }
+    cr_assert_eq(fp8_max(FP8_E4M3), 448.0f);
+    cr_assert_eq(fp8_max(FP8_E5M2), 57344.0f);
+    cr_assert_eq(fp8_to_fp32(0x01, FP8_E4M3), 0x1p-9f, "E4M3's smallest subnormal");
+    cr_assert_eq(fp8_to_fp32(0x01, FP8_E5M2), 0x1p-16f, "E5M2's smallest subnormal");
+}
+
+/* Between every two neighbouring finite values a < b (both signs): the midpoint goes to the one with an even
+ * code (ties to even), the float just above it to b, the float just below it to a. */
+Test(fp8, every_rounding_boundary_rounds_to_nearest_even)
+{
+    for (int f = FP8_E4M3; f <= FP8_E5M2; f++) {
+        int top = f == FP8_E4M3 ? 0x7E : 0x7B, checked = 0;
+        for (int c = 0; c < top; c++)
+            for (int neg = 0; neg < 2; neg++) {
+                uint8_t a = (uint8_t)(c | (neg << 7)), b = (uint8_t)((c + 1) | (neg << 7));
+                float va = fp8_to_fp32(a, f), vb = fp8_to_fp32(b, f);
+                float mid = (va + vb) / 2; /* exact: a few significant bits */
+                cr_assert_eq((double)mid, ((double)va + (double)vb) / 2);
+                uint8_t even = (c & 1) ? b : a;
+                for (int sat = 0; sat < 2; sat++) {
+                    cr_assert_eq(fp8_from_fp32(mid, f, sat), even, "%s tie %a: 0x%02x", fp8_name(f), (double)mid,
+                                 fp8_from_fp32(mid, f, sat));
+                    cr_assert_eq(fp8_from_fp32(nextafterf(mid, neg ? -INFINITY : INFINITY), f, sat), b,
+                                 "%s just past %a", fp8_name(f), (double)mid);
+                    cr_assert_eq(fp8_from_fp32(nextafterf(mid, 0.0f), f, sat), a, "%s just short of %a", fp8_name(f),
+                                 (double)mid);
+                }
+                checked++;
+            }
+        cr_assert_eq(checked, 2 * top);
+    }
+}
+
+/* Past the largest finite value: +-max when saturating (Inf too), else NaN (E4M3, which has no Inf) or
+ * +-Inf (E5M2); the tie at max + half an ulp goes to max (its code is even) in E4M3 and past it in E5M2. */
+Test(fp8, saturation_and_overflow)
+{
+    /* E4M3: max 448 (0x7E), half an ulp above it 464 */
+    cr_assert_eq(fp8_from_fp32(464.0f, FP8_E4M3, 0), 0x7E, "464 ties to 448 (even)");
+    cr_assert_eq(fp8_from_fp32(nextafterf(464.0f, INFINITY), FP8_E4M3, 0), 0x7F, "NaN: E4M3 has no Inf");
+    cr_assert_eq(fp8_from_fp32(nextafterf(464.0f, INFINITY), FP8_E4M3, 1), 0x7E);
+    cr_assert_eq(fp8_from_fp32(-1e6f, FP8_E4M3, 0), 0xFF);
+    cr_assert_eq(fp8_from_fp32(-1e6f, FP8_E4M3, 1), 0xFE);
+    cr_assert_eq(fp8_from_fp32(INFINITY, FP8_E4M3, 1), 0x7E, "Inf saturates too");
+    cr_assert_eq(fp8_from_fp32(-INFINITY, FP8_E4M3, 0), 0xFF);
+    /* E5M2: max 57344 (0x7B, an odd code), half an ulp above it 61440 */
+    cr_assert_eq(fp8_from_fp32(nextafterf(61440.0f, 0.0f), FP8_E5M2, 0), 0x7B);
+    cr_assert_eq(fp8_from_fp32(61440.0f, FP8_E5M2, 0), 0x7C, "61440 ties to 65536 (even): Inf");
+    cr_assert_eq(fp8_from_fp32(61440.0f, FP8_E5M2, 1), 0x7B);
+    cr_assert_eq(fp8_from_fp32(-INFINITY, FP8_E5M2, 0), 0xFC);
+    cr_assert_eq(fp8_from_fp32(-INFINITY, FP8_E5M2, 1), 0xFB);
+    cr_assert_eq(fp8_from_fp32(FLT_MAX, FP8_E5M2, 1), 0x7B);
+}
+
+Test(fp8, nan_underflow_and_signed_zero)
+{
+    for (int f = FP8_E4M3; f <= FP8_E5M2; f++) {
+        cr_assert_eq(fp8_from_fp32(NAN, f, 0), 0x7F);
+        cr_assert_eq(fp8_from_fp32(-NAN, f, 1), 0x7F, "a NaN's sign is not kept (as CUDA's conversion)");
+        float tiny = fp8_to_fp32(0x01, f); /* the smallest subnormal */
+        cr_assert_eq(fp8_from_fp32(tiny / 2, f, 0), 0x00, "half the smallest subnormal ties to 0");
+        cr_assert_eq(fp8_from_fp32(nextafterf(tiny / 2, 1.0f), f, 0), 0x01);
+        cr_assert_eq(fp8_from_fp32(-tiny / 4, f, 0), 0x80, "underflow keeps the sign: -0");
+        cr_assert_eq(fp8_from_fp32(-0.0f, f, 0), 0x80);
+        cr_assert(signbit(fp8_to_fp32(0x80, f)) && fp8_to_fp32(0x80, f) == 0.0f);
+        cr_assert_eq(fp8_from_fp32(FLT_MIN / 1024, f, 0), 0x00, "an fp32 subnormal");
+    }
+    cr_assert(isnan(fp8_to_fp32(0xFF, FP8_E4M3)));
+    cr_assert(isnan(fp8_to_fp32(0x7D, FP8_E5M2)) && isnan(fp8_to_fp32(0xFE, FP8_E5M2)));
+}
+
+/* NVIDIA's own conversion (cuda_fp8.hpp's host code, which defines the GPU's cvt.rn.satfinite results) against
+ * ours: every 997th fp32 pattern and every float of magnitude 2^-20..2^17 whose low mantissa bits are 0 or
+ * near a boundary, both formats, both saturation modes (19.7 M conversions); and the decoding of all 256 codes. */
+Test(fp8, matches_nvidias_conversion_bit_for_bit, .timeout = 300)
+{
+#ifndef AMP_HAVE_CUDA
+    cr_skip_test("built without the CUDA toolkit: no cuda_fp8.h to compare with");
+#else
+    long long n = 0;
+    for (int f = FP8_E4M3; f <= FP8_E5M2; f++)
+        for (int sat = 0; sat < 2; sat++) {
+            __nv_fp8_interpretation_t interp = f == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2;
+            __nv_saturation_t s = sat ? __NV_SATFINITE : __NV_NOSAT;
+            for (uint64_t u = 0; u < (1ull << 32); u += 997) {
+                float x;
+                uint32_t b = (uint32_t)u;
+                memcpy(&x, &b, sizeof x);
+                uint8_t want = __nv_cvt_float_to_fp8(x, s, interp), got = fp8_from_fp32(x, f, sat);
+                cr_assert_eq(got, want, "%s sat %d: %a (0x%08x): ours 0x%02x, NVIDIA's 0x%02x", fp8_name(f), sat,
+                             (double)x, b, got, want);
+                n++;
+            }
+            for (uint32_t e = 127 - 20; e <= 127 + 17; e++)
+                for (uint32_t m = 0; m < (1u << 23); m += (m & 0x3F) == 0x3F ? 0xFFC1 : 1)
+                    for (uint32_t sg = 0; sg < 2; sg++) {
+                        uint32_t b = (sg << 31) | (e << 23) | m;
+                        float x;
+                        memcpy(&x, &b, sizeof x);
+                        uint8_t want = __nv_cvt_float_to_fp8(x, s, interp), got = fp8_from_fp32(x, f, sat);
+                        cr_assert_eq(got, want, "%s sat %d: %a: ours 0x%02x, NVIDIA's 0x%02x", fp8_name(f), sat,
+                                     (double)x, got, want);
+                        n++;
+                    }
+        }
+    for (int c = 0; c < 256; c++) {
+        /* NVIDIA decodes to fp16 (exact: both formats fit in it); fp16_to_fp32 is exact too */
+        float wa = fp16_to_fp32(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3).x),
+              wb = fp16_to_fp32(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E5M2).x);
+        float ga = fp8_to_fp32((uint8_t)c, FP8_E4M3), gb = fp8_to_fp32((uint8_t)c, FP8_E5M2);
+        cr_assert((isnan(wa) && isnan(ga)) || (wa == ga && signbit(wa) == signbit(ga)), "e4m3 0x%02x", c);
+        cr_assert((isnan(wb) && isnan(gb)) || (wb == gb && signbit(wb) == signbit(gb)), "e5m2 0x%02x", c);
+    }
+    cr_log_info("fp8: %lld conversions agree with NVIDIA's", n);
+#endif
 }

@@ -141,7 +141,8 @@ Test(precision, skipped_step_leaves_weights_moments_counters_and_lr_bit_identica
     for (int i = 0; i < n; i++) {
         const struct param *p = t.model.params[i];
         cr_assert_eq(memcmp(w[i], p->master.data, tensor_bytes(&p->master)), 0, "%s master moved", p->name);
-        cr_assert_eq(memcmp(lp[i], p->copy.data, tensor_bytes(&p->copy)), 0, "%s copy moved", p->name);
+        if (p->copy.data) /* biases are read from the master: no copy */
+            cr_assert_eq(memcmp(lp[i], p->copy.data, tensor_bytes(&p->copy)), 0, "%s copy moved", p->name);
         cr_assert_eq(memcmp(m1[i], t.opt.state[i].m.data, tensor_bytes(&t.opt.state[i].m)), 0, "%s m moved", p->name);
         cr_assert_eq(memcmp(v1[i], t.opt.state[i].v.data, tensor_bytes(&t.opt.state[i].v)), 0, "%s v moved", p->name);
         free(w[i]), free(lp[i]), free(m1[i]), free(v1[i]);
