@@ -290,7 +290,7 @@ __device__ __forceinline__ void update_element(const struct optim_table_entry &t
     float vi = c.b2 * load_elem(t.v, t.state_dt, i) + c.omb2 * gi * gi;
     float denom = sqrtf(vi) / s.adam_bc2_sqrt + c.eps;
     float np = pi + s.adam_neg_step * mi / denom;
-    uint64_t draw = t.stochastic ? rng_bits(t.sr_seed, sr_stream(s.t, t.sr_param), (uint64_t)i) : 0;
+    uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), (uint64_t)i) : 0;
     float stored = store_rounded(t.master, t.master_dt, i, np, t.stochastic, draw, SR_WEIGHT);
     store_rounded(t.m, t.state_dt, i, mi, t.stochastic, draw, SR_M);
     store_rounded(t.v, t.state_dt, i, vi, t.stochastic, draw, SR_V);
@@ -309,7 +309,7 @@ __device__ __forceinline__ void update_element(const struct optim_table_entry &t
                                                const struct step_scalars &s, const sgd_consts &c)
 {
     float gi = t.grad[i] * s.grad_mul, p0 = load_elem(t.master, t.master_dt, i);
-    uint64_t draw = t.stochastic ? rng_bits(t.sr_seed, sr_stream(s.t, t.sr_param), (uint64_t)i) : 0;
+    uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), (uint64_t)i) : 0;
     if (t.weight_decay != 0.0f)
         gi = gi + t.weight_decay * p0;
     if (t.m) {

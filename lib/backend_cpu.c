@@ -1636,33 +1636,32 @@ static void optim_store_copy(const struct optim_update_args *a, size_t off, size
                       elem_ptr(a->master->data, a->master->dtype, off), a->master->dtype, n);
 }
 
-/* One element of a tensor stored in fp32 or bf16. */
-static inline float optim_load(const void *base, enum dtype dt, size_t i)
-{
-    return dt == DT_FP32 ? ((const float *)base)[i] : bf16_to_fp32(((const uint16_t *)base)[i]);
-}
-
-/* x stored as element i: fp32 as is, bf16 to nearest even, or stochastically with the 16 bits of `draw`
- * at `shift` (lib/sround.h). */
-static inline void optim_store(void *base, enum dtype dt, size_t i, float x, bool stochastic, uint64_t draw,
-                               int shift)
+/* The 16-bit path, a block at a time: n elements of a tensor stored in fp32 or bf16 widened into buf (or,
+ * for fp32, buf points at them), updated there in fp32, then stored back rounded once. */
+static float *optim_block_load(void *base, enum dtype dt, size_t off, size_t n, float *buf)
 {
     if (dt == DT_FP32)
-        ((float *)base)[i] = x;
-    else
-        ((uint16_t *)base)[i] = stochastic ? bf16_round_stochastic(x, (uint32_t)(draw >> shift)) : bf16_from_fp32(x);
+        return (float *)base + off;
+    dtype_convert(buf, DT_FP32, (const uint16_t *)base + off, DT_BF16, n);
+    return buf;
 }
 
-/* The random bits of element i of this update (0 when nothing rounds stochastically). */
-static inline uint64_t optim_draw(const struct optim_update_args *a, uint64_t stream, size_t i)
+/* Store the block back: fp32 was updated in place; bf16 to nearest even (vectorised), or stochastically with
+ * the 16 bits at `shift` of each element's draw (lib/sround.h). */
+HOT_LOOP static void optim_block_store(void *base, enum dtype dt, size_t off, size_t n, const float *x,
+                                       const struct optim_update_args *a, uint64_t key, int shift)
 {
-    return a->stochastic ? rng_bits(a->sr_seed, stream, (uint64_t)i) : 0;
+    if (dt == DT_FP32)
+        return;
+    uint16_t *d = (uint16_t *)base + off;
+    if (!a->stochastic) {
+        dtype_convert(d, DT_BF16, x, DT_FP32, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        d[i] = bf16_round_stochastic(x[i], (uint32_t)(sr_bits(key, off + i) >> shift));
 }
 
-/* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
- * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
- *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;   (1-b as a double rounded to fp32)
- *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step. */
 static void adamw_one_16(const struct optim_update_args *a);
 
 HOT_LOOP static void adamw_one(const struct optim_update_args *a)
@@ -1703,28 +1702,33 @@ HOT_LOOP static void adamw_one(const struct optim_update_args *a)
 HOT_LOOP static void adamw_one_16(const struct optim_update_args *a)
 {
     const struct step_scalars *sc = a->sc;
-    void *p = a->master->data, *m = a->m->data, *v = a->v->data;
     enum dtype pd = a->master->dtype, md = a->m->dtype, vd = a->v->dtype;
     const float *g = (const float *)a->grad->data;
     float neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt, decay = sc->adam_decay;
     float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
     float gm = sc->grad_mul, eps = a->eps;
-    uint64_t stream = sr_stream(sc->t, a->sr_param);
+    uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
     size_t n = a->master->numel;
+    float pbuf[BLOCK], mbuf[BLOCK], vbuf[BLOCK];
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t c = n - off < BLOCK ? n - off : BLOCK;
-        for (size_t i = off; i < off + c; i++) {
-            float gi = g[i] * gm;
-            float p0 = optim_load(p, pd, i);
-            float pi = a->weight_decay != 0.0f ? p0 * decay : p0;
-            float mi = b1 * optim_load(m, md, i) + omb1 * gi;
-            float vi = b2 * optim_load(v, vd, i) + omb2 * gi * gi;
+        float *p = optim_block_load(a->master->data, pd, off, c, pbuf);
+        float *m = optim_block_load(a->m->data, md, off, c, mbuf);
+        float *v = optim_block_load(a->v->data, vd, off, c, vbuf);
+        const float *gb = g + off;
+        for (size_t i = 0; i < c; i++) { /* adamw_one's arithmetic */
+            float gi = gb[i] * gm;
+            float pi = a->weight_decay != 0.0f ? p[i] * decay : p[i];
+            float mi = b1 * m[i] + omb1 * gi;
+            float vi = b2 * v[i] + omb2 * gi * gi;
             float denom = sqrtf(vi) / bc2_sqrt + eps;
-            uint64_t draw = optim_draw(a, stream, i);
-            optim_store(p, pd, i, pi + neg_step * mi / denom, a->stochastic, draw, SR_WEIGHT);
-            optim_store(m, md, i, mi, a->stochastic, draw, SR_M);
-            optim_store(v, vd, i, vi, a->stochastic, draw, SR_V);
+            p[i] = pi + neg_step * mi / denom;
+            m[i] = mi;
+            v[i] = vi;
         }
+        optim_block_store(a->master->data, pd, off, c, p, a, key, SR_WEIGHT);
+        optim_block_store(a->m->data, md, off, c, m, a, key, SR_M);
+        optim_block_store(a->v->data, vd, off, c, v, a, key, SR_V);
         optim_store_copy(a, off, c);
     }
 }
@@ -1743,8 +1747,9 @@ HOT_LOOP static void sgd_one(const struct optim_update_args *a)
     const float *g = (const float *)a->grad->data;
     float gm = sc->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -sc->lr;
     bool first_step = sc->first_step != 0;
-    uint64_t stream = sr_stream(sc->t, a->sr_param);
+    uint64_t key = a->stochastic && !fp32 ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
     size_t n = a->master->numel;
+    float pbuf[BLOCK], bbuf[BLOCK];
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t c = n - off < BLOCK ? n - off : BLOCK;
         if (fp32) {
@@ -1760,19 +1765,23 @@ HOT_LOOP static void sgd_one(const struct optim_update_args *a)
                 }
                 pf[i] = pf[i] + neg_lr * gi;
             }
-        } else { /* the same arithmetic, each bf16 element loaded and stored rounded */
-            for (size_t i = off; i < off + c; i++) {
-                float gi = g[i] * gm, pi = optim_load(p, pd, i);
-                uint64_t draw = optim_draw(a, stream, i);
+        } else { /* the same arithmetic on widened blocks, stored back rounded (adamw_one_16) */
+            float *pb = optim_block_load(p, pd, off, c, pbuf), *bb = buf ? optim_block_load(buf, bd, off, c, bbuf) : NULL;
+            const float *gb = g + off;
+            for (size_t i = 0; i < c; i++) {
+                float gi = gb[i] * gm;
                 if (wd != 0.0f)
-                    gi = gi + wd * pi;
-                if (buf) {
-                    float bi = first_step ? gi : mom * optim_load(buf, bd, i) + gi;
-                    optim_store(buf, bd, i, bi, a->stochastic, draw, SR_M);
+                    gi = gi + wd * pb[i];
+                if (bb) {
+                    float bi = first_step ? gi : mom * bb[i] + gi;
+                    bb[i] = bi;
                     gi = a->nesterov ? gi + mom * bi : bi;
                 }
-                optim_store(p, pd, i, pi + neg_lr * gi, a->stochastic, draw, SR_WEIGHT);
+                pb[i] = pb[i] + neg_lr * gi;
             }
+            if (bb)
+                optim_block_store(buf, bd, off, c, bb, a, key, SR_M);
+            optim_block_store(p, pd, off, c, pb, a, key, SR_WEIGHT);
         }
         optim_store_copy(a, off, c);
     }

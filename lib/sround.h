@@ -8,9 +8,11 @@
  * Inf stays Inf and NaN stays NaN (as bf16_from_fp32 makes it); a value within one ulp below bf16's
  * largest finite one may round up to Inf, as nearest rounding does above it.
  *
- * The bits: one 64-bit draw per element and optimizer step, rng_bits(sr_seed(run.seed),
- * sr_stream(t, param), element index), where t is the 1-based optimizer step and param the parameter's
- * index in the model. Bits 0-15 round the weight, 16-31 AdamW's m (or SGD's momentum buffer), 32-47 v.
+ * The bits: one 64-bit draw per element and optimizer step. Each parameter's stream at step t starts from
+ * key = rng_bits(sr_seed(run.seed), sr_stream(t, param), 0) (t the 1-based optimizer step, param the
+ * parameter's index in the model), and element i draws SplitMix64's output i of the sequence from key,
+ * sr_bits(key, i): one mixing per element. Bits 0-15 round the weight, 16-31 AdamW's m (or SGD's momentum
+ * buffer), 32-47 v.
  * Nothing depends on the rank (every replica rounds alike) or on a generator's state (a resumed run
  * draws what an uninterrupted one would). One definition for the host and every device (AMP_HD).
  */
@@ -35,6 +37,18 @@ AMP_HD static inline uint64_t sr_seed(uint64_t run_seed)
 AMP_HD static inline uint64_t sr_stream(int64_t t, uint32_t param)
 {
     return ((uint64_t)t << 24) | (param & 0xFFFFFFu);
+}
+
+/* The key of parameter `param`'s stream at optimizer step t. */
+AMP_HD static inline uint64_t sr_key(uint64_t seed, int64_t t, uint32_t param)
+{
+    return rng_bits(seed, sr_stream(t, param), 0);
+}
+
+/* Element i's 64 random bits in the stream of `key` (SplitMix64: a Weyl sequence through its finaliser). */
+AMP_HD static inline uint64_t sr_bits(uint64_t key, uint64_t i)
+{
+    return rng_mix64(key + (i + 1) * 0x9e3779b97f4a7c15ULL);
 }
 
 /* x rounded to bf16 with the 16 random bits r (uniform in [0, 65536)). */

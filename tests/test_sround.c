@@ -87,7 +87,19 @@ Test(sround, streams_are_keyed_by_seed_step_and_parameter)
     /* the (t, param) fields do not overlap up to their documented bounds */
     cr_assert_neq(sr_stream(1, 0xFFFFFF), sr_stream(2, 0));
     cr_assert_eq(sr_stream((int64_t)1 << 39, 5) >> 24, (uint64_t)1 << 39);
-    /* a draw is a pure function of its key */
-    cr_assert_eq(rng_bits(s, sr_stream(9, 2), 17), rng_bits(s, sr_stream(9, 2), 17));
-    cr_assert_neq(rng_bits(s, sr_stream(9, 2), 17), rng_bits(s, sr_stream(10, 2), 17));
+    /* a draw is a pure function of (seed, step, parameter, element) */
+    cr_assert_eq(sr_key(s, 9, 2), rng_bits(s, sr_stream(9, 2), 0));
+    cr_assert_eq(sr_bits(sr_key(s, 9, 2), 17), sr_bits(sr_key(s, 9, 2), 17));
+    cr_assert_neq(sr_bits(sr_key(s, 9, 2), 17), sr_bits(sr_key(s, 10, 2), 17));
+    cr_assert_neq(sr_bits(sr_key(s, 9, 2), 17), sr_bits(sr_key(s, 9, 3), 17));
+    cr_assert_neq(sr_bits(sr_key(s, 9, 2), 17), sr_bits(sr_key(s, 9, 2), 18));
+    /* each 16-bit field is uniform: over 2^16 elements every field's mean is 2^15 - 1/2 within 6 standard errors
+     * (sd of one field 65536 / sqrt(12), of the mean that / 256: 73.9) */
+    for (int shift = 0; shift <= 32; shift += 16) {
+        double sum = 0;
+        for (uint64_t i = 0; i < 65536; i++)
+            sum += (double)((sr_bits(sr_key(s, 3, 1), i) >> shift) & 0xFFFF);
+        double mean = sum / 65536;
+        cr_assert(fabs(mean - 32767.5) < 6 * 73.9, "bits %d-%d: mean %g", shift, shift + 15, mean);
+    }
 }

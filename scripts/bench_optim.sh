@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The AdamW update's cost per parameter on the CPU: fp32 master and moments against bf16 master and moments
+# (to nearest, stochastic rounding), 1 M parameters, 20 updates each, three alternating rounds. Builds
+# scripts/bench_optim.c against the engine library of BUILD_DIR (default build; scripts/build.sh first).
+#   scripts/bench_optim.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
+[ -f "$build/libamp.a" ] || { echo "bench_optim: $build/libamp.a not built; run scripts/build.sh" >&2; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+hdf5=$(pkg-config --libs hdf5 2> /dev/null || echo -lhdf5_serial)
+# shellcheck disable=SC2086 # hdf5 holds several flags
+cc -O2 -std=c11 -Ilib -Imodels scripts/bench_optim.c "$build/libamp.a" -lopenblas $hdf5 -lyaml -lz -lm -lpthread \
+  -o "$tmp/bench_optim"
+OPENBLAS_NUM_THREADS=1 "$tmp/bench_optim"
