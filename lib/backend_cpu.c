@@ -1622,12 +1622,6 @@ static void optim_check(const struct optim_update_args *a)
     (void)optim_dtype_ok;
 }
 
-/* Every store of this update is fp32: the fp32 loops below, PyTorch's arithmetic to the bit. */
-static bool optim_all_fp32(const struct optim_update_args *a)
-{
-    return a->master->dtype == DT_FP32 && (!a->m || a->m->dtype == DT_FP32) && (!a->v || a->v->dtype == DT_FP32);
-}
-
 /* The fresh weights of block [off, off + n) into the copy, converted once. */
 static void optim_store_copy(const struct optim_update_args *a, size_t off, size_t n)
 {
@@ -1636,8 +1630,8 @@ static void optim_store_copy(const struct optim_update_args *a, size_t off, size
                       elem_ptr(a->master->data, a->master->dtype, off), a->master->dtype, n);
 }
 
-/* The 16-bit path, a block at a time: n elements of a tensor stored in fp32 or bf16 widened into buf (or,
- * for fp32, buf points at them), updated there in fp32, then stored back rounded once. */
+/* The updates run a block at a time: n elements of a tensor stored in fp32 or bf16, widened into buf (or, for
+ * fp32, the tensor's own elements), updated there in fp32, then stored back rounded once (optim_block_store). */
 static float *optim_block_load(void *base, enum dtype dt, size_t off, size_t n, float *buf)
 {
     if (dt == DT_FP32)
@@ -1662,8 +1656,12 @@ HOT_LOOP static void optim_block_store(void *base, enum dtype dt, size_t off, si
         d[i] = bf16_round_stochastic(x[i], (uint32_t)(sr_bits(key, off + i) >> shift));
 }
 
-static void adamw_one_16(const struct optim_update_args *a);
-
+/* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
+ * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
+ *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;   (1-b as a double rounded to fp32)
+ *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step.
+ * bf16 weights or moments (precision.master_weights, optim.state_dtype) are widened exactly, updated by the
+ * same arithmetic, and stored rounded once. */
 HOT_LOOP static void adamw_one(const struct optim_update_args *a)
 {
     optim_check(a);
@@ -1671,37 +1669,6 @@ HOT_LOOP static void adamw_one(const struct optim_update_args *a)
     const struct step_scalars *sc = a->sc;
     if (sc->skip)
         return;
-    if (!optim_all_fp32(a)) {
-        adamw_one_16(a);
-        return;
-    }
-    float *p = (float *)a->master->data, *m = (float *)a->m->data, *v = (float *)a->v->data;
-    const float *g = (const float *)a->grad->data;
-    float neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt, decay = sc->adam_decay;
-    float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
-    float gm = sc->grad_mul, eps = a->eps;
-    size_t n = a->master->numel;
-    for (size_t off = 0; off < n; off += BLOCK) {
-        size_t c = n - off < BLOCK ? n - off : BLOCK;
-        for (size_t i = off; i < off + c; i++) {
-            float gi = g[i] * gm;
-            float pi = a->weight_decay != 0.0f ? p[i] * decay : p[i];
-            float mi = b1 * m[i] + omb1 * gi;
-            float vi = b2 * v[i] + omb2 * gi * gi;
-            float denom = sqrtf(vi) / bc2_sqrt + eps;
-            p[i] = pi + neg_step * mi / denom;
-            m[i] = mi;
-            v[i] = vi;
-        }
-        optim_store_copy(a, off, c);
-    }
-}
-
-/* The same arithmetic where the weights or the moments are stored in bf16: each element loaded, updated
- * in fp32 exactly as above, and stored rounded (to nearest, or stochastically). */
-HOT_LOOP static void adamw_one_16(const struct optim_update_args *a)
-{
-    const struct step_scalars *sc = a->sc;
     enum dtype pd = a->master->dtype, md = a->m->dtype, vd = a->v->dtype;
     const float *g = (const float *)a->grad->data;
     float neg_step = sc->adam_neg_step, bc2_sqrt = sc->adam_bc2_sqrt, decay = sc->adam_decay;
@@ -1716,7 +1683,7 @@ HOT_LOOP static void adamw_one_16(const struct optim_update_args *a)
         float *m = optim_block_load(a->m->data, md, off, c, mbuf);
         float *v = optim_block_load(a->v->data, vd, off, c, vbuf);
         const float *gb = g + off;
-        for (size_t i = 0; i < c; i++) { /* adamw_one's arithmetic */
+        for (size_t i = 0; i < c; i++) {
             float gi = gb[i] * gm;
             float pi = a->weight_decay != 0.0f ? p[i] * decay : p[i];
             float mi = b1 * m[i] + omb1 * gi;
@@ -1741,48 +1708,32 @@ HOT_LOOP static void sgd_one(const struct optim_update_args *a)
     const struct step_scalars *sc = a->sc;
     if (sc->skip)
         return;
-    bool fp32 = optim_all_fp32(a);
     void *p = a->master->data, *buf = a->m && a->momentum != 0.0f ? a->m->data : NULL;
     enum dtype pd = a->master->dtype, bd = a->m ? a->m->dtype : DT_FP32;
     const float *g = (const float *)a->grad->data;
     float gm = sc->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -sc->lr;
     bool first_step = sc->first_step != 0;
-    uint64_t key = a->stochastic && !fp32 ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
+    uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
     size_t n = a->master->numel;
     float pbuf[BLOCK], bbuf[BLOCK];
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t c = n - off < BLOCK ? n - off : BLOCK;
-        if (fp32) {
-            float *pf = (float *)p, *bf = (float *)buf;
-            for (size_t i = off; i < off + c; i++) {
-                float gi = g[i] * gm;
-                if (wd != 0.0f)
-                    gi = gi + wd * pf[i];
-                if (bf) {
-                    float bi = first_step ? gi : mom * bf[i] + gi;
-                    bf[i] = bi;
-                    gi = a->nesterov ? gi + mom * bi : bi;
-                }
-                pf[i] = pf[i] + neg_lr * gi;
+        float *pb = optim_block_load(p, pd, off, c, pbuf), *bb = buf ? optim_block_load(buf, bd, off, c, bbuf) : NULL;
+        const float *gb = g + off;
+        for (size_t i = 0; i < c; i++) {
+            float gi = gb[i] * gm;
+            if (wd != 0.0f)
+                gi = gi + wd * pb[i];
+            if (bb) {
+                float bi = first_step ? gi : mom * bb[i] + gi;
+                bb[i] = bi;
+                gi = a->nesterov ? gi + mom * bi : bi;
             }
-        } else { /* the same arithmetic on widened blocks, stored back rounded (adamw_one_16) */
-            float *pb = optim_block_load(p, pd, off, c, pbuf), *bb = buf ? optim_block_load(buf, bd, off, c, bbuf) : NULL;
-            const float *gb = g + off;
-            for (size_t i = 0; i < c; i++) {
-                float gi = gb[i] * gm;
-                if (wd != 0.0f)
-                    gi = gi + wd * pb[i];
-                if (bb) {
-                    float bi = first_step ? gi : mom * bb[i] + gi;
-                    bb[i] = bi;
-                    gi = a->nesterov ? gi + mom * bi : bi;
-                }
-                pb[i] = pb[i] + neg_lr * gi;
-            }
-            if (bb)
-                optim_block_store(buf, bd, off, c, bb, a, key, SR_M);
-            optim_block_store(p, pd, off, c, pb, a, key, SR_WEIGHT);
+            pb[i] = pb[i] + neg_lr * gi;
         }
+        if (bb)
+            optim_block_store(buf, bd, off, c, bb, a, key, SR_M);
+        optim_block_store(p, pd, off, c, pb, a, key, SR_WEIGHT);
         optim_store_copy(a, off, c);
     }
 }

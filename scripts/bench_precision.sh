@@ -16,7 +16,7 @@ models=${MODELS:-fashion_mlp fashion_cnn}
 seeds=${SEEDS:-1234}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-acc() { /usr/bin/python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1]).get('accuracy', float('nan')))" "$1"; }
+acc() { /usr/bin/python3 -c "import json,sys; a = json.loads(open(sys.argv[1]).readlines()[-1]).get('accuracy'); print('nan' if a is None else a)" "$1"; }
 loss() { /usr/bin/python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])['loss'])" "$1"; }
 # name, config suffix (- for none), overrides
 variants=("fp32 -" "fp16-static _fp16_static" "fp16-dynamic _fp16_dynamic" "bf16 _bf16")
@@ -40,8 +40,8 @@ for m in $models; do
       skips=$(tail -n 1 "$out/scale_log.csv" | cut -d, -f7)
       l=$(loss "$out/eval.jsonl")
       printf "%s\t%s\t%s\t%s\t%s\n" "$mode" "$seed" "$a" "$skips" "$l" >> "$tmp/$m.tsv"
-      printf "%-14s %-15s seed %-5s test accuracy %.4f  loss %.4f  skipped steps %s  %d s\n" "$m" "$mode" "$seed" "$a" \
-        "$l" "$skips" "$(( $(date +%s) - start ))"
+      printf "%-14s %-15s seed %-5s test accuracy %-6s  loss %.4f  skipped steps %s  %d s\n" "$m" "$mode" "$seed" \
+        "$(printf '%.4f' "$a" 2> /dev/null || echo -)" "$l" "$skips" "$(( $(date +%s) - start ))"
     done
   done
   awk -F'\t' -v m="$m" '
