@@ -112,6 +112,22 @@ Test(cli, check_accepts_every_shipped_config)
     cr_assert(strstr(r.out, "layernorm          fp32     fp32"), "%s", r.out);
 }
 
+Test(cli, check_prints_how_weights_and_moments_are_stored)
+{
+    struct result r = run("check configs/fashion_mlp_bf16.yaml");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "weights: fp32 master and a bf16 copy of each weight a bf16 op reads"), "%s", r.out);
+    cr_assert(strstr(r.out, "optimizer state: fp32"), "%s", r.out);
+    r = run("check configs/fashion_mlp_bf16.yaml precision.master_weights=bf16 optim.state_dtype=bf16 "
+            "optim.stochastic_rounding=true");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "weights: bf16 master (read directly by bf16 ops"), "%s", r.out);
+    cr_assert(strstr(r.out, "optimizer state: bf16"), "%s", r.out);
+    cr_assert(strstr(r.out, "bf16 stores of the update: stochastic rounding"), "%s", r.out);
+    r = run("check configs/fashion_mlp_bf16.yaml precision.master_weights=bf16");
+    cr_assert(strstr(r.out, "round to nearest even (updates below half a bf16 ulp are lost"), "%s", r.out);
+}
+
 Test(cli, check_prints_yaml_that_checks_again_identically)
 {
     struct result r = run("check configs/fashion_mlp.yaml optim.lr=3e-4 precision.mode=bf16 > /tmp/amp_cli_a.txt; "
