@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,6 +191,10 @@ enum amp_status safetensors_write(const char *path, const struct safetensor *ten
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "cannot write %s: out of memory", path);
     }
     snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
+    /* A file-size limit (ulimit -f) must be a write error naming OUT, not SIGXFSZ killing the process. */
+    struct sigaction ignore = {.sa_handler = SIG_IGN}, old_xfsz;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGXFSZ, &ignore, &old_xfsz);
     int fd = mkstemp(tmp);
     bool ok = fd >= 0, made = ok;
     int e = errno;
@@ -214,6 +219,7 @@ enum amp_status safetensors_write(const char *path, const struct safetensor *ten
     }
     if (!ok && made)
         unlink(tmp);
+    sigaction(SIGXFSZ, &old_xfsz, NULL);
     free(tmp);
     free(header);
     if (!ok)
@@ -711,14 +717,14 @@ static enum amp_status parse_owned(unsigned char *bytes, size_t size, const char
     if (size < 8)
         st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: %zu bytes, too short for a safetensors file (8-byte header "
                                                    "length)", name, size);
+    else if (n > SAFETENSORS_MAX_HEADER)
+        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header length is %llu bytes, beyond the %u-byte limit",
+                      name, (unsigned long long)n, SAFETENSORS_MAX_HEADER);
     else if (n > size - 8)
         st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD,
                       "%s: the header length is %llu bytes but the file has only %zu after it (truncated, or not a "
                       "safetensors file)", name, (unsigned long long)n, size - 8);
-    else if (n > SAFETENSORS_MAX_HEADER)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header length is %llu bytes, beyond the %u-byte limit",
-                      name, (unsigned long long)n, SAFETENSORS_MAX_HEADER);
-    else if (n < 2 || bytes[8] != '{')
+    else if (n == 0 || bytes[8] != '{')
         st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header does not start with '{' (not a safetensors file)",
                       name);
     if (st != AMP_OK) {
