@@ -10,6 +10,7 @@
 #include "ckpt_testlib.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <sys/resource.h>
 
 #include "checkpoint.h"  /* ckpt_read_weights: the reference values */
@@ -278,6 +279,47 @@ Test(export, a_corrupt_checkpoint_is_exit_4_and_leaves_nothing_at_out)
     cr_assert_eq(tmp_files_in(dir), 0);
     r = amp("export %s/missing.h5 %s", dir, out);
     cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(!file_exists(out));
+}
+
+/* A checkpoint edited through HDF5 and re-sealed (its CRC matches): export checks each tensor as resume does. */
+Test(export, a_crafted_tensor_is_exit_4_naming_it)
+{
+    char p[600], out[600];
+    snprintf(out, sizeof out, "%s/crafted.safetensors", scratch);
+    snprintf(p, sizeof p, "%s/nan.h5", scratch);
+    copy_file(ckpt, p);
+    hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    hid_t d = H5Dopen2(f, "model/fc1/bias", H5P_DEFAULT);
+    float v[32];
+    cr_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
+    v[3] = NAN;
+    cr_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    reseal(p);
+    struct result r = amp("export %s %s", p, out);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, "tensor /model/fc1/bias holds nan at element 3"), "%s", r.out);
+    cr_assert(!file_exists(out));
+
+    snprintf(p, sizeof p, "%s/int.h5", scratch);
+    copy_file(ckpt, p);
+    f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    cr_assert(H5Ldelete(f, "model/head/bias", H5P_DEFAULT) >= 0);
+    hsize_t n = 10;
+    hid_t sp = H5Screate_simple(1, &n, NULL);
+    d = H5Dcreate2(f, "model/head/bias", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert(d >= 0);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Fclose(f);
+    reseal(p);
+    r = amp("export %s %s", p, out);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, "tensor /model/head/bias is an integer; checkpoint tensors are float32"), "%s", r.out);
     cr_assert(!file_exists(out));
 }
 
