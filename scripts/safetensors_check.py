@@ -7,8 +7,11 @@
                                                             only, no safetensors package) and print, per tensor,
                                                             NAME first=HEX last=HEX: the fp32 bits of its first and
                                                             last element after .float()
-    scripts/safetensors_check.py --torch-mlp FILE            load a pytorch-named fashion_mlp export (fc1, fc2, head)
-                                                            into torch.nn.Linear layers with load_state_dict(strict)
+    scripts/safetensors_check.py --torch-load FILE           build the equivalent torch.nn model from a pytorch-named
+                                                            export (4-d weight: Conv2d, 2-d weight: Linear, running
+                                                            stats: BatchNorm2d, other 1-d weight: LayerNorm, any other
+                                                            name such as emb.wte: an nn.Parameter of its module) and
+                                                            load the file with load_state_dict(strict=True)
 
 Checks, as the reference implementation makes them (huggingface/safetensors): the 8-byte little-endian header
 length within the file, a JSON object header starting with '{', each entry with exactly dtype / shape /
@@ -91,13 +94,53 @@ def read(path):
     return n, meta, entries, data
 
 
+def build_torch_model(torch, tensors):
+    """The torch.nn model whose state_dict keys are the file's names (docs/checkpoint.md, "export")."""
+    nn = torch.nn
+    root = nn.Module()
+
+    def module_at(path):
+        m = root
+        for part in path.split(".") if path else []:
+            if not hasattr(m, part):
+                m.add_module(part, nn.Module())
+            m = getattr(m, part)
+        return m
+
+    prefixes = {}
+    for name in tensors:
+        prefix, _, leaf = name.rpartition(".")
+        prefixes.setdefault(prefix, set()).add(leaf)
+    for prefix, leaves in sorted(prefixes.items()):
+        parent, _, last = prefix.rpartition(".")
+        w = tensors.get(prefix + ".weight")
+        if "running_mean" in leaves:
+            layer = nn.BatchNorm2d(w.shape[0])
+        elif w is not None and w.dim() == 4:
+            layer = nn.Conv2d(w.shape[1], w.shape[0], (w.shape[2], w.shape[3]), bias="bias" in leaves)
+        elif w is not None and w.dim() == 2:
+            layer = nn.Linear(w.shape[1], w.shape[0], bias="bias" in leaves)
+        elif w is not None and w.dim() == 1:
+            layer = nn.LayerNorm(w.shape[0])
+        else:
+            layer = None
+        if layer is not None:
+            module_at(parent).add_module(last, layer.to(w.dtype))
+        else:  # e.g. emb.wte, emb.wpe: parameters held by their module directly
+            m = module_at(prefix)
+            for leaf in leaves:
+                t = tensors[prefix + "." + leaf]
+                m.register_parameter(leaf, nn.Parameter(torch.zeros(t.shape, dtype=t.dtype)))
+    return root
+
+
 def f32_sum(buf):
     return sum(struct.unpack("<%df" % (len(buf) // 4), buf))
 
 
 def main(argv):
     mode = None
-    if argv and argv[0] in ("--torch", "--torch-mlp"):
+    if argv and argv[0] in ("--torch", "--torch-load"):
         mode = argv.pop(0)
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
@@ -125,15 +168,10 @@ def main(argv):
             bits = lambda x: struct.unpack("<I", struct.pack("<f", float(x)))[0]
             print("torch %s first=%08x last=%08x" % (name, bits(flat[0]), bits(flat[-1])))
         return 0
-    model = torch.nn.Module()
-    for layer in ("fc1", "fc2", "head"):
-        w = tensors[layer + ".weight"]
-        setattr(model, layer, torch.nn.Linear(w.shape[1], w.shape[0], dtype=w.dtype))
+    model = build_torch_model(torch, tensors)
     model.load_state_dict(tensors, strict=True)
-    model.float()  # the CPU has no fp16 matmul in every torch version: run the loaded values in fp32
-    x = torch.linspace(-1, 1, 784, dtype=torch.float32).reshape(1, 784)
-    y = model.head(torch.relu(model.fc2(torch.relu(model.fc1(x)))))
-    print("torch-mlp loaded strict: logits %s" % " ".join("%.6g" % v for v in y.float().reshape(-1).tolist()))
+    kinds = sorted("%s=%s" % (n, type(m).__name__) for n, m in model.named_modules() if n and not list(m.children()))
+    print("torch-load strict: %d tensors into %s" % (len(tensors), " ".join(kinds)))
     return 0
 
 

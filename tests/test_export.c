@@ -196,7 +196,7 @@ static uint32_t f32_bits(float x)
 
 /* PyTorch (torch.frombuffer on the raw bytes; the safetensors package need not be installed) sees the values we
  * wrote, bit for bit, and a torch.nn model of Linear layers named fc1, fc2, head loads the pytorch names with
- * load_state_dict(strict=True). */
+ * load_state_dict(strict=True) (scripts/safetensors_check.py --torch-load builds it from the names). */
 Test(export, pytorch_loads_the_export_exactly)
 {
     if (!have_torch())
@@ -220,13 +220,62 @@ Test(export, pytorch_loads_the_export_exactly)
             snprintf(line, sizeof line, "torch %s first=%08x last=%08x", name, f32_bits(first), f32_bits(last));
             cr_assert(strstr(r.out, line), "%s: want '%s' in:\n%s", dtypes[d], line, r.out);
         }
-        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/safetensors_check.py --torch-mlp %s 2>&1",
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/safetensors_check.py --torch-load %s 2>&1",
                  AMP_SOURCE_DIR, out);
         r = shell(cmd);
         cr_assert_eq(r.code, 0, "%s", r.out);
-        cr_assert(strstr(r.out, "torch-mlp loaded strict"), "%s", r.out);
+        cr_assert(strstr(r.out, "torch-load strict: 6 tensors into fc1=Linear fc2=Linear head=Linear"), "%s", r.out);
     }
     ckpt_weights_free(&w);
+}
+
+/* Every layer kind with parameters: conv2d and batchnorm2d (fashion_cnn: running_mean and running_var are
+ * exported), embedding, transformer_block and layernorm (text_gpt). With --names pytorch the equivalent torch.nn
+ * model (Conv2d, BatchNorm2d, Linear, LayerNorm, the embedding's Parameters) loads each file strictly. */
+Test(export, every_layer_kind_is_exported_and_loads_into_torch_nn)
+{
+    static const struct {
+        const char *config, *overrides, *dir;
+        const char *names[4]; /* some of its tensors, ampTrain names */
+        const char *torch;    /* what --torch-load reports */
+    } runs[] = {
+        {"fashion_cnn", "data.batch_size=8", "cnn",
+         {"bn1/running_mean", "bn2/running_var", "conv1/weight", "conv2/bias"},
+         "torch-load strict: 16 tensors into bn1=BatchNorm2d bn2=BatchNorm2d conv1=Conv2d conv2=Conv2d fc1=Linear "
+         "head=Linear"},
+        {"text_gpt", "data.batch_size=2", "gpt",
+         {"embed/wte", "embed/wpe", "block0/attn/qkv/weight", "ln_f/bias"},
+         "block0.attn.qkv=Linear block0.ln1=LayerNorm"},
+    };
+    bool torch = have_torch();
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        struct result r = amp("run configs/%s.yaml %s run.device=cpu run.steps=1 run.ckpt_every=1 run.log_every=1000 "
+                              "run.out_dir=%s/%s", runs[k].config, runs[k].overrides, scratch, runs[k].dir);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        char out[600], pt[600];
+        snprintf(out, sizeof out, "%s/%s.safetensors", scratch, runs[k].dir);
+        snprintf(pt, sizeof pt, "%s/%s-pt.safetensors", scratch, runs[k].dir);
+        cr_assert_eq(amp("export %s/%s %s", scratch, runs[k].dir, out).code, 0);
+        cr_assert_eq(amp("export %s/%s %s --names pytorch", scratch, runs[k].dir, pt).code, 0);
+        struct safetensors_file f;
+        struct amp_error err = {0};
+        cr_assert_eq(safetensors_read(out, &f, &err), AMP_OK, "%s", err.msg);
+        for (int i = 0; i < 4; i++) {
+            const struct safetensor *t = safetensors_find(&f, runs[k].names[i]);
+            cr_assert(t && t->dtype == DT_FP32, "%s: no F32 tensor %s", runs[k].config, runs[k].names[i]);
+        }
+        safetensors_free(&f);
+        if (!torch)
+            continue;
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/safetensors_check.py --torch-load %s 2>&1",
+                 AMP_SOURCE_DIR, pt);
+        r = shell(cmd);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        cr_assert(strstr(r.out, runs[k].torch), "want '%s' in:\n%s", runs[k].torch, r.out);
+    }
+    if (!torch)
+        cr_skip_test("/usr/bin/python3 cannot import torch: the names were checked, the torch.nn load was not");
 }
 
 /* ---- atomic writes --------------------------------------------------------------------------------------- */
