@@ -19,6 +19,7 @@
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
 #include "numerics.h" /* numerics_run */
+#include "safetensors.h" /* safetensors_write */
 
 #include <errno.h>
 #include <stdlib.h>
@@ -470,6 +471,114 @@ static enum amp_status cmd_numerics(int argc, char **argv, struct amp_error *err
     return st;
 }
 
+/* export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch] */
+struct export_args {
+    const char *ckpt, *out;
+    enum dtype dtype;
+    bool pytorch_names;
+};
+
+static enum amp_status parse_export_args(int argc, char **argv, struct export_args *a, struct amp_error *err)
+{
+    *a = (struct export_args){.ckpt = argv[1], .dtype = DT_FP32};
+    if (argc < 3 || argv[2][0] == '-')
+        return missing_arg("export", "OUT.safetensors", err);
+    a->out = argv[2];
+    for (int i = 3; i < argc; i++) {
+        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = val != NULL;
+        if (ok && strcmp(opt, "--dtype") == 0) {
+            ok = !strcmp(val, "fp32") || !strcmp(val, "bf16") || !strcmp(val, "fp16");
+            a->dtype = !strcmp(val, "bf16") ? DT_BF16 : !strcmp(val, "fp16") ? DT_FP16 : DT_FP32;
+        } else if (ok && strcmp(opt, "--names") == 0) {
+            if (!strcmp(val, "hf-gpt2"))
+                return amp_fail(err, AMP_ERR_CONFIG,
+                                "use --names pytorch (torch.nn state_dict names) or --names ampTrain for now",
+                                "export: --names hf-gpt2 is not available yet: Hugging Face GPT2LMHeadModel names come "
+                                "with the GPT-2 model (issue 15 item 2)");
+            ok = !strcmp(val, "ampTrain") || !strcmp(val, "pytorch");
+            a->pytorch_names = !strcmp(val, "pytorch");
+        } else {
+            ok = false;
+        }
+        if (!ok)
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help export' for usage",
+                            "export: bad option '%s%s%s' (expected --dtype fp32|bf16|fp16, --names ampTrain|pytorch)",
+                            opt, val ? " " : "", val ? val : "");
+        i++;
+    }
+    return AMP_OK;
+}
+
+/* The checkpoint's fp32 tensors converted to `dt` and named for the file (docs/checkpoint.md, "export"). */
+static enum amp_status export_tensors(const struct ckpt_weights *w, const struct export_args *a,
+                                      struct safetensor *out, size_t *bytes, struct amp_error *err)
+{
+    *bytes = 0;
+    for (int i = 0; i < w->n; i++) {
+        const struct ckpt_tensor *t = &w->tensors[i];
+        struct safetensor *s = &out[i];
+        s->name = malloc(strlen(t->name) + 1);
+        if (s->name)
+            memcpy(s->name, t->name, strlen(t->name) + 1);
+        void *data = malloc(t->numel ? t->numel * dtype_size(a->dtype) : 1);
+        s->data = data;
+        if (!s->name || !data)
+            return amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory converting %s", t->name);
+        if (a->pytorch_names)
+            for (char *c = s->name; *c; c++)
+                *c = *c == '/' ? '.' : *c;
+        s->dtype = a->dtype;
+        s->ndim = t->ndim;
+        memcpy(s->shape, t->shape, sizeof s->shape);
+        dtype_convert(data, a->dtype, t->data, DT_FP32, t->numel);
+        s->nbytes = t->numel * dtype_size(a->dtype);
+        *bytes += s->nbytes;
+    }
+    return AMP_OK;
+}
+
+static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
+{
+    enum amp_status st = need_ckpt_arg(argc, argv, "export", err);
+    struct export_args a;
+    if (st == AMP_OK)
+        st = parse_export_args(argc, argv, &a, err);
+    if (st != AMP_OK)
+        return st;
+    struct ckpt_weights w;
+    if ((st = ckpt_read_weights(a.ckpt, &w, err)) != AMP_OK)
+        return st;
+    struct safetensor *tensors = calloc((size_t)w.n, sizeof *tensors);
+    size_t bytes = 0;
+    st = tensors ? export_tensors(&w, &a, tensors, &bytes, err)
+                 : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    if (st == AMP_OK) {
+        const char *base = strrchr(a.ckpt, '/') ? strrchr(a.ckpt, '/') + 1 : a.ckpt;
+        char step[32];
+        snprintf(step, sizeof step, "%lld", (long long)w.info.step);
+        const struct safetensors_meta meta[] = {
+            {"format", "pt"},
+            {"producer", "ampTrain " AMP_VERSION},
+            {"checkpoint", base},
+            {"step", step},
+            {"names", a.pytorch_names ? "pytorch" : "ampTrain"},
+            {"dtype", dtype_name(a.dtype)},
+        };
+        st = safetensors_write(a.out, tensors, w.n, meta, (int)(sizeof meta / sizeof meta[0]), err);
+    }
+    if (st == AMP_OK)
+        printf("exported %d tensors (%zu bytes of %s, %s names) from %s (step %lld) to %s\n", w.n, bytes,
+               dtype_name(a.dtype), a.pytorch_names ? "pytorch" : "ampTrain", a.ckpt, (long long)w.info.step, a.out);
+    for (int i = 0; tensors && i < w.n; i++) {
+        free(tensors[i].name);
+        free((void *)tensors[i].data);
+    }
+    free(tensors);
+    ckpt_weights_free(&w);
+    return st;
+}
+
 static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err);
 
 static const struct command commands[] = {
@@ -505,6 +614,14 @@ static const struct command commands[] = {
      "nonzero gradient elements flushed, default 0.001) and a verdict per precision mode. The K steps are\n"
      "trained in memory only. See docs/precision.md.",
      cmd_numerics},
+    {"export", "ampTrain export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch]",
+     "Write the checkpoint's model weights and batchnorm running statistics to OUT in the safetensors\n"
+     "format (for PyTorch's safetensors.torch.load_file and friends). --dtype (default fp32) converts with\n"
+     "round to nearest even; --names ampTrain (default) keeps our LAYER/PARAM names, --names pytorch gives\n"
+     "the state_dict names of the equivalent torch.nn model (LAYER.PARAM; layouts already match).\n"
+     "--names hf-gpt2 is not available yet. The file is written atomically: on any failure nothing is\n"
+     "left at OUT. A corrupt checkpoint is exit 4, a failed write exit 1. See docs/checkpoint.md, \"export\".",
+     cmd_export},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
@@ -531,7 +648,7 @@ static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err)
             printf("usage: %s\n\n%s\n\n%s", commands[i].usage, commands[i].help, exit_codes);
             return AMP_OK;
         }
-    return amp_fail(err, AMP_ERR_CONFIG, "commands: run, resume, eval, inspect, check, help",
+    return amp_fail(err, AMP_ERR_CONFIG, "commands: run, resume, eval, inspect, check, numerics, export, help",
                     "help: unknown command '%s'", argv[1]);
 }
 

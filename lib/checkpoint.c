@@ -1196,9 +1196,133 @@ static enum amp_status inspect_open(hid_t f, const char *path, const struct ckpt
     return st;
 }
 
+/* ---- export: every tensor under /model ------------------------------------------------------------- */
+
+struct weights_visit {
+    const struct reader *r;
+    struct ckpt_weights *w;
+    int cap;
+    enum amp_status st;
+};
+
+/* One dataset under /model into w (groups are walked through). Returns 0 to go on, -1 to stop with v->st. */
+static int read_one_weight(struct weights_visit *v, hid_t d, const char *name)
+{
+    const struct reader *r = v->r;
+    hid_t sp = H5Dget_space(d), ft = H5Dget_type(d);
+    H5S_class_t sc = sp >= 0 ? H5Sget_simple_extent_type(sp) : H5S_NO_CLASS;
+    int nd = sc == H5S_SIMPLE ? H5Sget_simple_extent_ndims(sp) : 0;
+    H5T_class_t tc = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    hsize_t dims[8] = {0};
+    if (nd >= 1 && nd <= 8)
+        H5Sget_simple_extent_dims(sp, dims, NULL);
+    h5_close_id(sp);
+    h5_close_id(ft);
+    struct ckpt_tensor t = {.ndim = nd, .numel = 1};
+    bool too_big = false;
+    for (int i = 0; i < nd && i < 8; i++) {
+        t.shape[i] = dims[i] > (hsize_t)INT64_MAX ? INT64_MAX : (int64_t)dims[i];
+        too_big = too_big || (dims[i] && t.numel > ((size_t)1 << 40) / dims[i]);
+        t.numel *= (size_t)dims[i];
+    }
+    if (tc != H5T_FLOAT)
+        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /model/%s is %s; checkpoint tensors are float32",
+                         r->path, name, class_name(tc));
+    else if (nd < 1 || nd > 8)
+        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /model/%s has %d dimensions; a tensor has 1 to 8",
+                         r->path, name, nd);
+    else if (too_big || strlen(name) >= sizeof t.name)
+        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /model/%s is %s", r->path, name,
+                         too_big ? "larger than 2^40 elements" : "named by a path longer than 255 bytes");
+    if (v->st != AMP_OK)
+        return -1;
+    snprintf(t.name, sizeof t.name, "%s", name);
+    t.data = malloc((t.numel ? t.numel : 1) * sizeof *t.data);
+    if (!t.data) {
+        v->st = amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading /model/%s of %s", name, r->path);
+        return -1;
+    }
+    if (H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data) < 0) {
+        free(t.data);
+        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT,
+                         "%s: tensor /model/%s cannot be read: its data fails HDF5's Fletcher-32 checksum or is damaged",
+                         r->path, name);
+        return -1;
+    }
+    for (size_t i = 0; i < t.numel; i++)
+        if (!isfinite(t.data[i])) {
+            v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT,
+                             "%s: tensor /model/%s holds %g at element %zu; every value must be finite", r->path, name,
+                             (double)t.data[i], i);
+            free(t.data);
+            return -1;
+        }
+    if (v->w->n == v->cap) {
+        int cap = v->cap ? 2 * v->cap : 32;
+        struct ckpt_tensor *g = realloc(v->w->tensors, (size_t)cap * sizeof *g);
+        if (!g) {
+            free(t.data);
+            v->st = amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading %s", r->path);
+            return -1;
+        }
+        v->w->tensors = g;
+        v->cap = cap;
+    }
+    v->w->tensors[v->w->n++] = t;
+    return 0;
+}
+
+#if H5_VERSION_GE(1, 12, 0)
+static herr_t weights_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
+#else
+static herr_t weights_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
+#endif
+{
+    (void)info;
+    struct weights_visit *v = data;
+    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
+    int rc = 0;
+    if (o < 0) {
+        v->st = amp_fail(v->r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: /model/%s cannot be opened", v->r->path, name);
+        rc = -1;
+    } else if (H5Iget_type(o) == H5I_DATASET) {
+        rc = read_one_weight(v, o, name);
+    }
+    h5_close_id(o);
+    return rc;
+}
+
+static enum amp_status read_weights(const struct reader *r, struct ckpt_weights *w)
+{
+    hid_t g = H5Lexists(r->file, "model", H5P_DEFAULT) > 0 ? H5Gopen2(r->file, "model", H5P_DEFAULT) : -1;
+    if (g < 0)
+        return amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: group /model (the weights) is missing", r->path);
+    struct weights_visit v = {.r = r, .w = w, .st = AMP_OK};
+    herr_t rc = H5Lvisit(g, H5_INDEX_NAME, H5_ITER_INC, weights_cb, &v);
+    h5_close_id(g);
+    if (v.st == AMP_OK && rc < 0)
+        v.st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: the group /model cannot be listed", r->path);
+    if (v.st == AMP_OK && w->n == 0)
+        v.st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: the group /model holds no tensors", r->path);
+    if (v.st != AMP_OK)
+        ckpt_weights_free(w);
+    return v.st;
+}
+
+void ckpt_weights_free(struct ckpt_weights *w)
+{
+    if (!w)
+        return;
+    for (int i = 0; i < w->n; i++)
+        free(w->tensors[i].data);
+    free(w->tensors);
+    w->tensors = NULL;
+    w->n = 0;
+}
+
 /* ---- the public readers: a trial read in a child first (trial.h) --------------------------------------- */
 
-enum ckpt_op { OP_VERIFY, OP_CONFIG, OP_MODEL, OP_TRAINER, OP_INSPECT };
+enum ckpt_op { OP_VERIFY, OP_CONFIG, OP_MODEL, OP_TRAINER, OP_INSPECT, OP_WEIGHTS };
 
 struct ckpt_job {
     enum ckpt_op op;
@@ -1209,6 +1333,7 @@ struct ckpt_job {
     struct trainer *t;      /* OP_TRAINER */
     bool fresh_scaler;
     FILE *out;              /* OP_INSPECT */
+    struct ckpt_weights *w; /* OP_WEIGHTS */
 };
 
 /* The job's HDF5 part, on a file check_file verified. */
@@ -1231,6 +1356,13 @@ static enum amp_status job_run(const struct ckpt_job *j, bool dry, struct amp_er
         case OP_MODEL: st = load_model_from(&r, j->m); break;
         case OP_TRAINER: st = load_trainer_from(&r, &info, j->t, j->fresh_scaler); break;
         case OP_INSPECT: st = inspect_open(f, j->path, &info, j->out, dry, err); break;
+        case OP_WEIGHTS:
+            memset(j->w, 0, sizeof *j->w);
+            j->w->info = info;
+            st = read_weights(&r, j->w);
+            if (dry)
+                ckpt_weights_free(j->w);
+            break;
         }
     }
     if (f >= 0)
@@ -1300,4 +1432,10 @@ enum amp_status ckpt_load_trainer(const char *path, struct trainer *t, bool fres
 enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err)
 {
     return guarded(&(struct ckpt_job){.op = OP_INSPECT, .path = path, .out = out}, err);
+}
+
+enum amp_status ckpt_read_weights(const char *path, struct ckpt_weights *w, struct amp_error *err)
+{
+    memset(w, 0, sizeof *w);
+    return guarded(&(struct ckpt_job){.op = OP_WEIGHTS, .path = path, .w = w}, err);
 }

@@ -68,6 +68,26 @@ enum amp_status ckpt_load_model(const char *path, struct model *m, struct amp_er
  * `fresh_scaler` (precision mode changed on resume). */
 enum amp_status ckpt_load_trainer(const char *path, struct trainer *t, bool fresh_scaler, struct amp_error *err);
 
+/* One tensor under /model (a parameter or a batchnorm buffer), as `export` reads it: no model is built. */
+struct ckpt_tensor {
+    char name[256]; /* LAYER/PARAM, the path under /model */
+    int ndim;       /* 1 to 8 */
+    int64_t shape[8];
+    size_t numel;
+    float *data;    /* (numel) fp32, host */
+};
+
+struct ckpt_weights {
+    struct ckpt_tensor *tensors; /* in name order (HDF5's index) */
+    int n;
+    struct ckpt_info info;
+};
+
+/* Read every float tensor under /model after verifying the file, each checked for class, rank and finite
+ * values. AMP_ERR_CKPT naming the file and the tensor; free with ckpt_weights_free (accepts a zeroed one). */
+enum amp_status ckpt_read_weights(const char *path, struct ckpt_weights *w, struct amp_error *err);
+void ckpt_weights_free(struct ckpt_weights *w);
+
 /* Print step, precision, scaler state, tensors with shapes, and the config. */
 enum amp_status ckpt_inspect(const char *path, FILE *out, struct amp_error *err);
 

@@ -29,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 build="build-fuzz"
-all_harnesses=(fuzz_config fuzz_ckpt_raw fuzz_ckpt_resealed fuzz_ckpt_guarded fuzz_ckpt_edit fuzz_data)
+all_harnesses=(fuzz_config fuzz_ckpt_raw fuzz_ckpt_resealed fuzz_ckpt_guarded fuzz_ckpt_edit fuzz_data fuzz_safetensors)
 
 # ---- per harness: seed corpus, dictionary, longest input -------------------------------------------
 corpus_of() { case $1 in fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo ckpt_raw ;; *) echo "${1#fuzz_}" ;; esac; }
@@ -38,6 +38,7 @@ dict_of() {
     fuzz_config) echo tests/fuzz/config.dict ;;
     fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo tests/fuzz/ckpt.dict ;;
     fuzz_data) echo tests/fuzz/data.dict ;;
+    fuzz_safetensors) echo tests/fuzz/safetensors.dict ;;
   esac
 }
 max_len_of() {
@@ -46,6 +47,7 @@ max_len_of() {
     fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo 131072 ;; # the seed checkpoint is ~80 KB
     fuzz_ckpt_edit) echo 4096 ;;
     fuzz_data) echo 16384 ;;
+    fuzz_safetensors) echo 8192 ;;
   esac
 }
 
