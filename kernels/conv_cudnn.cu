@@ -17,7 +17,26 @@
  * Dtypes (backend.h): when x, w and y (dx, w, dy) share a dtype the call runs natively in it; otherwise
  * the operands are widened to fp32 scratch (exact), computed in fp32 and rounded once into the output.
  * The weight gradient is fp32 with beta accumulation: x and dy are widened to fp32 unless already
- * fp32, which keeps the gradient exactly the CPU's computation up to summation order. The bias is
+ * fp32, which keeps the gradient exactly the CPU's computation up to summation order.
+ *
+ * The weight gradient of 16-bit x and dy on tensor cores. cuDNN's backward-filter configurations give
+ * dw the dtype of x and dy (TRUE_HALF, PSEUDO_HALF, PSEUDO_BFLOAT16: HALF/BFLOAT16 in, the same out,
+ * compute HALF or FLOAT; FLOAT_CONFIG all FLOAT): there is no 16-bit-in, fp32-out configuration. A
+ * 16-bit dw is not ours to take: with a loss scale of 2^16 a weight gradient overflows fp16's 65504
+ * (a spurious skip), and it would round each micro-batch's gradient to 8 or 11 bits before the FP32
+ * accumulation (backend.h: parameter gradients FP32, beta accumulation; DESIGN 3: never accumulate
+ * gradients in fp16/bf16). What we do instead: every fp16 and bf16 value is exactly a TF32 value
+ * (TF32 keeps fp32's 8-bit exponent and 10 of its mantissa bits; fp16 has 10, bf16 7), so the fp32
+ * copies of 16-bit x and dy lose nothing when a tensor core reads them as TF32, and products of two
+ * TF32 values are exact in the FP32 accumulator. So for 16-bit x and dy the plan is fp32 data with
+ * tensor-op math allowed (CUDNN_DEFAULT_MATH, as the TF32 plans) whatever precision.tf32 says — that
+ * flag is about rounding fp32 data, and here none is rounded — restricted to the GEMM-shaped
+ * algorithms (0, 1, 3: no FFT or Winograd transform, whose transformed values TF32 would round) and to
+ * deterministic ones. dw is written by cuDNN in fp32 with our beta, as before. Where cuDNN offers no
+ * such algorithm the plain fp32 plan (CUDNN_FMA_MATH) runs, as before this path existed. The cost
+ * left is the two widening copies; an im2col + cuBLASLt GEMM (16-bit operands, fp32 C with beta)
+ * would drop them at the price of a K*K-times larger im2col buffer — not done until a GPU measures
+ * which is faster. The bias is
  * added by a small kernel after the convolution (so a 16-bit output is rounded twice: once by cuDNN,
  * once after the bias; the CPU rounds once — within the fp16/bf16 tolerance), and db is a per-channel
  * deterministic sum of dy (cuda_channel_sums).
@@ -34,6 +53,7 @@
 struct conv_key {
     int64_t n, c_in, h_in, w_in, c_out, h_out, w_out, kernel, stride, padding;
     int32_t dt, tf32;
+    int32_t exact16; /* fp32 copies of 16-bit x and dy: TF32 tensor cores read them exactly (above) */
 };
 
 struct conv_plan {
@@ -44,7 +64,7 @@ struct conv_plan {
     cudnnMathType_t math;             /* asked of the _v7 queries */
     cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math; /* what each chosen algorithm runs with */
     bool have_fwd, have_bwd_data, have_bwd_filter;
-    bool refused_fwd, refused_bwd_data; /* a soft query found nothing: do not ask again */
+    bool refused_fwd, refused_bwd_data, refused_bwd_filter; /* a soft query found nothing: do not ask again */
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
@@ -91,7 +111,8 @@ static bool fits_int(const struct conv_args *a)
            a->kernel <= INT_MAX && a->stride <= INT_MAX && a->padding <= INT_MAX;
 }
 
-static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_args *a, enum dtype dt)
+/* The plan for the shape, data dtype dt; exact16: fp32 data that are widened 16-bit values (TF32 allowed). */
+static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_args *a, enum dtype dt, bool exact16)
 {
     struct conv_key key;
     memset(&key, 0, sizeof key);
@@ -106,7 +127,8 @@ static struct conv_plan *plan_get(struct cuda_backend *cb, const struct conv_arg
     key.stride = a->stride;
     key.padding = a->padding;
     key.dt = dt;
-    key.tf32 = cb->base.allow_tf32 && dt == DT_FP32;
+    key.tf32 = (cb->base.allow_tf32 || exact16) && dt == DT_FP32;
+    key.exact16 = exact16 && dt == DT_FP32;
     for (struct conv_plan *p = cb->conv_plans; p; p = p->next)
         if (memcmp(&p->key, &key, sizeof key) == 0)
             return p;
@@ -162,16 +184,24 @@ static cudnnMathType_t run_math(const struct conv_plan *p, cudnnMathType_t entry
  * descriptor set to it); else the first working one (results may then vary in the last bits from run
  * to run, so a bit-exact resume is no longer guaranteed for this layer — said once on stderr rather
  * than refusing to train). The choice's math type goes to *math; the caller sets it on the descriptor
- * before each call. */
-template <typename Perf, typename Algo, typename WsQuery>
+ * before each call. rules->exact (the exact16 plan): only `accept`ed algorithms and never a
+ * non-deterministic one — the plain fp32 plan is the better fallback than either. */
+struct pick_rules {
+    const char *what; /* "forward", ...: for messages */
+    bool soft;        /* finding nothing is no error (the caller falls back) */
+    bool exact;       /* the exact16 plan: deterministic algorithms only, and only those `accept` allows */
+};
+
+template <typename Perf, typename Algo, typename WsQuery, typename Accept>
 static bool pick(struct cuda_backend *cb, struct conv_plan *p, const Perf *perf, int count, Algo *algo, size_t *ws,
-                 cudnnMathType_t *math, const char *what, bool soft, WsQuery ws_query)
+                 cudnnMathType_t *math, const struct pick_rules *rules, WsQuery ws_query, Accept accept)
 {
-    for (int pass = 0; pass < 3; pass++)
+    const char *what = rules->what;
+    for (int pass = 0; pass < (rules->exact ? 2 : 3); pass++)
         for (int i = 0; i < count; i++) {
             const Perf &e = perf[i];
             cudnnMathType_t m = run_math(p, e.mathType);
-            if (e.status != CUDNN_STATUS_SUCCESS || e.memory > kMaxConvWorkspace ||
+            if ((rules->exact && !accept(e.algo)) || e.status != CUDNN_STATUS_SUCCESS || e.memory > kMaxConvWorkspace ||
                 (pass < 2 && e.determinism != CUDNN_DETERMINISTIC) || (pass == 0 && m != e.mathType))
                 continue;
             size_t bytes = e.memory;
@@ -186,7 +216,7 @@ static bool pick(struct cuda_backend *cb, struct conv_plan *p, const Perf *perf,
                         "using a non-deterministic one\n", cb->name, what);
             return true;
         }
-    if (soft)
+    if (rules->soft)
         return false;
     cuda_record(cb, "try another precision mode or batch size; report the layer's shape",
                 "cuDNN offers no %s algorithm for this convolution", what);
@@ -214,6 +244,7 @@ static bool ensure_fwd(struct cuda_backend *cb, struct conv_plan *p, bool soft)
         return false;
     cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
+    struct pick_rules rules = {"forward", soft, false};
     auto ws_query = [&](cudnnConvolutionFwdAlgo_t algo, size_t *bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(cb->dnn, p->x, p->w, p->conv, p->y, algo, bytes) ==
                CUDNN_STATUS_SUCCESS;
@@ -222,7 +253,8 @@ static bool ensure_fwd(struct cuda_backend *cb, struct conv_plan *p, bool soft)
         !dnn_query(cb, cudnnGetConvolutionForwardAlgorithm_v7(cb->dnn, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
                                                               perf),
                    soft, "cudnnGetConvolutionForwardAlgorithm_v7") ||
-        !pick(cb, p, perf, count, &p->fwd, &p->ws_fwd, &p->fwd_math, "forward", soft, ws_query)) {
+        !pick(cb, p, perf, count, &p->fwd, &p->ws_fwd, &p->fwd_math, &rules, ws_query,
+              [](cudnnConvolutionFwdAlgo_t) { return true; })) {
         p->refused_fwd = soft;
         return false;
     }
@@ -237,6 +269,7 @@ static bool ensure_bwd_data(struct cuda_backend *cb, struct conv_plan *p, bool s
         return false;
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
+    struct pick_rules rules = {"backward-data", soft, false};
     auto ws_query = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t *bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(cb->dnn, p->w, p->y, p->conv, p->x, algo, bytes) ==
                CUDNN_STATUS_SUCCESS;
@@ -245,29 +278,44 @@ static bool ensure_bwd_data(struct cuda_backend *cb, struct conv_plan *p, bool s
         !dnn_query(cb, cudnnGetConvolutionBackwardDataAlgorithm_v7(cb->dnn, p->w, p->y, p->conv, p->x, kMaxAlgos,
                                                                    &count, perf),
                    soft, "cudnnGetConvolutionBackwardDataAlgorithm_v7") ||
-        !pick(cb, p, perf, count, &p->bwd_data, &p->ws_bwd_data, &p->bwd_data_math, "backward-data", soft, ws_query)) {
+        !pick(cb, p, perf, count, &p->bwd_data, &p->ws_bwd_data, &p->bwd_data_math, &rules, ws_query,
+              [](cudnnConvolutionBwdDataAlgo_t) { return true; })) {
         p->refused_bwd_data = soft;
         return false;
     }
     return p->have_bwd_data = true;
 }
 
-static bool ensure_bwd_filter(struct cuda_backend *cb, struct conv_plan *p)
+/* An algorithm that reads x and dy as they are: no FFT or Winograd transform (the exact16 plan). */
+static bool gemm_shaped(cudnnConvolutionBwdFilterAlgo_t algo)
+{
+    return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+           algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+/* soft: the exact16 plan, which falls back to the plain fp32 plan in the caller */
+static bool ensure_bwd_filter(struct cuda_backend *cb, struct conv_plan *p, bool soft)
 {
     if (p->have_bwd_filter)
         return true;
+    if (soft && p->refused_bwd_filter)
+        return false;
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
     int count = 0;
+    struct pick_rules rules = {"backward-filter", soft, p->key.exact16 != 0};
     auto ws_query = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t *bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(cb->dnn, p->x, p->y, p->conv, p->w, algo, bytes) ==
                CUDNN_STATUS_SUCCESS;
     };
     if (!CB_CUDNN(cb, cudnnSetConvolutionMathType(p->conv, p->math)) ||
-        !CB_CUDNN(cb, cudnnGetConvolutionBackwardFilterAlgorithm_v7(cb->dnn, p->x, p->y, p->conv, p->w, kMaxAlgos,
-                                                                    &count, perf)) ||
-        !pick(cb, p, perf, count, &p->bwd_filter, &p->ws_bwd_filter, &p->bwd_filter_math, "backward-filter", false,
-              ws_query))
+        !dnn_query(cb, cudnnGetConvolutionBackwardFilterAlgorithm_v7(cb->dnn, p->x, p->y, p->conv, p->w, kMaxAlgos,
+                                                                     &count, perf),
+                   soft, "cudnnGetConvolutionBackwardFilterAlgorithm_v7") ||
+        !pick(cb, p, perf, count, &p->bwd_filter, &p->ws_bwd_filter, &p->bwd_filter_math, &rules, ws_query,
+              gemm_shaped)) {
+        p->refused_bwd_filter = soft;
         return false;
+    }
     return p->have_bwd_filter = true;
 }
 
@@ -294,10 +342,10 @@ void cuda_conv2d_forward(struct backend *be, const struct conv_args *a, struct t
     if (a->n <= 0)
         return;
     bool native = x->dtype == w->dtype && x->dtype == y->dtype;
-    struct conv_plan *p = plan_get(cb, a, native ? y->dtype : DT_FP32);
+    struct conv_plan *p = plan_get(cb, a, native ? y->dtype : DT_FP32, false);
     if (p && native && y->dtype != DT_FP32 && !ensure_fwd(cb, p, true)) { /* no 16-bit kernel: run in fp32 */
         native = false;
-        p = plan_get(cb, a, DT_FP32);
+        p = plan_get(cb, a, DT_FP32, false);
     }
     enum dtype dt = native ? y->dtype : DT_FP32;
     if (!p || !ensure_fwd(cb, p, false))
@@ -326,10 +374,10 @@ void cuda_conv2d_backward_data(struct backend *be, const struct conv_args *a, st
     if (a->n <= 0)
         return;
     bool native = dy->dtype == w->dtype && dy->dtype == dx->dtype;
-    struct conv_plan *p = plan_get(cb, a, native ? dx->dtype : DT_FP32);
+    struct conv_plan *p = plan_get(cb, a, native ? dx->dtype : DT_FP32, false);
     if (p && native && dx->dtype != DT_FP32 && !ensure_bwd_data(cb, p, true)) { /* no 16-bit kernel: fp32 */
         native = false;
-        p = plan_get(cb, a, DT_FP32);
+        p = plan_get(cb, a, DT_FP32, false);
     }
     if (!p || !ensure_bwd_data(cb, p, false))
         return;
@@ -364,8 +412,16 @@ void cuda_conv2d_backward_filter(struct backend *be, const struct conv_args *a, 
         }
         return;
     }
-    struct conv_plan *p = plan_get(cb, a, DT_FP32);
-    if (!p || !ensure_bwd_filter(cb, p))
+    /* 16-bit x and dy: the exact16 plan (TF32 tensor cores on exact copies) where cuDNN has one */
+    bool both16 = x->dtype != DT_FP32 && dy->dtype != DT_FP32;
+    struct conv_plan *p = both16 ? plan_get(cb, a, DT_FP32, true) : NULL;
+    if (both16 && !p)
+        return;
+    if (p && !ensure_bwd_filter(cb, p, true))
+        p = NULL;
+    if (!p)
+        p = plan_get(cb, a, DT_FP32, false);
+    if (!p || !ensure_bwd_filter(cb, p, false))
         return;
     const void *xp = as_f32(cb, CSCR_F32_0, x);
     const void *dyp = as_f32(cb, CSCR_F32_1, dy);
