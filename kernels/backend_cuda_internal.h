@@ -44,6 +44,7 @@ enum cuda_scratch_slot {
     CSCR_ATT_DQ, CSCR_ATT_DK, CSCR_ATT_DV, /* attention backward */
     CSCR_PARTIAL,                 /* per-block partial results of reductions */
     CSCR_PARTIAL2,
+    CSCR_CHANNEL_STATS,           /* batchnorm: per-channel values between its passes (norm.cu) */
     CSCR_GS_DESC,                 /* grad_stats: the tensor table (cuda_backend.gs_table, a device_table) */
     CSCR_OPT_DESC,                /* adamw / sgd: the parameter table (cuda_backend.opt_table) */
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
@@ -254,11 +255,12 @@ void cuda_add_row_bias(struct cuda_backend *cb, void *y, enum dtype dt, const fl
 /* y (N, C, HW) of dtype dt gets bias[c] added in place. */
 void cuda_add_channel_bias(struct cuda_backend *cb, void *y, enum dtype dt, const float *bias, int64_t N, int64_t C,
                            int64_t HW);
-/* db (C) fp32 = beta * db + sum over n, hw of dy (N, C, HW) (deterministic). */
+/* db (C) fp32 = beta * db + sum over n, hw of dy (N, C, HW): double partials over many blocks, fixed order
+ * (deterministic; norm.cu, with batchnorm's channel sums). */
 void cuda_channel_sums(struct cuda_backend *cb, float *db, const void *dy, enum dtype dt, int64_t N, int64_t C,
                        int64_t HW, float beta);
 
-/* norm.cu */
+/* norm.cu (also cuda_channel_sums above) */
 void cuda_layernorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y, struct tensor *mean,
                             struct tensor *rstd, const struct tensor *x, const struct tensor *gamma,
                             const struct tensor *beta);

@@ -243,29 +243,6 @@ __global__ void add_channel_bias_kernel(void *y, int dt, const float *bias, int6
     store_elem(y, dt, i, load_elem(y, dt, i) + bias[(i / HW) % C]);
 }
 
-/* One block per channel: db[c] = beta * db[c] + sum over (n, hw), double, fixed order per block size. */
-__global__ void channel_sums_kernel(float *db, const void *dy, int dt, int64_t N, int64_t C, int64_t HW, float beta)
-{
-    __shared__ double red[32];
-    int64_t c = blockIdx.x;
-    double s = 0.0;
-    for (int64_t i = threadIdx.x; i < N * HW; i += blockDim.x) {
-        int64_t n = i / HW, j = i % HW;
-        s += load_elem(dy, dt, (size_t)((n * C + c) * HW + j));
-    }
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            t += red[w];
-        db[c] = beta == 0.0f ? (float)t : beta * db[c] + (float)t;
-    }
-}
-
 /* ---- embeddings ---- */
 
 __global__ void embedding_forward_kernel(void *y, int y_dt, const int32_t *tokens, const void *wte, int wte_dt,
@@ -467,15 +444,6 @@ void cuda_add_channel_bias(struct cuda_backend *cb, void *y, enum dtype dt, cons
         return;
     add_channel_bias_kernel<<<grid_for(total), kThreads, 0, cb->stream>>>(y, dt, bias, C, HW, total);
     CB_LAUNCHED(cb, "add_channel_bias_kernel");
-}
-
-void cuda_channel_sums(struct cuda_backend *cb, float *db, const void *dy, enum dtype dt, int64_t N, int64_t C,
-                       int64_t HW, float beta)
-{
-    if (C <= 0)
-        return;
-    channel_sums_kernel<<<(unsigned)C, 256, 0, cb->stream>>>(db, dy, dt, N, C, HW, beta);
-    CB_LAUNCHED(cb, "channel_sums_kernel");
 }
 
 void cuda_embedding_forward(struct backend *be, struct tensor *y, const int32_t *tokens, const struct tensor *wte,
