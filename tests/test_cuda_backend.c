@@ -6,7 +6,8 @@
  * tensors hold the same patterns on both), fills the GPU outputs with NaN first (0xFF bytes: NaN in
  * fp32, fp16 and bf16) so an unwritten element fails, and compares by relative L2 error:
  * fp32 1e-5, TF32 2^-9 sqrt(k) (tf32_tolerance), fp16/bf16 1e-2 (a 16-bit output may differ by an ulp where the summation
- * order moves a value across a rounding boundary). Dropout masks, pooling and embeddings are held
+ * order moves a value across a rounding boundary); convolution weight gradients by dw_tolerance (their
+ * reduction length and path). Dropout masks, pooling and embeddings are held
  * tighter where the arithmetic is the same.
  * Without a GPU these tests skip and are counted as skipped: this file has its own main, which exits 77
  * (CTest's SKIP_RETURN_CODE) when any test skipped and none failed. The device-selection tests need no
@@ -466,6 +467,19 @@ Test(cuda_backend, dropout_masks_match_bit_for_bit, .init = open_both, .fini = c
 
 /* ---- convolution and pooling -------------------------------------------------------------------- */
 
+/* dw's tolerance for a reduction of length k = n * h_out * w_out. fp32 x and dy: cuDNN's FMA sums,
+ * 2^-22 sqrt(k). 16-bit x and dy: TF32 tensor cores on exact fp32 copies (kernels/conv_cudnn.cu), so
+ * every product is exact, but the tensor cores' FP32 accumulator may truncate instead of rounding,
+ * once per 8-product MMA step (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor
+ * cores", PeerJ CS 2021): at worst 2^-23 k / 8. Never tighter than 1e-5, never looser than the
+ * dtype's own tolerance. */
+static double dw_tolerance(enum dtype dt, int64_t k)
+{
+    double t = dt == DT_FP32 ? ldexp(1.0, -22) * sqrt((double)k) : ldexp(1.0, -23) * (double)k / 8.0;
+    t = t > 1e-5 ? t : 1e-5;
+    return t < tol_of(dt) ? t : tol_of(dt);
+}
+
 static void conv_case(enum dtype dt, int64_t kernel, int64_t stride, int64_t pad)
 {
     struct conv_args a = {.n = 3, .c_in = 5, .h_in = 13, .w_in = 11, .c_out = 8, .kernel = kernel, .stride = stride,
@@ -491,7 +505,7 @@ static void conv_case(enum dtype dt, int64_t kernel, int64_t stride, int64_t pad
     pair_expect(&dx, tol_of(dt), "conv2d_backward_data");
     cpu->conv2d_backward_filter(cpu, &a, &dw.c, &db.c, &dy.c, &x.c, 1.0f);
     gpu->conv2d_backward_filter(gpu, &a, &dw.g, &db.g, &dy.g, &x.g, 1.0f);
-    pair_expect(&dw, 1e-5, "conv2d_backward_filter dw (fp32, beta 1)");
+    pair_expect(&dw, dw_tolerance(dt, a.n * a.h_out * a.w_out), "conv2d_backward_filter dw (beta 1)");
     pair_expect(&db, 1e-6, "conv2d_backward_filter db");
     struct pair *all[] = {&x, &w, &bias, &y, &dy, &dx, &dw, &db};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -506,6 +520,57 @@ Test(cuda_backend, conv2d, .init = open_both, .fini = close_both)
         conv_case(all_dtypes[d], 5, 2, 2);
         conv_case(all_dtypes[d], 1, 1, 0);
     }
+}
+
+/* The weight and bias gradients alone, beta 0 (dw, db poisoned: cuDNN and the channel sums must not
+ * read them) or 1, on shapes whose channel sums span several chunks of 4096 (kernels/norm.cu). */
+static void conv_filter_case(enum dtype dt, struct conv_args a, float beta)
+{
+    a.h_out = (a.h_in + 2 * a.padding - a.kernel) / a.stride + 1;
+    a.w_out = (a.w_in + 2 * a.padding - a.kernel) / a.stride + 1;
+    int64_t xs[] = {a.n, a.c_in, a.h_in, a.w_in}, ws[] = {a.c_out, a.c_in, a.kernel, a.kernel};
+    int64_t ys[] = {a.n, a.c_out, a.h_out, a.w_out};
+    struct pair x, dy, dw, db;
+    pair_rand(&x, dt, 4, xs, -1, 1);
+    pair_rand(&dy, dt, 4, ys, -1, 1);
+    if (beta == 0.0f) {
+        pair_out(&dw, DT_FP32, 4, ws);
+        pair_out(&db, DT_FP32, 1, (int64_t[]){a.c_out});
+    } else {
+        pair_acc(&dw, 4, ws);
+        pair_acc(&db, 1, (int64_t[]){a.c_out});
+    }
+    cpu->conv2d_backward_filter(cpu, &a, &dw.c, &db.c, &dy.c, &x.c, beta);
+    gpu->conv2d_backward_filter(gpu, &a, &dw.g, &db.g, &dy.g, &x.g, beta);
+    char what[96];
+    snprintf(what, sizeof what, "conv2d_backward_filter dw (n %lld, c_out %lld, beta %g)", (long long)a.n,
+             (long long)a.c_out, (double)beta);
+    pair_expect(&dw, dw_tolerance(dt, a.n * a.h_out * a.w_out), what);
+    snprintf(what, sizeof what, "conv2d_backward_filter db (n %lld, c_out %lld, beta %g)", (long long)a.n,
+             (long long)a.c_out, (double)beta);
+    pair_expect(&db, 1e-6, what);
+    pair_free(&x);
+    pair_free(&dy);
+    pair_free(&dw);
+    pair_free(&db);
+}
+
+Test(cuda_backend, conv2d_filter_grad_many_chunks, .init = open_both, .fini = close_both)
+{
+    rng_state = 21;
+    const struct conv_args shapes[] = {
+        /* one output channel, n*hw = 14400: three full chunks and a partial one */
+        {.n = 16, .c_in = 3, .h_in = 30, .w_in = 30, .c_out = 1, .kernel = 3, .stride = 1, .padding = 1},
+        /* odd sizes, n*hw = 32736 (7 chunks + 4064) */
+        {.n = 32, .c_in = 2, .h_in = 33, .w_in = 31, .c_out = 3, .kernel = 3, .stride = 1, .padding = 1},
+        /* strided 5x5, fewer elements than one chunk */
+        {.n = 9, .c_in = 4, .h_in = 37, .w_in = 29, .c_out = 5, .kernel = 5, .stride = 2, .padding = 2},
+    };
+    for (int d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            conv_filter_case(all_dtypes[d], shapes[s], 0.0f);
+            conv_filter_case(all_dtypes[d], shapes[s], 1.0f);
+        }
 }
 
 Test(cuda_backend, pool2d, .init = open_both, .fini = close_both)
@@ -611,6 +676,72 @@ Test(cuda_backend, batchnorm, .init = open_both, .fini = close_both)
             for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
                 pair_free(all[i]);
         }
+}
+
+/* pair_expect with the case's context after the op's name */
+static void expect_in(const struct pair *p, double tol, const char *what, const char *ctx)
+{
+    char full[192];
+    snprintf(full, sizeof full, "%s (%s)", what, ctx);
+    pair_expect(p, tol, full);
+}
+
+/* Batchnorm on shapes whose channel sums span many chunks of 4096 (kernels/norm.cu), or many channels
+ * (more than a grid's 65535 rows), with beta 0 (dgamma, dbeta poisoned) and 1. */
+static void batchnorm_case(enum dtype dt, int64_t n, int64_t c, int64_t h, int64_t w, bool training, float beta)
+{
+    struct norm_args a = {.n = n, .c = c, .hw = h * w, .eps = 1e-5f, .momentum = 0.1f, .training = training};
+    int64_t s[] = {n, c, h, w};
+    struct pair x, g, b, y, mean, rstd, rm, rv, dy, dx, dg, db;
+    pair_rand(&x, dt, 4, s, -2, 3);
+    pair_rand(&g, DT_FP32, 1, &c, 0.5f, 1.5f);
+    pair_rand(&b, DT_FP32, 1, &c, -1, 1);
+    pair_rand(&rm, DT_FP32, 1, &c, -0.5f, 0.5f);
+    pair_rand(&rv, DT_FP32, 1, &c, 0.5f, 1.5f);
+    pair_rand(&dy, dt, 4, s, -1, 1);
+    pair_out(&y, dt, 4, s);
+    pair_out(&dx, dt, 4, s);
+    pair_out(&mean, DT_FP32, 1, &c);
+    pair_out(&rstd, DT_FP32, 1, &c);
+    if (beta == 0.0f) {
+        pair_out(&dg, DT_FP32, 1, &c);
+        pair_out(&db, DT_FP32, 1, &c);
+    } else {
+        pair_acc(&dg, 1, &c);
+        pair_acc(&db, 1, &c);
+    }
+    char ctx[96];
+    snprintf(ctx, sizeof ctx, "n %lld, c %lld, hw %lld, %s, beta %g", (long long)n, (long long)c, (long long)(h * w),
+             training ? "training" : "eval", (double)beta);
+    cpu->batchnorm_forward(cpu, &a, &y.c, &mean.c, &rstd.c, &rm.c, &rv.c, &x.c, &g.c, &b.c);
+    gpu->batchnorm_forward(gpu, &a, &y.g, &mean.g, &rstd.g, &rm.g, &rv.g, &x.g, &g.g, &b.g);
+    expect_in(&y, tol_of(dt), "batchnorm_forward y", ctx);
+    expect_in(&mean, 1e-6, "batchnorm_forward mean", ctx);
+    expect_in(&rstd, 1e-6, "batchnorm_forward rstd", ctx);
+    expect_in(&rm, 1e-6, "batchnorm running mean", ctx);
+    expect_in(&rv, 1e-6, "batchnorm running var", ctx);
+    cpu->batchnorm_backward(cpu, &a, &dx.c, &dg.c, &db.c, &dy.c, &x.c, &mean.c, &rstd.c, &g.c, beta);
+    gpu->batchnorm_backward(gpu, &a, &dx.g, &dg.g, &db.g, &dy.g, &x.g, &mean.g, &rstd.g, &g.g, beta);
+    expect_in(&dx, tol_of(dt), "batchnorm_backward dx", ctx);
+    expect_in(&dg, 1e-5, "batchnorm_backward dgamma", ctx);
+    expect_in(&db, 1e-5, "batchnorm_backward dbeta", ctx);
+    struct pair *all[] = {&x, &g, &b, &y, &mean, &rstd, &rm, &rv, &dy, &dx, &dg, &db};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        pair_free(all[i]);
+}
+
+Test(cuda_backend, batchnorm_many_chunks, .init = open_both, .fini = close_both)
+{
+    rng_state = 22;
+    for (int d = 0; d < 3; d++)
+        for (int training = 1; training >= 0; training--)
+            for (int bi = 0; bi < 2; bi++) {
+                float beta = bi ? 1.0f : 0.0f;
+                batchnorm_case(all_dtypes[d], 64, 1, 23, 29, training, beta); /* C = 1, 42688: 10 chunks + 1792 */
+                batchnorm_case(all_dtypes[d], 5, 3, 61, 67, training, beta);  /* 20435: 4 chunks + 4051 */
+                batchnorm_case(all_dtypes[d], 7, 32, 28, 28, training, beta); /* fashion_cnn-like, 5488 */
+                batchnorm_case(all_dtypes[d], 2, 65537, 1, 1, training, beta); /* channels past gridDim.y */
+            }
 }
 
 /* ---- embedding and attention -------------------------------------------------------------------- */
