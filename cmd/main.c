@@ -18,6 +18,7 @@
 #include "dist.h"     /* comm_agree, dist_check_config */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
+#include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
 #include "numerics.h" /* numerics_run */
 #include "safetensors.h" /* safetensors_write */
 
@@ -96,7 +97,7 @@ static enum amp_status need_config_arg(int argc, char **argv, const char *cmd, s
 static void print_storage(const struct config *cfg, FILE *out)
 {
     bool bf16_master = cfg->precision.master_weights == STORE_BF16, bf16_state = cfg->optim.state_dtype == STORE_BF16;
-    const char *lowp = cfg->precision.mode == PREC_BF16 ? "bf16" : "fp16";
+    const char *lowp = cfg->precision.mode == PREC_BF16 || cfg->precision.mode == PREC_FP8 ? "bf16" : "fp16";
     fprintf(out, "\nstorage:\n  weights: %s master", bf16_master ? "bf16" : "fp32");
     if (bf16_master)
         fprintf(out, " (read directly by bf16 ops; an fp32 copy of each weight read in fp32: biases, norms, embeddings)");
@@ -108,6 +109,41 @@ static void print_storage(const struct config *cfg, FILE *out)
                 cfg->optim.stochastic_rounding ? "stochastic rounding (keyed by run.seed, step, parameter)"
                                                : "round to nearest even (updates below half a bf16 ulp are lost: "
                                                  "consider optim.stochastic_rounding: true)");
+}
+
+/* precision.mode fp8: which layers' linear products read fp8 operands, and the recipe (docs/precision.md, "fp8"). */
+static void print_fp8(const struct config *cfg, const struct autocast_policy *policy, FILE *out)
+{
+    if (cfg->precision.mode != PREC_FP8)
+        return;
+    const struct fp8_config *f = &cfg->precision.fp8;
+    if (f->recipe == FP8_RECIPE_DELAYED)
+        fprintf(out, "\nfp8: recipe delayed (amax history of %lld steps, amax %s, margin %lld)", (long long)f->amax_history_len,
+                f->amax_compute == FP8_AMAX_MAX ? "max" : "most_recent", (long long)f->margin);
+    else
+        fprintf(out, "\nfp8: recipe current (each tensor's amax at its cast, margin %lld)", (long long)f->margin);
+    fprintf(out, "; E4M3 inputs and weights, E5M2 output gradients, bf16 results\n  in fp8:");
+    int n = 0;
+    bool linear_lowp = policy->cls[OP_LINEAR] == OPC_LOWP;
+    for (int i = 0; i < cfg->model.nlayers; i++)
+        if (linear_lowp && model_layer_in_fp8(cfg, i)) {
+            fprintf(out, " %s", cfg->model.layers[i].name);
+            n++;
+        }
+    fprintf(out, "%s\n  kept in bf16 (precision.fp8.keep_bf16):", n ? "" : " none");
+    int kept = 0;
+    for (int i = 0; i < cfg->model.nlayers; i++) {
+        enum layer_kind k = cfg->model.layers[i].kind;
+        if ((k == LAYER_LINEAR || k == LAYER_ATTENTION || k == LAYER_TRANSFORMER_BLOCK) &&
+            !(linear_lowp && model_layer_in_fp8(cfg, i))) {
+            fprintf(out, " %s", cfg->model.layers[i].name);
+            kept++;
+        }
+    }
+    fprintf(out, "%s\n", kept ? "" : " none");
+    if (!n)
+        fprintf(stderr, "ampTrain: warning: %s: precision.mode is fp8 but no layer's products run in fp8 (see "
+                     "precision.fp8.keep_bf16); the run is bf16\n", cfg->source);
 }
 
 static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)
@@ -125,6 +161,7 @@ static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)
         config_print_yaml(&cfg, stdout);
         printf("\n");
         autocast_print(&policy, stdout);
+        print_fp8(&cfg, &policy, stdout);
         print_storage(&cfg, stdout);
     }
     config_free(&cfg);

@@ -359,6 +359,8 @@ static void fill_table(struct backend *be)
     be->grad_stats = cuda_grad_stats;
     be->step_finish = cuda_step_finish;
     be->count_zeros = cuda_count_zeros;
+    be->fp8_cast = cuda_fp8_cast;
+    be->fp8_update = cuda_fp8_update;
     be->adamw_update = cuda_adamw_update;
     be->sgd_update = cuda_sgd_update;
     be->status = cu_status;
@@ -391,6 +393,11 @@ extern "C" enum amp_status backend_cuda_create(struct backend **out, int device_
         if (!CB_CUDA(cb, cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_index)))
             break;
         cb->pools = pools != 0;
+        int major = 0, minor = 0;
+        if (!CB_CUDA(cb, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index)) ||
+            !CB_CUDA(cb, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index)))
+            break;
+        cb->cc = major * 10 + minor;
         for (int i = 0; i < BACKEND_STAGING_SLOTS; i++)
             if (!CB_CUDA(cb, cudaEventCreateWithFlags(&cb->stage_done[i], cudaEventDisableTiming)))
                 break;

@@ -25,6 +25,7 @@
 #include <cublasLt.h>         /* cublasLtHandle_t */
 #include <cuda_bf16.h>        /* __nv_bfloat16 */
 #include <cuda_fp16.h>        /* __half */
+#include <cuda_fp8.h>         /* __nv_fp8_e4m3, __nv_fp8_e5m2: precision.mode fp8 */
 #include <cuda_runtime_api.h> /* cudaStream_t */
 #include <cudnn.h>            /* cudnnHandle_t */
 
@@ -48,6 +49,9 @@ enum cuda_scratch_slot {
     CSCR_GS_DESC,                 /* grad_stats: the tensor table (cuda_backend.gs_table, a device_table) */
     CSCR_OPT_DESC,                /* adamw / sgd: the parameter table (cuda_backend.opt_table) */
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
+    CSCR_FP8_A, CSCR_FP8_B,       /* fp8 products: operands transposed (cuBLASLt's TN layout) or widened */
+    CSCR_FP8_P,                   /* fp8 products: the fp32 product before fp8.cu's epilogue */
+    CSCR_FP8_AMAX,                /* fp8_cast (recipe current): the tensor's amax */
     CSCR_COUNT
 };
 
@@ -96,13 +100,20 @@ const void *device_table_commit(struct cuda_backend *cb, struct device_table *t,
 void device_table_free(struct device_table *t);
 
 struct gemm_plan; /* gemm_cublaslt.cu */
-struct conv_plan; /* conv_cudnn.cu */
+struct conv_plan; /* fp8.cu: the scaled cast, the delayed recipe's update, and products of fp8 operands (cuda_gemm sends them) */
+void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a);
+void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a);
+void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g);
+
+/* conv_cudnn.cu */
 
 struct cuda_backend {
     struct backend base; /* first member */
     char name[16];       /* "cuda:N" */
     int device;
     cudaStream_t stream;
+    int cc;              /* compute capability, major * 10 + minor: fp8 products need 89 or more (else emulated) */
+    bool fp8_warned;     /* the fp8 emulation warning was printed */
     bool pools;          /* cudaDevAttrMemoryPoolsSupported: scratch by cudaMallocAsync, else cudaMalloc */
     cudaEvent_t stage_done[BACKEND_STAGING_SLOTS]; /* upload_staged: each slot's last queued copy */
     bool staged[BACKEND_STAGING_SLOTS];            /* a copy was queued since the slot's last wait */
@@ -157,15 +168,24 @@ __device__ __forceinline__ float load_elem(const void *p, int dt, size_t i)
     switch (dt) {
     case DT_FP16: return __half2float(static_cast<const __half *>(p)[i]);
     case DT_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    case DT_FP8_E4M3: return static_cast<float>(static_cast<const __nv_fp8_e4m3 *>(p)[i]);
+    case DT_FP8_E5M2: return static_cast<float>(static_cast<const __nv_fp8_e5m2 *>(p)[i]);
     default: return static_cast<const float *>(p)[i];
     }
 }
 
+/* fp8 stores saturate (lib/dtype.h: Transformer Engine's and torchao's casts), as the CPU's do */
 __device__ __forceinline__ void store_elem(void *p, int dt, size_t i, float v)
 {
     switch (dt) {
     case DT_FP16: static_cast<__half *>(p)[i] = __float2half_rn(v); break;
     case DT_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
+    case DT_FP8_E4M3:
+        static_cast<__nv_fp8_storage_t *>(p)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+        break;
+    case DT_FP8_E5M2:
+        static_cast<__nv_fp8_storage_t *>(p)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+        break;
     default: static_cast<float *>(p)[i] = v; break;
     }
 }
@@ -210,6 +230,9 @@ struct lt_matmul {
     void *aux;         /* NULL, or the GELU epilogue (backend.h GEMM_EPI_GELU_TANH): aux (m, n) of c_dt with ld
                         * ldc gets the pre-activation, C its GELU; needs batch 1, beta 0, !trans_a, ldc == n */
     enum dtype ab_dt, c_dt;
+    enum dtype b_dt;   /* fp8 ab_dt only: B's format, which may differ from A's (E5M2 x E4M3); else unused */
+    const float *a_scale, *b_scale; /* fp8 only: device fp32 factors of A and B (cuBLASLt's scale pointers; NULL
+                                     * is 1): D = alpha * a_scale * b_scale * sum + beta * C */
     bool trans_a, trans_b;
     int64_t m, n, k, lda, ldb, ldc;
     float alpha, beta;
@@ -223,6 +246,11 @@ void cuda_attention_forward(struct backend *be, struct tensor *out, struct tenso
 void cuda_attention_backward(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
                              const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T, int64_t C,
                              int64_t H);
+
+/* fp8.cu: the scaled cast, the delayed recipe's update, and products of fp8 operands (cuda_gemm sends them) */
+void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a);
+void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a);
+void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g);
 
 /* conv_cudnn.cu */
 void cuda_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y, const struct tensor *x,

@@ -55,7 +55,7 @@
 /* ---- plans ------------------------------------------------------------------------------------- */
 
 struct gemm_key {
-    int32_t trans_a, trans_b, ab_dt, c_dt, has_bias, tf32;
+    int32_t trans_a, trans_b, ab_dt, b_dt, c_dt, has_bias, tf32, scaled;
     int32_t align_a, align_b, align_c;
     int32_t align_bias;  /* the bias's alignment (0: no bias): the heuristic reads it from the probe pointer */
     int32_t epilogue; /* enum gemm_epilogue */
@@ -80,6 +80,8 @@ static cudaDataType_t cuda_type(enum dtype dt)
     switch (dt) {
     case DT_FP16: return CUDA_R_16F;
     case DT_BF16: return CUDA_R_16BF;
+    case DT_FP8_E4M3: return CUDA_R_8F_E4M3;
+    case DT_FP8_E5M2: return CUDA_R_8F_E5M2;
     default: return CUDA_R_32F;
     }
 }
@@ -207,7 +209,8 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
     bool ok = CB_CUBLAS(cb, cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F)) &&
               CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a)) &&
               CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b)) &&
-              layout_create(cb, &p->lay_a, ab, key->trans_b ? key->k : key->n, key->trans_b ? key->n : key->k,
+              layout_create(cb, &p->lay_a, (enum dtype)key->b_dt, key->trans_b ? key->k : key->n,
+                            key->trans_b ? key->n : key->k,
                             key->ldb, key->batch, key->stride_b) &&
               layout_create(cb, &p->lay_b, ab, key->trans_a ? key->m : key->k, key->trans_a ? key->k : key->m,
                             key->lda, key->batch, key->stride_a) &&
@@ -241,7 +244,7 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
         cuda_record(cb, "report this shape; meanwhile try another precision mode",
                     "cuBLASLt has no algorithm for a %s x %s -> %s product m=%lld n=%lld k=%lld (batch %lld, "
                     "alignment %d/%d/%d bytes)",
-                    dtype_name(ab), dtype_name(ab), dtype_name(c), (long long)key->m, (long long)key->n,
+                    dtype_name(ab), dtype_name((enum dtype)key->b_dt), dtype_name(c), (long long)key->m, (long long)key->n,
                     (long long)key->k, (long long)key->batch, key->align_a, key->align_b, key->align_c);
         ok = false;
     }
@@ -302,11 +305,13 @@ __global__ void scale_rows_kernel(void *c, int dt, int64_t m, int64_t n, int64_t
 static bool key_of(struct cuda_backend *cb, const struct lt_matmul *mm, enum gemm_epilogue epilogue,
                    struct gemm_key *key)
 {
-    size_t es_ab = dtype_size(mm->ab_dt), es_c = dtype_size(mm->c_dt);
+    size_t es_ab = dtype_size(mm->ab_dt), es_c = dtype_size(mm->c_dt); /* fp8 pairs: both 1 byte */
     memset(key, 0, sizeof *key); /* padding included: keys are compared with memcmp */
     key->trans_a = mm->trans_a;
     key->trans_b = mm->trans_b;
     key->ab_dt = mm->ab_dt;
+    key->b_dt = dtype_is_fp8(mm->ab_dt) ? mm->b_dt : mm->ab_dt;
+    key->scaled = mm->a_scale || mm->b_scale;
     key->c_dt = mm->c_dt;
     key->has_bias = mm->bias != NULL;
     key->tf32 = cb->base.allow_tf32 && mm->ab_dt == DT_FP32;
@@ -374,6 +379,13 @@ static void plan_run(struct cuda_backend *cb, struct gemm_plan *p, const struct 
     if (mm->aux &&
         !CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &mm->aux,
                                                       sizeof mm->aux)))
+        return;
+    /* fp8: cuBLASLt's A is our B, so its A scale is our B's */
+    if (p->key.scaled &&
+        (!CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &mm->b_scale,
+                                                       sizeof mm->b_scale)) ||
+         !CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &mm->a_scale,
+                                                       sizeof mm->a_scale))))
         return;
     /* cuBLASLt's A is our B, its B our A; beta 0 never reads C (cuBLAS semantics) */
     cublasStatus_t st = cublasLtMatmul(cb->lt, p->desc, &mm->alpha, mm->b, p->lay_a, mm->a, p->lay_b, &mm->beta, mm->c,
@@ -505,6 +517,11 @@ static bool gelu_args_ok(struct cuda_backend *cb, const struct gemm_args *g)
 void cuda_gemm(struct backend *be, const struct gemm_args *g)
 {
     struct cuda_backend *cb = cuda_of(be);
+    if (dtype_is_fp8(g->a->dtype) || dtype_is_fp8(g->b->dtype)) {
+        if (gelu_args_ok(cb, g))
+            cuda_gemm_fp8(cb, g);
+        return;
+    }
     if (g->a->dtype != g->b->dtype || (g->c->dtype != DT_FP32 && g->c->dtype != g->a->dtype) ||
         (g->bias && (g->bias->dtype != DT_FP32 || g->beta != 0.0f))) {
         cuda_record(cb, "this is a bug in the caller (see the dtype rules in lib/backend.h)",

@@ -53,6 +53,7 @@ void autocast_default(struct autocast_policy *p, enum dtype lowp)
 {
     p->enabled = lowp != DT_FP32;
     p->lowp = lowp;
+    p->fp8 = false;
     memcpy(p->cls, default_class, sizeof p->cls);
 }
 
@@ -61,7 +62,8 @@ enum dtype precision_lowp_dtype(enum precision_mode mode)
     switch (mode) {
     case PREC_FP16_STATIC:
     case PREC_FP16_DYNAMIC: return DT_FP16;
-    case PREC_BF16: return DT_BF16;
+    case PREC_BF16:
+    case PREC_FP8: return DT_BF16; /* fp8 runs the autocast policy of bf16; its linear layers' products read fp8 */
     case PREC_FP32: break;
     }
     return DT_FP32;
@@ -84,6 +86,7 @@ enum amp_status autocast_from_config(struct autocast_policy *p, enum precision_m
                                      const struct autocast_config *ac, struct amp_error *err)
 {
     autocast_default(p, precision_lowp_dtype(mode));
+    p->fp8 = mode == PREC_FP8;
     enum amp_status st = apply_list(p, ac->lowp_ops, ac->nlowp, OPC_LOWP, err);
     if (st == AMP_OK)
         st = apply_list(p, ac->fp32_ops, ac->nfp32, OPC_FP32, err);
@@ -120,7 +123,8 @@ void autocast_print(const struct autocast_policy *p, FILE *out)
     for (int i = 0; i < OP_KIND_COUNT; i++) {
         const char *runs;
         switch (p->cls[i]) {
-        case OPC_LOWP: runs = p->enabled ? dtype_name(p->lowp) : "fp32"; break;
+        case OPC_LOWP: runs = !p->enabled ? "fp32" : p->fp8 && i == OP_LINEAR ? "e4m3 x e4m3 -> bf16 (grads e5m2)"
+                                                        : dtype_name(p->lowp); break;
         case OPC_FP32: runs = "fp32"; break;
         default: runs = "widest input"; break;
         }

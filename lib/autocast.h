@@ -34,6 +34,8 @@ struct autocast_policy {
     bool enabled;                      /* false: everything fp32 */
     enum dtype lowp;                   /* DT_FP16 or DT_BF16 when enabled */
     enum op_class cls[OP_KIND_COUNT];
+    bool fp8;                          /* precision.mode fp8: linear products read fp8 operands (lib/fp8.h), but in
+                                        * the layers of precision.fp8.keep_bf16; the rest of the table is bf16's */
 };
 
 const char *op_kind_name(enum op_kind op);     /* the names used in precision.autocast lists */

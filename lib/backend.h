@@ -46,11 +46,16 @@ enum gemm_epilogue {
                                * !trans_a, and aux (m, n). aux is what GELU's backward reads (act_backward). */
 };
 
-/* C = alpha * op(A) @ op(B) + beta * C, row-major, `batch` independent products (strided batched). */
+/* C = alpha * op(A) @ op(B) + beta * C, row-major, `batch` independent products (strided batched).
+ * fp8 operands (precision.mode fp8): A and B are each E4M3 or E5M2 (not both E5M2), each with its scale_inv
+ * (tensor.h); the exact products of the codes are summed in fp32 and the sum multiplied by
+ * alpha * *A.scale_inv * *B.scale_inv (that factor formed in fp32, left to right) before the bias, the
+ * epilogue and the one rounding. C is then fp32 or bf16. */
 struct gemm_args {
     const struct tensor *a;   /* op(A) is (m, k): A is (m, k), or (k, m) when trans_a */
     const struct tensor *b;   /* op(B) is (k, n): B is (k, n), or (n, k) when trans_b */
-    struct tensor *c;         /* (m, n): fp32, or the dtype of A (then rounded once at the end) */
+    struct tensor *c;         /* (m, n): fp32, or the dtype of A (then rounded once at the end); fp8 A and B:
+                               * fp32 or bf16 */
     const struct tensor *bias;/* optional, fp32 (n): added to every row before rounding; needs beta 0 */
     bool trans_a, trans_b;
     int64_t m, n, k;
@@ -109,6 +114,29 @@ struct optim_update_args {
     bool stochastic;          /* bf16 stores round stochastically (lib/sround.h), else to nearest even */
     uint64_t sr_seed;         /* sr_seed(run.seed) */
     uint32_t sr_param;        /* this parameter's index: the rounding stream is sr_stream(sc->t, sr_param) */
+};
+
+/* A cast to fp8 with a per-tensor scale (lib/fp8.h has the recipes). dst = saturate(round-to-nearest-even(
+ * src * scale)) in dst's format (E4M3 or E5M2; never Inf), and dst's value is code * scale_inv. */
+struct fp8_cast_args {
+    struct tensor *dst;       /* E4M3 or E5M2, src's numel; dst->scale_inv should point at scale_inv */
+    const struct tensor *src; /* any non-fp8 dtype */
+    float *scale, *scale_inv; /* this tensor's: one fp32 each in backend memory */
+    float *amax;              /* non-NULL: *amax = max(*amax, max |src|) (lib/fp8.h fp8_amax_fold) */
+    bool current;             /* first *scale = fp8_scale_from_amax(max |src|, current) and *scale_inv = 1 / *scale
+                               * (recipe current), then cast */
+    int margin;               /* precision.fp8.margin, for `current` */
+};
+
+/* The delayed recipe's update after a step, for the n tensors of one group (lib/fp8.h): amax from the history
+ * (len rows of n; `max` over the rows or row `row` alone), scale = fp8_scale_from_amax(amax, fmax, margin, scale,
+ * delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to 0. */
+struct fp8_update_args {
+    float *scale, *scale_inv, *history;
+    int n, len, row;
+    bool most_recent;
+    int margin;
+    float fmax;
 };
 
 struct backend {
@@ -225,6 +253,10 @@ struct backend {
                         const struct grad_check *check, struct step_row *row);
     /* *acc (one int64 in backend memory) += the number of elements exactly zero, +0 or -0 (grad_zero_frac) */
     void (*count_zeros)(struct backend *be, const struct tensor *t, int64_t *acc);
+
+    /* fp8 (precision.mode fp8): the scaled cast, and the delayed recipe's scale update */
+    void (*fp8_cast)(struct backend *be, const struct fp8_cast_args *a);
+    void (*fp8_update)(struct backend *be, const struct fp8_update_args *a);
 
     /* optimizer updates: n parameters' in one call (the CUDA backend: one launch for all of them, as grad_stats);
      * the n entries share sc, betas, eps, momentum and nesterov, and name distinct tensors */

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8.h"       /* fp8_scale_from_amax, fp8_amax_fold: the fp8 recipes' arithmetic */
 #include "gemm_avx512.h" /* gemm_avx512: fp32, fp16 and bf16 products with AVX-512 */
 #include "rng.h"       /* rng_uniform: dropout masks */
 #include "sround.h"    /* bf16_round_stochastic: bf16 master weights and moments */
@@ -65,6 +66,7 @@ enum scratch_slot {
     SCR_TMP0, SCR_TMP1, SCR_TMP2,       /* per-op fp32 work buffers, also one slice each */
     SCR_ACC0, SCR_ACC1,                 /* per-op double accumulators */
     SCR_IDX,                            /* int32 indices: max pooling's argmax, one plane */
+    SCR_FP8_A, SCR_FP8_B,               /* gemm_core: fp8 operands widened (exactly) to bf16 */
     SCR_COUNT
 };
 
@@ -314,6 +316,54 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
     gemm_avx512(&g, pa, pb, partial);
 }
 
+static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias);
+
+/* An fp8 operand (rows, cols) widened to bf16 in `slot`, which holds every fp8 value exactly (E4M3's and
+ * E5M2's exponents are within bf16's, their 3 and 2 mantissa bits within its 7); other dtypes as they are. */
+static bool fp8_widen(struct cpu_backend *cb, enum scratch_slot slot, struct mat_in *a, int64_t rows, int64_t cols)
+{
+    if (!dtype_is_fp8(a->dt))
+        return true;
+    uint16_t *p = scratch_get(cb, slot, (size_t)(rows * cols) * sizeof(uint16_t));
+    if (!p)
+        return false;
+    for (int64_t r = 0; r < rows; r++)
+        dtype_convert(p + r * cols, DT_BF16, elem_ptr(a->p, a->dt, (size_t)(r * a->ld)), a->dt, (size_t)cols);
+    *a = (struct mat_in){ .p = p, .dt = DT_BF16, .ld = cols };
+    return true;
+}
+
+/* fp8 A and B (any pair of formats): widened to bf16, whose products are as exact and whose sums are fp32, then
+ * the bf16 product. alpha already holds the operands' scale_inv (cpu_gemm). */
+static void gemm_core_fp8(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                          struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
+{
+    if (!fp8_widen(cb, SCR_FP8_A, &a, ta ? k : m, ta ? m : k) || !fp8_widen(cb, SCR_FP8_B, &b, tb ? n : k, tb ? k : n))
+        return;
+    gemm_core(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
+}
+
+/* The factor an fp8 product's sum is multiplied by: alpha * A's scale_inv * B's (backend.h, gemm_args). */
+static float gemm_alpha(const struct gemm_args *g)
+{
+    float alpha = g->alpha;
+    if (dtype_is_fp8(g->a->dtype)) {
+        assert(g->a->scale_inv && g->b->scale_inv);
+        alpha = alpha * *g->a->scale_inv * *g->b->scale_inv;
+    }
+    return alpha;
+}
+
+static inline bool gemm_dtypes_ok(const struct gemm_args *g)
+{
+    enum dtype a = g->a->dtype, b = g->b->dtype, c = g->c->dtype;
+    if (dtype_is_fp8(a) || dtype_is_fp8(b))
+        return dtype_is_fp8(a) && dtype_is_fp8(b) && !(a == DT_FP8_E5M2 && b == DT_FP8_E5M2) &&
+               (c == DT_FP32 || c == DT_BF16);
+    return a == b && (c == DT_FP32 || c == a);
+}
+
 static int blas_dim(int64_t x)
 {
     assert(x >= 0 && x <= INT_MAX);
@@ -328,6 +378,10 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
     assert(!bias || beta == 0.0f);
     if (m <= 0 || n <= 0)
         return;
+    if (dtype_is_fp8(a.dt) || dtype_is_fp8(b.dt)) {
+        gemm_core_fp8(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
+        return;
+    }
     if (k > 0 && a.dt == b.dt && cb->gemm_avx512[a.dt] && (c.dt == DT_FP32 || c.dt == a.dt)) {
         gemm_core_avx512(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
         return;
@@ -402,17 +456,17 @@ static void cpu_gemm(struct backend *be, const struct gemm_args *g)
         return;
     }
     assert(g->batch >= 1);
-    assert(g->a->dtype == g->b->dtype); /* the contract; gemm_core itself would take any pair */
-    assert(g->c->dtype == DT_FP32 || g->c->dtype == g->a->dtype);
+    assert(gemm_dtypes_ok(g)); /* the contract; gemm_core itself would take any pair */
     assert(!g->bias || (g->bias->dtype == DT_FP32 && (int64_t)g->bias->numel == g->n));
     const float *bias = g->bias ? (const float *)g->bias->data : NULL;
+    const float alpha = gemm_alpha(g);
     for (int64_t i = 0; i < g->batch; i++) {
         struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(i * g->stride_a)), g->a->dtype,
                             g->trans_a ? g->m : g->k };
         struct mat_in b = { elem_ptr(g->b->data, g->b->dtype, (size_t)(i * g->stride_b)), g->b->dtype,
                             g->trans_b ? g->k : g->n };
         struct mat_out c = { elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), g->c->dtype, g->n };
-        gemm_core(cb, g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, a, b, g->beta, c, bias);
+        gemm_core(cb, g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, b, g->beta, c, bias);
     }
 }
 
@@ -467,7 +521,8 @@ HOT_LOOP static void act_apply(enum act_kind kind, float *y, const float *x, siz
 static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
 {
     assert(g->batch == 1 && g->beta == 0.0f && !g->trans_a && g->aux);
-    assert(g->a->dtype == g->b->dtype && g->aux->dtype == g->c->dtype);
+    assert(gemm_dtypes_ok(g) && g->aux->dtype == g->c->dtype);
+    const float alpha = gemm_alpha(g);
     assert((int64_t)g->aux->numel == g->m * g->n && (int64_t)g->c->numel == g->m * g->n);
     int64_t m = g->m, n = g->n, k = g->k;
     if (m <= 0 || n <= 0)
@@ -476,7 +531,7 @@ static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
     struct mat_in b = { g->b->data, g->b->dtype, g->trans_b ? k : n };
     if (g->c->dtype == DT_FP32) { /* aux holds the fp32 product itself: no scratch, no copies */
         struct mat_in a = { g->a->data, g->a->dtype, k };
-        gemm_core(cb, false, g->trans_b, m, n, k, g->alpha, a, b, 0.0f, out_mat_f32(g->aux->data, n), bias);
+        gemm_core(cb, false, g->trans_b, m, n, k, alpha, a, b, 0.0f, out_mat_f32(g->aux->data, n), bias);
         act_apply(ACT_GELU_TANH, g->c->data, g->aux->data, (size_t)(m * n));
         return;
     }
@@ -489,7 +544,7 @@ static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t rb = m - r0 < rows ? m - r0 : rows;
         struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(r0 * k)), g->a->dtype, k };
-        gemm_core(cb, false, g->trans_b, rb, n, k, g->alpha, a, b, 0.0f, out_mat_f32(pre, n), bias);
+        gemm_core(cb, false, g->trans_b, rb, n, k, alpha, a, b, 0.0f, out_mat_f32(pre, n), bias);
         size_t off = (size_t)(r0 * n), cnt = (size_t)(rb * n);
         dtype_convert(elem_ptr(g->aux->data, g->aux->dtype, off), g->aux->dtype, pre, DT_FP32, cnt);
         act_apply(ACT_GELU_TANH, pre, pre, cnt);
@@ -1754,6 +1809,60 @@ static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a
 
 /* ---- status and lifetime --------------------------------------------------------------------- */
 
+/* ---- fp8 -------------------------------------------------------------------------------------------- */
+
+static void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
+{
+    (void)be;
+    const struct tensor *src = a->src;
+    struct tensor *dst = a->dst;
+    assert(dtype_is_fp8(dst->dtype) && !dtype_is_fp8(src->dtype) && dst->numel == src->numel);
+    enum fp8_format f = dst->dtype == DT_FP8_E4M3 ? FP8_E4M3 : FP8_E5M2;
+    size_t n = src->numel;
+    float buf[BLOCK];
+    if (a->current || a->amax) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < n; i += BLOCK) {
+            size_t c = n - i < BLOCK ? n - i : BLOCK;
+            const float *v = load_f32(src->data, src->dtype, i, c, buf);
+            for (size_t j = 0; j < c; j++)
+                amax = fp8_amax_fold(amax, v[j]);
+        }
+        if (a->current) {
+            *a->scale = fp8_scale_from_amax(amax, fp8_max(f), a->margin, *a->scale, true);
+            *a->scale_inv = 1.0f / *a->scale;
+        }
+        if (a->amax)
+            *a->amax = fp8_amax_fold(*a->amax, amax);
+    }
+    const float scale = *a->scale;
+    uint8_t *out = dst->data;
+    for (size_t i = 0; i < n; i += BLOCK) {
+        size_t c = n - i < BLOCK ? n - i : BLOCK;
+        const float *v = load_f32(src->data, src->dtype, i, c, buf);
+        for (size_t j = 0; j < c; j++)
+            out[i + j] = fp8_from_fp32(v[j] * scale, f, 1);
+    }
+}
+
+static void cpu_fp8_update(struct backend *be, const struct fp8_update_args *a)
+{
+    (void)be;
+    assert(a->len >= 1 && a->row >= 0 && a->row < a->len);
+    for (int i = 0; i < a->n; i++) {
+        float amax = a->history[(size_t)a->row * (size_t)a->n + (size_t)i];
+        if (!a->most_recent)
+            for (int r = 0; r < a->len; r++) {
+                float h = a->history[(size_t)r * (size_t)a->n + (size_t)i];
+                amax = h > amax || isnan(h) ? h : amax; /* NaN (never recorded, but from a file) propagates */
+            }
+        a->scale[i] = fp8_scale_from_amax(amax, a->fmax, a->margin, a->scale[i], false);
+        a->scale_inv[i] = 1.0f / a->scale[i];
+    }
+    int next = (a->row + 1) % a->len;
+    memset(a->history + (size_t)next * (size_t)a->n, 0, (size_t)a->n * sizeof(float));
+}
+
 static enum amp_status cpu_status(struct backend *be, struct amp_error *err)
 {
     struct cpu_backend *cb = cpu_of(be);
@@ -1828,6 +1937,8 @@ struct backend *backend_cpu_create(void)
     be->grad_stats = cpu_grad_stats;
     be->step_finish = cpu_step_finish;
     be->count_zeros = cpu_count_zeros;
+    be->fp8_cast = cpu_fp8_cast;
+    be->fp8_update = cpu_fp8_update;
     be->adamw_update = cpu_adamw_update;
     be->sgd_update = cpu_sgd_update;
     be->status = cpu_status;

@@ -231,6 +231,40 @@ static void write_attrs_ok(struct writer *w, int rc, const char *what)
 }
 
 /* The HDF5 part of a checkpoint: everything but the user block. */
+/* /fp8 (precision.mode fp8, lib/fp8.h): per group (fwd: E4M3 inputs and weights, bwd: E5M2 output gradients) the
+ * scales (n) and, with recipe delayed, the amax history (amax_history_len, n); the n tensors in the order the
+ * model's layers register them (`ampTrain check` lists them). scale_inv is 1 / scale, not stored. */
+static void write_fp8(struct writer *w, const struct fp8_state *st, struct backend *be)
+{
+    hid_t g = make_group(w, "fp8");
+    if (g < 0)
+        return;
+    int rc = attr_str(g, "recipe", st->recipe == FP8_CURRENT ? "current" : "delayed");
+    rc |= attr_i64(g, "amax_history_len", st->len);
+    rc |= attr_str(g, "amax_compute", st->most_recent ? "most_recent" : "max");
+    rc |= attr_i64(g, "margin", st->margin);
+    write_attrs_ok(w, rc, "writing /fp8");
+    h5_close_id(g);
+    const struct fp8_group *groups[2] = {&st->fwd, &st->bwd};
+    const char *names[2] = {"fwd", "bwd"};
+    char name[64];
+    for (int i = 0; i < 2; i++) {
+        const struct fp8_group *fg = groups[i];
+        if (fg->n == 0)
+            continue;
+        struct tensor scale = { .data = fg->scale, .dtype = DT_FP32, .ndim = 1, .shape = {fg->n, 1, 1, 1},
+                                .numel = (size_t)fg->n, .be = be };
+        snprintf(name, sizeof name, "fp8/%s/scale", names[i]);
+        write_tensor(w, name, &scale, be);
+        if (fg->history) {
+            struct tensor h = { .data = fg->history, .dtype = DT_FP32, .ndim = 2, .shape = {st->len, fg->n, 1, 1},
+                                .numel = (size_t)st->len * (size_t)fg->n, .be = be };
+            snprintf(name, sizeof name, "fp8/%s/amax_history", names[i]);
+            write_tensor(w, name, &h, be);
+        }
+    }
+}
+
 static void write_contents(struct writer *w, const struct trainer *t)
 {
     const struct config *cfg = t->cfg;
@@ -263,6 +297,8 @@ static void write_contents(struct writer *w, const struct trainer *t)
     }
     const struct model *m = &t->model;
     char name[256];
+    if (m->has_fp8)
+        write_fp8(w, &m->fp8, be);
     for (int i = 0; i < m->nparams; i++) {
         snprintf(name, sizeof name, "model/%s", m->params[i]->name);
         write_tensor(w, name, &m->params[i]->master, be);
@@ -640,6 +676,7 @@ struct reader {
     const char *path;
     struct amp_error *err;
     bool dry;      /* a trial read (trial.h): everything but uploads to the backend */
+    const struct ckpt_info *info; /* the file's /state, read by open_checked */
 };
 
 #define MAX_ATTR_TEXT 4096             /* longest string attribute read */
@@ -920,7 +957,7 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 }
 
 /* What a tensor's values must be. */
-enum values { ANY_FINITE, NONNEG_FINITE };
+enum values { ANY_FINITE, NONNEG_FINITE, POSITIVE_FINITE };
 
 /* Read dataset `name` into tensor t after checking its class, rank and shape, then its values. */
 static enum amp_status read_tensor(const struct reader *r, const char *name, struct tensor *t, enum values want,
@@ -981,12 +1018,13 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
                         r->path, name);
     }
     for (size_t i = 0; i < t->numel; i++) {
-        if (isfinite(host[i]) && (want == ANY_FINITE || host[i] >= 0.0f))
+        if (isfinite(host[i]) && (want == ANY_FINITE || host[i] > 0.0f || (want == NONNEG_FINITE && host[i] == 0.0f)))
             continue;
         enum amp_status st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /%s holds %g at element %zu; %s",
                                       r->path, name, (double)host[i], i,
-                                      want == ANY_FINITE ? "every value must be finite"
-                                                         : "every value must be finite and >= 0");
+                                      want == ANY_FINITE      ? "every value must be finite"
+                                      : want == NONNEG_FINITE ? "every value must be finite and >= 0"
+                                                              : "every value must be finite and > 0");
         free(host);
         return st;
     }
@@ -1014,10 +1052,52 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
     return st;
 }
 
+/* /fp8 into the model's fp8 state, when the file's run was in fp8 (a resume from another mode starts fp8 afresh:
+ * scales 1, empty histories). The shapes check the tensors' count and the history's length; scale_inv follows. */
+static enum amp_status load_fp8(const struct reader *r, struct model *m)
+{
+    if (!m->has_fp8 || strcmp(r->info->precision_mode, precision_mode_name(PREC_FP8)) != 0)
+        return AMP_OK;
+    hid_t g = open_group(r, "fp8", "the fp8 scales and amax histories");
+    if (g < 0)
+        return AMP_ERR_CKPT;
+    h5_close_id(g);
+    struct fp8_group *groups[2] = {&m->fp8.fwd, &m->fp8.bwd};
+    const char *names[2] = {"fwd", "bwd"};
+    char name[64];
+    enum amp_status st = AMP_OK;
+    for (int i = 0; i < 2 && st == AMP_OK; i++) {
+        struct fp8_group *fg = groups[i];
+        if (fg->n == 0)
+            continue;
+        struct tensor scale = { .data = fg->scale, .dtype = DT_FP32, .ndim = 1, .shape = {fg->n, 1, 1, 1},
+                                .numel = (size_t)fg->n, .be = m->be };
+        snprintf(name, sizeof name, "fp8/%s/scale", names[i]);
+        st = read_tensor(r, name, &scale, POSITIVE_FINITE, m->be);
+        if (st == AMP_OK && fg->history) {
+            struct tensor h = { .data = fg->history, .dtype = DT_FP32, .ndim = 2, .shape = {m->fp8.len, fg->n, 1, 1},
+                                .numel = (size_t)m->fp8.len * (size_t)fg->n, .be = m->be };
+            snprintf(name, sizeof name, "fp8/%s/amax_history", names[i]);
+            st = read_tensor(r, name, &h, NONNEG_FINITE, m->be);
+        }
+        if (st != AMP_OK || r->dry)
+            continue;
+        float *host = malloc((size_t)fg->n * sizeof *host);
+        if (!host)
+            return amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading the fp8 scales");
+        m->be->download(m->be, host, fg->scale, (size_t)fg->n * sizeof *host);
+        for (int j = 0; j < fg->n; j++)
+            host[j] = 1.0f / host[j];
+        m->be->upload(m->be, fg->scale_inv, host, (size_t)fg->n * sizeof *host);
+        free(host);
+    }
+    return st;
+}
+
 static enum amp_status load_model_from(const struct reader *r, struct model *m)
 {
     char name[256];
-    enum amp_status st = AMP_OK;
+    enum amp_status st = load_fp8(r, m);
     for (int i = 0; i < m->nparams && st == AMP_OK; i++) {
         snprintf(name, sizeof name, "model/%s", m->params[i]->name);
         st = read_tensor(r, name, &m->params[i]->master, ANY_FINITE, m->be);
@@ -1343,7 +1423,7 @@ static enum amp_status job_run(const struct ckpt_job *j, bool dry, struct amp_er
     h5_quiet_begin(&q);
     struct ckpt_info info;
     hid_t f = open_checked(j->path, &info, err);
-    struct reader r = {.file = f, .path = j->path, .err = err, .dry = dry};
+    struct reader r = {.file = f, .path = j->path, .err = err, .dry = dry, .info = &info};
     enum amp_status st = f < 0 ? AMP_ERR_CKPT : AMP_OK;
     char *text = NULL;
     if (st == AMP_OK) {

@@ -48,7 +48,9 @@ static const char *const data_format_names[] = {"idx", "hdf5", "text", "tokens",
 static const char *const data_sampling_names[] = {"random", "sequential", NULL};
 static const char *const optim_kind_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_kind_names[] = {"constant", "step", "cosine", NULL};
-static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", NULL};
+static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", "fp8", NULL};
+static const char *const fp8_recipe_names[] = {"delayed", "current", NULL};
+static const char *const fp8_amax_compute_names[] = {"max", "most_recent", NULL};
 static const char *const store_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const on_nonfinite_names[] = {"skip", "stop", NULL};
 static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
@@ -63,7 +65,7 @@ static const char *const op_kind_names[] = {
 _Static_assert(ARRAY_LEN(layer_kind_names) == LAYER_KIND_COUNT + 1, "one name per layer kind");
 _Static_assert(ARRAY_LEN(data_format_names) == DATA_TOKENS + 2, "one name per data format");
 _Static_assert(ARRAY_LEN(data_sampling_names) == SAMPLING_SEQUENTIAL + 2, "one name per sampling");
-_Static_assert(ARRAY_LEN(precision_mode_names) == PREC_BF16 + 2, "one name per precision mode");
+_Static_assert(ARRAY_LEN(precision_mode_names) == PREC_FP8 + 2, "one name per precision mode");
 /* Enum fields are read and written as int through the tables. */
 _Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format) == sizeof(int) &&
                    sizeof(enum optim_kind) == sizeof(int) && sizeof(enum sched_kind) == sizeof(int) &&
@@ -302,9 +304,21 @@ static const struct field autocast_fields[] = {
 #undef S
 static const struct section autocast_section = {"precision.autocast", autocast_fields, ARRAY_LEN(autocast_fields)};
 
+#define S struct fp8_config
+static const struct field fp8_fields[] = {
+    ENUM_(S, recipe, fp8_recipe_names, FP8_RECIPE_DELAYED),
+    INT_(S, amax_history_len, 1024, IN_CC(1, CFG_MAX_AMAX_HISTORY)),
+    ENUM_(S, amax_compute, fp8_amax_compute_names, FP8_AMAX_MAX),
+    INT_(S, margin, 0, IN_CC(0, 64)),
+    LIST_(S, keep_bf16, nkeep_bf16, NULL),
+};
+#undef S
+static const struct section fp8_section = {"precision.fp8", fp8_fields, ARRAY_LEN(fp8_fields)};
+
 #define S struct precision_config
 static const struct field precision_fields[] = {
     ENUM_(S, mode, precision_mode_names, PREC_FP32),
+    SECT_(S, fp8, fp8_section),
     SECT_(S, loss_scale, loss_scale_section),
     SECT_(S, autocast, autocast_section),
     BOOL_(S, tf32, false),
@@ -1433,6 +1447,9 @@ void config_defaults(struct config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     section_defaults(&root_section, cfg);
+    snprintf(cfg->precision.fp8.keep_bf16[0], sizeof cfg->precision.fp8.keep_bf16[0], "first");
+    snprintf(cfg->precision.fp8.keep_bf16[1], sizeof cfg->precision.fp8.keep_bf16[1], "last");
+    cfg->precision.fp8.nkeep_bf16 = 2;
     snprintf(cfg->source, sizeof cfg->source, "<defaults>");
     derive_defaults(cfg);
 }
@@ -1595,6 +1612,38 @@ static enum amp_status check_precision(const struct ctx *c, const struct precisi
     return AMP_OK;
 }
 
+/* precision.fp8.keep_bf16 names `first`, `last` or layers whose products could run in fp8. */
+static bool has_linear(enum layer_kind k)
+{
+    return k == LAYER_LINEAR || k == LAYER_ATTENTION || k == LAYER_TRANSFORMER_BLOCK;
+}
+
+static enum amp_status check_keep_bf16(const struct ctx *c, const struct config *cfg)
+{
+    const struct fp8_config *f = &cfg->precision.fp8;
+    const struct model_config *m = &cfg->model;
+    for (int i = 0; i < f->nkeep_bf16; i++) {
+        const char *name = f->keep_bf16[i];
+        if (!strcmp(name, "first") || !strcmp(name, "last"))
+            continue;
+        int found = -1;
+        for (int j = 0; j < m->nlayers && found < 0; j++)
+            if (!strcmp(m->layers[j].name, name))
+                found = j;
+        if (found >= 0 && has_linear(m->layers[found].kind))
+            continue;
+        char hint[512] = "name `first`, `last`, or layers with matrix products:";
+        for (int j = 0; j < m->nlayers; j++)
+            if (has_linear(m->layers[j].kind) && strlen(hint) + strlen(m->layers[j].name) + 3 < sizeof hint) {
+                strcat(hint, " ");
+                strcat(hint, m->layers[j].name);
+            }
+        return fail_key(c, "precision.fp8.keep_bf16", hint, "precision.fp8.keep_bf16: %s '%s'",
+                        found < 0 ? "no layer is named" : "there is no matrix product to keep in layer", name);
+    }
+    return AMP_OK;
+}
+
 static enum amp_status finalize(struct ctx *c, struct config *cfg)
 {
     enum amp_status st;
@@ -1623,6 +1672,8 @@ static enum amp_status finalize(struct ctx *c, struct config *cfg)
                         "set precision.master_weights: bf16 and/or optim.state_dtype: bf16, or stochastic_rounding: false",
                         "optim.stochastic_rounding rounds bf16 stores, but the weights and the optimizer state are fp32 "
                         "(nothing to round)");
+    if ((st = check_keep_bf16(c, cfg)) != AMP_OK)
+        return st;
     return check_precision(c, &cfg->precision);
 }
 
@@ -2234,6 +2285,7 @@ int config_print_warnings(const struct config *cfg, FILE *out)
     switch (cfg->precision.mode) {
     case PREC_FP32:
     case PREC_BF16:
+    case PREC_FP8:
         if (dynamic_keys || static_key) {
             fprintf(out, "ampTrain: warning: %s: precision.loss_scale is set but %s is not loss-scaled (scale 1); "
                          "it applies to fp16-static and fp16-dynamic\n", cfg->source, mode);
@@ -2255,6 +2307,22 @@ int config_print_warnings(const struct config *cfg, FILE *out)
             n++;
         }
         break;
+    }
+    const struct fp8_config *f8 = &cfg->precision.fp8, *df8 = &d.precision.fp8;
+    bool fp8_keys = f8->recipe != df8->recipe || f8->amax_history_len != df8->amax_history_len ||
+                    f8->amax_compute != df8->amax_compute || f8->margin != df8->margin ||
+                    f8->nkeep_bf16 != df8->nkeep_bf16;
+    for (int i = 0; !fp8_keys && i < f8->nkeep_bf16; i++)
+        fp8_keys = strcmp(f8->keep_bf16[i], df8->keep_bf16[i]) != 0;
+    if (fp8_keys && cfg->precision.mode != PREC_FP8) {
+        fprintf(out, "ampTrain: warning: %s: precision.fp8 is set but precision.mode is %s; it applies to fp8\n",
+                cfg->source, mode);
+        n++;
+    } else if (cfg->precision.mode == PREC_FP8 && f8->recipe == FP8_RECIPE_CURRENT &&
+               (f8->amax_history_len != df8->amax_history_len || f8->amax_compute != df8->amax_compute)) {
+        fprintf(out, "ampTrain: warning: %s: precision.fp8.amax_history_len and amax_compute apply to recipe delayed; "
+                     "recipe current scales each tensor by its amax at the cast\n", cfg->source);
+        n++;
     }
     bool fp16 = cfg->precision.mode == PREC_FP16_STATIC || cfg->precision.mode == PREC_FP16_DYNAMIC;
     if (fp16 && cfg->stability.on_nonfinite == NONFINITE_STOP) {

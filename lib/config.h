@@ -36,7 +36,9 @@ enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT, DATA_TOKENS };
 enum data_sampling { SAMPLING_RANDOM, SAMPLING_SEQUENTIAL }; /* tokens: windows at random offsets | consecutive */
 enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };
 enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE };
-enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16 };
+enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16, PREC_FP8 };
+enum fp8_recipe_kind { FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT };
+enum fp8_amax_compute { FP8_AMAX_MAX, FP8_AMAX_MOST_RECENT };
 /* How master weights or optimizer moments are stored (precision.master_weights, optim.state_dtype). */
 enum store_dtype { STORE_FP32, STORE_BF16 };
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
@@ -169,8 +171,23 @@ struct autocast_config {
     char promote_ops[CFG_MAX_OPS][32]; int npromote;
 };
 
+#define CFG_MAX_KEEP 32       /* most names in precision.fp8.keep_bf16 */
+#define CFG_MAX_AMAX_HISTORY 65536 /* precision.fp8.amax_history_len */
+
+/* precision.mode fp8 (docs/precision.md "fp8"; lib/fp8.h). */
+struct fp8_config {
+    enum fp8_recipe_kind recipe;       /* delayed (default) | current */
+    int64_t amax_history_len;          /* delayed: steps of amax kept (default 1024), 1..CFG_MAX_AMAX_HISTORY */
+    enum fp8_amax_compute amax_compute;/* delayed: max (default) | most_recent */
+    int64_t margin;                    /* scale = (fmax / amax) / 2^margin (default 0), 0..64 */
+    char keep_bf16[CFG_MAX_KEEP][64];  /* layers whose products stay bf16: names, or `first` / `last` (the first
+                                        * and last layers that hold parameters); default [first, last] */
+    int nkeep_bf16;
+};
+
 struct precision_config {
     enum precision_mode mode; /* default fp32 */
+    struct fp8_config fp8;
     struct loss_scale_config loss_scale;
     struct autocast_config autocast;
     bool tf32;                /* default false */

@@ -86,6 +86,28 @@ void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt
     d->be->upload(d->be, buf, h, bytes);
 }
 
+void dist_reduce_max_f32(struct dist *d, float *buf, size_t count)
+{
+    d->reduces++;
+    if (!d->active || count == 0)
+        return;
+    if (d->be->host_memory) {
+        d->comm->host_allreduce(d->comm, buf, count, COMM_F32, COMM_MAX);
+        return;
+    }
+    size_t bytes = count * sizeof(float);
+    void *h = stage(d, bytes);
+    if (!h) {
+        fprintf(stderr, "[rank %d] ampTrain: error: out of memory staging %zu bytes for the all-reduce\n",
+                d->comm->rank, bytes);
+        d->comm->abort(d->comm, AMP_ERR_INTERNAL);
+        return;
+    }
+    d->be->download(d->be, h, buf, bytes);
+    d->comm->host_allreduce(d->comm, h, count, COMM_F32, COMM_MAX);
+    d->be->upload(d->be, buf, h, bytes);
+}
+
 /* ---- agreeing on errors and signals -------------------------------------------------------------- */
 
 struct outcome {

@@ -45,6 +45,9 @@ void dist_free(struct dist *d);
 
 /* buf[0..count) (backend memory, f32 or f64) = its sum over the ranks. */
 void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt);
+/* The elementwise max of a small fp32 buffer in backend memory over the ranks (fp8 amaxes), through the host
+ * where the backend's memory is not the host's (one download and upload of `count` floats). */
+void dist_reduce_max_f32(struct dist *d, float *buf, size_t count);
 
 /* Every rank learns the outcome of a step that may have failed on some: the lowest failing rank's
  * status, with its error (message prefixed "rank R: " when R is not 0) copied into err on every rank,

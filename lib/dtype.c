@@ -48,6 +48,8 @@ size_t dtype_size(enum dtype dt)
     case DT_FP32: return 4;
     case DT_FP16: return 2;
     case DT_BF16: return 2;
+    case DT_FP8_E4M3:
+    case DT_FP8_E5M2: return 1;
     case DT_COUNT: break;
     }
     return 0;
@@ -59,6 +61,8 @@ const char *dtype_name(enum dtype dt)
     case DT_FP32: return "fp32";
     case DT_FP16: return "fp16";
     case DT_BF16: return "bf16";
+    case DT_FP8_E4M3: return "e4m3";
+    case DT_FP8_E5M2: return "e5m2";
     case DT_COUNT: break;
     }
     return "unknown";
@@ -158,37 +162,32 @@ float fp8_max(enum fp8_format f)
 
 uint8_t fp8_from_fp32(float x, enum fp8_format f, int saturate)
 {
-    const struct fp8_layout L = fp8_layout_of(f);
-    if (isnan(x))
+    const int mbits = f == FP8_E4M3 ? 3 : 2, bias = f == FP8_E4M3 ? 7 : 15;
+    const uint32_t maxcode = f == FP8_E4M3 ? 0x7E : 0x7B; /* 448 = 1.75 2^8, 57344 = 1.75 2^15 */
+    uint32_t u = bits_of_float(x);
+    uint32_t a = u & 0x7FFFFFFF;
+    if (a > 0x7F800000) /* NaN */
         return 0x7F;
-    uint8_t sign = signbit(x) ? 0x80 : 0x00;
-    double ax = fabs((double)x);
-    const int emin = 1 - L.bias; /* exponent of the smallest normal */
-    /* The grid around ax: spacing 2^(e - mbits), e = ax's exponent, never below emin (subnormals share
-     * emin's spacing). ax / q is exact (a power of two), rint rounds it to nearest even. */
-    double q = 0, n = 0;
-    if (!isinf(ax) && ax > 0) {
-        int k;
-        (void)frexp(ax, &k); /* ax = m 2^k, m in [0.5, 1): the leading bit's exponent is k - 1 */
-        int e = k - 1 < emin ? emin : k - 1;
-        q = ldexp(1.0, e - L.mbits);
-        n = rint(ax / q);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    const int emin = 1 - bias; /* exponent of the smallest normal */
+    uint32_t code;
+    if ((int)(a >> 23) - 127 >= emin) {
+        /* a normal fp8 (or beyond): round fp32's bits to nearest even at mbits mantissa bits; a carry moves into
+         * the exponent as it should, and Inf (exponent all ones) lands beyond maxcode */
+        const unsigned shift = 23 - (unsigned)mbits;
+        uint32_t r = (a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1)) >> shift;
+        code = r - ((uint32_t)(127 - bias) << mbits);
+    } else {
+        /* below the normal range: count quanta of 2^(emin - mbits) (exact: a power-of-two scaling of a value
+         * this small), rounded to nearest even; 2^mbits quanta is the smallest normal's code, as it should be */
+        code = (uint32_t)nearbyintf(ldexpf(float_of_bits(a), mbits - emin));
     }
-    double v = isinf(ax) ? INFINITY : n * q; /* the rounded magnitude */
-    if (v > L.max) {
+    if (code > maxcode) {
         if (saturate)
-            return (uint8_t)(sign | (f == FP8_E4M3 ? 0x7E : 0x7B));
+            return (uint8_t)(sign | maxcode);
         return (uint8_t)(sign | (f == FP8_E4M3 ? 0x7F : 0x7C));
     }
-    if (v == 0)
-        return sign;
-    int k;
-    (void)frexp(v, &k);
-    int e = k - 1;
-    if (e < emin) /* subnormal: exponent field 0, the mantissa counts quanta of 2^(emin - mbits) */
-        return (uint8_t)(sign | (int)ldexp(v, L.mbits - emin));
-    int mant = (int)ldexp(v, L.mbits - e) - (1 << L.mbits);
-    return (uint8_t)(sign | ((e + L.bias) << L.mbits) | mant);
+    return (uint8_t)(sign | code);
 }
 
 float fp8_to_fp32(uint8_t v, enum fp8_format f)
@@ -210,6 +209,8 @@ float dtype_round(float x, enum dtype dt)
     switch (dt) {
     case DT_FP16: return fp16_to_fp32(fp16_from_fp32(x));
     case DT_BF16: return bf16_to_fp32(bf16_from_fp32(x));
+    case DT_FP8_E4M3: return fp8_to_fp32(fp8_from_fp32(x, FP8_E4M3, 1), FP8_E4M3);
+    case DT_FP8_E5M2: return fp8_to_fp32(fp8_from_fp32(x, FP8_E5M2, 1), FP8_E5M2);
     case DT_FP32:
     case DT_COUNT: break;
     }
@@ -218,11 +219,25 @@ float dtype_round(float x, enum dtype dt)
 
 /* ---- bulk conversion -------------------------------------------------------------------------- */
 
+/* fp8 -> fp32 by table: 256 exact values a format, filled once. */
+static float fp8_table[2][256];
+static pthread_once_t fp8_table_once = PTHREAD_ONCE_INIT;
+
+static void fp8_table_fill(void)
+{
+    for (int v = 0; v < 256; v++) {
+        fp8_table[0][v] = fp8_to_fp32((uint8_t)v, FP8_E4M3);
+        fp8_table[1][v] = fp8_to_fp32((uint8_t)v, FP8_E5M2);
+    }
+}
+
 static float load_as_fp32(const void *src, enum dtype dt, size_t i)
 {
     switch (dt) {
     case DT_FP16: return fp16_to_fp32(((const uint16_t *)src)[i]);
     case DT_BF16: return bf16_to_fp32(((const uint16_t *)src)[i]);
+    case DT_FP8_E4M3: return fp8_table[0][((const uint8_t *)src)[i]];
+    case DT_FP8_E5M2: return fp8_table[1][((const uint8_t *)src)[i]];
     case DT_FP32:
     case DT_COUNT: break;
     }
@@ -234,6 +249,8 @@ static void store_from_fp32(void *dst, enum dtype dt, size_t i, float x)
     switch (dt) {
     case DT_FP16: ((uint16_t *)dst)[i] = fp16_from_fp32(x); return;
     case DT_BF16: ((uint16_t *)dst)[i] = bf16_from_fp32(x); return;
+    case DT_FP8_E4M3: ((uint8_t *)dst)[i] = fp8_from_fp32(x, FP8_E4M3, 1); return;
+    case DT_FP8_E5M2: ((uint8_t *)dst)[i] = fp8_from_fp32(x, FP8_E5M2, 1); return;
     case DT_FP32:
     case DT_COUNT: break;
     }
@@ -249,6 +266,8 @@ void dtype_convert_portable(void *dst, enum dtype dst_dt, const void *src, enum 
             memmove(dst, src, n * dtype_size(dst_dt));
         return;
     }
+    if (dtype_is_fp8(src_dt))
+        pthread_once(&fp8_table_once, fp8_table_fill);
     for (size_t i = 0; i < n; i++)
         store_from_fp32(dst, dst_dt, i, load_as_fp32(src, src_dt, i));
 }

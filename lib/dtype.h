@@ -21,10 +21,14 @@
 extern "C" { /* kernels/ (CUDA C++) includes this header */
 #endif
 
-enum dtype { DT_FP32 = 0, DT_FP16 = 1, DT_BF16 = 2, DT_COUNT };
+/* The fp8 dtypes hold raw E4M3 / E5M2 codes (below); a tensor of them carries the per-tensor scale its codes were
+ * cast with (tensor.h, scale_inv). dtype_convert between fp8 and the other dtypes is the unscaled cast (scale 1,
+ * saturating): scaled casts are the backend's fp8_cast. */
+enum dtype { DT_FP32 = 0, DT_FP16 = 1, DT_BF16 = 2, DT_FP8_E4M3 = 3, DT_FP8_E5M2 = 4, DT_COUNT };
 
-size_t dtype_size(enum dtype dt);       /* bytes per element: 4, 2, 2 */
-const char *dtype_name(enum dtype dt);  /* "fp32", "fp16", "bf16" */
+size_t dtype_size(enum dtype dt);       /* bytes per element: 4, 2, 2, 1, 1 */
+const char *dtype_name(enum dtype dt);  /* "fp32", "fp16", "bf16", "e4m3", "e5m2" */
+static inline int dtype_is_fp8(enum dtype dt) { return dt == DT_FP8_E4M3 || dt == DT_FP8_E5M2; }
 
 /* Portable scalar conversions (the reference). */
 uint16_t fp16_from_fp32(float x);

@@ -98,6 +98,8 @@ bool gemm_avx512_supported(enum dtype in)
     __builtin_cpu_init();
     bool base = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
+    if (in != DT_FP32 && in != DT_FP16 && in != DT_BF16) /* fp8: the CPU backend widens it to bf16 first */
+        return false;
     return base && (in != DT_BF16 || __builtin_cpu_supports("avx512bf16"));
 }
 

@@ -36,6 +36,8 @@ const char *safetensors_dtype_name(enum dtype dt)
     case DT_FP32: return "F32";
     case DT_FP16: return "F16";
     case DT_BF16: return "BF16";
+    case DT_FP8_E4M3: return "F8_E4M3";
+    case DT_FP8_E5M2: return "F8_E5M2";
     default: return "?";
     }
 }

@@ -89,7 +89,7 @@ struct tensor tensor_reshape(const struct tensor *t, int ndim, const int64_t *sh
     return v;
 }
 
-/* 16-bit conversions go through a stack buffer a chunk at a time: no allocation, so no failure. */
+/* 16- and 8-bit conversions go through a stack buffer a chunk at a time: no allocation, so no failure. */
 #define HOST_CHUNK 4096
 
 void tensor_from_host_f32(struct tensor *t, const float *src)
@@ -101,8 +101,9 @@ void tensor_from_host_f32(struct tensor *t, const float *src)
     uint16_t buf[HOST_CHUNK];
     for (size_t off = 0; off < t->numel; off += HOST_CHUNK) {
         size_t n = t->numel - off < HOST_CHUNK ? t->numel - off : HOST_CHUNK;
+        size_t es = dtype_size(t->dtype);
         dtype_convert(buf, t->dtype, src + off, DT_FP32, n);
-        t->be->upload(t->be, (uint16_t *)t->data + off, buf, n * sizeof buf[0]);
+        t->be->upload(t->be, (char *)t->data + off * es, buf, n * es);
     }
 }
 
@@ -115,7 +116,8 @@ void tensor_to_host_f32(const struct tensor *t, float *dst)
     uint16_t buf[HOST_CHUNK];
     for (size_t off = 0; off < t->numel; off += HOST_CHUNK) {
         size_t n = t->numel - off < HOST_CHUNK ? t->numel - off : HOST_CHUNK;
-        t->be->download(t->be, buf, (const uint16_t *)t->data + off, n * sizeof buf[0]);
+        size_t es = dtype_size(t->dtype);
+        t->be->download(t->be, buf, (const char *)t->data + off * es, n * es);
         dtype_convert(dst + off, DT_FP32, buf, t->dtype, n);
     }
 }

@@ -28,6 +28,9 @@ struct tensor {
     int64_t shape[TENSOR_MAX_DIMS];   /* shape[0] is outermost; unused dims are 1 */
     size_t numel;
     struct backend *be;               /* owner of `data` */
+    const float *scale_inv;           /* fp8 tensors: one fp32 in backend memory, the factor that turns a code into
+                                       * the value it stands for (value = code * *scale_inv: the reciprocal of the
+                                       * scale it was cast with, backend.h fp8_cast); NULL otherwise */
 };
 
 /* Allocate an uninitialised tensor of `shape` (ndim values). Returns AMP_ERR_INTERNAL naming `what`

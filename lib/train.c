@@ -383,6 +383,8 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     const struct layer *loss = &m->layers[m->nlayers - 1];
 
     int64_t world = t->world;
+    /* fp8: every micro-batch raises this step's amax rows (recipe delayed) */
+    struct fp8_pass fp8 = m->has_fp8 ? fp8_pass_of(&m->fp8, step, true) : (struct fp8_pass){ 0 };
     for (int64_t micro = 0; micro < accum; micro++) {
         /* The global order gives each micro-batch slot `world` consecutive batches, one per rank: so world
          * ranks see per step the samples one rank sees with world x the accumulation, and the dropout
@@ -398,6 +400,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
             .key = {.seed = cfg->run.seed, .counter = global_micro},
             .grad_seed = &t->dev_state->seed,
             .accumulate = micro > 0,
+            .fp8 = m->has_fp8 ? &fp8 : NULL,
             /* sampled on the step's last micro-batch: with several ranks, the last rank's (trainer_flush
              * gives its counts to every rank) */
             .zeros = sample_zeros && micro == accum - 1 && t->rank == world - 1 ? &zeros : NULL,
@@ -423,6 +426,15 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     be->grad_stats(be, t->grads, m->nparams, t->dev_check, counts);
     be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_rows + t->pending);
     optim_step(&t->opt, m, &t->dev_state->sc);
+    if (m->has_fp8) {
+        /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
+         * ranks of this step's rows, so replicas keep one fp8 state and a checkpoint holds it */
+        if (t->dist.active && fp8.amax_fwd)
+            dist_reduce_max_f32(&t->dist, fp8.amax_fwd, (size_t)m->fp8.fwd.n);
+        if (t->dist.active && fp8.amax_bwd)
+            dist_reduce_max_f32(&t->dist, fp8.amax_bwd, (size_t)m->fp8.bwd.n);
+        fp8_step_end(&m->fp8, step);
+    }
 
     t->pend_epoch[t->pending] = t->sampler.epoch;
     /* fraction of the last micro-batch's low-precision activation-gradient elements that are zero */
@@ -506,7 +518,8 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
     if (!rec->skipped)
         return AMP_OK;
     const char *where = rec->overflow_layer[0] ? rec->overflow_layer : "a layer's gradients";
-    bool lowp_free = cfg->precision.mode == PREC_FP32 || cfg->precision.mode == PREC_BF16;
+    bool lowp_free = cfg->precision.mode == PREC_FP32 || cfg->precision.mode == PREC_BF16 ||
+                     cfg->precision.mode == PREC_FP8;
     if (lowp_free && cfg->stability.on_nonfinite == NONFINITE_STOP)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr, set clip.max_norm, or check the data",

@@ -137,9 +137,9 @@ static void attention_forward(struct layer *l, const struct step_ctx *ctx, const
     int64_t B = x->shape[0], rows = B * p->core.T;
     struct tensor qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B);
     l->y = batch_view(&l->y, B);
-    linear_op_forward(be, &p->qkv, &qkv, x, rows);
+    linear_op_forward(ctx, &p->qkv, &qkv, x, rows);
     attention_core_forward(be, &p->core, &att, &qkv, B);
-    linear_op_forward(be, &p->proj, &l->y, &att, rows);
+    linear_op_forward(ctx, &p->proj, &l->y, &att, rows);
 }
 
 static void attention_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -153,14 +153,14 @@ static void attention_backward(struct layer *l, const struct step_ctx *ctx, cons
     struct tensor qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B);
     struct tensor datt = scratch_view(p->workspace, p->datt_off, att.dtype, 3, (int64_t[]){B, T, C});
     struct tensor dqkv = scratch_view(p->workspace, p->dqkv_off, qkv.dtype, 3, (int64_t[]){B, T, 3 * C});
-    linear_op_backward(be, &p->proj, &datt, dy, &att, rows, beta);
+    linear_op_backward(ctx, &p->proj, &datt, dy, &att, rows, beta);
     attention_core_backward(be, &p->core, &dqkv, &datt, &qkv, B);
     struct tensor *dx = NULL;
     if (l->needs_dx) {
         l->dx = batch_view_like(&l->dx, x);
         dx = &l->dx;
     }
-    linear_op_backward(be, &p->qkv, dx, &dqkv, x, rows, beta);
+    linear_op_backward(ctx, &p->qkv, dx, &dqkv, x, rows, beta);
 }
 
 static void attention_free(struct layer *l)
@@ -250,13 +250,13 @@ static void block_forward(struct layer *l, const struct step_ctx *ctx, const str
     l->y = batch_view(&l->y, B);
 
     layernorm_op_forward(be, &p->ln1, &h1, x, rows);
-    linear_op_forward(be, &p->qkv, &qkv, &h1, rows);
+    linear_op_forward(ctx, &p->qkv, &qkv, &h1, rows);
     attention_core_forward(be, &p->core, &att, &qkv, B);
-    linear_op_forward(be, &p->proj, &proj, &att, rows);
+    linear_op_forward(ctx, &p->proj, &proj, &att, rows);
     be->add(be, &r1, x, &proj);
     layernorm_op_forward(be, &p->ln2, &h2, &r1, rows);
-    linear_op_forward_act(be, &p->fc, p->act, &g, &fc, &h2, rows);
-    linear_op_forward(be, &p->fc2, &fc2, &g, rows);
+    linear_op_forward_act(ctx, &p->fc, p->act, &g, &fc, &h2, rows);
+    linear_op_forward(ctx, &p->fc2, &fc2, &g, rows);
     be->add(be, &l->y, &r1, &fc2);
 }
 
@@ -275,11 +275,11 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     /* y = r1 + fc2(gelu(fc(ln2(r1)))) */
     struct tensor d_fc2 = grad_cast(be, p, p->d_fc2_y, dy, &fc2);
     struct tensor d_g = grad_of(p, p->d_g, &g);
-    linear_op_backward(be, &p->fc2, &d_g, &d_fc2, &g, rows, beta);
+    linear_op_backward(ctx, &p->fc2, &d_g, &d_fc2, &g, rows, beta);
     struct tensor d_fc = grad_of(p, p->d_fc_y, &fc);
     be->act_backward(be, p->act, &d_fc, &d_g, &fc);
     struct tensor d_h2 = grad_of(p, p->d_h2, &h2);
-    linear_op_backward(be, &p->fc, &d_h2, &d_fc, &h2, rows, beta);
+    linear_op_backward(ctx, &p->fc, &d_h2, &d_fc, &h2, rows, beta);
     count_grad_zeros(ctx, &d_fc2, false);
     count_grad_zeros(ctx, &d_g, false);
     count_grad_zeros(ctx, &d_fc, false);
@@ -292,11 +292,11 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     /* r1 = x + proj(attn(qkv(ln1(x)))) */
     struct tensor d_proj = grad_cast(be, p, p->d_proj_y, &d_r1, &proj);
     struct tensor d_att = grad_of(p, p->d_att, &att);
-    linear_op_backward(be, &p->proj, &d_att, &d_proj, &att, rows, beta);
+    linear_op_backward(ctx, &p->proj, &d_att, &d_proj, &att, rows, beta);
     struct tensor d_qkv = grad_of(p, p->d_qkv_y, &qkv);
     attention_core_backward(be, &p->core, &d_qkv, &d_att, &qkv, B);
     struct tensor d_h1 = grad_of(p, p->d_h1, &h1);
-    linear_op_backward(be, &p->qkv, &d_h1, &d_qkv, &h1, rows, beta);
+    linear_op_backward(ctx, &p->qkv, &d_h1, &d_qkv, &h1, rows, beta);
     count_grad_zeros(ctx, &d_proj, false);
     count_grad_zeros(ctx, &d_att, false);
     count_grad_zeros(ctx, &d_qkv, false);

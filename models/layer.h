@@ -22,6 +22,7 @@
 #include "autocast.h" /* struct autocast_policy, enum op_kind */
 #include "backend.h"  /* struct backend, struct tensor, struct rng_key */
 #include "config.h"   /* struct layer_config */
+#include "fp8.h"      /* struct fp8_pass, fp8_slot */
 
 /* How model_init fills a parameter (model.h): the rule depends on what the tensor is, not on its layer. */
 enum param_init {
@@ -78,6 +79,7 @@ struct step_ctx {
     const float *grad_seed; /* d(loss)/d(loss) = scale / accum_steps: one fp32 in backend memory (the step
                            * rule writes it there, lib/step_rule.h); NULL when not training */
     bool accumulate;      /* weight gradients: add to (true) or overwrite (false, first micro-batch) */
+    const struct fp8_pass *fp8; /* precision.mode fp8: the scales and where this pass records amaxes; else NULL */
     struct grad_zeros *zeros; /* non-NULL: backward adds the zeros of every activation gradient computed in
                                * fp16/bf16 (model_backward: each layer's dx; composite layers: their inner ones) */
 };

@@ -44,6 +44,9 @@ struct layer_build {
     bool y_is_view;                       /* y (and dx) are views of x (and dy): nothing to allocate */
     size_t scratch_bytes;                 /* this layer's backward scratch, see scratch_reserve */
     const struct tensor *workspace;       /* the model's shared workspace (allocated after every setup) */
+    struct fp8_state *fp8;                /* the model's fp8 scales, where layers register their fp8 tensors */
+    bool fp8_layer;                       /* this layer's linear products run in fp8 (precision.mode fp8, the
+                                           * layer not in precision.fp8.keep_bf16) */
     struct amp_error *err;
 };
 
@@ -127,9 +130,16 @@ struct linear_op {
     int64_t in, out;
     enum dtype in_dtype;    /* x's dtype */
     enum dtype d;           /* the GEMM's (and y's) dtype */
-    struct tensor xc;       /* (max_rows, in) in d: x cast to d; empty when x is already d */
+    struct tensor xc;       /* (max_rows, in) in d: x cast to d; empty when x is already d or the op is fp8 */
     size_t dxc_off;         /* scratch (max_rows, in) in d, when x is not d */
     const struct tensor *workspace;
+    /* precision.mode fp8, this layer not in keep_bf16 (lib/fp8.h): the products read fp8 operands and give d */
+    bool fp8;
+    const struct fp8_state *fp8_state; /* the model's: the recipe and the slots' arrays */
+    struct fp8_slot sx, sw, sdy; /* the input's and weight's scales (E4M3), the output gradient's (E5M2) */
+    struct tensor x8;       /* (max_rows, in) E4M3: the input as the forward cast it, saved for dW */
+    struct tensor w8;       /* (out, in) E4M3: the weight as this pass cast it, read again by backward */
+    size_t dy8_off;         /* scratch (max_rows, out) E5M2: dy cast */
 };
 
 /* `prefix` goes between the layer name and "weight"/"bias": "" for a linear layer, "attn/qkv/" inside
@@ -137,16 +147,16 @@ struct linear_op {
 enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
                                 int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
                                 enum param_init weight_init);
-void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
+void linear_op_forward(const struct step_ctx *ctx, struct linear_op *op, struct tensor *y, const struct tensor *x,
                        int64_t rows);
 /* The op followed by an activation: pre = the op's output (rows, out), saved for the activation's
  * backward, and y = act(pre). GELU (tanh) whose output has pre's dtype is the GEMM's epilogue
  * (GEMM_EPI_GELU_TANH: GELU of the unrounded fp32 pre-activation, one pass less over the activation);
  * otherwise the op, then act_forward. */
-void linear_op_forward_act(struct backend *be, struct linear_op *op, enum act_kind act, struct tensor *y,
+void linear_op_forward_act(const struct step_ctx *ctx, struct linear_op *op, enum act_kind act, struct tensor *y,
                            struct tensor *pre, const struct tensor *x, int64_t rows);
 /* dx may be NULL (first layer): no input gradient. beta: 0 overwrite weight grads, 1 accumulate. */
-void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor *dx, const struct tensor *dy,
+void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct tensor *dx, const struct tensor *dy,
                         const struct tensor *x, int64_t rows, float beta);
 void linear_op_free(struct linear_op *op);
 

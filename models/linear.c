@@ -12,6 +12,10 @@
  * Backward (dy in d): dW = dy^T x_d and db = colsum(dy) in fp32, overwriting or accumulating
  * (ctx->accumulate); dx = dy W computed and rounded in d, then cast to x's dtype when that differs.
  * Nothing is computed for dx when the layer is the first one.
+ * fp8 (precision.mode fp8, the layer not kept in bf16; lib/fp8.h): the forward casts x and the fp32 master weight
+ * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx), the product of the codes sums in
+ * fp32 and gives y in d (bf16) with the fp32 bias; backward casts dy to E5M2 and forms dW = dy8^T x8 (fp32) and
+ * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +23,15 @@
 #include "layers.h" /* struct linear_op, struct layer_build, views, layer_fail */
 
 /* ---- the building block ------------------------------------------------------------------------ */
+
+/* Register one of the op's fp8 tensors: "LAYER/PREFIXinput", ".../weight", ".../grad_output". */
+static enum amp_status fp8_slot(struct layer *l, struct layer_build *b, const char *prefix, const char *what,
+                                bool backward, struct fp8_slot *out)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%s/%s%s", l->cfg.name, prefix, what);
+    return fp8_add_slot(b->fp8, backward, name, out, b->err);
+}
 
 enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
                                 int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
@@ -30,10 +43,13 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
     op->in_dtype = in_dtype;
     op->d = autocast_dtype(b->policy, OP_LINEAR, in_dtype, in_dtype);
     op->workspace = b->workspace;
+    op->fp8 = b->fp8_layer && op->d != DT_FP32;
+    op->fp8_state = b->fp8;
 
     int64_t wshape[2] = {out, in};
     snprintf(name, sizeof name, "%sweight", prefix);
-    op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, op->d);
+    /* an fp8 op casts the master itself each pass: no 16-bit copy */
+    op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, op->fp8 ? b->master_dtype : op->d);
     if (!op->w)
         return b->err->code;
     if (bias) {
@@ -42,14 +58,28 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
         if (!op->b)
             return b->err->code;
     }
-    if (in_dtype != op->d) {
+    enum amp_status st = AMP_OK;
+    if (op->fp8) {
+        int64_t xshape[2] = {max_rows, in};
+        snprintf(name, sizeof name, "%sinput cast to e4m3", prefix);
+        if ((st = fp8_slot(l, b, prefix, "input", false, &op->sx)) != AMP_OK ||
+            (st = fp8_slot(l, b, prefix, "weight", false, &op->sw)) != AMP_OK ||
+            (st = fp8_slot(l, b, prefix, "grad_output", true, &op->sdy)) != AMP_OK ||
+            (st = layer_alloc(l, b, &op->x8, DT_FP8_E4M3, 2, xshape, name)) != AMP_OK)
+            return st;
+        snprintf(name, sizeof name, "%sweight cast to e4m3", prefix);
+        if ((st = layer_alloc(l, b, &op->w8, DT_FP8_E4M3, 2, wshape, name)) != AMP_OK)
+            return st;
+        op->dy8_off = scratch_reserve(b, DT_FP8_E5M2, (size_t)(max_rows * out));
+    } else if (in_dtype != op->d) {
         int64_t xshape[2] = {max_rows, in};
         snprintf(name, sizeof name, "%sinput cast to %s", prefix, dtype_name(op->d));
-        enum amp_status st = layer_alloc(l, b, &op->xc, op->d, 2, xshape, name);
+        st = layer_alloc(l, b, &op->xc, op->d, 2, xshape, name);
         if (st != AMP_OK)
             return st;
-        op->dxc_off = scratch_reserve(b, op->d, (size_t)(max_rows * in));
     }
+    if (in_dtype != op->d)
+        op->dxc_off = scratch_reserve(b, op->d, (size_t)(max_rows * in));
     return AMP_OK;
 }
 
@@ -58,54 +88,87 @@ static const struct tensor *linear_op_weight(const struct linear_op *op)
     return param_value(op->w); /* in op->d: the copy made once per optimizer step, or master */
 }
 
+/* Cast `src` to the fp8 tensor `dst` with slot s's scale (lib/fp8.h): the recipe current computes the scale
+ * now; delayed uses it as it is and records src's amax in this pass's history row (training only). */
+static void fp8_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, struct tensor *dst,
+                        const struct tensor *src, const struct fp8_slot *s)
+{
+    const struct fp8_pass *pass = ctx->fp8;
+    float *row = !pass ? NULL : s->g->dt == DT_FP8_E5M2 ? pass->amax_bwd : pass->amax_fwd;
+    struct fp8_cast_args a = {
+        .dst = dst, .src = src, .scale = s->g->scale + s->index, .scale_inv = s->g->scale_inv + s->index,
+        .amax = row ? row + s->index : NULL, .current = st->recipe == FP8_CURRENT, .margin = st->margin,
+    };
+    dst->scale_inv = a.scale_inv;
+    ctx->be->fp8_cast(ctx->be, &a);
+}
+
 /* y = x W^T + b, or with the GELU epilogue y = gelu(pre), pre = x W^T + b (pre NULL: none). */
-static void linear_op_gemm(struct backend *be, struct linear_op *op, struct tensor *y, struct tensor *pre,
+static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, struct tensor *y, struct tensor *pre,
                            const struct tensor *x, int64_t rows)
 {
+    struct backend *be = ctx->be;
     struct tensor x2 = matrix_view(x, rows, op->in);
     struct tensor y2 = matrix_view(y, rows, op->out);
     struct tensor pre2 = pre ? matrix_view(pre, rows, op->out) : y2;
     struct tensor xc;
-    const struct tensor *xin = &x2;
-    if (op->xc.data) {
+    const struct tensor *xin = &x2, *w = linear_op_weight(op);
+    if (op->fp8) {
+        xc = matrix_view(&op->x8, rows, op->in);
+        fp8_cast_to(ctx, op->fp8_state, &xc, &x2, &op->sx);
+        op->x8.scale_inv = xc.scale_inv; /* for backward's views */
+        fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw);
+        xin = &xc;
+        w = &op->w8;
+    } else if (op->xc.data) {
         xc = matrix_view(&op->xc, rows, op->in);
         be->convert(be, &xc, &x2);
         xin = &xc;
     }
     struct gemm_args g = {
-        .a = xin, .b = linear_op_weight(op), .c = &y2, .bias = op->b ? param_value(op->b) : NULL,
+        .a = xin, .b = w, .c = &y2, .bias = op->b ? param_value(op->b) : NULL,
         .trans_b = true, .m = rows, .n = op->out, .k = op->in, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
         .epilogue = pre ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE, .aux = pre ? &pre2 : NULL,
     };
     be->gemm(be, &g);
 }
 
-void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
+void linear_op_forward(const struct step_ctx *ctx, struct linear_op *op, struct tensor *y, const struct tensor *x,
                        int64_t rows)
 {
-    linear_op_gemm(be, op, y, NULL, x, rows);
+    linear_op_gemm(ctx, op, y, NULL, x, rows);
 }
 
-void linear_op_forward_act(struct backend *be, struct linear_op *op, enum act_kind act, struct tensor *y,
+void linear_op_forward_act(const struct step_ctx *ctx, struct linear_op *op, enum act_kind act, struct tensor *y,
                            struct tensor *pre, const struct tensor *x, int64_t rows)
 {
     if (act == ACT_GELU_TANH && y->dtype == pre->dtype && y->dtype == op->d) {
-        linear_op_gemm(be, op, y, pre, x, rows);
+        linear_op_gemm(ctx, op, y, pre, x, rows);
         return;
     }
-    linear_op_gemm(be, op, pre, NULL, x, rows);
-    be->act_forward(be, act, y, pre);
+    linear_op_gemm(ctx, op, pre, NULL, x, rows);
+    ctx->be->act_forward(ctx->be, act, y, pre);
 }
 
-void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor *dx, const struct tensor *dy,
+void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct tensor *dx, const struct tensor *dy,
                         const struct tensor *x, int64_t rows, float beta)
 {
+    struct backend *be = ctx->be;
     struct tensor dy2 = matrix_view(dy, rows, op->out);
-    struct tensor xin = op->xc.data ? matrix_view(&op->xc, rows, op->in) : matrix_view(x, rows, op->in);
+    struct tensor xin = op->fp8 ? matrix_view(&op->x8, rows, op->in)
+                      : op->xc.data ? matrix_view(&op->xc, rows, op->in) : matrix_view(x, rows, op->in);
+    const struct tensor *dyin = &dy2, *w = linear_op_weight(op);
+    struct tensor dy8;
+    if (op->fp8) {
+        dy8 = scratch_view(op->workspace, op->dy8_off, DT_FP8_E5M2, 2, (int64_t[]){rows, op->out});
+        fp8_cast_to(ctx, op->fp8_state, &dy8, &dy2, &op->sdy);
+        dyin = &dy8;
+        w = &op->w8;
+    }
 
     /* dW (out, in) = dy^T (out, rows) @ x (rows, in) */
     struct gemm_args gw = {
-        .a = &dy2, .b = &xin, .c = &op->w->grad, .trans_a = true,
+        .a = dyin, .b = &xin, .c = &op->w->grad, .trans_a = true,
         .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = beta, .batch = 1,
     };
     be->gemm(be, &gw);
@@ -117,20 +180,22 @@ void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor 
     /* dx (rows, in) = dy (rows, out) @ W (out, in), rounded in d */
     struct tensor dx2 = matrix_view(dx, rows, op->in);
     struct tensor dxc = dx2;
-    if (op->xc.data)
+    if (op->in_dtype != op->d)
         dxc = scratch_view(op->workspace, op->dxc_off, op->d, 2, (int64_t[]){rows, op->in});
     struct gemm_args gx = {
-        .a = &dy2, .b = linear_op_weight(op), .c = &dxc,
+        .a = dyin, .b = w, .c = &dxc,
         .m = rows, .n = op->in, .k = op->out, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
     };
     be->gemm(be, &gx);
-    if (op->xc.data)
+    if (op->in_dtype != op->d)
         be->convert(be, &dx2, &dxc);
 }
 
 void linear_op_free(struct linear_op *op)
 {
     tensor_free(&op->xc);
+    tensor_free(&op->x8);
+    tensor_free(&op->w8);
 }
 
 /* ---- the layer ----------------------------------------------------------------------------------- */
@@ -150,7 +215,7 @@ static void linear_forward(struct layer *l, const struct step_ctx *ctx, const st
     (void)b;
     struct linear_layer *p = l->priv;
     l->y = batch_view(&l->y, x->shape[0]);
-    linear_op_forward(ctx->be, &p->op, &l->y, x, rows_of(x));
+    linear_op_forward(ctx, &p->op, &l->y, x, rows_of(x));
 }
 
 static void linear_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -163,7 +228,7 @@ static void linear_backward(struct layer *l, const struct step_ctx *ctx, const s
         l->dx = batch_view_like(&l->dx, x);
         dx = &l->dx;
     }
-    linear_op_backward(ctx->be, &p->op, dx, dy, x, rows_of(x), ctx->accumulate ? 1.0f : 0.0f);
+    linear_op_backward(ctx, &p->op, dx, dy, x, rows_of(x), ctx->accumulate ? 1.0f : 0.0f);
 }
 
 static void linear_free(struct layer *l)

@@ -173,6 +173,41 @@ static enum amp_status flatten_grads(struct model *m, struct amp_error *err)
     return AMP_OK;
 }
 
+/* The layers whose products may run in fp8 hold a linear op; precision.fp8.keep_bf16 keeps some in bf16 by
+ * name, or as `first` / `last`: the first and last layers that hold parameters. */
+static bool holds_linear(enum layer_kind k)
+{
+    return k == LAYER_LINEAR || k == LAYER_ATTENTION || k == LAYER_TRANSFORMER_BLOCK;
+}
+
+static bool holds_params(enum layer_kind k)
+{
+    return holds_linear(k) || k == LAYER_CONV2D || k == LAYER_BATCHNORM2D || k == LAYER_LAYERNORM ||
+           k == LAYER_EMBEDDING;
+}
+
+bool model_layer_in_fp8(const struct config *cfg, int i)
+{
+    const struct model_config *mc = &cfg->model;
+    if (cfg->precision.mode != PREC_FP8 || !holds_linear(mc->layers[i].kind))
+        return false;
+    int first = -1, last = -1;
+    for (int j = 0; j < mc->nlayers; j++)
+        if (holds_params(mc->layers[j].kind)) {
+            if (first < 0)
+                first = j;
+            last = j;
+        }
+    const struct fp8_config *f = &cfg->precision.fp8;
+    for (int k = 0; k < f->nkeep_bf16; k++) {
+        const char *name = f->keep_bf16[k];
+        if ((!strcmp(name, "first") && i == first) || (!strcmp(name, "last") && i == last) ||
+            !strcmp(name, mc->layers[i].name))
+            return false;
+    }
+    return true;
+}
+
 enum amp_status model_build(struct model *m, const struct config *cfg, const struct data_spec *spec,
                             struct backend *be, const struct autocast_policy *policy, int64_t max_batch,
                             struct amp_error *err)
@@ -201,8 +236,13 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     struct layer_build b = {
         .be = be, .policy = &m->policy, .master_dtype = cfg->precision.master_weights == STORE_BF16 ? DT_BF16 : DT_FP32,
         .spec = spec, .max_batch = max_batch, .seq_len = cfg->data.seq_len,
-        .workspace = m->workspace, .err = err,
+        .workspace = m->workspace, .fp8 = &m->fp8, .err = err,
     };
+    m->has_fp8 = m->policy.enabled && m->policy.fp8;
+    const struct fp8_config *f8 = &cfg->precision.fp8;
+    m->fp8 = (struct fp8_state){ .recipe = f8->recipe == FP8_RECIPE_CURRENT ? FP8_CURRENT : FP8_DELAYED,
+                                 .len = (int)f8->amax_history_len, .most_recent = f8->amax_compute == FP8_AMAX_MOST_RECENT,
+                                 .margin = (int)f8->margin };
     input_from_data(&b, spec, max_batch);
     size_t scratch = 0;
     for (int i = 0; i < m->nlayers; i++) {
@@ -210,6 +250,7 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
         l->cfg = cfg->model.layers[i];
         l->index = i;
         l->needs_dx = i > 0;
+        b.fp8_layer = m->has_fp8 && model_layer_in_fp8(cfg, i);
         if ((st = build_layer(m, l, &b)) != AMP_OK) {
             model_free(m);
             return st;
@@ -220,6 +261,8 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     }
     int64_t words = (int64_t)((scratch + 3) / 4);
     st = tensor_alloc(m->workspace, be, DT_FP32, 1, &words, "backward workspace", err);
+    if (st == AMP_OK && m->has_fp8)
+        st = fp8_alloc(&m->fp8, be, err);
     if (st == AMP_OK)
         st = gather_params(m, err);
     if (st == AMP_OK)
@@ -434,5 +477,6 @@ void model_free(struct model *m)
         tensor_free(m->workspace);
         free(m->workspace);
     }
+    fp8_free(&m->fp8);
     memset(m, 0, sizeof *m);
 }

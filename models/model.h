@@ -42,6 +42,10 @@ struct model {
      * starting on a 256-byte boundary (zeros between): a data-parallel step reduces it in one go. */
     float *grad_flat;
     size_t grad_flat_count;        /* floats, padding included */
+    /* precision.mode fp8 under an enabled policy: the scales and amax histories of every fp8 tensor (lib/fp8.h);
+     * has_fp8 false (and fp8 empty) otherwise */
+    bool has_fp8;
+    struct fp8_state fp8;
 };
 
 /* Build (allocating every tensor for max_batch samples) and check shapes. */
@@ -50,6 +54,9 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
                             struct amp_error *err);
 
 /* Initialise parameters and buffers from `seed` (deterministic, backend-independent). */
+/* Whether layer i's linear products run in fp8 under cfg (precision.mode fp8, precision.fp8.keep_bf16). */
+bool model_layer_in_fp8(const struct config *cfg, int i);
+
 enum amp_status model_init(struct model *m, const struct config *cfg, uint64_t seed, struct amp_error *err);
 
 /* Refresh every parameter's copy (param.copy: the dtype its ops read) from its master (after init and load; the

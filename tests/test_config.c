@@ -992,8 +992,8 @@ Test(ranges, loss_scale_min_init_max_order)
 
 Test(errors, unknown_precision_mode)
 {
-    expect_error("precision:\n  mode: fp8\n" BASE, "t.yaml:2:9: ", "precision.mode: unknown value 'fp8'",
-                 "fp32, fp16-static, fp16-dynamic, bf16");
+    expect_error("precision:\n  mode: fp4\n" BASE, "t.yaml:2:9: ", "precision.mode: unknown value 'fp4'",
+                 "fp32, fp16-static, fp16-dynamic, bf16, fp8");
     expect_error_exact("precision:\n  mode: bf61\n" BASE,
                        "t.yaml:2:9: precision.mode: unknown value 'bf61' (did you mean 'bf16'?)");
     expect_error("precision:\n  mode: FP16\n" BASE, "t.yaml:2:9: ", "unknown value 'FP16'", NULL);
@@ -1432,7 +1432,7 @@ Test(overrides, wrong_type)
     expect_override_error(&c, "data.files=a.txt", "override 'data.files=a.txt': expected a list of strings, got 'a.txt'",
                           "[a.txt, b.txt]");
     expect_override_error(&c, "accum_steps=1.5", "override 'accum_steps=1.5': expected an integer, got '1.5'", NULL);
-    expect_override_error(&c, "precision.mode=fp8", "override 'precision.mode=fp8': unknown value 'fp8'", "bf16");
+    expect_override_error(&c, "precision.mode=fp4", "override 'precision.mode=fp4': unknown value 'fp4' (did you mean 'fp8'?)", "bf16");
     expect_override_error(&c, "optim={lr: abc}", "override 'optim={lr: abc}': optim.lr: expected a number, got 'abc'", NULL);
     expect_override_error(&c, "optim=3", "override 'optim=3': expected a mapping of keys, got '3'", NULL);
     expect_override_error(&c, "optim=~", "override 'optim=~': missing value (a mapping of keys)", "optim={lr: 3e-4}");

@@ -271,6 +271,151 @@ Test(cuda_backend, gemm, .init = open_both, .fini = close_both)
  * error of a sum is at most 2^-9 sum|a b| and about 2^-9 sqrt(k) rms(a b) / sqrt(3), against a sum of about
  * sqrt(k) rms(a b). So the relative error is about 2^-9 / sqrt(3) = 1.1e-3 (a fixed 1e-3 would fail it)
  * and below 2^-9 sqrt(k) * E|ab| / rms(ab) for uniform inputs: 2^-9 sqrt(k) bounds it with margin. */
+/* ---- fp8 (precision.mode fp8) ------------------------------------------------------------------- */
+
+/* Both backends' bytes of a tensor pair, compared exactly. */
+static void pair_expect_bits(const struct pair *p, const char *what)
+{
+    check_gpu();
+    size_t bytes = tensor_bytes(&p->c);
+    unsigned char *g = malloc(bytes);
+    cr_assert_not_null(g);
+    gpu->download(gpu, g, p->g.data, bytes);
+    const unsigned char *c = p->c.data;
+    for (size_t i = 0; i < bytes; i++)
+        cr_assert_eq(g[i], c[i], "%s: byte %zu: GPU 0x%02x, CPU 0x%02x", what, i, g[i], c[i]);
+    free(g);
+}
+
+static float gpu_float(const float *d)
+{
+    float v;
+    gpu->download(gpu, &v, d, sizeof v);
+    return v;
+}
+
+/* The scaled cast: the same codes, the same amax and (recipe current) the same scale, bit for bit. */
+Test(cuda_backend, fp8_cast_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
+{
+    const enum dtype dsts[2] = {DT_FP8_E4M3, DT_FP8_E5M2}, srcs[2] = {DT_FP32, DT_BF16};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 2; s++)
+            for (int current = 0; current < 2; current++) {
+                int64_t n = 100003;
+                struct pair src, dst;
+                pair_rand(&src, srcs[s], 1, &n, -900.0f, 900.0f); /* saturates E4M3 at scale 1 */
+                pair_out(&dst, dsts[d], 1, &n);
+                float init[3] = {current ? 1.0f : 0.37f, 1.0f, 2.0f}; /* scale, scale_inv, amax */
+                float cs[3];
+                memcpy(cs, init, sizeof cs);
+                float *gs = be_put(gpu, init, sizeof init);
+                struct fp8_cast_args a = {.dst = &dst.c, .src = &src.c, .scale = &cs[0], .scale_inv = &cs[1],
+                                          .amax = &cs[2], .current = current, .margin = 1};
+                cpu->fp8_cast(cpu, &a);
+                a.dst = &dst.g, a.src = &src.g, a.scale = &gs[0], a.scale_inv = &gs[1], a.amax = &gs[2];
+                gpu->fp8_cast(gpu, &a);
+                char what[96];
+                snprintf(what, sizeof what, "fp8_cast %s <- %s current %d", dtype_name(dsts[d]), dtype_name(srcs[s]),
+                         current);
+                pair_expect_bits(&dst, what);
+                for (int i = 0; i < 3; i++)
+                    cr_assert_eq(gpu_float(&gs[i]), cs[i], "%s: state %d: GPU %.9g, CPU %.9g", what, i,
+                                 (double)gpu_float(&gs[i]), (double)cs[i]);
+                gpu->free(gpu, gs);
+                pair_free(&src);
+                pair_free(&dst);
+            }
+}
+
+Test(cuda_backend, fp8_update_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
+{
+    const int len = 7, n = 300;
+    for (int mr = 0; mr < 2; mr++) {
+        float *hist = malloc((size_t)(len * n) * sizeof *hist), *scale = malloc((size_t)(2 * n) * sizeof *scale);
+        cr_assert(hist && scale);
+        for (int i = 0; i < len * n; i++)
+            hist[i] = i % 13 == 0 ? 0.0f : uniform(0.0f, 1000.0f);
+        for (int i = 0; i < 2 * n; i++)
+            scale[i] = uniform(0.5f, 2.0f);
+        float *gh = be_put(gpu, hist, (size_t)(len * n) * sizeof *hist);
+        float *gsc = be_put(gpu, scale, (size_t)(2 * n) * sizeof *scale);
+        struct fp8_update_args a = {.scale = scale, .scale_inv = scale + n, .history = hist, .n = n, .len = len,
+                                    .row = 3, .most_recent = mr, .margin = 2, .fmax = 57344.0f};
+        cpu->fp8_update(cpu, &a);
+        a.scale = gsc, a.scale_inv = gsc + n, a.history = gh;
+        gpu->fp8_update(gpu, &a);
+        float *back = malloc((size_t)(len * n) * sizeof *back);
+        cr_assert_not_null(back);
+        gpu->download(gpu, back, gsc, (size_t)(2 * n) * sizeof *back);
+        cr_assert_eq(memcmp(back, scale, (size_t)(2 * n) * sizeof *back), 0, "scales (most_recent %d)", mr);
+        gpu->download(gpu, back, gh, (size_t)(len * n) * sizeof *back);
+        cr_assert_eq(memcmp(back, hist, (size_t)(len * n) * sizeof *back), 0, "history (most_recent %d)", mr);
+        gpu->free(gpu, gh);
+        gpu->free(gpu, gsc);
+        free(hist);
+        free(scale);
+        free(back);
+    }
+}
+
+/* Products of fp8 operands against the CPU: cuBLASLt's FP8 path (sm_89+, every dimension a multiple of 16, with
+ * the transposes Hopper's TN layout needs) and the bf16 emulation (odd shapes), all the layouts the linear layer
+ * uses, bias, accumulation and the GELU epilogue. */
+static void fp8_gemm_case(enum dtype da, enum dtype db, enum dtype dc, bool ta, bool tb, int64_t m, int64_t n,
+                          int64_t k, bool bias, float beta, bool gelu)
+{
+    struct pair a, b, c, bi, aux;
+    pair_rand(&a, da, 1, (int64_t[]){m * k}, -400.0f, 400.0f);
+    pair_rand(&b, db, 1, (int64_t[]){k * n}, -400.0f, 400.0f);
+    if (beta != 0.0f)
+        pair_rand(&c, dc, 1, (int64_t[]){m * n}, -1, 1);
+    else
+        pair_out(&c, dc, 1, (int64_t[]){m * n});
+    if (bias)
+        pair_rand(&bi, DT_FP32, 1, (int64_t[]){n}, -1, 1);
+    if (gelu)
+        pair_out(&aux, dc, 1, (int64_t[]){m * n});
+    float sc[2] = {1.0f / 300.0f, 0.0021f};
+    float *gs = be_put(gpu, sc, sizeof sc);
+    a.c.scale_inv = &sc[0], b.c.scale_inv = &sc[1], a.g.scale_inv = &gs[0], b.g.scale_inv = &gs[1];
+    struct gemm_args g = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta,
+                          .batch = 1, .epilogue = gelu ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE};
+    g.a = &a.c, g.b = &b.c, g.c = &c.c, g.bias = bias ? &bi.c : NULL, g.aux = gelu ? &aux.c : NULL;
+    cpu->gemm(cpu, &g);
+    g.a = &a.g, g.b = &b.g, g.c = &c.g, g.bias = bias ? &bi.g : NULL, g.aux = gelu ? &aux.g : NULL;
+    gpu->gemm(gpu, &g);
+    char what[160];
+    snprintf(what, sizeof what, "fp8 gemm %s x %s -> %s ta=%d tb=%d (%lld, %lld, %lld) bias=%d beta=%g gelu=%d",
+             dtype_name(da), dtype_name(db), dtype_name(dc), ta, tb, (long long)m, (long long)n, (long long)k, bias,
+             beta, gelu);
+    pair_expect(&c, dc == DT_FP32 ? 1e-5 : 1e-2, what);
+    if (gelu)
+        pair_expect(&aux, 1e-2, what);
+    gpu->free(gpu, gs);
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&c);
+    if (bias)
+        pair_free(&bi);
+    if (gelu)
+        pair_free(&aux);
+}
+
+Test(cuda_backend, fp8_gemm_matches_the_cpu, .init = open_both, .fini = close_both)
+{
+    const int64_t shapes[2][3] = {{64, 96, 128}, {37, 50, 72}}; /* cuBLASLt FP8, and the emulation */
+    for (int s = 0; s < 2; s++) {
+        int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        /* the linear layer's three products: forward x W^T (bias, GELU), dx = dy W, dW = dy^T x (accumulating) */
+        fp8_gemm_case(DT_FP8_E4M3, DT_FP8_E4M3, DT_BF16, false, true, m, n, k, true, 0.0f, false);
+        fp8_gemm_case(DT_FP8_E4M3, DT_FP8_E4M3, DT_BF16, false, true, m, n, k, true, 0.0f, true);
+        fp8_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_BF16, false, false, m, n, k, false, 0.0f, false);
+        fp8_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_FP32, true, false, m, n, k, false, 0.0f, false);
+        fp8_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_FP32, true, false, m, n, k, false, 1.0f, false);
+        fp8_gemm_case(DT_FP8_E4M3, DT_FP8_E5M2, DT_FP32, true, true, m, n, k, false, 0.0f, false);
+    }
+}
+
 static double tf32_tolerance(int64_t k)
 {
     return ldexp(1.0, -9) * sqrt((double)k);

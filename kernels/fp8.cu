@@ -1,0 +1,269 @@
+/*
+ * fp8.cu — precision.mode fp8 on the GPU (lib/fp8.h, backend.h fp8_cast / fp8_update and the fp8 rules of gemm).
+ *
+ * Casts: a grid-stride amax (fmaxf, so NaN is ignored as on the CPU; an atomicMax on the bits of a non-negative
+ * float orders like the float), the recipe's scale (lib/fp8.h, one thread), then the cast: x * scale rounded to
+ * nearest even with saturation (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the
+ * CPU's fp8_from_fp32 against bit for bit). The scale is read from device memory: nothing waits for the host.
+ *
+ * Products: cuBLASLt FP8 matmuls on sm_89 and newer (compute 32F, our B's scale_inv as its A scale pointer and our
+ * A's as its B scale pointer, D in fp32). Hopper's FP8 kernels take only the "TN" layout (cuBLASLt's A transposed,
+ * its B not), i.e. in our row-major terms !trans_a and trans_b: the forward product (x W^T) is already so; for dx
+ * (dy W) W is transposed into scratch, for dW (dy^T x) both are. D goes to an fp32 scratch, and one epilogue kernel
+ * adds beta * C, the fp32 bias and the GELU, and rounds once into C: the CPU's order (sum, scale, bias, one
+ * rounding). Below sm_89 (with a warning, once), and for shapes whose m, n or k is not a multiple of 16 (cuBLASLt's
+ * FP8 alignment), the codes are widened to bf16 (exactly), multiplied by cuBLASLt in bf16 with FP32 accumulation,
+ * and the epilogue applies the scales: the same values up to summation order.
+ * Only a bf16 or fp32 D is made, so cuBLASLt's D-amax output (for an fp8 D) is not used.
+ */
+#include "backend_cuda_internal.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+extern "C" {
+#include "fp8.h" /* fp8_scale_from_amax, fp8_amax_fold: the recipes' arithmetic */
+}
+
+#define GRID_STRIDE(i, n)                                                                                      \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n);                            \
+         i += (size_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ void atomic_max_nonneg(float *addr, float v)
+{
+    /* non-negative floats (and +Inf) order as their bits do */
+    atomicMax(reinterpret_cast<unsigned int *>(addr), __float_as_uint(v));
+}
+
+__global__ void amax_kernel(float *amax, const void *x, int x_dt, size_t n)
+{
+    float m = 0.0f;
+    GRID_STRIDE(i, n)
+        m = fp8_amax_fold(m, load_elem(x, x_dt, i));
+    for (int off = 16; off > 0; off >>= 1)
+        m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, off));
+    if ((threadIdx.x & 31) == 0)
+        atomic_max_nonneg(amax, m);
+}
+
+/* recipe current: the scale from this cast's amax; and the running amax of the delayed recipe */
+__global__ void cast_scale_kernel(float *scale, float *scale_inv, const float *now, float *amax, float fmax, int margin,
+                                  bool current)
+{
+    if (current) {
+        *scale = fp8_scale_from_amax(*now, fmax, margin, *scale, true);
+        *scale_inv = 1.0f / *scale;
+    }
+    if (amax)
+        *amax = fp8_amax_fold(*amax, *now);
+}
+
+__global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, const float *scale, size_t n)
+{
+    const float s = *scale;
+    GRID_STRIDE(i, n)
+        store_elem(dst, dst_dt, i, load_elem(src, src_dt, i) * s);
+}
+
+void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    const struct tensor *src = a->src;
+    struct tensor *dst = a->dst;
+    if (!dtype_is_fp8(dst->dtype) || dtype_is_fp8(src->dtype) || dst->numel != src->numel) {
+        cuda_record(cb, "this is a bug in the caller (see fp8_cast_args in lib/backend.h)",
+                    "fp8_cast: %s (%zu) from %s (%zu)", dtype_name(dst->dtype), dst->numel, dtype_name(src->dtype),
+                    src->numel);
+        return;
+    }
+    size_t n = src->numel;
+    if (a->current || a->amax) {
+        float *now = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_AMAX, sizeof(float)));
+        if (!now)
+            return;
+        if (!CB_CUDA(cb, cudaMemsetAsync(now, 0, sizeof(float), cb->stream)))
+            return;
+        if (n)
+            amax_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(now, src->data, src->dtype, n);
+        float fmax = dst->dtype == DT_FP8_E4M3 ? 448.0f : 57344.0f;
+        cast_scale_kernel<<<1, 1, 0, cb->stream>>>(a->scale, a->scale_inv, now, a->amax, fmax, a->margin, a->current);
+        CB_LAUNCHED(cb, "amax_kernel / cast_scale_kernel");
+    }
+    if (n) {
+        cast_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(dst->data, dst->dtype, src->data, src->dtype, a->scale, n);
+        CB_LAUNCHED(cb, "cast_kernel");
+    }
+}
+
+/* one thread per tensor: the history's amax, the scale, its reciprocal; then the next step's row cleared */
+__global__ void update_kernel(float *scale, float *scale_inv, const float *history, int n, int len, int row,
+                              bool most_recent, int margin, float fmax)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float amax = history[(size_t)row * n + i];
+    if (!most_recent)
+        for (int r = 0; r < len; r++) {
+            float h = history[(size_t)r * n + i];
+            amax = h > amax || isnan(h) ? h : amax;
+        }
+    scale[i] = fp8_scale_from_amax(amax, fmax, margin, scale[i], false);
+    scale_inv[i] = 1.0f / scale[i];
+}
+
+void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (a->n <= 0 || a->len < 1 || a->row < 0 || a->row >= a->len)
+        return;
+    update_kernel<<<(unsigned)((a->n + 127) / 128), 128, 0, cb->stream>>>(a->scale, a->scale_inv, a->history, a->n,
+                                                                          a->len, a->row, a->most_recent, a->margin,
+                                                                          a->fmax);
+    CB_LAUNCHED(cb, "update_kernel");
+    int next = (a->row + 1) % a->len;
+    CB_CUDA(cb, cudaMemsetAsync(a->history + (size_t)next * (size_t)a->n, 0, (size_t)a->n * sizeof(float), cb->stream));
+}
+
+/* ---- products ----------------------------------------------------------------------------------- */
+
+/* dst (cols, rows) = src (rows, cols)^T, one byte per element */
+__global__ void transpose_u8_kernel(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t cols)
+{
+    __shared__ uint8_t tile[32][33];
+    int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x, r0 = (int64_t)blockIdx.y * 32;
+    for (int j = threadIdx.y; j < 32; j += blockDim.y)
+        if (r0 + j < rows && c < cols)
+            tile[j][threadIdx.x] = src[(r0 + j) * cols + c];
+    __syncthreads();
+    int64_t r = r0 + threadIdx.x, c0 = (int64_t)blockIdx.x * 32;
+    for (int j = threadIdx.y; j < 32; j += blockDim.y)
+        if (c0 + j < cols && r < rows)
+            dst[(c0 + j) * rows + r] = tile[threadIdx.x][j];
+}
+
+static const void *transposed(struct cuda_backend *cb, enum cuda_scratch_slot slot, const void *src, int64_t rows,
+                              int64_t cols)
+{
+    uint8_t *dst = static_cast<uint8_t *>(cuda_scratch(cb, slot, (size_t)(rows * cols)));
+    if (!dst)
+        return NULL;
+    dim3 block(32, 8), grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32));
+    transpose_u8_kernel<<<grid, block, 0, cb->stream>>>(dst, static_cast<const uint8_t *>(src), rows, cols);
+    CB_LAUNCHED(cb, "transpose_u8_kernel");
+    return dst;
+}
+
+__global__ void widen_kernel(__nv_bfloat16 *dst, const void *src, int src_dt, size_t n)
+{
+    GRID_STRIDE(i, n)
+        dst[i] = __float2bfloat16_rn(load_elem(src, src_dt, i)); /* exact: every fp8 value is a bf16 value */
+}
+
+static const void *widened(struct cuda_backend *cb, enum cuda_scratch_slot slot, const void *src, enum dtype dt,
+                           size_t n)
+{
+    __nv_bfloat16 *dst = static_cast<__nv_bfloat16 *>(cuda_scratch(cb, slot, n * sizeof(__nv_bfloat16)));
+    if (!dst)
+        return NULL;
+    widen_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(dst, src, dt, n);
+    CB_LAUNCHED(cb, "widen_kernel");
+    return dst;
+}
+
+/* C = round(f * P + bias [+ beta * C]) or, with aux, aux = round(pre) and C = round(gelu_tanh(pre)), where
+ * f = alpha (* sa * sb when the product did not apply them) and pre = f * P + bias. */
+__global__ void fp8_epilogue_kernel(void *c, int c_dt, void *aux, const float *p, const float *bias, float alpha,
+                                    const float *sa, const float *sb, float beta, int64_t m, int64_t n)
+{
+    float f = alpha;
+    if (sa)
+        f = f * *sa * *sb;
+    GRID_STRIDE(i, (size_t)(m * n))
+    {
+        float v = f * p[i];
+        if (bias)
+            v += bias[i % (size_t)n];
+        if (aux) {
+            store_elem(aux, c_dt, i, v);
+            float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+            v = 0.5f * v * (1.0f + tanhf(u));
+        } else if (beta != 0.0f) {
+            v = beta * load_elem(c, c_dt, i) + v;
+        }
+        store_elem(c, c_dt, i, v);
+    }
+}
+
+void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
+{
+    enum dtype da = g->a->dtype, db = g->b->dtype, dc = g->c->dtype;
+    bool ok = dtype_is_fp8(da) && dtype_is_fp8(db) && !(da == DT_FP8_E5M2 && db == DT_FP8_E5M2) &&
+              (dc == DT_FP32 || dc == DT_BF16) && g->batch == 1 && g->a->scale_inv && g->b->scale_inv &&
+              (!g->bias || (g->bias->dtype == DT_FP32 && g->beta == 0.0f));
+    if (!ok) {
+        cuda_record(cb, "this is a bug in the caller (see the fp8 rules of gemm_args in lib/backend.h)",
+                    "gemm: unsupported fp8 product A %s, B %s, C %s (batch %lld, scales %s)", dtype_name(da),
+                    dtype_name(db), dtype_name(dc), (long long)g->batch,
+                    g->a->scale_inv && g->b->scale_inv ? "set" : "missing");
+        return;
+    }
+    int64_t m = g->m, n = g->n, k = g->k;
+    if (m <= 0 || n <= 0)
+        return;
+    float *p = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_P, (size_t)(m * n) * sizeof(float)));
+    if (!p)
+        return;
+    struct lt_matmul mm;
+    memset(&mm, 0, sizeof mm);
+    mm.c = p;
+    mm.c_dt = DT_FP32;
+    mm.m = m;
+    mm.n = n;
+    mm.k = k;
+    mm.ldc = n;
+    mm.alpha = 1.0f;
+    mm.beta = 0.0f;
+    mm.batch = 1;
+    /* cuBLASLt's FP8 kernels want 16-byte multiples for every dimension (leading dimensions included) */
+    bool native = cb->cc >= 89 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+    if (native) { /* TN: A (m, k) row-major untransposed, B (n, k) row-major, i.e. trans_b */
+        mm.a = g->trans_a ? transposed(cb, CSCR_FP8_A, g->a->data, k, m) : g->a->data;
+        mm.b = g->trans_b ? g->b->data : transposed(cb, CSCR_FP8_B, g->b->data, k, n);
+        mm.ab_dt = da;
+        mm.b_dt = db;
+        mm.a_scale = g->a->scale_inv;
+        mm.b_scale = g->b->scale_inv;
+        mm.trans_a = false;
+        mm.trans_b = true;
+        mm.lda = k;
+        mm.ldb = k;
+    } else {
+        if (!cb->fp8_warned && cb->cc < 89) {
+            fprintf(stderr, "ampTrain: warning: %s (compute capability %d.%d) has no fp8 matrix products (sm_89 or newer): "
+                            "they are emulated in bf16 with FP32 accumulation, the same values, without fp8's speed\n",
+                    cb->name, cb->cc / 10, cb->cc % 10);
+            cb->fp8_warned = true;
+        }
+        mm.a = widened(cb, CSCR_FP8_A, g->a->data, da, (size_t)(m * k));
+        mm.b = widened(cb, CSCR_FP8_B, g->b->data, db, (size_t)(k * n));
+        mm.ab_dt = DT_BF16;
+        mm.trans_a = g->trans_a;
+        mm.trans_b = g->trans_b;
+        mm.lda = g->trans_a ? m : k;
+        mm.ldb = g->trans_b ? k : n;
+    }
+    if (!mm.a || !mm.b)
+        return;
+    if (k > 0) {
+        cuda_lt_matmul(cb, &mm);
+    } else if (!CB_CUDA(cb, cudaMemsetAsync(p, 0, (size_t)(m * n) * sizeof(float), cb->stream))) {
+        return;
+    }
+    fp8_epilogue_kernel<<<grid_for((size_t)(m * n)), kThreads, 0, cb->stream>>>(
+        g->c->data, dc, g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL, p,
+        g->bias ? static_cast<const float *>(g->bias->data) : NULL, g->alpha, native ? NULL : g->a->scale_inv,
+        native ? NULL : g->b->scale_inv, g->beta, m, n);
+    CB_LAUNCHED(cb, "fp8_epilogue_kernel");
+}

@@ -1,0 +1,126 @@
+/*
+ * fp8.c — the model's fp8 state: slots registered while the model is built, their scales and amax histories
+ * in backend memory, and the delayed recipe's update after a step. See fp8.h.
+ */
+#include "fp8.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h" /* struct backend, fp8_update_args */
+
+enum amp_status fp8_add_slot(struct fp8_state *st, bool backward, const char *name, struct fp8_slot *out,
+                             struct amp_error *err)
+{
+    struct fp8_group *g = backward ? &st->bwd : &st->fwd;
+    char (*names)[96] = realloc(g->names, (size_t)(g->n + 1) * sizeof *names);
+    if (!names)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory registering fp8 tensor %s", name);
+    g->names = names;
+    snprintf(g->names[g->n], sizeof g->names[g->n], "%s", name);
+    g->dt = backward ? DT_FP8_E5M2 : DT_FP8_E4M3;
+    *out = (struct fp8_slot){ .g = g, .index = g->n };
+    g->n++;
+    return AMP_OK;
+}
+
+float fp8_group_max(const struct fp8_group *g)
+{
+    return fp8_max(g->dt == DT_FP8_E5M2 ? FP8_E5M2 : FP8_E4M3);
+}
+
+static enum amp_status group_alloc(struct fp8_group *g, const struct fp8_state *st, struct backend *be,
+                                   struct amp_error *err)
+{
+    if (g->n == 0)
+        return AMP_OK;
+    size_t n = (size_t)g->n, rows = st->recipe == FP8_DELAYED ? (size_t)st->len : 0;
+    g->scale = be->alloc(be, n * sizeof(float));
+    g->scale_inv = be->alloc(be, n * sizeof(float));
+    g->history = rows ? be->alloc(be, rows * n * sizeof(float)) : NULL;
+    float *ones = malloc(n * sizeof(float));
+    if (!g->scale || !g->scale_inv || (rows && !g->history) || !ones) {
+        free(ones);
+        return amp_fail(err, AMP_ERR_INTERNAL, "lower precision.fp8.amax_history_len",
+                        "out of memory allocating the fp8 scales and amax histories (%zu tensors, %zu rows)", n, rows);
+    }
+    for (size_t i = 0; i < n; i++)
+        ones[i] = 1.0f;
+    be->upload(be, g->scale, ones, n * sizeof(float));
+    be->upload(be, g->scale_inv, ones, n * sizeof(float));
+    free(ones);
+    if (rows) {
+        int64_t count = (int64_t)(rows * n);
+        struct tensor h = { .data = g->history, .dtype = DT_FP32, .ndim = 1, .shape = {count, 1, 1, 1},
+                            .numel = (size_t)count, .be = be };
+        be->zero(be, &h);
+    }
+    return AMP_OK;
+}
+
+enum amp_status fp8_alloc(struct fp8_state *st, struct backend *be, struct amp_error *err)
+{
+    st->be = be;
+    enum amp_status s = group_alloc(&st->fwd, st, be, err);
+    if (s == AMP_OK)
+        s = group_alloc(&st->bwd, st, be, err);
+    return s;
+}
+
+static void group_free(struct fp8_group *g, struct backend *be)
+{
+    if (be) {
+        if (g->scale)
+            be->free(be, g->scale);
+        if (g->scale_inv)
+            be->free(be, g->scale_inv);
+        if (g->history)
+            be->free(be, g->history);
+    }
+    free(g->names);
+    *g = (struct fp8_group){ 0 };
+}
+
+void fp8_free(struct fp8_state *st)
+{
+    group_free(&st->fwd, st->be);
+    group_free(&st->bwd, st->be);
+}
+
+static int row_of(const struct fp8_state *st, int64_t step)
+{
+    return (int)(step % st->len);
+}
+
+struct fp8_pass fp8_pass_of(const struct fp8_state *st, int64_t step, bool training)
+{
+    struct fp8_pass p = { 0 };
+    if (training && st->recipe == FP8_DELAYED && st->len > 0) {
+        size_t row = (size_t)row_of(st, step);
+        if (st->fwd.history)
+            p.amax_fwd = st->fwd.history + row * (size_t)st->fwd.n;
+        if (st->bwd.history)
+            p.amax_bwd = st->bwd.history + row * (size_t)st->bwd.n;
+    }
+    return p;
+}
+
+static void group_update(const struct fp8_state *st, const struct fp8_group *g, int64_t step)
+{
+    if (g->n == 0 || !g->history)
+        return;
+    struct fp8_update_args a = {
+        .scale = g->scale, .scale_inv = g->scale_inv, .history = g->history, .n = g->n, .len = st->len,
+        .row = row_of(st, step), .most_recent = st->most_recent, .margin = st->margin, .fmax = fp8_group_max(g),
+    };
+    st->be->fp8_update(st->be, &a);
+}
+
+void fp8_step_end(const struct fp8_state *st, int64_t step)
+{
+    if (st->recipe != FP8_DELAYED)
+        return;
+    group_update(st, &st->fwd, step);
+    group_update(st, &st->bwd, step);
+}

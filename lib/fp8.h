@@ -1,0 +1,118 @@
+/*
+ * fp8.h — per-tensor scaling for precision.mode fp8 (Transformer Engine's HYBRID recipe, DESIGN.md section 10).
+ *
+ * Every fp8 tensor of a layer (its input and weight in E4M3, the gradient of its output in E5M2) is a slot of
+ * the model's fp8 state: a scale (codes = saturate(round(value * scale))), its reciprocal scale_inv (what a
+ * product multiplies its fp32 sum by) and, with recipe delayed, an amax history. All of them live in backend
+ * memory, so a step never waits for the host:
+ *
+ *   delayed (TE DelayedScaling): a cast uses the scale as it is and raises this step's history entry to the
+ *     tensor's amax (max |x|; NaN elements are ignored, as by TE's fmaxf, Inf counts). After the step (taken or
+ *     skipped), fp8_update sets scale = (fmax / amax) / 2^margin with amax the max over the history's
+ *     amax_history_len steps (`max`) or this step's entry (`most_recent`), keeping the old scale when that amax
+ *     is 0 or not finite; then it clears the entry the next step writes. The history is a ring: the step
+ *     numbered t writes row t mod len, so a resumed run needs only the rows and the step.
+ *   current (torchao tensorwise): a cast first takes the amax of its tensor now and sets the scale from it
+ *     (the same formula, in double, amax clamped to at least 1e-12 as torchao does; a non-finite amax keeps the
+ *     old scale), then casts. There is no history.
+ *
+ * The arithmetic below is shared by the CPU backend and the CUDA kernels (AMP_HD), so both compute the same
+ * scale from the same amax. Scales start at 1.
+ */
+#ifndef AMP_FP8_H
+#define AMP_FP8_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amp_hd.h" /* AMP_HD */
+
+#ifndef __CUDACC__
+#include "dtype.h"  /* enum dtype */
+#include "error.h"  /* struct amp_error */
+struct backend;
+#endif
+
+#define FP8_AMAX_FLOOR 1e-12 /* torchao's EPS: an all-zero tensor gets fmax / 1e-12, not Inf */
+
+/* The new scale from amax. delayed: TE's _default_sf_compute, in fp32 as TE computes it (an amax so small that
+ * the scale would overflow gives FLT_MAX where TE would give Inf); current: torchao's amax_to_scale, in double
+ * from max(amax, 1e-12), then rounded to fp32. A non-finite amax keeps the old scale; so does 0 with `delayed`. */
+AMP_HD static inline float fp8_scale_from_amax(float amax, float fmax, int margin, float old_scale, bool current)
+{
+    const float flt_max = 3.402823466e38f;
+    if (!(amax <= flt_max)) /* Inf or NaN */
+        return old_scale;
+    if (current) {
+        double a = amax < FP8_AMAX_FLOOR ? FP8_AMAX_FLOOR : (double)amax;
+        double s = (double)fmax / a / ldexp(1.0, margin);
+        return s > (double)flt_max ? flt_max : (float)s;
+    }
+    if (amax == 0.0f)
+        return old_scale;
+    float s = fmax / amax;
+    s = ldexpf(s, -margin);
+    return s > flt_max ? flt_max : s;
+}
+
+/* |x| folded into a running amax: NaN ignored (fmaxf), Inf kept. */
+AMP_HD static inline float fp8_amax_fold(float amax, float x)
+{
+    return fmaxf(amax, fabsf(x));
+}
+
+#ifndef __CUDACC__
+
+enum fp8_recipe { FP8_DELAYED, FP8_CURRENT };
+
+/* The tensors of one format: the forward's (E4M3: inputs and weights) or the backward's (E5M2: output
+ * gradients). Each array is in backend memory. */
+struct fp8_group {
+    enum dtype dt;
+    int n;
+    float *scale;      /* n */
+    float *scale_inv;  /* n */
+    float *history;    /* delayed: len rows of n (row r holds the amaxes of the steps t with t mod len == r) */
+    char (*names)[96]; /* host: "fc2/input", "fc2/weight", "fc2/grad_output" (checkpoint and `check`) */
+};
+
+struct fp8_state {
+    enum fp8_recipe recipe;
+    int len;           /* amax_history_len (delayed) */
+    bool most_recent;  /* amax_compute: most_recent (else max) */
+    int margin;
+    struct fp8_group fwd, bwd;
+    struct backend *be;
+};
+
+/* A layer's handle on one of its fp8 tensors. */
+struct fp8_slot {
+    struct fp8_group *g;
+    int index;
+};
+
+/* What a pass records: with recipe delayed in training, the rows of this step's amaxes (NULL otherwise: eval
+ * and `current` record nothing). */
+struct fp8_pass {
+    float *amax_fwd, *amax_bwd;
+};
+
+/* Building: register a slot (host only; nothing allocated yet). AMP_ERR_INTERNAL on out of memory. */
+enum amp_status fp8_add_slot(struct fp8_state *st, bool backward, const char *name, struct fp8_slot *out,
+                             struct amp_error *err);
+/* Allocate the backend arrays once every slot is registered: scales 1, histories 0. */
+enum amp_status fp8_alloc(struct fp8_state *st, struct backend *be, struct amp_error *err);
+void fp8_free(struct fp8_state *st);
+
+/* The pass of optimizer step `step` (training) or of an evaluation (training false). */
+struct fp8_pass fp8_pass_of(const struct fp8_state *st, int64_t step, bool training);
+/* After optimizer step `step`: delayed recipe's scale update (a no-op for `current`). */
+void fp8_step_end(const struct fp8_state *st, int64_t step);
+
+/* The group's largest finite value (448 or 57344). */
+float fp8_group_max(const struct fp8_group *g);
+
+#endif /* !__CUDACC__ */
+
+#endif

@@ -1,0 +1,373 @@
+/*
+ * test_fp8.c — precision.mode fp8 on the CPU backend: the scaled cast, the recipes' scale arithmetic
+ * (lib/fp8.h, Transformer Engine's delayed scaling and torchao's current scaling), products of fp8 operands,
+ * and the linear layer's fp8 path. Expected values are computed here independently: nearest codes by search
+ * over all 256, scales by the formulas as TE and torchao write them, products in double from decoded codes.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt_testlib.h" /* amp, scratch, SMALL: runs of the binary */
+#include "testrand.h" /* seed, urand */
+#include "testmem.h"  /* talloc, tracked_tensor, tracked_free_all */
+#include "backend.h"
+#include "fp8.h"
+
+static struct backend *be;
+
+static void setup(void)
+{
+    be = backend_cpu_create();
+    cr_assert_not_null(be);
+}
+
+static void teardown(void)
+{
+    tracked_free_all();
+    backend_close(be);
+}
+
+TestSuite(fp8, .init = setup, .fini = teardown);
+
+static float *falloc(size_t n)
+{
+    return talloc(n * sizeof(float));
+}
+
+static enum fp8_format fmt(enum dtype dt)
+{
+    return dt == DT_FP8_E4M3 ? FP8_E4M3 : FP8_E5M2;
+}
+
+/* The code a saturating round-to-nearest-even cast gives for v, found by searching every finite code: the
+ * nearest value; of two equally near, the one with an even code (its last mantissa bit 0); beyond the largest
+ * finite value, that value. */
+static uint8_t nearest_code(double v, enum fp8_format f)
+{
+    if (isnan(v))
+        return 0x7F;
+    double max = fp8_max(f);
+    if (v >= max)
+        return f == FP8_E4M3 ? 0x7E : 0x7B;
+    if (v <= -max)
+        return f == FP8_E4M3 ? 0xFE : 0xFB;
+    int best = -1;
+    double bestd = INFINITY;
+    for (int c = 0; c < 256; c++) {
+        float x = fp8_to_fp32((uint8_t)c, f);
+        if (!isfinite(x))
+            continue;
+        double d = fabs((double)x - v);
+        if (d < bestd || (d == bestd && (c & 1) == 0 && (best & 1) == 1)) {
+            best = c;
+            bestd = d;
+        }
+    }
+    /* zero's sign follows v's */
+    if ((best & 0x7F) == 0)
+        best = signbit(v) ? 0x80 : 0x00;
+    return (uint8_t)best;
+}
+
+static struct tensor *host_tensor(enum dtype dt, size_t n)
+{
+    return tracked_tensor(be, dt, n);
+}
+
+Test(fp8, cast_is_the_nearest_code_of_value_times_scale_saturating)
+{
+    seed(1);
+    enum dtype dts[2] = {DT_FP8_E4M3, DT_FP8_E5M2};
+    const size_t n = 4000;
+    for (int d = 0; d < 2; d++) {
+        struct tensor *src = host_tensor(DT_FP32, n), *dst = host_tensor(dts[d], n);
+        float *x = src->data;
+        for (size_t i = 0; i < n; i++) /* magnitudes from 2^-30 to 2^20: underflow, normal, saturation */
+            x[i] = (urand() < 0.5 ? -1.0f : 1.0f) * ldexpf(1.0f + (float)urand(), (int)(urand() * 50) - 30);
+        x[0] = INFINITY;
+        x[1] = -INFINITY;
+        x[2] = NAN;
+        x[3] = 0.0f;
+        x[4] = -0.0f;
+        float scale = 3.7f, scale_inv = 0;
+        struct fp8_cast_args a = {.dst = dst, .src = src, .scale = &scale, .scale_inv = &scale_inv};
+        be->fp8_cast(be, &a);
+        const uint8_t *code = dst->data;
+        for (size_t i = 0; i < n; i++) {
+            uint8_t want = nearest_code((double)(x[i] * scale), fmt(dts[d]));
+            cr_assert_eq(code[i], want, "%s: x %g * %g: code 0x%02x, nearest 0x%02x", dtype_name(dts[d]),
+                         (double)x[i], (double)scale, code[i], want);
+        }
+        cr_assert_eq(scale_inv, 0.0f, "a delayed cast leaves scale_inv to the update");
+    }
+}
+
+Test(fp8, cast_raises_the_amax_ignoring_nan_and_counting_inf)
+{
+    float h[6] = {0.25f, -3.0f, NAN, 1.0f, -2.5f, 0.0f};
+    struct tensor *src = host_tensor(DT_BF16, 6), *dst = host_tensor(DT_FP8_E4M3, 6);
+    tensor_from_host_f32(src, h);
+    float scale = 1.0f, inv = 1.0f, amax = 0.5f;
+    struct fp8_cast_args a = {.dst = dst, .src = src, .scale = &scale, .scale_inv = &inv, .amax = &amax};
+    be->fp8_cast(be, &a);
+    cr_assert_eq(amax, 3.0f, "amax %g", (double)amax);
+    amax = 7.0f;
+    be->fp8_cast(be, &a);
+    cr_assert_eq(amax, 7.0f, "the amax is a running max: %g", (double)amax);
+    h[3] = -INFINITY;
+    tensor_from_host_f32(src, h);
+    be->fp8_cast(be, &a);
+    cr_assert(isinf(amax), "Inf counts: %g", (double)amax);
+}
+
+Test(fp8, current_recipe_takes_the_scale_from_this_tensor_in_double)
+{
+    const size_t n = 5;
+    float h[5] = {0.5f, -2.5f, 1.0f, 2.0f, -0.125f};
+    struct tensor *src = host_tensor(DT_FP32, n), *dst = host_tensor(DT_FP8_E5M2, n);
+    tensor_from_host_f32(src, h);
+    float scale = 1.0f, inv = 1.0f;
+    for (int margin = 0; margin < 3; margin++) {
+        struct fp8_cast_args a = {.dst = dst, .src = src, .scale = &scale, .scale_inv = &inv, .current = true,
+                                  .margin = margin};
+        be->fp8_cast(be, &a);
+        float want = (float)(57344.0 / 2.5 / ldexp(1.0, margin)); /* torchao: fmax / amax in fp64, then fp32 */
+        cr_assert_eq(scale, want, "margin %d: scale %.9g, want %.9g", margin, (double)scale, (double)want);
+        cr_assert_eq(inv, 1.0f / want);
+        /* the largest element lands on (or, with a margin, a power of two below) the format's max */
+        cr_assert_eq(fp8_to_fp32(((uint8_t *)dst->data)[1], FP8_E5M2), -(float)ldexp(57344.0, -margin));
+    }
+    /* all zeros: amax clamped to 1e-12 as torchao does, a finite scale */
+    memset(src->data, 0, n * sizeof(float));
+    struct fp8_cast_args a = {.dst = dst, .src = src, .scale = &scale, .scale_inv = &inv, .current = true};
+    be->fp8_cast(be, &a);
+    cr_assert_eq(scale, (float)(57344.0 / 1e-12));
+    /* a NaN-only tensor has amax 0 (NaN ignored): the same; an Inf keeps the old scale */
+    float old = scale;
+    ((float *)src->data)[2] = INFINITY;
+    be->fp8_cast(be, &a);
+    cr_assert_eq(scale, old, "Inf amax keeps the old scale");
+}
+
+/* TE's _default_get_amax_and_update_history and _default_sf_compute, written out for one tensor. */
+static float te_scale(const float *hist, int len, int n, int i, int row, bool most_recent, int margin, float fmax,
+                      float old)
+{
+    float amax = hist[row * n + i];
+    if (!most_recent)
+        for (int r = 0; r < len; r++)
+            amax = fmaxf(amax, hist[r * n + i]);
+    if (!(amax > 0.0f) || !isfinite(amax))
+        return old;
+    float sf = fmax / amax;
+    return sf / (float)ldexp(1.0, margin);
+}
+
+Test(fp8, delayed_update_is_transformer_engines_over_the_history)
+{
+    seed(2);
+    const int len = 4, n = 5;
+    for (int mr = 0; mr < 2; mr++)
+        for (int margin = 0; margin < 2; margin++)
+            for (int row = 0; row < len; row++) {
+                float *hist = falloc((size_t)(len * n)), *before = falloc((size_t)(len * n));
+                float scale[5], inv[5], old[5];
+                for (int i = 0; i < len * n; i++)
+                    hist[i] = (float)urand() * 10.0f;
+                for (int r = 0; r < len; r++) { /* tensor 3 never seen: keeps its scale; tensor 4 saw Inf */
+                    hist[r * n + 3] = 0.0f;
+                    hist[r * n + 4] = r == row ? INFINITY : 1.0f;
+                }
+                for (int i = 0; i < n; i++)
+                    scale[i] = old[i] = inv[i] = 0.5f + (float)i;
+                memcpy(before, hist, (size_t)(len * n) * sizeof(float));
+                struct fp8_update_args a = {.scale = scale, .scale_inv = inv, .history = hist, .n = n, .len = len,
+                                            .row = row, .most_recent = mr, .margin = margin, .fmax = 448.0f};
+                be->fp8_update(be, &a);
+                for (int i = 0; i < n; i++) {
+                    float want = te_scale(before, len, n, i, row, mr, margin, 448.0f, old[i]);
+                    cr_assert_eq(scale[i], want, "most_recent %d margin %d row %d tensor %d: %.9g, want %.9g", mr,
+                                 margin, row, i, (double)scale[i], (double)want);
+                    cr_assert_eq(inv[i], 1.0f / want);
+                }
+                cr_assert_eq(scale[3], old[3]);
+                cr_assert_eq(scale[4], old[4]);
+                int next = (row + 1) % len;
+                for (int r = 0; r < len; r++)
+                    for (int i = 0; i < n; i++)
+                        cr_assert_eq(hist[r * n + i], r == next ? 0.0f : before[r * n + i],
+                                     "row %d: only the next step's row is cleared", r);
+            }
+}
+
+/* Products of fp8 operands: the exact products of the decoded codes summed (here in double), times alpha and both
+ * scale_inv, then the bias, rounded once to C's dtype. The CPU sums in fp32, so fp32 C agrees to ~k ulp and
+ * bf16 C to one bf16 ulp. */
+static void gemm_case(enum dtype da, enum dtype db, enum dtype dc, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                      bool bias, float beta)
+{
+    struct tensor *a = host_tensor(da, (size_t)(m * k)), *b = host_tensor(db, (size_t)(k * n));
+    struct tensor *c = host_tensor(dc, (size_t)(m * n)), *bt = host_tensor(DT_FP32, (size_t)n);
+    uint8_t *ac = a->data, *bc = b->data;
+    for (int64_t i = 0; i < m * k; i++)
+        do ac[i] = (uint8_t)(urand() * 256); while (!isfinite(fp8_to_fp32(ac[i], fmt(da))));
+    for (int64_t i = 0; i < k * n; i++)
+        do bc[i] = (uint8_t)(urand() * 256); while (!isfinite(fp8_to_fp32(bc[i], fmt(db))));
+    float sa = 0.0123f, sb = 3.5f;
+    a->scale_inv = &sa;
+    b->scale_inv = &sb;
+    float *bh = bt->data, *c0 = falloc((size_t)(m * n));
+    for (int64_t j = 0; j < n; j++)
+        bh[j] = (float)urand() - 0.5f;
+    for (int64_t i = 0; i < m * n; i++)
+        c0[i] = (float)urand();
+    tensor_from_host_f32(c, c0);
+    tensor_to_host_f32(c, c0);
+    float alpha = 0.75f;
+    struct gemm_args g = {.a = a, .b = b, .c = c, .bias = bias ? bt : NULL, .trans_a = ta, .trans_b = tb, .m = m,
+                          .n = n, .k = k, .alpha = alpha, .beta = beta, .batch = 1};
+    be->gemm(be, &g);
+    float *got = falloc((size_t)(m * n));
+    tensor_to_host_f32(c, got);
+    double f = (double)(alpha * sa * sb);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0, mag = 0;
+            for (int64_t p = 0; p < k; p++) {
+                double x = fp8_to_fp32(ac[ta ? p * m + i : i * k + p], fmt(da));
+                double y = fp8_to_fp32(bc[tb ? j * k + p : p * n + j], fmt(db));
+                s += x * y;
+                mag += fabs(x * y);
+            }
+            double want = f * s + (bias ? bh[j] : 0.0) + beta * c0[i * n + j];
+            double tol = f * mag * 1e-6 + fabs(want) * (dc == DT_BF16 ? 1.0 / 128 : 1e-6) + 1e-30;
+            cr_assert(fabs(got[i * n + j] - want) <= tol, "%s x %s -> %s ta %d tb %d (%lld, %lld): %.9g, want %.9g",
+                      dtype_name(da), dtype_name(db), dtype_name(dc), ta, tb, (long long)i, (long long)j,
+                      (double)got[i * n + j], want);
+        }
+}
+
+Test(fp8, gemm_of_fp8_operands_is_the_scaled_sum_of_exact_products)
+{
+    seed(3);
+    enum dtype pairs[3][2] = {{DT_FP8_E4M3, DT_FP8_E4M3}, {DT_FP8_E5M2, DT_FP8_E4M3}, {DT_FP8_E4M3, DT_FP8_E5M2}};
+    for (int p = 0; p < 3; p++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                gemm_case(pairs[p][0], pairs[p][1], DT_FP32, ta, tb, 7, 9, 33, false, 0.0f);
+                gemm_case(pairs[p][0], pairs[p][1], DT_FP32, ta, tb, 7, 9, 33, false, 1.0f); /* dW accumulating */
+                gemm_case(pairs[p][0], pairs[p][1], DT_BF16, ta, tb, 7, 9, 33, true, 0.0f);
+            }
+}
+
+/* The fp8 GEMM's bf16 result is the fp32 one rounded once: the scale and the bias are applied before the one
+ * rounding, not after a first one. */
+Test(fp8, gemm_bf16_output_is_the_fp32_output_rounded_once)
+{
+    seed(4);
+    const int64_t m = 16, n = 24, k = 40;
+    struct tensor *a = host_tensor(DT_FP8_E4M3, (size_t)(m * k)), *b = host_tensor(DT_FP8_E4M3, (size_t)(k * n));
+    struct tensor *c16 = host_tensor(DT_BF16, (size_t)(m * n)), *c32 = host_tensor(DT_FP32, (size_t)(m * n));
+    struct tensor *bias = host_tensor(DT_FP32, (size_t)n);
+    for (int64_t i = 0; i < m * k; i++)
+        ((uint8_t *)a->data)[i] = (uint8_t)(urand() * 126);
+    for (int64_t i = 0; i < k * n; i++)
+        ((uint8_t *)b->data)[i] = (uint8_t)(urand() * 126) | (urand() < 0.5 ? 0x80 : 0);
+    for (int64_t j = 0; j < n; j++)
+        ((float *)bias->data)[j] = (float)urand();
+    float sa = 1.0f / 448, sb = 0.37f;
+    a->scale_inv = &sa;
+    b->scale_inv = &sb;
+    struct gemm_args g = {.a = a, .b = b, .c = c32, .bias = bias, .trans_b = false, .m = m, .n = n, .k = k,
+                          .alpha = 1.0f, .batch = 1};
+    be->gemm(be, &g);
+    g.c = c16;
+    be->gemm(be, &g);
+    const uint16_t *h = c16->data;
+    const float *f = c32->data;
+    for (int64_t i = 0; i < m * n; i++)
+        cr_assert_eq(h[i], bf16_from_fp32(f[i]), "element %lld", (long long)i);
+}
+
+/* ---- the recipe in a run ------------------------------------------------------------------------- */
+
+static float *read_dataset(const char *path, const char *name, size_t *n)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(f >= 0, "cannot open %s", path);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    cr_assert(d >= 0, "%s: no dataset %s", path, name);
+    hid_t sp = H5Dget_space(d);
+    *n = (size_t)H5Sget_simple_extent_npoints(sp);
+    float *v = malloc(*n * sizeof *v);
+    cr_assert_not_null(v);
+    cr_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
+    H5Sclose(sp);
+    H5Dclose(d);
+    H5Fclose(f);
+    return v;
+}
+
+/* After 3 steps of the delayed recipe with a 2-step history and amax_compute most_recent, each tensor's scale is
+ * fmax over the last step's amax (row 2 mod 2), the row the next step writes is clear, and the scales moved from 1.
+ * (With `max` the cleared row, the window's oldest, took part in the last update: the unit tests above check it.) */
+static void check_delayed_state(const char *ckpt, const char *group, float fmax, int len, int64_t steps)
+{
+    char name[64];
+    size_t ns, nh;
+    snprintf(name, sizeof name, "/fp8/%s/scale", group);
+    float *scale = read_dataset(ckpt, name, &ns);
+    snprintf(name, sizeof name, "/fp8/%s/amax_history", group);
+    float *hist = read_dataset(ckpt, name, &nh);
+    cr_assert_eq(nh, ns * (size_t)len, "%s: history %zu for %zu tensors", group, nh, ns);
+    int last = (int)((steps - 1) % len), next = (int)(steps % len);
+    for (size_t i = 0; i < ns; i++) {
+        float amax = hist[(size_t)last * ns + i];
+        cr_assert_gt(amax, 0.0f, "%s tensor %zu: no amax recorded", group, i);
+        cr_assert_eq(hist[(size_t)next * ns + i], 0.0f, "%s tensor %zu: the next step's row is not clear", group, i);
+        cr_assert_eq(scale[i], fmax / amax, "%s tensor %zu: scale %.9g, fmax / amax %.9g", group, i, (double)scale[i],
+                     (double)(fmax / amax));
+        cr_assert_neq(scale[i], 1.0f);
+    }
+    free(scale);
+    free(hist);
+}
+
+Test(fp8, a_delayed_run_keeps_transformer_engines_scales_in_its_checkpoint)
+{
+    make_scratch();
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 precision.fp8.amax_history_len=2 "
+                          "precision.fp8.amax_compute=most_recent 'precision.fp8.keep_bf16=[]' run.steps=3 run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s/a/ckpt-3.h5", scratch);
+    check_delayed_state(ckpt, "fwd", 448.0f, 2, 3);   /* fc1, fc2, head: input and weight each */
+    check_delayed_state(ckpt, "bwd", 57344.0f, 2, 3); /* their output gradients */
+    size_t n;
+    float *s = read_dataset(ckpt, "/fp8/fwd/scale", &n);
+    cr_assert_eq(n, 6);
+    free(s);
+    s = read_dataset(ckpt, "/fp8/bwd/scale", &n);
+    cr_assert_eq(n, 3);
+    free(s);
+    remove_scratch();
+}
+
+/* What `check` says: the default keeps the first and last layers with parameters in bf16. */
+Test(fp8, check_lists_the_fp8_layers_and_the_kept_ones)
+{
+    struct result r = amp("check configs/text_gpt.yaml precision.mode=fp8");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "in fp8: block0 block1\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "kept in bf16 (precision.fp8.keep_bf16): lm_head\n"), "%s", r.out);
+    r = amp("check configs/fashion_mlp.yaml precision.mode=fp8 precision.fp8.recipe=current");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "fp8: recipe current"), "%s", r.out);
+    cr_assert(strstr(r.out, "in fp8: fc2\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "kept in bf16 (precision.fp8.keep_bf16): fc1 head\n"), "%s", r.out);
+}
