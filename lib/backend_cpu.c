@@ -67,6 +67,7 @@ enum scratch_slot {
     SCR_ACC0, SCR_ACC1,                 /* per-op double accumulators */
     SCR_IDX,                            /* int32 indices: max pooling's argmax, one plane */
     SCR_FP8_A, SCR_FP8_B,               /* gemm_core: fp8 operands widened (exactly) to bf16 */
+    SCR_FP8_C,                          /* gemm_core: an fp8 product accumulated into C, formed apart first */
     SCR_COUNT
 };
 
@@ -318,6 +319,7 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
 
 static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias);
+static struct mat_out out_mat_f32(float *p, int64_t ld);
 
 /* An fp8 operand (rows, cols) widened to bf16 in `slot`, which holds every fp8 value exactly (E4M3's and
  * E5M2's exponents are within bf16's, their 3 and 2 mantissa bits within its 7); other dtypes as they are. */
@@ -335,13 +337,28 @@ static bool fp8_widen(struct cpu_backend *cb, enum scratch_slot slot, struct mat
 }
 
 /* fp8 A and B (any pair of formats): widened to bf16, whose products are as exact and whose sums are fp32, then
- * the bf16 product. alpha already holds the operands' scale_inv (cpu_gemm). */
+ * the bf16 product. alpha already holds the operands' scale_inv (cpu_gemm), so alpha * sum is rounded: accumulated
+ * into C (beta != 0, a weight gradient over micro-batches) the product is formed and rounded apart, then added,
+ * C = beta * C + product, so two micro-batches give the bits of two ranks' all-reduce (and of the GPU's epilogue),
+ * where a fused alpha * sum + beta * C would round once. */
 static void gemm_core_fp8(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                           struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
     if (!fp8_widen(cb, SCR_FP8_A, &a, ta ? k : m, ta ? m : k) || !fp8_widen(cb, SCR_FP8_B, &b, tb ? n : k, tb ? k : n))
         return;
-    gemm_core(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
+    if (beta == 0.0f) {
+        gemm_core(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
+        return;
+    }
+    assert(c.dt == DT_FP32 && !bias);
+    float *p = scratch_get(cb, SCR_FP8_C, (size_t)(m * n) * sizeof(float));
+    if (!p)
+        return;
+    gemm_core(cb, ta, tb, m, n, k, alpha, a, b, 0.0f, out_mat_f32(p, n), NULL);
+    float *cf = (float *)c.p;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < n; j++)
+            cf[r * c.ld + j] = beta * cf[r * c.ld + j] + p[r * n + j];
 }
 
 /* The factor an fp8 product's sum is multiplied by: alpha * A's scale_inv * B's (backend.h, gemm_args). */

@@ -231,8 +231,9 @@ static void write_attrs_ok(struct writer *w, int rc, const char *what)
 }
 
 /* The HDF5 part of a checkpoint: everything but the user block. */
-/* /fp8 (precision.mode fp8, lib/fp8.h): per group (fwd: E4M3 inputs and weights, bwd: E5M2 output gradients) the
- * scales (n) and, with recipe delayed, the amax history (amax_history_len, n); the n tensors in the order the
+/* /fp8 (precision.mode fp8, lib/fp8.h): its attributes; with recipe delayed, per group (fwd: E4M3 inputs and weights,
+ * bwd: E5M2 output gradients) the scales (n) and the amax history (amax_history_len, n) (recipe current has no
+ * state: each cast computes its scale); the n tensors in the order the
  * model's layers register them (`ampTrain check` lists them). scale_inv is 1 / scale, not stored. */
 static void write_fp8(struct writer *w, const struct fp8_state *st, struct backend *be)
 {
@@ -245,6 +246,8 @@ static void write_fp8(struct writer *w, const struct fp8_state *st, struct backe
     rc |= attr_i64(g, "margin", st->margin);
     write_attrs_ok(w, rc, "writing /fp8");
     h5_close_id(g);
+    if (st->recipe == FP8_CURRENT) /* every cast computes its scale afresh: no state to carry */
+        return;
     const struct fp8_group *groups[2] = {&st->fwd, &st->bwd};
     const char *names[2] = {"fwd", "bwd"};
     char name[64];
@@ -1056,7 +1059,7 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
  * scales 1, empty histories). The shapes check the tensors' count and the history's length; scale_inv follows. */
 static enum amp_status load_fp8(const struct reader *r, struct model *m)
 {
-    if (!m->has_fp8 || strcmp(r->info->precision_mode, precision_mode_name(PREC_FP8)) != 0)
+    if (!m->has_fp8 || m->fp8.recipe == FP8_CURRENT || strcmp(r->info->precision_mode, precision_mode_name(PREC_FP8)) != 0)
         return AMP_OK;
     hid_t g = open_group(r, "fp8", "the fp8 scales and amax histories");
     if (g < 0)
@@ -1173,7 +1176,9 @@ static enum amp_status load_trainer_from(const struct reader *r, const struct ck
         return st;
     /* The file's state is checked against the mode that wrote it (a resume may change precision.mode). */
     struct scaler s = t->scaler;
-    s.dynamic = strcmp(info->precision_mode, precision_mode_name(PREC_FP16_DYNAMIC)) == 0;
+    s.dynamic = strcmp(info->precision_mode, precision_mode_name(PREC_FP16_DYNAMIC)) == 0 ||
+                (strcmp(info->precision_mode, precision_mode_name(PREC_FP8)) == 0 &&
+                 t->cfg->precision.mode == PREC_FP8 && t->scaler.dynamic); /* precision.fp8.* cannot change on resume */
     if ((st = load_scaler(r, info->step, &s)) != AMP_OK)
         return st;
     s.dynamic = t->scaler.dynamic;

@@ -51,6 +51,7 @@ static const char *const sched_kind_names[] = {"constant", "step", "cosine", NUL
 static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", "fp8", NULL};
 static const char *const fp8_recipe_names[] = {"delayed", "current", NULL};
 static const char *const fp8_amax_compute_names[] = {"max", "most_recent", NULL};
+static const char *const fp8_loss_scale_names[] = {"none", "static", "dynamic", NULL};
 static const char *const store_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const on_nonfinite_names[] = {"skip", "stop", NULL};
 static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
@@ -310,6 +311,7 @@ static const struct field fp8_fields[] = {
     INT_(S, amax_history_len, 1024, IN_CC(1, CFG_MAX_AMAX_HISTORY)),
     ENUM_(S, amax_compute, fp8_amax_compute_names, FP8_AMAX_MAX),
     INT_(S, margin, 0, IN_CC(0, 64)),
+    ENUM_(S, loss_scale, fp8_loss_scale_names, FP8_LS_NONE),
     LIST_(S, keep_bf16, nkeep_bf16, NULL),
 };
 #undef S
@@ -2282,10 +2284,21 @@ int config_print_warnings(const struct config *cfg, FILE *out)
     bool static_key = ls->value != dl->value;
     const char *mode = precision_mode_name(cfg->precision.mode);
     int n = 0;
-    switch (cfg->precision.mode) {
+    enum precision_mode eff = cfg->precision.mode; /* fp8's loss scale behaves as the fp16 mode it names */
+    if (eff == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_STATIC)
+        eff = PREC_FP16_STATIC;
+    else if (eff == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_DYNAMIC)
+        eff = PREC_FP16_DYNAMIC;
+    switch (eff) {
+    case PREC_FP8:
+        if (dynamic_keys || static_key) {
+            fprintf(out, "ampTrain: warning: %s: precision.loss_scale is set but fp8 is not loss-scaled unless "
+                         "precision.fp8.loss_scale is static or dynamic\n", cfg->source);
+            n++;
+        }
+        break;
     case PREC_FP32:
     case PREC_BF16:
-    case PREC_FP8:
         if (dynamic_keys || static_key) {
             fprintf(out, "ampTrain: warning: %s: precision.loss_scale is set but %s is not loss-scaled (scale 1); "
                          "it applies to fp16-static and fp16-dynamic\n", cfg->source, mode);
@@ -2311,7 +2324,7 @@ int config_print_warnings(const struct config *cfg, FILE *out)
     const struct fp8_config *f8 = &cfg->precision.fp8, *df8 = &d.precision.fp8;
     bool fp8_keys = f8->recipe != df8->recipe || f8->amax_history_len != df8->amax_history_len ||
                     f8->amax_compute != df8->amax_compute || f8->margin != df8->margin ||
-                    f8->nkeep_bf16 != df8->nkeep_bf16;
+                    f8->loss_scale != df8->loss_scale || f8->nkeep_bf16 != df8->nkeep_bf16;
     for (int i = 0; !fp8_keys && i < f8->nkeep_bf16; i++)
         fp8_keys = strcmp(f8->keep_bf16[i], df8->keep_bf16[i]) != 0;
     if (fp8_keys && cfg->precision.mode != PREC_FP8) {

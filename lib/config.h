@@ -39,6 +39,7 @@ enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE };
 enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16, PREC_FP8 };
 enum fp8_recipe_kind { FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT };
 enum fp8_amax_compute { FP8_AMAX_MAX, FP8_AMAX_MOST_RECENT };
+enum fp8_loss_scale { FP8_LS_NONE, FP8_LS_STATIC, FP8_LS_DYNAMIC };
 /* How master weights or optimizer moments are stored (precision.master_weights, optim.state_dtype). */
 enum store_dtype { STORE_FP32, STORE_BF16 };
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
@@ -180,6 +181,8 @@ struct fp8_config {
     int64_t amax_history_len;          /* delayed: steps of amax kept (default 1024), 1..CFG_MAX_AMAX_HISTORY */
     enum fp8_amax_compute amax_compute;/* delayed: max (default) | most_recent */
     int64_t margin;                    /* scale = (fmax / amax) / 2^margin (default 0), 0..64 */
+    enum fp8_loss_scale loss_scale;    /* none (default) | static (precision.loss_scale.value) | dynamic
+                                        * (precision.loss_scale.init and the rest, as fp16-dynamic) */
     char keep_bf16[CFG_MAX_KEEP][64];  /* layers whose products stay bf16: names, or `first` / `last` (the first
                                         * and last layers that hold parameters); default [first, last] */
     int nkeep_bf16;

@@ -7,8 +7,11 @@
 void scaler_init(struct scaler *s, const struct precision_config *pc)
 {
     const struct loss_scale_config *ls = &pc->loss_scale;
+    bool fp8 = pc->mode == PREC_FP8;
+    bool dynamic = pc->mode == PREC_FP16_DYNAMIC || (fp8 && pc->fp8.loss_scale == FP8_LS_DYNAMIC);
+    bool fixed = pc->mode == PREC_FP16_STATIC || (fp8 && pc->fp8.loss_scale == FP8_LS_STATIC);
     *s = (struct scaler){
-        .dynamic = pc->mode == PREC_FP16_DYNAMIC,
+        .dynamic = dynamic,
         .scale = 1.0,
         .growth_factor = ls->growth_factor,
         .backoff_factor = ls->backoff_factor,
@@ -19,8 +22,8 @@ void scaler_init(struct scaler *s, const struct precision_config *pc)
         .hysteresis_left = ls->hysteresis,
         .last_overflow_step = -1,
     };
-    if (pc->mode == PREC_FP16_DYNAMIC)
+    if (dynamic)
         s->scale = ls->init;
-    else if (pc->mode == PREC_FP16_STATIC)
+    else if (fixed)
         s->scale = ls->value;
 }

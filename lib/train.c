@@ -519,7 +519,7 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
         return AMP_OK;
     const char *where = rec->overflow_layer[0] ? rec->overflow_layer : "a layer's gradients";
     bool lowp_free = cfg->precision.mode == PREC_FP32 || cfg->precision.mode == PREC_BF16 ||
-                     cfg->precision.mode == PREC_FP8;
+                     (cfg->precision.mode == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_NONE);
     if (lowp_free && cfg->stability.on_nonfinite == NONFINITE_STOP)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr, set clip.max_norm, or check the data",

@@ -158,7 +158,7 @@ write_table() {
   echo "| model | mode | ampTrain samples/s | PyTorch eager AMP samples/s | ampTrain / PyTorch | ampTrain peak MiB | PyTorch peak MiB |"
   echo "|---|---|---|---|---|---|---|"
   for m in $models text_gpt768; do
-    for mode in $modes fp16-static; do
+    for mode in $modes fp16-static fp8; do
       k="$m-$mode"
       [ -n "${amp_sps[$k]+x}" ] || continue
       tk=$(tokens_of "$m")
@@ -168,7 +168,8 @@ write_table() {
   echo
   echo "Targets (text_gpt width 768): bf16 / fp32 = $(ratio "${amp_sps[text_gpt768-bf16]:-}" "${amp_sps[text_gpt768-fp32]:-}") (target >= 2),"\
        "fp16-dynamic / bf16 = $(ratio "${amp_sps[text_gpt768-fp16-dynamic]:-}" "${amp_sps[text_gpt768-bf16]:-}") (target >= 0.95),"\
-       "ampTrain / PyTorch bf16 = $(ratio "${amp_sps[text_gpt768-bf16]:-}" "${torch_sps[text_gpt768-bf16]:-}") (target >= 1.0)"
+       "ampTrain / PyTorch bf16 = $(ratio "${amp_sps[text_gpt768-bf16]:-}" "${torch_sps[text_gpt768-bf16]:-}") (target >= 1.0),"\
+       "fp8 / bf16 = $(ratio "${amp_sps[text_gpt768-fp8]:-}" "${amp_sps[text_gpt768-bf16]:-}") (no target: cuBLASLt FP8 with our transposes)"
 } > "$out/table.md"; }
 
 # ---- training and benchmarks ----
@@ -222,6 +223,11 @@ for mode in $modes; do
   run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width 768 --heads 12
   write_table
 done
+
+# fp8 (docs/precision.md "fp8"): text_gpt at width 768 in precision.mode fp8 (delayed scaling, lm_head kept bf16),
+# against its bf16 row; no PyTorch counterpart (Transformer Engine is not installed there)
+run_amp "text_gpt768-fp8" text_gpt "$wide_steps" precision.mode=fp8 "${wide[@]}"
+write_table
 
 # data parallel's NCCL path on one GPU (docs/distributed.md): a one-rank NCCL communicator reduces every
 # step's gradients and loss (a sum over one rank), so the log must equal the plain bf16 run's

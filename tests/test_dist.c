@@ -53,6 +53,13 @@ Test(dist, two_ranks_equal_one_bf16_master_weights_stochastic_rounding)
                       "optim.stochastic_rounding=true " HARD,
                       NULL);
 }
+/* fp8 delayed: each step's amaxes are the max over micro-batches and (reduced with MAX) over ranks, so two ranks
+ * keep the one rank's scales and histories; current: each micro-batch's scales come from its own tensors alike */
+Test(dist, two_ranks_equal_one_fp8_delayed)
+{
+    check_equivalence(MLP, "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' " HARD,
+                      NULL);
+}
 Test(dist, two_ranks_equal_one_with_accum_fp16_static)
 {
     check_equivalence(MLP, "precision.mode=fp16-static precision.loss_scale.value=1e9 " HARD, NULL);
@@ -71,6 +78,10 @@ Test(dist, text_gpt_two_ranks_equal_one_fp16_dynamic)
     check_equivalence(GPT, "precision.mode=fp16-dynamic " OVERFLOWING, NULL);
 }
 Test(dist, text_gpt_two_ranks_equal_one_bf16) { check_equivalence(GPT, "precision.mode=bf16", NULL); }
+Test(dist, text_gpt_two_ranks_equal_one_fp8_current)
+{
+    check_equivalence(GPT, "precision.mode=fp8 precision.fp8.recipe=current", NULL);
+}
 Test(dist, text_gpt_two_ranks_equal_one_fp32) { check_equivalence(GPT, "precision.mode=fp32", NULL); }
 Test(dist, text_gpt_two_ranks_equal_one_fp16_static)
 {

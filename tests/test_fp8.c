@@ -371,3 +371,41 @@ Test(fp8, check_lists_the_fp8_layers_and_the_kept_ones)
     cr_assert(strstr(r.out, "in fp8: fc2\n"), "%s", r.out);
     cr_assert(strstr(r.out, "kept in bf16 (precision.fp8.keep_bf16): fc1 head\n"), "%s", r.out);
 }
+
+/* precision.fp8.loss_scale: none by default; static and dynamic as the fp16 modes (the key is there for those who
+ * want one). The scale column of scale_log.csv shows which. */
+static void scales_of_run(const char *extra, double *scales, int n)
+{
+    make_scratch();
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 %s run.steps=%d run.out_dir=%s/a",
+                          extra, n, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/a/scale_log.csv", scratch);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(line, sizeof line, f)); /* header */
+    for (int i = 0; i < n; i++) {
+        cr_assert_not_null(fgets(line, sizeof line, f), "row %d", i);
+        char *c = strchr(strchr(strchr(line, ',') + 1, ',') + 1, ','); /* step,epoch,loss,scale */
+        scales[i] = strtod(c + 1, NULL);
+    }
+    fclose(f);
+    remove_scratch();
+}
+
+Test(fp8, the_loss_scale_is_none_static_or_dynamic)
+{
+    double s[5];
+    scales_of_run("", s, 5);
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(s[i], 1.0, "none: step %d scale %g", i + 1, s[i]);
+    scales_of_run("precision.fp8.loss_scale=static precision.loss_scale.value=64", s, 5);
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(s[i], 64.0, "static: step %d scale %g", i + 1, s[i]);
+    scales_of_run("precision.fp8.loss_scale=dynamic precision.loss_scale.init=4 precision.loss_scale.growth_interval=2",
+                  s, 5);
+    const double want[5] = {4, 4, 8, 8, 16};
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(s[i], want[i], "dynamic: step %d scale %g, want %g", i + 1, s[i], want[i]);
+}

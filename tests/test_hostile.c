@@ -434,3 +434,50 @@ Test(hostile, resuming_into_bf16_refuses_a_value_beyond_bf16s_range)
     r = amp("resume %s run.steps=11", p);
     cr_assert_eq(r.code, 0, "%s", r.out);
 }
+
+/* precision.mode fp8: the scales and amax histories are checkpoint state, checked like the rest (a zero scale would
+ * make every code Inf-scaled; a NaN or negative amax would freeze or flip the delayed scales). */
+Test(hostile, fp8_scales_and_amax_histories_are_checked_naming_the_tensor)
+{
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 precision.fp8.amax_history_len=3 "
+                          "run.steps=4 run.out_dir=%s/fp8", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char base[600], p[600];
+    snprintf(base, sizeof base, "%s/fp8/ckpt-4.h5", scratch);
+    float two[2] = {0.5f, 0.0f}, hist[6] = {1, 2, 3, 4, 5, 6};
+    hsize_t n2 = 2, h32[2] = {3, 2}, h23[2] = {2, 3};
+    snprintf(p, sizeof p, "%s/fp8_scale0.h5", scratch);
+    copy_file(base, p);
+    set_dataset(p, "fp8/fwd/scale", H5T_NATIVE_FLOAT, 1, &n2, two);
+    refused("resume", p, "tensor /fp8/fwd/scale holds 0 at element 1; every value must be finite and > 0");
+    refused("eval", p, "tensor /fp8/fwd/scale holds 0 at element 1");
+
+    snprintf(p, sizeof p, "%s/fp8_hist_nan.h5", scratch);
+    copy_file(base, p);
+    hist[4] = NAN;
+    set_dataset(p, "fp8/fwd/amax_history", H5T_NATIVE_FLOAT, 2, h32, hist);
+    refused("resume", p, "tensor /fp8/fwd/amax_history holds nan at element 4");
+    hist[4] = -5;
+    set_dataset(p, "fp8/fwd/amax_history", H5T_NATIVE_FLOAT, 2, h32, hist);
+    refused("resume", p, "tensor /fp8/fwd/amax_history holds -5 at element 4; every value must be finite and >= 0");
+    hist[4] = 5;
+    set_dataset(p, "fp8/fwd/amax_history", H5T_NATIVE_FLOAT, 2, h23, hist);
+    refused("resume", p, "tensor /fp8/fwd/amax_history has shape (2, 3) in the checkpoint but (3, 2)");
+
+    snprintf(p, sizeof p, "%s/fp8_no_group.h5", scratch);
+    copy_file(base, p);
+    hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0 && H5Ldelete(f, "fp8", H5P_DEFAULT) >= 0);
+    H5Fclose(f);
+    reseal(p);
+    refused("resume", p, "group /fp8 (the fp8 scales and amax histories) is missing");
+    /* the untouched file resumes; a resume into bf16 drops the fp8 state, one from fp16 into fp8 starts it afresh */
+    r = amp("resume %s run.steps=5", base);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("resume %s precision.mode=bf16 run.steps=6", base);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "precision.mode changes from fp8 to bf16 on resume"), "%s", r.out);
+    r = amp("resume %s precision.mode=fp8 run.steps=11", ckpt10);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "precision.mode changes from fp16-dynamic to fp8 on resume"), "%s", r.out);
+}
