@@ -11,6 +11,7 @@
  * Most bad configs are inline: the faulty lines come first, then BASE (a valid data + model
  * section), so the expected line numbers can be read off the string.
  */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
@@ -1569,4 +1570,71 @@ Test(errors, a_tagged_number_is_not_a_number)
     parse_ok(&cfg, "optim:\n  lr: &x 0.25\n  eps: *x\n" BASE);
     cr_assert_eq(cfg.optim.eps, 0.25);
     config_free(&cfg);
+}
+
+/* ---- precision.fp8 --------------------------------------------------------------------------------- */
+
+static char *warnings_of(const struct config *c, int *n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    *n = config_print_warnings(c, f);
+    fclose(f);
+    return buf;
+}
+
+Test(cross, fp8_keys_defaults_errors_and_warnings)
+{
+    struct config c;
+    parse_ok(&c, "precision:\n  mode: fp8\n" BASE);
+    const struct fp8_config *f = &c.precision.fp8;
+    cr_assert_eq(f->recipe, FP8_RECIPE_DELAYED);
+    cr_assert_eq(f->amax_history_len, 1024);
+    cr_assert_eq(f->amax_compute, FP8_AMAX_MAX);
+    cr_assert_eq(f->margin, 0);
+    cr_assert_eq(f->loss_scale, FP8_LS_NONE);
+    cr_assert_eq(f->nkeep_bf16, 2);
+    cr_assert_str_eq(f->keep_bf16[0], "first");
+    cr_assert_str_eq(f->keep_bf16[1], "last");
+    int n;
+    char *w = warnings_of(&c, &n);
+    cr_assert_eq(n, 0, "%s", w);
+    free(w);
+    config_free(&c);
+
+    expect_error("precision:\n  fp8:\n    amax_history_len: 0\n" BASE, "t.yaml:3:23: ",
+                 "precision.fp8.amax_history_len must be in [1, 65536], got 0", NULL);
+    expect_error("precision:\n  fp8:\n    margin: -1\n" BASE, "t.yaml:3:13: ", "precision.fp8.margin must be in [0, 64]",
+                 NULL);
+    expect_error("precision:\n  fp8:\n    recipe: delay\n" BASE, "t.yaml:3:13: ",
+                 "precision.fp8.recipe: unknown value 'delay' (did you mean 'delayed'?)", NULL);
+    expect_error("precision:\n  fp8:\n    keep_bf16: [fc9]\n" BASE, "t.yaml:3:5: ",
+                 "precision.fp8.keep_bf16: no layer is named 'fc9'", "linear_1");
+    expect_error("precision:\n  fp8:\n    keep_bf16: [flatten_0]\n" BASE, "t.yaml:3:5: ",
+                 "precision.fp8.keep_bf16: there is no matrix product to keep in layer 'flatten_0'", NULL);
+
+    /* keys that do nothing are said to do nothing */
+    parse_ok(&c, "precision:\n  mode: bf16\n  fp8:\n    margin: 2\n" BASE);
+    w = warnings_of(&c, &n);
+    cr_assert(n == 1 && strstr(w, "precision.fp8 is set but precision.mode is bf16"), "%s", w);
+    free(w);
+    config_free(&c);
+    parse_ok(&c, "precision:\n  mode: fp8\n  loss_scale:\n    init: 1024\n" BASE);
+    w = warnings_of(&c, &n);
+    cr_assert(n == 1 && strstr(w, "fp8 is not loss-scaled unless precision.fp8.loss_scale is static or dynamic"), "%s",
+              w);
+    free(w);
+    config_free(&c);
+    parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    loss_scale: dynamic\n  loss_scale:\n    init: 1024\n" BASE);
+    w = warnings_of(&c, &n);
+    cr_assert_eq(n, 0, "dynamic fp8 uses the dynamic keys: %s", w);
+    free(w);
+    config_free(&c);
+    parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    recipe: current\n    amax_history_len: 16\n" BASE);
+    w = warnings_of(&c, &n);
+    cr_assert(n == 1 && strstr(w, "amax_history_len and amax_compute apply to recipe delayed"), "%s", w);
+    free(w);
+    config_free(&c);
 }
