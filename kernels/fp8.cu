@@ -103,12 +103,7 @@ __global__ void update_kernel(float *scale, float *scale_inv, const float *histo
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    float amax = history[(size_t)row * n + i];
-    if (!most_recent)
-        for (int r = 0; r < len; r++) {
-            float h = history[(size_t)r * n + i];
-            amax = h > amax || isnan(h) ? h : amax;
-        }
+    float amax = fp8_history_amax(history, n, len, row, i, most_recent);
     scale[i] = fp8_scale_from_amax(amax, fmax, margin, scale[i], false);
     scale_inv[i] = 1.0f / scale[i];
 }

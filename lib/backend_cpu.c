@@ -330,8 +330,16 @@ static bool fp8_widen(struct cpu_backend *cb, enum scratch_slot slot, struct mat
     uint16_t *p = scratch_get(cb, slot, (size_t)(rows * cols) * sizeof(uint16_t));
     if (!p)
         return false;
-    for (int64_t r = 0; r < rows; r++)
-        dtype_convert(p + r * cols, DT_BF16, elem_ptr(a->p, a->dt, (size_t)(r * a->ld)), a->dt, (size_t)cols);
+    uint16_t table[256]; /* each code's bf16 bits */
+    enum fp8_format f = a->dt == DT_FP8_E4M3 ? FP8_E4M3 : FP8_E5M2;
+    for (int v = 0; v < 256; v++)
+        table[v] = bf16_from_fp32(fp8_to_fp32((uint8_t)v, f));
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *src = elem_ptr(a->p, a->dt, (size_t)(r * a->ld));
+        uint16_t *dst = p + r * cols;
+        for (int64_t j = 0; j < cols; j++)
+            dst[j] = table[src[j]];
+    }
     *a = (struct mat_in){ .p = p, .dt = DT_BF16, .ld = cols };
     return true;
 }
@@ -1867,12 +1875,7 @@ static void cpu_fp8_update(struct backend *be, const struct fp8_update_args *a)
     (void)be;
     assert(a->len >= 1 && a->row >= 0 && a->row < a->len);
     for (int i = 0; i < a->n; i++) {
-        float amax = a->history[(size_t)a->row * (size_t)a->n + (size_t)i];
-        if (!a->most_recent)
-            for (int r = 0; r < a->len; r++) {
-                float h = a->history[(size_t)r * (size_t)a->n + (size_t)i];
-                amax = h > amax || isnan(h) ? h : amax; /* NaN (never recorded, but from a file) propagates */
-            }
+        float amax = fp8_history_amax(a->history, a->n, a->len, a->row, i, a->most_recent);
         a->scale[i] = fp8_scale_from_amax(amax, a->fmax, a->margin, a->scale[i], false);
         a->scale_inv[i] = 1.0f / a->scale[i];
     }

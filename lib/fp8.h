@@ -62,6 +62,19 @@ AMP_HD static inline float fp8_amax_fold(float amax, float x)
     return fmaxf(amax, fabsf(x));
 }
 
+/* The delayed recipe's amax of tensor i from its history (len rows of n): the max over the rows (NaN, which only a
+ * file could hold, propagates), or row `row` alone with most_recent. */
+AMP_HD static inline float fp8_history_amax(const float *history, int n, int len, int row, int i, bool most_recent)
+{
+    float amax = history[(size_t)row * (size_t)n + (size_t)i];
+    if (!most_recent)
+        for (int r = 0; r < len; r++) {
+            float h = history[(size_t)r * (size_t)n + (size_t)i];
+            amax = h > amax || h != h ? h : amax;
+        }
+    return amax;
+}
+
 #ifndef __CUDACC__
 
 enum fp8_recipe { FP8_DELAYED, FP8_CURRENT };
