@@ -29,14 +29,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 build="build-fuzz"
-all_harnesses=(fuzz_config fuzz_ckpt_raw fuzz_ckpt_resealed fuzz_ckpt_guarded fuzz_ckpt_edit fuzz_data fuzz_safetensors)
+all_harnesses=(fuzz_config fuzz_ckpt_raw fuzz_ckpt_resealed fuzz_ckpt_guarded fuzz_ckpt_edit fuzz_ckpt_fp8 fuzz_data
+               fuzz_safetensors)
 
 # ---- per harness: seed corpus, dictionary, longest input -------------------------------------------
 corpus_of() { case $1 in fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo ckpt_raw ;; *) echo "${1#fuzz_}" ;; esac; }
+# fuzz_ckpt_fp8's corpus (ckpt_fp8) is the fp8 checkpoint the harness writes at start, plus what it finds
 dict_of() {
   case $1 in
     fuzz_config) echo tests/fuzz/config.dict ;;
-    fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo tests/fuzz/ckpt.dict ;;
+    fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded | fuzz_ckpt_fp8) echo tests/fuzz/ckpt.dict ;;
     fuzz_data) echo tests/fuzz/data.dict ;;
     fuzz_safetensors) echo tests/fuzz/safetensors.dict ;;
   esac
@@ -44,7 +46,7 @@ dict_of() {
 max_len_of() {
   case $1 in
     fuzz_config) echo 8192 ;;
-    fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo 131072 ;; # the seed checkpoint is ~80 KB
+    fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded | fuzz_ckpt_fp8) echo 131072 ;; # the seed checkpoint is ~80 KB
     fuzz_ckpt_edit) echo 4096 ;;
     fuzz_data) echo 16384 ;;
     fuzz_safetensors) echo 8192 ;;
@@ -177,7 +179,7 @@ for h in "${harnesses[@]}"; do
   mkdir -p "$corpus" "$tmpdir" "$artifacts" "$build/findings/$h"
   rm -rf "${tmpdir:?}"/* "${artifacts:?}"/* "$work"/fuzz-*.log
   cp -n "tests/fuzz/corpus/$(corpus_of "$h")"/* "$corpus"/ 2> /dev/null || true
-  if [ "$(corpus_of "$h")" = ckpt_raw ]; then
+  if [ "$(corpus_of "$h")" = ckpt_raw ] || [ "$(corpus_of "$h")" = ckpt_fp8 ]; then
     # a checkpoint written by this build, besides the committed one (the harness writes it at start)
     AMP_FUZZ_WRITE_SEED=$root/$corpus/seed-current.h5 TMPDIR=$tmpdir "$bin" -runs=0 > /dev/null 2>&1 || true
   fi

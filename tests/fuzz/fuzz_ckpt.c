@@ -25,13 +25,14 @@
  * input's outcome does not depend on the ones before.
  *
  * The seed checkpoint is made at start (LLVMFuzzerInitialize) with the library itself: a 4x4-pixel IDX
- * dataset written into the scratch directory, a conv2d + batchnorm2d + linear model in fp16-dynamic, two
- * optimizer steps, ckpt_save. So it always matches the current format; AMP_FUZZ_WRITE_SEED=PATH copies it
+ * dataset written into the scratch directory, a conv2d + batchnorm2d + linear model in fp16-dynamic (built with
+ * FUZZ_FP8, fuzz_ckpt_fp8: in fp8 with delayed scaling, so the file has /fp8), two optimizer steps, ckpt_save. So it always matches the current format; AMP_FUZZ_WRITE_SEED=PATH copies it
  * to PATH (scripts/fuzz.sh adds it to the scratch corpus of the raw and resealed harnesses).
  *
  * Oracles (checkpoint.h's contract): a refusal is AMP_ERR_CKPT (or AMP_ERR_INTERNAL) with a message; no
  * HDF5 identifier stays open after a call; an accepted trainer state has step, optimizer step,
- * samples_seen and epoch >= 0 and, with the scaler loaded, a finite positive scale and counters >= 0.
+ * samples_seen and epoch >= 0 and, with the scaler loaded, a finite positive scale and counters >= 0; with fp8, finite
+ * positive scales (scale_inv their reciprocal) and finite non-negative amaxes.
  */
 #define _DEFAULT_SOURCE
 #define _XOPEN_SOURCE 700
@@ -106,8 +107,13 @@ static const char SEED_YAML[] = "run:\n"
                                 "  kind: adamw\n"
                                 "  lr: 0.01\n"
                                 "precision:\n"
+#ifdef FUZZ_FP8 /* fuzz_ckpt_fp8: the head's product in fp8, delayed scaling, a 3-step amax history (/fp8) */
+                                "  mode: fp8\n"
+                                "  fp8: {amax_history_len: 3, keep_bf16: []}\n";
+#else
                                 "  mode: fp16-dynamic\n"
                                 "  loss_scale: {growth_interval: 1, hysteresis: 2}\n";
+#endif
 
 static void write_idx(const char *path, int ndim, uint32_t n, const uint8_t *payload, size_t plen)
 {
@@ -201,6 +207,21 @@ static void check_loaded_state(const struct trainer *t, bool fresh_scaler)
     FUZZ_ORACLE(t->samples_seen >= 0, "accepted /state samples_seen %lld", (long long)t->samples_seen);
     FUZZ_ORACLE(t->sampler.epoch >= 0, "accepted /data epoch %lld", (long long)t->sampler.epoch);
     FUZZ_ORACLE(t->scaler.skips_total >= 0, "accepted /scaler skips_total %lld", (long long)t->scaler.skips_total);
+    /* fp8 (fuzz_ckpt_fp8): scales finite and > 0 with scale_inv their reciprocal, amaxes finite and >= 0 (the CPU
+     * backend's memory is the host's) */
+    const struct fp8_state *f8 = &t->model.fp8;
+    const struct fp8_group *groups[2] = {&f8->fwd, &f8->bwd};
+    for (int g = 0; t->model.has_fp8 && g < 2; g++) {
+        for (int i = 0; i < groups[g]->n; i++) {
+            float sc = groups[g]->scale[i];
+            FUZZ_ORACLE(isfinite(sc) && sc > 0 && groups[g]->scale_inv[i] == 1.0f / sc,
+                        "accepted /fp8 scale %g (scale_inv %g) of tensor %d", (double)sc,
+                        (double)groups[g]->scale_inv[i], i);
+        }
+        for (int i = 0; groups[g]->history && i < groups[g]->n * f8->len; i++)
+            FUZZ_ORACLE(isfinite(groups[g]->history[i]) && groups[g]->history[i] >= 0, "accepted /fp8 amax %g",
+                        (double)groups[g]->history[i]);
+    }
     if (fresh_scaler)
         return;
     const struct scaler *s = &t->scaler;
