@@ -59,11 +59,37 @@ __global__ void cast_scale_kernel(float *scale, float *scale_inv, const float *n
         *amax = fp8_amax_fold(*amax, *now);
 }
 
-__global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, const float *scale, size_t n)
+__global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, const float *scale, size_t n,
+                            int64_t *counts)
 {
     const float s = *scale;
+    const __nv_fp8_interpretation_t fi = dst_dt == DT_FP8_E4M3 ? __NV_E4M3 : __NV_E5M2;
+    unsigned long long sat = 0, flushed = 0, nonzero = 0;
     GRID_STRIDE(i, n)
-        store_elem(dst, dst_dt, i, load_elem(src, src_dt, i) * s);
+    {
+        float v = load_elem(src, src_dt, i);
+        store_elem(dst, dst_dt, i, v * s);
+        if (counts && v != 0.0f && !isnan(v)) {
+            nonzero++;
+            unsigned raw = __nv_cvt_float_to_fp8(v * s, __NV_NOSAT, fi) & 0x7Fu;
+            sat += dst_dt == DT_FP8_E4M3 ? raw == 0x7Fu : raw >= 0x7Cu;
+            flushed += (__nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, fi) & 0x7Fu) == 0;
+        }
+    }
+    if (!counts)
+        return;
+    for (int off = 16; off > 0; off >>= 1) {
+        sat += __shfl_down_sync(0xffffffffu, sat, off);
+        flushed += __shfl_down_sync(0xffffffffu, flushed, off);
+        nonzero += __shfl_down_sync(0xffffffffu, nonzero, off);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[0]), sat);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[1]), flushed);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[2]), nonzero);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[3]), (unsigned long long)n);
 }
 
 void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
@@ -91,7 +117,8 @@ void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
         CB_LAUNCHED(cb, "amax_kernel / cast_scale_kernel");
     }
     if (n) {
-        cast_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(dst->data, dst->dtype, src->data, src->dtype, a->scale, n);
+        cast_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(dst->data, dst->dtype, src->data, src->dtype, a->scale, n,
+                                                              a->counts);
         CB_LAUNCHED(cb, "cast_kernel");
     }
 }

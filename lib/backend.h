@@ -126,6 +126,9 @@ struct fp8_cast_args {
     bool current;             /* first *scale = fp8_scale_from_amax(max |src|, current) and *scale_inv = 1 / *scale
                                * (recipe current), then cast */
     int margin;               /* precision.fp8.margin, for `current` */
+    int64_t *counts;          /* non-NULL (ampTrain numerics): 4 int64 in backend memory, raised by the elements
+                               * whose scaled value saturates (would round beyond max; Inf too), the nonzero finite
+                               * ones that round to zero, the nonzero ones, and all of them */
 };
 
 /* The delayed recipe's update after a step, for the n tensors of one group (lib/fp8.h): amax from the history

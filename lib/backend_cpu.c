@@ -1862,11 +1862,27 @@ static void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
     }
     const float scale = *a->scale;
     uint8_t *out = dst->data;
+    int64_t sat = 0, flushed = 0, nonzero = 0;
     for (size_t i = 0; i < n; i += BLOCK) {
         size_t c = n - i < BLOCK ? n - i : BLOCK;
         const float *v = load_f32(src->data, src->dtype, i, c, buf);
         for (size_t j = 0; j < c; j++)
             out[i + j] = fp8_from_fp32(v[j] * scale, f, 1);
+        if (a->counts)
+            for (size_t j = 0; j < c; j++) {
+                if (v[j] == 0.0f || isnan(v[j]))
+                    continue;
+                nonzero++;
+                uint8_t raw = fp8_from_fp32(v[j] * scale, f, 0) & 0x7F;
+                sat += f == FP8_E4M3 ? raw == 0x7F : raw >= 0x7C;
+                flushed += (out[i + j] & 0x7F) == 0;
+            }
+    }
+    if (a->counts) {
+        a->counts[0] += sat;
+        a->counts[1] += flushed;
+        a->counts[2] += nonzero;
+        a->counts[3] += (int64_t)n;
     }
 }
 

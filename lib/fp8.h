@@ -109,6 +109,7 @@ struct fp8_slot {
  * and `current` record nothing). */
 struct fp8_pass {
     float *amax_fwd, *amax_bwd;
+    int64_t *counts_fwd, *counts_bwd; /* ampTrain numerics: 4 counters per tensor (backend.h fp8_cast_args), or NULL */
 };
 
 /* Building: register a slot (host only; nothing allocated yet). AMP_ERR_INTERNAL on out of memory. */

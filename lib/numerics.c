@@ -224,6 +224,11 @@ static const struct tensor *tensor_of(const struct model *m, const struct num_te
     }
 }
 
+static const char *fp8_name(const struct model *m, int i)
+{
+    return i < m->fp8.fwd.n ? m->fp8.fwd.names[i] : m->fp8.bwd.names[i - m->fp8.fwd.n];
+}
+
 enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char *dir, struct amp_error *err)
 {
     memset(nm, 0, sizeof *nm);
@@ -257,6 +262,19 @@ enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
     count_or_list(nm, &t->model, true);
     nm->scale = 1.0;
+    if (t->model.has_fp8) {
+        nm->nfp8 = t->model.fp8.fwd.n + t->model.fp8.bwd.n;
+        size_t bytes = 4 * (size_t)(nm->nfp8 ? nm->nfp8 : 1) * sizeof(int64_t);
+        nm->fp8_counts = t->be->alloc(t->be, bytes);
+        nm->fp8_total = calloc(1, bytes);
+        nm->fp8_scale = calloc((size_t)(nm->nfp8 ? nm->nfp8 : 1), sizeof(float));
+        nm->fp8_names = calloc((size_t)(nm->nfp8 ? nm->nfp8 : 1), sizeof *nm->fp8_names);
+        if (!nm->fp8_counts || !nm->fp8_total || !nm->fp8_scale || !nm->fp8_names)
+            return amp_fail(err, AMP_ERR_INTERNAL, NULL, "numerics: out of memory for the fp8 counters");
+        nm->fp8_nfwd = t->model.fp8.fwd.n;
+        for (int i = 0; i < nm->nfp8; i++)
+            memcpy(nm->fp8_names[i], fp8_name(&t->model, i), sizeof nm->fp8_names[i]);
+    }
     if (dir) {
         char path[CFG_STR + 32];
         snprintf(path, sizeof path, "%s/numerics.csv", dir);
@@ -373,13 +391,63 @@ static enum amp_status measure_hook(struct trainer *t, const struct step_ctx *ct
     return st;
 }
 
+/* The run's fp8 scales (forward group, then backward) into nm->fp8_scale. */
+static void fp8_scales(struct numerics *nm, const struct model *m)
+{
+    const struct fp8_group *g[2] = {&m->fp8.fwd, &m->fp8.bwd};
+    for (int k = 0, off = 0; k < 2; off += g[k]->n, k++)
+        if (g[k]->n)
+            m->be->download(m->be, nm->fp8_scale + off, g[k]->scale, (size_t)g[k]->n * sizeof(float));
+}
+
+/* After a measured step: the casts' counts into the totals and numerics.csv (kind fp8_cast, the format the tensor
+ * was cast to, scale = its scale; overflow_frac: saturated / all, flush_frac: flushed / nonzero). */
+static void fp8_collect(struct numerics *nm, const struct trainer *t)
+{
+    const struct model *m = &t->model;
+    size_t bytes = 4 * (size_t)nm->nfp8 * sizeof(int64_t);
+    int64_t *c = malloc(bytes ? bytes : 1);
+    if (!c)
+        return;
+    t->be->download(t->be, c, nm->fp8_counts, bytes);
+    if (m->fp8.recipe == FP8_CURRENT) /* each cast computed its own: the last one's */
+        fp8_scales(nm, m);
+    for (int i = 0; i < nm->nfp8; i++) {
+        for (int k = 0; k < 4; k++)
+            nm->fp8_total[4 * i + k] += c[4 * i + k];
+        if (!nm->csv || c[4 * i + 3] == 0)
+            continue;
+        fprintf(nm->csv, "%lld,%s,fp8_cast,%s,%lld", (long long)t->step, nm->fp8_names[i],
+                i < m->fp8.fwd.n ? "e4m3" : "e5m2", (long long)c[4 * i + 3]);
+        csv_num(nm->csv, nm->fp8_scale[i]);
+        fprintf(nm->csv, ",,,");
+        csv_num(nm->csv, (double)c[4 * i] / (double)c[4 * i + 3]);
+        csv_num(nm->csv, c[4 * i + 2] ? (double)c[4 * i + 1] / (double)c[4 * i + 2] : 0.0);
+        fprintf(nm->csv, ",,\n");
+    }
+    free(c);
+}
+
 enum amp_status numerics_step(struct numerics *nm, struct trainer *t, struct amp_error *err)
 {
     t->after_first_micro = measure_hook;
     t->micro_user = nm;
+    if (nm->nfp8) {
+        size_t bytes = 4 * (size_t)nm->nfp8 * sizeof(int64_t);
+        int64_t *zeros = calloc(1, bytes);
+        if (!zeros)
+            return amp_fail(err, AMP_ERR_INTERNAL, NULL, "numerics: out of memory");
+        t->be->upload(t->be, nm->fp8_counts, zeros, bytes);
+        free(zeros);
+        fp8_scales(nm, &t->model); /* delayed: the scales this step casts with */
+        t->fp8_counts = nm->fp8_counts;
+    }
     enum amp_status st = trainer_step(t, err);
     t->after_first_micro = NULL;
     t->micro_user = NULL;
+    t->fp8_counts = NULL;
+    if (st == AMP_OK && nm->nfp8)
+        fp8_collect(nm, t);
     if (st == AMP_OK)
         nm->steps++;
     if (nm->csv && fflush(nm->csv) != 0 && st == AMP_OK)
@@ -389,6 +457,11 @@ enum amp_status numerics_step(struct numerics *nm, struct trainer *t, struct amp
 
 void numerics_close(struct numerics *nm)
 {
+    if (nm->fp8_counts && nm->built)
+        nm->shadow.be->free(nm->shadow.be, nm->fp8_counts);
+    free(nm->fp8_total);
+    free(nm->fp8_scale);
+    free(nm->fp8_names);
     if (nm->built)
         model_free(&nm->shadow);
     if (nm->csv)
@@ -449,6 +522,43 @@ static double grad_over_frac(const struct num_stats *s, const void *arg)
 {
     const struct at_scale *a = arg;
     return s->absmax / a->measured * ldexp(1.0, a->k) > formats[NF_FP16].max ? 1.0 : 0.0;
+}
+
+/* precision.mode fp8: what the run's own casts did, at the scales it cast with. */
+static void fp8_report(const struct numerics *nm, const struct config *cfg, FILE *out)
+{
+    fprintf(out, "fp8 casts of this run (recipe %s; the first micro-batch of each measured step, at the scale each "
+                 "tensor was cast with; numerics.csv kind fp8_cast):\n",
+            cfg->precision.fp8.recipe == FP8_RECIPE_CURRENT ? "current" : "delayed");
+    fprintf(out, "  %-28s %-6s %12s %12s %12s\n", "tensor", "format", "scale", "saturated", "flushed");
+    double worst_sat = 0, worst_flush = 0;
+    int ws = -1, wf = -1;
+    for (int i = 0; i < nm->nfp8; i++) {
+        const int64_t *c = nm->fp8_total + 4 * i;
+        double sat = c[3] ? (double)c[0] / (double)c[3] : 0, fl = c[2] ? (double)c[1] / (double)c[2] : 0;
+        bool fwd = i < nm->fp8_nfwd;
+        fprintf(out, "  %-28s %-6s %12.4g %11.3g%% %11.3g%%\n", nm->fp8_names[i], fwd ? "e4m3" : "e5m2",
+                (double)nm->fp8_scale[i], 100 * sat, 100 * fl);
+        if (sat > worst_sat) {
+            worst_sat = sat;
+            ws = i;
+        }
+        if (fl > worst_flush) {
+            worst_flush = fl;
+            wf = i;
+        }
+    }
+    fprintf(out, "  (saturated: of all elements, clamped to the format's max; flushed: of the nonzero ones, cast to 0)\n");
+    fprintf(out, "verdict fp8 (scaled): ");
+    if (ws < 0 && wf < 0)
+        fprintf(out, "every cast kept every element in range\n");
+    else {
+        if (ws >= 0)
+            fprintf(out, "%s saturates %.3g%% of its elements; ", nm->fp8_names[ws], 100 * worst_sat);
+        if (wf >= 0)
+            fprintf(out, "%s flushes %.3g%% of its nonzero elements to zero", nm->fp8_names[wf], 100 * worst_flush);
+        fprintf(out, "\n");
+    }
 }
 
 void numerics_report(const struct numerics *nm, const struct config *cfg, double underflow, FILE *out)
@@ -560,6 +670,8 @@ void numerics_report(const struct numerics *nm, const struct config *cfg, double
                 100 * e4);
     else
         fprintf(out, "E4M3 holds every activation unscaled; gradients need E5M2 with per-tensor scaling\n");
+    if (nm->nfp8)
+        fp8_report(nm, cfg, out);
 }
 
 /* ---- the command ------------------------------------------------------------------------------------ */

@@ -74,6 +74,15 @@ struct numerics {
     FILE *csv;                 /* numerics.csv, or NULL */
     float *host_ref, *host_run;
     size_t host_len;
+    /* precision.mode fp8: the run's own casts at its per-tensor scales (lib/fp8.h), counted by the backend in
+     * the measured micro-batch: per fp8 tensor (the forward group's, then the backward's) the elements that
+     * saturate, the nonzero ones that flush to zero, the nonzero ones, all of them */
+    int nfp8;
+    int64_t *fp8_counts;       /* backend memory, 4 per tensor */
+    int64_t *fp8_total;        /* host: summed over the steps measured */
+    float *fp8_scale;          /* host: the scale each tensor was cast with at the last measured step */
+    char (*fp8_names)[96];     /* host: the tensors' names ("fc2/input", ...) */
+    int fp8_nfwd;              /* the first fp8_nfwd are E4M3 (forward), the rest E5M2 */
 };
 
 /* Build the shadow of t's model (FP32 policy, the same layers) and open DIR/numerics.csv (append when it

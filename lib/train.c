@@ -385,6 +385,11 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     int64_t world = t->world;
     /* fp8: every micro-batch raises this step's amax rows (recipe delayed) */
     struct fp8_pass fp8 = m->has_fp8 ? fp8_pass_of(&m->fp8, step, true) : (struct fp8_pass){ 0 };
+    struct fp8_pass fp8_first = fp8; /* ampTrain numerics counts the first micro-batch's casts */
+    if (t->fp8_counts) {
+        fp8_first.counts_fwd = t->fp8_counts;
+        fp8_first.counts_bwd = t->fp8_counts + 4 * (size_t)m->fp8.fwd.n;
+    }
     for (int64_t micro = 0; micro < accum; micro++) {
         /* The global order gives each micro-batch slot `world` consecutive batches, one per rank: so world
          * ranks see per step the samples one rank sees with world x the accumulation, and the dropout
@@ -400,7 +405,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
             .key = {.seed = cfg->run.seed, .counter = global_micro},
             .grad_seed = &t->dev_state->seed,
             .accumulate = micro > 0,
-            .fp8 = m->has_fp8 ? &fp8 : NULL,
+            .fp8 = m->has_fp8 ? (micro == 0 && t->fp8_counts ? &fp8_first : &fp8) : NULL,
             /* sampled on the step's last micro-batch: with several ranks, the last rank's (trainer_flush
              * gives its counts to every rank) */
             .zeros = sample_zeros && micro == accum - 1 && t->rank == world - 1 ? &zeros : NULL,

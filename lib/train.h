@@ -95,6 +95,9 @@ struct trainer {
     enum amp_status (*after_first_micro)(struct trainer *t, const struct step_ctx *ctx, const struct batch *b,
                                          void *user, struct amp_error *err);
     void *micro_user;
+    /* When set (fp8, ampTrain numerics): the first micro-batch's fp8 casts raise these counters, 4 per fp8
+     * tensor, the forward group's first (backend memory; backend.h fp8_cast_args) */
+    int64_t *fp8_counts;
 };
 
 /* Open the backend, load data, build and initialise the model, optimizer, scaler and sampler. On

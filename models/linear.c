@@ -94,10 +94,13 @@ static void fp8_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, 
                         const struct tensor *src, const struct fp8_slot *s)
 {
     const struct fp8_pass *pass = ctx->fp8;
-    float *row = !pass ? NULL : s->g->dt == DT_FP8_E5M2 ? pass->amax_bwd : pass->amax_fwd;
+    bool bwd = s->g->dt == DT_FP8_E5M2;
+    float *row = !pass ? NULL : bwd ? pass->amax_bwd : pass->amax_fwd;
+    int64_t *counts = !pass ? NULL : bwd ? pass->counts_bwd : pass->counts_fwd;
     struct fp8_cast_args a = {
         .dst = dst, .src = src, .scale = s->g->scale + s->index, .scale_inv = s->g->scale_inv + s->index,
         .amax = row ? row + s->index : NULL, .current = st->recipe == FP8_CURRENT, .margin = st->margin,
+        .counts = counts ? counts + 4 * s->index : NULL,
     };
     dst->scale_inv = a.scale_inv;
     ctx->be->fp8_cast(ctx->be, &a);

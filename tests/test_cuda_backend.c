@@ -309,11 +309,18 @@ Test(cuda_backend, fp8_cast_matches_the_cpu_bit_for_bit, .init = open_both, .fin
                 float cs[3];
                 memcpy(cs, init, sizeof cs);
                 float *gs = be_put(gpu, init, sizeof init);
+                int64_t cc[4] = {0}, gc[4] = {-1};
+                int64_t *gcd = be_put(gpu, cc, sizeof cc);
                 struct fp8_cast_args a = {.dst = &dst.c, .src = &src.c, .scale = &cs[0], .scale_inv = &cs[1],
-                                          .amax = &cs[2], .current = current, .margin = 1};
+                                          .amax = &cs[2], .current = current, .margin = 1, .counts = cc};
                 cpu->fp8_cast(cpu, &a);
-                a.dst = &dst.g, a.src = &src.g, a.scale = &gs[0], a.scale_inv = &gs[1], a.amax = &gs[2];
+                a.dst = &dst.g, a.src = &src.g, a.scale = &gs[0], a.scale_inv = &gs[1], a.amax = &gs[2], a.counts = gcd;
                 gpu->fp8_cast(gpu, &a);
+                gpu->download(gpu, gc, gcd, sizeof gc);
+                gpu->free(gpu, gcd);
+                for (int i = 0; i < 4; i++)
+                    cr_assert_eq(gc[i], cc[i], "fp8_cast counter %d: GPU %lld, CPU %lld", i, (long long)gc[i],
+                                 (long long)cc[i]);
                 char what[96];
                 snprintf(what, sizeof what, "fp8_cast %s <- %s current %d", dtype_name(dsts[d]), dtype_name(srcs[s]),
                          current);

@@ -409,3 +409,61 @@ Test(fp8, the_loss_scale_is_none_static_or_dynamic)
     for (int i = 0; i < 5; i++)
         cr_assert_eq(s[i], want[i], "dynamic: step %d scale %g, want %g", i + 1, s[i], want[i]);
 }
+
+/* ampTrain numerics' counters of a cast: saturated (of all), flushed to zero and nonzero (NaN and 0 in neither),
+ * all elements; a running sum */
+Test(fp8, cast_counts_saturated_flushed_and_nonzero_elements)
+{
+    float h[7] = {1000.0f, 1e-4f, 1.0f, 0.0f, NAN, -2000.0f, -448.0f};
+    struct tensor *src = host_tensor(DT_FP32, 7), *dst = host_tensor(DT_FP8_E4M3, 7);
+    tensor_from_host_f32(src, h);
+    float scale = 1.0f, inv = 1.0f;
+    int64_t counts[4] = {1, 2, 3, 4};
+    struct fp8_cast_args a = {.dst = dst, .src = src, .scale = &scale, .scale_inv = &inv, .counts = counts};
+    be->fp8_cast(be, &a);
+    /* 1000 and -2000 saturate (448 does not: it is the max); 1e-4 is below E4M3's smallest subnormal's half */
+    cr_assert_eq(counts[0], 1 + 2);
+    cr_assert_eq(counts[1], 2 + 1);
+    cr_assert_eq(counts[2], 3 + 5);
+    cr_assert_eq(counts[3], 4 + 7);
+    /* E5M2 holds 1000 and 2000; at scale 1e-3, 1 lands on 2^-10 (normal in E5M2), 1e-4 x 1e-3 flushes */
+    struct tensor *d5 = host_tensor(DT_FP8_E5M2, 7);
+    memset(counts, 0, sizeof counts);
+    scale = 1e-3f;
+    a.dst = d5;
+    be->fp8_cast(be, &a);
+    cr_assert_eq(counts[0], 0);
+    cr_assert_eq(counts[1], 1);
+    cr_assert_eq(counts[2], 5);
+}
+
+/* `ampTrain numerics` on an fp8 run reports the run's own casts; with recipe current no cast can saturate (the
+ * tensor's amax lands on the format's max), and every fp8 tensor of the model is listed. */
+Test(fp8, numerics_reports_the_casts_at_the_runs_scales)
+{
+    make_scratch();
+    struct result r = amp("numerics configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 precision.fp8.recipe=current "
+                          "'precision.fp8.keep_bf16=[]' --steps 2 run.out_dir=%s/n", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *section = strstr(r.out, "fp8 casts of this run (recipe current");
+    cr_assert(section, "%s", r.out);
+    const char *names[] = {"fc1/input", "fc1/weight", "fc2/input", "fc2/weight", "head/input", "head/weight",
+                           "fc1/grad_output", "fc2/grad_output", "head/grad_output"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *line = strstr(section, names[i]);
+        cr_assert(line, "%s missing:\n%s", names[i], r.out);
+        char fmt[16];
+        double scale, sat;
+        cr_assert_eq(sscanf(line + strlen(names[i]), "%15s %lf %lf%%", fmt, &scale, &sat), 3, "%s", line);
+        cr_assert_str_eq(fmt, strstr(names[i], "grad_output") ? "e5m2" : "e4m3");
+        cr_assert_eq(sat, 0.0, "%s saturates under current scaling: %s", names[i], line);
+        cr_assert_gt(scale, 0.0);
+    }
+    char csv[512];
+    snprintf(csv, sizeof csv, "%s/n/numerics.csv", scratch);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "grep -c ',fp8_cast,' %s", csv);
+    struct result g = shell(cmd);
+    cr_assert_eq(atoi(g.out), 2 * 9, "fp8_cast rows: %s", g.out);
+    remove_scratch();
+}
