@@ -44,6 +44,8 @@ struct layer_build {
     bool y_is_view;                       /* y (and dx) are views of x (and dy): nothing to allocate */
     size_t scratch_bytes;                 /* this layer's backward scratch, see scratch_reserve */
     const struct tensor *workspace;       /* the model's shared workspace (allocated after every setup) */
+    struct layer *built;                  /* the layers set up before this one (a linear's `tie` names one) */
+    int nbuilt;
     struct amp_error *err;
 };
 
@@ -133,10 +135,11 @@ struct linear_op {
 };
 
 /* `prefix` goes between the layer name and "weight"/"bias": "" for a linear layer, "attn/qkv/" inside
- * a transformer block. */
+ * a transformer block. `shared`, when not NULL, is an earlier layer's (out, in) parameter used as the weight
+ * (a tie): it gets a copy in the op's dtype where it has none, and is marked tied. */
 enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
                                 int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
-                                enum param_init weight_init);
+                                enum param_init weight_init, struct param *shared);
 void linear_op_forward(struct backend *be, struct linear_op *op, struct tensor *y, const struct tensor *x,
                        int64_t rows);
 /* The op followed by an activation: pre = the op's output (rows, out), saved for the activation's

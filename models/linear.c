@@ -12,9 +12,17 @@
  * Backward (dy in d): dW = dy^T x_d and db = colsum(dy) in fp32, overwriting or accumulating
  * (ctx->accumulate); dx = dy W computed and rounded in d, then cast to x's dtype when that differs.
  * Nothing is computed for dx when the layer is the first one.
+ *
+ * `tie: LAYER/wte` (GPT-2's lm_head): the layer has no weight of its own and reads an earlier embedding's
+ * table (vocab, C) as its (out, in) weight. The table stays one parameter (one master, one gradient, one
+ * optimizer state, stored once in checkpoints, under the embedding's name); it gets a copy in this op's
+ * dtype where the embedding reads another (param_value_as), and weight decay as a linear weight has it
+ * (nanoGPT and Hugging Face decay the tied matrix). This layer's backward runs before the embedding's, so
+ * it writes the gradient with the micro-batch's beta and the embedding adds its part (param.tied).
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "layers.h" /* struct linear_op, struct layer_build, views, layer_fail */
 
@@ -22,7 +30,7 @@
 
 enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
                                 int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
-                                enum param_init weight_init)
+                                enum param_init weight_init, struct param *shared)
 {
     char name[96];
     op->in = in;
@@ -33,7 +41,21 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
 
     int64_t wshape[2] = {out, in};
     snprintf(name, sizeof name, "%sweight", prefix);
-    op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, op->d);
+    if (shared) {
+        op->w = shared;
+        shared->tied = true;
+        shared->decay = true;
+        if (shared->master.dtype != op->d && !shared->copy.data &&
+            tensor_alloc(&shared->copy, b->be, op->d, 2, wshape, shared->name, b->err) != AMP_OK)
+            return b->err->code;
+        if (shared->master.dtype != op->d && shared->copy.dtype != op->d)
+            return layer_fail(l, b, "use precision.master_weights: fp32, or leave out the tie",
+                              "tie: %s is read in %s by its own layer and would be read in %s here; a tied weight "
+                              "is kept in at most two dtypes (its master's and one other)",
+                              shared->name, dtype_name(shared->copy.dtype), dtype_name(op->d));
+    } else {
+        op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, op->d);
+    }
     if (!op->w)
         return b->err->code;
     if (bias) {
@@ -55,7 +77,7 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
 
 static const struct tensor *linear_op_weight(const struct linear_op *op)
 {
-    return param_value(op->w); /* in op->d: the copy made once per optimizer step, or master */
+    return param_value_as(op->w, op->d); /* the copy made once per optimizer step, or master */
 }
 
 /* y = x W^T + b, or with the GELU epilogue y = gelu(pre), pre = x W^T + b (pre NULL: none). */
@@ -175,6 +197,39 @@ static void linear_free(struct layer *l)
 
 static const struct layer_ops linear_ops = {linear_forward, linear_backward, linear_free};
 
+/* The parameter `tie` names: an earlier embedding's wte of shape (out, in). NULL (and AMP_OK) without a tie. */
+static enum amp_status tied_weight(struct layer *l, struct layer_build *b, int64_t out, int64_t in,
+                                   struct param **shared)
+{
+    *shared = NULL;
+    if (!l->cfg.tie[0])
+        return AMP_OK;
+    const char *hint = "tie names the token table of an earlier embedding layer: tie: EMBEDDING_NAME/wte";
+    for (int i = 0; i < b->nbuilt; i++) {
+        struct layer *o = &b->built[i];
+        for (int j = 0; j < o->nparams; j++) {
+            struct param *p = &o->params[j];
+            if (strcmp(p->name, l->cfg.tie) != 0)
+                continue;
+            const char *slash = strchr(p->name, '/');
+            if (o->cfg.kind != LAYER_EMBEDDING || strcmp(slash ? slash + 1 : "", "wte") != 0)
+                return layer_fail(l, b, hint, "tie: %s is a parameter of '%s' (%s); only an embedding's wte can be tied",
+                                  l->cfg.tie, o->cfg.name, layer_kind_name(o->cfg.kind));
+            if (p->tied)
+                return layer_fail(l, b, "tie one linear layer to an embedding table", "tie: %s is tied already",
+                                  l->cfg.tie);
+            if (p->master.ndim != 2 || p->master.shape[0] != out || p->master.shape[1] != in)
+                return layer_fail(l, b, "set out to the embedding's vocab, and feed the layer the embedding's width",
+                                  "tie: %s has shape (%lld, %lld) but this layer's weight is (out %lld, in %lld)",
+                                  l->cfg.tie, (long long)p->master.shape[0], (long long)p->master.shape[1],
+                                  (long long)out, (long long)in);
+            *shared = p;
+            return AMP_OK;
+        }
+    }
+    return layer_fail(l, b, hint, "tie: %s is not a parameter of an earlier layer", l->cfg.tie);
+}
+
 enum amp_status linear_setup(struct layer *l, struct layer_build *b)
 {
     char got[96];
@@ -194,10 +249,13 @@ enum amp_status linear_setup(struct layer *l, struct layer_build *b)
 
     int64_t in = b->in_shape[b->in_ndim - 1];
     int64_t max_rows = b->in_shape[0] * (b->in_ndim == 3 ? b->in_shape[1] : 1);
-    enum amp_status st = layer_reserve_params(l, b, 2);
+    struct param *shared = NULL;
+    enum amp_status st = tied_weight(l, b, l->cfg.out, in, &shared);
+    if (st == AMP_OK)
+        st = layer_reserve_params(l, b, 2);
     if (st == AMP_OK)
         st = linear_op_setup(&p->op, l, b, "", in, l->cfg.out, l->cfg.bias, b->in_dtype, max_rows,
-                             PINIT_LINEAR_WEIGHT);
+                             PINIT_LINEAR_WEIGHT, shared);
     if (st != AMP_OK)
         return st;
     l->ndim_out = b->in_ndim;

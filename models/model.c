@@ -210,6 +210,8 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
         l->cfg = cfg->model.layers[i];
         l->index = i;
         l->needs_dx = i > 0;
+        b.built = m->layers;
+        b.nbuilt = i;
         if ((st = build_layer(m, l, &b)) != AMP_OK) {
             model_free(m);
             return st;
