@@ -132,3 +132,38 @@ Test(torch, training_from_torch_initialised_weights_matches_the_step_0_loss)
     cr_assert(fabs(loss - torch_loss) <= 1e-5 * torch_loss, "ampTrain %.17g, torch %.17g", loss, torch_loss);
     cr_assert(fabs(loss - log(320.0)) > 1e-3, "not a uniform model: %g", loss);
 }
+
+/* scripts/interop_torch.py rebuilds each reference model family in PyTorch from a checkpoint (h5py) and evaluates
+ * the test split: its loss equals `ampTrain eval --autocast off` (eval.jsonl) within 1e-5 relative. */
+Test(torch, interop_torch_py_agrees_with_eval_for_every_reference_family)
+{
+    if (system("/usr/bin/python3 -c 'import torch, h5py' >/dev/null 2>&1") != 0)
+        cr_skip_test("/usr/bin/python3 lacks torch or h5py (Debian: python3-torch python3-h5py)");
+    static const char *const runs[] = {
+        "configs/fashion_mlp.yaml model.layers.1.out=32 model.layers.3.out=32",
+        "configs/fashion_cnn.yaml model.layers.0.out=4 model.layers.4.out=4 model.layers.9.out=16",
+        "configs/text_gpt.yaml model.layers.0.dim=32 model.layers.1.heads=2 model.layers.2.heads=2",
+        "configs/gpt2_tiny.yaml data.train_bin=%s/train.bin data.val_bin=%s/val.bin",
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char cfg[600], dir[600], cmd[1400];
+        snprintf(cfg, sizeof cfg, runs[i], scratch, scratch);
+        snprintf(dir, sizeof dir, "%s/fam%zu", scratch, i);
+        struct result r = amp("run %s run.device=cpu run.steps=10 data.batch_size=16 run.out_dir=%s", cfg, dir);
+        cr_assert_eq(r.code, 0, "%s: %s", cfg, r.out);
+        r = amp("eval %s --autocast off; tail -n 1 %s/eval.jsonl", dir, dir);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        const char *a = strstr(r.out, "\"loss\": ");
+        cr_assert_not_null(a, "%s", r.out);
+        double ours = atof(a + 8);
+        snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 %s/scripts/interop_torch.py %s/ckpt-10.h5 2>&1",
+                 AMP_SOURCE_DIR, AMP_SOURCE_DIR, dir);
+        r = shell(cmd);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        const char *b = strstr(r.out, "loss ");
+        cr_assert_not_null(b, "%s", r.out);
+        double theirs = atof(b + 5);
+        cr_log_info("%s: eval loss %.9g, PyTorch %.9g", cfg, ours, theirs);
+        cr_assert(fabs(ours - theirs) <= 1e-5 * ours, "%s: ampTrain eval %.9g vs PyTorch %.9g", cfg, ours, theirs);
+    }
+}
