@@ -17,6 +17,8 @@
 
 static char ckpt[512], tokens[700];
 
+#define WEIGHT_NAME_LEN 96
+
 #define TINY "configs/gpt2_tiny.yaml run.device=cpu run.log_every=1 data.train_bin=%s/train.bin data.val_bin=%s/val.bin"
 
 static void setup_tiny(void)
@@ -217,7 +219,7 @@ static void write_edited(const char *out, edit_fn edit)
     struct safetensors_file f;
     struct amp_error err = {0};
     cr_assert_eq(safetensors_read(in, &f, &err), AMP_OK, "%s", err.msg);
-    struct safetensor *t = calloc((size_t)f.ntensors + 1, sizeof *t);
+    struct safetensor *t = calloc((size_t)f.ntensors + 2, sizeof *t);
     memcpy(t, f.tensors, (size_t)f.ntensors * sizeof *t);
     int n = f.ntensors;
     float *values = calloc(1 << 16, sizeof *values);
@@ -272,6 +274,26 @@ static void lm_head_same_and_hf_buffers(struct safetensor *t, int *n, float *v)
     t[(*n)++] = (struct safetensor){.name = "lm_head.weight", .dtype = DT_FP32, .ndim = 2,
                                      .shape = {wte->shape[0], wte->shape[1]}, .data = wte->data, .nbytes = wte->nbytes};
     (void)v;
+}
+
+/* As the original `gpt2` upload on the Hugging Face hub has them: no "transformer." prefix, and the causal-mask
+ * buffers h.N.attn.bias (1, 1, block, block) and h.N.attn.masked_bias (a scalar) beside the weights. */
+static char bare_names[32][WEIGHT_NAME_LEN];
+
+static void hub_layout(struct safetensor *t, int *n, float *v)
+{
+    for (int i = 0; i < *n; i++) {
+        cr_assert(!strncmp(t[i].name, "transformer.", 12));
+        snprintf(bare_names[i], sizeof bare_names[i], "%s", t[i].name + 12);
+        t[i].name = bare_names[i];
+    }
+    for (int64_t i = 0; i < 32 * 32; i++)
+        v[i] = (i % 32) <= (i / 32) ? 1.0f : 0.0f;
+    v[32 * 32] = -1e4f;
+    t[(*n)++] = (struct safetensor){.name = "h.0.attn.bias", .dtype = DT_FP32, .ndim = 4, .shape = {1, 1, 32, 32},
+                                     .data = v, .nbytes = 32 * 32 * 4};
+    t[(*n)++] = (struct safetensor){.name = "h.1.attn.masked_bias", .dtype = DT_FP32, .ndim = 0, .data = v + 32 * 32,
+                                     .nbytes = 4};
 }
 
 static void all_bf16(struct safetensor *t, int *n, float *v)
@@ -385,4 +407,20 @@ Test(interop, resume_never_reads_init_from)
     snprintf(a, sizeof a, "%s/r1/ckpt-4.h5", scratch);
     snprintf(b, sizeof b, "%s/r2/ckpt-4.h5", scratch);
     assert_same_tensors(a, b);
+}
+
+/* Files as others write them load to the same weights: the hub's layout of GPT-2 (no prefix, mask buffers), and
+ * bf16 masters (precision.master_weights: bf16) from an fp32 file. */
+Test(interop, hub_layout_and_bf16_masters)
+{
+    write_edited("hub.safetensors", hub_layout);
+    char o[700];
+    snprintf(o, sizeof o, "model.init_from=%s model.init_names=ampTrain", ckpt);
+    double want = first_loss("h0", o);
+    snprintf(o, sizeof o, "model.init_from=%s/hub.safetensors model.init_names=hf-gpt2", scratch);
+    cr_assert_eq(first_loss("h1", o), want, "the hub's layout gives the checkpoint's weights");
+    struct result r = init_run("h2", "hub.safetensors", "precision.mode=bf16 precision.master_weights=bf16 "
+                               "optim.stochastic_rounding=true");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "init_from: 28 of 28 tensors"), "%s", r.out);
 }
