@@ -34,11 +34,16 @@ static void embedding_backward(struct layer *l, const struct step_ctx *ctx, cons
     (void)x;
     struct embedding_layer *p = l->priv;
     float beta = ctx->accumulate ? 1.0f : 0.0f;
+    struct tensor *dwte = &p->wte->grad;
     if (p->wte->tied && !ctx->accumulate) { /* the tying linear wrote wte's gradient already: add to it */
         ctx->be->zero(ctx->be, &p->wpe->grad);
         beta = 1.0f;
+    } else if (p->wte->tied && p->wte->tied_grad.data) { /* accumulating: this micro-batch's sum apart first */
+        dwte = &p->wte->tied_grad;
     }
-    ctx->be->embedding_backward(ctx->be, &p->wte->grad, &p->wpe->grad, dy, b->tokens, b->n, p->T, p->C, beta);
+    ctx->be->embedding_backward(ctx->be, dwte, &p->wpe->grad, dy, b->tokens, b->n, p->T, p->C, beta);
+    if (dwte != &p->wte->grad)
+        ctx->be->add(ctx->be, &p->wte->grad, &p->wte->grad, dwte);
 }
 
 static const struct layer_ops embedding_ops = {embedding_forward, embedding_backward, NULL};

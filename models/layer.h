@@ -48,8 +48,11 @@ struct param {
     enum param_init init; /* how model_init fills master */
     int64_t fan_in;       /* inputs per output unit, for the fan-in rules */
     bool tied;            /* also read by a later layer (a linear's `tie`): that layer's backward runs first and
-                           * writes grad (with the micro-batch's beta); the owner's backward then adds to it, so
-                           * grad is the sum of both uses */
+                           * writes the micro-batch's gradient, the owner's backward adds its part, so grad is the
+                           * sum of both uses */
+    struct tensor tied_grad; /* tied, accum_steps > 1: one micro-batch's gradient (fp32), both uses summed, before it
+                              * is added to grad: grad += (head + table), the order in which two ranks' all-reduce
+                              * adds them, so one rank with accumulation gives their bits; empty otherwise */
 };
 
 /* The tensor the ops read: the copy where there is one, else master. */

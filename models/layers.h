@@ -45,6 +45,7 @@ struct layer_build {
     size_t scratch_bytes;                 /* this layer's backward scratch, see scratch_reserve */
     const struct tensor *workspace;       /* the model's shared workspace (allocated after every setup) */
     struct layer *built;                  /* the layers set up before this one (a linear's `tie` names one) */
+    bool accumulates;                     /* accum_steps > 1: gradients accumulate over micro-batches */
     int nbuilt;
     struct amp_error *err;
 };

@@ -18,7 +18,9 @@
  * optimizer state, stored once in checkpoints, under the embedding's name); it gets a copy in this op's
  * dtype where the embedding reads another (param_value_as), and weight decay as a linear weight has it
  * (nanoGPT and Hugging Face decay the tied matrix). This layer's backward runs before the embedding's, so
- * it writes the gradient with the micro-batch's beta and the embedding adds its part (param.tied).
+ * it writes the gradient with the micro-batch's beta and the embedding adds its part (param.tied); with
+ * accum_steps > 1 the micro-batch's two parts meet in param.tied_grad first, and their sum is added to the
+ * gradient, so that one rank accumulating gives the bits of ranks whose sums an all-reduce adds.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +55,9 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
                               "tie: %s is read in %s by its own layer and would be read in %s here; a tied weight "
                               "is kept in at most two dtypes (its master's and one other)",
                               shared->name, dtype_name(shared->copy.dtype), dtype_name(op->d));
+        if (b->accumulates && !shared->tied_grad.data &&
+            tensor_zeros(&shared->tied_grad, b->be, DT_FP32, 2, wshape, shared->name, b->err) != AMP_OK)
+            return b->err->code;
     } else {
         op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, op->d);
     }
@@ -125,10 +130,12 @@ void linear_op_backward(struct backend *be, struct linear_op *op, struct tensor 
     struct tensor dy2 = matrix_view(dy, rows, op->out);
     struct tensor xin = op->xc.data ? matrix_view(&op->xc, rows, op->in) : matrix_view(x, rows, op->in);
 
-    /* dW (out, in) = dy^T (out, rows) @ x (rows, in) */
+    /* dW (out, in) = dy^T (out, rows) @ x (rows, in); a tied table accumulating over micro-batches gets this
+     * micro-batch's gradient in its tied_grad first (the embedding adds its part and then the sum to grad) */
+    bool apart = op->w->tied && beta != 0.0f && op->w->tied_grad.data;
     struct gemm_args gw = {
-        .a = &dy2, .b = &xin, .c = &op->w->grad, .trans_a = true,
-        .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = beta, .batch = 1,
+        .a = &dy2, .b = &xin, .c = apart ? &op->w->tied_grad : &op->w->grad, .trans_a = true,
+        .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = apart ? 0.0f : beta, .batch = 1,
     };
     be->gemm(be, &gw);
     if (op->b)

@@ -201,7 +201,7 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     struct layer_build b = {
         .be = be, .policy = &m->policy, .master_dtype = cfg->precision.master_weights == STORE_BF16 ? DT_BF16 : DT_FP32,
         .spec = spec, .max_batch = max_batch, .seq_len = cfg->data.seq_len,
-        .workspace = m->workspace, .err = err,
+        .workspace = m->workspace, .accumulates = cfg->accum_steps > 1, .err = err,
     };
     input_from_data(&b, spec, max_batch);
     size_t scratch = 0;
@@ -408,6 +408,7 @@ static void layer_free(struct layer *l, const float *grad_flat)
         if (!grad_flat) /* else a view into the model's grad_flat */
             tensor_free(&l->params[j].grad);
         tensor_free(&l->params[j].copy);
+        tensor_free(&l->params[j].tied_grad);
     }
     free(l->params);
     for (int j = 0; j < l->nbuffers; j++)

@@ -1118,3 +1118,45 @@ Test(tie, errors_name_the_layer_and_the_tie)
     cr_assert_eq(try_build(layers, 5, token_spec(5, 11), &err), AMP_ERR_CONFIG);
     assert_msg_has(err, "tie: emb/wte has shape (12, 8) but this layer's weight is (out 11, in 8)");
 }
+
+/* With accum_steps > 1 a tied table's micro-batch gradient (head + table) is summed apart and then added: one
+ * rank accumulating two micro-batches gives g1 + g2 bit for bit, the sum two ranks' all-reduce forms. */
+Test(tie, accumulation_adds_each_micro_batchs_sum)
+{
+    struct data_spec spec = token_spec(5, 11);
+    struct autocast_policy pol = policy(DT_BF16);
+    struct built b;
+    b.be = backend_cpu_create();
+    b.spec = spec;
+    b.pol = pol;
+    make_config(&b.cfg, TIED_GPT, 5, 5);
+    b.cfg.accum_steps = 2;
+    struct amp_error err = {0};
+    cr_assert_eq(model_build(&b.m, &b.cfg, &b.spec, b.be, &b.pol, 3, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(model_init(&b.m, &b.cfg, 1234, &err), AMP_OK);
+    struct param *wte = param_named(&b.m, "emb/wte");
+    cr_assert_not_null(wte->tied_grad.data);
+    size_t n = wte->grad.numel;
+    float *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2), *g = malloc(n * sizeof *g);
+    struct test_batch t1, t2;
+    batch_fill(&t1, b.be, &spec, 3, 41);
+    batch_fill(&t2, b.be, &spec, 3, 43);
+    struct step_ctx first = train_ctx(&b, false), more = train_ctx(&b, true);
+    model_forward(&b.m, &first, &t2.b);
+    model_backward(&b.m, &first, &t2.b);
+    tensor_to_host_f32(&wte->grad, g2);
+    model_forward(&b.m, &first, &t1.b);
+    model_backward(&b.m, &first, &t1.b);
+    tensor_to_host_f32(&wte->grad, g1);
+    model_forward(&b.m, &more, &t2.b);
+    model_backward(&b.m, &more, &t2.b);
+    tensor_to_host_f32(&wte->grad, g);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(g[i], g1[i] + g2[i], "emb/wte grad[%zu]: %g accumulated, %g + %g", i, g[i], g1[i], g2[i]);
+    free(g1);
+    free(g2);
+    free(g);
+    batch_free(&t1);
+    batch_free(&t2);
+    built_free(&b);
+}
