@@ -1017,7 +1017,7 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
     if (!t->data)
         return AMP_OK;
     struct tensor_shape expect = {.ndim = t->ndim, .numel = t->numel}, got;
-    memcpy(expect.shape, t->shape, sizeof(int64_t) * (size_t)(t->ndim < 8 ? t->ndim : 8));
+    memcpy(expect.shape, t->shape, sizeof(int64_t) * (size_t)(t->ndim < TENSOR_MAX_DIMS ? t->ndim : TENSOR_MAX_DIMS));
     float *host;
     enum amp_status st = read_checked(r, name, &expect, want, &got, &host);
     if (st != AMP_OK)

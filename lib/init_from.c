@@ -297,7 +297,7 @@ enum amp_status init_from_load(struct model *m, const struct model_config *mc, F
             char a[160], b[160], what[400];
             shape_text(a, sizeof a, x->ndim, x->shape);
             int64_t want[8] = {0};
-            for (int d = 0; d < tg[i].t->ndim && d < 8; d++)
+            for (int d = 0; d < tg[i].t->ndim && d < TENSOR_MAX_DIMS; d++)
                 want[d] = tg[i].out.transpose && tg[i].t->ndim == 2 ? tg[i].t->shape[1 - d] : tg[i].t->shape[d];
             shape_text(b, sizeof b, tg[i].t->ndim, want);
             snprintf(what, sizeof what, " %s in the file, %s in the model", a, b);
