@@ -23,6 +23,8 @@
 #define _POSIX_C_SOURCE 200809L /* stat */
 #include "config.h"
 
+#include "weight_names.h" /* weight_names_check: model.init_names against the layers */
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -1579,6 +1581,9 @@ static enum amp_status check_model(const struct ctx *c, const struct model_confi
                         "model: the last layer must be a loss (cross_entropy or mse), but model.layers.%d '%s' is %s",
                         m->nlayers - 1, last->name, layer_kind_name(last->kind));
     }
+    struct amp_error names = {0}; /* hf-gpt2 names fit a GPT-2 only: say so at check time, not after the data loads */
+    if (m->init_from[0] && weight_names_check(m, m->init_names, "model.init_names", &names) != AMP_OK)
+        return fail_key(c, "model.init_names", names.hint, "%s", names.msg);
     return AMP_OK;
 }
 

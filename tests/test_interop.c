@@ -385,6 +385,13 @@ Test(interop, names_and_files_that_do_not_fit_the_config)
             "model.init_names=hf-gpt2", scratch, ckpt);
     cr_assert_eq(r.code, 2, "%s", r.out);
     cr_assert(strstr(r.out, "model.init_names: hf-gpt2 names need a GPT-2 shaped model"), "%s", r.out);
+    /* `check` says so too, before any data is read */
+    r = amp("check configs/text_gpt.yaml model.init_from=%s model.init_names=hf-gpt2", ckpt);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "configs/text_gpt.yaml: model.init_names: hf-gpt2 names need a GPT-2 shaped model"), "%s",
+              r.out);
+    r = amp("check configs/gpt2_tiny.yaml model.init_from=%s model.init_names=hf-gpt2", ckpt);
+    cr_assert_eq(r.code, 0, "%s", r.out);
 }
 
 /* A resumed run has its weights from the checkpoint and never opens init_from again (here: gone). */
