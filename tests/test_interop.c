@@ -184,6 +184,13 @@ Test(interop, init_from_a_checkpoint_and_from_each_export_starts_from_the_same_w
     char dir_opt[700];
     snprintf(dir_opt, sizeof dir_opt, "model.init_from=%s/base", scratch);
     cr_assert_eq(first_loss("i4", dir_opt), from_ckpt);
+    /* `numerics CONFIG` measures the run the config starts: from init_from too */
+    struct result r = amp("numerics " TINY " --steps 1 run.out_dir=%s/num %s", scratch, scratch, scratch, o[1]);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "init_from: 28 of 28 tensors"), "%s", r.out);
+    char step1[64];
+    snprintf(step1, sizeof step1, "step 1 | loss %.4f |", from_ckpt);
+    cr_assert(strstr(r.out, step1), "want '%s' in %s", step1, r.out);
 }
 
 Test(interop, strict_lists_every_mismatch_and_not_strict_warns)
