@@ -21,6 +21,7 @@
 #include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
 #include "numerics.h" /* numerics_run */
 #include "safetensors.h" /* safetensors_write */
+#include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
 
 #include <errno.h>
 #include <stdlib.h>
@@ -508,16 +509,16 @@ static enum amp_status cmd_numerics(int argc, char **argv, struct amp_error *err
     return st;
 }
 
-/* export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch] */
+/* export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch|hf-gpt2] */
 struct export_args {
     const char *ckpt, *out;
     enum dtype dtype;
-    bool pytorch_names;
+    enum weight_names names;
 };
 
 static enum amp_status parse_export_args(int argc, char **argv, struct export_args *a, struct amp_error *err)
 {
-    *a = (struct export_args){.ckpt = argv[1], .dtype = DT_FP32};
+    *a = (struct export_args){.ckpt = argv[1], .dtype = DT_FP32, .names = NAMES_AMPTRAIN};
     if (argc < 3 || argv[2][0] == '-')
         return missing_arg("export", "OUT.safetensors", err);
     a->out = argv[2];
@@ -528,51 +529,92 @@ static enum amp_status parse_export_args(int argc, char **argv, struct export_ar
             ok = !strcmp(val, "fp32") || !strcmp(val, "bf16") || !strcmp(val, "fp16");
             a->dtype = !strcmp(val, "bf16") ? DT_BF16 : !strcmp(val, "fp16") ? DT_FP16 : DT_FP32;
         } else if (ok && strcmp(opt, "--names") == 0) {
-            if (!strcmp(val, "hf-gpt2"))
-                return amp_fail(err, AMP_ERR_CONFIG,
-                                "use --names pytorch (torch.nn state_dict names) or --names ampTrain for now",
-                                "export: --names hf-gpt2 is not available yet: Hugging Face GPT2LMHeadModel names come "
-                                "with the GPT-2 model (issue 15 item 2)");
-            ok = !strcmp(val, "ampTrain") || !strcmp(val, "pytorch");
-            a->pytorch_names = !strcmp(val, "pytorch");
+            ok = false;
+            for (int n = 0; weight_names_names[n]; n++)
+                if (!strcmp(val, weight_names_names[n])) {
+                    a->names = (enum weight_names)n;
+                    ok = true;
+                }
         } else {
             ok = false;
         }
         if (!ok)
             return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help export' for usage",
-                            "export: bad option '%s%s%s' (expected --dtype fp32|bf16|fp16, --names ampTrain|pytorch)",
-                            opt, val ? " " : "", val ? val : "");
+                            "export: bad option '%s%s%s' (expected --dtype fp32|bf16|fp16, --names "
+                            "ampTrain|pytorch|hf-gpt2)", opt, val ? " " : "", val ? val : "");
         i++;
     }
     return AMP_OK;
 }
 
-/* The checkpoint's fp32 tensors converted to `dt` and named for the file (docs/checkpoint.md, "export"). */
-static enum amp_status export_tensors(const struct ckpt_weights *w, const struct export_args *a,
-                                      struct safetensor *out, size_t *bytes, struct amp_error *err)
+/* Entry `s` named `name` holding t's values converted to `dt`, transposed where the outside layout is (in, out). */
+static enum amp_status export_one(struct safetensor *s, const char *name, const struct ckpt_tensor *t, enum dtype dt,
+                                  bool transpose, struct amp_error *err)
+{
+    size_t len = strlen(name) + 1;
+    s->name = malloc(len);
+    void *data = malloc(t->numel ? t->numel * dtype_size(dt) : 1);
+    float *tr = transpose ? malloc(t->numel ? t->numel * sizeof *tr : 1) : NULL;
+    s->data = data;
+    if (!s->name || !data || (transpose && !tr)) {
+        free(tr);
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory converting %s", t->name);
+    }
+    memcpy(s->name, name, len);
+    s->dtype = dt;
+    s->ndim = t->ndim;
+    memcpy(s->shape, t->shape, sizeof s->shape);
+    const float *from = t->data;
+    if (transpose) { /* (out, in) -> (in, out) */
+        int64_t r = t->shape[0], c = t->shape[1];
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < c; j++)
+                tr[j * r + i] = t->data[i * c + j];
+        s->shape[0] = c;
+        s->shape[1] = r;
+        from = tr;
+    }
+    dtype_convert(data, dt, from, DT_FP32, t->numel);
+    s->nbytes = t->numel * dtype_size(dt);
+    free(tr);
+    return AMP_OK;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const struct safetensor *)a)->name, ((const struct safetensor *)b)->name);
+}
+
+/* The checkpoint's fp32 tensors converted to `dt` and named for the file (docs/checkpoint.md, "export"), in name
+ * order; --names pytorch adds each tied table again under its tying layer's state_dict name. */
+static enum amp_status export_tensors(const struct ckpt_weights *w, const struct model_config *mc,
+                                      const struct export_args *a, struct safetensor *out, int *n, size_t *bytes,
+                                      struct amp_error *err)
 {
     *bytes = 0;
-    for (int i = 0; i < w->n; i++) {
-        const struct ckpt_tensor *t = &w->tensors[i];
-        struct safetensor *s = &out[i];
-        s->name = malloc(strlen(t->name) + 1);
-        if (s->name)
-            memcpy(s->name, t->name, strlen(t->name) + 1);
-        void *data = malloc(t->numel ? t->numel * dtype_size(a->dtype) : 1);
-        s->data = data;
-        if (!s->name || !data)
-            return amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory converting %s", t->name);
-        if (a->pytorch_names)
-            for (char *c = s->name; *c; c++)
-                *c = *c == '/' ? '.' : *c;
-        s->dtype = a->dtype;
-        s->ndim = t->ndim;
-        memcpy(s->shape, t->shape, sizeof s->shape);
-        dtype_convert(data, a->dtype, t->data, DT_FP32, t->numel);
-        s->nbytes = t->numel * dtype_size(a->dtype);
-        *bytes += s->nbytes;
+    *n = 0;
+    enum amp_status st = AMP_OK;
+    for (int i = 0; i < w->n && st == AMP_OK; i++) {
+        struct outside_name o;
+        if (!weight_name_outside(mc, a->names, w->tensors[i].name, &o))
+            return amp_fail(err, AMP_ERR_CKPT, "the checkpoint's tensors do not belong to its config's model",
+                            "export: %s: tensor /model/%s has no %s name", a->ckpt, w->tensors[i].name,
+                            weight_names_names[a->names]);
+        st = export_one(&out[(*n)++], o.name, &w->tensors[i], a->dtype, o.transpose, err);
     }
-    return AMP_OK;
+    struct weight_alias al[8];
+    int na = a->names == NAMES_PYTORCH ? weight_names_aliases(mc, a->names, al, 8) : 0;
+    for (int k = 0; k < na && k < 8 && st == AMP_OK; k++)
+        for (int i = 0; i < w->n; i++)
+            if (!strcmp(w->tensors[i].name, al[k].target)) {
+                st = export_one(&out[(*n)++], al[k].alias, &w->tensors[i], a->dtype, false, err);
+                break;
+            }
+    for (int i = 0; i < *n; i++)
+        *bytes += out[i].nbytes;
+    if (st == AMP_OK)
+        qsort(out, (size_t)*n, sizeof *out, by_name);
+    return st;
 }
 
 static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
@@ -583,13 +625,24 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
         st = parse_export_args(argc, argv, &a, err);
     if (st != AMP_OK)
         return st;
-    struct ckpt_weights w;
-    if ((st = ckpt_read_weights(a.ckpt, &w, err)) != AMP_OK)
+    struct config cfg; /* the model's layers give the names */
+    if ((st = ckpt_read_config(a.ckpt, &cfg, err)) != AMP_OK)
         return st;
-    struct safetensor *tensors = calloc((size_t)w.n, sizeof *tensors);
+    if ((st = weight_names_check(&cfg.model, a.names, "export --names hf-gpt2", err)) != AMP_OK) {
+        config_free(&cfg);
+        return st;
+    }
+    struct ckpt_weights w;
+    if ((st = ckpt_read_weights(a.ckpt, &w, err)) != AMP_OK) {
+        config_free(&cfg);
+        return st;
+    }
+    struct safetensor *tensors = calloc((size_t)w.n + 8, sizeof *tensors);
     size_t bytes = 0;
-    st = tensors ? export_tensors(&w, &a, tensors, &bytes, err)
+    int n = 0;
+    st = tensors ? export_tensors(&w, &cfg.model, &a, tensors, &n, &bytes, err)
                  : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    const char *names = weight_names_names[a.names];
     if (st == AMP_OK) {
         const char *base = strrchr(a.ckpt, '/') ? strrchr(a.ckpt, '/') + 1 : a.ckpt;
         char step[32];
@@ -599,20 +652,21 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
             {"producer", "ampTrain " AMP_VERSION},
             {"checkpoint", base},
             {"step", step},
-            {"names", a.pytorch_names ? "pytorch" : "ampTrain"},
+            {"names", names},
             {"dtype", dtype_name(a.dtype)},
         };
-        st = safetensors_write(a.out, tensors, w.n, meta, (int)(sizeof meta / sizeof meta[0]), err);
+        st = safetensors_write(a.out, tensors, n, meta, (int)(sizeof meta / sizeof meta[0]), err);
     }
     if (st == AMP_OK)
-        printf("exported %d tensors (%zu bytes of %s, %s names) from %s (step %lld) to %s\n", w.n, bytes,
-               dtype_name(a.dtype), a.pytorch_names ? "pytorch" : "ampTrain", a.ckpt, (long long)w.info.step, a.out);
-    for (int i = 0; tensors && i < w.n; i++) {
+        printf("exported %d tensors (%zu bytes of %s, %s names) from %s (step %lld) to %s\n", n, bytes,
+               dtype_name(a.dtype), names, a.ckpt, (long long)w.info.step, a.out);
+    for (int i = 0; tensors && i < n; i++) {
         free(tensors[i].name);
         free((void *)tensors[i].data);
     }
     free(tensors);
     ckpt_weights_free(&w);
+    config_free(&cfg);
     return st;
 }
 
@@ -651,12 +705,13 @@ static const struct command commands[] = {
      "nonzero gradient elements flushed, default 0.001) and a verdict per precision mode. The K steps are\n"
      "trained in memory only. See docs/precision.md.",
      cmd_numerics},
-    {"export", "ampTrain export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch]",
+    {"export", "ampTrain export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch|hf-gpt2]",
      "Write the checkpoint's model weights and batchnorm running statistics to OUT in the safetensors\n"
      "format (for PyTorch's safetensors.torch.load_file and friends). --dtype (default fp32) converts with\n"
      "round to nearest even; --names ampTrain (default) keeps our LAYER/PARAM names, --names pytorch gives\n"
-     "the state_dict names of the equivalent torch.nn model (LAYER.PARAM; layouts already match).\n"
-     "--names hf-gpt2 is not available yet. The file is written atomically: on any failure nothing is\n"
+     "the state_dict names of the equivalent torch.nn model (LAYER.PARAM; layouts already match; a tied\n"
+     "table under both of its names), --names hf-gpt2 the keys and layouts of Hugging Face's GPT2LMHeadModel\n"
+     "(a GPT-2 shaped model only: else exit 2). The file is written atomically: on any failure nothing is\n"
      "left at OUT. A corrupt checkpoint is exit 4, a failed write exit 1. See docs/checkpoint.md, \"export\".",
      cmd_export},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help},

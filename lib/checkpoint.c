@@ -962,13 +962,24 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 /* What a tensor's values must be. */
 enum values { ANY_FINITE, NONNEG_FINITE, POSITIVE_FINITE };
 
-/* Read dataset `name` into tensor t after checking its class, rank and shape, then its values. */
-static enum amp_status read_tensor(const struct reader *r, const char *name, struct tensor *t, enum values want,
-                                   struct backend *be)
+/* A dataset's shape as read_checked finds it. */
+struct tensor_shape {
+    int ndim;
+    int64_t shape[8];
+    size_t numel;
+};
+
+/* The one validated read of a checkpoint tensor (resume, eval, export and init_from all come here): dataset
+ * `name` (a path from the root, "model/fc1/weight") must be floating point with 1 to 8 dimensions and at most
+ * 2^40 elements; `expect`, where given, is the shape it must have (a mismatch names both: the checkpoint is of
+ * another model); its data must pass HDF5's Fletcher-32 check and every value be finite (and >= 0 for
+ * NONNEG_FINITE). On success *out owns numel fp32 values (malloc) and *got has the shape. */
+static enum amp_status read_checked(const struct reader *r, const char *name, const struct tensor_shape *expect,
+                                   enum values want, struct tensor_shape *got, float **out)
 {
     const char *hint_model = "the checkpoint belongs to a different model; use the config it was written with";
-    if (!t->data)
-        return AMP_OK;
+    *out = NULL;
+    memset(got, 0, sizeof *got);
     hid_t d = H5Lexists(r->file, name, H5P_DEFAULT) > 0 ? H5Dopen2(r->file, name, H5P_DEFAULT) : -1;
     if (d < 0)
         return amp_fail(r->err, AMP_ERR_CKPT, hint_model, "%s: tensor /%s is missing", r->path, name);
@@ -978,7 +989,6 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
     H5T_class_t tc = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
     char why[400] = "";
     bool other_model = false; /* a shape mismatch: the config's model is not the checkpoint's */
-    int64_t got[8] = {0};
     if (tc != H5T_FLOAT) {
         snprintf(why, sizeof why, "is %s; checkpoint tensors are float32", class_name(tc));
     } else if (sc != H5S_SIMPLE || nd < 1 || nd > 8) {
@@ -987,17 +997,23 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
     } else {
         hsize_t dims[8] = {0};
         H5Sget_simple_extent_dims(sp, dims, NULL);
-        bool same = nd == t->ndim;
+        bool same = expect == NULL || nd == expect->ndim, too_big = false;
+        got->ndim = nd;
+        got->numel = 1;
         for (int i = 0; i < nd; i++) {
-            got[i] = dims[i] > (hsize_t)INT64_MAX ? INT64_MAX : (int64_t)dims[i];
-            same = same && got[i] == t->shape[i];
+            got->shape[i] = dims[i] > (hsize_t)INT64_MAX ? INT64_MAX : (int64_t)dims[i];
+            same = same && (expect == NULL || got->shape[i] == expect->shape[i]);
+            too_big = too_big || (dims[i] && got->numel > ((size_t)1 << 40) / dims[i]);
+            got->numel *= (size_t)dims[i];
         }
         if (!same) {
             char a[160], b[160];
-            shape_str(a, sizeof a, nd, got);
-            shape_str(b, sizeof b, t->ndim, t->shape);
+            shape_str(a, sizeof a, nd, got->shape);
+            shape_str(b, sizeof b, expect->ndim, expect->shape);
             snprintf(why, sizeof why, "has shape %s in the checkpoint but %s in the config's model", a, b);
             other_model = true;
+        } else if (too_big) {
+            snprintf(why, sizeof why, "is larger than 2^40 elements");
         }
     }
     h5_close_id(sp);
@@ -1007,10 +1023,10 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
         return amp_fail(r->err, AMP_ERR_CKPT, other_model ? hint_model : HINT_CORRUPT,
                         "%s: tensor /%s %s", r->path, name, why);
     }
-    float *host = malloc((t->numel ? t->numel : 1) * sizeof *host);
+    float *host = malloc((got->numel ? got->numel : 1) * sizeof *host);
     if (!host) {
         h5_close_id(d);
-        return amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading %s", name);
+        return amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading /%s of %s", name, r->path);
     }
     herr_t rc = H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host);
     h5_close_id(d);
@@ -1020,7 +1036,7 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
                         "%s: tensor /%s cannot be read: its data fails HDF5's Fletcher-32 checksum or is damaged",
                         r->path, name);
     }
-    for (size_t i = 0; i < t->numel; i++) {
+    for (size_t i = 0; i < got->numel; i++) {
         if (isfinite(host[i]) && (want == ANY_FINITE || host[i] > 0.0f || (want == NONNEG_FINITE && host[i] == 0.0f)))
             continue;
         enum amp_status st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /%s holds %g at element %zu; %s",
@@ -1031,7 +1047,22 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
         free(host);
         return st;
     }
-    enum amp_status st = AMP_OK;
+    *out = host;
+    return AMP_OK;
+}
+
+/* Read dataset `name` into tensor t (read_checked against t's shape), rounding once to t's dtype. */
+static enum amp_status read_tensor(const struct reader *r, const char *name, struct tensor *t, enum values want,
+                                   struct backend *be)
+{
+    if (!t->data)
+        return AMP_OK;
+    struct tensor_shape expect = {.ndim = t->ndim, .numel = t->numel}, got;
+    memcpy(expect.shape, t->shape, sizeof(int64_t) * (size_t)(t->ndim < TENSOR_MAX_DIMS ? t->ndim : TENSOR_MAX_DIMS));
+    float *host;
+    enum amp_status st = read_checked(r, name, &expect, want, &got, &host);
+    if (st != AMP_OK)
+        return st;
     if (t->dtype == DT_FP32) {
         if (!r->dry)
             be->upload(be, t->data, host, t->numel * sizeof(float));
@@ -1291,57 +1322,25 @@ struct weights_visit {
 };
 
 /* One dataset under /model into w (groups are walked through). Returns 0 to go on, -1 to stop with v->st. */
-static int read_one_weight(struct weights_visit *v, hid_t d, const char *name)
+static int read_one_weight(struct weights_visit *v, const char *name)
 {
     const struct reader *r = v->r;
-    hid_t sp = H5Dget_space(d), ft = H5Dget_type(d);
-    H5S_class_t sc = sp >= 0 ? H5Sget_simple_extent_type(sp) : H5S_NO_CLASS;
-    int nd = sc == H5S_SIMPLE ? H5Sget_simple_extent_ndims(sp) : 0;
-    H5T_class_t tc = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
-    hsize_t dims[8] = {0};
-    if (nd >= 1 && nd <= 8)
-        H5Sget_simple_extent_dims(sp, dims, NULL);
-    h5_close_id(sp);
-    h5_close_id(ft);
-    struct ckpt_tensor t = {.ndim = nd, .numel = 1};
-    bool too_big = false;
-    for (int i = 0; i < nd && i < 8; i++) {
-        t.shape[i] = dims[i] > (hsize_t)INT64_MAX ? INT64_MAX : (int64_t)dims[i];
-        too_big = too_big || (dims[i] && t.numel > ((size_t)1 << 40) / dims[i]);
-        t.numel *= (size_t)dims[i];
+    struct ckpt_tensor t = {0};
+    char path[sizeof t.name + 8];
+    if (strlen(name) >= sizeof t.name) {
+        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /model/%.64s... is named by a path longer "
+                         "than 255 bytes", r->path, name);
+        return -1;
     }
-    if (tc != H5T_FLOAT)
-        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /model/%s is %s; checkpoint tensors are float32",
-                         r->path, name, class_name(tc));
-    else if (nd < 1 || nd > 8)
-        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /model/%s has %d dimensions; a tensor has 1 to 8",
-                         r->path, name, nd);
-    else if (too_big || strlen(name) >= sizeof t.name)
-        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /model/%s is %s", r->path, name,
-                         too_big ? "larger than 2^40 elements" : "named by a path longer than 255 bytes");
+    snprintf(t.name, sizeof t.name, "%s", name);
+    snprintf(path, sizeof path, "model/%s", name);
+    struct tensor_shape got;
+    v->st = read_checked(r, path, NULL, ANY_FINITE, &got, &t.data);
     if (v->st != AMP_OK)
         return -1;
-    snprintf(t.name, sizeof t.name, "%s", name);
-    t.data = malloc((t.numel ? t.numel : 1) * sizeof *t.data);
-    if (!t.data) {
-        v->st = amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading /model/%s of %s", name, r->path);
-        return -1;
-    }
-    if (H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data) < 0) {
-        free(t.data);
-        v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT,
-                         "%s: tensor /model/%s cannot be read: its data fails HDF5's Fletcher-32 checksum or is damaged",
-                         r->path, name);
-        return -1;
-    }
-    for (size_t i = 0; i < t.numel; i++)
-        if (!isfinite(t.data[i])) {
-            v->st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT,
-                             "%s: tensor /model/%s holds %g at element %zu; every value must be finite", r->path, name,
-                             (double)t.data[i], i);
-            free(t.data);
-            return -1;
-        }
+    t.ndim = got.ndim;
+    t.numel = got.numel;
+    memcpy(t.shape, got.shape, sizeof t.shape);
     if (v->w->n == v->cap) {
         int cap = v->cap ? 2 * v->cap : 32;
         struct ckpt_tensor *g = realloc(v->w->tensors, (size_t)cap * sizeof *g);
@@ -1371,7 +1370,7 @@ static herr_t weights_cb(hid_t g, const char *name, const H5L_info_t *info, void
         v->st = amp_fail(v->r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: /model/%s cannot be opened", v->r->path, name);
         rc = -1;
     } else if (H5Iget_type(o) == H5I_DATASET) {
-        rc = read_one_weight(v, o, name);
+        rc = read_one_weight(v, name);
     }
     h5_close_id(o);
     return rc;

@@ -23,6 +23,8 @@
 #define _POSIX_C_SOURCE 200809L /* stat */
 #include "config.h"
 
+#include "weight_names.h" /* weight_names_check: model.init_names against the layers */
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -55,6 +57,7 @@ static const char *const fp8_loss_scale_names[] = {"none", "static", "dynamic", 
 static const char *const store_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const on_nonfinite_names[] = {"skip", "stop", NULL};
 static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
+const char *const weight_names_names[] = {"ampTrain", "pytorch", "hf-gpt2", NULL};
 static const char *const gelu_approx_names[] = {"tanh", "none", NULL};
 static const char *const dist_backend_names[] = {"auto", "none", "mpi", "nccl", NULL};
 /* Op kinds that precision.autocast lists may name (the autocast policy table's rows). */
@@ -72,7 +75,8 @@ _Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format
                    sizeof(enum optim_kind) == sizeof(int) && sizeof(enum sched_kind) == sizeof(int) &&
                    sizeof(enum precision_mode) == sizeof(int) && sizeof(enum on_nonfinite) == sizeof(int) &&
                    sizeof(enum init_scheme) == sizeof(int) && sizeof(enum gelu_approx) == sizeof(int) &&
-                   sizeof(enum dist_backend) == sizeof(int) && sizeof(enum data_sampling) == sizeof(int),
+                   sizeof(enum dist_backend) == sizeof(int) && sizeof(enum data_sampling) == sizeof(int) &&
+                   sizeof(enum weight_names) == sizeof(int),
                "enums are int-sized");
 
 static const char *name_or(const char *const *names, size_t count, int i)
@@ -173,6 +177,7 @@ struct section {
 
 static const char *check_device(const char *s);
 static const char *check_layer_name(const char *s);
+static const char *check_tie(const char *s);
 static const char *check_norm_type(double v);
 
 #define S struct run_config
@@ -243,6 +248,8 @@ static const struct field layer_fields[] = {
          .required = K(LAYER_ATTENTION) | K(LAYER_TRANSFORMER_BLOCK)),
     INT_(S, mlp_ratio, 4, IN_CC(1, CFG_MAX_WINDOW), .kinds = K(LAYER_TRANSFORMER_BLOCK)),
     ENUM_(S, approximate, gelu_approx_names, GELU_TANH, .kinds = K(LAYER_GELU) | K(LAYER_TRANSFORMER_BLOCK)),
+    STR_(S, tie, "", .kinds = K(LAYER_LINEAR), .check_str = check_tie, .what = "LAYER/wte of an earlier embedding",
+         .def_text = "none: the layer's own weight"),
 };
 #undef S
 static const struct section layer_section = {"model.layers.N", layer_fields, ARRAY_LEN(layer_fields)};
@@ -250,6 +257,9 @@ static const struct section layer_section = {"model.layers.N", layer_fields, ARR
 #define S struct model_config
 static const struct field model_fields[] = {
     ENUM_(S, init, init_scheme_names, INIT_PYTORCH),
+    STR_(S, init_from, "", .def_text = "none: start from model.init"),
+    ENUM_(S, init_names, weight_names_names, NAMES_AMPTRAIN),
+    BOOL_(S, init_strict, true),
     {FIELD(S, layers, FT_LAYERS), .count_off = offsetof(S, nlayers)},
 };
 #undef S
@@ -378,6 +388,15 @@ static const char *check_device(const char *s)
             return NULL;
     }
     return "must be auto, cpu, cuda or cuda:N (N the GPU index)";
+}
+
+/* A tie names a parameter "LAYER/PARAM"; models/linear.c checks what it names. */
+static const char *check_tie(const char *s)
+{
+    const char *slash = strchr(s, '/');
+    if (s[0] && (!slash || slash == s || !slash[1] || strchr(slash + 1, '/')))
+        return "must name a parameter as LAYER/PARAM (e.g. emb/wte)";
+    return NULL;
 }
 
 static const char *check_layer_name(const char *s)
@@ -1581,6 +1600,9 @@ static enum amp_status check_model(const struct ctx *c, const struct model_confi
                         "model: the last layer must be a loss (cross_entropy or mse), but model.layers.%d '%s' is %s",
                         m->nlayers - 1, last->name, layer_kind_name(last->kind));
     }
+    struct amp_error names = {0}; /* hf-gpt2 names fit a GPT-2 only: say so at check time, not after the data loads */
+    if (m->init_from[0] && weight_names_check(m, m->init_names, "model.init_names", &names) != AMP_OK)
+        return fail_key(c, "model.init_names", names.hint, "%s", names.msg);
     return AMP_OK;
 }
 

@@ -44,6 +44,8 @@ enum fp8_loss_scale { FP8_LS_NONE, FP8_LS_STATIC, FP8_LS_DYNAMIC };
 enum store_dtype { STORE_FP32, STORE_BF16 };
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
 enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
+/* How tensors are named outside ampTrain (export --names, model.init_names; lib/weight_names.h). */
+enum weight_names { NAMES_AMPTRAIN, NAMES_PYTORCH, NAMES_HF_GPT2 };
 enum gelu_approx { GELU_TANH, GELU_ERF };
 enum dist_backend { DIST_AUTO, DIST_NONE, DIST_MPI, DIST_NCCL };
 
@@ -85,6 +87,8 @@ struct layer_config {
     int64_t heads;        /* attention, transformer_block */
     int64_t mlp_ratio;    /* transformer_block: hidden = mlp_ratio * dim (default 4) */
     enum gelu_approx approximate; /* gelu, transformer_block: "tanh" (default, GPT-2's) or "none" (erf) */
+    char tie[96];         /* linear: "LAYER/wte", an earlier embedding's table used as this layer's weight
+                             (GPT-2's lm_head); "" (default): its own weight */
     unsigned explicit_keys; /* private to config.c: which keys with derived defaults (name, stride,
                                max_len) were written explicitly; not compared by config_equal */
 };
@@ -128,6 +132,9 @@ struct data_config {
 
 struct model_config {
     enum init_scheme init;       /* "pytorch" (default) | "gpt2" */
+    char init_from[CFG_STR];     /* a .safetensors file or a checkpoint to start from; "" (default): none */
+    enum weight_names init_names; /* how init_from names its tensors: ampTrain (default) | pytorch | hf-gpt2 */
+    bool init_strict;            /* missing, unexpected or mis-shaped tensors are an error (default true) */
     struct layer_config *layers; /* owned; freed by config_free */
     int nlayers;
 };
@@ -271,6 +278,8 @@ void config_free(struct config *cfg);
 
 /* Names for printing and parsing. */
 const char *layer_kind_name(enum layer_kind k);
+/* "ampTrain", "pytorch", "hf-gpt2" (NULL-terminated, indexed by enum weight_names). */
+extern const char *const weight_names_names[];
 const char *precision_mode_name(enum precision_mode m);
 const char *data_format_name(enum data_format f);
 const char *dist_backend_name(enum dist_backend b);

@@ -16,6 +16,7 @@
 
 #include "autocast.h" /* autocast_from_config: the shadow's FP32 policy */
 #include "checkpoint.h" /* ckpt_load_trainer: numerics of a checkpoint */
+#include "init_from.h"  /* init_from_load: numerics of a CONFIG that starts from a file */
 #include "backend.h"
 #include "dtype.h"    /* dtype_convert, double_to_text */
 
@@ -683,6 +684,8 @@ enum amp_status numerics_run(const struct config *cfg, const char *checkpoint, i
     enum amp_status st = trainer_setup(&t, cfg, NULL, err);
     if (st == AMP_OK && checkpoint)
         st = ckpt_load_trainer(checkpoint, &t, false, err);
+    else if (st == AMP_OK && cfg->model.init_from[0]) /* a CONFIG measures the run it starts: from init_from */
+        st = init_from_load(&t.model, &cfg->model, stdout, err);
     struct numerics nm = {0};
     if (st == AMP_OK)
         st = numerics_open(&nm, &t, cfg->run.out_dir, err);

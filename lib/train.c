@@ -14,6 +14,7 @@
 #include "autocast.h" /* autocast_from_config, precision_lowp_dtype */
 #include "backend.h"  /* backend_open, struct grad_stats */
 #include "checkpoint.h" /* ckpt_save, ckpt_load_trainer, ckpt_clean_stale */
+#include "init_from.h"  /* init_from_load: model.init_from */
 #include "numerics.h"   /* run.numerics_every */
 #include "optim.h"    /* optimizer, schedule */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
@@ -693,6 +694,9 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     test_raise("setup");
     struct trainer t;
     enum amp_status st = trainer_setup(&t, cfg, comm, err);
+    /* Fine-tuning starts from the file's weights; a resumed run has its own (the checkpoint's) and never reads it. */
+    if (st == AMP_OK && !resume && cfg->model.init_from[0])
+        st = init_from_load(&t.model, &cfg->model, comm->rank == 0 ? stdout : NULL, err);
     if (st == AMP_OK && resume) {
         st = ckpt_load_trainer(resume, &t, fresh_scaler, err);
         if (st == AMP_OK && t.step > t.total_steps)

@@ -193,11 +193,11 @@ enum amp_status attention_setup(struct layer *l, struct layer_build *b)
     int64_t N = b->in_shape[0], T = b->in_shape[1], rows = N * T;
 
     if ((st = layer_reserve_params(l, b, 4)) != AMP_OK ||
-        (st = linear_op_setup(&p->qkv, l, b, "qkv/", C, 3 * C, true, b->in_dtype, rows, PINIT_LINEAR_WEIGHT)) ||
+        (st = linear_op_setup(&p->qkv, l, b, "qkv/", C, 3 * C, true, b->in_dtype, rows, PINIT_LINEAR_WEIGHT, NULL)) ||
         (st = layer_alloc(l, b, &p->qkv_y, p->qkv.d, 3, (int64_t[]){N, T, 3 * C}, "qkv")) ||
         (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N)) ||
         (st = layer_alloc(l, b, &p->att, p->core.d, 3, (int64_t[]){N, T, C}, "attention output")) ||
-        (st = linear_op_setup(&p->proj, l, b, "proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT)))
+        (st = linear_op_setup(&p->proj, l, b, "proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT, NULL)))
         return st;
     p->datt_off = scratch_reserve(b, p->core.d, (size_t)(rows * C));
     p->dqkv_off = scratch_reserve(b, p->qkv.d, (size_t)(rows * 3 * C));
@@ -367,11 +367,11 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     enum dtype h1_dt = autocast_dtype(pol, OP_LAYERNORM, x_dt, x_dt);
     if ((st = layernorm_op_setup(&p->ln1, l, b, "ln1/", C, eps, rows)) ||
         (st = block_tensor(l, b, &p->h1, &p->d_h1, h1_dt, C, "ln1 output")) ||
-        (st = linear_op_setup(&p->qkv, l, b, "attn/qkv/", C, 3 * C, true, h1_dt, rows, PINIT_LINEAR_WEIGHT)) ||
+        (st = linear_op_setup(&p->qkv, l, b, "attn/qkv/", C, 3 * C, true, h1_dt, rows, PINIT_LINEAR_WEIGHT, NULL)) ||
         (st = block_tensor(l, b, &p->qkv_y, &p->d_qkv_y, p->qkv.d, 3 * C, "qkv")) ||
         (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N)) ||
         (st = block_tensor(l, b, &p->att, &p->d_att, p->core.d, C, "attention output")) ||
-        (st = linear_op_setup(&p->proj, l, b, "attn/proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT)) ||
+        (st = linear_op_setup(&p->proj, l, b, "attn/proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT, NULL)) ||
         (st = block_tensor(l, b, &p->proj_y, &p->d_proj_y, p->proj.d, C, "attention proj")))
         return st;
     enum dtype r1_dt = autocast_dtype(pol, OP_RESIDUAL_ADD, x_dt, p->proj.d);
@@ -383,12 +383,12 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     enum dtype h2_dt = autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt);
     if ((st = layernorm_op_setup(&p->ln2, l, b, "ln2/", C, eps, rows)) ||
         (st = block_tensor(l, b, &p->h2, &p->d_h2, h2_dt, C, "ln2 output")) ||
-        (st = linear_op_setup(&p->fc, l, b, "mlp/fc/", C, hidden, true, h2_dt, rows, PINIT_LINEAR_WEIGHT)) ||
+        (st = linear_op_setup(&p->fc, l, b, "mlp/fc/", C, hidden, true, h2_dt, rows, PINIT_LINEAR_WEIGHT, NULL)) ||
         (st = block_tensor(l, b, &p->fc_y, &p->d_fc_y, p->fc.d, hidden, "mlp fc")))
         return st;
     enum dtype g_dt = autocast_dtype(pol, OP_GELU, p->fc.d, p->fc.d);
     if ((st = block_tensor(l, b, &p->g, &p->d_g, g_dt, hidden, "mlp gelu")) ||
-        (st = linear_op_setup(&p->fc2, l, b, "mlp/proj/", hidden, C, true, g_dt, rows, PINIT_RESIDUAL_WEIGHT)) ||
+        (st = linear_op_setup(&p->fc2, l, b, "mlp/proj/", hidden, C, true, g_dt, rows, PINIT_RESIDUAL_WEIGHT, NULL)) ||
         (st = block_tensor(l, b, &p->fc2_y, &p->d_fc2_y, p->fc2.d, C, "mlp proj")))
         return st;
     copy_shape_out(l, b, autocast_dtype(pol, OP_RESIDUAL_ADD, r1_dt, p->fc2.d));

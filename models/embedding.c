@@ -5,6 +5,7 @@
  * Parameters "NAME/wte" (vocab, C) and "NAME/wpe" (max_len, C); no weight decay (they are tables, like
  * the norm gains). An fp32-class op: the lookup reads the tables in fp32 (the masters, or the fp32 copies
  * of bf16 masters) and writes y in fp32. Backward scatter-adds dy into dwte and dwpe (fp32, beta = accumulate); there is no dx.
+ * A wte tied to a later linear (its `tie`) has that layer's gradient in it already: backward adds to it.
  * Setup checks: the layer is first, the data are tokens, vocab covers the data's token range
  * (num_classes), dim >= 1, and the sequence length fits max_len (default data.seq_len).
  */
@@ -23,7 +24,8 @@ static void embedding_forward(struct layer *l, const struct step_ctx *ctx, const
     (void)x;
     struct embedding_layer *p = l->priv;
     l->y = batch_view(&l->y, b->n);
-    ctx->be->embedding_forward(ctx->be, &l->y, b->tokens, param_value(p->wte), param_value(p->wpe), b->n, p->T, p->C);
+    ctx->be->embedding_forward(ctx->be, &l->y, b->tokens, param_value_as(p->wte, DT_FP32),
+                               param_value_as(p->wpe, DT_FP32), b->n, p->T, p->C);
 }
 
 static void embedding_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -31,8 +33,17 @@ static void embedding_backward(struct layer *l, const struct step_ctx *ctx, cons
 {
     (void)x;
     struct embedding_layer *p = l->priv;
-    ctx->be->embedding_backward(ctx->be, &p->wte->grad, &p->wpe->grad, dy, b->tokens, b->n, p->T, p->C,
-                                ctx->accumulate ? 1.0f : 0.0f);
+    float beta = ctx->accumulate ? 1.0f : 0.0f;
+    struct tensor *dwte = &p->wte->grad;
+    if (p->wte->tied && !ctx->accumulate) { /* the tying linear wrote wte's gradient already: add to it */
+        ctx->be->zero(ctx->be, &p->wpe->grad);
+        beta = 1.0f;
+    } else if (p->wte->tied && p->wte->tied_grad.data) { /* accumulating: this micro-batch's sum apart first */
+        dwte = &p->wte->tied_grad;
+    }
+    ctx->be->embedding_backward(ctx->be, dwte, &p->wpe->grad, dy, b->tokens, b->n, p->T, p->C, beta);
+    if (dwte != &p->wte->grad)
+        ctx->be->add(ctx->be, &p->wte->grad, &p->wte->grad, dwte);
 }
 
 static const struct layer_ops embedding_ops = {embedding_forward, embedding_backward, NULL};

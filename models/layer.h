@@ -48,12 +48,25 @@ struct param {
     int layer;            /* index of the owning layer, for overflow attribution */
     enum param_init init; /* how model_init fills master */
     int64_t fan_in;       /* inputs per output unit, for the fan-in rules */
+    bool tied;            /* also read by a later layer (a linear's `tie`): that layer's backward runs first and
+                           * writes the micro-batch's gradient, the owner's backward adds its part, so grad is the
+                           * sum of both uses */
+    struct tensor tied_grad; /* tied, accum_steps > 1: one micro-batch's gradient (fp32), both uses summed, before it
+                              * is added to grad: grad += (head + table), the order in which two ranks' all-reduce
+                              * adds them, so one rank with accumulation gives their bits; empty otherwise */
 };
 
 /* The tensor the ops read: the copy where there is one, else master. */
 static inline const struct tensor *param_value(const struct param *p)
 {
     return p->copy.data ? &p->copy : &p->master;
+}
+
+/* The weights in dtype `dt`: master, or the copy, whichever has it (a tied parameter is read in two dtypes:
+ * fp32 by the embedding, the run's low precision by the linear that ties it). */
+static inline const struct tensor *param_value_as(const struct param *p, enum dtype dt)
+{
+    return p->master.dtype == dt ? &p->master : &p->copy;
 }
 
 

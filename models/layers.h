@@ -47,6 +47,9 @@ struct layer_build {
     struct fp8_state *fp8;                /* the model's fp8 scales, where layers register their fp8 tensors */
     bool fp8_layer;                       /* this layer's linear products run in fp8 (precision.mode fp8, the
                                            * layer not in precision.fp8.keep_bf16) */
+    struct layer *built;                  /* the layers set up before this one (a linear's `tie` names one) */
+    bool accumulates;                     /* accum_steps > 1: gradients accumulate over micro-batches */
+    int nbuilt;
     struct amp_error *err;
 };
 
@@ -143,10 +146,11 @@ struct linear_op {
 };
 
 /* `prefix` goes between the layer name and "weight"/"bias": "" for a linear layer, "attn/qkv/" inside
- * a transformer block. */
+ * a transformer block. `shared`, when not NULL, is an earlier layer's (out, in) parameter used as the weight
+ * (a tie): it gets a copy in the op's dtype where it has none, and is marked tied. */
 enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
                                 int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
-                                enum param_init weight_init);
+                                enum param_init weight_init, struct param *shared);
 void linear_op_forward(const struct step_ctx *ctx, struct linear_op *op, struct tensor *y, const struct tensor *x,
                        int64_t rows);
 /* The op followed by an activation: pre = the op's output (rows, out), saved for the activation's

@@ -16,9 +16,19 @@
  * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx), the product of the codes sums in
  * fp32 and gives y in d (bf16) with the fp32 bias; backward casts dy to E5M2 and forms dW = dy8^T x8 (fp32) and
  * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it.
+ *
+ * `tie: LAYER/wte` (GPT-2's lm_head): the layer has no weight of its own and reads an earlier embedding's
+ * table (vocab, C) as its (out, in) weight. The table stays one parameter (one master, one gradient, one
+ * optimizer state, stored once in checkpoints, under the embedding's name); it gets a copy in this op's
+ * dtype where the embedding reads another (param_value_as), and weight decay as a linear weight has it
+ * (nanoGPT and Hugging Face decay the tied matrix). This layer's backward runs before the embedding's, so
+ * it writes the gradient with the micro-batch's beta and the embedding adds its part (param.tied); with
+ * accum_steps > 1 the micro-batch's two parts meet in param.tied_grad first, and their sum is added to the
+ * gradient, so that one rank accumulating gives the bits of ranks whose sums an all-reduce adds.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "layers.h" /* struct linear_op, struct layer_build, views, layer_fail */
 
@@ -35,7 +45,7 @@ static enum amp_status fp8_slot(struct layer *l, struct layer_build *b, const ch
 
 enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
                                 int64_t in, int64_t out, bool bias, enum dtype in_dtype, int64_t max_rows,
-                                enum param_init weight_init)
+                                enum param_init weight_init, struct param *shared)
 {
     char name[96];
     op->in = in;
@@ -48,8 +58,26 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
 
     int64_t wshape[2] = {out, in};
     snprintf(name, sizeof name, "%sweight", prefix);
-    /* an fp8 op casts the master itself each pass: no 16-bit copy */
-    op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, op->fp8 ? b->master_dtype : op->d);
+    /* an fp8 op casts the (fp32) master itself each pass: it needs no 16-bit copy */
+    enum dtype read_as = op->fp8 ? b->master_dtype : op->d;
+    if (shared) {
+        op->w = shared;
+        shared->tied = true;
+        shared->decay = true;
+        if (shared->master.dtype != read_as && !shared->copy.data &&
+            tensor_alloc(&shared->copy, b->be, read_as, 2, wshape, shared->name, b->err) != AMP_OK)
+            return b->err->code;
+        if (shared->master.dtype != read_as && shared->copy.dtype != read_as)
+            return layer_fail(l, b, "use precision.master_weights: fp32, or leave out the tie",
+                              "tie: %s is read in %s by its own layer and would be read in %s here; a tied weight "
+                              "is kept in at most two dtypes (its master's and one other)",
+                              shared->name, dtype_name(shared->copy.dtype), dtype_name(read_as));
+        if (b->accumulates && !shared->tied_grad.data &&
+            tensor_zeros(&shared->tied_grad, b->be, DT_FP32, 2, wshape, shared->name, b->err) != AMP_OK)
+            return b->err->code;
+    } else {
+        op->w = layer_add_param(l, b, name, 2, wshape, weight_init, in, true, read_as);
+    }
     if (!op->w)
         return b->err->code;
     if (bias) {
@@ -85,7 +113,8 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
 
 static const struct tensor *linear_op_weight(const struct linear_op *op)
 {
-    return param_value(op->w); /* in op->d: the copy made once per optimizer step, or master */
+    /* the copy made once per optimizer step, or master; an fp8 op casts the master itself */
+    return param_value_as(op->w, op->fp8 ? op->w->master.dtype : op->d);
 }
 
 /* Cast `src` to the fp8 tensor `dst` with slot s's scale (lib/fp8.h): the recipe current computes the scale
@@ -169,10 +198,12 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
         w = &op->w8;
     }
 
-    /* dW (out, in) = dy^T (out, rows) @ x (rows, in) */
+    /* dW (out, in) = dy^T (out, rows) @ x (rows, in); a tied table accumulating over micro-batches gets this
+     * micro-batch's gradient in its tied_grad first (the embedding adds its part and then the sum to grad) */
+    bool apart = op->w->tied && beta != 0.0f && op->w->tied_grad.data;
     struct gemm_args gw = {
-        .a = dyin, .b = &xin, .c = &op->w->grad, .trans_a = true,
-        .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = beta, .batch = 1,
+        .a = dyin, .b = &xin, .c = apart ? &op->w->tied_grad : &op->w->grad, .trans_a = true,
+        .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = apart ? 0.0f : beta, .batch = 1,
     };
     be->gemm(be, &gw);
     if (op->b)
@@ -243,6 +274,39 @@ static void linear_free(struct layer *l)
 
 static const struct layer_ops linear_ops = {linear_forward, linear_backward, linear_free};
 
+/* The parameter `tie` names: an earlier embedding's wte of shape (out, in). NULL (and AMP_OK) without a tie. */
+static enum amp_status tied_weight(struct layer *l, struct layer_build *b, int64_t out, int64_t in,
+                                   struct param **shared)
+{
+    *shared = NULL;
+    if (!l->cfg.tie[0])
+        return AMP_OK;
+    const char *hint = "tie names the token table of an earlier embedding layer: tie: EMBEDDING_NAME/wte";
+    for (int i = 0; i < b->nbuilt; i++) {
+        struct layer *o = &b->built[i];
+        for (int j = 0; j < o->nparams; j++) {
+            struct param *p = &o->params[j];
+            if (strcmp(p->name, l->cfg.tie) != 0)
+                continue;
+            const char *slash = strchr(p->name, '/');
+            if (o->cfg.kind != LAYER_EMBEDDING || strcmp(slash ? slash + 1 : "", "wte") != 0)
+                return layer_fail(l, b, hint, "tie: %s is a parameter of '%s' (%s); only an embedding's wte can be tied",
+                                  l->cfg.tie, o->cfg.name, layer_kind_name(o->cfg.kind));
+            if (p->tied)
+                return layer_fail(l, b, "tie one linear layer to an embedding table", "tie: %s is tied already",
+                                  l->cfg.tie);
+            if (p->master.ndim != 2 || p->master.shape[0] != out || p->master.shape[1] != in)
+                return layer_fail(l, b, "set out to the embedding's vocab, and feed the layer the embedding's width",
+                                  "tie: %s has shape (%lld, %lld) but this layer's weight is (out %lld, in %lld)",
+                                  l->cfg.tie, (long long)p->master.shape[0], (long long)p->master.shape[1],
+                                  (long long)out, (long long)in);
+            *shared = p;
+            return AMP_OK;
+        }
+    }
+    return layer_fail(l, b, hint, "tie: %s is not a parameter of an earlier layer", l->cfg.tie);
+}
+
 enum amp_status linear_setup(struct layer *l, struct layer_build *b)
 {
     char got[96];
@@ -262,10 +326,13 @@ enum amp_status linear_setup(struct layer *l, struct layer_build *b)
 
     int64_t in = b->in_shape[b->in_ndim - 1];
     int64_t max_rows = b->in_shape[0] * (b->in_ndim == 3 ? b->in_shape[1] : 1);
-    enum amp_status st = layer_reserve_params(l, b, 2);
+    struct param *shared = NULL;
+    enum amp_status st = tied_weight(l, b, l->cfg.out, in, &shared);
+    if (st == AMP_OK)
+        st = layer_reserve_params(l, b, 2);
     if (st == AMP_OK)
         st = linear_op_setup(&p->op, l, b, "", in, l->cfg.out, l->cfg.bias, b->in_dtype, max_rows,
-                             PINIT_LINEAR_WEIGHT);
+                             PINIT_LINEAR_WEIGHT, shared);
     if (st != AMP_OK)
         return st;
     l->ndim_out = b->in_ndim;

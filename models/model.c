@@ -236,7 +236,7 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     struct layer_build b = {
         .be = be, .policy = &m->policy, .master_dtype = cfg->precision.master_weights == STORE_BF16 ? DT_BF16 : DT_FP32,
         .spec = spec, .max_batch = max_batch, .seq_len = cfg->data.seq_len,
-        .workspace = m->workspace, .fp8 = &m->fp8, .err = err,
+        .workspace = m->workspace, .accumulates = cfg->accum_steps > 1, .fp8 = &m->fp8, .err = err,
     };
     m->has_fp8 = m->policy.enabled && m->policy.fp8;
     const struct fp8_config *f8 = &cfg->precision.fp8;
@@ -251,6 +251,8 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
         l->index = i;
         l->needs_dx = i > 0;
         b.fp8_layer = m->has_fp8 && model_layer_in_fp8(cfg, i);
+        b.built = m->layers;
+        b.nbuilt = i;
         if ((st = build_layer(m, l, &b)) != AMP_OK) {
             model_free(m);
             return st;
@@ -449,6 +451,7 @@ static void layer_free(struct layer *l, const float *grad_flat)
         if (!grad_flat) /* else a view into the model's grad_flat */
             tensor_free(&l->params[j].grad);
         tensor_free(&l->params[j].copy);
+        tensor_free(&l->params[j].tied_grad);
     }
     free(l->params);
     for (int j = 0; j < l->nbuffers; j++)

@@ -1,18 +1,27 @@
 #!/usr/bin/python3
-"""Load an ampTrain fashion_mlp checkpoint with h5py into PyTorch and print its test accuracy.
+"""Load an ampTrain checkpoint with h5py into PyTorch and evaluate it on the run's test split.
 
 usage: scripts/interop_torch.py CHECKPOINT.h5
-Prints "accuracy A" (a fraction, as eval.jsonl) for the test split, computed in FP32 by PyTorch from the
-checkpoint's weights, reading the data paths and normalisation from the checkpoint's embedded config.
-Supports the layer kinds of the MLP reference model (flatten, linear, relu, dropout, cross_entropy).
+Prints "accuracy A" and "loss L" for the test split (A a fraction, L the mean cross-entropy, as eval.jsonl),
+computed in FP32 by PyTorch from the checkpoint's weights, reading the data and the model from the checkpoint's
+embedded config. Covers the three reference model families and every layer kind they use:
+  fashion_mlp  (idx)     flatten, linear, relu, dropout, cross_entropy
+  fashion_cnn  (idx)     conv2d, batchnorm2d (running statistics), relu, gelu, maxpool2d, avgpool2d, flatten
+  text_gpt     (text, tokens)  embedding, transformer_block (pre-LN, causal attention, GELU MLP), attention,
+                         layernorm, linear (also tied to the embedding's wte, as GPT-2's lm_head)
+Text data: the test split's windows of seq_len + 1 bytes (data.format text: the last floor(len * val_fraction)
+bytes of the files; tokens: the first data.val_windows windows of val_bin), as lib/data_text.c and
+lib/data_tokens.c cut them; the accuracy and loss are per token.
 """
 import gzip
+import math
 import struct
 import sys
 
 import h5py
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def read_idx(path):
@@ -24,34 +33,116 @@ def read_idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def config_value(yaml_text, section, key):
-    """The scalar `key` of top-level `section` in ampTrain's printed YAML (no YAML module needed)."""
-    inside = False
+def scalar(text):
+    text = text.split("#")[0].strip()
+    if text.startswith("["):
+        return [s.strip().strip('"') for s in text.strip("[]").split(",") if s.strip()]
+    return text.strip('"')
+
+
+def sections(yaml_text):
+    """The top-level sections' scalar keys, and model.layers as a list of dicts (ampTrain's printed YAML)."""
+    out, layers, section, inside = {}, [], None, False
     for line in yaml_text.splitlines():
-        if not line.startswith(" "):
-            inside = line.rstrip() == section + ":"
+        if not line.strip():
             continue
-        if inside and line.strip().startswith(key + ":"):
-            return line.split(":", 1)[1].split("#")[0].strip().strip('"')
-    raise KeyError(f"{section}.{key}")
-
-
-def layer_kinds(yaml_text):
-    kinds, names, inside = [], [], False
-    for line in yaml_text.splitlines():
-        if line.strip() == "layers:":
+        if not line.startswith(" "):
+            section = line.split(":")[0].strip()
+            out.setdefault(section, {})
+            inside = False
+            continue
+        s = line.strip()
+        if section == "model" and s == "layers:":
             inside = True
             continue
-        if inside:
-            s = line.strip()
-            if s.startswith("- kind:"):
-                kinds.append(s.split(":", 1)[1].strip().strip('"'))
-                names.append(None)
-            elif s.startswith("name:") and names:
-                names[-1] = s.split(":", 1)[1].strip().strip('"')
-            elif not line.startswith("    ") and s:
-                inside = False
-    return list(zip(kinds, names))
+        if inside and s.startswith("- "):
+            layers.append({})
+            s = s[2:]
+        if inside and line.startswith("      ") or (inside and line.startswith("    - ")):
+            k, v = s.split(":", 1)
+            layers[-1][k.strip()] = scalar(v)
+        elif line.startswith("  ") and not line.startswith("   ") and ":" in s:
+            k, v = s.split(":", 1)
+            out[section][k.strip()] = scalar(v)
+            inside = inside and section == "model" and False
+    return out, layers
+
+
+def test_data(cfg):
+    d = cfg["data"]
+    if d["format"] == "idx":
+        images = read_idx(d["test_images"]).astype(np.float32)
+        labels = torch.from_numpy(read_idx(d["test_labels"]).astype(np.int64))
+        x = (images / np.float32(255) - np.float32(d["mean"])) / np.float32(d["std"])
+        return torch.from_numpy(x.astype(np.float32)).unsqueeze(1), labels
+    T = int(d["seq_len"])
+    if d["format"] == "text":
+        blob = b"".join(open(p, "rb").read() for p in d["files"])
+        test = blob[len(blob) - int(math.floor(len(blob) * float(d["val_fraction"]))):]
+        ids = torch.tensor(list(test), dtype=torch.long)
+    elif d["format"] == "tokens":
+        raw = open(d["val_bin"], "rb").read()
+        if len(raw) >= 1024 and struct.unpack("<i", raw[:4])[0] == 20240520:
+            raw = raw[1024:]
+        ids = torch.from_numpy(np.frombuffer(raw, dtype=np.uint16).astype(np.int64))
+    else:
+        sys.exit("data.format %s is not supported by this script" % d["format"])
+    n = (len(ids) - 1) // T
+    if d.get("val_windows", "0") not in ("0", "") and d["format"] == "tokens":
+        n = min(n, int(d["val_windows"]))
+    w = torch.stack([ids[i * T:i * T + T + 1] for i in range(n)])
+    return w[:, :-1], w[:, 1:]
+
+
+def attention(x, P, pre, heads):
+    B, T, C = x.shape
+    qkv = F.linear(x, P[pre + "qkv/weight"], P[pre + "qkv/bias"])
+    q, k, v = (z.reshape(B, T, heads, C // heads).transpose(1, 2) for z in qkv.split(C, dim=2))
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(C // heads)
+    att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    return F.linear(y, P[pre + "proj/weight"], P[pre + "proj/bias"])
+
+
+def forward(layers, P, x):
+    for L in layers:
+        kind, name = L["kind"], L.get("name")
+        p = lambda k: P.get("%s/%s" % (name, k))
+        if kind == "linear":
+            w = P[L["tie"]] if L.get("tie") else p("weight")
+            x = F.linear(x, w, p("bias"))
+        elif kind == "conv2d":
+            x = F.conv2d(x, p("weight"), p("bias"), stride=int(L["stride"]), padding=int(L["padding"]))
+        elif kind == "batchnorm2d":
+            x = F.batch_norm(x, p("running_mean"), p("running_var"), p("weight"), p("bias"), False, 0.0, float(L["eps"]))
+        elif kind == "layernorm":
+            x = F.layer_norm(x, x.shape[-1:], p("weight"), p("bias"), float(L["eps"]))
+        elif kind in ("maxpool2d", "avgpool2d"):
+            pool = F.max_pool2d if kind == "maxpool2d" else F.avg_pool2d
+            x = pool(x, int(L["kernel"]), int(L["stride"]), int(L["padding"]))
+        elif kind == "relu":
+            x = torch.relu(x)
+        elif kind == "gelu":
+            x = F.gelu(x, approximate="tanh" if L.get("approximate") == "tanh" else "none")
+        elif kind == "flatten":
+            x = x.reshape(x.shape[0], -1)
+        elif kind == "embedding":
+            x = p("wte")[x] + p("wpe")[: x.shape[1]]
+        elif kind == "attention":
+            x = attention(x, P, name + "/", int(L["heads"]))
+        elif kind == "transformer_block":
+            C = x.shape[-1]
+            h = F.layer_norm(x, (C,), p("ln1/weight"), p("ln1/bias"), 1e-5)
+            x = x + attention(h, P, name + "/attn/", int(L["heads"]))
+            h = F.layer_norm(x, (C,), p("ln2/weight"), p("ln2/bias"), 1e-5)
+            h = F.linear(h, p("mlp/fc/weight"), p("mlp/fc/bias"))
+            h = F.gelu(h, approximate="tanh" if L.get("approximate", "tanh") == "tanh" else "none")
+            x = x + F.linear(h, p("mlp/proj/weight"), p("mlp/proj/bias"))
+        elif kind in ("dropout", "cross_entropy"):
+            pass
+        else:
+            sys.exit("layer kind %s is not supported by this script" % kind)
+    return x
 
 
 def main():
@@ -59,25 +150,24 @@ def main():
     with h5py.File(path, "r") as f:
         if f.attrs["format"] != b"ampTrain-checkpoint":
             sys.exit(f"{path}: not an ampTrain checkpoint")
-        cfg = f["config"][()].decode()
-        params = {f"{l}/{p}": torch.from_numpy(np.asarray(f["model"][l][p])) for l in f["model"] for p in f["model"][l]}
-    images = read_idx(config_value(cfg, "data", "test_images")).astype(np.float32)
-    labels = torch.from_numpy(read_idx(config_value(cfg, "data", "test_labels")).astype(np.int64))
-    mean, std = float(config_value(cfg, "data", "mean")), float(config_value(cfg, "data", "std"))
-    x = torch.from_numpy(((images / np.float32(255) - np.float32(mean)) / np.float32(std)).astype(np.float32))
-    x = x.reshape(x.shape[0], -1)
+        cfg_text = f["config"][()].decode()
+        P = {}
+        f["model"].visititems(lambda n, o: P.__setitem__(n, torch.from_numpy(np.asarray(o))) if isinstance(o, h5py.Dataset) else None)
+    cfg, layers = sections(cfg_text)
+    x, labels = test_data(cfg)
+    torch.set_num_threads(1)
+    correct, loss_sum, rows = 0, 0.0, 0
     with torch.no_grad():
-        for kind, name in layer_kinds(cfg):
-            if kind == "linear":
-                x = torch.nn.functional.linear(x, params[f"{name}/weight"], params.get(f"{name}/bias"))
-            elif kind == "relu":
-                x = torch.relu(x)
-            elif kind in ("flatten", "dropout", "cross_entropy"):
-                pass
-            else:
-                sys.exit(f"layer kind {kind} is not supported by this script")
-        acc = (x.argmax(dim=1) == labels).double().mean().item()
-    print(f"accuracy {acc:.6f}")
+        for i in range(0, x.shape[0], 256):
+            logits = forward(layers, P, x[i:i + 256])
+            y = labels[i:i + 256]
+            logits = logits.reshape(-1, logits.shape[-1])
+            y = y.reshape(-1)
+            correct += (logits.argmax(dim=1) == y).sum().item()
+            loss_sum += F.cross_entropy(logits.double(), y, reduction="sum").item()
+            rows += y.numel()
+    print(f"accuracy {correct / rows:.6f}")
+    print(f"loss {loss_sum / rows:.9f}")
 
 
 if __name__ == "__main__":

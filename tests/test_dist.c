@@ -114,6 +114,30 @@ static void check_tokens_equivalence(const char *sampling)
 Test(dist, tokens_random_two_ranks_equal_one) { check_tokens_equivalence("random"); }
 Test(dist, tokens_sequential_two_ranks_equal_one) { check_tokens_equivalence("sequential"); }
 
+/* model.init_from (docs/checkpoint.md, "init_from"): every rank reads the file itself, and two ranks train from it
+ * as one rank with accum_steps 2 does. The file is an hf-gpt2 export of a tiny GPT-2 (lm_head tied). */
+Test(dist, init_from_two_ranks_equal_one)
+{
+    NEED_MPI();
+    char dir[] = "/tmp/amp-dist-init-XXXXXX", cmd[2048], cfg[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cfg, sizeof cfg,
+             "configs/gpt2_tiny.yaml run.device=cpu run.log_every=5 data.batch_size=4 data.train_bin=%s/train.bin "
+             "data.val_bin=%s/val.bin", dir, dir);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && /usr/bin/python3 scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o %s/train.bin "
+             "/usr/share/games/fortunes/cookie && OPENBLAS_NUM_THREADS=1 %s run %s run.steps=3 run.out_dir=%s/src && "
+             "%s export %s/src %s/init.safetensors --names hf-gpt2 2>&1",
+             AMP_SOURCE_DIR, dir, AMP_BINARY, cfg, dir, AMP_BINARY, dir, dir);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(cfg + strlen(cfg), sizeof cfg - strlen(cfg),
+             " run.steps=20 run.eval_every=10 model.init_from=%s/init.safetensors model.init_names=hf-gpt2", dir);
+    check_equivalence(cfg, "precision.mode=fp32", NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* The TCP byte transfer layer, the path between hosts. */
 Test(dist, equivalence_over_tcp) { check_equivalence(MLP, "precision.mode=fp16-dynamic " HARD, "--mca btl tcp,self"); }
 

@@ -1011,3 +1011,152 @@ Test(training, a_tiny_mlp_learns)
     cr_assert(last < 0.25 * first, "bf16: loss %g -> %g", first, last);
     cr_assert(acc > 0.9, "bf16: accuracy %g", acc);
 }
+
+/* ---- tied weights (a linear's `tie`, GPT-2's lm_head) -------------------------------------------- */
+
+static const struct layer_config TIED_GPT[] = {
+    {.kind = LAYER_EMBEDDING, .name = "emb", .vocab = 11, .dim = 8},
+    {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b0", .heads = 2, .mlp_ratio = 2, .eps = 1e-5},
+    {.kind = LAYER_LAYERNORM, .name = "ln_f", .eps = 1e-5},
+    {.kind = LAYER_LINEAR, .name = "head", .out = 11, .bias = false, .tie = "emb/wte"},
+    {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
+};
+
+static struct param *param_named(struct model *m, const char *name)
+{
+    for (int i = 0; i < m->nparams; i++)
+        if (!strcmp(m->params[i]->name, name))
+            return m->params[i];
+    return NULL;
+}
+
+Test(tie, one_parameter_and_finite_differences_see_both_uses)
+{
+    struct autocast_policy pol = policy(DT_BF16);
+    struct built b;
+    build_ok(&b, TIED_GPT, 5, token_spec(5, 11), &pol, 3);
+    cr_assert_null(param_named(&b.m, "head/weight"), "the tied layer has no weight of its own");
+    struct param *wte = param_named(&b.m, "emb/wte");
+    cr_assert(wte && wte->tied && wte->decay, "emb/wte is tied and decays as a linear weight");
+    cr_assert_eq(wte->copy.dtype, DT_BF16, "the head reads a bf16 copy of the fp32 table");
+    cr_assert_eq(b.m.layers[3].nparams, 0);
+    built_free(&b);
+    model_gradients(TIED_GPT, 5, token_spec(5, 11), 3);
+    accumulation_doubles(TIED_GPT, 5, token_spec(5, 11), DT_FP32);
+    accumulation_doubles(TIED_GPT, 5, token_spec(5, 11), DT_BF16);
+}
+
+/* The tied model computes exactly what an untied one whose head holds a copy of the table computes, and the
+ * table's one gradient is the sum of the untied table's and head's, bit for bit. */
+static void tied_equals_untied(enum dtype lowp)
+{
+    struct layer_config untied[5];
+    memcpy(untied, TIED_GPT, sizeof untied);
+    untied[3].tie[0] = '\0';
+    struct data_spec spec = token_spec(5, 11);
+    struct autocast_policy pol = policy(lowp);
+    struct built t, u;
+    build_ok(&t, TIED_GPT, 5, spec, &pol, 3);
+    build_ok(&u, untied, 5, spec, &pol, 3);
+    cr_assert_eq(t.m.nparams + 1, u.m.nparams);
+    struct param *uw = param_named(&u.m, "emb/wte"), *uh = param_named(&u.m, "head/weight");
+    struct param *tw = param_named(&t.m, "emb/wte");
+    size_t n = uw->master.numel;
+    float *w = malloc(n * sizeof *w), *gu = malloc(n * sizeof *gu), *gh = malloc(n * sizeof *gh),
+          *gt = malloc(n * sizeof *gt);
+    tensor_to_host_f32(&uw->master, w);
+    tensor_from_host_f32(&uh->master, w);
+    model_refresh_copies(&u.m);
+    struct test_batch tb;
+    batch_fill(&tb, t.be, &spec, 3, 31);
+    struct step_ctx ct = train_ctx(&t, false), cu = train_ctx(&u, false);
+    cr_assert_eq(mean_loss(&t, &ct, &tb.b), mean_loss(&u, &cu, &tb.b), "the same loss, bit for bit");
+    model_backward(&t.m, &ct, &tb.b);
+    model_backward(&u.m, &cu, &tb.b);
+    tensor_to_host_f32(&uw->grad, gu);
+    tensor_to_host_f32(&uh->grad, gh);
+    tensor_to_host_f32(&tw->grad, gt);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(gt[i], gh[i] + gu[i], "emb/wte grad[%zu]: %g tied, %g + %g untied", i, gt[i], gh[i], gu[i]);
+    free(w);
+    free(gu);
+    free(gh);
+    free(gt);
+    batch_free(&tb);
+    built_free(&t);
+    built_free(&u);
+}
+
+Test(tie, the_gradient_is_the_sum_of_both_uses)
+{
+    tied_equals_untied(DT_FP32);
+    tied_equals_untied(DT_BF16);
+}
+
+Test(tie, errors_name_the_layer_and_the_tie)
+{
+    struct layer_config layers[5];
+    struct amp_error err;
+    memcpy(layers, TIED_GPT, sizeof layers);
+    snprintf(layers[3].tie, sizeof layers[3].tie, "emb/nope");
+    cr_assert_eq(try_build(layers, 5, token_spec(5, 11), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "model.layers[3] 'head' (linear): tie: emb/nope is not a parameter of an earlier layer");
+    snprintf(layers[3].tie, sizeof layers[3].tie, "emb/wpe");
+    cr_assert_eq(try_build(layers, 5, token_spec(5, 11), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "only an embedding's wte can be tied");
+    snprintf(layers[3].tie, sizeof layers[3].tie, "ln_f/weight");
+    cr_assert_eq(try_build(layers, 5, token_spec(5, 11), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "tie: ln_f/weight is a parameter of 'ln_f' (layernorm)");
+    memcpy(layers, TIED_GPT, sizeof layers);
+    layers[0].vocab = 12;
+    layers[3].out = 12;
+    layers[0].dim = 8;
+    layers[1].dim = 0;
+    cr_assert_eq(try_build(layers, 5, token_spec(5, 11), &err), AMP_ERR_CONFIG); /* out 12 vs the data's 11 */
+    memcpy(layers, TIED_GPT, sizeof layers);
+    layers[0].vocab = 12;
+    cr_assert_eq(try_build(layers, 5, token_spec(5, 11), &err), AMP_ERR_CONFIG);
+    assert_msg_has(err, "tie: emb/wte has shape (12, 8) but this layer's weight is (out 11, in 8)");
+}
+
+/* With accum_steps > 1 a tied table's micro-batch gradient (head + table) is summed apart and then added: one
+ * rank accumulating two micro-batches gives g1 + g2 bit for bit, the sum two ranks' all-reduce forms. */
+Test(tie, accumulation_adds_each_micro_batchs_sum)
+{
+    struct data_spec spec = token_spec(5, 11);
+    struct autocast_policy pol = policy(DT_BF16);
+    struct built b;
+    b.be = backend_cpu_create();
+    b.spec = spec;
+    b.pol = pol;
+    make_config(&b.cfg, TIED_GPT, 5, 5);
+    b.cfg.accum_steps = 2;
+    struct amp_error err = {0};
+    cr_assert_eq(model_build(&b.m, &b.cfg, &b.spec, b.be, &b.pol, 3, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(model_init(&b.m, &b.cfg, 1234, &err), AMP_OK);
+    struct param *wte = param_named(&b.m, "emb/wte");
+    cr_assert_not_null(wte->tied_grad.data);
+    size_t n = wte->grad.numel;
+    float *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2), *g = malloc(n * sizeof *g);
+    struct test_batch t1, t2;
+    batch_fill(&t1, b.be, &spec, 3, 41);
+    batch_fill(&t2, b.be, &spec, 3, 43);
+    struct step_ctx first = train_ctx(&b, false), more = train_ctx(&b, true);
+    model_forward(&b.m, &first, &t2.b);
+    model_backward(&b.m, &first, &t2.b);
+    tensor_to_host_f32(&wte->grad, g2);
+    model_forward(&b.m, &first, &t1.b);
+    model_backward(&b.m, &first, &t1.b);
+    tensor_to_host_f32(&wte->grad, g1);
+    model_forward(&b.m, &more, &t2.b);
+    model_backward(&b.m, &more, &t2.b);
+    tensor_to_host_f32(&wte->grad, g);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(g[i], g1[i] + g2[i], "emb/wte grad[%zu]: %g accumulated, %g + %g", i, g[i], g1[i], g2[i]);
+    free(g1);
+    free(g2);
+    free(g);
+    batch_free(&t1);
+    batch_free(&t2);
+    built_free(&b);
+}

@@ -5,6 +5,11 @@
  * Input: the bytes of a .safetensors file, as they are (the seeds in tests/fuzz/corpus/safetensors are small
  * exports and hand-written headers; tests/fuzz/safetensors.dict holds the format's tokens).
  *
+ * Every accepted file is then given to model.init_from (lib/init_from.h) of a tiny GPT-2 (lm_head tied), with the
+ * names (ampTrain, pytorch, hf-gpt2) and strictness drawn from the input's length: init_from_load must accept it
+ * or refuse it with AMP_ERR_CKPT naming the file (AMP_ERR_INTERNAL for memory), and after an accepted load every
+ * weight is finite. The seed hf_gpt2_tiny is that model's own hf-gpt2 export, so the fuzzer starts from a match.
+ *
  * Oracles (safetensors.h's contract): a refusal is AMP_ERR_CKPT with a message naming the file and a hint
  * (AMP_ERR_INTERNAL for memory) and leaves the file struct empty; an accepted file has F32/F16/BF16 tensors whose
  * byte counts are their shapes' products times the dtype size, whose data lie inside the data section and tile it
@@ -13,11 +18,17 @@
  */
 #define _GNU_SOURCE /* nftw, mkdtemp in fuzz_common.h */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "autocast.h"    /* autocast_default */
+#include "backend.h"     /* backend_cpu_create */
+#include "config.h"      /* config_parse_string: the tiny GPT-2 */
+#include "init_from.h"   /* init_from_load */
+#include "model.h"       /* model_build, model_init */
 #include "safetensors.h" /* safetensors_parse, safetensors_write, safetensors_read */
 
 #define FILE_NAME "fuzz.safetensors"
@@ -73,12 +84,60 @@ static void check_round_trip(const struct safetensors_file *f)
     safetensors_free(&g);
 }
 
+/* The model init_from loads into: embedding (vocab 16, dim 8, 4 positions), one block of 2 heads, ln_f, a tied
+ * head. Built once; each accepted input is loaded into it. */
+static const char tiny_gpt2[] =
+    "data: {format: tokens, train_bin: unused.bin, vocab: 16, seq_len: 4}\n"
+    "model:\n"
+    "  layers:\n"
+    "    - {kind: embedding, name: wte, vocab: 16, dim: 8, max_len: 4}\n"
+    "    - {kind: transformer_block, name: h0, heads: 2}\n"
+    "    - {kind: layernorm, name: ln_f}\n"
+    "    - {kind: linear, name: lm_head, out: 16, bias: false, tie: wte/wte}\n"
+    "    - {kind: cross_entropy}\n";
+static struct config tiny_cfg;
+static struct model tiny;
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     fuzz_scratch("safetensors");
+    struct amp_error err = {0};
+    FUZZ_REQUIRE(config_parse_string(&tiny_cfg, tiny_gpt2, sizeof tiny_gpt2 - 1, "tiny_gpt2", &err) == AMP_OK, "%s",
+                 err.msg);
+    struct backend *be = backend_cpu_create();
+    struct autocast_policy pol;
+    autocast_default(&pol, DT_FP32);
+    struct data_spec spec = {.sample_ndim = 1, .sample_shape = {4}, .is_tokens = true, .num_classes = 16};
+    FUZZ_REQUIRE(model_build(&tiny, &tiny_cfg, &spec, be, &pol, 1, &err) == AMP_OK, "%s", err.msg);
+    FUZZ_REQUIRE(model_init(&tiny, &tiny_cfg, 1, &err) == AMP_OK, "%s", err.msg);
     return 0;
+}
+
+static void check_init_from(const uint8_t *data, size_t size)
+{
+    const char *path = fuzz_path(FILE_NAME);
+    fuzz_write(path, data, size);
+    snprintf(tiny_cfg.model.init_from, sizeof tiny_cfg.model.init_from, "%s", path);
+    tiny_cfg.model.init_names = (enum weight_names)(size % 3);
+    tiny_cfg.model.init_strict = (size / 3) % 2 == 0;
+    struct amp_error err = {0};
+    enum amp_status st = init_from_load(&tiny, &tiny_cfg.model, NULL, &err);
+    FUZZ_NOTE("init_from (%s names, %s): %s", weight_names_names[tiny_cfg.model.init_names],
+              tiny_cfg.model.init_strict ? "strict" : "not strict", st == AMP_OK ? "loaded" : err.msg);
+    if (st != AMP_OK) {
+        FUZZ_ORACLE(st == AMP_ERR_CKPT || st == AMP_ERR_INTERNAL, "init_from status %d: %s", (int)st, err.msg);
+        FUZZ_ORACLE(strstr(err.msg, FILE_NAME) != NULL || st == AMP_ERR_INTERNAL, "unnamed file: %s", err.msg);
+        return;
+    }
+    for (int i = 0; i < tiny.nparams; i++) {
+        const struct tensor *t = &tiny.params[i]->master;
+        const float *v = t->data; /* CPU backend: host memory */
+        for (size_t k = 0; k < t->numel; k++)
+            FUZZ_ORACLE(isfinite(v[k]), "%s[%zu] = %g after an accepted init_from", tiny.params[i]->name, k,
+                        (double)v[k]);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -98,5 +157,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_accepted(&f);
     check_round_trip(&f);
     safetensors_free(&f);
+    check_init_from(data, size);
     return 0;
 }
