@@ -1218,6 +1218,7 @@ static enum amp_status load_trainer_from(const struct reader *r, const struct ck
     else
         t->scaler.skips_total = s.skips_total;
     sampler_seek(&t->sampler, epoch, cursor);
+    t->ckpt_world = info->world_size;
     t->step = info->step;
     t->samples_seen = info->samples_seen;
     return AMP_OK;

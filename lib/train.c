@@ -709,15 +709,14 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                    (long long)t.sampler.epoch,
                    t.step == t.total_steps ? "; it is the run's last step: nothing to train, only the final "
                                              "evaluation (raise run.steps to train further)" : "");
-        struct ckpt_info info;
-        if (st == AMP_OK && ckpt_verify(resume, &info, NULL) == AMP_OK && info.world_size != t.world)
+        if (st == AMP_OK && t.ckpt_world != t.world)
             printf("note: %s was written by %lld rank%s and resumes on %d: a step now takes %lld samples (batch %lld "
                    "x accum %lld x %d ranks) instead of %lld; to keep the step's batch, resume with accum_steps=K such "
                    "that K x %d = %lld x the old world size\n",
-                   resume, (long long)info.world_size, info.world_size == 1 ? "" : "s", t.world,
+                   resume, (long long)t.ckpt_world, t.ckpt_world == 1 ? "" : "s", t.world,
                    (long long)(cfg->data.batch_size * cfg->accum_steps * t.world), (long long)cfg->data.batch_size,
                    (long long)cfg->accum_steps, t.world,
-                   (long long)(cfg->data.batch_size * cfg->accum_steps * info.world_size), t.world,
+                   (long long)(cfg->data.batch_size * cfg->accum_steps * t.ckpt_world), t.world,
                    (long long)cfg->accum_steps);
     }
     st = comm_agree(comm, st, err);

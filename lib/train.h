@@ -98,6 +98,7 @@ struct trainer {
     /* When set (fp8, ampTrain numerics): the first micro-batch's fp8 casts raise these counters, 4 per fp8
      * tensor, the forward group's first (backend memory; backend.h fp8_cast_args) */
     int64_t *fp8_counts;
+    int64_t ckpt_world;          /* ckpt_load_trainer: the data-parallel ranks that wrote the checkpoint (0: none loaded) */
 };
 
 /* Open the backend, load data, build and initialise the model, optimizer, scaler and sampler. On
