@@ -265,7 +265,7 @@ Test(cli, a_second_signal_stops_at_once_and_the_previous_checkpoint_still_loads,
 /* scripts/gpu-check.sh is run only where a GPU is lent, rarely: its DRY mode (everything on the CPU, a
  * few steps a run) checks here that it still parses ampTrain's and PyTorch's output and fills every row
  * of its table. Needs /usr/bin/python3 with torch (scripts/install-deps.sh --test installs python3-torch). */
-Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 900)
+Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
 {
 #if defined(__SANITIZE_ADDRESS__)
     cr_skip_test("checked in the build without sanitizers: under ASan the script's 27 runs take over 5 minutes");
@@ -288,8 +288,8 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 900)
     const char *out = r.out;
     cr_assert(strstr(out, "rc 0\n"), "%s", out);
     cr_assert_null(strstr(out, "FAIL"), "%s", out);
-    /* 15 rows: 3 models x 4 modes and text_gpt768 x 3; every one with an ampTrain figure, and the 12
-     * with a PyTorch counterpart with one too ("-" marks a missing figure) */
+    /* 16 rows: 3 models x 4 modes, text_gpt768 x 3 and text_gpt768 in fp8; every one with an ampTrain figure, and
+     * the 12 with a PyTorch counterpart with one too ("-" marks a missing figure; fp16-static and fp8 have none) */
     int rows = 0, torch_rows = 0;
     for (const char *l = strstr(out, "\n| "); l; l = strstr(l + 1, "\n| ")) {
         char model[32], mode[32], amp_sps[64], torch_sps[64];
@@ -299,13 +299,15 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 900)
         rows++;
         cr_assert(amp_sps[0] >= '1' && amp_sps[0] <= '9', "%s %s: ampTrain figure '%s'\n%s", model, mode, amp_sps,
                   out);
-        if (strcmp(mode, "fp16-static") != 0) {
+        if (strcmp(mode, "fp16-static") != 0 && strcmp(mode, "fp8") != 0) {
             torch_rows++;
             cr_assert(torch_sps[0] >= '1' && torch_sps[0] <= '9', "%s %s: PyTorch figure '%s'\n%s", model, mode,
                       torch_sps, out);
         }
     }
-    cr_assert_eq(rows, 15, "%s", out);
+    cr_assert_eq(rows, 16, "%s", out);
     cr_assert_eq(torch_rows, 12, "%s", out);
+    cr_assert(strstr(out, "| text_gpt768 | fp8 | "), "%s", out);
     cr_assert(strstr(out, "Targets (text_gpt width 768): bf16 / fp32 = "), "%s", out);
+    cr_assert(strstr(out, "fp8 / bf16 = "), "%s", out);
 }
