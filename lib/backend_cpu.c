@@ -82,7 +82,7 @@ struct scratch {
     size_t cap; /* bytes */
 };
 
-/* Per-thread scratch of the threaded products: each worker packs its own panels. */
+/* Per-thread scratch of the threaded products: each worker packs its own rows of op(A). */
 enum worker_slot { WSCR_PACK_A, WSCR_COUNT };
 
 struct cpu_backend {
