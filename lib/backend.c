@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "threadpool.h" /* threadpool_available_cpus: run.threads auto */
+
 #ifdef AMP_HAVE_CUDA
 /* kernels/backend_cuda.cu: "NVIDIA H200, sm_90" into buf; 0, or -1 when the device cannot be queried. */
 int backend_cuda_describe(int device_index, char *buf, size_t len);
@@ -129,6 +131,13 @@ void backend_close(struct backend *be)
 {
     if (be)
         be->destroy(be);
+}
+
+enum amp_status backend_set_threads(struct backend *be, int threads, struct amp_error *err)
+{
+    if (!be->set_threads)
+        return AMP_OK;
+    return be->set_threads(be, threads > 0 ? threads : threadpool_available_cpus(), err);
 }
 
 void backend_describe_build(char *buf, size_t len)

@@ -266,6 +266,11 @@ struct backend {
     void (*adamw_update)(struct backend *be, const struct optim_update_args *a, int n);
     void (*sgd_update)(struct backend *be, const struct optim_update_args *a, int n);
 
+    /* The number of host threads the backend's ops may use (>= 1), set once by the engine after opening it
+     * (run.threads). NULL where the backend has none to set (CUDA). Results do not depend on it: the CPU
+     * backend splits work into chunks fixed by the problem size (docs/backend.md, "Threads"). */
+    enum amp_status (*set_threads)(struct backend *be, int threads, struct amp_error *err);
+
     /* first error recorded, AMP_OK when none; `err` filled */
     enum amp_status (*status)(struct backend *be, struct amp_error *err);
     void (*destroy)(struct backend *be);
@@ -281,6 +286,9 @@ enum amp_status backend_open(struct backend **out, const char *device, char *cho
 enum amp_status backend_open_rank(struct backend **out, const char *device, int local_rank, int local_world,
                                   char *chosen, size_t chosen_len, struct amp_error *err);
 void backend_close(struct backend *be);
+/* be->set_threads where the backend has it (a no-op otherwise): threads 0 means auto, the CPUs this process
+ * may run on (sched_getaffinity). */
+enum amp_status backend_set_threads(struct backend *be, int threads, struct amp_error *err);
 
 /* What the devices' libraries are at run time ("CUDA loaded: driver 13.0, runtime 13.0, cuBLASLt ..., cuDNN
  * ...; 1 GPU, GPU 0: NVIDIA H200, compute capability 9.0"), for --version. */

@@ -23,9 +23,14 @@
  *    a time (an image, an (n, c) plane, a row, a sequence), never a whole activation tensor, so a
  *    16-bit run's activations stay half the size of fp32's; only gemm_core widens whole operands. A failure to grow a slot is the one error this backend
  *    records (backend->status); the op that hit it leaves its outputs unwritten.
- *  - Everything runs on the calling thread in a fixed order, so results are bit-reproducible from run
- *    to run. OpenBLAS may use threads inside sgemm (OPENBLAS_NUM_THREADS): reproducible for a given
- *    thread count, but another count can change the last bits of a product.
+ *  - Threads (run.threads, set_threads): one persistent pthread pool (lib/threadpool.h) runs the matrix
+ *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout) and the
+ *    optimizer updates in chunks fixed by the problem size, never by the thread count. Each chunk writes
+ *    its own outputs in the order one thread would, and none of these ops reduces across chunks, so the
+ *    bits are the same for any thread count (docs/backend.md, "Threads"). Everything else runs on the
+ *    calling thread in a fixed order. OpenBLAS (the portable path) may use threads inside sgemm
+ *    (OPENBLAS_NUM_THREADS): reproducible for a given thread count, but another count can change the last
+ *    bits of a product.
  */
 #include "backend.h"
 
@@ -39,6 +44,7 @@
 #include "fp8.h"       /* fp8_scale_from_amax, fp8_amax_fold: the fp8 recipes' arithmetic */
 #include "gemm_avx512.h" /* gemm_avx512: fp32, fp16 and bf16 products with AVX-512 */
 #include "rng.h"       /* rng_uniform: dropout masks */
+#include "threadpool.h" /* parallel_for: the ops' chunks on the backend's threads */
 #include "sround.h"    /* bf16_round_stochastic: bf16 master weights and moments */
 #include "vecmath.h"   /* tanh_f32: GELU */
 
@@ -76,9 +82,15 @@ struct scratch {
     size_t cap; /* bytes */
 };
 
+/* Per-thread scratch of the threaded products: each worker packs its own rows of op(A). */
+enum worker_slot { WSCR_PACK_A, WSCR_COUNT };
+
 struct cpu_backend {
     struct backend base; /* first member: the table callers hold a pointer to */
     struct scratch scr[SCR_COUNT];
+    struct threadpool *pool;             /* NULL: one thread (the default until set_threads) */
+    struct scratch (*wscr)[WSCR_COUNT];  /* one row per thread of the pool, NULL with one thread */
+    void **wpack_a;                      /* each thread's packed rows of op(A): its wscr[w][WSCR_PACK_A].p */
     enum amp_status status; /* first failure, AMP_OK when none */
     struct amp_error err;
     bool gemm_avx512[DT_COUNT]; /* products of this input dtype go through gemm_avx512 (the CPU has the
@@ -99,9 +111,8 @@ static size_t round_up_64(size_t bytes)
 
 /* A slot's buffer of at least `bytes`; its contents are not kept when it grows. NULL (and the
  * backend's status set) when memory runs out. */
-static void *scratch_get(struct cpu_backend *cb, enum scratch_slot slot, size_t bytes)
+static void *scratch_grow(struct cpu_backend *cb, struct scratch *s, size_t bytes)
 {
-    struct scratch *s = &cb->scr[slot];
     if (bytes <= s->cap && s->p)
         return s->p;
     size_t cap = round_up_64((bytes ? bytes : 1) + bytes / 4);
@@ -117,6 +128,25 @@ static void *scratch_get(struct cpu_backend *cb, enum scratch_slot slot, size_t 
     s->p = p;
     s->cap = cap;
     return p;
+}
+
+static void *scratch_get(struct cpu_backend *cb, enum scratch_slot slot, size_t bytes)
+{
+    return scratch_grow(cb, &cb->scr[slot], bytes);
+}
+
+static int cpu_threads(const struct cpu_backend *cb)
+{
+    return threadpool_threads(cb->pool);
+}
+
+/* Elements per chunk of the elementwise ops and the optimizer: fixed (never from the thread count), a
+ * multiple of BLOCK, large enough that handing a chunk to a thread costs little next to computing it. */
+#define EW_CHUNK ((size_t)16 * BLOCK)
+
+static int64_t ew_chunks(size_t n)
+{
+    return (int64_t)((n + EW_CHUNK - 1) / EW_CHUNK);
 }
 
 /* ---- dtype helpers --------------------------------------------------------------------------- */
@@ -293,15 +323,32 @@ static const float *operand_f32(struct cpu_backend *cb, enum scratch_slot slot, 
     return p;
 }
 
+/* Products smaller than this many multiply-adds run on one thread: waking the pool costs more than it
+ * saves. (Threaded or not, a product has the same bits: gemm_avx512.h, gemm_avx512_threaded.) */
+#define GEMM_PAR_MACS ((int64_t)1 << 19)
+
 /* A and B of one dtype through gemm_avx512, same contract as gemm_core. The scratch is taken before C
- * is touched, so a failure to grow it leaves C unwritten. */
+ * is touched, so a failure to grow it leaves C unwritten. With several threads op(B) is packed into the
+ * one shared buffer and each thread packs its band of op(A)'s rows into its own (wscr). */
 static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                              struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
     struct gemm_avx512_scratch s;
     gemm_avx512_scratch_sizes(a.dt, m, n, k, &s);
-    void *pa = scratch_get(cb, SCR_GEMM_A, s.pack_a_bytes);
-    void *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
+    const int threads = cpu_threads(cb);
+    const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS && gemm_avx512_row_band(m) < m;
+    void *pa = NULL, *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
+    if (par) {
+        bool ok = true;
+        for (int w = 0; w < threads && ok; w++)
+            ok = (cb->wpack_a[w] = scratch_grow(cb, &cb->wscr[w][WSCR_PACK_A], s.pack_a_bytes)) != NULL;
+        if (!ok)
+            return;
+    } else {
+        pa = scratch_get(cb, SCR_GEMM_A, s.pack_a_bytes);
+    }
+    if (!pb || (!par && !pa))
+        return;
     float *partial = NULL;
     /* more than one k block: partial sums in C itself where that is fp32 and not read, else in scratch */
     if (s.partial_bytes && !(c.dt == DT_FP32 && beta == 0.0f && !bias)) {
@@ -309,12 +356,13 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
         if (!partial)
             return;
     }
-    if (!pa || !pb)
-        return;
     struct gemm_avx512_args g = { .in = a.dt, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
                                   .c_dt = c.dt, .ldc = c.ld, .bias = bias };
-    gemm_avx512(&g, pa, pb, partial);
+    if (par)
+        gemm_avx512_threaded(&g, cb->pool, cb->wpack_a, pb, partial);
+    else
+        gemm_avx512(&g, pa, pb, partial);
 }
 
 static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -612,13 +660,25 @@ HOT_LOOP static void act_grad_apply(enum act_kind kind, float *dx, const float *
     }
 }
 
-static void cpu_act_forward(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x)
+/* The elementwise ops run over element ranges [lo, hi): each element's result depends on that element
+ * alone, so the ranges (EW_CHUNK elements, a chunk each) may run on any threads in any order. */
+enum ew_op { EW_ACT, EW_ACT_GRAD, EW_ADD, EW_DROPOUT };
+
+struct ew_job {
+    enum ew_op op;
+    enum act_kind kind;     /* EW_ACT, EW_ACT_GRAD */
+    struct tensor *y;       /* the output: y, dx */
+    const struct tensor *x; /* the input: x, a; EW_ACT_GRAD: dy */
+    const struct tensor *x2;/* EW_ACT_GRAD: x; EW_ADD: b */
+    float p;                /* EW_DROPOUT */
+    struct rng_key key;     /* EW_DROPOUT */
+};
+
+static void act_forward_range(enum act_kind kind, struct tensor *y, const struct tensor *x, size_t lo, size_t hi)
 {
-    (void)be;
-    assert(y->numel == x->numel);
     float xb[BLOCK], yb[BLOCK];
-    for (size_t i = 0; i < x->numel; i += BLOCK) {
-        size_t c = x->numel - i < BLOCK ? x->numel - i : BLOCK;
+    for (size_t i = lo; i < hi; i += BLOCK) {
+        size_t c = hi - i < BLOCK ? hi - i : BLOCK;
         const float *xs = load_f32(x->data, x->dtype, i, c, xb);
         float *ys = out_f32(y->data, y->dtype, i, yb);
         act_apply(kind, ys, xs, c);
@@ -626,14 +686,12 @@ static void cpu_act_forward(struct backend *be, enum act_kind kind, struct tenso
     }
 }
 
-static void cpu_act_backward(struct backend *be, enum act_kind kind, struct tensor *dx, const struct tensor *dy,
-                             const struct tensor *x)
+static void act_backward_range(enum act_kind kind, struct tensor *dx, const struct tensor *dy, const struct tensor *x,
+                               size_t lo, size_t hi)
 {
-    (void)be;
-    assert(dx->numel == x->numel && dy->numel == x->numel);
     float xb[BLOCK], dyb[BLOCK], dxb[BLOCK];
-    for (size_t i = 0; i < x->numel; i += BLOCK) {
-        size_t c = x->numel - i < BLOCK ? x->numel - i : BLOCK;
+    for (size_t i = lo; i < hi; i += BLOCK) {
+        size_t c = hi - i < BLOCK ? hi - i : BLOCK;
         const float *xs = load_f32(x->data, x->dtype, i, c, xb);
         const float *dys = load_f32(dy->data, dy->dtype, i, c, dyb);
         float *dxs = out_f32(dx->data, dx->dtype, i, dxb);
@@ -642,13 +700,11 @@ static void cpu_act_backward(struct backend *be, enum act_kind kind, struct tens
     }
 }
 
-static void cpu_add(struct backend *be, struct tensor *y, const struct tensor *a, const struct tensor *b)
+static void add_range(struct tensor *y, const struct tensor *a, const struct tensor *b, size_t lo, size_t hi)
 {
-    (void)be;
-    assert(y->numel == a->numel && y->numel == b->numel);
     float ab[BLOCK], bb[BLOCK], yb[BLOCK];
-    for (size_t i = 0; i < y->numel; i += BLOCK) {
-        size_t c = y->numel - i < BLOCK ? y->numel - i : BLOCK;
+    for (size_t i = lo; i < hi; i += BLOCK) {
+        size_t c = hi - i < BLOCK ? hi - i : BLOCK;
         const float *as = load_f32(a->data, a->dtype, i, c, ab);
         const float *bs = load_f32(b->data, b->dtype, i, c, bb);
         float *ys = out_f32(y->data, y->dtype, i, yb);
@@ -656,6 +712,53 @@ static void cpu_add(struct backend *be, struct tensor *y, const struct tensor *a
             ys[j] = as[j] + bs[j];
         store_f32(y->data, y->dtype, i, c, ys);
     }
+}
+
+static void dropout_range(struct tensor *y, const struct tensor *x, float p, struct rng_key key, size_t lo, size_t hi);
+
+static void ew_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct ew_job *j = arg;
+    size_t lo = (size_t)chunk * EW_CHUNK, n = j->y->numel, hi = n - lo < EW_CHUNK ? n : lo + EW_CHUNK;
+    switch (j->op) {
+    case EW_ACT:
+        act_forward_range(j->kind, j->y, j->x, lo, hi);
+        break;
+    case EW_ACT_GRAD:
+        act_backward_range(j->kind, j->y, j->x, j->x2, lo, hi);
+        break;
+    case EW_ADD:
+        add_range(j->y, j->x, j->x2, lo, hi);
+        break;
+    case EW_DROPOUT:
+        dropout_range(j->y, j->x, j->p, j->key, lo, hi);
+        break;
+    }
+}
+
+static void ew_run(struct cpu_backend *cb, const struct ew_job *j)
+{
+    parallel_for(cb->pool, ew_chunks(j->y->numel), ew_chunk, (void *)j);
+}
+
+static void cpu_act_forward(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x)
+{
+    assert(y->numel == x->numel);
+    ew_run(cpu_of(be), &(struct ew_job){ .op = EW_ACT, .kind = kind, .y = y, .x = x });
+}
+
+static void cpu_act_backward(struct backend *be, enum act_kind kind, struct tensor *dx, const struct tensor *dy,
+                             const struct tensor *x)
+{
+    assert(dx->numel == x->numel && dy->numel == x->numel);
+    ew_run(cpu_of(be), &(struct ew_job){ .op = EW_ACT_GRAD, .kind = kind, .y = dx, .x = dy, .x2 = x });
+}
+
+static void cpu_add(struct backend *be, struct tensor *y, const struct tensor *a, const struct tensor *b)
+{
+    assert(y->numel == a->numel && y->numel == b->numel);
+    ew_run(cpu_of(be), &(struct ew_job){ .op = EW_ADD, .y = y, .x = a, .x2 = b });
 }
 
 /* Dropout masks. Element i of the tensor dropped under key (seed, stream, counter) draws
@@ -674,19 +777,13 @@ static uint64_t dropout_counter(struct rng_key key, size_t i)
     return (key.counter << 32) | (uint64_t)i;
 }
 
-static void dropout_apply(struct tensor *y, const struct tensor *x, float p, struct rng_key key)
+static void dropout_range(struct tensor *y, const struct tensor *x, float p, struct rng_key key, size_t lo, size_t hi)
 {
-    assert(y->numel == x->numel);
-    assert((uint64_t)x->numel <= 0x100000000ULL && key.stream < (1ULL << 44) && key.counter < (1ULL << 52));
-    if (p <= 0.0f) {
-        dtype_convert(y->data, y->dtype, x->data, x->dtype, x->numel);
-        return;
-    }
     float scale = 1.0f / (1.0f - p);
     uint64_t stream = dropout_stream(key);
     float xb[BLOCK], yb[BLOCK];
-    for (size_t i = 0; i < x->numel; i += BLOCK) {
-        size_t c = x->numel - i < BLOCK ? x->numel - i : BLOCK;
+    for (size_t i = lo; i < hi; i += BLOCK) {
+        size_t c = hi - i < BLOCK ? hi - i : BLOCK;
         const float *xs = load_f32(x->data, x->dtype, i, c, xb);
         float *ys = out_f32(y->data, y->dtype, i, yb);
         for (size_t j = 0; j < c; j++) {
@@ -697,18 +794,27 @@ static void dropout_apply(struct tensor *y, const struct tensor *x, float p, str
     }
 }
 
+static void dropout_apply(struct cpu_backend *cb, struct tensor *y, const struct tensor *x, float p, struct rng_key key)
+{
+    assert(y->numel == x->numel);
+    assert((uint64_t)x->numel <= 0x100000000ULL && key.stream < (1ULL << 44) && key.counter < (1ULL << 52));
+    if (p <= 0.0f) {
+        dtype_convert(y->data, y->dtype, x->data, x->dtype, x->numel);
+        return;
+    }
+    ew_run(cb, &(struct ew_job){ .op = EW_DROPOUT, .y = y, .x = x, .p = p, .key = key });
+}
+
 static void cpu_dropout_forward(struct backend *be, struct tensor *y, const struct tensor *x, float p,
                                 struct rng_key key)
 {
-    (void)be;
-    dropout_apply(y, x, p, key);
+    dropout_apply(cpu_of(be), y, x, p, key);
 }
 
 static void cpu_dropout_backward(struct backend *be, struct tensor *dx, const struct tensor *dy, float p,
                                  struct rng_key key)
 {
-    (void)be;
-    dropout_apply(dx, dy, p, key); /* the same mask and scale: d(x * mask)/dx = mask */
+    dropout_apply(cpu_of(be), dx, dy, p, key); /* the same mask and scale: d(x * mask)/dx = mask */
 }
 
 /* ---- convolution ----------------------------------------------------------------------------- */
@@ -1742,7 +1848,7 @@ HOT_LOOP static void optim_block_store(void *base, enum dtype dt, size_t off, si
  *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step.
  * bf16 weights or moments (precision.master_weights, optim.state_dtype) are widened exactly, updated by the
  * same arithmetic, and stored rounded once. */
-HOT_LOOP static void adamw_one(const struct optim_update_args *a)
+HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, size_t hi)
 {
     optim_check(a);
     assert(a->m && a->v);
@@ -1755,10 +1861,9 @@ HOT_LOOP static void adamw_one(const struct optim_update_args *a)
     float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
     float gm = sc->grad_mul, eps = a->eps;
     uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
-    size_t n = a->master->numel;
     float pbuf[BLOCK], mbuf[BLOCK], vbuf[BLOCK];
-    for (size_t off = 0; off < n; off += BLOCK) {
-        size_t c = n - off < BLOCK ? n - off : BLOCK;
+    for (size_t off = lo; off < hi; off += BLOCK) {
+        size_t c = hi - off < BLOCK ? hi - off : BLOCK;
         float *p = optim_block_load(a->master->data, pd, off, c, pbuf);
         float *m = optim_block_load(a->m->data, md, off, c, mbuf);
         float *v = optim_block_load(a->v->data, vd, off, c, vbuf);
@@ -1782,7 +1887,7 @@ HOT_LOOP static void adamw_one(const struct optim_update_args *a)
 
 /* torch.optim.SGD (dampening 0): g = grad*mul + wd*p; buf = first_step ? g : momentum*buf + g;
  * g = nesterov ? g + momentum*buf : buf; p -= lr*g. No momentum when a->m is NULL or momentum 0. */
-HOT_LOOP static void sgd_one(const struct optim_update_args *a)
+HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, size_t hi)
 {
     optim_check(a);
     const struct step_scalars *sc = a->sc;
@@ -1794,10 +1899,9 @@ HOT_LOOP static void sgd_one(const struct optim_update_args *a)
     float gm = sc->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -sc->lr;
     bool first_step = sc->first_step != 0;
     uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
-    size_t n = a->master->numel;
     float pbuf[BLOCK], bbuf[BLOCK];
-    for (size_t off = 0; off < n; off += BLOCK) {
-        size_t c = n - off < BLOCK ? n - off : BLOCK;
+    for (size_t off = lo; off < hi; off += BLOCK) {
+        size_t c = hi - off < BLOCK ? hi - off : BLOCK;
         float *pb = optim_block_load(p, pd, off, c, pbuf), *bb = buf ? optim_block_load(buf, bd, off, c, bbuf) : NULL;
         const float *gb = g + off;
         for (size_t i = 0; i < c; i++) {
@@ -1818,18 +1922,65 @@ HOT_LOOP static void sgd_one(const struct optim_update_args *a)
     }
 }
 
+/* The n parameters' updates as one list of chunks: parameter i's elements in EW_CHUNK ranges, chunk
+ * numbers running on from parameter to parameter (first[i] is parameter i's first). Every element is
+ * updated from its own values alone (stochastic rounding draws by element index, lib/sround.h), so the
+ * chunks may run on any threads. */
+struct optim_job {
+    const struct optim_update_args *a;
+    int n;
+    const int64_t *first; /* n + 1 */
+    bool adamw;
+};
+
+static void optim_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct optim_job *j = arg;
+    int lo = 0, hi = j->n; /* the parameter i with first[i] <= chunk < first[i + 1] */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (j->first[mid] <= chunk)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const struct optim_update_args *a = &j->a[lo];
+    size_t n = a->master->numel, off = (size_t)(chunk - j->first[lo]) * EW_CHUNK;
+    size_t end = n - off < EW_CHUNK ? n : off + EW_CHUNK;
+    if (j->adamw)
+        adamw_range(a, off, end);
+    else
+        sgd_range(a, off, end);
+}
+
+static void optim_run(struct cpu_backend *cb, const struct optim_update_args *a, int n, bool adamw)
+{
+    if (n <= 0)
+        return;
+    int64_t stack_first[65], *first = n < 65 ? stack_first : malloc(((size_t)n + 1) * sizeof *first);
+    if (!first) { /* out of memory for the chunk table: the same updates, one parameter at a time */
+        for (int i = 0; i < n; i++)
+            optim_run(cb, &a[i], 1, adamw);
+        return;
+    }
+    first[0] = 0;
+    for (int i = 0; i < n; i++)
+        first[i + 1] = first[i] + ew_chunks(a[i].master->numel);
+    struct optim_job job = { .a = a, .n = n, .first = first, .adamw = adamw };
+    parallel_for(cb->pool, first[n], optim_chunk, &job);
+    if (first != stack_first)
+        free(first);
+}
+
 static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a, int n)
 {
-    (void)be;
-    for (int i = 0; i < n; i++)
-        adamw_one(&a[i]);
+    optim_run(cpu_of(be), a, n, true);
 }
 
 static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a, int n)
 {
-    (void)be;
-    for (int i = 0; i < n; i++)
-        sgd_one(&a[i]);
+    optim_run(cpu_of(be), a, n, false);
 }
 
 /* ---- status and lifetime --------------------------------------------------------------------- */
@@ -1914,6 +2065,40 @@ static enum amp_status cpu_status(struct backend *be, struct amp_error *err)
     return cb->status;
 }
 
+static void free_workers(struct cpu_backend *cb)
+{
+    int threads = threadpool_threads(cb->pool);
+    threadpool_free(cb->pool);
+    if (cb->wscr)
+        for (int w = 0; w < threads; w++)
+            for (int i = 0; i < WSCR_COUNT; i++)
+                free(cb->wscr[w][i].p);
+    free(cb->wscr);
+    free(cb->wpack_a);
+    cb->pool = NULL;
+    cb->wscr = NULL;
+    cb->wpack_a = NULL;
+}
+
+/* The pool is made once (the engine calls this once, after backend_open); calling it again replaces it. */
+static enum amp_status cpu_set_threads(struct backend *be, int threads, struct amp_error *err)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert(threads >= 1);
+    free_workers(cb);
+    if (threads == 1)
+        return AMP_OK;
+    cb->pool = threadpool_create(threads);
+    cb->wscr = calloc((size_t)threads, sizeof *cb->wscr);
+    cb->wpack_a = calloc((size_t)threads, sizeof *cb->wpack_a);
+    if (!cb->pool || !cb->wscr || !cb->wpack_a) {
+        free_workers(cb);
+        return amp_fail(err, AMP_ERR_INTERNAL, "set run.threads lower (or 1)",
+                        "the CPU backend could not start %d threads", threads);
+    }
+    return AMP_OK;
+}
+
 static void cpu_destroy(struct backend *be)
 {
     struct cpu_backend *cb = cpu_of(be);
@@ -1921,6 +2106,7 @@ static void cpu_destroy(struct backend *be)
         return;
     for (int i = 0; i < SCR_COUNT; i++)
         free(cb->scr[i].p);
+    free_workers(cb);
     free(cb);
 }
 
@@ -1977,6 +2163,7 @@ struct backend *backend_cpu_create(void)
     be->fp8_update = cpu_fp8_update;
     be->adamw_update = cpu_adamw_update;
     be->sgd_update = cpu_sgd_update;
+    be->set_threads = cpu_set_threads;
     be->status = cpu_status;
     be->destroy = cpu_destroy;
     return be;

@@ -36,6 +36,7 @@
 #include <yaml.h>
 
 #include "dtype.h" /* double_to_text */
+#include "threadpool.h" /* threadpool_available_cpus: run.threads beyond the CPUs warns */
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MAX_CONFIG_BYTES ((size_t)16 << 20) /* a config larger than this is surely not a config */
@@ -176,6 +177,7 @@ struct section {
 #define IN_CC(a, b) .flags = F_MIN | F_MAX, .lo = (a), .hi = (b)
 
 static const char *check_device(const char *s);
+static const char *check_threads(const char *s);
 static const char *check_layer_name(const char *s);
 static const char *check_tie(const char *s);
 static const char *check_norm_type(double v);
@@ -186,6 +188,7 @@ static const struct field run_fields[] = {
     STR_(S, out_dir, "", .flags = F_NONEMPTY, .explicit_bit = X_OUT_DIR, .def_text = "runs/<name>"),
     U64_(S, seed, 1234),
     STR_(S, device, "auto", .check_str = check_device, .what = "auto, cpu, cuda or cuda:N"),
+    STR_(S, threads, "auto", .check_str = check_threads, .what = "auto or a number of threads, 1 to 1024"),
     INT_(S, steps, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "0: train for run.epochs"),
     INT_(S, epochs, 0, IN_CC(0, CFG_MAX_EPOCHS), .explicit_bit = X_EPOCHS, .def_text = "1 when run.steps is 0"),
     INT_(S, log_every, 50, GE(1)),
@@ -397,6 +400,22 @@ static const char *check_tie(const char *s)
     if (s[0] && (!slash || slash == s || !slash[1] || strchr(slash + 1, '/')))
         return "must name a parameter as LAYER/PARAM (e.g. emb/wte)";
     return NULL;
+}
+
+/* run.threads: "auto" or a decimal count in [1, CFG_MAX_THREADS] (no sign, no leading zero). */
+static const char *check_threads(const char *s)
+{
+    if (!strcmp(s, "auto"))
+        return NULL;
+    size_t n = strspn(s, "0123456789");
+    if (n > 0 && n <= 4 && s[n] == '\0' && s[0] != '0' && atoi(s) <= CFG_MAX_THREADS)
+        return NULL;
+    return "must be auto or a number of threads from 1 to 1024";
+}
+
+int config_threads(const struct run_config *run)
+{
+    return strcmp(run->threads, "auto") == 0 ? 0 : atoi(run->threads);
 }
 
 static const char *check_layer_name(const char *s)
@@ -2306,6 +2325,12 @@ int config_print_warnings(const struct config *cfg, FILE *out)
     bool static_key = ls->value != dl->value;
     const char *mode = precision_mode_name(cfg->precision.mode);
     int n = 0;
+    int threads = config_threads(&cfg->run), cpus = threadpool_available_cpus();
+    if (threads > cpus) {
+        fprintf(out, "ampTrain: warning: %s: run.threads is %d but this process may run on %d CPUs; the threads will "
+                "share them (results are the same, only slower)\n", cfg->source, threads, cpus);
+        n++;
+    }
     enum precision_mode eff = cfg->precision.mode; /* fp8's loss scale behaves as the fp16 mode it names */
     if (eff == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_STATIC)
         eff = PREC_FP16_STATIC;

@@ -26,6 +26,7 @@
 /* Bounds of the counts that the training loop multiplies (docs/config.md): with them, steps x accum x
  * ranks and batch x accum x ranks fit in int64; train.c checks the whole product once more. */
 #define CFG_MAX_STEPS 1000000000000.0 /* run.steps: 1e12 */
+#define CFG_MAX_THREADS 1024            /* run.threads */
 #define CFG_MAX_EPOCHS 1000000.0      /* run.epochs */
 #define CFG_MAX_ACCUM 65536.0         /* accum_steps */
 #define CFG_MAX_SIZE 16777216.0       /* data.batch_size, data.seq_len, layer widths, vocab, max_len: 2^24 */
@@ -98,6 +99,8 @@ struct run_config {
     char out_dir[CFG_STR];/* default "runs/<name>" */
     uint64_t seed;        /* default 1234 */
     char device[32];      /* "auto" (default) | "cpu" | "cuda" | "cuda:N" */
+    char threads[16];     /* "auto" (default: the CPUs this process may run on) | "1" .. "1024": the CPU backend's
+                           * threads (config_threads); results do not depend on it */
     int64_t steps;        /* optimizer steps; 0 = use epochs. Exactly one of steps/epochs is > 0 */
     int64_t epochs;       /* default 1 when steps is 0 */
     int64_t log_every;    /* default 50 */
@@ -261,6 +264,9 @@ enum amp_status config_finalize(struct config *cfg, struct amp_error *err);
 /* Settings that are valid but do nothing in this config (loss-scale keys in bf16, the dynamic keys in
  * fp16-static, ...): one "ampTrain: warning: ..." line each to `out`. Returns how many. */
 int config_print_warnings(const struct config *cfg, FILE *out);
+
+/* run.threads as a number: 0 for auto (the caller resolves it: threadpool_available_cpus), else 1 .. 1024. */
+int config_threads(const struct run_config *run);
 
 /* Print the resolved config as YAML that config_parse_string reads back to an equal config. */
 void config_print_yaml(const struct config *cfg, FILE *out);

@@ -34,6 +34,13 @@
  *     the last block it computes alpha * sum + beta * C_old (+ bias), in fp32, and stores fp32 or
  *     rounds once to C's 16-bit dtype (nearest-even, NaN quieted: bit for bit dtype.c's conversions).
  *
+ * Threads (gemm_avx512_threaded): for each (n block, k block) the panels of op(B) are packed once into
+ * one shared buffer (the panels shared out, each packed by one thread), then the rows of C are shared
+ * out in bands of whole MR-row panels, each thread packing its own rows of op(A) into its own buffer.
+ * The bands depend on m alone. No element's sum changes: the k blocks depend on k alone, each element
+ * is summed over them and within one over its steps in one order, whatever band, panel or tile it falls
+ * in (the microkernel's lanes are independent), so the bits are the single-threaded driver's.
+ *
  * Numerics: fp32 accumulation in an order fixed by the blocking (so results are bit-reproducible on
  * a given machine, whatever OPENBLAS_NUM_THREADS says), which differs from OpenBLAS's order. fp32 and
  * fp16 follow IEEE fp32 (MXCSR's default: subnormals kept). vdpbf16ps has a fixed DAZ/FTZ: bf16
@@ -41,6 +48,8 @@
  * flushed to zero, whatever MXCSR says. Training values are nowhere near that range.
  */
 #include "gemm_avx512.h"
+
+#include "threadpool.h" /* parallel_for: gemm_avx512_threaded */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AMP_GEMM_AVX512_X86 1
@@ -361,39 +370,104 @@ TARGET_AVX512 static void pack(enum dtype in, uint32_t *dst, const void *src, in
         pack_f32((float *)dst, src, in, ld, contig_k, l0, lines, p0, kc, w);
 }
 
+/* One (n block, k block) of the product for rows [r0, r1) of C, op(B)'s panels already packed in pb:
+ * op(A)'s rows packed MC at a time into pa, then every MR x NR tile and its epilogue. */
+TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t jc, int64_t nc, int64_t p0,
+                                     int64_t kcur, int64_t r0, int64_t r1, uint32_t *pa, const uint32_t *pb,
+                                     float *w, int64_t ldw)
+{
+    const int64_t k = g->k, steps = steps_of(g->in, kcur);
+    const bool first = p0 == 0, last = p0 + kcur >= k;
+    float tile[MR * NR] __attribute__((aligned(64)));
+    for (int64_t ic = r0; ic < r1; ic += MC) {
+        const int64_t mc = min64(MC, r1 - ic);
+        pack(g->in, pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, MR);
+        for (int64_t jr = 0; jr < nc; jr += NR) {
+            const uint32_t *bp = pb + (jr / NR) * steps * NR;
+            const int nr = (int)min64(NR, nc - jr);
+            for (int64_t ir = 0; ir < mc; ir += MR) {
+                const uint32_t *ap = pa + (ir / MR) * steps * MR;
+                if (g->in == DT_BF16)
+                    kernel_bf16(steps, ap, bp, tile);
+                else
+                    kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
+                epilogue(g, tile, ic + ir, jc + jr, (int)min64(MR, mc - ir), nr, first, last, w, ldw);
+            }
+        }
+    }
+}
+
+/* Where the partial sums of an unfinished k block go: `partial`, or C itself (gemm_avx512_scratch). */
+static float *partial_target(const struct gemm_avx512_args *g, float *partial, int64_t *ldw)
+{
+    *ldw = partial ? g->n : g->ldc;
+    return partial ? partial : (float *)g->c;
+}
+
 TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial)
 {
     const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, k);
-    uint32_t *pa = pack_a, *pb = pack_b;
-    float *w = partial;
-    int64_t ldw = n;
-    if (!w) { /* one k block, or C fp32 with beta 0 and no bias: partial sums in C itself */
-        w = (float *)g->c;
-        ldw = g->ldc;
-    }
-    float tile[MR * NR] __attribute__((aligned(64)));
+    int64_t ldw;
+    float *w = partial_target(g, partial, &ldw);
     for (int64_t jc = 0; jc < n; jc += NC) {
         const int64_t nc = min64(NC, n - jc);
         for (int64_t p0 = 0; p0 < k; p0 += kc) {
-            const int64_t kcur = min64(kc, k - p0), steps = steps_of(g->in, kcur);
-            const bool first = p0 == 0, last = p0 + kcur >= k;
-            pack(g->in, pb, g->b, g->ldb, g->tb, jc, nc, p0, kcur, NR);
-            for (int64_t ic = 0; ic < m; ic += MC) {
-                const int64_t mc = min64(MC, m - ic);
-                pack(g->in, pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, MR);
-                for (int64_t jr = 0; jr < nc; jr += NR) {
-                    const uint32_t *bp = pb + (jr / NR) * steps * NR;
-                    const int nr = (int)min64(NR, nc - jr);
-                    for (int64_t ir = 0; ir < mc; ir += MR) {
-                        const uint32_t *ap = pa + (ir / MR) * steps * MR;
-                        if (g->in == DT_BF16)
-                            kernel_bf16(steps, ap, bp, tile);
-                        else
-                            kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
-                        epilogue(g, tile, ic + ir, jc + jr, (int)min64(MR, mc - ir), nr, first, last, w, ldw);
-                    }
-                }
-            }
+            const int64_t kcur = min64(kc, k - p0);
+            pack(g->in, pack_b, g->b, g->ldb, g->tb, jc, nc, p0, kcur, NR);
+            block_rows(g, jc, nc, p0, kcur, 0, m, pack_a, pack_b, w, ldw);
+        }
+    }
+}
+
+/* ---- the threaded driver ----------------------------------------------------------------------------- */
+
+#define PANELS_PER_CHUNK 4 /* op(B) panels one thread packs at a time */
+
+struct par_block {
+    const struct gemm_avx512_args *g;
+    void *const *pack_a;
+    uint32_t *pb;
+    float *w;
+    int64_t ldw, jc, nc, p0, kcur, band;
+};
+
+TARGET_AVX512 static void pack_b_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct par_block *b = arg;
+    const int64_t steps = steps_of(b->g->in, b->kcur), j0 = chunk * PANELS_PER_CHUNK * NR;
+    const int64_t lines = min64(PANELS_PER_CHUNK * NR, b->nc - j0);
+    pack(b->g->in, b->pb + (j0 / NR) * steps * NR, b->g->b, b->g->ldb, b->g->tb, b->jc + j0, lines, b->p0, b->kcur,
+         NR);
+}
+
+TARGET_AVX512 static void rows_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct par_block *b = arg;
+    const int64_t r0 = chunk * b->band, r1 = min64(r0 + b->band, b->g->m);
+    block_rows(b->g, b->jc, b->nc, b->p0, b->kcur, r0, r1, b->pack_a[worker], b->pb, b->w, b->ldw);
+}
+
+int64_t gemm_avx512_row_band(int64_t m)
+{
+    int64_t panels = (m + MR - 1) / MR;
+    int64_t per = (panels + GEMM_AVX512_MAX_BANDS - 1) / GEMM_AVX512_MAX_BANDS;
+    return per * MR;
+}
+
+TARGET_AVX512 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool,
+                                        void *const *pack_a, void *pack_b, float *partial)
+{
+    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, k), band = gemm_avx512_row_band(m);
+    struct par_block b = { .g = g, .pack_a = pack_a, .pb = pack_b, .band = band };
+    b.w = partial_target(g, partial, &b.ldw);
+    for (b.jc = 0; b.jc < n; b.jc += NC) {
+        b.nc = min64(NC, n - b.jc);
+        const int64_t panels = (b.nc + NR - 1) / NR;
+        for (b.p0 = 0; b.p0 < k; b.p0 += kc) {
+            b.kcur = min64(kc, k - b.p0);
+            parallel_for(pool, (panels + PANELS_PER_CHUNK - 1) / PANELS_PER_CHUNK, pack_b_chunk, &b);
+            parallel_for(pool, (m + band - 1) / band, rows_chunk, &b);
         }
     }
 }
@@ -409,6 +483,17 @@ bool gemm_avx512_supported(enum dtype in)
 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial)
 {
     (void)g, (void)pack_a, (void)pack_b, (void)partial;
+}
+
+int64_t gemm_avx512_row_band(int64_t m)
+{
+    return m;
+}
+
+void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
+                          void *pack_b, float *partial)
+{
+    (void)g, (void)pool, (void)pack_a, (void)pack_b, (void)partial;
 }
 
 #endif

@@ -52,4 +52,14 @@ void gemm_avx512_scratch_sizes(enum dtype in, int64_t m, int64_t n, int64_t k, s
  * partial sums). Only call when gemm_avx512_supported(g->in). */
 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial);
 
+/* The same product on a thread pool (threadpool.h), with the same bits: op(B)'s panels packed once into
+ * the shared pack_b, the rows of C shared out in bands of gemm_avx512_row_band(m) rows (fixed by m, at
+ * most GEMM_AVX512_MAX_BANDS of them), each worker w packing its rows of op(A) into pack_a[w] (one buffer
+ * of pack_a_bytes per thread of the pool). */
+#define GEMM_AVX512_MAX_BANDS 32
+struct threadpool;
+int64_t gemm_avx512_row_band(int64_t m);
+void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
+                          void *pack_b, float *partial);
+
 #endif

@@ -264,6 +264,8 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if (st != AMP_OK)
         return st;
     printf("%s\n", chosen);
+    if ((st = backend_set_threads(t->be, config_threads(&cfg->run), err)) != AMP_OK)
+        return st;
     t->be->allow_tf32 = cfg->precision.tf32;
     if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
         return st;

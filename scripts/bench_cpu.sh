@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # CPU speed of ampTrain against PyTorch (Debian's python3-torch) on the fashion_mlp model: same shapes,
-# batch 128, AdamW, single-threaded (OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)), runs alternating
-# in one invocation so both see the same machine load. Prints samples/s of each and the ratio.
-#   scripts/bench_cpu.sh [STEPS=300] [ROUNDS=3] [MODES="fp32 bf16"]
+# batch 128, AdamW, THREADS threads each (ampTrain run.threads=N, torch.set_num_threads(N); OpenBLAS 1),
+# runs alternating in one invocation so both see the same machine load. Prints samples/s of each and the
+# ratio; with several THREADS, also ampTrain's speed-up over the first count (the rounds alternate the
+# counts too).
+#   scripts/bench_cpu.sh [STEPS=300] [ROUNDS=3] [MODES="fp32 bf16"] [THREADS="1"]   e.g. THREADS="1 2"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${STEPS:-300}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}
+steps=${STEPS:-300}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}; thread_counts=${THREADS:-1}
 bin=${AMP_BIN:-build/ampTrain}
 [ -x "$bin" ] || { echo "bench_cpu: $bin not built; run scripts/build.sh" >&2; exit 1; }
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null ||
@@ -22,20 +24,32 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 for mode in $modes; do
-  amp_total=0; torch_total=0; ratios=""
+  declare -A amp_total=() torch_total=() ratios=()
   for r in $(seq "$rounds"); do
-    out="$tmp/run-$mode-$r"
-    a=$("$bin" run configs/fashion_mlp.yaml "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu \
-          run.log_every=100000 "run.out_dir=$out" | sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
-    t=$(/usr/bin/python3 scripts/bench_mlp_torch.py "$steps" "$mode" | sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p')
-    [ -n "$a" ] && [ -n "$t" ] || { echo "bench_cpu: a run failed (ampTrain '$a', torch '$t')" >&2; exit 1; }
-    ratio=$(awk -v a="$a" -v b="$t" 'BEGIN{printf "%.3f", a/b}')
-    ratios="$ratios $ratio"
-    echo "round $r $mode: ampTrain $a samples/s, torch $t samples/s, ratio $ratio"
-    amp_total=$(awk -v a="$amp_total" -v b="$a" 'BEGIN{print a+b}')
-    torch_total=$(awk -v a="$torch_total" -v b="$t" 'BEGIN{print a+b}')
+    for th in $thread_counts; do
+      out="$tmp/run-$mode-$r-$th"
+      a=$("$bin" run configs/fashion_mlp.yaml "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu \
+            "run.threads=$th" run.log_every=100000 "run.out_dir=$out" | sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
+      t=$(/usr/bin/python3 scripts/bench_mlp_torch.py "$steps" "$mode" "$th" | sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p')
+      [ -n "$a" ] && [ -n "$t" ] || { echo "bench_cpu: a run failed (ampTrain '$a', torch '$t')" >&2; exit 1; }
+      ratio=$(awk -v a="$a" -v b="$t" 'BEGIN{printf "%.3f", a/b}')
+      ratios[$th]="${ratios[$th]:-} $ratio"
+      echo "round $r $mode, $th thread(s): ampTrain $a samples/s, torch $t samples/s, ratio $ratio"
+      amp_total[$th]=$(awk -v a="${amp_total[$th]:-0}" -v b="$a" 'BEGIN{print a+b}')
+      torch_total[$th]=$(awk -v a="${torch_total[$th]:-0}" -v b="$t" 'BEGIN{print a+b}')
+    done
   done
-  median=$(echo "$ratios" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
-  awk -v m="$mode" -v a="$amp_total" -v t="$torch_total" -v r="$rounds" -v s="$steps" -v med="$median" 'BEGIN{
-    printf "%s: ampTrain %.1f samples/s, PyTorch %.1f samples/s (means); median per-round ratio %.2fx (%d alternating rounds, %d steps, batch 128, 1 thread)\n", m, a/r, t/r, med, r, s}'
+  first=""
+  for th in $thread_counts; do
+    median=$(echo "${ratios[$th]}" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
+    awk -v m="$mode" -v a="${amp_total[$th]}" -v t="${torch_total[$th]}" -v r="$rounds" -v s="$steps" -v med="$median" -v th="$th" 'BEGIN{
+      printf "%s: ampTrain %.1f samples/s, PyTorch %.1f samples/s (means); median per-round ratio %.2fx (%d alternating rounds, %d steps, batch 128, %d thread(s))\n", m, a/r, t/r, med, r, s, th}'
+    if [ -z "$first" ]; then
+      first=$th
+    else
+      awk -v m="$mode" -v a="${amp_total[$th]}" -v b="${amp_total[$first]}" -v th="$th" -v f="$first" 'BEGIN{
+        printf "%s: ampTrain at %d threads is %.2fx ampTrain at %d (means)\n", m, th, a/b, f}'
+    fi
+  done
+  unset amp_total torch_total ratios
 done

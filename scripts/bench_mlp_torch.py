@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 steps, mode = int(sys.argv[1]), sys.argv[2]
-torch.set_num_threads(1)
+torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)  # bench_cpu.sh THREADS
 torch.manual_seed(1234)
 
 root = "/usr/share/datasets/fashion-mnist/"

@@ -1,0 +1,394 @@
+/*
+ * test_threads.c — the CPU backend's threads (run.threads, issue 16 item 2): results are bit-identical for
+ * any thread count.
+ *
+ *  - The pool (lib/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for
+ *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline.
+ *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
+ *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
+ *    block), the elementwise ops (every activation forward and backward, add, dropout) and the optimizer
+ *    updates (adamw, sgd with Nesterov momentum, bf16 weights and moments with stochastic rounding), at 2, 3
+ *    and 7 threads against 1: every output byte-identical.
+ *  - ampTrain end to end: fashion_mlp, fashion_cnn and text_gpt, short runs in the four precision modes
+ *    fp32, fp16-dynamic, bf16 and fp8, at run.threads 1, 2, 3 and 7: scale_log.csv (samples_per_s aside)
+ *    and every checkpoint tensor identical. And a resume on another thread count continues bit-exactly.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "ckpt_testlib.h" /* amp, scratch, assert_same_tensors, assert_same_logs, SMALL */
+
+#include <math.h>
+#include <stdatomic.h>
+
+#include "backend.h"    /* backend_cpu_create, set_threads, the op table */
+#include "testrand.h"   /* seed, urand */
+#include "threadpool.h" /* the pool under test */
+
+/* ---- the pool ------------------------------------------------------------------------------------- */
+
+struct count_job {
+    _Atomic int *runs; /* per chunk */
+    int threads;
+    _Atomic int bad_worker;
+    struct threadpool *pool;
+    _Atomic int nested;
+};
+
+static void count_chunk(void *arg, int64_t chunk, int worker)
+{
+    struct count_job *j = arg;
+    atomic_fetch_add(&j->runs[chunk], 1);
+    if (worker < 0 || worker >= j->threads)
+        atomic_store(&j->bad_worker, 1);
+}
+
+static void nested_inner(void *arg, int64_t chunk, int worker)
+{
+    (void)chunk;
+    struct count_job *j = arg;
+    if (worker != 0) /* inline on the thread that called it: worker 0 by the contract */
+        atomic_store(&j->bad_worker, 1);
+    atomic_fetch_add(&j->nested, 1);
+}
+
+static void nested_outer(void *arg, int64_t chunk, int worker)
+{
+    struct count_job *j = arg;
+    count_chunk(arg, chunk, worker);
+    parallel_for(j->pool, 3, nested_inner, arg);
+}
+
+Test(threads, pool_runs_every_chunk_once)
+{
+    const int counts[] = {1, 2, 3, 7};
+    const int64_t chunks[] = {0, 1, 2, 5, 1000};
+    for (int t = 0; t < 4; t++) {
+        struct threadpool *p = threadpool_create(counts[t]);
+        cr_assert_not_null(p);
+        cr_assert_eq(threadpool_threads(p), counts[t]);
+        for (int rep = 0; rep < 50; rep++) {
+            for (int c = 0; c < 5; c++) {
+                _Atomic int runs[1000];
+                for (int i = 0; i < 1000; i++)
+                    atomic_init(&runs[i], 0);
+                struct count_job j = { .runs = runs, .threads = counts[t] };
+                parallel_for(p, chunks[c], count_chunk, &j);
+                for (int64_t i = 0; i < 1000; i++)
+                    cr_assert_eq(atomic_load(&runs[i]), i < chunks[c] ? 1 : 0, "threads %d, %lld chunks: chunk %lld ran %d times",
+                                 counts[t], (long long)chunks[c], (long long)i, atomic_load(&runs[i]));
+                cr_assert_eq(atomic_load(&j.bad_worker), 0);
+            }
+        }
+        _Atomic int runs[10];
+        for (int i = 0; i < 10; i++)
+            atomic_init(&runs[i], 0);
+        struct count_job j = { .runs = runs, .threads = counts[t], .pool = p };
+        parallel_for(p, 10, nested_outer, &j);
+        cr_assert_eq(atomic_load(&j.nested), 30);
+        cr_assert_eq(atomic_load(&j.bad_worker), 0);
+        threadpool_free(p);
+    }
+    cr_assert_geq(threadpool_available_cpus(), 1);
+}
+
+/* ---- the ops at 1, 2, 3 and 7 threads --------------------------------------------------------------- */
+
+#define NBE 4
+static const int thread_counts[NBE] = {1, 2, 3, 7};
+static struct backend *bes[NBE];
+
+static void setup(void)
+{
+    for (int i = 0; i < NBE; i++) {
+        bes[i] = backend_cpu_create();
+        cr_assert_not_null(bes[i]);
+        struct amp_error err;
+        cr_assert_eq(bes[i]->set_threads(bes[i], thread_counts[i], &err), AMP_OK, "%s", err.msg);
+    }
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < NBE; i++)
+        backend_close(bes[i]);
+}
+
+TestSuite(ops, .init = setup, .fini = teardown);
+
+#define MAXT 128
+static struct tensor pool_t[MAXT];
+static int n_pool;
+
+static struct tensor *tens(enum dtype dt, size_t n)
+{
+    cr_assert_lt(n_pool, MAXT);
+    struct tensor *t = &pool_t[n_pool++];
+    int64_t shape = (int64_t)n;
+    struct amp_error err;
+    cr_assert_eq(tensor_alloc(t, bes[0], dt, 1, &shape, "test", &err), AMP_OK);
+    memset(t->data, 0xA5, tensor_bytes(t)); /* the same garbage in every copy */
+    return t;
+}
+
+static void free_all(void)
+{
+    while (n_pool > 0)
+        tensor_free(&pool_t[--n_pool]);
+}
+
+/* Random values in [lo, hi), stored in t's dtype. */
+static struct tensor *trand(enum dtype dt, size_t n, float lo, float hi)
+{
+    struct tensor *t = tens(dt, n);
+    float *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = lo + (hi - lo) * (float)urand();
+    tensor_from_host_f32(t, h);
+    free(h);
+    return t;
+}
+
+static struct tensor *tcopy(const struct tensor *src)
+{
+    struct tensor *t = tens(src->dtype, src->numel);
+    memcpy(t->data, src->data, tensor_bytes(src));
+    return t;
+}
+
+static void assert_same_bytes(const struct tensor *a, const struct tensor *b, const char *what, int threads)
+{
+    cr_assert_eq(tensor_bytes(a), tensor_bytes(b));
+    const unsigned char *x = a->data, *y = b->data;
+    for (size_t i = 0; i < tensor_bytes(a); i++)
+        cr_assert_eq(x[i], y[i], "%s: %d threads differ from 1 at byte %zu", what, threads, i);
+}
+
+struct gemm_case {
+    enum dtype in, out;
+    bool ta, tb, bias;
+    float beta;
+    int64_t m, n, k;
+};
+
+static void check_gemm(struct gemm_case c)
+{
+    struct tensor *a = trand(c.in, (size_t)(c.m * c.k), -1, 1), *b = trand(c.in, (size_t)(c.k * c.n), -1, 1);
+    struct tensor *bias = c.bias ? trand(DT_FP32, (size_t)c.n, -1, 1) : NULL;
+    struct tensor *c0 = trand(c.out, (size_t)(c.m * c.n), -1, 1), *outs[NBE];
+    for (int i = 0; i < NBE; i++) {
+        outs[i] = tcopy(c0); /* beta 1 reads it */
+        struct gemm_args g = { .a = a, .b = b, .c = outs[i], .bias = bias, .trans_a = c.ta, .trans_b = c.tb,
+                               .m = c.m, .n = c.n, .k = c.k, .alpha = 0.75f, .beta = c.beta, .batch = 1 };
+        bes[i]->gemm(bes[i], &g);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "gemm %s->%s %c%c m %lld n %lld k %lld beta %g%s", dtype_name(c.in),
+             dtype_name(c.out), c.ta ? 'T' : 'N', c.tb ? 'T' : 'N', (long long)c.m, (long long)c.n, (long long)c.k,
+             (double)c.beta, c.bias ? " bias" : "");
+    for (int i = 1; i < NBE; i++)
+        assert_same_bytes(outs[0], outs[i], what, thread_counts[i]);
+    free_all();
+}
+
+Test(ops, gemm_bit_identical_for_any_thread_count)
+{
+    seed(1601);
+    const enum dtype ins[] = {DT_FP32, DT_FP16, DT_BF16};
+    for (int d = 0; d < 3; d++) {
+        enum dtype in = ins[d];
+        /* rows not a multiple of 12, k over several k blocks (partial sums), both transposes */
+        check_gemm((struct gemm_case){ in, DT_FP32, false, false, false, 0.0f, 131, 200, 700 });
+        check_gemm((struct gemm_case){ in, DT_FP32, true, true, false, 1.0f, 250, 70, 530 });
+        check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 97, 130, 300 });
+        check_gemm((struct gemm_case){ in, in, true, false, false, 1.0f, 400, 33, 200 });
+        /* more columns than one n block (2048) */
+        check_gemm((struct gemm_case){ in, DT_FP32, false, false, true, 0.0f, 40, 2100, 64 });
+    }
+}
+
+/* Elementwise ops on a tensor of several chunks (and a ragged last one). */
+#define EW_N ((size_t)16 * 1024 * 7 + 333)
+
+Test(ops, elementwise_bit_identical_for_any_thread_count)
+{
+    seed(1602);
+    const enum dtype dts[] = {DT_FP32, DT_FP16, DT_BF16};
+    const enum act_kind kinds[] = {ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF};
+    for (int d = 0; d < 3; d++) {
+        struct tensor *x = trand(dts[d], EW_N, -25, 25), *dy = trand(dts[d], EW_N, -2, 2), *y[NBE];
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < NBE; i++) {
+                y[i] = tens(dts[d], EW_N);
+                bes[i]->act_forward(bes[i], kinds[k], y[i], x);
+            }
+            for (int i = 1; i < NBE; i++)
+                assert_same_bytes(y[0], y[i], "act_forward", thread_counts[i]);
+            for (int i = 0; i < NBE; i++)
+                bes[i]->act_backward(bes[i], kinds[k], y[i], dy, x);
+            for (int i = 1; i < NBE; i++)
+                assert_same_bytes(y[0], y[i], "act_backward", thread_counts[i]);
+        }
+        for (int i = 0; i < NBE; i++)
+            bes[i]->add(bes[i], y[i], x, dy);
+        for (int i = 1; i < NBE; i++)
+            assert_same_bytes(y[0], y[i], "add", thread_counts[i]);
+        struct rng_key key = { .seed = 7, .stream = 3, .counter = 11 };
+        for (int i = 0; i < NBE; i++)
+            bes[i]->dropout_forward(bes[i], y[i], x, 0.3f, key);
+        for (int i = 1; i < NBE; i++)
+            assert_same_bytes(y[0], y[i], "dropout_forward", thread_counts[i]);
+        free_all();
+    }
+}
+
+/* Three parameters (the middle one of many chunks) through adamw or sgd, two steps, at each thread count. */
+static void check_optim(bool adamw, enum dtype wdt, bool stochastic)
+{
+    const size_t sizes[3] = {1000, (size_t)16 * 1024 * 5 + 77, 16 * 1024};
+    struct tensor *p[NBE][3], *m[NBE][3], *v[NBE][3], *copy[NBE][3], *g[3];
+    for (int j = 0; j < 3; j++) {
+        g[j] = trand(DT_FP32, sizes[j], -100, 100);
+        struct tensor *p0 = trand(wdt, sizes[j], -1, 1), *m0 = trand(wdt, sizes[j], -0.1f, 0.1f);
+        struct tensor *v0 = trand(wdt, sizes[j], 0, 0.01f);
+        for (int i = 0; i < NBE; i++) {
+            p[i][j] = tcopy(p0);
+            m[i][j] = tcopy(m0);
+            v[i][j] = tcopy(v0);
+            copy[i][j] = tens(wdt == DT_FP32 ? DT_BF16 : DT_FP32, sizes[j]);
+        }
+    }
+    struct step_params sp = { .beta1 = 0.9f, .beta2 = 0.999f, .weight_decay = 0.1f };
+    struct step_scalars sc;
+    for (int64_t step = 1; step <= 2; step++) {
+        step_rule_scalars(&sc, &sp, 1e-2f, step, 1.0f / 512);
+        for (int i = 0; i < NBE; i++) {
+            struct optim_update_args a[3];
+            for (int j = 0; j < 3; j++)
+                a[j] = (struct optim_update_args){ .master = p[i][j], .grad = g[j], .m = m[i][j],
+                                                   .v = adamw ? v[i][j] : NULL, .copy = copy[i][j], .sc = &sc,
+                                                   .weight_decay = 0.1f, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8f,
+                                                   .momentum = 0.9f, .nesterov = true, .stochastic = stochastic,
+                                                   .sr_seed = 99, .sr_param = (uint32_t)j };
+            if (adamw)
+                bes[i]->adamw_update(bes[i], a, 3);
+            else
+                bes[i]->sgd_update(bes[i], a, 3);
+        }
+    }
+    for (int i = 1; i < NBE; i++)
+        for (int j = 0; j < 3; j++) {
+            assert_same_bytes(p[0][j], p[i][j], adamw ? "adamw weights" : "sgd weights", thread_counts[i]);
+            assert_same_bytes(m[0][j], m[i][j], adamw ? "adamw m" : "sgd momentum", thread_counts[i]);
+            assert_same_bytes(copy[0][j], copy[i][j], "the weights' copy", thread_counts[i]);
+            if (adamw)
+                assert_same_bytes(v[0][j], v[i][j], "adamw v", thread_counts[i]);
+        }
+    free_all();
+}
+
+Test(ops, optimizer_bit_identical_for_any_thread_count)
+{
+    seed(1603);
+    check_optim(true, DT_FP32, false);
+    check_optim(true, DT_BF16, true);
+    check_optim(false, DT_FP32, false);
+    check_optim(false, DT_BF16, true);
+}
+
+/* ---- ampTrain end to end ------------------------------------------------------------------------------- */
+
+static const char *const modes[] = {"fp32", "fp16-dynamic", "bf16", "fp8"};
+static const char *const run_threads[] = {"1", "2", "3", "7"};
+
+/* `config extra` for `steps` steps at run.threads 1, 2, 3 and 7 in one precision mode: identical logs and
+ * checkpoint tensors. */
+static void check_model(const char *config, const char *extra, int steps, const char *mode)
+{
+    make_scratch();
+    for (int i = 0; i < 4; i++) {
+        struct result r = amp("run %s %s precision.mode=%s run.steps=%d run.threads=%s run.out_dir=%s/t%s", config,
+                              extra, mode, steps, run_threads[i], scratch, run_threads[i]);
+        cr_assert_eq(r.code, 0, "%s %s threads %s:\n%s", config, mode, run_threads[i], r.out);
+    }
+    for (int i = 1; i < 4; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/t1/ckpt-%d.h5", scratch, steps);
+        snprintf(b, sizeof b, "%s/t%s/ckpt-%d.h5", scratch, run_threads[i], steps);
+        int n = assert_same_tensors(a, b);
+        cr_assert_geq(n, 4, "%s: only %d tensors compared", config, n);
+        snprintf(a, sizeof a, "%s/t1/scale_log.csv", scratch);
+        snprintf(b, sizeof b, "%s/t%s/scale_log.csv", scratch, run_threads[i]);
+        assert_same_logs(a, b);
+    }
+    remove_scratch();
+}
+
+/* fashion_mlp at its own width (512: the products and the elementwise ops span several chunks), with dropout */
+#define MLP "configs/fashion_mlp.yaml", "run.device=cpu run.log_every=1000 model.layers.4.kind=dropout", 4
+/* fashion_cnn narrowed, so that its evaluation on the 10000 test images stays short */
+#define CNN                                                                                                        \
+    "configs/fashion_cnn.yaml",                                                                                    \
+        "run.device=cpu run.log_every=1000 data.batch_size=32 model.layers.0.out=8 model.layers.4.out=8 "          \
+        "model.layers.9.out=32",                                                                                   \
+        3
+#define GPT                                                                                                        \
+    "configs/text_gpt.yaml",                                                                                       \
+        "run.device=cpu run.log_every=1000 run.eval_every=0 run.ckpt_every=0 data.batch_size=8 data.val_fraction=0.02", 3
+
+Test(threads, fashion_mlp_fp32, .timeout = 300) { check_model(MLP, modes[0]); }
+Test(threads, fashion_mlp_fp16_dynamic, .timeout = 300) { check_model(MLP, modes[1]); }
+Test(threads, fashion_mlp_bf16, .timeout = 300) { check_model(MLP, modes[2]); }
+Test(threads, fashion_mlp_fp8, .timeout = 300) { check_model(MLP, modes[3]); }
+Test(threads, fashion_cnn_fp32, .timeout = 300) { check_model(CNN, modes[0]); }
+Test(threads, fashion_cnn_fp16_dynamic, .timeout = 300) { check_model(CNN, modes[1]); }
+Test(threads, fashion_cnn_bf16, .timeout = 300) { check_model(CNN, modes[2]); }
+Test(threads, fashion_cnn_fp8, .timeout = 300) { check_model(CNN, modes[3]); }
+Test(threads, text_gpt_fp32, .timeout = 300) { check_model(GPT, modes[0]); }
+Test(threads, text_gpt_fp16_dynamic, .timeout = 300) { check_model(GPT, modes[1]); }
+Test(threads, text_gpt_bf16, .timeout = 300) { check_model(GPT, modes[2]); }
+Test(threads, text_gpt_fp8, .timeout = 300) { check_model(GPT, modes[3]); }
+
+/* No thread count is baked into a checkpoint: 3 steps on 3 threads, then resume on 2 threads to 6, equals 6
+ * steps straight on 1 thread. */
+Test(threads, resume_on_another_thread_count_is_bit_exact, .timeout = 300)
+{
+    make_scratch();
+    const char *extra = "run.device=cpu run.log_every=1000 precision.mode=fp16-dynamic "
+                        "precision.loss_scale.growth_interval=2";
+    struct result r = amp("run configs/fashion_mlp.yaml %s run.steps=6 run.threads=1 run.out_dir=%s/a", extra, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("run configs/fashion_mlp.yaml %s run.steps=3 run.threads=3 run.out_dir=%s/b", extra, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("resume %s/b/ckpt-3.h5 run.steps=6 run.threads=2", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/a/ckpt-6.h5", scratch);
+    snprintf(b, sizeof b, "%s/b/ckpt-6.h5", scratch);
+    assert_same_tensors(a, b);
+    snprintf(a, sizeof a, "%s/a/scale_log.csv", scratch);
+    snprintf(b, sizeof b, "%s/b/scale_log.csv", scratch);
+    assert_same_logs(a, b);
+    remove_scratch();
+}
+
+/* ---- the key ------------------------------------------------------------------------------------------ */
+
+Test(threads, bad_counts_are_refused_naming_the_key)
+{
+    const char *bad[] = {"0", "-1", "1025", "2x", "auto2", "01", "1.5", "99999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct result r = amp("check configs/fashion_mlp.yaml run.threads=%s", bad[i]);
+        cr_assert_eq(r.code, 2, "run.threads=%s: exit %d\n%s", bad[i], r.code, r.out);
+        cr_assert(strstr(r.out, "run.threads"), "run.threads=%s:\n%s", bad[i], r.out);
+        cr_assert(strstr(r.out, "1 to 1024"), "run.threads=%s:\n%s", bad[i], r.out);
+    }
+    const char *good[] = {"auto", "1", "7", "1024"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        struct result r = amp("check configs/fashion_mlp.yaml run.threads=%s", good[i]);
+        cr_assert_eq(r.code, 0, "run.threads=%s:\n%s", good[i], r.out);
+    }
+    /* more than the CPUs this process may run on: allowed, with a warning naming the key */
+    struct result r = amp("check configs/fashion_mlp.yaml run.threads=1024");
+    if (threadpool_available_cpus() < 1024)
+        cr_assert(strstr(r.out, "warning") && strstr(r.out, "run.threads is 1024"), "%s", r.out);
+}
