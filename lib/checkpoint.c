@@ -1108,22 +1108,22 @@ static enum amp_status load_fp8(const struct reader *r, struct model *m)
                                 .numel = (size_t)fg->n, .be = m->be };
         snprintf(name, sizeof name, "fp8/%s/scale", names[i]);
         st = read_tensor(r, name, &scale, POSITIVE_FINITE, m->be);
+        if (st == AMP_OK && !r->dry) { /* scale_inv with its scale, before anything else may be refused */
+            float *host = malloc((size_t)fg->n * sizeof *host);
+            if (!host)
+                return amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading the fp8 scales");
+            m->be->download(m->be, host, fg->scale, (size_t)fg->n * sizeof *host);
+            for (int j = 0; j < fg->n; j++)
+                host[j] = 1.0f / host[j];
+            m->be->upload(m->be, fg->scale_inv, host, (size_t)fg->n * sizeof *host);
+            free(host);
+        }
         if (st == AMP_OK && fg->history) {
             struct tensor h = { .data = fg->history, .dtype = DT_FP32, .ndim = 2, .shape = {m->fp8.len, fg->n, 1, 1},
                                 .numel = (size_t)m->fp8.len * (size_t)fg->n, .be = m->be };
             snprintf(name, sizeof name, "fp8/%s/amax_history", names[i]);
             st = read_tensor(r, name, &h, NONNEG_FINITE, m->be);
         }
-        if (st != AMP_OK || r->dry)
-            continue;
-        float *host = malloc((size_t)fg->n * sizeof *host);
-        if (!host)
-            return amp_fail(r->err, AMP_ERR_INTERNAL, NULL, "out of memory reading the fp8 scales");
-        m->be->download(m->be, host, fg->scale, (size_t)fg->n * sizeof *host);
-        for (int j = 0; j < fg->n; j++)
-            host[j] = 1.0f / host[j];
-        m->be->upload(m->be, fg->scale_inv, host, (size_t)fg->n * sizeof *host);
-        free(host);
     }
     return st;
 }

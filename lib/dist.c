@@ -64,15 +64,9 @@ static void *stage(struct dist *d, size_t bytes)
     return d->stage_buf;
 }
 
-void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt)
+/* buf (backend memory) reduced with `op` through a host copy: one download, the MPI all-reduce, one upload. */
+static void host_reduce(struct dist *d, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
-    d->reduces++;
-    if (!d->active)
-        return;
-    if (!d->stage) {
-        d->comm->reduce_sum(d->comm, buf, count, dt);
-        return;
-    }
     size_t bytes = count * (dt == COMM_F32 ? 4 : 8);
     void *h = stage(d, bytes);
     if (!h) { /* every rank must still call the collective: abort the job rather than hang it */
@@ -82,8 +76,20 @@ void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt
         return;
     }
     d->be->download(d->be, h, buf, bytes);
-    d->comm->host_allreduce(d->comm, h, count, dt, COMM_SUM);
+    d->comm->host_allreduce(d->comm, h, count, dt, op);
     d->be->upload(d->be, buf, h, bytes);
+}
+
+void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt)
+{
+    d->reduces++;
+    if (!d->active)
+        return;
+    if (!d->stage) {
+        d->comm->reduce_sum(d->comm, buf, count, dt);
+        return;
+    }
+    host_reduce(d, buf, count, dt, COMM_SUM);
 }
 
 void dist_reduce_max_f32(struct dist *d, float *buf, size_t count)
@@ -95,17 +101,7 @@ void dist_reduce_max_f32(struct dist *d, float *buf, size_t count)
         d->comm->host_allreduce(d->comm, buf, count, COMM_F32, COMM_MAX);
         return;
     }
-    size_t bytes = count * sizeof(float);
-    void *h = stage(d, bytes);
-    if (!h) {
-        fprintf(stderr, "[rank %d] ampTrain: error: out of memory staging %zu bytes for the all-reduce\n",
-                d->comm->rank, bytes);
-        d->comm->abort(d->comm, AMP_ERR_INTERNAL);
-        return;
-    }
-    d->be->download(d->be, h, buf, bytes);
-    d->comm->host_allreduce(d->comm, h, count, COMM_F32, COMM_MAX);
-    d->be->upload(d->be, buf, h, bytes);
+    host_reduce(d, buf, count, COMM_F32, COMM_MAX);
 }
 
 /* ---- agreeing on errors and signals -------------------------------------------------------------- */
