@@ -16,9 +16,9 @@
 #include "threadpool.h" /* threadpool_available_cpus: run.threads auto */
 
 #ifdef AMP_HAVE_CUDA
-/* kernels/backend_cuda.cu: "NVIDIA H200, sm_90" into buf; 0, or -1 when the device cannot be queried. */
+/* kernels/cuda/backend_cuda.cu: "NVIDIA H200, sm_90" into buf; 0, or -1 when the device cannot be queried. */
 int backend_cuda_describe(int device_index, char *buf, size_t len);
-/* kernels/backend_cuda.cu: the CUDA libraries loaded and the first GPU. */
+/* kernels/cuda/backend_cuda.cu: the CUDA libraries loaded and the first GPU. */
 void backend_cuda_versions(char *buf, size_t len);
 #endif
 

@@ -2,8 +2,8 @@
  * backend.h — the one seam between the engine and the device.
  *
  * A backend is a table of operations on tensors (tensor.h). Layers (models/), the optimizer and the
- * training loop call only these; the CPU backend (lib/backend_cpu.c) is the reference, the CUDA
- * backend (kernels/) implements the same table and must agree with it within per-dtype tolerances.
+ * training loop call only these; the CPU backend (kernels/cpu/backend_cpu.c) is the reference, the CUDA
+ * backend (kernels/cuda/) implements the same table and must agree with it within per-dtype tolerances.
  *
  * Dtype rules every operation follows (DESIGN.md section 3):
  *  - An op "runs in" the dtype of its output activation. It reads inputs of any dtype, computes in

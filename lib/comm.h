@@ -10,7 +10,7 @@
  *  - mpi (lib/comm_mpi.c, built where CMake finds MPI): every collective by MPI on host memory. The
  *    gradient reduce works on backend memory only where that is host memory (the CPU backend); the
  *    trainer stages through the host otherwise.
- *  - nccl (kernels/comm_nccl.c, built where CUDA and NCCL are found): the mpi communicator whose
+ *  - nccl (kernels/cuda/comm_nccl.cu, built where CUDA and NCCL are found): the mpi communicator whose
  *    `reduce_sum` is ncclAllReduce on the CUDA backend's stream, on device memory; the NCCL unique id
  *    goes to every rank by MPI_Bcast. Host collectives stay MPI's.
  *

@@ -1,6 +1,6 @@
 /*
  * threadpool.h — one persistent pool of worker threads and a parallel_for over fixed chunks, for the
- * CPU backend (lib/backend_cpu.c owns one pool, created once and joined at destroy).
+ * CPU backend (kernels/cpu/backend_cpu.c owns one pool, created once and joined at destroy).
  *
  * The rule that keeps results bit-identical for any thread count: a caller splits its work into
  * chunks fixed by the problem size alone, never by the number of threads. Each chunk computes its

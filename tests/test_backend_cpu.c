@@ -1,5 +1,5 @@
 /*
- * test_backend_cpu.c — the CPU backend (lib/backend_cpu.c) against independent naive implementations.
+ * test_backend_cpu.c — the CPU backend (kernels/cpu/backend_cpu.c) against independent naive implementations.
  *
  * Every operation is run on fresh random inputs from a seeded generator and compared with a naive
  * version written here in double (triple-loop GEMM, direct convolution, direct pooling, ...):
@@ -401,7 +401,7 @@ Test(backend_cpu, act_known_values)
 }
 
 /* GELU (tanh) over a dense sweep of [-12, 12] and special values, against the formula in double:
- * the backend's own tanh (lib/backend_cpu.c, tanh_f32) must be as good as libm's. Bound per element:
+ * the backend's own tanh (kernels/cpu/backend_cpu.c, tanh_f32) must be as good as libm's. Bound per element:
  * 0.5 |x| (4 ulp of 1) for tanh and the 1 + t, plus 2 ulp of the result. */
 Test(backend_cpu, gelu_tanh_dense_sweep)
 {

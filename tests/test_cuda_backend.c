@@ -1,5 +1,5 @@
 /*
- * test_cuda_backend.c — every op of the CUDA backend (kernels/) against the CPU reference backend, the
+ * test_cuda_backend.c — every op of the CUDA backend (kernels/cuda/) against the CPU reference backend, the
  * device selection of backend_open, and fashion_mlp training on the GPU against the CPU.
  *
  * Each op test draws fresh seeded inputs, runs the op on both backends with the same bits (16-bit
@@ -620,7 +620,7 @@ Test(cuda_backend, dropout_masks_match_bit_for_bit, .init = open_both, .fini = c
 /* ---- convolution and pooling -------------------------------------------------------------------- */
 
 /* dw's tolerance for a reduction of length k = n * h_out * w_out. fp32 x and dy: cuDNN's FMA sums,
- * 2^-22 sqrt(k). 16-bit x and dy: TF32 tensor cores on exact fp32 copies (kernels/conv_cudnn.cu), so
+ * 2^-22 sqrt(k). 16-bit x and dy: TF32 tensor cores on exact fp32 copies (kernels/cuda/conv_cudnn.cu), so
  * every product is exact, but the tensor cores' FP32 accumulator may truncate instead of rounding,
  * once per 8-product MMA step (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor
  * cores", PeerJ CS 2021): at worst 2^-23 k / 8. Never tighter than 1e-5, never looser than the
@@ -675,7 +675,7 @@ Test(cuda_backend, conv2d, .init = open_both, .fini = close_both)
 }
 
 /* The weight and bias gradients alone, beta 0 (dw, db poisoned: cuDNN and the channel sums must not
- * read them) or 1, on shapes whose channel sums span several chunks of 4096 (kernels/norm.cu). */
+ * read them) or 1, on shapes whose channel sums span several chunks of 4096 (kernels/cuda/norm.cu). */
 static void conv_filter_case(enum dtype dt, struct conv_args a, float beta)
 {
     a.h_out = (a.h_in + 2 * a.padding - a.kernel) / a.stride + 1;
@@ -798,7 +798,7 @@ static void expect_in(const struct pair *p, double tol, const char *what, const 
     pair_expect(p, tol, full);
 }
 
-/* Batchnorm on shapes whose channel sums span many chunks of 4096 (kernels/norm.cu), or many channels
+/* Batchnorm on shapes whose channel sums span many chunks of 4096 (kernels/cuda/norm.cu), or many channels
  * (more than a grid's 65535 rows), with beta 0 (dgamma, dbeta poisoned) and 1. */
 static void batchnorm_case(enum dtype dt, int64_t n, int64_t c, int64_t h, int64_t w, bool training, float beta)
 {

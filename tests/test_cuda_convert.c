@@ -1,6 +1,6 @@
 /*
- * test_cuda_convert.c — the GPU conversion kernels (kernels/convert.cu) against the portable CPU path
- * (lib/dtype.c), and the check macros of kernels/cuda_check.h.
+ * test_cuda_convert.c — the GPU conversion kernels (kernels/cuda/convert.cu) against the portable CPU path
+ * (lib/dtype.c), and the check macros of kernels/cuda/cuda_check.h.
  *
  * On a machine with a CUDA device: 10 M fresh seeded fp32 values plus the edge cases go through
  * cuda_convert to fp16 and bf16, and all 65,536 fp16 and bf16 patterns go back to fp32 and across to
@@ -275,7 +275,7 @@ Test(cuda_convert, check_macros_fill_the_error_and_return_internal)
 Test(cuda_convert, needs_the_cuda_backend)
 {
     cr_skip_test("the CUDA backend is not built (no nvcc or cuDNN found, or -DAMP_CUDA=OFF): "
-                 "kernels/convert.cu was not tested");
+                 "kernels/cuda/convert.cu was not tested");
 }
 
 #endif

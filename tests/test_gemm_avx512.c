@@ -1,6 +1,6 @@
 /*
  * test_gemm_avx512.c — GEMM on the CPU backend for fp32, fp16 and bf16 inputs: the AVX-512 path
- * (lib/gemm_avx512.c) and the portable path (cblas_sgemm, 16-bit operands widened first; forced by
+ * (kernels/cpu/gemm_avx512.c) and the portable path (cblas_sgemm, 16-bit operands widened first; forced by
  * AMP_GEMM_PORTABLE=1), each against a naive double reference on fresh random inputs, against each
  * other, and for determinism; and how each treats subnormals.
  *

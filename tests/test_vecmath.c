@@ -1,5 +1,5 @@
 /*
- * test_vecmath.c — lib/vecmath.h against double-precision libm: tanh_f32 within 2 ulp over a dense
+ * test_vecmath.c — kernels/cpu/vecmath.h against double-precision libm: tanh_f32 within 2 ulp over a dense
  * sweep of fp32 bit patterns (every 61st pattern from 0 to 12, both signs: about 36 million inputs,
  * both branches and the switch points 0.55 and 10), and its special values.
  */

@@ -1,7 +1,7 @@
 /*
  * elementwise.cu — activations, residual add, dropout, pooling, embeddings and bias sums on the GPU.
  *
- * Each kernel is the CPU reference (lib/backend_cpu.c) with its loop body moved to one thread: inputs
+ * Each kernel is the CPU reference (kernels/cpu/backend_cpu.c) with its loop body moved to one thread: inputs
  * read as fp32 via load_elem, the same fp32 formula, one rounding on store. Grid-stride loops cover any
  * size. Nothing here uses floating-point atomics:
  *  - bias_grad: column sums in two passes (double partials per row chunk, then a fixed-order sum).
@@ -366,7 +366,7 @@ static void dropout_apply(struct cuda_backend *cb, struct tensor *y, const struc
         return;
     }
     if ((uint64_t)x->numel > 0x100000000ULL || key.stream >= (1ULL << 44) || key.counter >= (1ULL << 52)) {
-        cuda_record(cb, "this is a bug in the caller (see dropout_apply in lib/backend_cpu.c)",
+        cuda_record(cb, "this is a bug in the caller (see dropout_apply in kernels/cpu/backend_cpu.c)",
                     "dropout: tensor of %zu elements or key (stream %llu, counter %llu) out of the mask's range",
                     x->numel, (unsigned long long)key.stream, (unsigned long long)key.counter);
         return;
