@@ -6,6 +6,11 @@
  * "auto" with the CPU. A CUDA build (AMP_HAVE_CUDA) gives "auto" the first GPU when the driver reports
  * one ("device: cuda:0 (NVIDIA H200, sm_90)"), else the CPU ("device: cpu (no CUDA device found)");
  * "cuda" / "cuda:N" without that device is a configuration error.
+ *
+ * The CUDA backend is a module (lib/device_module.h), loaded here on first use: only where the NVIDIA
+ * driver is installed, so a CPU run never maps cuBLASLt, cuDNN or NCCL. Where the driver is present
+ * but the module cannot be loaded, "auto" says why on its "device: cpu (...)" line and "cuda" is a
+ * configuration error carrying the loader's message.
  */
 #include "backend.h"
 
@@ -13,14 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "threadpool.h" /* threadpool_available_cpus: run.threads auto */
-
-#ifdef AMP_HAVE_CUDA
-/* kernels/cuda/backend_cuda.cu: "NVIDIA H200, sm_90" into buf; 0, or -1 when the device cannot be queried. */
-int backend_cuda_describe(int device_index, char *buf, size_t len);
-/* kernels/cuda/backend_cuda.cu: the CUDA libraries loaded and the first GPU. */
-void backend_cuda_versions(char *buf, size_t len);
-#endif
+#include "device_module.h" /* the CUDA backend, a module loaded on first use */
+#include "threadpool.h"    /* threadpool_available_cpus: run.threads auto */
 
 /* Parse run.device. Returns 0 and sets *is_auto / *cuda_index (-1 for the CPU), or -1 when the string
  * is none of the accepted forms. */
@@ -81,7 +80,14 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
     if (cuda_index < 0 && !is_auto)
         return open_cpu(out, "", chosen, chosen_len, err);
 #ifdef AMP_HAVE_CUDA
-    int count = backend_cuda_device_count();
+    /* Without the NVIDIA driver there is no device: the CUDA module (and its libraries) is not loaded. */
+    char why[768];
+    const struct device_module *m = NULL;
+    if (device_module_driver_present())
+        m = device_module_cuda(why, sizeof why);
+    else
+        snprintf(why, sizeof why, "the NVIDIA driver (libcuda.so.1) is not installed");
+    int count = m ? m->device_count() : 0;
     /* data parallel: one GPU per rank, the node-local rank's ("cuda" parses as cuda:0) */
     bool any_gpu = is_auto || (strcmp(dev, "cuda") == 0);
     if (local_world > 1 && !any_gpu && count > 0)
@@ -94,12 +100,21 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
                         "ppr:GPUS:node), or set run.device: cpu",
                         "%d ranks on this host but only %d CUDA device%s", local_world, count, count == 1 ? "" : "s");
     if (is_auto) {
+        if (count <= 0 && !m && device_module_driver_present()) {
+            char note[900];
+            snprintf(note, sizeof note, " (%s)", why);
+            return open_cpu(out, note, chosen, chosen_len, err);
+        }
         if (count <= 0)
             return open_cpu(out, " (no CUDA device found)", chosen, chosen_len, err);
         cuda_index = local_rank;
     } else if (any_gpu && count > 0) {
         cuda_index = local_rank;
     } else if (cuda_index >= count) {
+        if (count <= 0 && !m)
+            return amp_fail(err, AMP_ERR_CONFIG,
+                            "set run.device: cpu or auto, or install the NVIDIA driver and check nvidia-smi",
+                            "run.device is '%s' but no CUDA device can be used: %s", dev, why);
         if (count <= 0)
             return amp_fail(err, AMP_ERR_CONFIG,
                             "set run.device: cpu or auto, or check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES",
@@ -108,12 +123,12 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
                         "run.device is '%s' but only %d CUDA device%s found", dev, count,
                         count == 1 ? " was" : "s were");
     }
-    enum amp_status s = backend_cuda_create(out, cuda_index, err);
+    enum amp_status s = m->backend_create(out, cuda_index, err);
     if (s != AMP_OK)
         return s;
     if (chosen && chosen_len) {
         char what[256];
-        if (backend_cuda_describe(cuda_index, what, sizeof what) != 0)
+        if (m->describe(cuda_index, what, sizeof what) != 0)
             snprintf(what, sizeof what, "unknown GPU");
         snprintf(chosen, chosen_len, "device: cuda:%d (%s)", cuda_index, what);
     }
@@ -143,8 +158,19 @@ enum amp_status backend_set_threads(struct backend *be, int threads, struct amp_
 void backend_describe_build(char *buf, size_t len)
 {
 #ifdef AMP_HAVE_CUDA
-    backend_cuda_versions(buf, len);
+    char why[768];
+    const struct device_module *m = device_module_cuda(why, sizeof why);
+    if (m)
+        m->versions(buf, len);
+    else
+        snprintf(buf, len, "CUDA: not loaded (%s)", why);
 #else
     snprintf(buf, len, "CUDA: not built");
 #endif
+}
+
+int backend_cuda_device_count(void)
+{
+    const struct device_module *m = device_module_driver_present() ? device_module_cuda(NULL, 0) : NULL;
+    return m ? m->device_count() : 0;
 }

@@ -294,11 +294,12 @@ enum amp_status backend_set_threads(struct backend *be, int threads, struct amp_
  * ...; 1 GPU, GPU 0: NVIDIA H200, compute capability 9.0"), for --version. */
 void backend_describe_build(char *buf, size_t len);
 
-/* Constructors, used by backend_open and by tests that compare backends. */
+/* The CPU backend's constructor, used by backend_open and by tests that compare backends. (The CUDA
+ * backend is reached through backend_open only: it lives in a module loaded on first use,
+ * lib/device_module.h.) */
 struct backend *backend_cpu_create(void);
-#ifdef AMP_HAVE_CUDA
-enum amp_status backend_cuda_create(struct backend **out, int device_index, struct amp_error *err);
+/* The CUDA devices there are: 0 in a CPU-only build, without the NVIDIA driver (libcuda.so.1), or when
+ * the CUDA backend's module cannot be loaded. Loads the module where the driver is present. */
 int backend_cuda_device_count(void);
-#endif
 
 #endif

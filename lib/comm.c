@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_module.h" /* the NCCL communicator, in the CUDA backend module */
+
 static void single_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
 {
     (void)c, (void)buf, (void)count, (void)dt;
@@ -106,26 +108,42 @@ const char *comm_mpi_version(void)
 }
 #endif
 
-#ifndef AMP_HAVE_NCCL
+/* NCCL lives in the CUDA backend's module (lib/device_module.h, kernels/cuda/comm_nccl.cu): these reach it
+ * through the module's table once backend_open has loaded it for a CUDA device. */
 const char *comm_nccl_version(void)
 {
+    const struct device_module *m = device_module_cuda_loaded();
+    if (m && m->nccl_version)
+        return m->nccl_version();
+#ifdef AMP_HAVE_NCCL
+    return "NCCL: built (in the CUDA backend module, not loaded)";
+#else
     return "NCCL: not built (needs the CUDA backend, MPI and nccl.h)";
+#endif
 }
 
 bool comm_have_nccl(void)
 {
-    return false;
+    const struct device_module *m = device_module_cuda_loaded();
+#ifdef AMP_HAVE_NCCL
+    return !m || m->use_nccl; /* built with it; a loaded module answers for itself */
+#else
+    return m && m->use_nccl;
+#endif
 }
 
 void comm_release_nccl(struct comm *c)
 {
-    (void)c;
+    const struct device_module *m = device_module_cuda_loaded();
+    if (m && m->release_nccl)
+        m->release_nccl(c);
 }
 
 enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err)
 {
-    (void)c, (void)be;
+    const struct device_module *m = device_module_cuda_loaded();
+    if (m && m->use_nccl)
+        return m->use_nccl(c, be, err);
     return amp_fail(err, AMP_ERR_CONFIG, "set dist.backend: mpi (or auto), or rebuild where CUDA, MPI and NCCL are found",
                     "dist.backend is nccl, but this ampTrain was built without NCCL (ampTrain --version)");
 }
-#endif

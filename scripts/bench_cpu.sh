@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# CPU speed of ampTrain against PyTorch (Debian's python3-torch) on the fashion_mlp model: same shapes,
-# batch 128, AdamW, THREADS threads each (ampTrain run.threads=N, torch.set_num_threads(N); OpenBLAS 1),
-# runs alternating in one invocation so both see the same machine load. Prints samples/s of each and the
-# ratio; with several THREADS, also ampTrain's speed-up over the first count (the rounds alternate the
-# counts too).
-#   scripts/bench_cpu.sh [STEPS=300] [ROUNDS=3] [MODES="fp32 bf16"] [THREADS="1"]   e.g. THREADS="1 2"
+# CPU speed of ampTrain against PyTorch (Debian's python3-torch) on the reference models: the same model, data,
+# batch and optimizer (scripts/bench_torch_models.py builds each as its config does), THREADS threads each
+# (ampTrain run.threads=N, torch.set_num_threads(N); OpenBLAS 1), runs alternating in one invocation so both
+# see the same machine load. Prints samples/s of each and the ratio; with several THREADS, also ampTrain's
+# speed-up over the first count (the rounds alternate the counts too).
+#   scripts/bench_cpu.sh [MODELS="mlp cnn gpt"] [STEPS] [ROUNDS=3] [MODES="fp32 bf16"] [THREADS="1"]
+#     MODELS: mlp (configs/fashion_mlp.yaml), cnn (configs/fashion_cnn.yaml), gpt (configs/text_gpt.yaml)
+#     STEPS: per model by default (mlp 300, cnn 40, gpt 60); a value applies to every model
+#   e.g. MODELS=mlp THREADS="1 2" scripts/bench_cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${STEPS:-300}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}; thread_counts=${THREADS:-1}
+models=${MODELS:-mlp cnn gpt}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}; thread_counts=${THREADS:-1}
 bin=${AMP_BIN:-build/ampTrain}
 [ -x "$bin" ] || { echo "bench_cpu: $bin not built; run scripts/build.sh" >&2; exit 1; }
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null ||
@@ -19,37 +22,50 @@ core=$(/usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").o
 f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 has() { case " $flags " in *" $1 "*) echo yes ;; *) echo no ;; esac; }
-echo "bench_cpu: OpenBLAS core $core (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}"
+echo "bench_cpu: OpenBLAS core $core (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}; $(nproc) CPUs"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-for mode in $modes; do
-  declare -A amp_total=() torch_total=() ratios=()
-  for r in $(seq "$rounds"); do
-    for th in $thread_counts; do
-      out="$tmp/run-$mode-$r-$th"
-      a=$("$bin" run configs/fashion_mlp.yaml "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu \
-            "run.threads=$th" run.log_every=100000 "run.out_dir=$out" | sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
-      t=$(/usr/bin/python3 scripts/bench_mlp_torch.py "$steps" "$mode" "$th" | sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p')
-      [ -n "$a" ] && [ -n "$t" ] || { echo "bench_cpu: a run failed (ampTrain '$a', torch '$t')" >&2; exit 1; }
-      ratio=$(awk -v a="$a" -v b="$t" 'BEGIN{printf "%.3f", a/b}')
-      ratios[$th]="${ratios[$th]:-} $ratio"
-      echo "round $r $mode, $th thread(s): ampTrain $a samples/s, torch $t samples/s, ratio $ratio"
-      amp_total[$th]=$(awk -v a="${amp_total[$th]:-0}" -v b="$a" 'BEGIN{print a+b}')
-      torch_total[$th]=$(awk -v a="${torch_total[$th]:-0}" -v b="$t" 'BEGIN{print a+b}')
+config_of() { case $1 in mlp) echo configs/fashion_mlp.yaml ;; cnn) echo configs/fashion_cnn.yaml ;; gpt) echo configs/text_gpt.yaml ;; esac; }
+steps_of() { case $1 in mlp) echo 300 ;; cnn) echo 40 ;; gpt) echo 60 ;; esac; }
+batch_of() { case $1 in gpt) echo 32 ;; *) echo 128 ;; esac; }
+
+for model in $models; do
+  cfg=$(config_of "$model")
+  [ -n "$cfg" ] || { echo "bench_cpu: unknown model '$model' (mlp, cnn, gpt)" >&2; exit 1; }
+  steps=${STEPS:-$(steps_of "$model")}
+  for mode in $modes; do
+    declare -A amp_total=() torch_total=() ratios=()
+    for r in $(seq "$rounds"); do
+      for th in $thread_counts; do
+        out="$tmp/run-$model-$mode-$r-$th"
+        a=$("$bin" run "$cfg" "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu \
+              "run.threads=$th" run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$out" |
+            sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
+        t=$(/usr/bin/python3 scripts/bench_torch_models.py "$model" "$steps" "$mode" "$th" |
+            sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p')
+        [ -n "$a" ] && [ -n "$t" ] || { echo "bench_cpu: a run failed (ampTrain '$a', torch '$t')" >&2; exit 1; }
+        ratio=$(awk -v a="$a" -v b="$t" 'BEGIN{printf "%.3f", a/b}')
+        ratios[$th]="${ratios[$th]:-} $ratio"
+        echo "round $r $model $mode, $th thread(s): ampTrain $a samples/s, torch $t samples/s, ratio $ratio"
+        amp_total[$th]=$(awk -v a="${amp_total[$th]:-0}" -v b="$a" 'BEGIN{print a+b}')
+        torch_total[$th]=$(awk -v a="${torch_total[$th]:-0}" -v b="$t" 'BEGIN{print a+b}')
+      done
     done
+    first=""
+    for th in $thread_counts; do
+      median=$(echo "${ratios[$th]}" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
+      awk -v md="$model" -v m="$mode" -v a="${amp_total[$th]}" -v t="${torch_total[$th]}" -v r="$rounds" -v s="$steps" \
+          -v med="$median" -v th="$th" -v b="$(batch_of "$model")" 'BEGIN{
+        printf "%s %s: ampTrain %.1f samples/s, PyTorch %.1f samples/s (means); median per-round ratio %.2fx (%d alternating rounds, %d steps, batch %d, %d thread(s))\n", md, m, a/r, t/r, med, r, s, b, th}'
+      if [ -z "$first" ]; then
+        first=$th
+      else
+        awk -v md="$model" -v m="$mode" -v a="${amp_total[$th]}" -v b="${amp_total[$first]}" -v th="$th" -v f="$first" \
+            -v ta="${torch_total[$th]}" -v tb="${torch_total[$first]}" 'BEGIN{
+          printf "%s %s: ampTrain at %d threads is %.2fx ampTrain at %d; PyTorch %.2fx (means)\n", md, m, th, a/b, f, ta/tb}'
+      fi
+    done
+    unset amp_total torch_total ratios
   done
-  first=""
-  for th in $thread_counts; do
-    median=$(echo "${ratios[$th]}" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
-    awk -v m="$mode" -v a="${amp_total[$th]}" -v t="${torch_total[$th]}" -v r="$rounds" -v s="$steps" -v med="$median" -v th="$th" 'BEGIN{
-      printf "%s: ampTrain %.1f samples/s, PyTorch %.1f samples/s (means); median per-round ratio %.2fx (%d alternating rounds, %d steps, batch 128, %d thread(s))\n", m, a/r, t/r, med, r, s, th}'
-    if [ -z "$first" ]; then
-      first=$th
-    else
-      awk -v m="$mode" -v a="${amp_total[$th]}" -v b="${amp_total[$first]}" -v th="$th" -v f="$first" 'BEGIN{
-        printf "%s: ampTrain at %d threads is %.2fx ampTrain at %d (means)\n", m, th, a/b, f}'
-    fi
-  done
-  unset amp_total torch_total ratios
 done

@@ -241,7 +241,7 @@ def worker(rank, model_name, np_, steps, mode, init):
         model = mlp(layers, x.shape[1])
     if cfg["model"].get("init", "pytorch") == "gpt2":
         gpt2_init(model)
-    # weight decay on the weights of the linear maps only (docs/model.md), as bench_mlp_torch.py
+    # weight decay on the weights of the linear maps only (docs/model.md), as bench_torch_models.py
     decay = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
     ids = {id(p) for p in decay}
     no_decay = [p for p in model.parameters() if id(p) not in ids]

@@ -6,10 +6,9 @@
 # dataset, ~220 MB in every mode, the weights, the libraries and the CPU backend's per-image scratch
 # are the fixed part that keeps the ratio above 0.5).
 #
-# Batch 1024 (the default): the activations (~1 GB in fp32) dominate the fixed part. A CUDA build
-# also maps ~156 MB of CUDA libraries in every mode, even without a GPU, which raises the ratios; the
-# figures in docs/perf.md say which build measured what (CPU-only build, batch 1024: bf16 0.608,
-# fp16-dynamic 0.638). BATCH=2048 makes the activations dominate further.
+# Batch 1024 (the default): the activations (~1 GB in fp32) dominate the fixed part. A CUDA build maps no
+# CUDA library on the CPU (the CUDA backend is a module loaded only for a GPU, lib/device_module.h); the
+# figures in docs/perf.md say which build measured what. BATCH=2048 makes the activations dominate further.
 #
 # This is a measurement, not a test: it exits 0 whether the target is met or not (read the PASS/FAIL
 # line); it exits 1 only when it could not measure (binary missing, a run failed, no /usr/bin/time).
@@ -24,8 +23,7 @@
 # (TARGET_DROP=0.40). Measured: the run's own "memory: peak RSS ... training (before the first checkpoint)"
 # line, since the final checkpoint's in-memory HDF5 image (fp32 master, m and v: 12 bytes a parameter, and a
 # copy of it while it is written) is the peak of a short run in either mode; /usr/bin/time's whole-run peak is
-# printed next to it. The libraries (a CUDA-enabled build maps ~156 MB of CUDA libraries even on the CPU)
-# and the activations are the fixed part that the drop is measured against.
+# printed next to it. The libraries and the activations are the fixed part that the drop is measured against.
 #   PARAMS=1 scripts/bench_memory.sh            WIDTH=512 BLOCKS=8 BATCH=2 STEPS=2
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -64,7 +64,7 @@ if [ -n "${BUNDLE:-}" ]; then
   pip_cuda="${pip_cuda}${nccl_lib:+:$nccl_lib}"
   export LD_LIBRARY_PATH="$root/lib:$cuda_lib:$cudnn${pip_cuda:+:$pip_cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   note "bundle: commit $commit, cuDNN from $cudnn, CUDA libraries from ${cuda_lib:-the default search path}"
-  ldd "$root/bin/test_cuda_backend" | grep "not found" && { fail "libraries missing (ldd above)"; exit 1; }
+  ldd "$root/bin/test_cuda_backend" "$root/bin/libamp_cuda.so" | grep "not found" && { fail "libraries missing (ldd above)"; exit 1; }
   build="$root/bin"
   phases=${phases/ build / }
   export AMPTRAIN_BIN="$root/bin/ampTrain" # the tests' compiled path is the bundle's build directory, absent here
@@ -91,6 +91,9 @@ has_phase build && ! grep -q "CUDA backend ON" "$out/build.log" && [ "$dry" != 1
 bin="$build/ampTrain"
 # what actually loads here (the bundle was built against cuDNN 9.19; this machine may load another 9.x)
 note "versions: $("$bin" --version 2>&1 | tr '\n' ';' | sed 's/;$//')"
+# the CUDA backend is a module the binary loads (lib/device_module.h): say at once if it cannot be
+"$bin" --version 2>&1 | grep -q "CUDA: not loaded" && [ "$dry" != 1 ] &&
+  { fail "the CUDA backend module did not load: $("$bin" --version 2>&1 | grep 'CUDA: not loaded')"; exit 1; }
 
 # ---- GPU tests: on a GPU machine a skip is a failure ----
 export OPENBLAS_NUM_THREADS=1

@@ -8,6 +8,7 @@
  * double forward (itself checked against the backend's forward). Outputs are poisoned with NaN
  * before each call so an element the backend forgets to write fails the test.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -18,6 +19,7 @@
 #include "testrand.h" /* seed, urand */
 #include "testmem.h"  /* talloc, tracked_tensor, tracked_free_all */
 #include "backend.h" /* the interface under test, backend_cpu_create, backend_open */
+#include "device_module.h" /* the CUDA backend module: loaded only for a CUDA device */
 #include "rng.h"     /* rng_uniform: the documented dropout mask */
 #include "sround.h"  /* sr_seed: bf16 master weights */
 
@@ -1817,6 +1819,90 @@ Test(backend_cpu, backend_open_device_strings)
         cr_assert(err.hint[0]);
     }
     backend_close(NULL);
+}
+
+/* ---- the CUDA backend's module (lib/device_module.h) ---------------------------------------------- */
+
+/* Whether this process has mapped a file whose path contains `name` (/proc/self/maps). */
+static bool maps_file(const char *name)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    cr_assert_not_null(f, "cannot read /proc/self/maps");
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, name) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* A CPU run of a CUDA-enabled build maps none of cuBLASLt, cuDNN, NCCL or the module (issue 16 item 4): run.device
+ * cpu never loads it, and auto does not where the NVIDIA driver is absent. */
+Test(backend_cpu, cpu_run_maps_no_cuda_library)
+{
+    struct backend *b = NULL;
+    struct amp_error err;
+    char chosen[1024];
+    cr_assert_eq(backend_open(&b, "cpu", chosen, sizeof chosen, &err), AMP_OK);
+    backend_close(b);
+    if (!device_module_driver_present()) {
+        cr_assert_eq(backend_open(&b, "auto", chosen, sizeof chosen, &err), AMP_OK);
+        cr_assert_str_eq(b->name, "cpu");
+        backend_close(b);
+        cr_assert_eq(backend_cuda_device_count(), 0);
+    }
+    cr_assert_null(device_module_cuda_loaded());
+    const char *libs[4] = { "libcublasLt", "libcudnn", "libnccl", DEVICE_MODULE_FILE };
+    for (int i = 0; i < 4; i++)
+        cr_assert(!maps_file(libs[i]), "a CPU run mapped %s", libs[i]);
+}
+
+/* The module loads with every symbol resolved (RTLD_NOW), agrees with this binary on the table and struct
+ * backend, and brings the CUDA libraries with it. Without a driver it sees no device. */
+Test(backend_cpu, cuda_module_loads)
+{
+    char why[1024] = "";
+    const struct device_module *m = device_module_cuda(why, sizeof why);
+#ifdef AMP_HAVE_CUDA
+    cr_assert_not_null(m, "%s", why);
+    cr_assert_eq(device_module_cuda(why, sizeof why), m, "a second call must return the loaded module");
+    cr_assert_eq(device_module_cuda_loaded(), m);
+    cr_assert_eq(m->abi, DEVICE_MODULE_ABI);
+    cr_assert_eq(m->backend_size, sizeof(struct backend));
+    cr_assert(maps_file(DEVICE_MODULE_FILE) && maps_file("libcublasLt") && maps_file("libcudnn"),
+              "the module and its CUDA libraries are mapped once it is loaded");
+    char versions[512];
+    m->versions(versions, sizeof versions);
+    cr_assert(strstr(versions, "cuBLASLt") && strstr(versions, "cuDNN"), "%s", versions);
+    if (!device_module_driver_present())
+        cr_assert_eq(m->device_count(), 0, "no driver, no device");
+#ifdef AMP_HAVE_NCCL
+    cr_assert(m->use_nccl && m->release_nccl && m->nccl_version, "an NCCL build's module carries the communicator");
+    cr_assert(strstr(m->nccl_version(), "NCCL: built ("), "%s", m->nccl_version());
+#endif
+#else
+    cr_assert_null(m);
+    cr_assert(strstr(why, "this build has no CUDA backend"), "%s", why);
+    cr_assert_null(device_module_cuda_loaded());
+#endif
+}
+
+/* A module that cannot be loaded is named, with the loader's reason; --version says so; nothing crashes. */
+Test(backend_cpu, cuda_module_missing_is_named)
+{
+    cr_assert_eq(setenv("AMPTRAIN_CUDA_MODULE", "/nonexistent/dir/libamp_cuda.so", 1), 0);
+    char why[1024] = "";
+    cr_assert_null(device_module_cuda(why, sizeof why));
+    cr_assert_null(device_module_cuda_loaded());
+    char build[1024];
+    backend_describe_build(build, sizeof build);
+#ifdef AMP_HAVE_CUDA
+    cr_assert(strstr(why, "/nonexistent/dir/libamp_cuda.so") && strstr(why, "could not be loaded"), "%s", why);
+    cr_assert(strncmp(build, "CUDA: not loaded (", 18) == 0 && strstr(build, "/nonexistent/dir"), "%s", build);
+#else
+    cr_assert_str_eq(build, "CUDA: not built");
+#endif
+    cr_assert_eq(backend_cuda_device_count(), 0);
 }
 
 /* ---- bf16 master weights and moments ------------------------------------------------------------ */

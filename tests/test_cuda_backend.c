@@ -46,9 +46,9 @@ static void open_both(void)
 {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     if (backend_cuda_device_count() <= 0)
-        cr_skip_test("no CUDA device (cudaGetDeviceCount found none): the CUDA backend was not run");
+        cr_skip_test("no CUDA device (no NVIDIA driver, or cudaGetDeviceCount found none): the CUDA backend was not run");
     struct amp_error err = {0};
-    cr_assert_eq(backend_cuda_create(&gpu, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
+    cr_assert_eq(backend_open(&gpu, "cuda:0", NULL, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
     cpu = backend_cpu_create();
     cr_assert_not_null(cpu);
 }
@@ -508,7 +508,7 @@ Test(cuda_backend, gemm_gelu_epilogue_refuses_bad_calls, .init = open_both, .fin
         struct amp_error err = {0};
         if (v > 0) {
             backend_close(gpu);
-            cr_assert_eq(backend_cuda_create(&gpu, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
+            cr_assert_eq(backend_open(&gpu, "cuda:0", NULL, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
         }
         struct pair a, b, aux, c;
         pair_rand(&a, DT_FP32, 3, shape, -1, 1);
@@ -1414,7 +1414,7 @@ static void expect_refused(const struct optim_update_args *a, int n, bool sgd, c
 {
     struct backend *be = NULL;
     struct amp_error err = {0};
-    cr_assert_eq(backend_cuda_create(&be, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
+    cr_assert_eq(backend_open(&be, "cuda:0", NULL, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
     if (sgd)
         be->sgd_update(be, a, n);
     else

@@ -1,7 +1,7 @@
 /*
  * backend_cuda.cu — the CUDA backend's lifetime, memory, error recording and op table.
  *
- * backend_cuda_create opens one device: a non-blocking stream that every op is queued on, in call
+ * cuda_backend_create opens one device: a non-blocking stream that every op is queued on, in call
  * order (so ops never need host synchronisation between them), a cuBLASLt handle with its 32 MB
  * workspace, and a cuDNN handle bound to the same stream. The ops live in the other files of kernels/
  * (see backend_cuda_internal.h for the map). upload is asynchronous (a pageable source is staged
@@ -310,7 +310,7 @@ extern "C" size_t backend_cuda_peak_bytes(struct backend *be)
     return cuda_of(be)->peak_used;
 }
 
-extern "C" int backend_cuda_device_count(void)
+extern "C" int cuda_device_count(void)
 {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -367,10 +367,10 @@ static void fill_table(struct backend *be)
     be->destroy = cu_destroy;
 }
 
-extern "C" enum amp_status backend_cuda_create(struct backend **out, int device_index, struct amp_error *err)
+extern "C" enum amp_status cuda_backend_create(struct backend **out, int device_index, struct amp_error *err)
 {
     *out = NULL;
-    int count = backend_cuda_device_count();
+    int count = cuda_device_count();
     if (device_index < 0 || device_index >= count)
         return amp_fail(err, AMP_ERR_CONFIG, "set run.device: auto or cpu, or cuda:N with N below the device count "
                         "(see nvidia-smi and CUDA_VISIBLE_DEVICES)",
@@ -426,7 +426,7 @@ extern "C" enum amp_status backend_cuda_create(struct backend **out, int device_
 
 /* What was loaded, for `ampTrain --version` and gpu-check's summary: a version mismatch between the
  * libraries built against and those found at run time must never pass for a code bug. */
-extern "C" void backend_cuda_versions(char *buf, size_t len)
+extern "C" void cuda_versions(char *buf, size_t len)
 {
     int driver = 0, runtime = 0, count = 0;
     cudaDriverGetVersion(&driver);
@@ -450,8 +450,8 @@ extern "C" void backend_cuda_versions(char *buf, size_t len)
     cudaGetLastError();
 }
 
-/* Used by lib/backend.c for its "device: cuda:0 (NVIDIA H200, sm_90)" line. */
-extern "C" int backend_cuda_describe(int device_index, char *buf, size_t len)
+/* For lib/backend.c (through the module table) and its "device: cuda:0 (NVIDIA H200, sm_90)" line. */
+extern "C" int cuda_describe(int device_index, char *buf, size_t len)
 {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_cuda.h"          /* nccl_comm_use, nccl_comm_release, nccl_version_line */
 #include "backend_cuda_internal.h" /* struct cuda_backend, cuda_of, cuda_record */
 extern "C" {
 #include "comm.h"
@@ -25,7 +26,7 @@ extern "C" {
 struct nccl_state {
     ncclComm_t nccl;
     struct cuda_backend *cb;
-    struct comm before; /* the communicator as it was: comm_release_nccl puts it back */
+    struct comm before; /* the communicator as it was: nccl_comm_release puts it back */
 };
 
 static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
@@ -41,7 +42,7 @@ static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_d
 }
 
 /* Before the backend goes (the NCCL communicator uses its device and stream). */
-extern "C" void comm_release_nccl(struct comm *c)
+extern "C" void nccl_comm_release(struct comm *c)
 {
     if (strcmp(c->transport, "nccl") != 0)
         return;
@@ -53,11 +54,11 @@ extern "C" void comm_release_nccl(struct comm *c)
 
 static void nccl_close(struct comm *c)
 {
-    comm_release_nccl(c);
+    nccl_comm_release(c);
     c->close(c);
 }
 
-extern "C" enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err)
+extern "C" enum amp_status nccl_comm_use(struct comm *c, struct backend *be, struct amp_error *err)
 {
     if (strncmp(be->name, "cuda", 4) != 0)
         return amp_fail(err, AMP_ERR_CONFIG, "set run.device: cuda, or dist.backend: mpi",
@@ -95,17 +96,12 @@ extern "C" enum amp_status comm_use_nccl(struct comm *c, struct backend *be, str
     return AMP_OK;
 }
 
-extern "C" const char *comm_nccl_version(void)
+extern "C" const char *nccl_version_line(void)
 {
     static char buf[64];
     int v = 0;
     ncclGetVersion(&v);
     snprintf(buf, sizeof buf, "NCCL: built (%d.%d.%d)", v / 10000, (v / 100) % 100, v % 100);
     return buf;
-}
-
-extern "C" bool comm_have_nccl(void)
-{
-    return true;
 }
 #endif
