@@ -8,7 +8,9 @@
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
  *    block), the elementwise ops (every activation forward and backward, add, dropout) and the optimizer
  *    updates (adamw, sgd with Nesterov momentum, bf16 weights and moments with stochastic rounding), at 2, 3
- *    and 7 threads against 1: every output byte-identical.
+ *    and 7 threads against 1: every output byte-identical. Likewise attention, layernorm, the embedding,
+ *    the cross-entropy and MSE losses, count_zeros and fp8_cast (at the end of the file), in fp32, fp16 and
+ *    bf16, on shapes of several chunks and of one.
  *  - ampTrain end to end: fashion_mlp, fashion_cnn and text_gpt, short runs in the four precision modes
  *    fp32, fp16-dynamic, bf16 and fp8, at run.threads 1, 2, 3 and 7: scale_log.csv (samples_per_s aside)
  *    and every checkpoint tensor identical. And a resume on another thread count continues bit-exactly.
