@@ -8,7 +8,9 @@
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
  *    block), the elementwise ops (every activation forward and backward, add, dropout) and the optimizer
  *    updates (adamw, sgd with Nesterov momentum, bf16 weights and moments with stochastic rounding), at 2, 3
- *    and 7 threads against 1: every output byte-identical.
+ *    and 7 threads against 1: every output byte-identical. Likewise attention, layernorm, the embedding,
+ *    the cross-entropy and MSE losses, count_zeros and fp8_cast (at the end of the file), in fp32, fp16 and
+ *    bf16, on shapes of several chunks and of one.
  *  - ampTrain end to end: fashion_mlp, fashion_cnn and text_gpt, short runs in the four precision modes
  *    fp32, fp16-dynamic, bf16 and fp8, at run.threads 1, 2, 3 and 7: scale_log.csv (samples_per_s aside)
  *    and every checkpoint tensor identical. And a resume on another thread count continues bit-exactly.
@@ -391,4 +393,268 @@ Test(threads, bad_counts_are_refused_naming_the_key)
     struct result r = amp("check configs/fashion_mlp.yaml run.threads=1024");
     if (threadpool_available_cpus() < 1024)
         cr_assert(strstr(r.out, "warning") && strstr(r.out, "run.threads is 1024"), "%s", r.out);
+}
+
+/* ---- attention, layernorm, embedding, losses, grad_stats, fp8 ---- */
+
+/* Each op on shapes of several chunks (and one of a single chunk, which runs inline) in fp32 and the 16-bit
+ * dtypes, at 2, 3 and 7 threads against 1: every output byte-identical. The chunk counts in the comments
+ * are the backend's (backend_cpu.c): rows_per_chunk(cols) = 16384 / cols rows, LN_COLS = 32 columns,
+ * EMB_TABLE_ELEMS = 4096 table elements, ATT_PAR_MACS = 2^20. loss_sum and grad_stats stay on the calling
+ * thread (their one ordered double sum would move under fixed-chunk partials), so they have nothing here. */
+
+static const enum dtype dts3[3] = {DT_FP32, DT_FP16, DT_BF16};
+
+static void same_for_all(struct tensor *const *t, const char *what)
+{
+    for (int i = 1; i < NBE; i++)
+        assert_same_bytes(t[0], t[i], what, thread_counts[i]);
+}
+
+/* rows x cols: (700, 200) is 9 row chunks and 7 column chunks; (10, 40) one chunk of each */
+static void check_layernorm(enum dtype dt, int64_t rows, int64_t cols, bool affine, float beta_acc)
+{
+    size_t n = (size_t)(rows * cols);
+    struct tensor *x = trand(dt, n, -3, 5), *dy = trand(dt, n, -2, 2);
+    struct tensor *gamma = affine ? trand(DT_FP32, (size_t)cols, 0.5f, 1.5f) : NULL;
+    struct tensor *beta = affine ? trand(DT_FP32, (size_t)cols, -1, 1) : NULL;
+    struct tensor *dg0 = trand(DT_FP32, (size_t)cols, -1, 1), *db0 = trand(DT_FP32, (size_t)cols, -1, 1);
+    struct tensor *y[NBE], *mean[NBE], *rstd[NBE], *dx[NBE], *dg[NBE], *db[NBE];
+    struct norm_args a = { .rows = rows, .cols = cols, .eps = 1e-5f };
+    for (int i = 0; i < NBE; i++) {
+        y[i] = tens(dt, n);
+        mean[i] = tens(DT_FP32, (size_t)rows);
+        rstd[i] = tens(DT_FP32, (size_t)rows);
+        dx[i] = tens(dt, n);
+        dg[i] = tcopy(dg0); /* beta_acc 1 adds into them */
+        db[i] = tcopy(db0);
+        bes[i]->layernorm_forward(bes[i], &a, y[i], mean[i], rstd[i], x, gamma, beta);
+        bes[i]->layernorm_backward(bes[i], &a, dx[i], dg[i], db[i], dy, x, mean[i], rstd[i], gamma, beta_acc);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    same_for_all(y, "layernorm y");
+    same_for_all(mean, "layernorm mean");
+    same_for_all(rstd, "layernorm rstd");
+    same_for_all(dx, "layernorm dx");
+    same_for_all(dg, "layernorm dgamma");
+    same_for_all(db, "layernorm dbeta");
+    /* the parameter gradients alone (dx NULL) are the same sums */
+    struct tensor *dg_only[NBE];
+    for (int i = 0; i < NBE; i++) {
+        dg_only[i] = tcopy(dg0);
+        bes[i]->layernorm_backward(bes[i], &a, NULL, dg_only[i], NULL, dy, x, mean[i], rstd[i], gamma, beta_acc);
+    }
+    same_for_all(dg_only, "layernorm dgamma without dx");
+    assert_same_bytes(dg[0], dg_only[0], "layernorm dgamma with and without dx", 1);
+    free_all();
+}
+
+Test(ops, layernorm_bit_identical_for_any_thread_count)
+{
+    seed(1604);
+    for (int d = 0; d < 3; d++) {
+        check_layernorm(dts3[d], 700, 200, true, 0.0f);
+        check_layernorm(dts3[d], 700, 200, true, 1.0f);
+        check_layernorm(dts3[d], 517, 96, false, 0.0f); /* 4 row chunks of 170, 3 column chunks */
+        check_layernorm(dts3[d], 10, 40, true, 1.0f);
+    }
+}
+
+/* tokens (B*T) drawn from [0, vocab), so rows repeat */
+static int32_t *rand_tokens(int64_t n, int64_t vocab)
+{
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    cr_assert_not_null(t);
+    for (int64_t i = 0; i < n; i++)
+        t[i] = (int32_t)(urand() * (double)vocab) % (int32_t)vocab;
+    return t;
+}
+
+/* B=8, T=100, C=64: forward 4 row chunks of 256; backward vocab 300 in 5 wte chunks of 64 rows, max_len 128 in 2 */
+static void check_embedding(enum dtype dt, int64_t B, int64_t T, int64_t C, int64_t vocab, int64_t max_len,
+                            float beta)
+{
+    int32_t *tok = rand_tokens(B * T, vocab);
+    size_t n = (size_t)(B * T * C);
+    struct tensor *wte = trand(dt, (size_t)(vocab * C), -1, 1), *wpe = trand(dt, (size_t)(max_len * C), -1, 1);
+    struct tensor *dy = trand(dt, n, -1, 1), *dte0 = trand(DT_FP32, (size_t)(vocab * C), -1, 1);
+    struct tensor *dpe0 = trand(DT_FP32, (size_t)(max_len * C), -1, 1), *y[NBE], *dte[NBE], *dpe[NBE];
+    for (int i = 0; i < NBE; i++) {
+        y[i] = tens(dt, n);
+        dte[i] = tcopy(dte0);
+        dpe[i] = tcopy(dpe0);
+        bes[i]->embedding_forward(bes[i], y[i], tok, wte, wpe, B, T, C);
+        bes[i]->embedding_backward(bes[i], dte[i], dpe[i], dy, tok, B, T, C, beta);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    same_for_all(y, "embedding y");
+    same_for_all(dte, "embedding dwte");
+    same_for_all(dpe, "embedding dwpe");
+    free(tok);
+    free_all();
+}
+
+Test(ops, embedding_bit_identical_for_any_thread_count)
+{
+    seed(1605);
+    for (int d = 0; d < 3; d++) {
+        check_embedding(dts3[d], 8, 100, 64, 300, 128, 0.0f);
+        check_embedding(dts3[d], 8, 100, 64, 300, 128, 1.0f);
+        check_embedding(dts3[d], 3, 70, 100, 257, 70, 0.5f); /* forward 2 chunks of 163; backward 7 + 2 */
+        check_embedding(dts3[d], 2, 5, 8, 20, 5, 1.0f);
+    }
+}
+
+/* (B, H, T, C): 3*4 pairs of T 64, D 32 is 1.6M multiply-adds, on the pool; 5*4 of T 50, D 24 too (1.2M);
+ * (1, 2, 8, 16) runs inline */
+static void check_attention(enum dtype dt, int64_t B, int64_t H, int64_t T, int64_t C)
+{
+    size_t nqkv = (size_t)(B * T * 3 * C), nout = (size_t)(B * T * C), np = (size_t)(B * H * T * T);
+    struct tensor *qkv = trand(dt, nqkv, -2, 2), *dout = trand(dt, nout, -1, 1);
+    struct tensor *out[NBE], *probs[NBE], *dqkv[NBE];
+    for (int i = 0; i < NBE; i++) {
+        out[i] = tens(dt, nout);
+        probs[i] = tens(dt, np);
+        dqkv[i] = tens(dt, nqkv);
+        bes[i]->attention_forward(bes[i], out[i], probs[i], qkv, B, T, C, H);
+        bes[i]->attention_backward(bes[i], dqkv[i], dout, qkv, probs[i], B, T, C, H);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    same_for_all(out, "attention out");
+    same_for_all(probs, "attention probs");
+    same_for_all(dqkv, "attention dqkv");
+    free_all();
+}
+
+Test(ops, attention_bit_identical_for_any_thread_count)
+{
+    seed(1606);
+    for (int d = 0; d < 3; d++) {
+        check_attention(dts3[d], 3, 4, 64, 128);
+        check_attention(dts3[d], 5, 4, 50, 96);
+        check_attention(dts3[d], 1, 2, 8, 16);
+    }
+}
+
+/* xent: N 1000 of K 100 is 7 chunks of 163 rows; mse: N 700 of K 90 is 4 of 182; N 20 one */
+static void check_losses(enum dtype dt, int64_t N, int64_t K)
+{
+    size_t n = (size_t)(N * K);
+    struct tensor *x = trand(dt, n, -8, 8), *target = trand(DT_FP32, n, -1, 1);
+    int32_t *labels = rand_tokens(N, K), *correct[NBE];
+    struct tensor *loss[NBE], *grad[NBE], *eval_loss[NBE];
+    float seed_val = 1024.0f;
+    for (int i = 0; i < NBE; i++) {
+        loss[i] = tens(DT_FP32, (size_t)N);
+        eval_loss[i] = tens(DT_FP32, (size_t)N);
+        grad[i] = tens(dt, n);
+        correct[i] = calloc((size_t)N, sizeof(int32_t));
+        bes[i]->xent_forward_backward(bes[i], loss[i], correct[i], grad[i], x, labels, N, K, &seed_val);
+        bes[i]->xent_forward_backward(bes[i], eval_loss[i], NULL, NULL, x, labels, N, K, NULL);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    same_for_all(loss, "xent losses");
+    same_for_all(eval_loss, "xent losses without gradient");
+    same_for_all(grad, "xent dlogits");
+    for (int i = 1; i < NBE; i++)
+        cr_assert_eq(memcmp(correct[0], correct[i], (size_t)N * sizeof(int32_t)), 0, "xent correct: %d threads",
+                     thread_counts[i]);
+    assert_same_bytes(loss[0], eval_loss[0], "xent losses with and without gradient", 1);
+    for (int i = 0; i < NBE; i++) {
+        bes[i]->mse_forward_backward(bes[i], loss[i], grad[i], x, target, N, K, &seed_val);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+        free(correct[i]);
+    }
+    same_for_all(loss, "mse losses");
+    same_for_all(grad, "mse dy");
+    free(labels);
+    free_all();
+}
+
+Test(ops, losses_bit_identical_for_any_thread_count)
+{
+    seed(1607);
+    for (int d = 0; d < 3; d++) {
+        check_losses(dts3[d], 1000, 100);
+        check_losses(dts3[d], 700, 90);
+        check_losses(dts3[d], 20, 10);
+    }
+}
+
+/* EW_N elements: 8 chunks of 16 Ki, the last ragged; 1000 elements one chunk */
+Test(ops, count_zeros_bit_identical_for_any_thread_count)
+{
+    seed(1608);
+    const size_t sizes[2] = {EW_N, 1000};
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < 2; s++) {
+            struct tensor *t = trand(dts3[d], sizes[s], -1, 1);
+            size_t esz = dtype_size(dts3[d]);
+            int64_t expect = 0;
+            for (size_t i = 0; i < sizes[s]; i++)
+                if (i % 3 == 0 || i % 1000 == 7) { /* +0 or -0 */
+                    memset((char *)t->data + i * esz, 0, esz);
+                    if (i % 2)
+                        ((unsigned char *)t->data)[i * esz + esz - 1] = 0x80;
+                    expect++;
+                }
+            for (int i = 0; i < NBE; i++) {
+                int64_t acc = 5;
+                bes[i]->count_zeros(bes[i], t, &acc);
+                cr_assert_eq(acc, 5 + expect, "count_zeros %s %zu at %d threads: %lld, want %lld", dtype_name(dts3[d]),
+                             sizes[s], thread_counts[i], (long long)acc, (long long)(5 + expect));
+            }
+            free_all();
+        }
+}
+
+/* fp8 casts of EW_N elements (8 chunks) and 1000 (one): current scaling with amax and counts, and a delayed
+ * scale large enough that some elements saturate. */
+static void check_fp8_cast(enum dtype src_dt, enum dtype dst_dt, size_t n, bool current)
+{
+    struct tensor *src = trand(src_dt, n, -300, 300), *dst[NBE];
+    if (n > 100) { /* a few small values that flush and an Inf that saturates */
+        for (size_t i = 0; i < n; i += 997) {
+            float v = i % 2 ? 1e-9f : INFINITY;
+            dtype_convert((char *)src->data + i * dtype_size(src_dt), src_dt, &v, DT_FP32, 1);
+        }
+    }
+    float scale[NBE], scale_inv[NBE], amax[NBE];
+    int64_t counts[NBE][4];
+    for (int i = 0; i < NBE; i++) {
+        dst[i] = tens(dst_dt, n);
+        scale[i] = current ? 1.0f : 64.0f;
+        scale_inv[i] = 0.0f;
+        amax[i] = 0.5f;
+        memset(counts[i], 0, sizeof counts[i]);
+        struct fp8_cast_args a = { .dst = dst[i], .src = src, .scale = &scale[i], .scale_inv = &scale_inv[i],
+                                   .amax = &amax[i], .current = current, .counts = counts[i] };
+        bes[i]->fp8_cast(bes[i], &a);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    same_for_all(dst, "fp8_cast");
+    for (int i = 1; i < NBE; i++) {
+        cr_assert_eq(memcmp(&scale[0], &scale[i], sizeof(float)), 0, "fp8 scale at %d threads", thread_counts[i]);
+        cr_assert_eq(memcmp(&scale_inv[0], &scale_inv[i], sizeof(float)), 0, "fp8 scale_inv at %d threads",
+                     thread_counts[i]);
+        cr_assert_eq(memcmp(&amax[0], &amax[i], sizeof(float)), 0, "fp8 amax at %d threads", thread_counts[i]);
+        cr_assert_eq(memcmp(counts[0], counts[i], sizeof counts[0]), 0, "fp8 counts at %d threads",
+                     thread_counts[i]);
+    }
+    cr_assert_eq(counts[0][3], (int64_t)n);
+    if (n > 100)
+        cr_assert_gt(counts[0][0], 0, "some elements saturate (the Inf at least)");
+    free_all();
+}
+
+Test(ops, fp8_cast_bit_identical_for_any_thread_count)
+{
+    seed(1609);
+    const enum dtype srcs[2] = {DT_FP32, DT_BF16}, dsts[2] = {DT_FP8_E4M3, DT_FP8_E5M2};
+    for (int s = 0; s < 2; s++)
+        for (int d = 0; d < 2; d++)
+            for (int c = 0; c < 2; c++) {
+                check_fp8_cast(srcs[s], dsts[d], EW_N, c == 1);
+                check_fp8_cast(srcs[s], dsts[d], 1000, c == 1);
+            }
 }

@@ -24,11 +24,15 @@
  *    16-bit run's activations stay half the size of fp32's; only gemm_core widens whole operands. A failure to grow a slot is the one error this backend
  *    records (backend->status); the op that hit it leaves its outputs unwritten.
  *  - Threads (run.threads, set_threads): one persistent pthread pool (lib/threadpool.h) runs the matrix
- *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout) and the
- *    optimizer updates in chunks fixed by the problem size, never by the thread count. Each chunk writes
- *    its own outputs in the order one thread would, and none of these ops reduces across chunks, so the
- *    bits are the same for any thread count (docs/backend.md, "Threads"). Everything else runs on the
- *    calling thread in a fixed order. OpenBLAS (the portable path) may use threads inside sgemm
+ *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout), the
+ *    optimizer updates, attention (by (batch, head)), layernorm (by rows; its parameter gradients by
+ *    columns), the embedding (by rows; backward by table rows), the losses (by rows), count_zeros and
+ *    fp8_cast in chunks fixed by the problem size, never by the thread count. Each chunk writes its own
+ *    outputs in the order one thread would; the only reductions across chunks are a max and integer
+ *    counts, combined in chunk order. So the bits are the same for any thread count (docs/backend.md,
+ *    "Threads"). Chunks stage through per-thread scratch (wscratch), grown before the pool runs.
+ *    Everything else, the loss sum and the gradient check included, runs on the calling thread in a
+ *    fixed order. OpenBLAS (the portable path) may use threads inside sgemm
  *    (OPENBLAS_NUM_THREADS): reproducible for a given thread count, but another count can change the last
  *    bits of a product.
  */
@@ -82,8 +86,16 @@ struct scratch {
     size_t cap; /* bytes */
 };
 
-/* Per-thread scratch of the threaded products: each worker packs its own rows of op(A). */
-enum worker_slot { WSCR_PACK_A, WSCR_COUNT };
+/* Per-thread scratch: the threaded products pack each worker's rows of op(A) into WSCR_PACK_A; the ops
+ * threaded by rows or (batch, head) stage and compute one slice per worker in the others (attention's
+ * products also pack both operands and stage a 16-bit result there). */
+enum worker_slot {
+    WSCR_PACK_A,
+    WSCR_GEMM_B, WSCR_GEMM_C,           /* attention's per-worker products: packed op(B), a 16-bit C in fp32 */
+    WSCR_IN0, WSCR_IN1, WSCR_IN2,       /* fp32 copies of one slice of a 16-bit input */
+    WSCR_TMP0, WSCR_TMP1, WSCR_TMP2,    /* fp32 work buffers, one slice each */
+    WSCR_COUNT
+};
 
 struct cpu_backend {
     struct backend base; /* first member: the table callers hold a pointer to */
@@ -140,6 +152,41 @@ static int cpu_threads(const struct cpu_backend *cb)
     return threadpool_threads(cb->pool);
 }
 
+/* With one thread there is no wscr: worker 0's slots are then the shared slots the single-threaded code
+ * has always used, so a one-thread run keeps its footprint. */
+static const enum scratch_slot wscr_shared[WSCR_COUNT] = {
+    [WSCR_PACK_A] = SCR_GEMM_A, [WSCR_GEMM_B] = SCR_GEMM_B, [WSCR_GEMM_C] = SCR_GEMM_C,
+    [WSCR_IN0] = SCR_IN0,       [WSCR_IN1] = SCR_IN1,       [WSCR_IN2] = SCR_IN2,
+    [WSCR_TMP0] = SCR_TMP0,     [WSCR_TMP1] = SCR_TMP1,     [WSCR_TMP2] = SCR_TMP2,
+};
+
+static struct scratch *wscratch_of(struct cpu_backend *cb, int worker, enum worker_slot slot)
+{
+    return cb->wscr ? &cb->wscr[worker][slot] : &cb->scr[wscr_shared[slot]];
+}
+
+/* Grow `slot` to `bytes` for every worker. Called on the calling thread before parallel_for, so a failure
+ * sets the status once and the op returns before touching an output; chunks only read the pointers. */
+static bool wscratch_reserve(struct cpu_backend *cb, enum worker_slot slot, size_t bytes)
+{
+    int workers = cb->wscr ? cpu_threads(cb) : 1;
+    for (int w = 0; w < workers; w++)
+        if (!scratch_grow(cb, wscratch_of(cb, w, slot), bytes))
+            return false;
+    return true;
+}
+
+/* The same for staging n values of t: nothing to reserve when t is fp32 (read and written in place). */
+static bool wstage_reserve(struct cpu_backend *cb, enum worker_slot slot, const struct tensor *t, size_t n)
+{
+    return !t || t->dtype == DT_FP32 || wscratch_reserve(cb, slot, n * sizeof(float));
+}
+
+static void *wscratch(struct cpu_backend *cb, int worker, enum worker_slot slot)
+{
+    return wscratch_of(cb, worker, slot)->p;
+}
+
 /* Elements per chunk of the elementwise ops and the optimizer: fixed (never from the thread count), a
  * multiple of BLOCK, large enough that handing a chunk to a thread costs little next to computing it. */
 #define EW_CHUNK ((size_t)16 * BLOCK)
@@ -147,6 +194,19 @@ static int cpu_threads(const struct cpu_backend *cb)
 static int64_t ew_chunks(size_t n)
 {
     return (int64_t)((n + EW_CHUNK - 1) / EW_CHUNK);
+}
+
+/* Rows per chunk of an op whose rows (of `cols` elements) are independent: about EW_CHUNK elements, at
+ * least one row. Fixed by the shape alone; a problem of one chunk runs inline, so small ones pay nothing. */
+static int64_t rows_per_chunk(int64_t cols)
+{
+    int64_t r = (int64_t)EW_CHUNK / (cols > 0 ? cols : 1);
+    return r > 0 ? r : 1;
+}
+
+static int64_t div_up(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
 }
 
 /* ---- dtype helpers --------------------------------------------------------------------------- */
@@ -1169,6 +1229,58 @@ static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, s
 
 /* ---- normalisation --------------------------------------------------------------------------- */
 
+/* Layernorm is threaded by rows (rows_per_chunk of them a chunk): a row's statistics and outputs depend on
+ * that row alone. The weight and bias gradients are sums over all rows, so they are threaded by columns
+ * instead (LN_COLS a chunk): each column is summed over the rows in order 0, 1, ..., in double, exactly as
+ * one thread does. */
+#define LN_COLS 32
+
+struct ln_job {
+    struct cpu_backend *cb;
+    const struct norm_args *a;
+    struct tensor *y, *dx;                 /* (rows, cols), x's dtype */
+    float *mean_out, *rstd_out;            /* (rows) forward's statistics */
+    const float *mean, *rstd;              /* (rows) the same, read backward */
+    struct tensor *dgamma, *dbeta;         /* (cols) fp32 */
+    const struct tensor *x, *dy;           /* (rows, cols) */
+    const float *g, *bt;                   /* gamma, beta (cols) fp32, or NULL */
+    double *acc_g, *acc_b;                 /* (cols) the gradients' sums */
+    float beta_acc;
+    int64_t rows_per;                      /* rows per chunk */
+};
+
+static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct ln_job *j = arg;
+    const struct tensor *x = j->x;
+    struct tensor *y = j->y;
+    int64_t cols = j->a->cols, r0 = chunk * j->rows_per;
+    int64_t r1 = r0 + j->rows_per < j->a->rows ? r0 + j->rows_per : j->a->rows;
+    const float *g = j->g, *bt = j->bt;
+    float *xb = wscratch(j->cb, worker, WSCR_TMP0), *yb = wscratch(j->cb, worker, WSCR_TMP1);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = load_f32(x->data, x->dtype, (size_t)(r * cols), (size_t)cols, xb);
+        double s = 0.0;
+        for (int64_t k = 0; k < cols; k++)
+            s += xr[k];
+        double mu = s / (double)cols, ss = 0.0;
+        for (int64_t k = 0; k < cols; k++) {
+            double d = xr[k] - mu;
+            ss += d * d;
+        }
+        float mu_f = (float)mu;
+        float rs_f = (float)(1.0 / sqrt(ss / (double)cols + (double)j->a->eps));
+        j->mean_out[r] = mu_f;
+        j->rstd_out[r] = rs_f;
+        float *yr = out_f32(y->data, y->dtype, (size_t)(r * cols), yb);
+        for (int64_t k = 0; k < cols; k++) {
+            float v = (xr[k] - mu_f) * rs_f;
+            yr[k] = v * (g ? g[k] : 1.0f) + (bt ? bt[k] : 0.0f);
+        }
+        store_f32(y->data, y->dtype, (size_t)(r * cols), (size_t)cols, yr);
+    }
+}
+
 static void cpu_layernorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y,
                                   struct tensor *mean, struct tensor *rstd, const struct tensor *x,
                                   const struct tensor *gamma, const struct tensor *beta)
@@ -1177,33 +1289,69 @@ static void cpu_layernorm_forward(struct backend *be, const struct norm_args *a,
     int64_t rows = a->rows, cols = a->cols;
     assert((int64_t)x->numel == rows * cols && (int64_t)y->numel == rows * cols);
     assert(mean->dtype == DT_FP32 && rstd->dtype == DT_FP32 && (int64_t)mean->numel == rows);
-    const float *g = gamma ? (const float *)gamma->data : NULL;
-    const float *bt = beta ? (const float *)beta->data : NULL;
-    float *xb = scratch_get(cb, SCR_TMP0, (size_t)cols * sizeof(float));
-    float *yb = scratch_get(cb, SCR_TMP1, (size_t)cols * sizeof(float));
-    if (!xb || !yb)
+    if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)cols * sizeof(float)) ||
+        !wscratch_reserve(cb, WSCR_TMP1, (size_t)cols * sizeof(float)))
         return;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = load_f32(x->data, x->dtype, (size_t)(r * cols), (size_t)cols, xb);
-        double s = 0.0;
-        for (int64_t j = 0; j < cols; j++)
-            s += xr[j];
-        double mu = s / (double)cols, ss = 0.0;
-        for (int64_t j = 0; j < cols; j++) {
-            double d = xr[j] - mu;
-            ss += d * d;
+    struct ln_job j = { .cb = cb, .a = a, .y = y, .mean_out = mean->data, .rstd_out = rstd->data, .x = x,
+                        .g = gamma ? (const float *)gamma->data : NULL, .bt = beta ? (const float *)beta->data : NULL,
+                        .rows_per = rows_per_chunk(cols) };
+    parallel_for(cb->pool, div_up(rows, j.rows_per), ln_forward_chunk, &j);
+}
+
+/* dx for a chunk of rows: each row's two sums over its columns, in column order, then its dx. */
+static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct ln_job *j = arg;
+    int64_t cols = j->a->cols, r0 = chunk * j->rows_per;
+    int64_t r1 = r0 + j->rows_per < j->a->rows ? r0 + j->rows_per : j->a->rows;
+    const float *g = j->g;
+    float *xb = wscratch(j->cb, worker, WSCR_TMP0), *dyb = wscratch(j->cb, worker, WSCR_TMP1);
+    float *dxb = wscratch(j->cb, worker, WSCR_TMP2);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = load_f32(j->x->data, j->x->dtype, (size_t)(r * cols), (size_t)cols, xb);
+        const float *dyr = load_f32(j->dy->data, j->dy->dtype, (size_t)(r * cols), (size_t)cols, dyb);
+        float mu = j->mean[r], rs = j->rstd[r];
+        double s1 = 0.0, s2 = 0.0; /* sum dxhat, sum dxhat * xhat */
+        for (int64_t k = 0; k < cols; k++) {
+            float xhat = (xr[k] - mu) * rs;
+            float dxhat = dyr[k] * (g ? g[k] : 1.0f);
+            s1 += dxhat;
+            s2 += (double)dxhat * xhat;
         }
-        float mu_f = (float)mu;
-        float rs_f = (float)(1.0 / sqrt(ss / (double)cols + (double)a->eps));
-        ((float *)mean->data)[r] = mu_f;
-        ((float *)rstd->data)[r] = rs_f;
-        float *yr = out_f32(y->data, y->dtype, (size_t)(r * cols), yb);
-        for (int64_t j = 0; j < cols; j++) {
-            float v = (xr[j] - mu_f) * rs_f;
-            yr[j] = v * (g ? g[j] : 1.0f) + (bt ? bt[j] : 0.0f);
+        float m1 = (float)(s1 / (double)cols), m2 = (float)(s2 / (double)cols);
+        float *dxr = out_f32(j->dx->data, j->dx->dtype, (size_t)(r * cols), dxb);
+        for (int64_t k = 0; k < cols; k++) {
+            float xhat = (xr[k] - mu) * rs;
+            float dxhat = dyr[k] * (g ? g[k] : 1.0f);
+            dxr[k] = rs * (dxhat - m1 - xhat * m2);
         }
-        store_f32(y->data, y->dtype, (size_t)(r * cols), (size_t)cols, yr);
+        store_f32(j->dx->data, j->dx->dtype, (size_t)(r * cols), (size_t)cols, dxr);
     }
+}
+
+/* dgamma and dbeta for columns [c0, c1): each summed over all rows in row order. */
+static void ln_backward_dparams_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct ln_job *j = arg;
+    int64_t cols = j->a->cols, c0 = chunk * LN_COLS, w = cols - c0 < LN_COLS ? cols - c0 : LN_COLS;
+    float *xb = wscratch(j->cb, worker, WSCR_TMP0), *dyb = wscratch(j->cb, worker, WSCR_TMP1);
+    double *acc_g = j->acc_g + c0, *acc_b = j->acc_b + c0;
+    memset(acc_g, 0, (size_t)w * sizeof(double));
+    memset(acc_b, 0, (size_t)w * sizeof(double));
+    for (int64_t r = 0; r < j->a->rows; r++) {
+        const float *xr = load_f32(j->x->data, j->x->dtype, (size_t)(r * cols + c0), (size_t)w, xb);
+        const float *dyr = load_f32(j->dy->data, j->dy->dtype, (size_t)(r * cols + c0), (size_t)w, dyb);
+        float mu = j->mean[r], rs = j->rstd[r];
+        for (int64_t k = 0; k < w; k++) {
+            float xhat = (xr[k] - mu) * rs;
+            acc_g[k] += (double)dyr[k] * xhat;
+            acc_b[k] += dyr[k];
+        }
+    }
+    if (j->dgamma)
+        store_acc((float *)j->dgamma->data + c0, acc_g, (size_t)w, j->beta_acc);
+    if (j->dbeta)
+        store_acc((float *)j->dbeta->data + c0, acc_b, (size_t)w, j->beta_acc);
 }
 
 static void cpu_layernorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx,
@@ -1214,44 +1362,22 @@ static void cpu_layernorm_backward(struct backend *be, const struct norm_args *a
     struct cpu_backend *cb = cpu_of(be);
     int64_t rows = a->rows, cols = a->cols;
     assert((int64_t)x->numel == rows * cols && (int64_t)dy->numel == rows * cols);
-    const float *g = gamma ? (const float *)gamma->data : NULL;
-    float *xb = scratch_get(cb, SCR_TMP0, (size_t)cols * sizeof(float));
-    float *dyb = scratch_get(cb, SCR_TMP1, (size_t)cols * sizeof(float));
-    float *dxb = scratch_get(cb, SCR_TMP2, (size_t)cols * sizeof(float));
+    size_t row_bytes = (size_t)cols * sizeof(float);
     double *acc_g = scratch_get(cb, SCR_ACC0, (size_t)cols * sizeof(double));
     double *acc_b = scratch_get(cb, SCR_ACC1, (size_t)cols * sizeof(double));
-    if (!xb || !dyb || !dxb || !acc_g || !acc_b)
+    if (!acc_g || !acc_b || !wscratch_reserve(cb, WSCR_TMP0, row_bytes) || !wscratch_reserve(cb, WSCR_TMP1, row_bytes) ||
+        !wscratch_reserve(cb, WSCR_TMP2, row_bytes))
         return;
-    memset(acc_g, 0, (size_t)cols * sizeof(double));
-    memset(acc_b, 0, (size_t)cols * sizeof(double));
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = load_f32(x->data, x->dtype, (size_t)(r * cols), (size_t)cols, xb);
-        const float *dyr = load_f32(dy->data, dy->dtype, (size_t)(r * cols), (size_t)cols, dyb);
-        float mu = ((const float *)mean->data)[r], rs = ((const float *)rstd->data)[r];
-        double s1 = 0.0, s2 = 0.0; /* sum dxhat, sum dxhat * xhat */
-        for (int64_t j = 0; j < cols; j++) {
-            float xhat = (xr[j] - mu) * rs;
-            float dxhat = dyr[j] * (g ? g[j] : 1.0f);
-            s1 += dxhat;
-            s2 += (double)dxhat * xhat;
-            acc_g[j] += (double)dyr[j] * xhat;
-            acc_b[j] += dyr[j];
-        }
-        if (dx) {
-            float m1 = (float)(s1 / (double)cols), m2 = (float)(s2 / (double)cols);
-            float *dxr = out_f32(dx->data, dx->dtype, (size_t)(r * cols), dxb);
-            for (int64_t j = 0; j < cols; j++) {
-                float xhat = (xr[j] - mu) * rs;
-                float dxhat = dyr[j] * (g ? g[j] : 1.0f);
-                dxr[j] = rs * (dxhat - m1 - xhat * m2);
-            }
-            store_f32(dx->data, dx->dtype, (size_t)(r * cols), (size_t)cols, dxr);
-        }
-    }
-    if (dgamma)
-        store_acc((float *)dgamma->data, acc_g, (size_t)cols, beta_acc);
-    if (dbeta)
-        store_acc((float *)dbeta->data, acc_b, (size_t)cols, beta_acc);
+    struct ln_job j = { .cb = cb, .a = a, .dx = dx, .dgamma = dgamma, .dbeta = dbeta, .mean = mean->data,
+                        .rstd = rstd->data, .x = x, .dy = dy,
+                        .g = gamma ? (const float *)gamma->data : NULL, .acc_g = acc_g, .acc_b = acc_b,
+                        .beta_acc = beta_acc, .rows_per = rows_per_chunk(cols) };
+    if (dx)
+        parallel_for(cb->pool, div_up(rows, j.rows_per), ln_backward_dx_chunk, &j);
+    /* column chunks hold every row: worth the pool only when the whole problem is more than one chunk */
+    if (dgamma || dbeta)
+        parallel_for(rows * cols > (int64_t)EW_CHUNK ? cb->pool : NULL, div_up(cols, LN_COLS),
+                     ln_backward_dparams_chunk, &j);
 }
 
 /* Batchnorm (n, c, hw): channel ch's values are the n planes x[i, ch, :]. */
@@ -1385,32 +1511,94 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
+/* The forward pass is threaded by rows of y (rows_per_chunk positions a chunk). The backward pass
+ * scatter-adds dy's rows into the tables by token and by position, so it is threaded by ranges of table
+ * rows (EMB_TABLE_ELEMS elements a chunk, wte's ranges first, then wpe's): a chunk zeroes its rows, adds
+ * into them every matching dy row in the order (b, t) of one thread, and finishes them. The tokens are
+ * first bucketed by chunk, stably, so a chunk visits only its own. */
+#define EMB_TABLE_ELEMS 4096
+
+struct emb_job {
+    struct cpu_backend *cb;
+    struct tensor *y;                       /* forward: (B*T, C) */
+    const struct tensor *wte, *wpe, *dy;    /* (vocab, C), (>= T, C); backward: dy (B*T, C) */
+    const int32_t *tokens;                  /* (B*T) */
+    int64_t B, T, C, vocab, rows_per;       /* rows_per: forward positions or backward table rows a chunk */
+    int64_t pe_rows;                        /* backward: wpe's rows (max_len >= T) */
+    float *acc_te, *acc_pe, *dte, *dpe;     /* backward: the sums (dte, dpe themselves when beta is 0) */
+    float beta;
+    int64_t te_chunks;                      /* wte's chunks; wpe's follow */
+    const int32_t *order, *first;           /* the positions b*T+t of each wte chunk's tokens, in order */
+};
+
+static void emb_forward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct emb_job *j = arg;
+    int64_t C = j->C, i0 = chunk * j->rows_per, n = j->B * j->T;
+    int64_t i1 = i0 + j->rows_per < n ? i0 + j->rows_per : n;
+    float *eb = wscratch(j->cb, worker, WSCR_TMP0), *pb = wscratch(j->cb, worker, WSCR_TMP1);
+    float *yb = wscratch(j->cb, worker, WSCR_TMP2);
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t t = i % j->T;
+        int32_t tok = j->tokens[i];
+        assert(tok >= 0 && tok < j->vocab);
+        if (tok < 0 || tok >= j->vocab)
+            tok = 0; /* release builds: never read outside wte (the data module validates tokens) */
+        const float *e = load_f32(j->wte->data, j->wte->dtype, (size_t)(tok * C), (size_t)C, eb);
+        const float *p = load_f32(j->wpe->data, j->wpe->dtype, (size_t)(t * C), (size_t)C, pb);
+        size_t off = (size_t)(i * C);
+        float *yr = out_f32(j->y->data, j->y->dtype, off, yb);
+        for (int64_t k = 0; k < C; k++)
+            yr[k] = e[k] + p[k];
+        store_f32(j->y->data, j->y->dtype, off, (size_t)C, yr);
+    }
+}
+
 static void cpu_embedding_forward(struct backend *be, struct tensor *y, const int32_t *tokens,
                                   const struct tensor *wte, const struct tensor *wpe, int64_t B, int64_t T,
                                   int64_t C)
 {
     struct cpu_backend *cb = cpu_of(be);
-    int64_t vocab = (int64_t)wte->numel / C;
     assert((int64_t)y->numel == B * T * C && (int64_t)wpe->numel >= T * C);
-    float *eb = scratch_get(cb, SCR_TMP0, (size_t)C * sizeof(float));
-    float *pb = scratch_get(cb, SCR_TMP1, (size_t)C * sizeof(float));
-    float *yb = scratch_get(cb, SCR_TMP2, (size_t)C * sizeof(float));
-    if (!eb || !pb || !yb)
+    size_t row_bytes = (size_t)C * sizeof(float);
+    if (!wscratch_reserve(cb, WSCR_TMP0, row_bytes) || !wscratch_reserve(cb, WSCR_TMP1, row_bytes) ||
+        !wscratch_reserve(cb, WSCR_TMP2, row_bytes))
         return;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            int32_t tok = tokens[b * T + t];
-            assert(tok >= 0 && tok < vocab);
-            if (tok < 0 || tok >= vocab)
-                tok = 0; /* release builds: never read outside wte (the data module validates tokens) */
-            const float *e = load_f32(wte->data, wte->dtype, (size_t)(tok * C), (size_t)C, eb);
-            const float *p = load_f32(wpe->data, wpe->dtype, (size_t)(t * C), (size_t)C, pb);
-            size_t off = (size_t)((b * T + t) * C);
-            float *yr = out_f32(y->data, y->dtype, off, yb);
-            for (int64_t j = 0; j < C; j++)
-                yr[j] = e[j] + p[j];
-            store_f32(y->data, y->dtype, off, (size_t)C, yr);
-        }
+    struct emb_job j = { .cb = cb, .y = y, .wte = wte, .wpe = wpe, .tokens = tokens, .B = B, .T = T, .C = C,
+                         .vocab = (int64_t)wte->numel / C, .rows_per = rows_per_chunk(C) };
+    parallel_for(cb->pool, div_up(B * T, j.rows_per), emb_forward_chunk, &j);
+}
+
+/* Adds dy row i into table row r of acc (C values). */
+static void emb_add_row(const struct emb_job *j, float *acc, int64_t r, int64_t i, float *dybuf)
+{
+    const float *g = load_f32(j->dy->data, j->dy->dtype, (size_t)(i * j->C), (size_t)j->C, dybuf);
+    float *e = acc + r * j->C;
+    for (int64_t k = 0; k < j->C; k++)
+        e[k] += g[k];
+}
+
+static void emb_backward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct emb_job *j = arg;
+    float *dybuf = wscratch(j->cb, worker, WSCR_IN0);
+    bool te = chunk < j->te_chunks;
+    int64_t r0 = (te ? chunk : chunk - j->te_chunks) * j->rows_per, rows = te ? j->vocab : j->pe_rows;
+    int64_t r1 = r0 + j->rows_per < rows ? r0 + j->rows_per : rows;
+    float *acc = te ? j->acc_te : j->acc_pe, *d = te ? j->dte : j->dpe;
+    size_t lo = (size_t)(r0 * j->C), hi = (size_t)(r1 * j->C);
+    scale_f32(acc + lo, hi - lo, 0.0f);
+    if (te) {
+        for (int32_t q = j->first[chunk]; q < j->first[chunk + 1]; q++)
+            emb_add_row(j, acc, j->tokens[j->order[q]], j->order[q], dybuf);
+    } else {
+        for (int64_t b = 0; b < j->B; b++)
+            for (int64_t t = r0; t < r1 && t < j->T; t++)
+                emb_add_row(j, acc, t, b * j->T + t, dybuf);
+    }
+    if (j->beta != 0.0f)
+        for (size_t i = lo; i < hi; i++)
+            d[i] = j->beta * d[i] + acc[i];
 }
 
 static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, struct tensor *dwpe,
@@ -1418,11 +1606,13 @@ static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, stru
                                    float beta)
 {
     struct cpu_backend *cb = cpu_of(be);
-    int64_t vocab = (int64_t)dwte->numel / C;
+    int64_t vocab = (int64_t)dwte->numel / C, n = B * T;
     assert(dwte->dtype == DT_FP32 && dwpe->dtype == DT_FP32 && (int64_t)dy->numel == B * T * C);
-    bool ok = true;
-    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)C, &ok); /* one row at a time */
-    if (!ok)
+    assert((int64_t)dwpe->numel >= T * C && n < INT32_MAX);
+    assert(dwte->numel % (size_t)C == 0 && dwpe->numel % (size_t)C == 0);
+    int64_t per = EMB_TABLE_ELEMS / C > 0 ? EMB_TABLE_ELEMS / C : 1;
+    int64_t pe_rows = (int64_t)dwpe->numel / C, te_chunks = div_up(vocab, per), pe_chunks = div_up(pe_rows, per);
+    if (!wstage_reserve(cb, WSCR_IN0, dy, (size_t)C)) /* one row at a time */
         return;
     /* This pass's gradient is summed from zero, then added to beta * d: accumulating micro-batches is
      * "grad += new" (PyTorch's order), so one rank summing two micro-batches gives the bits of two ranks'
@@ -1435,27 +1625,30 @@ static void cpu_embedding_backward(struct backend *be, struct tensor *dwte, stru
         if (!acc_te || !acc_pe)
             return;
     }
-    scale_f32(acc_te, dwte->numel, 0.0f);
-    scale_f32(acc_pe, dwpe->numel, 0.0f);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            int32_t tok = tokens[b * T + t];
-            assert(tok >= 0 && tok < vocab);
-            if (tok < 0 || tok >= vocab)
-                continue;
-            const float *g = load_f32(dy->data, dy->dtype, (size_t)((b * T + t) * C), (size_t)C, dybuf);
-            float *e = acc_te + tok * C, *p = acc_pe + t * C;
-            for (int64_t j = 0; j < C; j++) {
-                e[j] += g[j];
-                p[j] += g[j];
-            }
-        }
-    if (beta != 0.0f) {
-        for (size_t i = 0; i < dwte->numel; i++)
-            dte[i] = beta * dte[i] + acc_te[i];
-        for (size_t i = 0; i < dwpe->numel; i++)
-            dpe[i] = beta * dpe[i] + acc_pe[i];
+    /* The bucket of each wte chunk: the positions of its tokens, in order (a stable counting sort). */
+    int32_t *first = scratch_get(cb, SCR_ACC0, (size_t)(te_chunks + 1 + n) * sizeof(int32_t)), *order;
+    if (!first)
+        return;
+    order = first + te_chunks + 1;
+    memset(first, 0, (size_t)(te_chunks + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++) {
+        assert(tokens[i] >= 0 && tokens[i] < vocab);
+        if (tokens[i] >= 0 && tokens[i] < vocab) /* release builds skip a bad token */
+            first[tokens[i] / per + 1]++;
     }
+    for (int64_t c = 0; c < te_chunks; c++)
+        first[c + 1] += first[c];
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] >= 0 && tokens[i] < vocab)
+            order[first[tokens[i] / per]++] = (int32_t)i;
+    for (int64_t c = te_chunks; c > 0; c--) /* back from each bucket's end to its start */
+        first[c] = first[c - 1];
+    first[0] = 0;
+    struct emb_job j = { .cb = cb, .dy = dy, .tokens = tokens, .B = B, .T = T, .C = C, .vocab = vocab,
+                         .rows_per = per, .pe_rows = pe_rows, .acc_te = acc_te, .acc_pe = acc_pe, .dte = dte, .dpe = dpe, .beta = beta,
+                         .te_chunks = te_chunks, .order = order, .first = first };
+    parallel_for((n + vocab + T) * C > (int64_t)EW_CHUNK ? cb->pool : NULL, te_chunks + pe_chunks, emb_backward_chunk,
+                 &j);
 }
 
 /* ---- attention ------------------------------------------------------------------------------- */
@@ -1482,11 +1675,119 @@ static void softmax_causal(float *s, int64_t T)
     }
 }
 
+/* Attention is threaded by (batch, head): each pair reads its own column blocks of qkv (and dout, probs)
+ * and writes its own of out, probs (and dqkv). The pairs run on the pool when there are several and the
+ * products are worth it (ATT_PAR_MACS multiply-adds in all); each then forms its products on its own
+ * thread with its own scratch (att_gemm_worker), which gives the bits gemm_core gives: the same routine
+ * (gemm_avx512, or sgemm for a 16-bit result), whose bits do not depend on the thread running it or on
+ * banding (gemm_avx512.h). Otherwise the pairs run in order on the calling thread through gemm_core, as
+ * they always did (a long sequence's products may then band across the pool themselves). */
+#define ATT_PAR_MACS ((int64_t)1 << 20)
+
+struct att_job {
+    struct cpu_backend *cb;
+    const struct tensor *qkv;               /* (B, T, 3C) */
+    struct tensor *out, *probs_out;         /* forward: (B, T, C), (B, H, T, T) */
+    struct tensor *dqkv;                    /* backward: (B, T, 3C) */
+    const struct tensor *dout, *probs;      /* backward: (B, T, C), (B, H, T, T) */
+    int64_t T, C, H, D;
+    float scale;                            /* 1 / sqrt(D) */
+    bool par;                               /* on the pool: att_gemm_worker; else gemm_core */
+};
+
+/* Rows [0, rows) of the column block [col, col + width) of the row-major (rows, ld) matrix at element
+ * `off` of t, as fp32 at the same place of a same-shaped matrix: t's data itself when fp32, else buf
+ * (rows * ld floats), into which only that block is converted. */
+static const float *att_load_block(const struct tensor *t, size_t off, int64_t rows, int64_t ld, int64_t col,
+                                   int64_t width, float *buf)
+{
+    if (t->dtype == DT_FP32)
+        return (const float *)t->data + off;
+    for (int64_t r = 0; r < rows; r++)
+        dtype_convert(buf + r * ld + col, DT_FP32, elem_ptr(t->data, t->dtype, off + (size_t)(r * ld + col)),
+                      t->dtype, (size_t)width);
+    return buf;
+}
+
+/* gemm_core's path for fp32 A and B, beta 0 and no bias, on this worker's scratch (reserved by
+ * att_reserve): gemm_avx512 where gemm_core takes it (an fp32 C; no partial buffer, since C is fp32 and
+ * not read), else sgemm into C or, for a 16-bit C, into fp32 scratch rounded once. */
+static void att_gemm_worker(struct cpu_backend *cb, int worker, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, struct mat_in a, struct mat_in b, struct mat_out c)
+{
+    if (cb->gemm_avx512[DT_FP32] && c.dt == DT_FP32) {
+        struct gemm_avx512_args g = { .in = DT_FP32, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
+                                      .beta = 0.0f, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
+                                      .c_dt = c.dt, .ldc = c.ld };
+        gemm_avx512(&g, wscratch(cb, worker, WSCR_PACK_A), wscratch(cb, worker, WSCR_GEMM_B), NULL);
+        return;
+    }
+    float *cf = c.dt == DT_FP32 ? (float *)c.p : wscratch(cb, worker, WSCR_GEMM_C);
+    int64_t ldc = c.dt == DT_FP32 ? c.ld : n;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(m),
+                blas_dim(n), blas_dim(k), alpha, a.p, blas_dim(a.ld), b.p, blas_dim(b.ld), 0.0f, cf, blas_dim(ldc));
+    if (c.dt != DT_FP32)
+        for (int64_t r = 0; r < m; r++)
+            dtype_convert(elem_ptr(c.p, c.dt, (size_t)(r * c.ld)), c.dt, cf + r * n, DT_FP32, (size_t)n);
+}
+
+/* C = alpha op(A) op(B) for one (batch, head): fp32 A and B, beta 0. */
+static void att_gemm(const struct att_job *j, int worker, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                     float alpha, struct mat_in a, struct mat_in b, struct mat_out c)
+{
+    if (j->par)
+        att_gemm_worker(j->cb, worker, ta, tb, m, n, k, alpha, a, b, c);
+    else
+        gemm_core(j->cb, ta, tb, m, n, k, alpha, a, b, 0.0f, c, NULL);
+}
+
+/* The per-worker scratch of attention on the pool: the products' packed panels (the larger of the two
+ * shapes (T, T, D) and (T, D, T)) and a 16-bit result's fp32 copy (T, D). */
+static bool att_reserve_gemm(struct cpu_backend *cb, int64_t T, int64_t D, enum dtype c_dt)
+{
+    struct gemm_avx512_scratch s1 = { 0 }, s2 = { 0 };
+    if (cb->gemm_avx512[DT_FP32]) {
+        gemm_avx512_scratch_sizes(DT_FP32, T, T, D, &s1);
+        gemm_avx512_scratch_sizes(DT_FP32, T, D, T, &s2);
+    }
+    size_t pa = s1.pack_a_bytes > s2.pack_a_bytes ? s1.pack_a_bytes : s2.pack_a_bytes;
+    size_t pb = s1.pack_b_bytes > s2.pack_b_bytes ? s1.pack_b_bytes : s2.pack_b_bytes;
+    return (!pa || wscratch_reserve(cb, WSCR_PACK_A, pa)) && (!pb || wscratch_reserve(cb, WSCR_GEMM_B, pb)) &&
+           (c_dt == DT_FP32 || wscratch_reserve(cb, WSCR_GEMM_C, (size_t)(T * D) * sizeof(float)));
+}
+
+/* Whether B*H pairs of this size run on the pool. */
+static bool att_par(const struct cpu_backend *cb, int64_t B, int64_t T, int64_t D, int64_t H)
+{
+    return cb->pool && B * H > 1 && B * H * T * T * D >= ATT_PAR_MACS;
+}
+
 /* Per (batch b, head h), with Q, K, V the (T, D) column blocks h*D, C + h*D, 2C + h*D of qkv[b]
  * (row stride 3C) and d = qkv's dtype:
  *   S = round_d(Q K^T / sqrt(D))           GEMM, fp32 accumulation
  *   P = round_probs(causal_softmax(S))      fp32, stored in `probs`
  *   out[b, :, hD:(h+1)D] = round_out(P V)   GEMM */
+static void att_forward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct att_job *j = arg;
+    int64_t T = j->T, C = j->C, D = j->D, b = chunk / j->H, h = chunk % j->H;
+    const struct tensor *qkv = j->qkv;
+    float *qbuf = wscratch(j->cb, worker, WSCR_IN0), *s = wscratch(j->cb, worker, WSCR_TMP0);
+    size_t seq = (size_t)(b * T * 3 * C);
+    att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
+    att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
+    const float *q = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf);
+    const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
+    att_gemm(j, worker, false, true, T, T, D, j->scale, mat_f32(qb, 3 * C), mat_f32(kb, 3 * C), out_mat_f32(s, T));
+    round_f32_to(s, (size_t)(T * T), qkv->dtype);
+    softmax_causal(s, T);
+    round_f32_to(s, (size_t)(T * T), j->probs_out->dtype);
+    dtype_convert(elem_ptr(j->probs_out->data, j->probs_out->dtype, (size_t)(chunk * T * T)), j->probs_out->dtype, s,
+                  DT_FP32, (size_t)(T * T));
+    struct mat_out o = { elem_ptr(j->out->data, j->out->dtype, (size_t)(b * T * C + h * D)), j->out->dtype, C };
+    att_gemm(j, worker, false, false, T, D, T, 1.0f, mat_f32(s, T), mat_f32(vb, 3 * C), o);
+}
+
 static void cpu_attention_forward(struct backend *be, struct tensor *out, struct tensor *probs,
                                   const struct tensor *qkv, int64_t B, int64_t T, int64_t C, int64_t H)
 {
@@ -1495,27 +1796,14 @@ static void cpu_attention_forward(struct backend *be, struct tensor *out, struct
     assert((int64_t)qkv->numel == B * T * 3 * C && (int64_t)out->numel == B * T * C);
     assert((int64_t)probs->numel == B * H * T * T);
     int64_t D = C / H;
-    float scale = 1.0f / sqrtf((float)D);
-    bool ok = true;
-    float *qbuf = stage_f32(cb, SCR_IN0, qkv, (size_t)(T * 3 * C), &ok); /* one sequence's qkv at a time */
-    float *s = scratch_get(cb, SCR_TMP0, (size_t)(T * T) * sizeof(float));
-    if (!ok || !s)
+    struct att_job j = { .cb = cb, .qkv = qkv, .out = out, .probs_out = probs, .T = T, .C = C, .H = H, .D = D,
+                         .scale = 1.0f / sqrtf((float)D), .par = att_par(cb, B, T, D, H) };
+    /* one sequence's qkv (only the pair's blocks are filled), one (T, T) score matrix */
+    if (!wstage_reserve(cb, WSCR_IN0, qkv, (size_t)(T * 3 * C)) ||
+        !wscratch_reserve(cb, WSCR_TMP0, (size_t)(T * T) * sizeof(float)) ||
+        (j.par && !att_reserve_gemm(cb, T, D, out->dtype)))
         return;
-    for (int64_t b = 0; b < B; b++) {
-        const float *q = load_f32(qkv->data, qkv->dtype, (size_t)(b * T * 3 * C), (size_t)(T * 3 * C), qbuf);
-        for (int64_t h = 0; h < H; h++) {
-            const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
-            gemm_core(cb, false, true, T, T, D, scale, mat_f32(qb, 3 * C), mat_f32(kb, 3 * C), 0.0f,
-                      out_mat_f32(s, T), NULL);
-            round_f32_to(s, (size_t)(T * T), qkv->dtype);
-            softmax_causal(s, T);
-            round_f32_to(s, (size_t)(T * T), probs->dtype);
-            dtype_convert(elem_ptr(probs->data, probs->dtype, (size_t)((b * H + h) * T * T)), probs->dtype, s,
-                          DT_FP32, (size_t)(T * T));
-            struct mat_out o = { elem_ptr(out->data, out->dtype, (size_t)(b * T * C + h * D)), out->dtype, C };
-            gemm_core(cb, false, false, T, D, T, 1.0f, mat_f32(s, T), mat_f32(vb, 3 * C), 0.0f, o, NULL);
-        }
-    }
+    parallel_for(j.par ? cb->pool : NULL, B * H, att_forward_chunk, &j);
 }
 
 /* The chain rule through cpu_attention_forward, per (b, h), with d = qkv's dtype. The 16-bit roundings
@@ -1523,6 +1811,48 @@ static void cpu_attention_forward(struct backend *be, struct tensor *out, struct
  *   dP = round_d(dO V^T)                               GEMM
  *   dS = round_d(P * (dP - rowsum(P * dP)))             fp32 softmax backward (0 where masked)
  *   dV = P^T dO,  dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)   GEMMs rounded to dqkv's dtype */
+static void att_backward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct att_job *j = arg;
+    int64_t T = j->T, C = j->C, D = j->D, b = chunk / j->H, h = chunk % j->H;
+    const struct tensor *qkv = j->qkv;
+    enum dtype d = qkv->dtype;
+    struct cpu_backend *cb = j->cb;
+    float *qbuf = wscratch(cb, worker, WSCR_IN0), *dobuf = wscratch(cb, worker, WSCR_IN1);
+    float *pbuf = wscratch(cb, worker, WSCR_IN2), *ds = wscratch(cb, worker, WSCR_TMP0);
+    size_t seq = (size_t)(b * T * 3 * C);
+    att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
+    att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
+    const float *q = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf);
+    const float *dO = att_load_block(j->dout, (size_t)(b * T * C), T, C, h * D, D, dobuf);
+    const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
+    const float *pb = load_f32(j->probs->data, j->probs->dtype, (size_t)(chunk * T * T), (size_t)(T * T), pbuf);
+    const float *dob = dO + h * D;
+    att_gemm(j, worker, false, true, T, T, D, 1.0f, mat_f32(dob, C), mat_f32(vb, 3 * C), out_mat_f32(ds, T));
+    round_f32_to(ds, (size_t)(T * T), d);
+    for (int64_t t = 0; t < T; t++) {
+        const float *pr = pb + t * T;
+        float *row = ds + t * T;
+        double dot = 0.0;
+        for (int64_t k = 0; k <= t; k++)
+            dot += (double)pr[k] * row[k];
+        float dot_f = (float)dot;
+        for (int64_t k = 0; k <= t; k++)
+            row[k] = pr[k] * (row[k] - dot_f);
+        for (int64_t k = t + 1; k < T; k++)
+            row[k] = 0.0f;
+    }
+    round_f32_to(ds, (size_t)(T * T), d);
+    struct tensor *dqkv = j->dqkv;
+    size_t base = seq + (size_t)(h * D);
+    struct mat_out dq = { elem_ptr(dqkv->data, dqkv->dtype, base), dqkv->dtype, 3 * C };
+    struct mat_out dk = { elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), dqkv->dtype, 3 * C };
+    struct mat_out dv = { elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), dqkv->dtype, 3 * C };
+    att_gemm(j, worker, true, false, T, D, T, 1.0f, mat_f32(pb, T), mat_f32(dob, C), dv);
+    att_gemm(j, worker, false, false, T, D, T, j->scale, mat_f32(ds, T), mat_f32(kb, 3 * C), dq);
+    att_gemm(j, worker, true, false, T, D, T, j->scale, mat_f32(ds, T), mat_f32(qb, 3 * C), dk);
+}
+
 static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
                                    const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T,
                                    int64_t C, int64_t H)
@@ -1532,54 +1862,72 @@ static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, cons
     assert((int64_t)qkv->numel == B * T * 3 * C && (int64_t)dqkv->numel == B * T * 3 * C);
     assert((int64_t)dout->numel == B * T * C && (int64_t)probs->numel == B * H * T * T);
     int64_t D = C / H;
-    float scale = 1.0f / sqrtf((float)D);
-    enum dtype d = qkv->dtype;
-    bool ok = true; /* staged per sequence (qkv, dout) and per (sequence, head) (probs) */
-    float *qbuf = stage_f32(cb, SCR_IN0, qkv, (size_t)(T * 3 * C), &ok);
-    float *dobuf = stage_f32(cb, SCR_IN1, dout, (size_t)(T * C), &ok);
-    float *pbuf = stage_f32(cb, SCR_IN2, probs, (size_t)(T * T), &ok);
-    float *ds = scratch_get(cb, SCR_TMP0, (size_t)(T * T) * sizeof(float));
-    if (!ok || !ds)
+    struct att_job j = { .cb = cb, .qkv = qkv, .dqkv = dqkv, .dout = dout, .probs = probs, .T = T, .C = C, .H = H,
+                         .D = D, .scale = 1.0f / sqrtf((float)D), .par = att_par(cb, B, T, D, H) };
+    /* staged per sequence (qkv, dout: the pair's blocks) and per pair (probs) */
+    if (!wstage_reserve(cb, WSCR_IN0, qkv, (size_t)(T * 3 * C)) || !wstage_reserve(cb, WSCR_IN1, dout, (size_t)(T * C)) ||
+        !wstage_reserve(cb, WSCR_IN2, probs, (size_t)(T * T)) ||
+        !wscratch_reserve(cb, WSCR_TMP0, (size_t)(T * T) * sizeof(float)) ||
+        (j.par && !att_reserve_gemm(cb, T, D, dqkv->dtype)))
         return;
-    for (int64_t b = 0; b < B; b++) {
-        const float *q = load_f32(qkv->data, qkv->dtype, (size_t)(b * T * 3 * C), (size_t)(T * 3 * C), qbuf);
-        const float *dO = load_f32(dout->data, dout->dtype, (size_t)(b * T * C), (size_t)(T * C), dobuf);
-        for (int64_t h = 0; h < H; h++) {
-            const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
-            const float *pb = load_f32(probs->data, probs->dtype, (size_t)((b * H + h) * T * T), (size_t)(T * T), pbuf);
-            const float *dob = dO + h * D;
-            gemm_core(cb, false, true, T, T, D, 1.0f, mat_f32(dob, C), mat_f32(vb, 3 * C), 0.0f,
-                      out_mat_f32(ds, T), NULL);
-            round_f32_to(ds, (size_t)(T * T), d);
-            for (int64_t t = 0; t < T; t++) {
-                const float *pr = pb + t * T;
-                float *row = ds + t * T;
-                double dot = 0.0;
-                for (int64_t j = 0; j <= t; j++)
-                    dot += (double)pr[j] * row[j];
-                float dot_f = (float)dot;
-                for (int64_t j = 0; j <= t; j++)
-                    row[j] = pr[j] * (row[j] - dot_f);
-                for (int64_t j = t + 1; j < T; j++)
-                    row[j] = 0.0f;
-            }
-            round_f32_to(ds, (size_t)(T * T), d);
-            size_t base = (size_t)(b * T * 3 * C + h * D);
-            struct mat_out dq = { elem_ptr(dqkv->data, dqkv->dtype, base), dqkv->dtype, 3 * C };
-            struct mat_out dk = { elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), dqkv->dtype, 3 * C };
-            struct mat_out dv = { elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), dqkv->dtype, 3 * C };
-            gemm_core(cb, true, false, T, D, T, 1.0f, mat_f32(pb, T), mat_f32(dob, C), 0.0f, dv, NULL);
-            gemm_core(cb, false, false, T, D, T, scale, mat_f32(ds, T), mat_f32(kb, 3 * C), 0.0f, dq, NULL);
-            gemm_core(cb, true, false, T, D, T, scale, mat_f32(ds, T), mat_f32(qb, 3 * C), 0.0f, dk, NULL);
-        }
-    }
+    parallel_for(j.par ? cb->pool : NULL, B * H, att_backward_chunk, &j);
 }
 
 /* ---- losses ---------------------------------------------------------------------------------- */
 
+/* Both losses are threaded by rows (rows_per_chunk samples a chunk): a sample's loss, prediction and
+ * gradient row depend on its own row alone. */
+struct loss_job {
+    struct cpu_backend *cb;
+    float *losses;                          /* (N) fp32, or NULL */
+    int32_t *correct;                       /* xent: (N), or NULL */
+    struct tensor *grad;                    /* (N, K) dlogits or dy, or NULL */
+    const struct tensor *x, *target;        /* (N, K) logits or y; mse: target */
+    const int32_t *labels;                  /* xent: (N) */
+    int64_t N, K, rows_per;
+    float g;                                /* the gradient's factor */
+};
+
 /* A label outside [0, K) is a programming error (the data module validates labels): debug builds
  * abort; release builds give that sample a NaN loss, correct 0 and no one-hot term, so the non-finite
  * check reports it instead of the backend reading out of bounds. */
+static void xent_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct loss_job *j = arg;
+    int64_t K = j->K, i0 = chunk * j->rows_per, i1 = i0 + j->rows_per < j->N ? i0 + j->rows_per : j->N;
+    float *xb = wscratch(j->cb, worker, WSCR_TMP0), *db = wscratch(j->cb, worker, WSCR_TMP1);
+    struct tensor *dlogits = j->grad;
+    for (int64_t i = i0; i < i1; i++) {
+        const float *x = load_f32(j->x->data, j->x->dtype, (size_t)(i * K), (size_t)K, xb);
+        float mx = x[0];
+        int64_t arg_max = 0;
+        for (int64_t k = 1; k < K; k++)
+            if (x[k] > mx) {
+                mx = x[k];
+                arg_max = k;
+            }
+        double sum = 0.0;
+        for (int64_t k = 0; k < K; k++)
+            sum += exp((double)x[k] - (double)mx);
+        double lse = (double)mx + log(sum);
+        int32_t label = j->labels[i];
+        assert(label >= 0 && label < K);
+        bool ok = label >= 0 && label < K;
+        if (j->losses)
+            j->losses[i] = ok ? (float)(lse - (double)x[label]) : NAN;
+        if (j->correct)
+            j->correct[i] = ok && arg_max == label;
+        if (!dlogits)
+            continue;
+        float *d = out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db);
+        for (int64_t k = 0; k < K; k++) {
+            float p = (float)exp((double)x[k] - lse);
+            d[k] = (p - (k == label ? 1.0f : 0.0f)) * j->g;
+        }
+        store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
+    }
+}
+
 static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct,
                                       struct tensor *dlogits, const struct tensor *logits, const int32_t *labels,
                                       int64_t N, int64_t K, const float *grad_seed)
@@ -1588,40 +1936,41 @@ static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses,
     assert((int64_t)logits->numel == N * K && K >= 1);
     assert(!losses || (losses->dtype == DT_FP32 && (int64_t)losses->numel >= N));
     assert(!dlogits || (int64_t)dlogits->numel == N * K);
-    float *xb = scratch_get(cb, SCR_TMP0, (size_t)K * sizeof(float));
-    float *db = scratch_get(cb, SCR_TMP1, (size_t)K * sizeof(float));
-    if (!xb || !db)
+    if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)K * sizeof(float)) ||
+        !wscratch_reserve(cb, WSCR_TMP1, (size_t)K * sizeof(float)))
         return;
     assert(!dlogits || grad_seed);
-    float g = dlogits ? (float)((double)*grad_seed / (double)N) : 0.0f;
-    for (int64_t i = 0; i < N; i++) {
-        const float *x = load_f32(logits->data, logits->dtype, (size_t)(i * K), (size_t)K, xb);
-        float mx = x[0];
-        int64_t arg = 0;
-        for (int64_t j = 1; j < K; j++)
-            if (x[j] > mx) {
-                mx = x[j];
-                arg = j;
-            }
-        double sum = 0.0;
-        for (int64_t j = 0; j < K; j++)
-            sum += exp((double)x[j] - (double)mx);
-        double lse = (double)mx + log(sum);
-        int32_t label = labels[i];
-        assert(label >= 0 && label < K);
-        bool ok = label >= 0 && label < K;
-        if (losses)
-            ((float *)losses->data)[i] = ok ? (float)(lse - (double)x[label]) : NAN;
-        if (correct)
-            correct[i] = ok && arg == label;
-        if (!dlogits)
-            continue;
-        float *d = out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db);
-        for (int64_t j = 0; j < K; j++) {
-            float p = (float)exp((double)x[j] - lse);
-            d[j] = (p - (j == label ? 1.0f : 0.0f)) * g;
+    struct loss_job j = { .cb = cb, .losses = losses ? (float *)losses->data : NULL, .correct = correct,
+                          .grad = dlogits, .x = logits, .labels = labels, .N = N, .K = K,
+                          .rows_per = rows_per_chunk(K),
+                          .g = dlogits ? (float)((double)*grad_seed / (double)N) : 0.0f };
+    parallel_for(cb->pool, div_up(N, j.rows_per), xent_chunk, &j);
+}
+
+static void mse_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct loss_job *j = arg;
+    int64_t K = j->K, i0 = chunk * j->rows_per, i1 = i0 + j->rows_per < j->N ? i0 + j->rows_per : j->N;
+    float *yb = wscratch(j->cb, worker, WSCR_TMP0), *tb = wscratch(j->cb, worker, WSCR_TMP1);
+    float *db = wscratch(j->cb, worker, WSCR_TMP2);
+    struct tensor *dy = j->grad;
+    for (int64_t i = i0; i < i1; i++) {
+        size_t off = (size_t)(i * K);
+        const float *yr = load_f32(j->x->data, j->x->dtype, off, (size_t)K, yb);
+        const float *tr = load_f32(j->target->data, j->target->dtype, off, (size_t)K, tb);
+        double s = 0.0;
+        for (int64_t k = 0; k < K; k++) {
+            double e = (double)yr[k] - (double)tr[k];
+            s += e * e;
         }
-        store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
+        if (j->losses)
+            j->losses[i] = (float)(s / (double)K);
+        if (!dy)
+            continue;
+        float *d = out_f32(dy->data, dy->dtype, off, db);
+        for (int64_t k = 0; k < K; k++)
+            d[k] = (yr[k] - tr[k]) * j->g;
+        store_f32(dy->data, dy->dtype, off, (size_t)K, d);
     }
 }
 
@@ -1633,32 +1982,18 @@ static void cpu_mse_forward_backward(struct backend *be, struct tensor *losses, 
     assert((int64_t)y->numel == N * K && (int64_t)target->numel == N * K);
     assert(!dy || grad_seed);
     assert(!dy || (int64_t)dy->numel == N * K);
-    float *yb = scratch_get(cb, SCR_TMP0, (size_t)K * sizeof(float));
-    float *tb = scratch_get(cb, SCR_TMP1, (size_t)K * sizeof(float));
-    float *db = scratch_get(cb, SCR_TMP2, (size_t)K * sizeof(float));
-    if (!yb || !tb || !db)
+    size_t row_bytes = (size_t)K * sizeof(float);
+    if (!wscratch_reserve(cb, WSCR_TMP0, row_bytes) || !wscratch_reserve(cb, WSCR_TMP1, row_bytes) ||
+        !wscratch_reserve(cb, WSCR_TMP2, row_bytes))
         return;
-    float g = dy ? (float)(2.0 * (double)*grad_seed / ((double)N * (double)K)) : 0.0f;
-    for (int64_t i = 0; i < N; i++) {
-        size_t off = (size_t)(i * K);
-        const float *yr = load_f32(y->data, y->dtype, off, (size_t)K, yb);
-        const float *tr = load_f32(target->data, target->dtype, off, (size_t)K, tb);
-        double s = 0.0;
-        for (int64_t j = 0; j < K; j++) {
-            double e = (double)yr[j] - (double)tr[j];
-            s += e * e;
-        }
-        if (losses)
-            ((float *)losses->data)[i] = (float)(s / (double)K);
-        if (!dy)
-            continue;
-        float *d = out_f32(dy->data, dy->dtype, off, db);
-        for (int64_t j = 0; j < K; j++)
-            d[j] = (yr[j] - tr[j]) * g;
-        store_f32(dy->data, dy->dtype, off, (size_t)K, d);
-    }
+    struct loss_job j = { .cb = cb, .losses = losses ? (float *)losses->data : NULL, .grad = dy, .x = y,
+                          .target = target, .N = N, .K = K, .rows_per = rows_per_chunk(K),
+                          .g = dy ? (float)(2.0 * (double)*grad_seed / ((double)N * (double)K)) : 0.0f };
+    parallel_for(cb->pool, div_up(N, j.rows_per), mse_chunk, &j);
 }
 
+/* The mean of the first n losses. Not threaded: one double sum in index order, which fixed-chunk partials
+ * would reorder (the logged loss would move in its last bits), over a handful of values per sample. */
 static void cpu_loss_sum(struct backend *be, double *acc, const struct tensor *losses, int64_t n, bool accumulate)
 {
     (void)be;
@@ -1775,19 +2110,42 @@ static void cpu_step_finish(struct backend *be, const struct step_params *p, str
     step_rule_finish(p, state, check, row);
 }
 
-static void cpu_count_zeros(struct backend *be, const struct tensor *t, int64_t *acc)
+/* Threaded in EW_CHUNK-element chunks, one count each, summed in chunk order (integers: exact anyway). */
+struct zeros_job {
+    const struct tensor *t;
+    int64_t *counts; /* one per chunk */
+};
+
+static void count_zeros_chunk(void *arg, int64_t chunk, int worker)
 {
-    (void)be;
+    (void)worker;
+    const struct zeros_job *j = arg;
+    size_t lo = (size_t)chunk * EW_CHUNK, n = j->t->numel, hi = n - lo < EW_CHUNK ? n : lo + EW_CHUNK;
     int64_t zeros = 0;
-    if (t->dtype == DT_FP32) {
-        const uint32_t *u = (const uint32_t *)t->data;
-        for (size_t i = 0; i < t->numel; i++)
+    if (j->t->dtype == DT_FP32) {
+        const uint32_t *u = (const uint32_t *)j->t->data;
+        for (size_t i = lo; i < hi; i++)
             zeros += (u[i] & 0x7FFFFFFFu) == 0;
     } else {
-        const uint16_t *u = (const uint16_t *)t->data;
-        for (size_t i = 0; i < t->numel; i++)
+        const uint16_t *u = (const uint16_t *)j->t->data;
+        for (size_t i = lo; i < hi; i++)
             zeros += (u[i] & 0x7FFFu) == 0;
     }
+    j->counts[chunk] = zeros;
+}
+
+static void cpu_count_zeros(struct backend *be, const struct tensor *t, int64_t *acc)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t n_chunks = ew_chunks(t->numel);
+    int64_t *counts = scratch_get(cb, SCR_ACC1, (size_t)(n_chunks > 0 ? n_chunks : 1) * sizeof(int64_t));
+    if (!counts)
+        return;
+    struct zeros_job j = { .t = t, .counts = counts };
+    parallel_for(cb->pool, n_chunks, count_zeros_chunk, &j);
+    int64_t zeros = 0;
+    for (int64_t c = 0; c < n_chunks; c++)
+        zeros += counts[c];
     *acc += zeros;
 }
 
@@ -1987,52 +2345,99 @@ static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a
 
 /* ---- fp8 -------------------------------------------------------------------------------------------- */
 
+/* Threaded in EW_CHUNK-element chunks, twice: the amax (one per chunk, folded in chunk order; a max, so
+ * the same value in any order), then the cast, elementwise, with the saturation counts (integers, one set
+ * per chunk, summed in chunk order). */
+struct fp8_cast_job {
+    const struct tensor *src;
+    uint8_t *out;
+    enum fp8_format f;
+    float scale;
+    bool counts;
+    float *amax;       /* one per chunk */
+    int64_t *tallies;  /* 3 per chunk: saturated, flushed, nonzero */
+};
+
+static void fp8_amax_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct fp8_cast_job *j = arg;
+    size_t lo = (size_t)chunk * EW_CHUNK, n = j->src->numel, hi = n - lo < EW_CHUNK ? n : lo + EW_CHUNK;
+    float buf[BLOCK], amax = 0.0f;
+    for (size_t i = lo; i < hi; i += BLOCK) {
+        size_t c = hi - i < BLOCK ? hi - i : BLOCK;
+        const float *v = load_f32(j->src->data, j->src->dtype, i, c, buf);
+        for (size_t k = 0; k < c; k++)
+            amax = fp8_amax_fold(amax, v[k]);
+    }
+    j->amax[chunk] = amax;
+}
+
+static void fp8_cast_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct fp8_cast_job *j = arg;
+    size_t lo = (size_t)chunk * EW_CHUNK, n = j->src->numel, hi = n - lo < EW_CHUNK ? n : lo + EW_CHUNK;
+    const float scale = j->scale;
+    const enum fp8_format f = j->f;
+    uint8_t *out = j->out;
+    float buf[BLOCK];
+    int64_t sat = 0, flushed = 0, nonzero = 0;
+    for (size_t i = lo; i < hi; i += BLOCK) {
+        size_t c = hi - i < BLOCK ? hi - i : BLOCK;
+        const float *v = load_f32(j->src->data, j->src->dtype, i, c, buf);
+        for (size_t k = 0; k < c; k++)
+            out[i + k] = fp8_from_fp32(v[k] * scale, f, 1);
+        if (j->counts)
+            for (size_t k = 0; k < c; k++) {
+                if (v[k] == 0.0f || isnan(v[k]))
+                    continue;
+                nonzero++;
+                uint8_t raw = fp8_from_fp32(v[k] * scale, f, 0) & 0x7F;
+                sat += f == FP8_E4M3 ? raw == 0x7F : raw >= 0x7C;
+                flushed += (out[i + k] & 0x7F) == 0;
+            }
+    }
+    int64_t *t = j->tallies + 3 * chunk;
+    t[0] = sat;
+    t[1] = flushed;
+    t[2] = nonzero;
+}
+
 static void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
 {
-    (void)be;
+    struct cpu_backend *cb = cpu_of(be);
     const struct tensor *src = a->src;
     struct tensor *dst = a->dst;
     assert(dtype_is_fp8(dst->dtype) && !dtype_is_fp8(src->dtype) && dst->numel == src->numel);
-    enum fp8_format f = dst->dtype == DT_FP8_E4M3 ? FP8_E4M3 : FP8_E5M2;
     size_t n = src->numel;
-    float buf[BLOCK];
+    int64_t n_chunks = ew_chunks(n), slots = n_chunks > 0 ? n_chunks : 1;
+    struct fp8_cast_job j = { .src = src, .out = dst->data, .f = dst->dtype == DT_FP8_E4M3 ? FP8_E4M3 : FP8_E5M2,
+                              .counts = a->counts != NULL,
+                              .amax = scratch_get(cb, SCR_ACC0, (size_t)slots * sizeof(float)),
+                              .tallies = scratch_get(cb, SCR_ACC1, (size_t)slots * 3 * sizeof(int64_t)) };
+    if (!j.amax || !j.tallies)
+        return;
     if (a->current || a->amax) {
+        parallel_for(cb->pool, n_chunks, fp8_amax_chunk, &j);
         float amax = 0.0f;
-        for (size_t i = 0; i < n; i += BLOCK) {
-            size_t c = n - i < BLOCK ? n - i : BLOCK;
-            const float *v = load_f32(src->data, src->dtype, i, c, buf);
-            for (size_t j = 0; j < c; j++)
-                amax = fp8_amax_fold(amax, v[j]);
-        }
+        for (int64_t c = 0; c < n_chunks; c++)
+            amax = fmaxf(amax, j.amax[c]);
         if (a->current) {
-            *a->scale = fp8_scale_from_amax(amax, fp8_max(f), a->margin, *a->scale, true);
+            *a->scale = fp8_scale_from_amax(amax, fp8_max(j.f), a->margin, *a->scale, true);
             *a->scale_inv = 1.0f / *a->scale;
         }
         if (a->amax)
             *a->amax = fp8_amax_fold(*a->amax, amax);
     }
-    const float scale = *a->scale;
-    uint8_t *out = dst->data;
-    int64_t sat = 0, flushed = 0, nonzero = 0;
-    for (size_t i = 0; i < n; i += BLOCK) {
-        size_t c = n - i < BLOCK ? n - i : BLOCK;
-        const float *v = load_f32(src->data, src->dtype, i, c, buf);
-        for (size_t j = 0; j < c; j++)
-            out[i + j] = fp8_from_fp32(v[j] * scale, f, 1);
-        if (a->counts)
-            for (size_t j = 0; j < c; j++) {
-                if (v[j] == 0.0f || isnan(v[j]))
-                    continue;
-                nonzero++;
-                uint8_t raw = fp8_from_fp32(v[j] * scale, f, 0) & 0x7F;
-                sat += f == FP8_E4M3 ? raw == 0x7F : raw >= 0x7C;
-                flushed += (out[i + j] & 0x7F) == 0;
-            }
-    }
+    j.scale = *a->scale;
+    parallel_for(cb->pool, n_chunks, fp8_cast_chunk, &j);
     if (a->counts) {
-        a->counts[0] += sat;
-        a->counts[1] += flushed;
-        a->counts[2] += nonzero;
+        for (int64_t c = 0; c < n_chunks; c++) {
+            a->counts[0] += j.tallies[3 * c];
+            a->counts[1] += j.tallies[3 * c + 1];
+            a->counts[2] += j.tallies[3 * c + 2];
+        }
         a->counts[3] += (int64_t)n;
     }
 }
