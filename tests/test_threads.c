@@ -6,9 +6,11 @@
  *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline.
  *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
- *    block), the elementwise ops (every activation forward and backward, add, dropout) and the optimizer
- *    updates (adamw, sgd with Nesterov momentum, bf16 weights and moments with stochastic rounding), at 2, 3
- *    and 7 threads against 1: every output byte-identical.
+ *    block), the elementwise ops (every activation forward and backward, add, dropout), the optimizer
+ *    updates (adamw, sgd with Nesterov momentum, bf16 weights and moments with stochastic rounding), the
+ *    convolutions (forward, data and filter gradients, strided, pointwise), pooling (max, avg), batchnorm
+ *    (training and eval) and the bias gradient, on shapes of several chunks and one below the threshold, at
+ *    2, 3 and 7 threads against 1: every output byte-identical.
  *  - ampTrain end to end: fashion_mlp, fashion_cnn and text_gpt, short runs in the four precision modes
  *    fp32, fp16-dynamic, bf16 and fp8, at run.threads 1, 2, 3 and 7: scale_log.csv (samples_per_s aside)
  *    and every checkpoint tensor identical. And a resume on another thread count continues bit-exactly.

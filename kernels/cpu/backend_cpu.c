@@ -24,11 +24,12 @@
  *    16-bit run's activations stay half the size of fp32's; only gemm_core widens whole operands. A failure to grow a slot is the one error this backend
  *    records (backend->status); the op that hit it leaves its outputs unwritten.
  *  - Threads (run.threads, set_threads): one persistent pthread pool (lib/threadpool.h) runs the matrix
- *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout) and the
- *    optimizer updates in chunks fixed by the problem size, never by the thread count. Each chunk writes
- *    its own outputs in the order one thread would, and none of these ops reduces across chunks, so the
- *    bits are the same for any thread count (docs/backend.md, "Threads"). Everything else runs on the
- *    calling thread in a fixed order. OpenBLAS (the portable path) may use threads inside sgemm
+ *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout), the
+ *    optimizer updates, the convolutions (images; dW blocks), pooling (planes), batchnorm (channels) and
+ *    the bias gradient (columns) in chunks fixed by the problem size, never by the thread count. Each chunk
+ *    writes its own outputs in the order one thread would, and none of these ops reduces across chunks
+ *    (each sum lies within one chunk), so the bits are the same for any thread count (docs/backend.md,
+ *    "Threads"). Everything else runs on the calling thread in a fixed order. OpenBLAS (the portable path) may use threads inside sgemm
  *    (OPENBLAS_NUM_THREADS): reproducible for a given thread count, but another count can change the last
  *    bits of a product.
  */
