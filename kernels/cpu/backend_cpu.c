@@ -990,16 +990,17 @@ static void conv_check(const struct conv_args *a)
  * never O(batch). fp32 images are used in place.
  *
  * Threads: above CONV_PAR_MACS multiply-adds, where the products run on gemm_avx512 (fp32 operands: the
- * weights and im2col columns are fp32), the forward and backward-data passes run one image a chunk and
- * the filter gradient one (block of output channels, group of input channels) a chunk, each worker in its
- * own scratch (op_scratch) with its own single-threaded product (op_gemm). An image's product is the same
- * call whatever runs it, and a block of dW is summed over the images in order, its product the rows and
- * columns of the whole one (gemm_avx512.c: an element's sum does not depend on where its tile lies), so
- * the bits are those of one thread. Elsewhere (smaller, or the portable path, whose OpenBLAS keeps its own
- * threads) the images run in order on the calling thread, the products through gemm_core. */
+ * weights and im2col columns are fp32), the images are the chunks, each worker in its own scratch
+ * (op_scratch) with its own single-threaded product (op_gemm): an image's product is the call one thread
+ * makes, so the same bits. The filter gradient takes the images CONV_FILTER_IMAGES at a time (fewer
+ * when their products would pass CONV_FILTER_BYTES): each image's product dy_i @ col_i^T is formed apart
+ * (beta 0, so exactly the fp32 sum gemm_avx512's epilogue adds), then each element of dW adds the images'
+ * products in image order, dW = beta * dW + P_i, rounded as that epilogue rounds (beta * dW, then + P_i),
+ * so dW has the bits of the image-by-image accumulation. Elsewhere (smaller, or the portable path, whose
+ * OpenBLAS keeps its own threads) the images run in order on the calling thread through gemm_core. */
 #define CONV_PAR_MACS ((int64_t)1 << 20)
-#define CONV_FILTER_CO ((int64_t)24) /* output channels (dW rows) of a filter chunk: two 12-row panels */
-#define CONV_FILTER_COLS ((int64_t)64) /* at least this many dW columns (c_in * k * k) a filter chunk */
+#define CONV_FILTER_IMAGES 16                  /* images whose dW products are formed at once */
+#define CONV_FILTER_BYTES ((size_t)16 << 20)  /* at most this much scratch for them */
 
 struct conv_dims {
     int64_t ckk, hw, chw_in, chw_out;
@@ -1032,7 +1033,9 @@ struct conv_job {
     const float *bias;         /* forward: NULL or fp32 (c_out) */
     double *acc;               /* backward_filter: NULL or the bias gradient's per-channel sums (c_out) */
     float beta;                /* backward_filter: dW = beta * dW + ... */
-    int64_t ci_group;          /* backward_filter: input channels a chunk */
+    float *prod;               /* backward_filter, threaded: the group's products (images, c_out, ckk) */
+    double *sums;              /* backward_filter, threaded, with acc: the group's plane sums (images, c_out) */
+    int64_t i0, images;        /* backward_filter, threaded: the group's first image and its size */
 };
 
 /* Where a body computes: its buffers, and worker < 0 for the calling thread's gemm_core, else the worker
@@ -1096,39 +1099,27 @@ static void conv_backward_data_image(const struct conv_job *j, int64_t i, const 
     store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, dxi);
 }
 
-/* dW[co0:co1, ci0*kk : ci1*kk] = beta * dW + sum over the images, in order, of dy_i[co0:co1] (hw) @
- * col_i[ci0*kk : ci1*kk]^T (im2col of input channels ci0 .. ci1-1 alone); and, with ci0 = 0, the bias
- * gradient's per-channel double sums of channels co0 .. co1-1, image by image. */
-static void conv_filter_block(const struct conv_job *j, int64_t co0, int64_t co1, int64_t ci0, int64_t ci1,
-                              const struct conv_bufs *b)
+/* C (c_out, ckk) = beta * C + dy_i (c_out, hw) @ col_i^T (hw, ckk); with sums, each channel's plane of dy_i
+ * summed in double into sums[co]. */
+static void conv_filter_image(const struct conv_job *j, int64_t i, const struct conv_bufs *b, float beta, float *c,
+                              double *sums)
 {
     const struct conv_args *a = j->a;
     const struct conv_dims d = conv_dims_of(a);
     const bool pointwise = conv_is_pointwise(a);
-    const int64_t kk = a->kernel * a->kernel, hw_in = a->h_in * a->w_in, nco = co1 - co0, nci = ci1 - ci0;
-    struct conv_args sub = *a; /* the block's input channels as a convolution of their own */
-    sub.c_in = nci;
-    float *dwf = (float *)j->out->data + co0 * d.ckk + ci0 * kk;
-    for (int64_t i = 0; i < a->n; i++) {
-        const float *dyi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_out + co0 * d.hw),
-                                    (size_t)(nco * d.hw), b->in0);
-        const float *xi = load_f32(j->in2->data, j->in2->dtype, (size_t)(i * d.chw_in + ci0 * hw_in),
-                                   (size_t)(nci * hw_in), b->in1);
-        if (!pointwise)
-            im2col(b->tmp0, xi, &sub);
-        /* dW (c_out, ckk) += dy_i (c_out, hw) @ col_i^T (hw, ckk), this block's rows and columns */
-        conv_gemm(j, b, false, true, nco, nci * kk, d.hw, dyi, d.hw, pointwise ? xi : b->tmp0, d.hw,
-                  i == 0 ? j->beta : 1.0f, dwf, d.ckk);
-        if (!j->acc || ci0 != 0)
-            continue;
-        /* db: per channel a double sum over the plane, added to the channel's total image by image */
-        for (int64_t co = co0; co < co1; co++) {
-            const float *p = dyi + (co - co0) * d.hw;
-            double s = 0.0;
-            for (int64_t q = 0; q < d.hw; q++)
-                s += p[q];
-            j->acc[co] += s;
-        }
+    const float *dyi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
+    const float *xi = load_f32(j->in2->data, j->in2->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in1);
+    if (!pointwise)
+        im2col(b->tmp0, xi, a);
+    conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, pointwise ? xi : b->tmp0, d.hw, beta, c, d.ckk);
+    if (!sums)
+        return;
+    for (int64_t co = 0; co < a->c_out; co++) {
+        const float *p = dyi + co * d.hw;
+        double s = 0.0;
+        for (int64_t q = 0; q < d.hw; q++)
+            s += p[q];
+        sums[co] = s;
     }
 }
 
@@ -1146,22 +1137,44 @@ static void conv_backward_data_chunk(void *arg, int64_t chunk, int worker)
     conv_backward_data_image(j, chunk, &b);
 }
 
-/* Filter chunks: (block of CONV_FILTER_CO output channels) x (group of ci_group input channels), the
- * input-channel groups of one block numbered in a row. */
-static int64_t conv_filter_ci_groups(const struct conv_job *j)
-{
-    return (j->a->c_in + j->ci_group - 1) / j->ci_group;
-}
-
+/* Image i0 + chunk of the group: its product, apart, into prod. */
 static void conv_filter_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct conv_job *j = arg;
     const struct conv_bufs b = conv_worker_bufs(j->cb, worker);
-    const int64_t groups = conv_filter_ci_groups(j), co0 = chunk / groups * CONV_FILTER_CO;
-    const int64_t ci0 = chunk % groups * j->ci_group;
-    const int64_t co1 = co0 + CONV_FILTER_CO < j->a->c_out ? co0 + CONV_FILTER_CO : j->a->c_out;
-    const int64_t ci1 = ci0 + j->ci_group < j->a->c_in ? ci0 + j->ci_group : j->a->c_in;
-    conv_filter_block(j, co0, co1, ci0, ci1, &b);
+    const int64_t cols = j->a->c_out * conv_dims_of(j->a).ckk;
+    conv_filter_image(j, j->i0 + chunk, &b, 0.0f, j->prod + chunk * cols, j->sums ? j->sums + chunk * j->a->c_out : NULL);
+}
+
+/* EW_CHUNK elements of dW: the group's products added in image order, as gemm_avx512's epilogue adds one
+ * (beta 0 never reads dW; else beta * dW rounded, then the product added and rounded). */
+static void conv_filter_sum_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct conv_job *j = arg;
+    const size_t cols = (size_t)(j->a->c_out * conv_dims_of(j->a).ckk), lo = (size_t)chunk * EW_CHUNK;
+    const size_t hi = cols - lo < EW_CHUNK ? cols : lo + EW_CHUNK;
+    float *dw = j->out->data;
+    for (int64_t k = 0; k < j->images; k++) {
+        const float beta = j->i0 + k == 0 ? j->beta : 1.0f, *p = j->prod + (size_t)k * cols;
+        if (beta == 0.0f) {
+            memcpy(dw + lo, p + lo, (hi - lo) * sizeof(float));
+            continue;
+        }
+        for (size_t e = lo; e < hi; e++) {
+            const float scaled = beta * dw[e]; /* apart: no contraction into an fma */
+            dw[e] = scaled + p[e];
+        }
+    }
+}
+
+/* How many images' products the threaded filter gradient forms at once: fixed by the problem. */
+static int64_t conv_filter_group(const struct conv_args *a)
+{
+    const size_t per = (size_t)(a->c_out * conv_dims_of(a).ckk) * sizeof(float);
+    int64_t g = per ? (int64_t)(CONV_FILTER_BYTES / per) : CONV_FILTER_IMAGES;
+    g = g < CONV_FILTER_IMAGES ? g : CONV_FILTER_IMAGES;
+    return g < a->n ? g : a->n;
 }
 
 /* Every worker's buffers for a chunk reading nin0 values of in0, nin1 of in1 (staged when 16-bit), writing
@@ -1251,22 +1264,21 @@ static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_arg
     assert(!db || (db->dtype == DT_FP32 && (int64_t)db->numel == a->c_out));
     assert((int64_t)x->numel == a->n * d.chw_in && (int64_t)dy->numel == a->n * d.chw_out);
     const bool pointwise = conv_is_pointwise(a);
-    const int64_t kk = a->kernel * a->kernel, hw_in = a->h_in * a->w_in;
+    const int64_t group = conv_filter_group(a);
+    const bool threaded = conv_threaded(cb, a) && group > 1;
+    const int64_t sum_images = threaded ? group : 1; /* plane sums held at once */
     double *acc = db ? scratch_get(cb, SCR_ACC0, (size_t)a->c_out * sizeof(double)) : NULL;
-    if (db && !acc)
+    double *sums = db ? scratch_get(cb, SCR_ACC1, (size_t)(sum_images * a->c_out) * sizeof(double)) : NULL;
+    if (db && (!acc || !sums))
         return;
-    struct conv_job j = { .cb = cb, .a = a, .out = dw, .in = dy, .in2 = x, .acc = acc, .beta = beta,
-                          .ci_group = a->c_in > 0 ? a->c_in : 1 };
-    const bool threaded = conv_threaded(cb, a);
+    struct conv_job j = { .cb = cb, .a = a, .out = dw, .in = dy, .in2 = x, .acc = acc, .beta = beta, .sums = sums };
     bool ok = true;
     struct conv_bufs b = { .worker = -1 };
     if (threaded) {
-        j.ci_group = (CONV_FILTER_COLS + kk - 1) / kk;
-        const int64_t nco = a->c_out < CONV_FILTER_CO ? a->c_out : CONV_FILTER_CO;
-        const int64_t nci = a->c_in < j.ci_group ? a->c_in : j.ci_group;
-        struct conv_reserve r = { .in0 = dy, .in1 = x, .nin0 = nco * d.hw, .nin1 = nci * hw_in,
-                                  .ntmp0 = pointwise ? 0 : nci * kk * d.hw, .m = nco, .n = nci * kk, .k = d.hw };
-        ok = conv_reserve_workers(cb, &r);
+        struct conv_reserve r = { .in0 = dy, .in1 = x, .nin0 = d.chw_out, .nin1 = d.chw_in,
+                                  .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.ckk, .k = d.hw };
+        j.prod = scratch_get(cb, SCR_TMP2, (size_t)(group * a->c_out * d.ckk) * sizeof(float));
+        ok = j.prod && conv_reserve_workers(cb, &r);
     } else {
         b.in0 = stage_f32(cb, SCR_IN0, dy, (size_t)d.chw_out, &ok);
         b.in1 = stage_f32(cb, SCR_IN1, x, (size_t)d.chw_in, &ok);
@@ -1275,15 +1287,26 @@ static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_arg
     }
     if (!ok)
         return;
+    float *dwf = (float *)dw->data;
     if (a->n == 0)
-        scale_f32((float *)dw->data, dw->numel, beta);
+        scale_f32(dwf, dw->numel, beta);
     if (acc)
         memset(acc, 0, (size_t)a->c_out * sizeof(double));
-    if (threaded)
-        parallel_for(cb->pool, (a->c_out + CONV_FILTER_CO - 1) / CONV_FILTER_CO * conv_filter_ci_groups(&j),
-                     conv_filter_chunk, &j);
-    else
-        conv_filter_block(&j, 0, a->c_out, 0, a->c_in, &b);
+    for (int64_t i0 = 0; i0 < a->n; i0 += sum_images) {
+        if (threaded) {
+            j.i0 = i0;
+            j.images = a->n - i0 < group ? a->n - i0 : group;
+            parallel_for(cb->pool, j.images, conv_filter_chunk, &j);
+            parallel_for(cb->pool, ew_chunks((size_t)(a->c_out * d.ckk)), conv_filter_sum_chunk, &j);
+        } else {
+            /* dW (c_out, ckk) += dy_i (c_out, hw) @ col_i^T (hw, ckk) */
+            conv_filter_image(&j, i0, &b, i0 == 0 ? beta : 1.0f, dwf, sums);
+        }
+        /* db: per channel a double sum over the plane, added to the channel's total image by image */
+        for (int64_t k = 0; acc && k < (threaded ? j.images : 1); k++)
+            for (int64_t co = 0; co < a->c_out; co++)
+                acc[co] += sums[k * a->c_out + co];
+    }
     if (db)
         store_acc((float *)db->data, acc, (size_t)a->c_out, beta);
 }
