@@ -924,7 +924,20 @@ static void cpu_dropout_backward(struct backend *be, struct tensor *dx, const st
 
 /* ---- convolution ----------------------------------------------------------------------------- */
 
-/* col (c_in*k*k, h_out*w_out) from one image x (c_in, h_in, w_in); zero padding. */
+/* The output columns [*lo, *hi) whose input column ow * stride - padding + kw lies inside the row. */
+static void conv_inside_cols(const struct conv_args *a, int64_t kw, int64_t *lo, int64_t *hi)
+{
+    int64_t first = a->padding - kw; /* ow * stride >= first */
+    int64_t l = first > 0 ? (first + a->stride - 1) / a->stride : 0;
+    int64_t last = a->w_in - 1 + a->padding - kw; /* ow * stride <= last */
+    int64_t h = last >= 0 ? last / a->stride + 1 : 0;
+    h = h < a->w_out ? h : a->w_out;
+    *lo = l < h ? l : h;
+    *hi = h;
+}
+
+/* col (c_in*k*k, h_out*w_out) from one image x (c_in, h_in, w_in); zero padding. A copy: each row's
+ * inside columns in one run (memcpy at stride 1), the padding's zeros around them. */
 static void im2col(float *col, const float *x, const struct conv_args *a)
 {
     int64_t k = a->kernel, hw = a->h_out * a->w_out;
@@ -933,6 +946,8 @@ static void im2col(float *col, const float *x, const struct conv_args *a)
             for (int64_t kw = 0; kw < k; kw++) {
                 float *row = col + ((ci * k + kh) * k + kw) * hw;
                 const float *plane = x + ci * a->h_in * a->w_in;
+                int64_t lo, hi;
+                conv_inside_cols(a, kw, &lo, &hi);
                 for (int64_t oh = 0; oh < a->h_out; oh++) {
                     int64_t ih = oh * a->stride - a->padding + kh;
                     float *out = row + oh * a->w_out;
@@ -940,10 +955,14 @@ static void im2col(float *col, const float *x, const struct conv_args *a)
                         memset(out, 0, (size_t)a->w_out * sizeof(float));
                         continue;
                     }
-                    for (int64_t ow = 0; ow < a->w_out; ow++) {
-                        int64_t iw = ow * a->stride - a->padding + kw;
-                        out[ow] = iw >= 0 && iw < a->w_in ? plane[ih * a->w_in + iw] : 0.0f;
-                    }
+                    const float *src = plane + ih * a->w_in + lo * a->stride - a->padding + kw; /* ow = lo */
+                    memset(out, 0, (size_t)lo * sizeof(float));
+                    if (a->stride == 1)
+                        memcpy(out + lo, src, (size_t)(hi - lo) * sizeof(float));
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++)
+                            out[ow] = src[(ow - lo) * a->stride];
+                    memset(out + hi, 0, (size_t)(a->w_out - hi) * sizeof(float));
                 }
             }
 }
