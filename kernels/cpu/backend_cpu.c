@@ -25,11 +25,12 @@
  *    records (backend->status); the op that hit it leaves its outputs unwritten.
  *  - Threads (run.threads, set_threads): one persistent pthread pool (lib/threadpool.h) runs the matrix
  *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout), the
- *    optimizer updates, the convolutions (images; dW blocks), pooling (planes), batchnorm (channels) and
- *    the bias gradient (columns) in chunks fixed by the problem size, never by the thread count. Each chunk
- *    writes its own outputs in the order one thread would, and none of these ops reduces across chunks
- *    (each sum lies within one chunk), so the bits are the same for any thread count (docs/backend.md,
- *    "Threads"). Everything else runs on the calling thread in a fixed order. OpenBLAS (the portable path) may use threads inside sgemm
+ *    optimizer updates, the convolutions (images), pooling (planes), batchnorm (channels) and the bias
+ *    gradient (columns) in chunks fixed by the problem size, never by the thread count. Each chunk writes
+ *    its own outputs in the order one thread would, and no sum spans chunks (a convolution's dW adds the
+ *    images' products in image order after they are formed), so the bits are the same for any thread count
+ *    (docs/backend.md, "Threads"). Everything else runs on the calling thread in a fixed order. OpenBLAS
+ *    (the portable path) may use threads inside sgemm
  *    (OPENBLAS_NUM_THREADS): reproducible for a given thread count, but another count can change the last
  *    bits of a product.
  */
@@ -602,14 +603,13 @@ static void *op_scratch(const struct cpu_backend *cb, int worker, enum op_slot s
     return worker < cb->oscr_rows ? cb->oscr[worker][slot].p : NULL;
 }
 
-/* op_gemm's panels for an (m, n, k) product on every worker; the sizes grow with m, n and k, so the
- * largest chunk's reservation serves the smaller ones. */
+/* op_gemm's panels for an (m, n, k) product on every worker. */
 static bool op_gemm_reserve(struct cpu_backend *cb, int64_t m, int64_t n, int64_t k)
 {
     struct gemm_avx512_scratch s;
     gemm_avx512_scratch_sizes(DT_FP32, m, n, k, &s);
-    return op_scratch_reserve(cb, OSCR_GEMM_A, s.pack_a_bytes) && op_scratch_reserve(cb, OSCR_GEMM_B, s.pack_b_bytes) &&
-           op_scratch_reserve(cb, OSCR_GEMM_C, s.partial_bytes);
+    return op_scratch_reserve(cb, OSCR_GEMM_A, s.pack_a_bytes) &&
+           op_scratch_reserve(cb, OSCR_GEMM_B, s.pack_b_bytes) && op_scratch_reserve(cb, OSCR_GEMM_C, s.partial_bytes);
 }
 
 /* C (m, n) = op(A) @ op(B) + beta * C, all fp32 (m, n, k >= 1), single-threaded in worker w's own panels:
@@ -1162,7 +1162,8 @@ static void conv_filter_chunk(void *arg, int64_t chunk, int worker)
     const struct conv_job *j = arg;
     const struct conv_bufs b = conv_worker_bufs(j->cb, worker);
     const int64_t cols = j->a->c_out * conv_dims_of(j->a).ckk;
-    conv_filter_image(j, j->i0 + chunk, &b, 0.0f, j->prod + chunk * cols, j->sums ? j->sums + chunk * j->a->c_out : NULL);
+    double *sums = j->sums ? j->sums + chunk * j->a->c_out : NULL;
+    conv_filter_image(j, j->i0 + chunk, &b, 0.0f, j->prod + chunk * cols, sums);
 }
 
 /* EW_CHUNK elements of dW: the group's products added in image order, as gemm_avx512's epilogue adds one
@@ -1443,7 +1444,8 @@ static bool pool_reserve(struct cpu_backend *cb, const struct pool_args *a, cons
 {
     const size_t hw = (size_t)(a->h_out * a->w_out);
     return op_scratch_rows(cb) && op_stage_reserve(cb, OSCR_IN0, in, nin) &&
-           op_stage_reserve(cb, OSCR_IN1, x, (size_t)(a->h_in * a->w_in)) && op_stage_reserve(cb, OSCR_TMP0, out, nout) &&
+           op_stage_reserve(cb, OSCR_IN1, x, (size_t)(a->h_in * a->w_in)) &&
+           op_stage_reserve(cb, OSCR_TMP0, out, nout) &&
            (a->kind != POOL_MAX || op_scratch_reserve(cb, OSCR_IDX, hw * sizeof(int32_t)));
 }
 
