@@ -27,8 +27,9 @@
  *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout), the
  *    optimizer updates, the convolutions (images), pooling (planes), batchnorm (channels) and the bias
  *    gradient (columns) in chunks fixed by the problem size, never by the thread count. Each chunk writes
- *    its own outputs in the order one thread would, and no sum spans chunks (a convolution's dW adds the
- *    images' products in image order after they are formed), so the bits are the same for any thread count
+ *    its own outputs in the order one thread would, and the one sum that spans chunks (a convolution's dW
+ *    over the images) keeps each image's product apart and adds them in image order after parallel_for, so
+ *    the bits are the same for any thread count
  *    (docs/backend.md, "Threads"). Everything else runs on the calling thread in a fixed order. OpenBLAS
  *    (the portable path) may use threads inside sgemm
  *    (OPENBLAS_NUM_THREADS): reproducible for a given thread count, but another count can change the last
