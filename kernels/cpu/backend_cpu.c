@@ -29,9 +29,8 @@
  *    gradient (columns) in chunks fixed by the problem size, never by the thread count. Each chunk writes
  *    its own outputs in the order one thread would, and the one sum that spans chunks (a convolution's dW
  *    over the images) keeps each image's product apart and adds them in image order after parallel_for, so
- *    the bits are the same for any thread count
- *    (docs/backend.md, "Threads"). Everything else runs on the calling thread in a fixed order. OpenBLAS
- *    (the portable path) may use threads inside sgemm
+ *    the bits are the same for any thread count (docs/backend.md, "Threads"). Everything else runs on the
+ *    calling thread in a fixed order. OpenBLAS (the portable path) may use threads inside sgemm
  *    (OPENBLAS_NUM_THREADS): reproducible for a given thread count, but another count can change the last
  *    bits of a product.
  */
