@@ -6,11 +6,13 @@
  *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline.
  *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
- *    block), the elementwise ops (every activation forward and backward, add, dropout) and the optimizer
- *    updates (adamw, sgd with Nesterov momentum, bf16 weights and moments with stochastic rounding), at 2, 3
- *    and 7 threads against 1: every output byte-identical. Likewise attention, layernorm, the embedding,
- *    the cross-entropy and MSE losses, count_zeros and fp8_cast (at the end of the file), in fp32, fp16 and
- *    bf16, on shapes of several chunks and of one.
+ *    block), the elementwise ops (every activation forward and backward, add, dropout), the optimizer
+ *    updates (adamw, sgd with Nesterov momentum, bf16 weights and moments with stochastic rounding), the
+ *    convolutions (forward, data and filter gradients, strided, pointwise), pooling (max, avg), batchnorm
+ *    (training and eval) and the bias gradient, on shapes of several chunks and one below the threshold, at
+ *    2, 3 and 7 threads against 1: every output byte-identical. Likewise attention, layernorm, the
+ *    embedding, the cross-entropy and MSE losses, count_zeros and fp8_cast (at the end of the file), in
+ *    fp32, fp16 and bf16, on shapes of several chunks and of one.
  *  - ampTrain end to end: fashion_mlp, fashion_cnn and text_gpt, short runs in the four precision modes
  *    fp32, fp16-dynamic, bf16 and fp8, at run.threads 1, 2, 3 and 7: scale_log.csv (samples_per_s aside)
  *    and every checkpoint tensor identical. And a resume on another thread count continues bit-exactly.
@@ -295,6 +297,230 @@ Test(ops, optimizer_bit_identical_for_any_thread_count)
     check_optim(true, DT_BF16, true);
     check_optim(false, DT_FP32, false);
     check_optim(false, DT_BF16, true);
+}
+
+/* ---- conv, pooling, batchnorm, bias_grad ---- */
+
+/* The chunking these shapes must exceed, as kernels/cpu/backend_cpu.c sets it (CONV_PAR_MACS, then one
+ * image a chunk; EW_CHUNK elements for pooling, batchnorm and bias_grad, whose chunks are at least that
+ * big): a "big" shape below
+ * is checked to give several chunks, so a race between chunks, or a chunk summing in another order, shows
+ * as a difference; a "small" one runs as one chunk. */
+#define T_CONV_PAR_MACS ((int64_t)1 << 20)
+#define T_EW_CHUNK ((int64_t)16 * 1024)
+
+static void assert_chunks(bool big, int64_t work, int64_t threshold, int64_t chunks, const char *what)
+{
+    if (big) {
+        cr_assert_geq(work, threshold, "%s: the shape is below the threading threshold", what);
+        cr_assert_gt(chunks, 1, "%s: the shape gives one chunk", what);
+    } else {
+        cr_assert_lt(work, threshold, "%s: the small shape is above the threading threshold", what);
+    }
+}
+
+struct conv_case {
+    int64_t n, c_in, hw_in, c_out, kernel, stride, padding;
+    bool big;
+};
+
+/* conv2d forward (with bias), backward_data, backward_filter (with db, beta 0 then 1) at 1, 2, 3, 7 threads. */
+static void check_conv(struct conv_case c, enum dtype dt)
+{
+    int64_t ho = (c.hw_in + 2 * c.padding - c.kernel) / c.stride + 1;
+    struct conv_args a = { .n = c.n, .c_in = c.c_in, .h_in = c.hw_in, .w_in = c.hw_in, .c_out = c.c_out, .h_out = ho,
+                           .w_out = ho, .kernel = c.kernel, .stride = c.stride, .padding = c.padding };
+    int64_t ckk = c.c_in * c.kernel * c.kernel, nx = c.n * c.c_in * c.hw_in * c.hw_in, ny = c.n * c.c_out * ho * ho;
+    char what[128];
+    snprintf(what, sizeof what, "conv %s n %lld c_in %lld %lldx%lld c_out %lld k %lld s %lld p %lld", dtype_name(dt),
+             (long long)c.n, (long long)c.c_in, (long long)c.hw_in, (long long)c.hw_in, (long long)c.c_out,
+             (long long)c.kernel, (long long)c.stride, (long long)c.padding);
+    assert_chunks(c.big, c.n * c.c_out * ckk * ho * ho, T_CONV_PAR_MACS, c.n, what);
+    struct tensor *x = trand(dt, (size_t)nx, -1, 1), *w = trand(dt, (size_t)(c.c_out * ckk), -0.5f, 0.5f);
+    struct tensor *bias = trand(DT_FP32, (size_t)c.c_out, -1, 1), *dy = trand(dt, (size_t)ny, -1, 1);
+    struct tensor *dw0 = trand(DT_FP32, (size_t)(c.c_out * ckk), -1, 1);
+    struct tensor *y[NBE], *dx[NBE], *dw[NBE], *db[NBE];
+    for (int i = 0; i < NBE; i++) {
+        y[i] = tens(dt, (size_t)ny);
+        dx[i] = tens(dt, (size_t)nx);
+        dw[i] = tcopy(dw0);
+        db[i] = tens(DT_FP32, (size_t)c.c_out);
+        bes[i]->conv2d_forward(bes[i], &a, y[i], x, w, bias);
+        bes[i]->conv2d_backward_data(bes[i], &a, dx[i], dy, w);
+        bes[i]->conv2d_backward_filter(bes[i], &a, dw[i], db[i], dy, x, 0.0f);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    for (int i = 1; i < NBE; i++) {
+        assert_same_bytes(y[0], y[i], what, thread_counts[i]);
+        assert_same_bytes(dx[0], dx[i], what, thread_counts[i]);
+        assert_same_bytes(dw[0], dw[i], what, thread_counts[i]);
+        assert_same_bytes(db[0], db[i], what, thread_counts[i]);
+    }
+    for (int i = 0; i < NBE; i++) /* accumulated into (a second micro-batch), without db */
+        bes[i]->conv2d_backward_filter(bes[i], &a, dw[i], NULL, y[i], x, 1.0f);
+    for (int i = 1; i < NBE; i++)
+        assert_same_bytes(dw[0], dw[i], what, thread_counts[i]);
+    free_all();
+}
+
+Test(ops, conv2d_bit_identical_for_any_thread_count)
+{
+    seed(1604);
+    const struct conv_case cases[] = {
+        { 4, 20, 10, 30, 3, 1, 1, true },
+        { 5, 3, 20, 26, 3, 1, 1, true },   /* hw 400: the filter product's k over 2 blocks (partial sums) */
+        { 4, 16, 15, 40, 3, 2, 1, true },  /* stride 2 */
+        { 4, 130, 10, 48, 1, 1, 0, true }, /* pointwise: no im2col */
+        { 20, 3, 12, 16, 3, 1, 1, true },  /* dW's images in two groups (16 at a time) */
+        { 3, 32, 8, 64, 3, 1, 1, true },   /* dW of 18432 elements: added up in two chunks */
+        { 2, 2, 6, 4, 3, 1, 1, false },    /* below the threshold: the calling thread */
+    };
+    const enum dtype dts[] = {DT_FP32, DT_BF16, DT_FP16};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int d = 0; d < 3; d++)
+            check_conv(cases[k], dts[d]);
+}
+
+struct pool_case {
+    enum pool_kind kind;
+    int64_t n, c, hw_in, kernel, stride, padding;
+    bool big;
+};
+
+static void check_pool(struct pool_case c, enum dtype dt)
+{
+    int64_t ho = (c.hw_in + 2 * c.padding - c.kernel) / c.stride + 1;
+    struct pool_args a = { .kind = c.kind, .n = c.n, .c = c.c, .h_in = c.hw_in, .w_in = c.hw_in, .h_out = ho,
+                           .w_out = ho, .kernel = c.kernel, .stride = c.stride, .padding = c.padding };
+    int64_t nx = c.n * c.c * c.hw_in * c.hw_in, ny = c.n * c.c * ho * ho, plane = c.hw_in * c.hw_in;
+    char what[128];
+    snprintf(what, sizeof what, "%s pool %s n %lld c %lld %lldx%lld k %lld s %lld p %lld",
+             c.kind == POOL_MAX ? "max" : "avg", dtype_name(dt), (long long)c.n, (long long)c.c, (long long)c.hw_in,
+             (long long)c.hw_in, (long long)c.kernel, (long long)c.stride, (long long)c.padding);
+    int64_t per_chunk = (T_EW_CHUNK + plane - 1) / plane;
+    assert_chunks(c.big, nx, T_EW_CHUNK, (c.n * c.c + per_chunk - 1) / per_chunk, what);
+    struct tensor *x = trand(dt, (size_t)nx, -1, 1), *dy = trand(dt, (size_t)ny, -1, 1), *y[NBE], *dx[NBE];
+    for (int i = 0; i < NBE; i++) {
+        y[i] = tens(dt, (size_t)ny);
+        dx[i] = tens(dt, (size_t)nx);
+        bes[i]->pool2d_forward(bes[i], &a, y[i], x);
+        bes[i]->pool2d_backward(bes[i], &a, dx[i], dy, x, y[i]);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    for (int i = 1; i < NBE; i++) {
+        assert_same_bytes(y[0], y[i], what, thread_counts[i]);
+        assert_same_bytes(dx[0], dx[i], what, thread_counts[i]);
+    }
+    free_all();
+}
+
+Test(ops, pool2d_bit_identical_for_any_thread_count)
+{
+    seed(1605);
+    const struct pool_case cases[] = {
+        { POOL_MAX, 16, 16, 14, 2, 2, 0, true }, /* 256 planes, 84 a chunk: 4 chunks */
+        { POOL_MAX, 8, 20, 15, 3, 2, 1, true },
+        { POOL_AVG, 8, 20, 15, 3, 1, 1, true },
+        { POOL_MAX, 2, 3, 8, 2, 2, 0, false },
+    };
+    const enum dtype dts[] = {DT_FP32, DT_BF16};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int d = 0; d < 2; d++)
+            check_pool(cases[k], dts[d]);
+}
+
+/* batchnorm forward (training with running statistics, then eval) and backward (training with dx, dgamma and
+ * dbeta, beta_acc 0 and 1; eval) at 1, 2, 3, 7 threads. */
+static void check_batchnorm(int64_t n, int64_t c, int64_t hw, bool big, enum dtype dt)
+{
+    struct norm_args a = { .n = n, .c = c, .hw = hw, .eps = 1e-5f, .momentum = 0.1f, .training = true };
+    size_t nx = (size_t)(n * c * hw);
+    char what[96];
+    snprintf(what, sizeof what, "batchnorm %s n %lld c %lld hw %lld", dtype_name(dt), (long long)n, (long long)c,
+             (long long)hw);
+    int64_t per_chunk = (T_EW_CHUNK + n * hw - 1) / (n * hw);
+    assert_chunks(big, (int64_t)nx, T_EW_CHUNK, (c + per_chunk - 1) / per_chunk, what);
+    struct tensor *x = trand(dt, nx, -2, 3), *dy = trand(dt, nx, -1, 1);
+    struct tensor *gamma = trand(DT_FP32, (size_t)c, 0.5f, 1.5f), *beta = trand(DT_FP32, (size_t)c, -1, 1);
+    struct tensor *rm0 = trand(DT_FP32, (size_t)c, -1, 1), *rv0 = trand(DT_FP32, (size_t)c, 0.5f, 2);
+    struct tensor *y[NBE], *mean[NBE], *rstd[NBE], *rm[NBE], *rv[NBE], *dx[NBE], *dg[NBE], *dbt[NBE];
+    for (int i = 0; i < NBE; i++) {
+        y[i] = tens(dt, nx);
+        dx[i] = tens(dt, nx);
+        mean[i] = tens(DT_FP32, (size_t)c);
+        rstd[i] = tens(DT_FP32, (size_t)c);
+        rm[i] = tcopy(rm0);
+        rv[i] = tcopy(rv0);
+        dg[i] = tens(DT_FP32, (size_t)c);
+        dbt[i] = tens(DT_FP32, (size_t)c);
+        a.training = true;
+        bes[i]->batchnorm_forward(bes[i], &a, y[i], mean[i], rstd[i], rm[i], rv[i], x, gamma, beta);
+        bes[i]->batchnorm_backward(bes[i], &a, dx[i], dg[i], dbt[i], dy, x, mean[i], rstd[i], gamma, 0.0f);
+        bes[i]->batchnorm_backward(bes[i], &a, NULL, dg[i], dbt[i], y[i], x, mean[i], rstd[i], gamma, 1.0f);
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    for (int i = 1; i < NBE; i++) {
+        assert_same_bytes(y[0], y[i], what, thread_counts[i]);
+        assert_same_bytes(mean[0], mean[i], what, thread_counts[i]);
+        assert_same_bytes(rstd[0], rstd[i], what, thread_counts[i]);
+        assert_same_bytes(rm[0], rm[i], what, thread_counts[i]);
+        assert_same_bytes(rv[0], rv[i], what, thread_counts[i]);
+        assert_same_bytes(dx[0], dx[i], what, thread_counts[i]);
+        assert_same_bytes(dg[0], dg[i], what, thread_counts[i]);
+        assert_same_bytes(dbt[0], dbt[i], what, thread_counts[i]);
+    }
+    for (int i = 0; i < NBE; i++) { /* eval: the running statistics */
+        a.training = false;
+        bes[i]->batchnorm_forward(bes[i], &a, y[i], mean[i], rstd[i], rm[i], rv[i], x, gamma, beta);
+        bes[i]->batchnorm_backward(bes[i], &a, dx[i], NULL, NULL, dy, x, mean[i], rstd[i], gamma, 0.0f);
+    }
+    for (int i = 1; i < NBE; i++) {
+        assert_same_bytes(y[0], y[i], what, thread_counts[i]);
+        assert_same_bytes(dx[0], dx[i], what, thread_counts[i]);
+    }
+    free_all();
+}
+
+Test(ops, batchnorm_bit_identical_for_any_thread_count)
+{
+    seed(1606);
+    const enum dtype dts[] = {DT_FP32, DT_FP16, DT_BF16};
+    for (int d = 0; d < 3; d++) {
+        check_batchnorm(8, 24, 196, true, dts[d]);  /* 11 channels a chunk: 3 chunks, the last ragged */
+        check_batchnorm(128, 5, 300, true, dts[d]); /* a channel over EW_CHUNK: one a chunk */
+        check_batchnorm(2, 3, 16, false, dts[d]);
+    }
+}
+
+static void check_bias_grad(int64_t m, int64_t n, bool big, enum dtype dt)
+{
+    char what[64];
+    snprintf(what, sizeof what, "bias_grad %s m %lld n %lld", dtype_name(dt), (long long)m, (long long)n);
+    assert_chunks(big, m * n, T_EW_CHUNK, (n + 255) / 256, what);
+    struct tensor *dy = trand(dt, (size_t)(m * n), -1, 1), *db0 = trand(DT_FP32, (size_t)n, -1, 1), *db[NBE];
+    for (int i = 0; i < NBE; i++) {
+        db[i] = tcopy(db0);
+        bes[i]->bias_grad(bes[i], db[i], dy, m, n, 1.0f); /* accumulated into */
+        cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+    }
+    for (int i = 1; i < NBE; i++)
+        assert_same_bytes(db[0], db[i], what, thread_counts[i]);
+    for (int i = 0; i < NBE; i++)
+        bes[i]->bias_grad(bes[i], db[i], dy, m, n, 0.0f);
+    for (int i = 1; i < NBE; i++)
+        assert_same_bytes(db[0], db[i], what, thread_counts[i]);
+    free_all();
+}
+
+Test(ops, bias_grad_bit_identical_for_any_thread_count)
+{
+    seed(1607);
+    const enum dtype dts[] = {DT_FP32, DT_BF16, DT_FP16};
+    for (int d = 0; d < 3; d++) {
+        check_bias_grad(300, 700, true, dts[d]); /* 3 column chunks, the last ragged */
+        check_bias_grad(5000, 600, true, dts[d]);
+        check_bias_grad(10, 50, false, dts[d]);
+    }
 }
 
 /* ---- ampTrain end to end ------------------------------------------------------------------------------- */

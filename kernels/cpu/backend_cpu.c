@@ -25,12 +25,14 @@
  *    records (backend->status); the op that hit it leaves its outputs unwritten.
  *  - Threads (run.threads, set_threads): one persistent pthread pool (lib/threadpool.h) runs the matrix
  *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout), the
- *    optimizer updates, attention (by (batch, head)), layernorm (by rows; its parameter gradients by
+ *    optimizer updates, the convolutions (images), pooling (planes), batchnorm (channels), the bias
+ *    gradient (columns), attention (by (batch, head)), layernorm (by rows; its parameter gradients by
  *    columns), the embedding (by rows; backward by table rows), the losses (by rows), count_zeros and
  *    fp8_cast in chunks fixed by the problem size, never by the thread count. Each chunk writes its own
- *    outputs in the order one thread would; the only reductions across chunks are a max and integer
- *    counts, combined in chunk order. So the bits are the same for any thread count (docs/backend.md,
- *    "Threads"). Chunks stage through per-thread scratch (wscratch), grown before the pool runs.
+ *    outputs in the order one thread would. The sums that span chunks are a convolution's dW over the
+ *    images (each image's product kept apart, added in image order after parallel_for), a max and
+ *    integer counts (combined in chunk order). So the bits are the same for any thread count
+ *    (docs/backend.md, "Threads"). Chunks stage through per-thread scratch, grown before the pool runs.
  *    Everything else, the loss sum and the gradient check included, runs on the calling thread in a
  *    fixed order. OpenBLAS (the portable path) may use threads inside sgemm
  *    (OPENBLAS_NUM_THREADS): reproducible for a given thread count, but another count can change the last
@@ -86,14 +88,18 @@ struct scratch {
     size_t cap; /* bytes */
 };
 
-/* Per-thread scratch: the threaded products pack each worker's rows of op(A) into WSCR_PACK_A; the ops
- * threaded by rows or (batch, head) stage and compute one slice per worker in the others (attention's
- * products also pack both operands and stage a 16-bit result there). */
+/* Per-worker scratch, one row of slots per thread of the pool (row w belongs to worker w; rows are added,
+ * empty, when the pool grows, and kept until destroy). The threaded products pack each worker's rows of
+ * op(A) into WSCR_PACK_A; the ops threaded by slices (images, planes, channels, rows, (batch, head) pairs)
+ * stage and compute one slice per worker in the others, and their per-worker products (a convolution's
+ * image, an attention pair) pack their operands there too. */
 enum worker_slot {
-    WSCR_PACK_A,
-    WSCR_GEMM_B, WSCR_GEMM_C,           /* attention's per-worker products: packed op(B), a 16-bit C in fp32 */
-    WSCR_IN0, WSCR_IN1, WSCR_IN2,       /* fp32 copies of one slice of a 16-bit input */
-    WSCR_TMP0, WSCR_TMP1, WSCR_TMP2,    /* fp32 work buffers, one slice each */
+    WSCR_PACK_A, WSCR_GEMM_B, WSCR_GEMM_C, /* a worker's own product: packed op(A), op(B), partial sums or a
+                                            * 16-bit C in fp32 */
+    WSCR_IN0, WSCR_IN1, WSCR_IN2,          /* fp32 copies of one slice of a 16-bit input */
+    WSCR_TMP0, WSCR_TMP1, WSCR_TMP2,       /* fp32 work buffers, one slice each (im2col columns, a 16-bit
+                                            * output's slice) */
+    WSCR_IDX,                              /* int32: max pooling's argmax, one plane */
     WSCR_COUNT
 };
 
@@ -101,7 +107,8 @@ struct cpu_backend {
     struct backend base; /* first member: the table callers hold a pointer to */
     struct scratch scr[SCR_COUNT];
     struct threadpool *pool;             /* NULL: one thread (the default until set_threads) */
-    struct scratch (*wscr)[WSCR_COUNT];  /* one row per thread of the pool, NULL with one thread */
+    struct scratch (*wscr)[WSCR_COUNT];  /* per-worker scratch: wscr_rows rows (wscratch_reserve) */
+    int wscr_rows;
     void **wpack_a;                      /* each thread's packed rows of op(A): its wscr[w][WSCR_PACK_A].p */
     enum amp_status status; /* first failure, AMP_OK when none */
     struct amp_error err;
@@ -152,26 +159,33 @@ static int cpu_threads(const struct cpu_backend *cb)
     return threadpool_threads(cb->pool);
 }
 
-/* With one thread there is no wscr: worker 0's slots are then the shared slots the single-threaded code
- * has always used, so a one-thread run keeps its footprint. */
-static const enum scratch_slot wscr_shared[WSCR_COUNT] = {
-    [WSCR_PACK_A] = SCR_GEMM_A, [WSCR_GEMM_B] = SCR_GEMM_B, [WSCR_GEMM_C] = SCR_GEMM_C,
-    [WSCR_IN0] = SCR_IN0,       [WSCR_IN1] = SCR_IN1,       [WSCR_IN2] = SCR_IN2,
-    [WSCR_TMP0] = SCR_TMP0,     [WSCR_TMP1] = SCR_TMP1,     [WSCR_TMP2] = SCR_TMP2,
-};
-
-static struct scratch *wscratch_of(struct cpu_backend *cb, int worker, enum worker_slot slot)
+/* One row of worker scratch per thread of the pool, added (empty) when the pool has grown. */
+static bool wscratch_rows(struct cpu_backend *cb)
 {
-    return cb->wscr ? &cb->wscr[worker][slot] : &cb->scr[wscr_shared[slot]];
+    const int threads = cpu_threads(cb);
+    if (cb->wscr_rows >= threads)
+        return true;
+    struct scratch (*p)[WSCR_COUNT] = realloc(cb->wscr, (size_t)threads * sizeof *p);
+    if (!p) {
+        if (cb->status == AMP_OK)
+            cb->status = amp_fail(&cb->err, AMP_ERR_INTERNAL, "set run.threads lower (or 1)",
+                                  "out of memory: the CPU backend could not add scratch for %d threads", threads);
+        return false;
+    }
+    memset(p + cb->wscr_rows, 0, (size_t)(threads - cb->wscr_rows) * sizeof *p);
+    cb->wscr = p;
+    cb->wscr_rows = threads;
+    return true;
 }
 
 /* Grow `slot` to `bytes` for every worker. Called on the calling thread before parallel_for, so a failure
  * sets the status once and the op returns before touching an output; chunks only read the pointers. */
 static bool wscratch_reserve(struct cpu_backend *cb, enum worker_slot slot, size_t bytes)
 {
-    int workers = cb->wscr ? cpu_threads(cb) : 1;
-    for (int w = 0; w < workers; w++)
-        if (!scratch_grow(cb, wscratch_of(cb, w, slot), bytes))
+    if (!wscratch_rows(cb))
+        return false;
+    for (int w = 0; w < cpu_threads(cb); w++)
+        if (!scratch_grow(cb, &cb->wscr[w][slot], bytes))
             return false;
     return true;
 }
@@ -182,9 +196,10 @@ static bool wstage_reserve(struct cpu_backend *cb, enum worker_slot slot, const 
     return !t || t->dtype == DT_FP32 || wscratch_reserve(cb, slot, n * sizeof(float));
 }
 
-static void *wscratch(struct cpu_backend *cb, int worker, enum worker_slot slot)
+/* Worker w's buffer in `slot`: NULL when none was reserved (an fp32 tensor needs none). */
+static void *wscratch(const struct cpu_backend *cb, int worker, enum worker_slot slot)
 {
-    return wscratch_of(cb, worker, slot)->p;
+    return worker < cb->wscr_rows ? cb->wscr[worker][slot].p : NULL;
 }
 
 /* Elements per chunk of the elementwise ops and the optimizer: fixed (never from the thread count), a
@@ -399,11 +414,10 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
     const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS && gemm_avx512_row_band(m) < m;
     void *pa = NULL, *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
     if (par) {
-        bool ok = true;
-        for (int w = 0; w < threads && ok; w++)
-            ok = (cb->wpack_a[w] = scratch_grow(cb, &cb->wscr[w][WSCR_PACK_A], s.pack_a_bytes)) != NULL;
-        if (!ok)
+        if (!wscratch_reserve(cb, WSCR_PACK_A, s.pack_a_bytes))
             return;
+        for (int w = 0; w < threads; w++)
+            cb->wpack_a[w] = cb->wscr[w][WSCR_PACK_A].p;
     } else {
         pa = scratch_get(cb, SCR_GEMM_A, s.pack_a_bytes);
     }
@@ -603,10 +617,59 @@ static void cpu_gemm(struct backend *be, const struct gemm_args *g)
     }
 }
 
+/* ---- per-worker products of the sliced ops ---------------------------------------------------- */
+
+/* worker_gemm's panels for an (m, n, k) product on every worker. */
+static bool worker_gemm_reserve(struct cpu_backend *cb, int64_t m, int64_t n, int64_t k)
+{
+    struct gemm_avx512_scratch s;
+    gemm_avx512_scratch_sizes(DT_FP32, m, n, k, &s);
+    return wscratch_reserve(cb, WSCR_PACK_A, s.pack_a_bytes) &&
+           wscratch_reserve(cb, WSCR_GEMM_B, s.pack_b_bytes) && wscratch_reserve(cb, WSCR_GEMM_C, s.partial_bytes);
+}
+
+/* C (m, n) = alpha op(A) @ op(B) + beta * C, all fp32 (m, n, k >= 1), single-threaded in worker w's own
+ * panels: the call gemm_core_avx512 makes, so the same bits (gemm_avx512.h: the threaded driver's bits are
+ * the single-threaded one's). Only where cb->gemm_avx512[DT_FP32]. The one per-worker product: a
+ * convolution's image and an attention pair both run theirs here. */
+static void worker_gemm(const struct cpu_backend *cb, int worker, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                        float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                        int64_t ldc)
+{
+    struct gemm_avx512_scratch s;
+    gemm_avx512_scratch_sizes(DT_FP32, m, n, k, &s);
+    float *partial = s.partial_bytes && beta != 0.0f ? wscratch(cb, worker, WSCR_GEMM_C) : NULL;
+    struct gemm_avx512_args g = { .in = DT_FP32, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
+                                  .beta = beta, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .c_dt = DT_FP32,
+                                  .ldc = ldc, .bias = NULL };
+    gemm_avx512(&g, wscratch(cb, worker, WSCR_PACK_A), wscratch(cb, worker, WSCR_GEMM_B), partial);
+}
+
 HOT_LOOP static void add_row(double *acc, const float *r, int64_t n)
 {
     for (int64_t j = 0; j < n; j++)
         acc[j] += r[j];
+}
+
+/* The bias gradient's columns are cut into chunks of BIAS_GRAD_COLS (one chunk when the whole problem is
+ * under EW_CHUNK elements): each chunk sums its columns over every row, rows in order, so each column's
+ * double sum is the one a single thread forms. */
+#define BIAS_GRAD_COLS 256
+
+struct bias_grad_job {
+    const struct cpu_backend *cb;
+    double *acc;           /* (n) */
+    const struct tensor *dy;
+    int64_t m, n, cols;    /* cols: columns a chunk */
+};
+
+static void bias_grad_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct bias_grad_job *j = arg;
+    const int64_t j0 = chunk * j->cols, nj = j->n - j0 < j->cols ? j->n - j0 : j->cols;
+    float *row = wscratch(j->cb, worker, WSCR_TMP0);
+    for (int64_t i = 0; i < j->m; i++)
+        add_row(j->acc + j0, load_f32(j->dy->data, j->dy->dtype, (size_t)(i * j->n + j0), (size_t)nj, row), nj);
 }
 
 static void cpu_bias_grad(struct backend *be, struct tensor *db, const struct tensor *dy, int64_t m, int64_t n,
@@ -614,13 +677,13 @@ static void cpu_bias_grad(struct backend *be, struct tensor *db, const struct te
 {
     struct cpu_backend *cb = cpu_of(be);
     assert(db->dtype == DT_FP32 && (int64_t)db->numel == n && (int64_t)dy->numel == m * n);
+    const int64_t cols = (size_t)(m * n) < EW_CHUNK ? (n > 0 ? n : 1) : BIAS_GRAD_COLS;
     double *acc = scratch_get(cb, SCR_ACC0, (size_t)n * sizeof(double));
-    float *row = scratch_get(cb, SCR_TMP0, (size_t)n * sizeof(float));
-    if (!acc || !row)
+    if (!acc || !wscratch_rows(cb) || !wstage_reserve(cb, WSCR_TMP0, dy, (size_t)cols))
         return;
     memset(acc, 0, (size_t)n * sizeof(double));
-    for (int64_t i = 0; i < m; i++)
-        add_row(acc, load_f32(dy->data, dy->dtype, (size_t)(i * n), (size_t)n, row), n);
+    struct bias_grad_job j = { .cb = cb, .acc = acc, .dy = dy, .m = m, .n = n, .cols = cols };
+    parallel_for(cb->pool, (n + cols - 1) / cols, bias_grad_chunk, &j);
     store_acc((float *)db->data, acc, (size_t)n, beta);
 }
 
@@ -879,7 +942,20 @@ static void cpu_dropout_backward(struct backend *be, struct tensor *dx, const st
 
 /* ---- convolution ----------------------------------------------------------------------------- */
 
-/* col (c_in*k*k, h_out*w_out) from one image x (c_in, h_in, w_in); zero padding. */
+/* The output columns [*lo, *hi) whose input column ow * stride - padding + kw lies inside the row. */
+static void conv_inside_cols(const struct conv_args *a, int64_t kw, int64_t *lo, int64_t *hi)
+{
+    int64_t first = a->padding - kw; /* ow * stride >= first */
+    int64_t l = first > 0 ? (first + a->stride - 1) / a->stride : 0;
+    int64_t last = a->w_in - 1 + a->padding - kw; /* ow * stride <= last */
+    int64_t h = last >= 0 ? last / a->stride + 1 : 0;
+    h = h < a->w_out ? h : a->w_out;
+    *lo = l < h ? l : h;
+    *hi = h;
+}
+
+/* col (c_in*k*k, h_out*w_out) from one image x (c_in, h_in, w_in); zero padding. A copy: each row's
+ * inside columns in one run (memcpy at stride 1), the padding's zeros around them. */
 static void im2col(float *col, const float *x, const struct conv_args *a)
 {
     int64_t k = a->kernel, hw = a->h_out * a->w_out;
@@ -888,6 +964,8 @@ static void im2col(float *col, const float *x, const struct conv_args *a)
             for (int64_t kw = 0; kw < k; kw++) {
                 float *row = col + ((ci * k + kh) * k + kw) * hw;
                 const float *plane = x + ci * a->h_in * a->w_in;
+                int64_t lo, hi;
+                conv_inside_cols(a, kw, &lo, &hi);
                 for (int64_t oh = 0; oh < a->h_out; oh++) {
                     int64_t ih = oh * a->stride - a->padding + kh;
                     float *out = row + oh * a->w_out;
@@ -895,10 +973,14 @@ static void im2col(float *col, const float *x, const struct conv_args *a)
                         memset(out, 0, (size_t)a->w_out * sizeof(float));
                         continue;
                     }
-                    for (int64_t ow = 0; ow < a->w_out; ow++) {
-                        int64_t iw = ow * a->stride - a->padding + kw;
-                        out[ow] = iw >= 0 && iw < a->w_in ? plane[ih * a->w_in + iw] : 0.0f;
-                    }
+                    const float *src = plane + ih * a->w_in + lo * a->stride - a->padding + kw; /* ow = lo */
+                    memset(out, 0, (size_t)lo * sizeof(float));
+                    if (a->stride == 1)
+                        memcpy(out + lo, src, (size_t)(hi - lo) * sizeof(float));
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++)
+                            out[ow] = src[(ow - lo) * a->stride];
+                    memset(out + hi, 0, (size_t)(a->w_out - hi) * sizeof(float));
                 }
             }
 }
@@ -940,42 +1022,245 @@ static void conv_check(const struct conv_args *a)
     (void)a;
 }
 
-/* The convolutions work one image at a time: a 16-bit image is widened into SCR_IN0/IN1 and a 16-bit
- * result computed in SCR_TMP1 and rounded before the next image, so their scratch is O(one image),
- * never O(batch). fp32 images are used in place. */
+/* The convolutions work one image at a time: a 16-bit image is widened into IN0/IN1 scratch and a 16-bit
+ * result computed in TMP1 scratch and rounded before the next image, so their scratch is O(one image),
+ * never O(batch). fp32 images are used in place.
+ *
+ * Threads: above CONV_PAR_MACS multiply-adds, where the products run on gemm_avx512 (fp32 operands: the
+ * weights and im2col columns are fp32), the images are the chunks, each worker in its own scratch
+ * (wscratch) with its own single-threaded product (worker_gemm): an image's product is the call one thread
+ * makes, so the same bits. The filter gradient takes the images CONV_FILTER_IMAGES at a time (fewer
+ * when their products would pass CONV_FILTER_BYTES): each image's product dy_i @ col_i^T is formed apart
+ * (beta 0, so exactly the fp32 sum gemm_avx512's epilogue adds), then each element of dW adds the images'
+ * products in image order, dW = beta * dW + P_i, rounded as that epilogue rounds (beta * dW, then + P_i),
+ * so dW has the bits of the image-by-image accumulation. Elsewhere (smaller, or the portable path, whose
+ * OpenBLAS keeps its own threads) the images run in order on the calling thread through gemm_core. */
+#define CONV_PAR_MACS ((int64_t)1 << 20)
+#define CONV_FILTER_IMAGES 16                  /* images whose dW products are formed at once */
+#define CONV_FILTER_BYTES ((size_t)16 << 20)  /* at most this much scratch for them */
+
+struct conv_dims {
+    int64_t ckk, hw, chw_in, chw_out;
+};
+
+static struct conv_dims conv_dims_of(const struct conv_args *a)
+{
+    int64_t hw = a->h_out * a->w_out;
+    return (struct conv_dims){ .ckk = a->c_in * a->kernel * a->kernel, .hw = hw,
+                               .chw_in = a->c_in * a->h_in * a->w_in, .chw_out = a->c_out * hw };
+}
+
+/* Whether this convolution runs as chunks on the pool: by its size and the path its products take, never
+ * by the thread count. */
+static bool conv_threaded(const struct cpu_backend *cb, const struct conv_args *a)
+{
+    const struct conv_dims d = conv_dims_of(a);
+    return cb->gemm_avx512[DT_FP32] && a->n > 1 && a->c_out > 0 && d.ckk > 0 && d.hw > 0 &&
+           a->n * a->c_out * d.ckk * d.hw >= CONV_PAR_MACS;
+}
+
+/* One convolution call's tensors; the image and block bodies read them and their own buffers. */
+struct conv_job {
+    struct cpu_backend *cb;
+    const struct conv_args *a;
+    struct tensor *out;        /* y, dx or dw */
+    const struct tensor *in;   /* x, dy or dy */
+    const struct tensor *in2;  /* backward_filter: x */
+    const float *wf;           /* forward, backward_data: the weights as fp32 (c_out, ckk) */
+    const float *bias;         /* forward: NULL or fp32 (c_out) */
+    double *acc;               /* backward_filter: NULL or the bias gradient's per-channel sums (c_out) */
+    float beta;                /* backward_filter: dW = beta * dW + ... */
+    float *prod;               /* backward_filter, threaded: the group's products (images, c_out, ckk) */
+    double *sums;              /* backward_filter, threaded, with acc: the group's plane sums (images, c_out) */
+    int64_t i0, images;        /* backward_filter, threaded: the group's first image and its size */
+};
+
+/* Where a body computes: its buffers, and worker < 0 for the calling thread's gemm_core, else the worker
+ * whose worker_gemm panels it uses. */
+struct conv_bufs {
+    float *in0, *in1, *tmp0, *tmp1;
+    int worker;
+};
+
+static void conv_gemm(const struct conv_job *j, const struct conv_bufs *b, bool ta, bool tb, int64_t m, int64_t n,
+                      int64_t k, const float *a, int64_t lda, const float *bm, int64_t ldb, float beta, float *c,
+                      int64_t ldc)
+{
+    if (b->worker < 0)
+        gemm_core(j->cb, ta, tb, m, n, k, 1.0f, mat_f32(a, lda), mat_f32(bm, ldb), beta, out_mat_f32(c, ldc), NULL);
+    else
+        worker_gemm(j->cb, b->worker, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, c, ldc);
+}
+
+/* Worker w's buffers, reserved by the caller. */
+static struct conv_bufs conv_worker_bufs(const struct cpu_backend *cb, int worker)
+{
+    return (struct conv_bufs){ .in0 = wscratch(cb, worker, WSCR_IN0), .in1 = wscratch(cb, worker, WSCR_IN1),
+                               .tmp0 = wscratch(cb, worker, WSCR_TMP0), .tmp1 = wscratch(cb, worker, WSCR_TMP1),
+                               .worker = worker };
+}
+
+/* y_i (c_out, hw) = W (c_out, ckk) @ col_i (ckk, hw) [+ bias per channel]. */
+static void conv_forward_image(const struct conv_job *j, int64_t i, const struct conv_bufs *b)
+{
+    const struct conv_args *a = j->a;
+    const struct conv_dims d = conv_dims_of(a);
+    const bool pointwise = conv_is_pointwise(a);
+    const float *xi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in0);
+    if (!pointwise)
+        im2col(b->tmp0, xi, a);
+    float *yi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), b->tmp1);
+    float beta = 0.0f;
+    if (j->bias) {
+        for (int64_t co = 0; co < a->c_out; co++)
+            for (int64_t p = 0; p < d.hw; p++)
+                yi[co * d.hw + p] = j->bias[co];
+        beta = 1.0f;
+    }
+    conv_gemm(j, b, false, false, a->c_out, d.hw, d.ckk, j->wf, d.ckk, pointwise ? xi : b->tmp0, d.hw, beta, yi, d.hw);
+    store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, yi);
+}
+
+/* dx_i = col2im(W^T (ckk, c_out) @ dy_i (c_out, hw)). */
+static void conv_backward_data_image(const struct conv_job *j, int64_t i, const struct conv_bufs *b)
+{
+    const struct conv_args *a = j->a;
+    const struct conv_dims d = conv_dims_of(a);
+    const bool pointwise = conv_is_pointwise(a);
+    const float *dyi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
+    float *dxi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_in), b->tmp1);
+    conv_gemm(j, b, true, false, d.ckk, d.hw, a->c_out, j->wf, d.ckk, dyi, d.hw, 0.0f, pointwise ? dxi : b->tmp0,
+              d.hw);
+    if (!pointwise)
+        col2im(dxi, b->tmp0, a);
+    store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, dxi);
+}
+
+/* C (c_out, ckk) = beta * C + dy_i (c_out, hw) @ col_i^T (hw, ckk); with sums, each channel's plane of dy_i
+ * summed in double into sums[co]. */
+static void conv_filter_image(const struct conv_job *j, int64_t i, const struct conv_bufs *b, float beta, float *c,
+                              double *sums)
+{
+    const struct conv_args *a = j->a;
+    const struct conv_dims d = conv_dims_of(a);
+    const bool pointwise = conv_is_pointwise(a);
+    const float *dyi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
+    const float *xi = load_f32(j->in2->data, j->in2->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in1);
+    if (!pointwise)
+        im2col(b->tmp0, xi, a);
+    conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, pointwise ? xi : b->tmp0, d.hw, beta, c, d.ckk);
+    if (!sums)
+        return;
+    for (int64_t co = 0; co < a->c_out; co++) {
+        const float *p = dyi + co * d.hw;
+        double s = 0.0;
+        for (int64_t q = 0; q < d.hw; q++)
+            s += p[q];
+        sums[co] = s;
+    }
+}
+
+static void conv_forward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct conv_job *j = arg;
+    const struct conv_bufs b = conv_worker_bufs(j->cb, worker);
+    conv_forward_image(j, chunk, &b);
+}
+
+static void conv_backward_data_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct conv_job *j = arg;
+    const struct conv_bufs b = conv_worker_bufs(j->cb, worker);
+    conv_backward_data_image(j, chunk, &b);
+}
+
+/* Image i0 + chunk of the group: its product, apart, into prod. */
+static void conv_filter_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct conv_job *j = arg;
+    const struct conv_bufs b = conv_worker_bufs(j->cb, worker);
+    const int64_t cols = j->a->c_out * conv_dims_of(j->a).ckk;
+    double *sums = j->sums ? j->sums + chunk * j->a->c_out : NULL;
+    conv_filter_image(j, j->i0 + chunk, &b, 0.0f, j->prod + chunk * cols, sums);
+}
+
+/* EW_CHUNK elements of dW: the group's products added in image order, as gemm_avx512's epilogue adds one
+ * (beta 0 never reads dW; else beta * dW rounded, then the product added and rounded). */
+static void conv_filter_sum_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct conv_job *j = arg;
+    const size_t cols = (size_t)(j->a->c_out * conv_dims_of(j->a).ckk), lo = (size_t)chunk * EW_CHUNK;
+    const size_t hi = cols - lo < EW_CHUNK ? cols : lo + EW_CHUNK;
+    float *dw = j->out->data;
+    for (int64_t k = 0; k < j->images; k++) {
+        const float beta = j->i0 + k == 0 ? j->beta : 1.0f, *p = j->prod + (size_t)k * cols;
+        if (beta == 0.0f) {
+            memcpy(dw + lo, p + lo, (hi - lo) * sizeof(float));
+            continue;
+        }
+        for (size_t e = lo; e < hi; e++) {
+            const float scaled = beta * dw[e]; /* apart: no contraction into an fma */
+            dw[e] = scaled + p[e];
+        }
+    }
+}
+
+/* How many images' products the threaded filter gradient forms at once: fixed by the problem. */
+static int64_t conv_filter_group(const struct conv_args *a)
+{
+    const size_t per = (size_t)(a->c_out * conv_dims_of(a).ckk) * sizeof(float);
+    int64_t g = per ? (int64_t)(CONV_FILTER_BYTES / per) : CONV_FILTER_IMAGES;
+    g = g < CONV_FILTER_IMAGES ? g : CONV_FILTER_IMAGES;
+    return g < a->n ? g : a->n;
+}
+
+/* Every worker's buffers for a chunk reading nin0 values of in0, nin1 of in1 (staged when 16-bit), writing
+ * ntmp1 of out (staged when 16-bit), with ntmp0 floats of im2col columns and an (m, n, k) product. */
+struct conv_reserve {
+    const struct tensor *in0, *in1, *out;
+    int64_t nin0, nin1, ntmp0, ntmp1, m, n, k;
+};
+
+static bool conv_reserve_workers(struct cpu_backend *cb, const struct conv_reserve *r)
+{
+    return wscratch_rows(cb) && wstage_reserve(cb, WSCR_IN0, r->in0, (size_t)r->nin0) &&
+           wstage_reserve(cb, WSCR_IN1, r->in1, (size_t)r->nin1) &&
+           wstage_reserve(cb, WSCR_TMP1, r->out, (size_t)r->ntmp1) &&
+           (r->ntmp0 == 0 || wscratch_reserve(cb, WSCR_TMP0, (size_t)r->ntmp0 * sizeof(float))) &&
+           worker_gemm_reserve(cb, r->m, r->n, r->k);
+}
+
 static void cpu_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y,
                                const struct tensor *x, const struct tensor *w, const struct tensor *bias)
 {
     struct cpu_backend *cb = cpu_of(be);
     conv_check(a);
-    int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
-    int64_t chw_out = a->c_out * hw;
-    assert((int64_t)x->numel == a->n * chw_in && (int64_t)w->numel == a->c_out * ckk);
-    assert((int64_t)y->numel == a->n * chw_out);
+    const struct conv_dims d = conv_dims_of(a);
+    assert((int64_t)x->numel == a->n * d.chw_in && (int64_t)w->numel == a->c_out * d.ckk);
+    assert((int64_t)y->numel == a->n * d.chw_out);
     assert(!bias || (bias->dtype == DT_FP32 && (int64_t)bias->numel == a->c_out));
-    bool pointwise = conv_is_pointwise(a), ok = true;
+    const bool pointwise = conv_is_pointwise(a);
     const float *wf = view_f32(cb, SCR_IN1, w);
-    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)chw_in, &ok);
-    float *ybuf = stage_f32(cb, SCR_TMP1, y, (size_t)chw_out, &ok);
-    float *col = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
-    if (!wf || !ok || (!pointwise && !col))
+    if (!wf)
         return;
-    for (int64_t i = 0; i < a->n; i++) {
-        const float *xi = load_f32(x->data, x->dtype, (size_t)(i * chw_in), (size_t)chw_in, xbuf);
-        if (!pointwise)
-            im2col(col, xi, a);
-        float *yi = out_f32(y->data, y->dtype, (size_t)(i * chw_out), ybuf);
-        float beta = 0.0f;
-        if (bias) {
-            for (int64_t co = 0; co < a->c_out; co++)
-                for (int64_t j = 0; j < hw; j++)
-                    yi[co * hw + j] = ((const float *)bias->data)[co];
-            beta = 1.0f;
-        }
-        gemm_core(cb, false, false, a->c_out, hw, ckk, 1.0f, mat_f32(wf, ckk), mat_f32(pointwise ? xi : col, hw),
-                  beta, out_mat_f32(yi, hw), NULL);
-        store_f32(y->data, y->dtype, (size_t)(i * chw_out), (size_t)chw_out, yi);
+    struct conv_job j = { .cb = cb, .a = a, .out = y, .in = x, .wf = wf,
+                          .bias = bias ? (const float *)bias->data : NULL };
+    if (conv_threaded(cb, a)) {
+        struct conv_reserve r = { .in0 = x, .out = y, .nin0 = d.chw_in, .ntmp1 = d.chw_out,
+                                  .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.hw, .k = d.ckk };
+        if (conv_reserve_workers(cb, &r))
+            parallel_for(cb->pool, a->n, conv_forward_chunk, &j);
+        return;
     }
+    bool ok = true;
+    struct conv_bufs b = { .in0 = stage_f32(cb, SCR_IN0, x, (size_t)d.chw_in, &ok),
+                           .tmp1 = stage_f32(cb, SCR_TMP1, y, (size_t)d.chw_out, &ok), .worker = -1 };
+    b.tmp0 = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(d.ckk * d.hw) * sizeof(float));
+    if (!ok || (!pointwise && !b.tmp0))
+        return;
+    for (int64_t i = 0; i < a->n; i++)
+        conv_forward_image(&j, i, &b);
 }
 
 static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args *a, struct tensor *dx,
@@ -983,26 +1268,28 @@ static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args 
 {
     struct cpu_backend *cb = cpu_of(be);
     conv_check(a);
-    int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
-    int64_t chw_out = a->c_out * hw;
-    assert((int64_t)dx->numel == a->n * chw_in && (int64_t)dy->numel == a->n * chw_out);
-    bool pointwise = conv_is_pointwise(a), ok = true;
+    const struct conv_dims d = conv_dims_of(a);
+    assert((int64_t)dx->numel == a->n * d.chw_in && (int64_t)dy->numel == a->n * d.chw_out);
+    const bool pointwise = conv_is_pointwise(a);
     const float *wf = view_f32(cb, SCR_IN1, w);
-    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)chw_out, &ok);
-    float *dxbuf = stage_f32(cb, SCR_TMP1, dx, (size_t)chw_in, &ok);
-    float *dcol = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
-    if (!wf || !ok || (!pointwise && !dcol))
+    if (!wf)
         return;
-    for (int64_t i = 0; i < a->n; i++) {
-        const float *dyi = load_f32(dy->data, dy->dtype, (size_t)(i * chw_out), (size_t)chw_out, dybuf);
-        float *dxi = out_f32(dx->data, dx->dtype, (size_t)(i * chw_in), dxbuf);
-        /* dcol (ckk, hw) = W^T (ckk, c_out) @ dy_i (c_out, hw) */
-        gemm_core(cb, true, false, ckk, hw, a->c_out, 1.0f, mat_f32(wf, ckk), mat_f32(dyi, hw), 0.0f,
-                  out_mat_f32(pointwise ? dxi : dcol, hw), NULL);
-        if (!pointwise)
-            col2im(dxi, dcol, a);
-        store_f32(dx->data, dx->dtype, (size_t)(i * chw_in), (size_t)chw_in, dxi);
+    struct conv_job j = { .cb = cb, .a = a, .out = dx, .in = dy, .wf = wf };
+    if (conv_threaded(cb, a)) {
+        struct conv_reserve r = { .in0 = dy, .out = dx, .nin0 = d.chw_out, .ntmp1 = d.chw_in,
+                                  .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = d.ckk, .n = d.hw, .k = a->c_out };
+        if (conv_reserve_workers(cb, &r))
+            parallel_for(cb->pool, a->n, conv_backward_data_chunk, &j);
+        return;
     }
+    bool ok = true;
+    struct conv_bufs b = { .in0 = stage_f32(cb, SCR_IN0, dy, (size_t)d.chw_out, &ok),
+                           .tmp1 = stage_f32(cb, SCR_TMP1, dx, (size_t)d.chw_in, &ok), .worker = -1 };
+    b.tmp0 = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(d.ckk * d.hw) * sizeof(float));
+    if (!ok || (!pointwise && !b.tmp0))
+        return;
+    for (int64_t i = 0; i < a->n; i++)
+        conv_backward_data_image(&j, i, &b);
 }
 
 static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_args *a, struct tensor *dw,
@@ -1010,41 +1297,53 @@ static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_arg
 {
     struct cpu_backend *cb = cpu_of(be);
     conv_check(a);
-    int64_t ckk = a->c_in * a->kernel * a->kernel, hw = a->h_out * a->w_out, chw_in = a->c_in * a->h_in * a->w_in;
-    int64_t chw_out = a->c_out * hw;
-    assert(dw->dtype == DT_FP32 && (int64_t)dw->numel == a->c_out * ckk);
+    const struct conv_dims d = conv_dims_of(a);
+    assert(dw->dtype == DT_FP32 && (int64_t)dw->numel == a->c_out * d.ckk);
     assert(!db || (db->dtype == DT_FP32 && (int64_t)db->numel == a->c_out));
-    assert((int64_t)x->numel == a->n * chw_in && (int64_t)dy->numel == a->n * chw_out);
-    bool pointwise = conv_is_pointwise(a), ok = true;
-    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)chw_out, &ok);
-    float *xbuf = stage_f32(cb, SCR_IN1, x, (size_t)chw_in, &ok);
-    float *col = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(ckk * hw) * sizeof(float));
+    assert((int64_t)x->numel == a->n * d.chw_in && (int64_t)dy->numel == a->n * d.chw_out);
+    const bool pointwise = conv_is_pointwise(a);
+    const int64_t group = conv_filter_group(a);
+    const bool threaded = conv_threaded(cb, a) && group > 1;
+    const int64_t sum_images = threaded ? group : 1; /* plane sums held at once */
     double *acc = db ? scratch_get(cb, SCR_ACC0, (size_t)a->c_out * sizeof(double)) : NULL;
-    if (!ok || (!pointwise && !col) || (db && !acc))
+    double *sums = db ? scratch_get(cb, SCR_ACC1, (size_t)(sum_images * a->c_out) * sizeof(double)) : NULL;
+    if (db && (!acc || !sums))
+        return;
+    struct conv_job j = { .cb = cb, .a = a, .out = dw, .in = dy, .in2 = x, .acc = acc, .beta = beta, .sums = sums };
+    bool ok = true;
+    struct conv_bufs b = { .worker = -1 };
+    if (threaded) {
+        struct conv_reserve r = { .in0 = dy, .in1 = x, .nin0 = d.chw_out, .nin1 = d.chw_in,
+                                  .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.ckk, .k = d.hw };
+        j.prod = scratch_get(cb, SCR_TMP2, (size_t)(group * a->c_out * d.ckk) * sizeof(float));
+        ok = j.prod && conv_reserve_workers(cb, &r);
+    } else {
+        b.in0 = stage_f32(cb, SCR_IN0, dy, (size_t)d.chw_out, &ok);
+        b.in1 = stage_f32(cb, SCR_IN1, x, (size_t)d.chw_in, &ok);
+        b.tmp0 = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(d.ckk * d.hw) * sizeof(float));
+        ok = ok && (pointwise || b.tmp0);
+    }
+    if (!ok)
         return;
     float *dwf = (float *)dw->data;
     if (a->n == 0)
         scale_f32(dwf, dw->numel, beta);
     if (acc)
         memset(acc, 0, (size_t)a->c_out * sizeof(double));
-    for (int64_t i = 0; i < a->n; i++) {
-        const float *dyi = load_f32(dy->data, dy->dtype, (size_t)(i * chw_out), (size_t)chw_out, dybuf);
-        const float *xi = load_f32(x->data, x->dtype, (size_t)(i * chw_in), (size_t)chw_in, xbuf);
-        if (!pointwise)
-            im2col(col, xi, a);
-        /* dW (c_out, ckk) += dy_i (c_out, hw) @ col_i^T (hw, ckk) */
-        gemm_core(cb, false, true, a->c_out, ckk, hw, 1.0f, mat_f32(dyi, hw), mat_f32(pointwise ? xi : col, hw),
-                  i == 0 ? beta : 1.0f, out_mat_f32(dwf, ckk), NULL);
-        if (!acc)
-            continue;
-        /* db: per channel a double sum over the plane, added to the channel's total image by image */
-        for (int64_t co = 0; co < a->c_out; co++) {
-            const float *p = dyi + co * hw;
-            double s = 0.0;
-            for (int64_t j = 0; j < hw; j++)
-                s += p[j];
-            acc[co] += s;
+    for (int64_t i0 = 0; i0 < a->n; i0 += sum_images) {
+        if (threaded) {
+            j.i0 = i0;
+            j.images = a->n - i0 < group ? a->n - i0 : group;
+            parallel_for(cb->pool, j.images, conv_filter_chunk, &j);
+            parallel_for(cb->pool, ew_chunks((size_t)(a->c_out * d.ckk)), conv_filter_sum_chunk, &j);
+        } else {
+            /* dW (c_out, ckk) += dy_i (c_out, hw) @ col_i^T (hw, ckk) */
+            conv_filter_image(&j, i0, &b, i0 == 0 ? beta : 1.0f, dwf, sums);
         }
+        /* db: per channel a double sum over the plane, added to the channel's total image by image */
+        for (int64_t k = 0; acc && k < (threaded ? j.images : 1); k++)
+            for (int64_t co = 0; co < a->c_out; co++)
+                acc[co] += sums[k * a->c_out + co];
     }
     if (db)
         store_acc((float *)db->data, acc, (size_t)a->c_out, beta);
@@ -1139,26 +1438,51 @@ static int64_t pool_divisor(const struct pool_args *a, int64_t oh, int64_t ow)
     return (h1 - h0) * (w1 - w0);
 }
 
-/* Pooling works one (n, c) plane at a time; 16-bit planes are staged through O(plane) scratch. */
-static void cpu_pool2d_forward(struct backend *be, const struct pool_args *a, struct tensor *y,
-                               const struct tensor *x)
+/* Pooling works one (n, c) plane at a time; 16-bit planes are staged through O(plane) scratch. The
+ * planes are cut into chunks of at least EW_CHUNK input elements (one chunk for a smaller problem); a
+ * plane's outputs depend on that plane alone, so which worker runs a chunk changes no bit. */
+struct pool_job {
+    const struct cpu_backend *cb;
+    const struct pool_args *a;
+    struct tensor *out;                       /* y, dx */
+    const struct tensor *in, *x;              /* forward: x, NULL; backward: dy, x */
+    int64_t planes;                           /* planes a chunk */
+};
+
+static int64_t pool_chunk_planes(const struct pool_args *a)
 {
-    struct cpu_backend *cb = cpu_of(be);
-    int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out;
-    assert((int64_t)x->numel == a->n * a->c * hw_in && (int64_t)y->numel == a->n * a->c * hw);
-    bool ok = true;
-    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)hw_in, &ok);
-    float *ybuf = stage_f32(cb, SCR_TMP0, y, (size_t)hw, &ok);
-    int32_t *arg = a->kind == POOL_MAX ? scratch_get(cb, SCR_IDX, (size_t)hw * sizeof(int32_t)) : NULL;
-    if (!ok || (a->kind == POOL_MAX && !arg))
-        return;
-    for (int64_t pl = 0; pl < a->n * a->c; pl++) {
+    const int64_t hw_in = a->h_in * a->w_in, all = a->n * a->c;
+    if (hw_in <= 0 || all * hw_in < (int64_t)EW_CHUNK)
+        return all > 0 ? all : 1;
+    return ((int64_t)EW_CHUNK + hw_in - 1) / hw_in;
+}
+
+static bool pool_reserve(struct cpu_backend *cb, const struct pool_args *a, const struct tensor *in, size_t nin,
+                         const struct tensor *x, const struct tensor *out, size_t nout)
+{
+    const size_t hw = (size_t)(a->h_out * a->w_out);
+    return wscratch_rows(cb) && wstage_reserve(cb, WSCR_IN0, in, nin) &&
+           wstage_reserve(cb, WSCR_IN1, x, (size_t)(a->h_in * a->w_in)) &&
+           wstage_reserve(cb, WSCR_TMP0, out, nout) &&
+           (a->kind != POOL_MAX || wscratch_reserve(cb, WSCR_IDX, hw * sizeof(int32_t)));
+}
+
+static void pool_forward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct pool_job *j = arg;
+    const struct pool_args *a = j->a;
+    const struct tensor *x = j->in, *y = j->out;
+    int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out, all = a->n * a->c;
+    float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *ybuf = wscratch(j->cb, worker, WSCR_TMP0);
+    int32_t *arg_max = wscratch(j->cb, worker, WSCR_IDX);
+    const int64_t pl0 = chunk * j->planes, pl1 = all - pl0 < j->planes ? all : pl0 + j->planes;
+    for (int64_t pl = pl0; pl < pl1; pl++) {
         const float *plane = load_f32(x->data, x->dtype, (size_t)(pl * hw_in), (size_t)hw_in, xbuf);
         float *out = out_f32(y->data, y->dtype, (size_t)(pl * hw), ybuf);
         if (a->kind == POOL_MAX) {
-            maxpool_plane_argmax(plane, a, arg);
+            maxpool_plane_argmax(plane, a, arg_max);
             for (int64_t o = 0; o < hw; o++)
-                out[o] = arg[o] >= 0 ? plane[arg[o]] : -INFINITY;
+                out[o] = arg_max[o] >= 0 ? plane[arg_max[o]] : -INFINITY;
             store_f32(y->data, y->dtype, (size_t)(pl * hw), (size_t)hw, out);
             continue;
         }
@@ -1181,30 +1505,39 @@ static void cpu_pool2d_forward(struct backend *be, const struct pool_args *a, st
     }
 }
 
-static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, struct tensor *dx,
-                                const struct tensor *dy, const struct tensor *x, const struct tensor *y)
+static void cpu_pool2d_forward(struct backend *be, const struct pool_args *a, struct tensor *y,
+                               const struct tensor *x)
 {
     struct cpu_backend *cb = cpu_of(be);
-    (void)y; /* the window's argmax is recomputed from x */
     int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out;
-    assert((int64_t)dx->numel == a->n * a->c * hw_in && (int64_t)dy->numel == a->n * a->c * hw);
-    bool is_max = a->kind == POOL_MAX, ok = true;
-    float *dybuf = stage_f32(cb, SCR_IN0, dy, (size_t)hw, &ok);
-    float *xbuf = is_max ? stage_f32(cb, SCR_IN1, x, (size_t)hw_in, &ok) : NULL;
-    float *dxbuf = stage_f32(cb, SCR_TMP0, dx, (size_t)hw_in, &ok);
-    int32_t *arg = is_max ? scratch_get(cb, SCR_IDX, (size_t)hw * sizeof(int32_t)) : NULL;
-    if (!ok || (is_max && !arg))
+    assert((int64_t)x->numel == a->n * a->c * hw_in && (int64_t)y->numel == a->n * a->c * hw);
+    if (!pool_reserve(cb, a, x, (size_t)hw_in, NULL, y, (size_t)hw))
         return;
-    for (int64_t pl = 0; pl < a->n * a->c; pl++) {
+    struct pool_job j = { .cb = cb, .a = a, .out = y, .in = x, .planes = pool_chunk_planes(a) };
+    parallel_for(cb->pool, (a->n * a->c + j.planes - 1) / j.planes, pool_forward_chunk, &j);
+}
+
+static void pool_backward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct pool_job *j = arg;
+    const struct pool_args *a = j->a;
+    const struct tensor *dy = j->in, *x = j->x, *dx = j->out;
+    int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out, all = a->n * a->c;
+    bool is_max = a->kind == POOL_MAX;
+    float *dybuf = wscratch(j->cb, worker, WSCR_IN0), *xbuf = wscratch(j->cb, worker, WSCR_IN1);
+    float *dxbuf = wscratch(j->cb, worker, WSCR_TMP0);
+    int32_t *arg_max = wscratch(j->cb, worker, WSCR_IDX);
+    const int64_t pl0 = chunk * j->planes, pl1 = all - pl0 < j->planes ? all : pl0 + j->planes;
+    for (int64_t pl = pl0; pl < pl1; pl++) {
         float *dplane = out_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), dxbuf);
         const float *g = load_f32(dy->data, dy->dtype, (size_t)(pl * hw), (size_t)hw, dybuf);
         const float *xplane = is_max ? load_f32(x->data, x->dtype, (size_t)(pl * hw_in), (size_t)hw_in, xbuf) : NULL;
         memset(dplane, 0, (size_t)hw_in * sizeof(float));
         if (is_max) {
-            maxpool_plane_argmax(xplane, a, arg);
+            maxpool_plane_argmax(xplane, a, arg_max);
             for (int64_t o = 0; o < hw; o++) /* in output order: the sums' order does not depend on the path */
-                if (arg[o] >= 0)
-                    dplane[arg[o]] += g[o];
+                if (arg_max[o] >= 0)
+                    dplane[arg_max[o]] += g[o];
             store_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), (size_t)hw_in, dplane);
             continue;
         }
@@ -1225,6 +1558,21 @@ static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, s
             }
         store_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), (size_t)hw_in, dplane);
     }
+}
+
+static void cpu_pool2d_backward(struct backend *be, const struct pool_args *a, struct tensor *dx,
+                                const struct tensor *dy, const struct tensor *x, const struct tensor *y)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    (void)y; /* the window's argmax is recomputed from x */
+    int64_t hw_in = a->h_in * a->w_in, hw = a->h_out * a->w_out;
+    assert((int64_t)dx->numel == a->n * a->c * hw_in && (int64_t)dy->numel == a->n * a->c * hw);
+    bool is_max = a->kind == POOL_MAX;
+    if (!pool_reserve(cb, a, dy, (size_t)hw, is_max ? x : NULL, dx, (size_t)hw_in))
+        return;
+    struct pool_job j = { .cb = cb, .a = a, .out = dx, .in = dy, .x = is_max ? x : NULL,
+                          .planes = pool_chunk_planes(a) };
+    parallel_for(cb->pool, (a->n * a->c + j.planes - 1) / j.planes, pool_backward_chunk, &j);
 }
 
 /* ---- normalisation --------------------------------------------------------------------------- */
@@ -1380,72 +1728,167 @@ static void cpu_layernorm_backward(struct backend *be, const struct norm_args *a
                      ln_backward_dparams_chunk, &j);
 }
 
-/* Batchnorm (n, c, hw): channel ch's values are the n planes x[i, ch, :]. */
+/* Batchnorm (n, c, hw): channel ch's values are the n planes x[i, ch, :]. Everything of a channel — its
+ * statistics (double sums over the images in order), its running statistics, its outputs, its parameter
+ * gradients — depends on that channel alone, so the channels are cut into chunks of at least EW_CHUNK
+ * elements (one chunk for a smaller problem), each computed in the order one thread would. */
+struct bn_job {
+    const struct cpu_backend *cb;
+    const struct norm_args *a;
+    struct tensor *out;                           /* y, dx (NULL: no dx) */
+    const struct tensor *x, *dy;
+    struct tensor *mean, *rstd, *running_mean, *running_var; /* forward */
+    const struct tensor *smean, *srstd;          /* backward: the saved statistics */
+    const float *gamma, *beta;
+    double *acc_g, *acc_b;                        /* backward: per-channel sums (c each) */
+    int64_t channels;                             /* channels a chunk */
+};
+
+static int64_t bn_chunk_channels(const struct norm_args *a)
+{
+    const int64_t per = a->n * a->hw;
+    if (per <= 0 || a->c * per < (int64_t)EW_CHUNK)
+        return a->c > 0 ? a->c : 1;
+    return ((int64_t)EW_CHUNK + per - 1) / per;
+}
+
+static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
+{
+    return (a->c + channels - 1) / channels;
+}
+
+static void bn_forward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *ybuf)
+{
+    const struct norm_args *a = j->a;
+    const struct tensor *x = j->x;
+    struct tensor *y = j->out;
+    int64_t n = a->n, c = a->c, hw = a->hw;
+    float *rm = j->running_mean ? (float *)j->running_mean->data : NULL;
+    float *rv = j->running_var ? (float *)j->running_var->data : NULL;
+    double count = (double)(n * hw);
+    float mu_f, rs_f;
+    if (a->training) {
+        double s = 0.0, ss = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
+            for (int64_t q = 0; q < hw; q++)
+                s += p[q];
+        }
+        double mu = s / count;
+        for (int64_t i = 0; i < n; i++) {
+            const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
+            for (int64_t q = 0; q < hw; q++) {
+                double d = p[q] - mu;
+                ss += d * d;
+            }
+        }
+        double var = ss / count;
+        mu_f = (float)mu;
+        rs_f = (float)(1.0 / sqrt(var + (double)a->eps));
+        /* PyTorch: running = (1 - m) * running + m * batch, with the unbiased variance. One value per
+         * channel has no unbiased variance (PyTorch refuses it); the biased one (0) is used. */
+        double m = a->momentum, unbiased = count > 1.0 ? ss / (count - 1.0) : var;
+        if (rm)
+            rm[ch] = (float)((1.0 - m) * rm[ch] + m * mu);
+        if (rv)
+            rv[ch] = (float)((1.0 - m) * rv[ch] + m * unbiased);
+    } else {
+        assert(rm && rv);
+        mu_f = rm[ch];
+        rs_f = (float)(1.0 / sqrt((double)rv[ch] + (double)a->eps));
+    }
+    if (j->mean)
+        ((float *)j->mean->data)[ch] = mu_f;
+    if (j->rstd)
+        ((float *)j->rstd->data)[ch] = rs_f;
+    float gc = j->gamma ? j->gamma[ch] : 1.0f, bc = j->beta ? j->beta[ch] : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        size_t off = (size_t)((i * c + ch) * hw);
+        const float *p = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
+        float *q = out_f32(y->data, y->dtype, off, ybuf);
+        for (int64_t e = 0; e < hw; e++)
+            q[e] = (p[e] - mu_f) * rs_f * gc + bc;
+        store_f32(y->data, y->dtype, off, (size_t)hw, q);
+    }
+}
+
+static void bn_forward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct bn_job *j = arg;
+    float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *ybuf = wscratch(j->cb, worker, WSCR_TMP0);
+    const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
+    for (int64_t ch = c0; ch < c1; ch++)
+        bn_forward_channel(j, ch, xbuf, ybuf);
+}
+
 static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y,
                                   struct tensor *mean, struct tensor *rstd, struct tensor *running_mean,
                                   struct tensor *running_var, const struct tensor *x, const struct tensor *gamma,
                                   const struct tensor *beta)
 {
     struct cpu_backend *cb = cpu_of(be);
-    int64_t n = a->n, c = a->c, hw = a->hw;
-    assert((int64_t)x->numel == n * c * hw && (int64_t)y->numel == n * c * hw);
+    const int64_t hw = a->hw;
+    assert((int64_t)x->numel == a->n * a->c * hw && (int64_t)y->numel == a->n * a->c * hw);
     assert(!a->training || (mean && rstd));
-    const float *g = gamma ? (const float *)gamma->data : NULL;
-    const float *bt = beta ? (const float *)beta->data : NULL;
-    float *rm = running_mean ? (float *)running_mean->data : NULL;
-    float *rv = running_var ? (float *)running_var->data : NULL;
-    bool ok = true;
-    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)hw, &ok);
-    float *ybuf = stage_f32(cb, SCR_TMP0, y, (size_t)hw, &ok);
-    if (!ok)
+    if (!wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)hw) ||
+        !wstage_reserve(cb, WSCR_TMP0, y, (size_t)hw))
         return;
+    struct bn_job j = { .cb = cb, .a = a, .out = y, .x = x, .mean = mean, .rstd = rstd,
+                        .running_mean = running_mean, .running_var = running_var,
+                        .gamma = gamma ? (const float *)gamma->data : NULL,
+                        .beta = beta ? (const float *)beta->data : NULL, .channels = bn_chunk_channels(a) };
+    parallel_for(cb->pool, bn_chunks(a, j.channels), bn_forward_chunk, &j);
+}
+
+static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf)
+{
+    const struct norm_args *a = j->a;
+    const struct tensor *x = j->x, *dy = j->dy;
+    struct tensor *dx = j->out;
+    int64_t n = a->n, c = a->c, hw = a->hw;
     double count = (double)(n * hw);
-    for (int64_t ch = 0; ch < c; ch++) {
-        float mu_f, rs_f;
-        if (a->training) {
-            double s = 0.0, ss = 0.0;
-            for (int64_t i = 0; i < n; i++) {
-                const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
-                for (int64_t j = 0; j < hw; j++)
-                    s += p[j];
-            }
-            double mu = s / count;
-            for (int64_t i = 0; i < n; i++) {
-                const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
-                for (int64_t j = 0; j < hw; j++) {
-                    double d = p[j] - mu;
-                    ss += d * d;
-                }
-            }
-            double var = ss / count;
-            mu_f = (float)mu;
-            rs_f = (float)(1.0 / sqrt(var + (double)a->eps));
-            /* PyTorch: running = (1 - m) * running + m * batch, with the unbiased variance. One value per
-             * channel has no unbiased variance (PyTorch refuses it); the biased one (0) is used. */
-            double m = a->momentum, unbiased = count > 1.0 ? ss / (count - 1.0) : var;
-            if (rm)
-                rm[ch] = (float)((1.0 - m) * rm[ch] + m * mu);
-            if (rv)
-                rv[ch] = (float)((1.0 - m) * rv[ch] + m * unbiased);
-        } else {
-            assert(rm && rv);
-            mu_f = rm[ch];
-            rs_f = (float)(1.0 / sqrt((double)rv[ch] + (double)a->eps));
-        }
-        if (mean)
-            ((float *)mean->data)[ch] = mu_f;
-        if (rstd)
-            ((float *)rstd->data)[ch] = rs_f;
-        float gc = g ? g[ch] : 1.0f, bc = bt ? bt[ch] : 0.0f;
-        for (int64_t i = 0; i < n; i++) {
-            size_t off = (size_t)((i * c + ch) * hw);
-            const float *p = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
-            float *q = out_f32(y->data, y->dtype, off, ybuf);
-            for (int64_t j = 0; j < hw; j++)
-                q[j] = (p[j] - mu_f) * rs_f * gc + bc;
-            store_f32(y->data, y->dtype, off, (size_t)hw, q);
+    float mu = ((const float *)j->smean->data)[ch], rs = ((const float *)j->srstd->data)[ch];
+    float gc = j->gamma ? j->gamma[ch] : 1.0f;
+    double sdy = 0.0, sdyx = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        size_t off = (size_t)((i * c + ch) * hw);
+        const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
+        const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
+        for (int64_t e = 0; e < hw; e++) {
+            sdy += dp[e];
+            sdyx += (double)dp[e] * ((xp[e] - mu) * rs);
         }
     }
+    j->acc_g[ch] = sdyx;
+    j->acc_b[ch] = sdy;
+    if (!dx)
+        return;
+    /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
+    float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
+    for (int64_t i = 0; i < n; i++) {
+        size_t off = (size_t)((i * c + ch) * hw);
+        const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
+        float *q = out_f32(dx->data, dx->dtype, off, dxbuf);
+        if (a->training) {
+            const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
+            for (int64_t e = 0; e < hw; e++)
+                q[e] = rs * (dp[e] * gc - m1 - (xp[e] - mu) * rs * m2);
+        } else {
+            for (int64_t e = 0; e < hw; e++)
+                q[e] = dp[e] * gc * rs;
+        }
+        store_f32(dx->data, dx->dtype, off, (size_t)hw, q);
+    }
+}
+
+static void bn_backward_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct bn_job *j = arg;
+    float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *dybuf = wscratch(j->cb, worker, WSCR_IN1);
+    float *dxbuf = wscratch(j->cb, worker, WSCR_TMP0);
+    const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
+    for (int64_t ch = c0; ch < c1; ch++)
+        bn_backward_channel(j, ch, xbuf, dybuf, dxbuf);
 }
 
 /* Training mode: the batch statistics depend on x, so dx = rstd * (dxhat - mean(dxhat) - xhat *
@@ -1457,56 +1900,20 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
                                    const struct tensor *gamma, float beta_acc)
 {
     struct cpu_backend *cb = cpu_of(be);
-    int64_t n = a->n, c = a->c, hw = a->hw;
-    assert((int64_t)x->numel == n * c * hw && (int64_t)dy->numel == n * c * hw);
-    const float *g = gamma ? (const float *)gamma->data : NULL;
-    bool ok = true;
-    float *xbuf = stage_f32(cb, SCR_IN0, x, (size_t)hw, &ok);
-    float *dybuf = stage_f32(cb, SCR_IN1, dy, (size_t)hw, &ok);
-    float *dxbuf = dx ? stage_f32(cb, SCR_TMP0, dx, (size_t)hw, &ok) : NULL;
+    const int64_t c = a->c, hw = a->hw;
+    assert((int64_t)x->numel == a->n * c * hw && (int64_t)dy->numel == a->n * c * hw);
     double *acc = scratch_get(cb, SCR_ACC0, 2 * (size_t)c * sizeof(double));
-    if (!ok || !acc)
+    if (!acc || !wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)hw) ||
+        !wstage_reserve(cb, WSCR_IN1, dy, (size_t)hw) || !wstage_reserve(cb, WSCR_TMP0, dx, (size_t)hw))
         return;
-    double *acc_g = acc, *acc_b = acc + c;
-    double count = (double)(n * hw);
-    for (int64_t ch = 0; ch < c; ch++) {
-        float mu = ((const float *)mean->data)[ch], rs = ((const float *)rstd->data)[ch];
-        float gc = g ? g[ch] : 1.0f;
-        double sdy = 0.0, sdyx = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            size_t off = (size_t)((i * c + ch) * hw);
-            const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
-            const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
-            for (int64_t j = 0; j < hw; j++) {
-                sdy += dp[j];
-                sdyx += (double)dp[j] * ((xp[j] - mu) * rs);
-            }
-        }
-        acc_g[ch] = sdyx;
-        acc_b[ch] = sdy;
-        if (!dx)
-            continue;
-        /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
-        float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
-        for (int64_t i = 0; i < n; i++) {
-            size_t off = (size_t)((i * c + ch) * hw);
-            const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
-            float *q = out_f32(dx->data, dx->dtype, off, dxbuf);
-            if (a->training) {
-                const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
-                for (int64_t j = 0; j < hw; j++)
-                    q[j] = rs * (dp[j] * gc - m1 - (xp[j] - mu) * rs * m2);
-            } else {
-                for (int64_t j = 0; j < hw; j++)
-                    q[j] = dp[j] * gc * rs;
-            }
-            store_f32(dx->data, dx->dtype, off, (size_t)hw, q);
-        }
-    }
+    struct bn_job j = { .cb = cb, .a = a, .out = dx, .x = x, .dy = dy, .smean = mean, .srstd = rstd,
+                        .gamma = gamma ? (const float *)gamma->data : NULL, .acc_g = acc, .acc_b = acc + c,
+                        .channels = bn_chunk_channels(a) };
+    parallel_for(cb->pool, bn_chunks(a, j.channels), bn_backward_chunk, &j);
     if (dgamma)
-        store_acc((float *)dgamma->data, acc_g, (size_t)c, beta_acc);
+        store_acc((float *)dgamma->data, j.acc_g, (size_t)c, beta_acc);
     if (dbeta)
-        store_acc((float *)dbeta->data, acc_b, (size_t)c, beta_acc);
+        store_acc((float *)dbeta->data, j.acc_b, (size_t)c, beta_acc);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
@@ -1716,10 +2123,7 @@ static void att_gemm_worker(struct cpu_backend *cb, int worker, bool ta, bool tb
                             float alpha, struct mat_in a, struct mat_in b, struct mat_out c)
 {
     if (cb->gemm_avx512[DT_FP32] && c.dt == DT_FP32) {
-        struct gemm_avx512_args g = { .in = DT_FP32, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
-                                      .beta = 0.0f, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
-                                      .c_dt = c.dt, .ldc = c.ld };
-        gemm_avx512(&g, wscratch(cb, worker, WSCR_PACK_A), wscratch(cb, worker, WSCR_GEMM_B), NULL);
+        worker_gemm(cb, worker, ta, tb, m, n, k, alpha, a.p, a.ld, b.p, b.ld, 0.0f, c.p, c.ld);
         return;
     }
     float *cf = c.dt == DT_FP32 ? (float *)c.p : wscratch(cb, worker, WSCR_GEMM_C);
@@ -2472,16 +2876,9 @@ static enum amp_status cpu_status(struct backend *be, struct amp_error *err)
 
 static void free_workers(struct cpu_backend *cb)
 {
-    int threads = threadpool_threads(cb->pool);
     threadpool_free(cb->pool);
-    if (cb->wscr)
-        for (int w = 0; w < threads; w++)
-            for (int i = 0; i < WSCR_COUNT; i++)
-                free(cb->wscr[w][i].p);
-    free(cb->wscr);
     free(cb->wpack_a);
     cb->pool = NULL;
-    cb->wscr = NULL;
     cb->wpack_a = NULL;
 }
 
@@ -2494,9 +2891,8 @@ static enum amp_status cpu_set_threads(struct backend *be, int threads, struct a
     if (threads == 1)
         return AMP_OK;
     cb->pool = threadpool_create(threads);
-    cb->wscr = calloc((size_t)threads, sizeof *cb->wscr);
     cb->wpack_a = calloc((size_t)threads, sizeof *cb->wpack_a);
-    if (!cb->pool || !cb->wscr || !cb->wpack_a) {
+    if (!cb->pool || !cb->wpack_a) {
         free_workers(cb);
         return amp_fail(err, AMP_ERR_INTERNAL, "set run.threads lower (or 1)",
                         "the CPU backend could not start %d threads", threads);
@@ -2511,6 +2907,10 @@ static void cpu_destroy(struct backend *be)
         return;
     for (int i = 0; i < SCR_COUNT; i++)
         free(cb->scr[i].p);
+    for (int w = 0; w < cb->wscr_rows; w++)
+        for (int i = 0; i < WSCR_COUNT; i++)
+            free(cb->wscr[w][i].p);
+    free(cb->wscr);
     free_workers(cb);
     free(cb);
 }
