@@ -22,7 +22,7 @@ core=$(/usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").o
 f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 has() { case " $flags " in *" $1 "*) echo yes ;; *) echo no ;; esac; }
-echo "bench_cpu: OpenBLAS core $core (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}; $(nproc) CPUs"
+echo "bench_cpu: OpenBLAS core $core (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}; $(getconf _NPROCESSORS_ONLN) CPUs online"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
