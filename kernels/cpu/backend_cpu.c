@@ -1231,6 +1231,28 @@ static bool conv_reserve_workers(struct cpu_backend *cb, const struct conv_reser
            worker_gemm_reserve(cb, r->m, r->n, r->k);
 }
 
+/* The forward pass and the data gradient alike, image by image: on the pool above the threshold, each worker
+ * in its own buffers (r sizes them); else on the calling thread through the shared slots, r->in0 staged into
+ * in0, r->out into tmp1, im2col's columns (r->ntmp0, none for a pointwise convolution) in tmp0. */
+static void conv_images(struct cpu_backend *cb, const struct conv_job *j, const struct conv_reserve *r,
+                        parallel_fn chunk, void (*image)(const struct conv_job *, int64_t, const struct conv_bufs *))
+{
+    const struct conv_args *a = j->a;
+    if (conv_threaded(cb, a)) {
+        if (conv_reserve_workers(cb, r))
+            parallel_for(cb->pool, a->n, chunk, (void *)j);
+        return;
+    }
+    bool ok = true;
+    struct conv_bufs b = { .in0 = stage_f32(cb, SCR_IN0, r->in0, (size_t)r->nin0, &ok),
+                           .tmp1 = stage_f32(cb, SCR_TMP1, r->out, (size_t)r->ntmp1, &ok), .worker = -1 };
+    b.tmp0 = r->ntmp0 == 0 ? NULL : scratch_get(cb, SCR_TMP0, (size_t)r->ntmp0 * sizeof(float));
+    if (!ok || (r->ntmp0 != 0 && !b.tmp0))
+        return;
+    for (int64_t i = 0; i < a->n; i++)
+        image(j, i, &b);
+}
+
 static void cpu_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y,
                                const struct tensor *x, const struct tensor *w, const struct tensor *bias)
 {
@@ -1246,21 +1268,9 @@ static void cpu_conv2d_forward(struct backend *be, const struct conv_args *a, st
         return;
     struct conv_job j = { .cb = cb, .a = a, .out = y, .in = x, .wf = wf,
                           .bias = bias ? (const float *)bias->data : NULL };
-    if (conv_threaded(cb, a)) {
-        struct conv_reserve r = { .in0 = x, .out = y, .nin0 = d.chw_in, .ntmp1 = d.chw_out,
-                                  .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.hw, .k = d.ckk };
-        if (conv_reserve_workers(cb, &r))
-            parallel_for(cb->pool, a->n, conv_forward_chunk, &j);
-        return;
-    }
-    bool ok = true;
-    struct conv_bufs b = { .in0 = stage_f32(cb, SCR_IN0, x, (size_t)d.chw_in, &ok),
-                           .tmp1 = stage_f32(cb, SCR_TMP1, y, (size_t)d.chw_out, &ok), .worker = -1 };
-    b.tmp0 = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(d.ckk * d.hw) * sizeof(float));
-    if (!ok || (!pointwise && !b.tmp0))
-        return;
-    for (int64_t i = 0; i < a->n; i++)
-        conv_forward_image(&j, i, &b);
+    struct conv_reserve r = { .in0 = x, .out = y, .nin0 = d.chw_in, .ntmp1 = d.chw_out,
+                              .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.hw, .k = d.ckk };
+    conv_images(cb, &j, &r, conv_forward_chunk, conv_forward_image);
 }
 
 static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args *a, struct tensor *dx,
@@ -1275,21 +1285,9 @@ static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args 
     if (!wf)
         return;
     struct conv_job j = { .cb = cb, .a = a, .out = dx, .in = dy, .wf = wf };
-    if (conv_threaded(cb, a)) {
-        struct conv_reserve r = { .in0 = dy, .out = dx, .nin0 = d.chw_out, .ntmp1 = d.chw_in,
-                                  .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = d.ckk, .n = d.hw, .k = a->c_out };
-        if (conv_reserve_workers(cb, &r))
-            parallel_for(cb->pool, a->n, conv_backward_data_chunk, &j);
-        return;
-    }
-    bool ok = true;
-    struct conv_bufs b = { .in0 = stage_f32(cb, SCR_IN0, dy, (size_t)d.chw_out, &ok),
-                           .tmp1 = stage_f32(cb, SCR_TMP1, dx, (size_t)d.chw_in, &ok), .worker = -1 };
-    b.tmp0 = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(d.ckk * d.hw) * sizeof(float));
-    if (!ok || (!pointwise && !b.tmp0))
-        return;
-    for (int64_t i = 0; i < a->n; i++)
-        conv_backward_data_image(&j, i, &b);
+    struct conv_reserve r = { .in0 = dy, .out = dx, .nin0 = d.chw_out, .ntmp1 = d.chw_in,
+                              .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = d.ckk, .n = d.hw, .k = a->c_out };
+    conv_images(cb, &j, &r, conv_backward_data_chunk, conv_backward_data_image);
 }
 
 static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_args *a, struct tensor *dw,
