@@ -950,15 +950,6 @@ static char *read_config_text(const struct reader *r)
     return text;
 }
 
-static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
-{
-    size_t off = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < ndim && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (off < len)
-        snprintf(buf + off, len - off, ")");
-}
-
 /* What a tensor's values must be. */
 enum values { ANY_FINITE, NONNEG_FINITE, POSITIVE_FINITE };
 

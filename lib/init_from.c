@@ -81,15 +81,6 @@ static void listing_end(struct listing *l)
     }
 }
 
-static void shape_text(char *buf, size_t len, int ndim, const int64_t *shape)
-{
-    size_t off = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < ndim && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (off < len)
-        snprintf(buf + off, len - off, ")");
-}
-
 /* Is `path` (or the directory's latest) an ampTrain checkpoint? Its user block starts "AMPTCKPT". */
 static bool is_checkpoint(const char *path)
 {
@@ -295,11 +286,11 @@ enum amp_status init_from_load(struct model *m, const struct model_config *mc, F
         x->used = true;
         if (!shape_fits(x, tg[i].t, tg[i].out.transpose)) {
             char a[160], b[160], what[400];
-            shape_text(a, sizeof a, x->ndim, x->shape);
+            shape_str(a, sizeof a, x->ndim, x->shape);
             int64_t want[8] = {0};
             for (int d = 0; d < tg[i].t->ndim && d < TENSOR_MAX_DIMS; d++)
                 want[d] = tg[i].out.transpose && tg[i].t->ndim == 2 ? tg[i].t->shape[1 - d] : tg[i].t->shape[d];
-            shape_text(b, sizeof b, tg[i].t->ndim, want);
+            shape_str(b, sizeof b, tg[i].t->ndim, want);
             snprintf(what, sizeof what, " %s in the file, %s in the model", a, b);
             listing_add(&shapes, "%s%s", x->name, what);
             continue;

@@ -72,14 +72,19 @@ bool tensor_same_shape(const struct tensor *a, const struct tensor *b)
     return true;
 }
 
-const char *tensor_shape_str(const struct tensor *t, char *buf, size_t len)
+const char *shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 {
     size_t off = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < t->ndim && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    for (int i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (off < len)
         snprintf(buf + off, len - off, ")");
     return buf;
+}
+
+const char *tensor_shape_str(const struct tensor *t, char *buf, size_t len)
+{
+    return shape_str(buf, len, t->ndim, t->shape);
 }
 
 struct tensor tensor_reshape(const struct tensor *t, int ndim, const int64_t *shape)

@@ -50,6 +50,8 @@ bool tensor_same_shape(const struct tensor *a, const struct tensor *b);
 
 /* "(128, 784)" into buf; returns buf. */
 const char *tensor_shape_str(const struct tensor *t, char *buf, size_t len);
+/* The same for any dims ("(2, 3)"; "()" for ndim 0), e.g. a shape read from a file before it is a tensor. */
+const char *shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
 
 /* A view of `t` with another shape of the same numel (shares data; do not free it). */
 struct tensor tensor_reshape(const struct tensor *t, int ndim, const int64_t *shape);
