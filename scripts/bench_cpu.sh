@@ -17,12 +17,13 @@ bin=${AMP_BIN:-build/ampTrain}
   { echo "bench_cpu: /usr/bin/python3 cannot import torch and numpy; run scripts/install-deps.sh --test" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # Which kernels run: OpenBLAS picks its sgemm by CPU model, or by OPENBLAS_CORETYPE where that is set;
-# ampTrain's fp32/bf16 products run gemm_avx512.c where the CPU has AVX-512 (docs/backend.md).
+# ampTrain's fp32/bf16 products run gemm_avx512.c where the CPU has AVX-512, bf16 on AMX tiles where it has
+# AMX-BF16 and AMP_GEMM_AMX is not 0 (docs/backend.md).
 core=$(/usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
 f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 has() { case " $flags " in *" $1 "*) echo yes ;; *) echo no ;; esac; }
-echo "bench_cpu: OpenBLAS core $core (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}; $(getconf _NPROCESSORS_ONLN) CPUs online"
+echo "bench_cpu: OpenBLAS core $core (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16), amx_bf16 $(has amx_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}, AMP_GEMM_AMX=${AMP_GEMM_AMX:-unset}; $(getconf _NPROCESSORS_ONLN) CPUs online"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

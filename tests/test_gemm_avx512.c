@@ -2,7 +2,9 @@
  * test_gemm_avx512.c — GEMM on the CPU backend for fp32, fp16 and bf16 inputs: the AVX-512 path
  * (kernels/cpu/gemm_avx512.c) and the portable path (cblas_sgemm, 16-bit operands widened first; forced by
  * AMP_GEMM_PORTABLE=1), each against a naive double reference on fresh random inputs, against each
- * other, and for determinism; and how each treats subnormals.
+ * other, and for determinism; and how each treats subnormals. bf16 has two fast paths: AVX512-BF16
+ * vdpbf16ps, and AMX tdpbf16ps, the default where the CPU has AMX (AMP_GEMM_AMX=0 keeps vdpbf16ps); both
+ * are held to the same tolerance, and vdpbf16ps to its documented summation order bit for bit.
  *
  * Tolerance per element: with S = |alpha| sum_k |a||b| + |beta c_old| + |bias|, an fp32 result is
  * within 1e-5 S of the exact value (fp32 accumulation over these k), a 16-bit result within that plus
@@ -21,18 +23,25 @@
 #include "testrand.h" /* seed, urand */
 #include "testmem.h"  /* talloc, tracked_tensor, tracked_free_to */
 #include "backend.h"
-#include "gemm_avx512.h" /* gemm_avx512_supported: whether this CPU takes the fast path */
+#include "gemm_avx512.h" /* gemm_avx512_supported, gemm_avx512_amx_supported: which fast paths this CPU takes */
 
-static struct backend *fast, *port; /* default backend (fast path where supported), AMP_GEMM_PORTABLE=1 */
+/* default backend (fast path where supported: AMX for bf16 where present), AMP_GEMM_PORTABLE=1, AMP_GEMM_AMX=0 */
+static struct backend *fast, *port, *dp;
+static struct backend *under; /* the fast-path backend the case functions run: fast or dp */
 
 static void setup(void)
 {
     unsetenv("AMP_GEMM_PORTABLE");
+    unsetenv("AMP_GEMM_AMX");
     fast = backend_cpu_create();
     setenv("AMP_GEMM_PORTABLE", "1", 1);
     port = backend_cpu_create();
     unsetenv("AMP_GEMM_PORTABLE");
-    cr_assert(fast && port);
+    setenv("AMP_GEMM_AMX", "0", 1);
+    dp = backend_cpu_create();
+    unsetenv("AMP_GEMM_AMX");
+    cr_assert(fast && port && dp);
+    under = fast;
 }
 
 static void teardown(void)
@@ -40,6 +49,7 @@ static void teardown(void)
     tracked_free_all();
     backend_close(fast);
     backend_close(port);
+    backend_close(dp);
 }
 
 TestSuite(gemm_avx512, .init = setup, .fini = teardown);
@@ -238,8 +248,8 @@ static void require_fast_path(enum dtype in)
 static void case_fast_reference(const struct gcase *c)
 {
     struct prepared p = prepare(c);
-    run(fast, &p);
-    check(c, &p, p.g.c, NULL, "avx512");
+    run(under, &p);
+    check(c, &p, p.g.c, NULL, under == dp ? "avx512 (AMP_GEMM_AMX=0)" : "avx512");
 }
 
 static void case_portable_reference(const struct gcase *c)
@@ -253,7 +263,7 @@ static void case_portable_reference(const struct gcase *c)
 static void case_fast_vs_portable(const struct gcase *c)
 {
     struct prepared p = prepare(c);
-    run(fast, &p);
+    run(under, &p);
     struct tensor *f = tnew(fast, c->c_dt, p.g.c->numel);
     memcpy(f->data, p.g.c->data, tensor_bytes(f));
     run(port, &p);
@@ -263,10 +273,10 @@ static void case_fast_vs_portable(const struct gcase *c)
 static void case_deterministic(const struct gcase *c)
 {
     struct prepared p = prepare(c);
-    run(fast, &p);
+    run(under, &p);
     struct tensor *f = tnew(fast, c->c_dt, p.g.c->numel);
     memcpy(f->data, p.g.c->data, tensor_bytes(f));
-    run(fast, &p);
+    run(under, &p);
     cr_assert(memcmp(f->data, p.g.c->data, tensor_bytes(f)) == 0, "%s: two runs differ", desc(c));
 }
 
@@ -312,6 +322,59 @@ Test(gemm_avx512, bf16_fast_path_matches_portable_path) { fast_vs_portable(DT_BF
 Test(gemm_avx512, fp32_fast_path_is_deterministic) { deterministic(DT_FP32, 24); }
 Test(gemm_avx512, fp16_fast_path_is_deterministic) { deterministic(DT_FP16, 34); }
 Test(gemm_avx512, bf16_fast_path_is_deterministic) { deterministic(DT_BF16, 14); }
+
+/* The same three for bf16 with AMP_GEMM_AMX=0: vdpbf16ps, which is the default path only where the CPU has no
+ * AMX (there these repeat the tests above). */
+Test(gemm_avx512, bf16_vdpbf16ps_path_matches_double_reference) { under = dp; fast_reference(DT_BF16, 16); }
+Test(gemm_avx512, bf16_vdpbf16ps_path_matches_portable_path) { under = dp; fast_vs_portable(DT_BF16, 17); }
+Test(gemm_avx512, bf16_vdpbf16ps_path_is_deterministic) { under = dp; deterministic(DT_BF16, 18); }
+
+/* Elements of a (5, 7, k 301) bf16 product on `be` whose bits differ from vdpbf16ps's order: within one k
+ * block (301 < 384) each element starts from 0 and, for each pair of k (2q, 2q+1), adds a[2q+1] b[2q+1], then
+ * a[2q] b[2q], each sum rounded to fp32 (a product of two bf16 is exact in fp32; values in [-1, 1), so no
+ * subnormals). */
+static int64_t vdpbf16ps_order_mismatches(struct backend *be)
+{
+    const int64_t m = 5, n = 7, k = 301;
+    float *ha, *hb;
+    struct tensor *a = trand(be, DT_BF16, (size_t)(m * k), &ha), *b = trand(be, DT_BF16, (size_t)(k * n), &hb);
+    struct tensor *c = tnew(be, DT_FP32, (size_t)(m * n));
+    struct gemm_args g = { .a = a, .b = b, .c = c, .m = m, .n = n, .k = k, .alpha = 1, .batch = 1 };
+    be->gemm(be, &g);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int64_t q = 0; 2 * q < k; q++) {
+                if (2 * q + 1 < k)
+                    s = s + ha[i * k + 2 * q + 1] * hb[(2 * q + 1) * n + j];
+                s = s + ha[i * k + 2 * q] * hb[2 * q * n + j];
+            }
+            float got = ((const float *)c->data)[i * n + j];
+            bad += memcmp(&s, &got, sizeof s) != 0;
+        }
+    return bad;
+}
+
+Test(gemm_avx512, bf16_vdpbf16ps_path_sums_in_its_documented_order)
+{
+    require_fast_path(DT_BF16);
+    seed(19);
+    int64_t bad = vdpbf16ps_order_mismatches(dp);
+    cr_assert_eq(bad, 0, "%lld of 35 elements differ from vdpbf16ps's order", (long long)bad);
+}
+
+/* Where the CPU has AMX the default bf16 path is tdpbf16ps, whose sums are not in that order: the same
+ * product differs in some elements (the tolerance tests above hold it to the exact value). */
+Test(gemm_avx512, bf16_amx_path_is_the_default_where_the_cpu_has_amx)
+{
+    require_fast_path(DT_BF16);
+    if (!gemm_avx512_amx_supported())
+        cr_skip_test("this CPU has no AMX-BF16 (or Linux does not grant its tile data): bf16 runs on vdpbf16ps");
+    seed(19);
+    int64_t bad = vdpbf16ps_order_mismatches(fast);
+    cr_assert_gt(bad, 0, "the default bf16 product summed exactly as vdpbf16ps does: AMX was not used");
+}
 
 /* The training shapes of fashion_mlp (batch 128): forward X W^T, dX = dY W, dW = dY^T X, in each
  * input dtype. */
@@ -364,10 +427,15 @@ Test(gemm_avx512, portable_path_keeps_subnormals)
 Test(gemm_avx512, bf16_fast_path_flushes_subnormals)
 {
     require_fast_path(DT_BF16);
-    float out[2];
-    raw_products(fast, DT_BF16, BF16_A, BF16_B, out);
-    cr_assert_eq(out[0], 0.0f, "a bf16 subnormal input counts as zero on the AVX512-BF16 path, got %g", (double)out[0]);
-    cr_assert_eq(out[1], 0.0f, "a subnormal fp32 product is flushed on the AVX512-BF16 path, got %g", (double)out[1]);
+    struct backend *bes[2] = { fast, dp }; /* AMX where present; vdpbf16ps */
+    for (int i = 0; i < 2; i++) {
+        float out[2];
+        raw_products(bes[i], DT_BF16, BF16_A, BF16_B, out);
+        cr_assert_eq(out[0], 0.0f, "a bf16 subnormal input counts as zero on the %s path, got %g",
+                     i ? "vdpbf16ps" : "default", (double)out[0]);
+        cr_assert_eq(out[1], 0.0f, "a subnormal fp32 product is flushed on the %s path, got %g",
+                     i ? "vdpbf16ps" : "default", (double)out[1]);
+    }
 }
 
 /* The FMA path is plain IEEE fp32: subnormal inputs and results are kept. */

@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 
 #include "backend.h"    /* backend_cpu_create, set_threads, the op table */
+#include "gemm_avx512.h" /* gemm_avx512_amx_supported */
 #include "testrand.h"   /* seed, urand */
 #include "threadpool.h" /* the pool under test */
 
@@ -208,6 +209,22 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
         /* more columns than one n block (2048) */
         check_gemm((struct gemm_case){ in, DT_FP32, false, false, true, 0.0f, 40, 2100, 64 });
     }
+}
+
+/* Where the CPU has AMX, bf16 products run on its tiles by default (gemm_avx512.h); the vdpbf16ps path they
+ * replace there (AMP_GEMM_AMX=0) keeps its own thread-count invariance. Elsewhere the test above covered it. */
+Test(ops, gemm_bf16_without_amx_bit_identical_for_any_thread_count)
+{
+    if (!gemm_avx512_amx_supported())
+        cr_skip_test("no AMX here: bf16 products already ran on vdpbf16ps in gemm_bit_identical_for_any_thread_count");
+    teardown();
+    setenv("AMP_GEMM_AMX", "0", 1);
+    setup();
+    unsetenv("AMP_GEMM_AMX");
+    seed(1602);
+    check_gemm((struct gemm_case){ DT_BF16, DT_FP32, false, false, false, 0.0f, 131, 200, 700 });
+    check_gemm((struct gemm_case){ DT_BF16, DT_FP32, true, true, false, 1.0f, 250, 70, 530 });
+    check_gemm((struct gemm_case){ DT_BF16, DT_BF16, true, false, false, 1.0f, 400, 33, 200 });
 }
 
 /* Elementwise ops on a tensor of several chunks (and a ragged last one). */

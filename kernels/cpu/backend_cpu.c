@@ -10,7 +10,8 @@
  *  - Matrix products go through one internal routine, gemm_core. Where the CPU has AVX-512 (and
  *    AMP_GEMM_PORTABLE is not set), products whose A and B share a dtype go to gemm_avx512.c: fp32 and
  *    fp16 with FMA (fp16 widened exactly while packing), bf16 with AVX512-BF16 vdpbf16ps where the CPU
- *    has it; fp32 accumulation, one rounding of a 16-bit result after alpha, beta and the bias.
+ *    has it (AMX tdpbf16ps where it has AMX too, unless AMP_GEMM_AMX=0: other bits, gemm_avx512.h); fp32
+ *    accumulation, one rounding of a 16-bit result after alpha, beta and the bias.
  *    Elsewhere (the portable path) fp32 operands are handed to OpenBLAS cblas_sgemm as they are and
  *    16-bit operands are first widened to fp32 scratch (exact, every fp16/bf16 value is an fp32 value),
  *    so the product reads the rounded inputs and accumulates in fp32 as tensor cores do; a 16-bit
@@ -114,6 +115,7 @@ struct cpu_backend {
     struct amp_error err;
     bool gemm_avx512[DT_COUNT]; /* products of this input dtype go through gemm_avx512 (the CPU has the
                                  * instructions, AMP_GEMM_PORTABLE unset) */
+    bool gemm_amx;              /* ... and bf16 ones on AMX tiles (the CPU has AMX-BF16, AMP_GEMM_AMX not 0) */
 };
 
 static struct cpu_backend *cpu_of(struct backend *be)
@@ -409,9 +411,10 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
                              struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
     struct gemm_avx512_scratch s;
-    gemm_avx512_scratch_sizes(a.dt, m, n, k, &s);
+    const bool amx = a.dt == DT_BF16 && cb->gemm_amx;
+    gemm_avx512_scratch_sizes(a.dt, amx, m, n, k, &s);
     const int threads = cpu_threads(cb);
-    const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS && gemm_avx512_row_band(m) < m;
+    const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS && gemm_avx512_row_band(a.dt, amx, m) < m;
     void *pa = NULL, *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
     if (par) {
         if (!wscratch_reserve(cb, WSCR_PACK_A, s.pack_a_bytes))
@@ -430,7 +433,7 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
         if (!partial)
             return;
     }
-    struct gemm_avx512_args g = { .in = a.dt, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
+    struct gemm_avx512_args g = { .in = a.dt, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
                                   .c_dt = c.dt, .ldc = c.ld, .bias = bias };
     if (par)
@@ -623,7 +626,7 @@ static void cpu_gemm(struct backend *be, const struct gemm_args *g)
 static bool worker_gemm_reserve(struct cpu_backend *cb, int64_t m, int64_t n, int64_t k)
 {
     struct gemm_avx512_scratch s;
-    gemm_avx512_scratch_sizes(DT_FP32, m, n, k, &s);
+    gemm_avx512_scratch_sizes(DT_FP32, false, m, n, k, &s);
     return wscratch_reserve(cb, WSCR_PACK_A, s.pack_a_bytes) &&
            wscratch_reserve(cb, WSCR_GEMM_B, s.pack_b_bytes) && wscratch_reserve(cb, WSCR_GEMM_C, s.partial_bytes);
 }
@@ -637,7 +640,7 @@ static void worker_gemm(const struct cpu_backend *cb, int worker, bool ta, bool 
                         int64_t ldc)
 {
     struct gemm_avx512_scratch s;
-    gemm_avx512_scratch_sizes(DT_FP32, m, n, k, &s);
+    gemm_avx512_scratch_sizes(DT_FP32, false, m, n, k, &s);
     float *partial = s.partial_bytes && beta != 0.0f ? wscratch(cb, worker, WSCR_GEMM_C) : NULL;
     struct gemm_avx512_args g = { .in = DT_FP32, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .c_dt = DT_FP32,
@@ -2149,8 +2152,8 @@ static bool att_reserve_gemm(struct cpu_backend *cb, int64_t T, int64_t D, enum 
 {
     struct gemm_avx512_scratch s1 = { 0 }, s2 = { 0 };
     if (cb->gemm_avx512[DT_FP32]) {
-        gemm_avx512_scratch_sizes(DT_FP32, T, T, D, &s1);
-        gemm_avx512_scratch_sizes(DT_FP32, T, D, T, &s2);
+        gemm_avx512_scratch_sizes(DT_FP32, false, T, T, D, &s1);
+        gemm_avx512_scratch_sizes(DT_FP32, false, T, D, T, &s2);
     }
     size_t pa = s1.pack_a_bytes > s2.pack_a_bytes ? s1.pack_a_bytes : s2.pack_a_bytes;
     size_t pb = s1.pack_b_bytes > s2.pack_b_bytes ? s1.pack_b_bytes : s2.pack_b_bytes;
@@ -2922,6 +2925,8 @@ struct backend *backend_cpu_create(void)
     const bool forced = portable && portable[0] && strcmp(portable, "0") != 0;
     for (int dt = 0; dt < DT_COUNT; dt++)
         cb->gemm_avx512[dt] = !forced && gemm_avx512_supported((enum dtype)dt);
+    const char *amx = getenv("AMP_GEMM_AMX");
+    cb->gemm_amx = cb->gemm_avx512[DT_BF16] && !(amx && strcmp(amx, "0") == 0) && gemm_avx512_amx_supported();
     struct backend *be = &cb->base;
     be->name = "cpu";
     be->host_memory = true;

@@ -47,16 +47,24 @@
  * subnormal inputs (|x| < 2^-126, about 1.2e-38) count as zero and subnormal fp32 results are
  * flushed to zero, whatever MXCSR says. Training values are nowhere near that range.
  */
+#define _GNU_SOURCE /* syscall: arch_prctl for AMX */
 #include "gemm_avx512.h"
+
+#include <string.h>
 
 #include "threadpool.h" /* parallel_for: gemm_avx512_threaded */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AMP_GEMM_AVX512_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #define MR 12
+#define MR_AMX 32   /* AMX: two 16-row tiles of A */
 #define NR 32
 #define MC 192      /* multiple of MR: 16 panels, at most 192 * 256 * 4 bytes = 192 KiB of L2 */
 #define NC 2048     /* multiple of NR */
@@ -82,17 +90,26 @@ static int64_t block_k(enum dtype in, int64_t k)
     return in == DT_BF16 ? round_up(kc, 2) : kc;
 }
 
-/* Packed 32-bit elements per line for kc values of k. */
-static int64_t steps_of(enum dtype in, int64_t kc)
+/* Packed 32-bit elements per line for kc values of k (AMX: padded with zero pairs to whole tiles of 16). */
+static int64_t steps_of(enum dtype in, bool amx, int64_t kc)
 {
-    return in == DT_BF16 ? (kc + 1) / 2 : kc;
+    if (in != DT_BF16)
+        return kc;
+    return amx ? round_up((kc + 1) / 2, 16) : (kc + 1) / 2;
 }
 
-void gemm_avx512_scratch_sizes(enum dtype in, int64_t m, int64_t n, int64_t k, struct gemm_avx512_scratch *s)
+/* Rows of op(A) per panel: one microkernel call's rows. */
+static int64_t mr_of(enum dtype in, bool amx)
+{
+    return in == DT_BF16 && amx ? MR_AMX : MR;
+}
+
+void gemm_avx512_scratch_sizes(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k,
+                               struct gemm_avx512_scratch *s)
 {
     int64_t kc = block_k(in, k);
-    int64_t steps = steps_of(in, kc);
-    s->pack_a_bytes = (size_t)(round_up(min64(m, MC), MR) * steps) * sizeof(uint32_t);
+    int64_t steps = steps_of(in, amx, kc);
+    s->pack_a_bytes = (size_t)(round_up(min64(m, MC), mr_of(in, amx)) * steps) * sizeof(uint32_t);
     s->pack_b_bytes = (size_t)(round_up(min64(n, NC), NR) * steps) * sizeof(uint32_t);
     s->partial_bytes = kc < k ? (size_t)(m * n) * sizeof(float) : 0;
 }
@@ -101,6 +118,7 @@ void gemm_avx512_scratch_sizes(enum dtype in, int64_t m, int64_t n, int64_t k, s
 
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 
 bool gemm_avx512_supported(enum dtype in)
 {
@@ -110,6 +128,28 @@ bool gemm_avx512_supported(enum dtype in)
     if (in != DT_FP32 && in != DT_FP16 && in != DT_BF16) /* fp8: the CPU backend widens it to bf16 first */
         return false;
     return base && (in != DT_BF16 || __builtin_cpu_supports("avx512bf16"));
+}
+
+/* AMX: CPUID.(7,0):EDX bit 22 (AMX-BF16) and bit 24 (AMX-TILE), and Linux's leave to use the tile data
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Linux 5.16 and later: without it the first tile
+ * instruction faults). Asked once per process; the permission covers every thread. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+static bool amx_usable;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+        return;
+    amx_usable = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+bool gemm_avx512_amx_supported(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_usable && gemm_avx512_supported(DT_BF16);
 }
 
 /* Lanes [0, n) of a 16-lane mask (n clamped to [0, 16]). */
@@ -213,13 +253,13 @@ TARGET_AVX512 static void pack_f32(float *dst, const void *src, enum dtype dt, i
 
 /*
  * Pack `lines` lines (rows of op(A) or columns of op(B)) starting at line l0, k range [p0, p0+kc),
- * into panels of w lines: panel-major, then pair q, then line: dst[q * w + r] holds
+ * into panels of w lines and `steps` pairs: panel-major, then pair q, then line: dst[q * w + r] holds
  * (line r, k 2q) in its low half and (line r, k 2q+1) in its high half. Element (line l, k kk) is
- * src[l * ld + kk] when contig_k, else src[kk * ld + l]. Lines past `lines` and the partner of an odd
- * last k are zero.
+ * src[l * ld + kk] when contig_k, else src[kk * ld + l]. Lines past `lines`, the partner of an odd
+ * last k and the pairs past (kc + 1) / 2 (AMX's padding to whole tiles) are zero.
  */
 TARGET_BF16 static void pack_bf16(uint32_t *dst, const uint16_t *src, int64_t ld, bool contig_k, int64_t l0,
-                                  int64_t lines, int64_t p0, int64_t kc, int w)
+                                  int64_t lines, int64_t p0, int64_t kc, int w, int64_t steps)
 {
     const int64_t pairs = (kc + 1) / 2, full = kc / 2;
     /* vpermt2w indices interleaving two 32 x 16-bit rows: out[2i] = lo[i], out[2i+1] = hi[i] */
@@ -227,8 +267,9 @@ TARGET_BF16 static void pack_bf16(uint32_t *dst, const uint16_t *src, int64_t ld
                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i idx_hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23,
                                             54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
-    for (int64_t lp = 0; lp < lines; lp += w, dst += pairs * w) {
+    for (int64_t lp = 0; lp < lines; lp += w, dst += steps * w) {
         const int nl = (int)min64(w, lines - lp);
+        memset(dst + pairs * w, 0, (size_t)((steps - pairs) * w) * sizeof(uint32_t));
         if (contig_k) { /* the full pairs transposed; an odd last k alone in its pair */
             pack_panel_transposed(dst, src, DT_BF16, ld, l0 + lp, nl, p0, full, w);
             if (kc & 1)
@@ -248,6 +289,87 @@ TARGET_BF16 static void pack_bf16(uint32_t *dst, const uint16_t *src, int64_t ld
             }
         }
     }
+}
+
+/*
+ * AMX's op(A) panels: MR_AMX rows, each row its `steps` pairs contiguous (a tile row is 16 pairs):
+ * dst[r * steps + q] holds (row r, k 2q) low, (row r, k 2q+1) high. Rows past `lines`, the partner of an
+ * odd last k and pairs past (kc + 1) / 2 are zero. Rows contiguous in k are copied as they are.
+ */
+static void pack_a_amx(uint32_t *dst, const uint16_t *src, int64_t ld, bool contig_k, int64_t l0, int64_t lines,
+                       int64_t p0, int64_t kc, int64_t steps)
+{
+    const int64_t pairs = (kc + 1) / 2;
+    for (int64_t lp = 0; lp < lines; lp += MR_AMX, dst += MR_AMX * steps) {
+        const int64_t nl = min64(MR_AMX, lines - lp);
+        memset(dst, 0, (size_t)(MR_AMX * steps) * sizeof(uint32_t));
+        if (contig_k) {
+            for (int64_t r = 0; r < nl; r++)
+                memcpy(dst + r * steps, src + (l0 + lp + r) * ld + p0, (size_t)kc * sizeof(uint16_t));
+            continue;
+        }
+        for (int64_t q = 0; q < pairs; q++) {
+            const uint16_t *lo = src + (p0 + 2 * q) * ld + l0 + lp, *hi = lo + ld;
+            const bool has_hi = 2 * q + 1 < kc;
+            for (int64_t r = 0; r < nl; r++)
+                dst[r * steps + q] = (uint32_t)lo[r] | (has_hi ? (uint32_t)hi[r] << 16 : 0u);
+        }
+    }
+}
+
+/* The AMX tile shapes: every tile 16 rows of 64 bytes (C: 16 x 16 fp32; A: 16 rows x 16 pairs; B: 16 pairs
+ * x 16 columns). Tiles 0-3 hold a 32 x 32 block of C, 4-5 two 16-row slices of A, 6-7 two 16-column
+ * slices of B. Loaded per thread before its tiles are used (it zeroes them), released after. */
+TARGET_AMX static void amx_configure(void)
+{
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } __attribute__((aligned(64))) cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    /* ldtilecfg in asm, not _tile_loadconfig: GCC 12 does not see that the builtin reads cfg and drops the
+     * stores of colsb and rows (a zero shape leaves the tiles unconfigured: the first tile op is #UD) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+TARGET_AMX static void amx_release(void)
+{
+    _tile_release();
+}
+
+/*
+ * tile (MR_AMX x NR fp32) = A panel (pack_a_amx) x B panel (pack_bf16, NR columns), `steps` pairs, a
+ * multiple of 16: per 16 pairs, two A tiles, two B tiles, four tdpbf16ps. tdpbf16ps sums each pair's two
+ * products before adding to C and groups the pairs of one instruction, so its sums are not vdpbf16ps's
+ * (docs/backend.md); the order is fixed by k alone, so the bits do not depend on threads or blocking of m, n.
+ */
+TARGET_AMX static void kernel_amx(int64_t steps, const uint32_t *pa, const uint32_t *pb, float *tile)
+{
+    const size_t sa = (size_t)steps * sizeof(uint32_t), sb = NR * sizeof(uint32_t), sc = NR * sizeof(float);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t q = 0; q < steps; q += 16) {
+        _tile_loadd(4, pa + q, sa);
+        _tile_loadd(5, pa + 16 * steps + q, sa);
+        _tile_loadd(6, pb + q * NR, sb);
+        _tile_loadd(7, pb + q * NR + 16, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, tile, sc);
+    _tile_stored(1, tile + 16, sc);
+    _tile_stored(2, tile + 16 * NR, sc);
+    _tile_stored(3, tile + 16 * NR + 16, sc);
 }
 
 /* ---- microkernels: tile (MR x NR fp32, 64-byte aligned) = packed A panel x packed B panel ---------- */
@@ -360,12 +482,12 @@ TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float
     }
 }
 
-/* Pack op(A) rows or op(B) columns for the input dtype (see pack_f32). */
+/* Pack op(A) rows or op(B) columns for the input dtype (see pack_f32), `steps` packed steps per line. */
 TARGET_AVX512 static void pack(enum dtype in, uint32_t *dst, const void *src, int64_t ld, bool contig_k, int64_t l0,
-                               int64_t lines, int64_t p0, int64_t kc, int w)
+                               int64_t lines, int64_t p0, int64_t kc, int w, int64_t steps)
 {
     if (in == DT_BF16)
-        pack_bf16(dst, src, ld, contig_k, l0, lines, p0, kc, w);
+        pack_bf16(dst, src, ld, contig_k, l0, lines, p0, kc, w, steps);
     else
         pack_f32((float *)dst, src, in, ld, contig_k, l0, lines, p0, kc, w);
 }
@@ -376,25 +498,35 @@ TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t j
                                      int64_t kcur, int64_t r0, int64_t r1, uint32_t *pa, const uint32_t *pb,
                                      float *w, int64_t ldw)
 {
-    const int64_t k = g->k, steps = steps_of(g->in, kcur);
+    const bool amx = g->in == DT_BF16 && g->amx;
+    const int64_t k = g->k, steps = steps_of(g->in, amx, kcur), mr = mr_of(g->in, amx);
     const bool first = p0 == 0, last = p0 + kcur >= k;
-    float tile[MR * NR] __attribute__((aligned(64)));
+    float tile[MR_AMX * NR] __attribute__((aligned(64)));
+    if (amx)
+        amx_configure();
     for (int64_t ic = r0; ic < r1; ic += MC) {
         const int64_t mc = min64(MC, r1 - ic);
-        pack(g->in, pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, MR);
+        if (amx)
+            pack_a_amx(pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, steps);
+        else
+            pack(g->in, pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, MR, steps);
         for (int64_t jr = 0; jr < nc; jr += NR) {
             const uint32_t *bp = pb + (jr / NR) * steps * NR;
             const int nr = (int)min64(NR, nc - jr);
-            for (int64_t ir = 0; ir < mc; ir += MR) {
-                const uint32_t *ap = pa + (ir / MR) * steps * MR;
-                if (g->in == DT_BF16)
+            for (int64_t ir = 0; ir < mc; ir += mr) {
+                const uint32_t *ap = pa + (ir / mr) * steps * mr;
+                if (amx)
+                    kernel_amx(steps, ap, bp, tile);
+                else if (g->in == DT_BF16)
                     kernel_bf16(steps, ap, bp, tile);
                 else
                     kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
-                epilogue(g, tile, ic + ir, jc + jr, (int)min64(MR, mc - ir), nr, first, last, w, ldw);
+                epilogue(g, tile, ic + ir, jc + jr, (int)min64(mr, mc - ir), nr, first, last, w, ldw);
             }
         }
     }
+    if (amx)
+        amx_release();
 }
 
 /* Where the partial sums of an unfinished k block go: `partial`, or C itself (gemm_avx512_scratch). */
@@ -413,7 +545,7 @@ TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, v
         const int64_t nc = min64(NC, n - jc);
         for (int64_t p0 = 0; p0 < k; p0 += kc) {
             const int64_t kcur = min64(kc, k - p0);
-            pack(g->in, pack_b, g->b, g->ldb, g->tb, jc, nc, p0, kcur, NR);
+            pack(g->in, pack_b, g->b, g->ldb, g->tb, jc, nc, p0, kcur, NR, steps_of(g->in, g->amx, kcur));
             block_rows(g, jc, nc, p0, kcur, 0, m, pack_a, pack_b, w, ldw);
         }
     }
@@ -435,10 +567,10 @@ TARGET_AVX512 static void pack_b_chunk(void *arg, int64_t chunk, int worker)
 {
     (void)worker;
     const struct par_block *b = arg;
-    const int64_t steps = steps_of(b->g->in, b->kcur), j0 = chunk * PANELS_PER_CHUNK * NR;
+    const int64_t steps = steps_of(b->g->in, b->g->amx, b->kcur), j0 = chunk * PANELS_PER_CHUNK * NR;
     const int64_t lines = min64(PANELS_PER_CHUNK * NR, b->nc - j0);
     pack(b->g->in, b->pb + (j0 / NR) * steps * NR, b->g->b, b->g->ldb, b->g->tb, b->jc + j0, lines, b->p0, b->kcur,
-         NR);
+         NR, steps);
 }
 
 TARGET_AVX512 static void rows_chunk(void *arg, int64_t chunk, int worker)
@@ -448,17 +580,17 @@ TARGET_AVX512 static void rows_chunk(void *arg, int64_t chunk, int worker)
     block_rows(b->g, b->jc, b->nc, b->p0, b->kcur, r0, r1, b->pack_a[worker], b->pb, b->w, b->ldw);
 }
 
-int64_t gemm_avx512_row_band(int64_t m)
+int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m)
 {
-    int64_t panels = (m + MR - 1) / MR;
+    const int64_t mr = mr_of(in, amx), panels = (m + mr - 1) / mr;
     int64_t per = (panels + GEMM_AVX512_MAX_BANDS - 1) / GEMM_AVX512_MAX_BANDS;
-    return per * MR;
+    return per * mr;
 }
 
 TARGET_AVX512 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool,
                                         void *const *pack_a, void *pack_b, float *partial)
 {
-    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, k), band = gemm_avx512_row_band(m);
+    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, k), band = gemm_avx512_row_band(g->in, g->amx, m);
     struct par_block b = { .g = g, .pack_a = pack_a, .pb = pack_b, .band = band };
     b.w = partial_target(g, partial, &b.ldw);
     for (b.jc = 0; b.jc < n; b.jc += NC) {
@@ -485,9 +617,15 @@ void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, f
     (void)g, (void)pack_a, (void)pack_b, (void)partial;
 }
 
-int64_t gemm_avx512_row_band(int64_t m)
+int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m)
 {
+    (void)in, (void)amx;
     return m;
+}
+
+bool gemm_avx512_amx_supported(void)
+{
+    return false;
 }
 
 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,

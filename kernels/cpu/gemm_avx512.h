@@ -7,8 +7,11 @@
  * beta 0 never reads C. By input dtype:
  *   fp32, fp16  AVX-512F FMA (fp16 widened exactly while packing): IEEE fp32 arithmetic, subnormals
  *               kept; differs from the portable path only in summation order.
- *   bf16        AVX512-BF16 vdpbf16ps: also treats bf16 subnormal inputs as zero and flushes
- *               subnormal fp32 partial sums to zero (DAZ/FTZ).
+ *   bf16        AVX512-BF16 vdpbf16ps, or AMX tdpbf16ps where the CPU has AMX-BF16 and `amx` is set:
+ *               both treat bf16 subnormal inputs as zero and flush subnormal fp32 partial sums to zero
+ *               (DAZ/FTZ). Their sums differ in order: vdpbf16ps adds each product to the running sum in
+ *               turn, tdpbf16ps adds each pair's two products first and groups the pairs of one tile; so
+ *               the two paths give different bits, each of them independent of the thread count.
  * See docs/backend.md, "AVX-512 GEMM on the CPU".
  */
 #ifndef AMP_GEMM_AVX512_H
@@ -22,6 +25,7 @@
 
 struct gemm_avx512_args {
     enum dtype in;        /* dtype of A and B */
+    bool amx;             /* bf16: AMX tiles (only where gemm_avx512_amx_supported()); else ignored */
     bool ta, tb;          /* op(A) = A^T (A is (k, m)); op(B) = B^T (B is (n, k)) */
     int64_t m, n, k;      /* m, n, k >= 1 */
     float alpha, beta;
@@ -45,7 +49,12 @@ struct gemm_avx512_scratch {
  * AVX-512F/BW/VL, plus AVX512-BF16 for bf16. */
 bool gemm_avx512_supported(enum dtype in);
 
-void gemm_avx512_scratch_sizes(enum dtype in, int64_t m, int64_t n, int64_t k, struct gemm_avx512_scratch *s);
+/* True when this CPU has AMX-BF16 and the kernel lets this process use it (asked once, arch_prctl). */
+bool gemm_avx512_amx_supported(void);
+
+/* amx: as gemm_avx512_args.amx (the panels are laid out for the tiles). */
+void gemm_avx512_scratch_sizes(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k,
+                               struct gemm_avx512_scratch *s);
 
 /* The product. pack_a, pack_b: 64-byte-aligned buffers of the sizes above; partial: NULL when
  * partial_bytes is 0, or when C is fp32, beta 0 and there is no bias (C itself then holds the
@@ -53,12 +62,12 @@ void gemm_avx512_scratch_sizes(enum dtype in, int64_t m, int64_t n, int64_t k, s
 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial);
 
 /* The same product on a thread pool (threadpool.h), with the same bits: op(B)'s panels packed once into
- * the shared pack_b, the rows of C shared out in bands of gemm_avx512_row_band(m) rows (fixed by m, at
+ * the shared pack_b, the rows of C shared out in bands of gemm_avx512_row_band() rows (fixed by m, at
  * most GEMM_AVX512_MAX_BANDS of them), each worker w packing its rows of op(A) into pack_a[w] (one buffer
  * of pack_a_bytes per thread of the pool). */
 #define GEMM_AVX512_MAX_BANDS 32
 struct threadpool;
-int64_t gemm_avx512_row_band(int64_t m);
+int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m);
 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
                           void *pack_b, float *partial);
 
