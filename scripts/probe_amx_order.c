@@ -46,16 +46,11 @@ __attribute__((target("avx512f,avx512bf16"))) static float vdp(float c, const ui
 /* One tdpbf16ps of a 1 x k tile of pairs (A) by a k x 1 tile (B) into a 1 x 1 tile holding c. */
 __attribute__((target("amx-tile,amx-bf16"))) static float tdp(float c, const uint32_t *a, const uint32_t *b, int k)
 {
-    struct {
-        uint8_t palette, start, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } __attribute__((aligned(64))) cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    cfg.rows[0] = 1, cfg.colsb[0] = 4;
-    cfg.rows[1] = 1, cfg.colsb[1] = (uint16_t)(4 * k);
-    cfg.rows[2] = (uint8_t)k, cfg.colsb[2] = 4;
+    /* the 64-byte tile configuration: byte 0 palette; bytes 16 + 2t: tile t's bytes per row; 48 + t: its rows */
+    uint8_t cfg[64] __attribute__((aligned(64))) = { 1 };
+    const unsigned shape[3][2] = { { 1, 4 }, { 1, 4 * (unsigned)k }, { (unsigned)k, 4 } }; /* C, A, B: rows, bytes */
+    for (int t = 0; t < 3; t++)
+        cfg[48 + t] = (uint8_t)shape[t][0], cfg[16 + 2 * t] = (uint8_t)shape[t][1];
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
     float out = c;
     _tile_loadd(0, &out, 4);
