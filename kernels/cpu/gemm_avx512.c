@@ -34,6 +34,12 @@
  *     the last block it computes alpha * sum + beta * C_old (+ bias), in fp32, and stores fp32 or
  *     rounds once to C's 16-bit dtype (nearest-even, NaN quieted: bit for bit dtype.c's conversions).
  *
+ * AMX (bf16 where the CPU has AMX-BF16 and gemm_avx512_args.amx): the same driver and epilogue with tdpbf16ps
+ * tiles in place of the 12 x 32 microkernel: k blocks a multiple of 32, op(A) in 32-row panels whose rows hold
+ * their pairs contiguously (pack_a_amx), op(B) in the 32-column panels above, both padded with zero pairs to
+ * whole tiles of 16; a 32 x 32 block of C in four tiles (kernel_amx). Its sums are not vdpbf16ps's (tdpbf16ps
+ * adds a pair's two products first and groups the 16 pairs of a tile row; scripts/probe_amx_order.c).
+ *
  * Threads (gemm_avx512_threaded): for each (n block, k block) the panels of op(B) are packed once into
  * one shared buffer (the panels shared out, each packed by one thread), then the rows of C are shared
  * out in bands of whole MR-row panels, each thread packing its own rows of op(A) into its own buffer.
@@ -81,13 +87,16 @@ static int64_t round_up(int64_t x, int64_t to)
     return (x + to - 1) / to * to;
 }
 
-/* The k block length: at most KC_*, balanced over the blocks, even for bf16. */
-static int64_t block_k(enum dtype in, int64_t k)
+/* The k block length: at most KC_*, balanced over the blocks, even for bf16; for AMX a multiple of 32 (whole
+ * tiles of 16 pairs: only the last block is padded). */
+static int64_t block_k(enum dtype in, bool amx, int64_t k)
 {
     int64_t kmax = in == DT_BF16 ? KC_BF16 : KC_F32;
     int64_t nb = (k + kmax - 1) / kmax;
     int64_t kc = (k + nb - 1) / nb;
-    return in == DT_BF16 ? round_up(kc, 2) : kc;
+    if (in != DT_BF16)
+        return kc;
+    return round_up(kc, amx ? 32 : 2);
 }
 
 /* Packed 32-bit elements per line for kc values of k (AMX: padded with zero pairs to whole tiles of 16). */
@@ -107,7 +116,7 @@ static int64_t mr_of(enum dtype in, bool amx)
 void gemm_avx512_scratch_sizes(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k,
                                struct gemm_avx512_scratch *s)
 {
-    int64_t kc = block_k(in, k);
+    int64_t kc = block_k(in, amx, k);
     int64_t steps = steps_of(in, amx, kc);
     s->pack_a_bytes = (size_t)(round_up(min64(m, MC), mr_of(in, amx)) * steps) * sizeof(uint32_t);
     s->pack_b_bytes = (size_t)(round_up(min64(n, NC), NR) * steps) * sizeof(uint32_t);
@@ -538,7 +547,7 @@ static float *partial_target(const struct gemm_avx512_args *g, float *partial, i
 
 TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial)
 {
-    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, k);
+    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, g->amx, k);
     int64_t ldw;
     float *w = partial_target(g, partial, &ldw);
     for (int64_t jc = 0; jc < n; jc += NC) {
@@ -590,7 +599,8 @@ int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m)
 TARGET_AVX512 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool,
                                         void *const *pack_a, void *pack_b, float *partial)
 {
-    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, k), band = gemm_avx512_row_band(g->in, g->amx, m);
+    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, g->amx, k);
+    const int64_t band = gemm_avx512_row_band(g->in, g->amx, m);
     struct par_block b = { .g = g, .pack_a = pack_a, .pb = pack_b, .band = band };
     b.w = partial_target(g, partial, &b.ldw);
     for (b.jc = 0; b.jc < n; b.jc += NC) {
