@@ -152,7 +152,9 @@ static void amx_probe(void)
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
         return;
+#ifdef SYS_arch_prctl /* Linux; elsewhere no AMX */
     amx_usable = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#endif
 }
 
 bool gemm_avx512_amx_supported(void)
