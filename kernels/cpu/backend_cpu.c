@@ -2589,20 +2589,32 @@ static float *optim_block_load(void *base, enum dtype dt, size_t off, size_t n, 
     return buf;
 }
 
+/* x[0..n) rounded stochastically to bf16 into d with the 16 bits at `shift` of draws off, off+1, ... of `key`
+ * (lib/sround.h). All integer arithmetic, so every clone gives the same bits; the draw's 64-bit multiplies
+ * vectorise only with AVX512DQ's vpmullq, hence x86-64-v4 (AVX-512 F/BW/DQ/VL) rather than HOT_LOOP's avx512f. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define SR_LOOP __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define SR_LOOP
+#endif
+SR_LOOP static void store_bf16_stochastic(uint16_t *d, const float *x, size_t n, uint64_t key, size_t off, int shift)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = bf16_round_stochastic(x[i], (uint32_t)(sr_bits(key, off + i) >> shift));
+}
+
 /* Store the block back: fp32 was updated in place; bf16 to nearest even (vectorised), or stochastically with
  * the 16 bits at `shift` of each element's draw (lib/sround.h). */
-HOT_LOOP static void optim_block_store(void *base, enum dtype dt, size_t off, size_t n, const float *x,
-                                       const struct optim_update_args *a, uint64_t key, int shift)
+static void optim_block_store(void *base, enum dtype dt, size_t off, size_t n, const float *x,
+                              const struct optim_update_args *a, uint64_t key, int shift)
 {
     if (dt == DT_FP32)
         return;
     uint16_t *d = (uint16_t *)base + off;
-    if (!a->stochastic) {
+    if (a->stochastic)
+        store_bf16_stochastic(d, x, n, key, off, shift);
+    else
         dtype_convert(d, DT_BF16, x, DT_FP32, n);
-        return;
-    }
-    for (size_t i = 0; i < n; i++)
-        d[i] = bf16_round_stochastic(x[i], (uint32_t)(sr_bits(key, off + i) >> shift));
 }
 
 /* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
