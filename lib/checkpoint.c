@@ -720,6 +720,38 @@ static bool one_value(hid_t sp, char *why, size_t len)
     return false;
 }
 
+/* Whether dataset `d` (rank nd, dims) is stored so that reading it stays within its own size and this file:
+ * contiguous, compact, or chunked with no chunk dimension beyond the dataset's (HDF5 allocates a whole chunk
+ * to read one, and a crafted layout message can declare 4 GB chunks over a 32-float tensor); no external or
+ * virtual storage (a checkpoint names no other file, and reading one could block on a FIFO or read
+ * /dev/zero). dims NULL: every dimension is 1 (one value). Else why not, in `why`. */
+static bool storage_ok(hid_t d, int nd, const hsize_t *dims, char *why, size_t len)
+{
+    hid_t dcpl = H5Dget_create_plist(d);
+    H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+    int external = dcpl >= 0 ? H5Pget_external_count(dcpl) : -1;
+    bool ok = false;
+    if (layout == H5D_CONTIGUOUS || layout == H5D_COMPACT || layout == H5D_CHUNKED) {
+        ok = external == 0;
+        if (!ok)
+            snprintf(why, len, "keeps its data in %d external file(s); a checkpoint holds its own data", external);
+    } else {
+        snprintf(why, len, "has a storage layout (%d) a checkpoint never uses", (int)layout);
+    }
+    if (ok && layout == H5D_CHUNKED) {
+        hsize_t chunk[32];
+        int cr = H5Pget_chunk(dcpl, 32, chunk);
+        for (int i = 0; ok && i < cr && i < 32; i++)
+            ok = chunk[i] >= 1 && chunk[i] <= (dims && i < nd && dims[i] > 1 ? dims[i] : 1);
+        if (!ok || cr != (nd > 0 ? nd : 1)) {
+            ok = false;
+            snprintf(why, len, "has chunks larger than itself (its storage layout is damaged or crafted)");
+        }
+    }
+    h5_close_id(dcpl);
+    return ok;
+}
+
 /* The one string value of attribute or dataset `obj`: fixed or variable length, ASCII or UTF-8, at most
  * `max` bytes; a new NUL-terminated buffer, or NULL with `why` filled. */
 static char *read_string(hid_t obj, bool attr, size_t max, char *why, size_t len)
@@ -729,6 +761,7 @@ static char *read_string(hid_t obj, bool attr, size_t max, char *why, size_t len
     char *out = NULL;
     snprintf(why, len, "cannot be read");
     if (ft < 0 || !one_value(sp, why, len)) {
+    } else if (!attr && !storage_ok(obj, H5Sget_simple_extent_ndims(sp), NULL, why, len)) {
     } else if (H5Tget_class(ft) != H5T_STRING) {
         snprintf(why, len, "is %s where a string belongs", class_name(H5Tget_class(ft)));
     } else {
@@ -1005,6 +1038,10 @@ static enum amp_status read_checked(const struct reader *r, const char *name, co
             other_model = true;
         } else if (too_big) {
             snprintf(why, sizeof why, "is larger than 2^40 elements");
+        } else if (H5Tget_size(ft) > 8) {
+            snprintf(why, sizeof why, "is a float of %zu bytes; checkpoint tensors are float32", H5Tget_size(ft));
+        } else {
+            storage_ok(d, nd, dims, why, sizeof why);
         }
     }
     h5_close_id(sp);

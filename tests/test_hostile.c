@@ -305,6 +305,71 @@ Test(hostile, tensors_of_another_class_or_rank_are_named_as_such)
     cr_assert_eq(r.code, 0, "%s", r.out);
 }
 
+/* HDF5 allocates a whole chunk to read one, and reads external storage from wherever it names: a checkpoint
+ * whose layout message declares chunks beyond the tensor (found by fuzz_ckpt_resealed: a 4 GB malloc inside
+ * H5Dread for a 32x784 tensor), or whose tensor lives in another file, is refused before any data is read. */
+Test(hostile, tensor_storage_beyond_the_tensor_or_the_file_is_refused)
+{
+    /* the bias kept in /dev/zero: read, it would be 32 zeros and load */
+    const char *p = copy_of_base("external");
+    hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0 && H5Ldelete(f, BIAS, H5P_DEFAULT) >= 0);
+    hsize_t n32 = 32;
+    hid_t sp = H5Screate_simple(1, &n32, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    cr_assert(H5Pset_external(dcpl, "/dev/zero", 0, 32 * sizeof(float)) >= 0);
+    hid_t d = H5Dcreate2(f, BIAS, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    cr_assert(d >= 0);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+    H5Fclose(f);
+    reseal(p);
+    refused("eval", p, "tensor /model/fc1/bias keeps its data in 1 external file(s)");
+
+    const char *w = "model/fc1/weight";
+    p = copy_of_base("big_chunks");
+    f = H5Fopen(p, H5F_ACC_RDONLY, H5P_DEFAULT);
+    d = H5Dopen2(f, w, H5P_DEFAULT);
+    dcpl = H5Dget_create_plist(d);
+    sp = H5Dget_space(d);
+    hsize_t dims[2], chunk[2];
+    cr_assert_eq(H5Sget_simple_extent_dims(sp, dims, NULL), 2);
+    cr_assert_eq(H5Pget_chunk(dcpl, 2, chunk), 2);
+    cr_assert(chunk[0] == dims[0] && chunk[1] == dims[1], "the writer chunks a small tensor whole");
+    H5Sclose(sp);
+    H5Pclose(dcpl);
+    H5Dclose(d);
+    H5Fclose(f);
+    /* the layout message (version 3) holds the chunk's dims and the element size as 4-byte integers */
+    unsigned char pat[12];
+    uint32_t v[3] = {(uint32_t)chunk[0], (uint32_t)chunk[1], 4};
+    for (int i = 0; i < 12; i++)
+        pat[i] = (unsigned char)(v[i / 4] >> (8 * (i % 4)));
+    /* the model's tensor and its two Adam moments have that shape: all three get chunks twice as tall */
+    long size = file_size(p);
+    unsigned char *buf = malloc((size_t)size);
+    FILE *fp = fopen(p, "r+b");
+    cr_assert(fp && fread(buf, 1, (size_t)size, fp) == (size_t)size);
+    int found = 0;
+    for (long at = 0; at + 12 <= size; at++) {
+        if (memcmp(buf + at, pat, 12) != 0)
+            continue;
+        uint32_t twice = 2 * (uint32_t)chunk[0];
+        for (int i = 0; i < 4; i++)
+            buf[at + i] = (unsigned char)(twice >> (8 * i));
+        found++;
+    }
+    cr_assert(found >= 1 && found <= 3, "the chunk dims of %s occur %d times in the file", w, found);
+    cr_assert(fseek(fp, 0, SEEK_SET) == 0 && fwrite(buf, 1, (size_t)size, fp) == (size_t)size);
+    fclose(fp);
+    free(buf);
+    reseal(p);
+    refused("eval", p, "tensor /model/fc1/weight has chunks larger than itself");
+    refused("resume", p, "tensor /model/fc1/weight has chunks larger than itself");
+
+}
+
 /* ---- the commands around a checkpoint (issue 12 items 10, 11) --------------------------------------- */
 
 Test(hostile, resume_override_typo_gets_a_did_you_mean)
