@@ -400,6 +400,12 @@ static const float *operand_f32(struct cpu_backend *cb, enum scratch_slot slot, 
     return p;
 }
 
+/* Whether gemm_avx512 runs bf16 products of `in` on the AMX tiles (gemm_core_avx512's choice). */
+static bool gemm_uses_amx(const struct cpu_backend *cb, enum dtype in)
+{
+    return in == DT_BF16 && cb->gemm_amx;
+}
+
 /* Products smaller than this many multiply-adds run on one thread: waking the pool costs more than it
  * saves. (Threaded or not, a product has the same bits: gemm_avx512.h, gemm_avx512_threaded.) */
 #define GEMM_PAR_MACS ((int64_t)1 << 19)
@@ -411,7 +417,7 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
                              struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
     struct gemm_avx512_scratch s;
-    const bool amx = a.dt == DT_BF16 && cb->gemm_amx;
+    const bool amx = gemm_uses_amx(cb, a.dt);
     gemm_avx512_scratch_sizes(a.dt, amx, m, n, k, &s);
     const int threads = cpu_threads(cb);
     const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS && gemm_avx512_row_band(a.dt, amx, m) < m;
@@ -622,27 +628,28 @@ static void cpu_gemm(struct backend *be, const struct gemm_args *g)
 
 /* ---- per-worker products of the sliced ops ---------------------------------------------------- */
 
-/* worker_gemm's panels for an (m, n, k) product on every worker. */
-static bool worker_gemm_reserve(struct cpu_backend *cb, int64_t m, int64_t n, int64_t k)
+/* worker_gemm's panels for an (m, n, k) product of inputs `in` on every worker. */
+static bool worker_gemm_reserve(struct cpu_backend *cb, enum dtype in, int64_t m, int64_t n, int64_t k)
 {
     struct gemm_avx512_scratch s;
-    gemm_avx512_scratch_sizes(DT_FP32, false, m, n, k, &s);
+    gemm_avx512_scratch_sizes(in, gemm_uses_amx(cb, in), m, n, k, &s);
     return wscratch_reserve(cb, WSCR_PACK_A, s.pack_a_bytes) &&
            wscratch_reserve(cb, WSCR_GEMM_B, s.pack_b_bytes) && wscratch_reserve(cb, WSCR_GEMM_C, s.partial_bytes);
 }
 
-/* C (m, n) = alpha op(A) @ op(B) + beta * C, all fp32 (m, n, k >= 1), single-threaded in worker w's own
- * panels: the call gemm_core_avx512 makes, so the same bits (gemm_avx512.h: the threaded driver's bits are
- * the single-threaded one's). Only where cb->gemm_avx512[DT_FP32]. The one per-worker product: a
+/* C (m, n, fp32) = alpha op(A) @ op(B) + beta * C, A and B of dtype `in` (m, n, k >= 1), single-threaded in
+ * worker w's own panels: the call gemm_core_avx512 makes, so the same bits (gemm_avx512.h: the threaded
+ * driver's bits are the single-threaded one's). Only where cb->gemm_avx512[in]. The one per-worker product: a
  * convolution's image and an attention pair both run theirs here. */
-static void worker_gemm(const struct cpu_backend *cb, int worker, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                        float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                        int64_t ldc)
+static void worker_gemm(const struct cpu_backend *cb, int worker, enum dtype in, bool ta, bool tb, int64_t m,
+                        int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                        float beta, float *c, int64_t ldc)
 {
     struct gemm_avx512_scratch s;
-    gemm_avx512_scratch_sizes(DT_FP32, false, m, n, k, &s);
+    const bool amx = gemm_uses_amx(cb, in);
+    gemm_avx512_scratch_sizes(in, amx, m, n, k, &s);
     float *partial = s.partial_bytes && beta != 0.0f ? wscratch(cb, worker, WSCR_GEMM_C) : NULL;
-    struct gemm_avx512_args g = { .in = DT_FP32, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
+    struct gemm_avx512_args g = { .in = in, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .c_dt = DT_FP32,
                                   .ldc = ldc, .bias = NULL };
     gemm_avx512(&g, wscratch(cb, worker, WSCR_PACK_A), wscratch(cb, worker, WSCR_GEMM_B), partial);
@@ -957,33 +964,37 @@ static void conv_inside_cols(const struct conv_args *a, int64_t kw, int64_t *lo,
     *hi = h;
 }
 
-/* col (c_in*k*k, h_out*w_out) from one image x (c_in, h_in, w_in); zero padding. A copy: each row's
- * inside columns in one run (memcpy at stride 1), the padding's zeros around them. */
-static void im2col(float *col, const float *x, const struct conv_args *a)
+/* col (c_in*k*k, h_out*w_out) from one image x (c_in, h_in, w_in) of es-byte elements (fp32, or the bits of
+ * bf16: the products' input either way); zero padding (all-zero bits in both). A copy: each row's inside
+ * columns in one run (memcpy at stride 1), the padding's zeros around them. */
+static void im2col(void *col, const void *x, const struct conv_args *a, size_t es)
 {
-    int64_t k = a->kernel, hw = a->h_out * a->w_out;
+    int64_t k = a->kernel, hw = a->h_out * a->w_out, e = (int64_t)es;
     for (int64_t ci = 0; ci < a->c_in; ci++)
         for (int64_t kh = 0; kh < k; kh++)
             for (int64_t kw = 0; kw < k; kw++) {
-                float *row = col + ((ci * k + kh) * k + kw) * hw;
-                const float *plane = x + ci * a->h_in * a->w_in;
+                char *row = (char *)col + ((ci * k + kh) * k + kw) * hw * e;
+                const char *plane = (const char *)x + ci * a->h_in * a->w_in * e;
                 int64_t lo, hi;
                 conv_inside_cols(a, kw, &lo, &hi);
                 for (int64_t oh = 0; oh < a->h_out; oh++) {
                     int64_t ih = oh * a->stride - a->padding + kh;
-                    float *out = row + oh * a->w_out;
-                    if (ih < 0 || ih >= a->h_in) {
-                        memset(out, 0, (size_t)a->w_out * sizeof(float));
+                    char *out = row + oh * a->w_out * e;
+                    if (ih < 0 || ih >= a->h_in || lo == hi) {
+                        memset(out, 0, (size_t)(a->w_out * e));
                         continue;
                     }
-                    const float *src = plane + ih * a->w_in + lo * a->stride - a->padding + kw; /* ow = lo */
-                    memset(out, 0, (size_t)lo * sizeof(float));
+                    const char *src = plane + (ih * a->w_in + lo * a->stride - a->padding + kw) * e; /* ow = lo */
+                    memset(out, 0, (size_t)(lo * e));
                     if (a->stride == 1)
-                        memcpy(out + lo, src, (size_t)(hi - lo) * sizeof(float));
+                        memcpy(out + lo * e, src, (size_t)((hi - lo) * e));
+                    else if (es == sizeof(float))
+                        for (int64_t ow = lo; ow < hi; ow++)
+                            ((float *)(void *)out)[ow] = ((const float *)(const void *)src)[(ow - lo) * a->stride];
                     else
                         for (int64_t ow = lo; ow < hi; ow++)
-                            out[ow] = src[(ow - lo) * a->stride];
-                    memset(out + hi, 0, (size_t)(a->w_out - hi) * sizeof(float));
+                            ((uint16_t *)(void *)out)[ow] = ((const uint16_t *)(const void *)src)[(ow - lo) * a->stride];
+                    memset(out + hi * e, 0, (size_t)((a->w_out - hi) * e));
                 }
             }
 }
@@ -1027,7 +1038,10 @@ static void conv_check(const struct conv_args *a)
 
 /* The convolutions work one image at a time: a 16-bit image is widened into IN0/IN1 scratch and a 16-bit
  * result computed in TMP1 scratch and rounded before the next image, so their scratch is O(one image),
- * never O(batch). fp32 images are used in place.
+ * never O(batch). fp32 images are used in place. Where the inputs of a call's products (x and w, dy and w,
+ * dy and x) are all bf16 and gemm_avx512 takes bf16, the products take them as they are (im2col copies
+ * bf16 bits): the bf16 product of gemm_avx512.h (AMX where the CPU has it), fp32 results as before. Its sums
+ * are that product's, not the fp32 FMA's over the widened values: another order, with bf16's DAZ/FTZ.
  *
  * Threads: above CONV_PAR_MACS multiply-adds, where the products run on gemm_avx512 (fp32 operands: the
  * weights and im2col columns are fp32), the images are the chunks, each worker in its own scratch
@@ -1062,6 +1076,13 @@ static bool conv_threaded(const struct cpu_backend *cb, const struct conv_args *
            a->n * a->c_out * d.ckk * d.hw >= CONV_PAR_MACS;
 }
 
+/* The products' input dtype for a call whose two product inputs are p and q: bf16 as they are where both
+ * are bf16 and gemm_avx512 takes bf16, else fp32 (16-bit inputs widened). */
+static enum dtype conv_product_dtype(const struct cpu_backend *cb, const struct tensor *p, const struct tensor *q)
+{
+    return cb->gemm_avx512[DT_BF16] && p->dtype == DT_BF16 && q->dtype == DT_BF16 ? DT_BF16 : DT_FP32;
+}
+
 /* One convolution call's tensors; the image and block bodies read them and their own buffers. */
 struct conv_job {
     struct cpu_backend *cb;
@@ -1069,7 +1090,8 @@ struct conv_job {
     struct tensor *out;        /* y, dx or dw */
     const struct tensor *in;   /* x, dy or dy */
     const struct tensor *in2;  /* backward_filter: x */
-    const float *wf;           /* forward, backward_data: the weights as fp32 (c_out, ckk) */
+    enum dtype dt;             /* the products' inputs: DT_FP32, or DT_BF16 (conv_product_dtype) */
+    const void *w;             /* forward, backward_data: the weights (c_out, ckk) as dt */
     const float *bias;         /* forward: NULL or fp32 (c_out) */
     double *acc;               /* backward_filter: NULL or the bias gradient's per-channel sums (c_out) */
     float beta;                /* backward_filter: dW = beta * dW + ... */
@@ -1086,13 +1108,21 @@ struct conv_bufs {
 };
 
 static void conv_gemm(const struct conv_job *j, const struct conv_bufs *b, bool ta, bool tb, int64_t m, int64_t n,
-                      int64_t k, const float *a, int64_t lda, const float *bm, int64_t ldb, float beta, float *c,
+                      int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, float beta, float *c,
                       int64_t ldc)
 {
     if (b->worker < 0)
-        gemm_core(j->cb, ta, tb, m, n, k, 1.0f, mat_f32(a, lda), mat_f32(bm, ldb), beta, out_mat_f32(c, ldc), NULL);
+        gemm_core(j->cb, ta, tb, m, n, k, 1.0f, (struct mat_in){ a, j->dt, lda }, (struct mat_in){ bm, j->dt, ldb },
+                  beta, out_mat_f32(c, ldc), NULL);
     else
-        worker_gemm(j->cb, b->worker, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, c, ldc);
+        worker_gemm(j->cb, b->worker, j->dt, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, c, ldc);
+}
+
+/* n values of image data t from element off as the products' input: t's own bf16 bits on the bf16 path,
+ * else fp32 (load_f32: in place, or widened into buf). */
+static const void *conv_load(const struct conv_job *j, const struct tensor *t, size_t off, size_t n, float *buf)
+{
+    return j->dt == DT_BF16 ? elem_ptr(t->data, DT_BF16, off) : load_f32(t->data, t->dtype, off, n, buf);
 }
 
 /* Worker w's buffers, reserved by the caller. */
@@ -1109,9 +1139,9 @@ static void conv_forward_image(const struct conv_job *j, int64_t i, const struct
     const struct conv_args *a = j->a;
     const struct conv_dims d = conv_dims_of(a);
     const bool pointwise = conv_is_pointwise(a);
-    const float *xi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in0);
+    const void *xi = conv_load(j, j->in, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in0);
     if (!pointwise)
-        im2col(b->tmp0, xi, a);
+        im2col(b->tmp0, xi, a, dtype_size(j->dt));
     float *yi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), b->tmp1);
     float beta = 0.0f;
     if (j->bias) {
@@ -1120,7 +1150,7 @@ static void conv_forward_image(const struct conv_job *j, int64_t i, const struct
                 yi[co * d.hw + p] = j->bias[co];
         beta = 1.0f;
     }
-    conv_gemm(j, b, false, false, a->c_out, d.hw, d.ckk, j->wf, d.ckk, pointwise ? xi : b->tmp0, d.hw, beta, yi, d.hw);
+    conv_gemm(j, b, false, false, a->c_out, d.hw, d.ckk, j->w, d.ckk, pointwise ? xi : b->tmp0, d.hw, beta, yi, d.hw);
     store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, yi);
 }
 
@@ -1130,9 +1160,9 @@ static void conv_backward_data_image(const struct conv_job *j, int64_t i, const 
     const struct conv_args *a = j->a;
     const struct conv_dims d = conv_dims_of(a);
     const bool pointwise = conv_is_pointwise(a);
-    const float *dyi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
+    const void *dyi = conv_load(j, j->in, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
     float *dxi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_in), b->tmp1);
-    conv_gemm(j, b, true, false, d.ckk, d.hw, a->c_out, j->wf, d.ckk, dyi, d.hw, 0.0f, pointwise ? dxi : b->tmp0,
+    conv_gemm(j, b, true, false, d.ckk, d.hw, a->c_out, j->w, d.ckk, dyi, d.hw, 0.0f, pointwise ? dxi : b->tmp0,
               d.hw);
     if (!pointwise)
         col2im(dxi, b->tmp0, a);
@@ -1147,18 +1177,24 @@ static void conv_filter_image(const struct conv_job *j, int64_t i, const struct 
     const struct conv_args *a = j->a;
     const struct conv_dims d = conv_dims_of(a);
     const bool pointwise = conv_is_pointwise(a);
-    const float *dyi = load_f32(j->in->data, j->in->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
-    const float *xi = load_f32(j->in2->data, j->in2->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in1);
+    const void *dyi = conv_load(j, j->in, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
+    const void *xi = conv_load(j, j->in2, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in1);
     if (!pointwise)
-        im2col(b->tmp0, xi, a);
+        im2col(b->tmp0, xi, a, dtype_size(j->dt));
     conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, pointwise ? xi : b->tmp0, d.hw, beta, c, d.ckk);
     if (!sums)
         return;
     for (int64_t co = 0; co < a->c_out; co++) {
-        const float *p = dyi + co * d.hw;
         double s = 0.0;
-        for (int64_t q = 0; q < d.hw; q++)
-            s += p[q];
+        if (j->dt == DT_BF16) { /* widened exactly, summed as the fp32 path sums */
+            const uint16_t *p = (const uint16_t *)dyi + co * d.hw;
+            for (int64_t q = 0; q < d.hw; q++)
+                s += bf16_to_fp32(p[q]);
+        } else {
+            const float *p = (const float *)dyi + co * d.hw;
+            for (int64_t q = 0; q < d.hw; q++)
+                s += p[q];
+        }
         sums[co] = s;
     }
 }
@@ -1221,8 +1257,9 @@ static int64_t conv_filter_group(const struct conv_args *a)
 /* Every worker's buffers for a chunk reading nin0 values of in0, nin1 of in1 (staged when 16-bit), writing
  * ntmp1 of out (staged when 16-bit), with ntmp0 floats of im2col columns and an (m, n, k) product. */
 struct conv_reserve {
-    const struct tensor *in0, *in1, *out;
+    const struct tensor *in0, *in1, *out; /* in0, in1: NULL where nothing is staged (the bf16 path) */
     int64_t nin0, nin1, ntmp0, ntmp1, m, n, k;
+    enum dtype dt; /* the products' inputs */
 };
 
 static bool conv_reserve_workers(struct cpu_backend *cb, const struct conv_reserve *r)
@@ -1231,7 +1268,7 @@ static bool conv_reserve_workers(struct cpu_backend *cb, const struct conv_reser
            wstage_reserve(cb, WSCR_IN1, r->in1, (size_t)r->nin1) &&
            wstage_reserve(cb, WSCR_TMP1, r->out, (size_t)r->ntmp1) &&
            (r->ntmp0 == 0 || wscratch_reserve(cb, WSCR_TMP0, (size_t)r->ntmp0 * sizeof(float))) &&
-           worker_gemm_reserve(cb, r->m, r->n, r->k);
+           worker_gemm_reserve(cb, r->dt, r->m, r->n, r->k);
 }
 
 /* The forward pass and the data gradient alike, image by image: on the pool above the threshold, each worker
@@ -1266,13 +1303,14 @@ static void cpu_conv2d_forward(struct backend *be, const struct conv_args *a, st
     assert((int64_t)y->numel == a->n * d.chw_out);
     assert(!bias || (bias->dtype == DT_FP32 && (int64_t)bias->numel == a->c_out));
     const bool pointwise = conv_is_pointwise(a);
-    const float *wf = view_f32(cb, SCR_IN1, w);
-    if (!wf)
+    const enum dtype dt = conv_product_dtype(cb, x, w);
+    const void *wv = dt == DT_BF16 ? w->data : (const void *)view_f32(cb, SCR_IN1, w);
+    if (!wv)
         return;
-    struct conv_job j = { .cb = cb, .a = a, .out = y, .in = x, .wf = wf,
+    struct conv_job j = { .cb = cb, .a = a, .out = y, .in = x, .dt = dt, .w = wv,
                           .bias = bias ? (const float *)bias->data : NULL };
-    struct conv_reserve r = { .in0 = x, .out = y, .nin0 = d.chw_in, .ntmp1 = d.chw_out,
-                              .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.hw, .k = d.ckk };
+    struct conv_reserve r = { .in0 = dt == DT_BF16 ? NULL : x, .out = y, .nin0 = d.chw_in, .ntmp1 = d.chw_out,
+                              .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.hw, .k = d.ckk, .dt = dt };
     conv_images(cb, &j, &r, conv_forward_chunk, conv_forward_image);
 }
 
@@ -1284,12 +1322,13 @@ static void cpu_conv2d_backward_data(struct backend *be, const struct conv_args 
     const struct conv_dims d = conv_dims_of(a);
     assert((int64_t)dx->numel == a->n * d.chw_in && (int64_t)dy->numel == a->n * d.chw_out);
     const bool pointwise = conv_is_pointwise(a);
-    const float *wf = view_f32(cb, SCR_IN1, w);
-    if (!wf)
+    const enum dtype dt = conv_product_dtype(cb, dy, w);
+    const void *wv = dt == DT_BF16 ? w->data : (const void *)view_f32(cb, SCR_IN1, w);
+    if (!wv)
         return;
-    struct conv_job j = { .cb = cb, .a = a, .out = dx, .in = dy, .wf = wf };
-    struct conv_reserve r = { .in0 = dy, .out = dx, .nin0 = d.chw_out, .ntmp1 = d.chw_in,
-                              .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = d.ckk, .n = d.hw, .k = a->c_out };
+    struct conv_job j = { .cb = cb, .a = a, .out = dx, .in = dy, .dt = dt, .w = wv };
+    struct conv_reserve r = { .in0 = dt == DT_BF16 ? NULL : dy, .out = dx, .nin0 = d.chw_out, .ntmp1 = d.chw_in,
+                              .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = d.ckk, .n = d.hw, .k = a->c_out, .dt = dt };
     conv_images(cb, &j, &r, conv_backward_data_chunk, conv_backward_data_image);
 }
 
@@ -1310,17 +1349,21 @@ static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_arg
     double *sums = db ? scratch_get(cb, SCR_ACC1, (size_t)(sum_images * a->c_out) * sizeof(double)) : NULL;
     if (db && (!acc || !sums))
         return;
-    struct conv_job j = { .cb = cb, .a = a, .out = dw, .in = dy, .in2 = x, .acc = acc, .beta = beta, .sums = sums };
+    const enum dtype dt = conv_product_dtype(cb, dy, x);
+    const bool staged = dt != DT_BF16; /* the bf16 path reads dy and x in place */
+    struct conv_job j = { .cb = cb, .a = a, .out = dw, .in = dy, .in2 = x, .dt = dt, .acc = acc, .beta = beta,
+                          .sums = sums };
     bool ok = true;
     struct conv_bufs b = { .worker = -1 };
     if (threaded) {
-        struct conv_reserve r = { .in0 = dy, .in1 = x, .nin0 = d.chw_out, .nin1 = d.chw_in,
-                                  .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.ckk, .k = d.hw };
+        struct conv_reserve r = { .in0 = staged ? dy : NULL, .in1 = staged ? x : NULL, .nin0 = d.chw_out,
+                                  .nin1 = d.chw_in, .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.ckk,
+                                  .k = d.hw, .dt = dt };
         j.prod = scratch_get(cb, SCR_TMP2, (size_t)(group * a->c_out * d.ckk) * sizeof(float));
         ok = j.prod && conv_reserve_workers(cb, &r);
     } else {
-        b.in0 = stage_f32(cb, SCR_IN0, dy, (size_t)d.chw_out, &ok);
-        b.in1 = stage_f32(cb, SCR_IN1, x, (size_t)d.chw_in, &ok);
+        b.in0 = stage_f32(cb, SCR_IN0, staged ? dy : NULL, (size_t)d.chw_out, &ok);
+        b.in1 = stage_f32(cb, SCR_IN1, staged ? x : NULL, (size_t)d.chw_in, &ok);
         b.tmp0 = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(d.ckk * d.hw) * sizeof(float));
         ok = ok && (pointwise || b.tmp0);
     }
@@ -2124,7 +2167,7 @@ static void att_gemm_worker(struct cpu_backend *cb, int worker, bool ta, bool tb
                             float alpha, struct mat_in a, struct mat_in b, struct mat_out c)
 {
     if (cb->gemm_avx512[DT_FP32] && c.dt == DT_FP32) {
-        worker_gemm(cb, worker, ta, tb, m, n, k, alpha, a.p, a.ld, b.p, b.ld, 0.0f, c.p, c.ld);
+        worker_gemm(cb, worker, DT_FP32, ta, tb, m, n, k, alpha, a.p, a.ld, b.p, b.ld, 0.0f, c.p, c.ld);
         return;
     }
     float *cf = c.dt == DT_FP32 ? (float *)c.p : wscratch(cb, worker, WSCR_GEMM_C);
