@@ -1346,6 +1346,65 @@ Test(backend_cpu, attention_backward_matches_finite_differences)
                   (double)g32[i]);
 }
 
+/* bf16 backward against the chain rule in double over the backend's own bf16 values and roundings: with
+ * qkv, dout and the stored probabilities P (the forward's) all bf16, dP = round(dO V^T), dS = round(P (dP -
+ * rowsum(P dP))), dV = round(P^T dO), dQ = round(dS K / sqrt(D)), dK = round(dS^T Q / sqrt(D)). The products
+ * then read the bf16 tensors in place (gemm_avx512's bf16 product where the CPU has it): a wrong block,
+ * stride or transpose there is off by far more than the 2 ulps an fp32-order difference may tip. */
+Test(backend_cpu, attention_backward_bf16_matches_its_roundings)
+{
+    seed(23);
+    int64_t B = 2, T = 6, C = 8, H = 2, D = C / H;
+    size_t nq = (size_t)(B * T * 3 * C), no = (size_t)(B * T * C), np = (size_t)(B * H * T * T);
+    float *hq, *hdo;
+    struct tensor *qkv = trand(DT_BF16, nq, -1.5f, 1.5f, &hq), *dout = trand(DT_BF16, no, -1, 1, &hdo);
+    struct tensor *out = tnew(DT_BF16, no), *probs = tnew(DT_BF16, np), *dqkv = tnew(DT_BF16, nq);
+    be->attention_forward(be, out, probs, qkv, B, T, C, H);
+    be->attention_backward(be, dqkv, dout, qkv, probs, B, T, C, H);
+    const float *P = thost(probs);
+    const double scale = (double)(1.0f / sqrtf((float)D));
+    double *want = dalloc(nq), ds[64];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *p = P + (b * H + h) * T * T;
+#define Q_(t, e) ((double)hq[(b * T + (t)) * 3 * C + h * D + (e)])
+#define K_(t, e) ((double)hq[(b * T + (t)) * 3 * C + C + h * D + (e)])
+#define V_(t, e) ((double)hq[(b * T + (t)) * 3 * C + 2 * C + h * D + (e)])
+#define DO_(t, e) ((double)hdo[(b * T + (t)) * C + h * D + (e)])
+            for (int64_t t = 0; t < T; t++) {
+                double dot = 0;
+                for (int64_t k = 0; k < T; k++) {
+                    double acc = 0;
+                    for (int64_t e = 0; e < D; e++)
+                        acc += DO_(t, e) * V_(k, e);
+                    ds[t * T + k] = round_to(acc, DT_BF16);
+                }
+                for (int64_t k = 0; k <= t; k++)
+                    dot += (double)p[t * T + k] * ds[t * T + k];
+                for (int64_t k = 0; k < T; k++)
+                    ds[t * T + k] = k <= t ? round_to(p[t * T + k] * (ds[t * T + k] - (double)(float)dot), DT_BF16) : 0;
+            }
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t e = 0; e < D; e++) {
+                    double dq = 0, dk = 0, dv = 0;
+                    for (int64_t k = 0; k < T; k++) {
+                        dq += ds[t * T + k] * K_(k, e);
+                        dk += ds[k * T + t] * Q_(k, e);
+                        dv += (double)p[k * T + t] * DO_(k, e);
+                    }
+                    size_t at = (size_t)((b * T + t) * 3 * C + h * D + e);
+                    want[at] = dq * scale;
+                    want[at + (size_t)C] = dk * scale;
+                    want[at + 2 * (size_t)C] = dv;
+                }
+#undef Q_
+#undef K_
+#undef V_
+#undef DO_
+        }
+    check_lowp(dqkv, want, nq, 2, 1e-4, "attention dqkv bf16");
+}
+
 /* ---- losses ------------------------------------------------------------------------------------ */
 
 Test(backend_cpu, xent_known_values)

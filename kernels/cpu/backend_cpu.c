@@ -637,21 +637,23 @@ static bool worker_gemm_reserve(struct cpu_backend *cb, enum dtype in, int64_t m
            wscratch_reserve(cb, WSCR_GEMM_B, s.pack_b_bytes) && wscratch_reserve(cb, WSCR_GEMM_C, s.partial_bytes);
 }
 
-/* C (m, n, fp32) = alpha op(A) @ op(B) + beta * C, A and B of dtype `in` (m, n, k >= 1), single-threaded in
- * worker w's own panels: the call gemm_core_avx512 makes, so the same bits (gemm_avx512.h: the threaded
- * driver's bits are the single-threaded one's). Only where cb->gemm_avx512[in]. The one per-worker product: a
- * convolution's image and an attention pair both run theirs here. */
+/* C (m, n) = alpha op(A) @ op(B) + beta * C, A and B of dtype `in` (m, n, k >= 1), C fp32 or `in`,
+ * single-threaded in worker w's own panels (WSCR_GEMM_C holds the partial sums where gemm_avx512 needs
+ * them): the call gemm_core_avx512 makes, so the same bits (gemm_avx512.h: the threaded driver's bits are the
+ * single-threaded one's). Only where cb->gemm_avx512[in]. The one per-worker product: a convolution's image
+ * and an attention pair both run theirs here. */
 static void worker_gemm(const struct cpu_backend *cb, int worker, enum dtype in, bool ta, bool tb, int64_t m,
                         int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
-                        float beta, float *c, int64_t ldc)
+                        float beta, struct mat_out c)
 {
     struct gemm_avx512_scratch s;
     const bool amx = gemm_uses_amx(cb, in);
     gemm_avx512_scratch_sizes(in, amx, m, n, k, &s);
-    float *partial = s.partial_bytes && beta != 0.0f ? wscratch(cb, worker, WSCR_GEMM_C) : NULL;
+    const bool own = c.dt == DT_FP32 && beta == 0.0f; /* C itself holds the partial sums */
+    float *partial = s.partial_bytes && !own ? wscratch(cb, worker, WSCR_GEMM_C) : NULL;
     struct gemm_avx512_args g = { .in = in, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
-                                  .beta = beta, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .c_dt = DT_FP32,
-                                  .ldc = ldc, .bias = NULL };
+                                  .beta = beta, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c.p, .c_dt = c.dt,
+                                  .ldc = c.ld, .bias = NULL };
     gemm_avx512(&g, wscratch(cb, worker, WSCR_PACK_A), wscratch(cb, worker, WSCR_GEMM_B), partial);
 }
 
@@ -1115,7 +1117,7 @@ static void conv_gemm(const struct conv_job *j, const struct conv_bufs *b, bool 
         gemm_core(j->cb, ta, tb, m, n, k, 1.0f, (struct mat_in){ a, j->dt, lda }, (struct mat_in){ bm, j->dt, ldb },
                   beta, out_mat_f32(c, ldc), NULL);
     else
-        worker_gemm(j->cb, b->worker, j->dt, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, c, ldc);
+        worker_gemm(j->cb, b->worker, j->dt, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, out_mat_f32(c, ldc));
 }
 
 /* n values of image data t from element off as the products' input: t's own bf16 bits on the bf16 path,
@@ -2144,7 +2146,14 @@ struct att_job {
     int64_t T, C, H, D;
     float scale;                            /* 1 / sqrt(D) */
     bool par;                               /* on the pool: att_gemm_worker; else gemm_core */
+    bool bf16;                              /* the products read the bf16 tensors in place (att_bf16) */
 };
+
+/* The (rows, D) column block `col` of row-major t (row stride ld) from element off, as a product's input. */
+static struct mat_in att_block(const struct tensor *t, size_t off, int64_t ld, int64_t col)
+{
+    return (struct mat_in){ elem_ptr(t->data, t->dtype, off + (size_t)col), t->dtype, ld };
+}
 
 /* Rows [0, rows) of the column block [col, col + width) of the row-major (rows, ld) matrix at element
  * `off` of t, as fp32 at the same place of a same-shaped matrix: t's data itself when fp32, else buf
@@ -2160,16 +2169,17 @@ static const float *att_load_block(const struct tensor *t, size_t off, int64_t r
     return buf;
 }
 
-/* gemm_core's path for fp32 A and B, beta 0 and no bias, on this worker's scratch (reserved by
- * att_reserve): gemm_avx512 where gemm_core takes it (an fp32 C; no partial buffer, since C is fp32 and
- * not read), else sgemm into C or, for a 16-bit C, into fp32 scratch rounded once. */
+/* gemm_core's path for A and B of one dtype (fp32, or bf16 on the bf16 path), beta 0 and no bias, on this
+ * worker's scratch (reserved by att_reserve_gemm): gemm_avx512 where gemm_core takes it (C fp32 or of the
+ * inputs' dtype), else (fp32 inputs) sgemm into C or, for a 16-bit C, into fp32 scratch rounded once. */
 static void att_gemm_worker(struct cpu_backend *cb, int worker, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                             float alpha, struct mat_in a, struct mat_in b, struct mat_out c)
 {
-    if (cb->gemm_avx512[DT_FP32] && c.dt == DT_FP32) {
-        worker_gemm(cb, worker, DT_FP32, ta, tb, m, n, k, alpha, a.p, a.ld, b.p, b.ld, 0.0f, c.p, c.ld);
+    if (a.dt == b.dt && cb->gemm_avx512[a.dt] && (c.dt == DT_FP32 || c.dt == a.dt)) {
+        worker_gemm(cb, worker, a.dt, ta, tb, m, n, k, alpha, a.p, a.ld, b.p, b.ld, 0.0f, c);
         return;
     }
+    assert(a.dt == DT_FP32 && b.dt == DT_FP32);
     float *cf = c.dt == DT_FP32 ? (float *)c.p : wscratch(cb, worker, WSCR_GEMM_C);
     int64_t ldc = c.dt == DT_FP32 ? c.ld : n;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_dim(m),
@@ -2179,7 +2189,7 @@ static void att_gemm_worker(struct cpu_backend *cb, int worker, bool ta, bool tb
             dtype_convert(elem_ptr(c.p, c.dt, (size_t)(r * c.ld)), c.dt, cf + r * n, DT_FP32, (size_t)n);
 }
 
-/* C = alpha op(A) op(B) for one (batch, head): fp32 A and B, beta 0. */
+/* C = alpha op(A) op(B) for one (batch, head): A and B fp32, or bf16 on the bf16 path; beta 0. */
 static void att_gemm(const struct att_job *j, int worker, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                      float alpha, struct mat_in a, struct mat_in b, struct mat_out c)
 {
@@ -2189,19 +2199,31 @@ static void att_gemm(const struct att_job *j, int worker, bool ta, bool tb, int6
         gemm_core(j->cb, ta, tb, m, n, k, alpha, a, b, 0.0f, c, NULL);
 }
 
-/* The per-worker scratch of attention on the pool: the products' packed panels (the larger of the two
- * shapes (T, T, D) and (T, D, T)) and a 16-bit result's fp32 copy (T, D). */
-static bool att_reserve_gemm(struct cpu_backend *cb, int64_t T, int64_t D, enum dtype c_dt)
+/* The per-worker scratch of attention on the pool, products of inputs `in`: the packed panels (the larger of
+ * the two shapes (T, T, D) and (T, D, T)) and a 16-bit result's fp32 copy or partial sums (T, D). */
+static bool att_reserve_gemm(struct cpu_backend *cb, enum dtype in, int64_t T, int64_t D, enum dtype c_dt)
 {
     struct gemm_avx512_scratch s1 = { 0 }, s2 = { 0 };
-    if (cb->gemm_avx512[DT_FP32]) {
-        gemm_avx512_scratch_sizes(DT_FP32, false, T, T, D, &s1);
-        gemm_avx512_scratch_sizes(DT_FP32, false, T, D, T, &s2);
+    if (cb->gemm_avx512[in]) {
+        gemm_avx512_scratch_sizes(in, gemm_uses_amx(cb, in), T, T, D, &s1);
+        gemm_avx512_scratch_sizes(in, gemm_uses_amx(cb, in), T, D, T, &s2);
     }
     size_t pa = s1.pack_a_bytes > s2.pack_a_bytes ? s1.pack_a_bytes : s2.pack_a_bytes;
     size_t pb = s1.pack_b_bytes > s2.pack_b_bytes ? s1.pack_b_bytes : s2.pack_b_bytes;
+    size_t pc = (size_t)(T * D) * sizeof(float);
+    pc = s2.partial_bytes > pc ? s2.partial_bytes : pc;
     return (!pa || wscratch_reserve(cb, WSCR_PACK_A, pa)) && (!pb || wscratch_reserve(cb, WSCR_GEMM_B, pb)) &&
-           (c_dt == DT_FP32 || wscratch_reserve(cb, WSCR_GEMM_C, (size_t)(T * D) * sizeof(float)));
+           (c_dt == DT_FP32 || wscratch_reserve(cb, WSCR_GEMM_C, pc));
+}
+
+/* Whether a call's products take its bf16 tensors as they are (every tensor given bf16, gemm_avx512 taking
+ * bf16): the bf16 path, whose sums are gemm_avx512's bf16 product (AMX where present); else fp32 inputs. */
+static bool att_bf16(const struct cpu_backend *cb, const struct tensor *const *t, int n)
+{
+    bool all = cb->gemm_avx512[DT_BF16];
+    for (int i = 0; i < n; i++)
+        all = all && t[i]->dtype == DT_BF16;
+    return all;
 }
 
 /* Whether B*H pairs of this size run on the pool. */
@@ -2222,18 +2244,29 @@ static void att_forward_chunk(void *arg, int64_t chunk, int worker)
     const struct tensor *qkv = j->qkv;
     float *qbuf = wscratch(j->cb, worker, WSCR_IN0), *s = wscratch(j->cb, worker, WSCR_TMP0);
     size_t seq = (size_t)(b * T * 3 * C);
-    att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
-    att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
-    const float *q = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf);
-    const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
-    att_gemm(j, worker, false, true, T, T, D, j->scale, mat_f32(qb, 3 * C), mat_f32(kb, 3 * C), out_mat_f32(s, T));
+    struct mat_in q, k, v;
+    if (j->bf16) {
+        q = att_block(qkv, seq, 3 * C, h * D);
+        k = att_block(qkv, seq, 3 * C, C + h * D);
+        v = att_block(qkv, seq, 3 * C, 2 * C + h * D);
+    } else {
+        att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
+        att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
+        const float *qb = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf) + h * D;
+        q = mat_f32(qb, 3 * C);
+        k = mat_f32(qb + C, 3 * C);
+        v = mat_f32(qb + 2 * C, 3 * C);
+    }
+    att_gemm(j, worker, false, true, T, T, D, j->scale, q, k, out_mat_f32(s, T));
     round_f32_to(s, (size_t)(T * T), qkv->dtype);
     softmax_causal(s, T);
     round_f32_to(s, (size_t)(T * T), j->probs_out->dtype);
-    dtype_convert(elem_ptr(j->probs_out->data, j->probs_out->dtype, (size_t)(chunk * T * T)), j->probs_out->dtype, s,
-                  DT_FP32, (size_t)(T * T));
+    void *probs = elem_ptr(j->probs_out->data, j->probs_out->dtype, (size_t)(chunk * T * T));
+    dtype_convert(probs, j->probs_out->dtype, s, DT_FP32, (size_t)(T * T));
     struct mat_out o = { elem_ptr(j->out->data, j->out->dtype, (size_t)(b * T * C + h * D)), j->out->dtype, C };
-    att_gemm(j, worker, false, false, T, D, T, 1.0f, mat_f32(s, T), mat_f32(vb, 3 * C), o);
+    /* P: the stored probabilities themselves on the bf16 path (s holds their values) */
+    struct mat_in p = j->bf16 ? (struct mat_in){ probs, DT_BF16, T } : mat_f32(s, T);
+    att_gemm(j, worker, false, false, T, D, T, 1.0f, p, v, o);
 }
 
 static void cpu_attention_forward(struct backend *be, struct tensor *out, struct tensor *probs,
@@ -2244,12 +2277,13 @@ static void cpu_attention_forward(struct backend *be, struct tensor *out, struct
     assert((int64_t)qkv->numel == B * T * 3 * C && (int64_t)out->numel == B * T * C);
     assert((int64_t)probs->numel == B * H * T * T);
     int64_t D = C / H;
+    const struct tensor *io[] = { qkv, probs, out };
     struct att_job j = { .cb = cb, .qkv = qkv, .out = out, .probs_out = probs, .T = T, .C = C, .H = H, .D = D,
-                         .scale = 1.0f / sqrtf((float)D), .par = att_par(cb, B, T, D, H) };
-    /* one sequence's qkv (only the pair's blocks are filled), one (T, T) score matrix */
-    if (!wstage_reserve(cb, WSCR_IN0, qkv, (size_t)(T * 3 * C)) ||
+                         .scale = 1.0f / sqrtf((float)D), .par = att_par(cb, B, T, D, H), .bf16 = att_bf16(cb, io, 3) };
+    /* one sequence's qkv (only the pair's blocks are filled; none on the bf16 path), one (T, T) score matrix */
+    if (!wstage_reserve(cb, WSCR_IN0, j.bf16 ? NULL : qkv, (size_t)(T * 3 * C)) ||
         !wscratch_reserve(cb, WSCR_TMP0, (size_t)(T * T) * sizeof(float)) ||
-        (j.par && !att_reserve_gemm(cb, T, D, out->dtype)))
+        (j.par && !att_reserve_gemm(cb, j.bf16 ? DT_BF16 : DT_FP32, T, D, out->dtype)))
         return;
     parallel_for(j.par ? cb->pool : NULL, B * H, att_forward_chunk, &j);
 }
@@ -2269,14 +2303,25 @@ static void att_backward_chunk(void *arg, int64_t chunk, int worker)
     float *qbuf = wscratch(cb, worker, WSCR_IN0), *dobuf = wscratch(cb, worker, WSCR_IN1);
     float *pbuf = wscratch(cb, worker, WSCR_IN2), *ds = wscratch(cb, worker, WSCR_TMP0);
     size_t seq = (size_t)(b * T * 3 * C);
-    att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
-    att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
-    const float *q = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf);
-    const float *dO = att_load_block(j->dout, (size_t)(b * T * C), T, C, h * D, D, dobuf);
-    const float *qb = q + h * D, *kb = qb + C, *vb = qb + 2 * C;
+    struct mat_in q, k, v, dob, p;
     const float *pb = load_f32(j->probs->data, j->probs->dtype, (size_t)(chunk * T * T), (size_t)(T * T), pbuf);
-    const float *dob = dO + h * D;
-    att_gemm(j, worker, false, true, T, T, D, 1.0f, mat_f32(dob, C), mat_f32(vb, 3 * C), out_mat_f32(ds, T));
+    if (j->bf16) {
+        q = att_block(qkv, seq, 3 * C, h * D);
+        k = att_block(qkv, seq, 3 * C, C + h * D);
+        v = att_block(qkv, seq, 3 * C, 2 * C + h * D);
+        dob = att_block(j->dout, (size_t)(b * T * C), C, h * D);
+        p = att_block(j->probs, (size_t)(chunk * T * T), T, 0);
+    } else {
+        att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
+        att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
+        const float *qb = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf) + h * D;
+        q = mat_f32(qb, 3 * C);
+        k = mat_f32(qb + C, 3 * C);
+        v = mat_f32(qb + 2 * C, 3 * C);
+        dob = mat_f32(att_load_block(j->dout, (size_t)(b * T * C), T, C, h * D, D, dobuf) + h * D, C);
+        p = mat_f32(pb, T);
+    }
+    att_gemm(j, worker, false, true, T, T, D, 1.0f, dob, v, out_mat_f32(ds, T));
     round_f32_to(ds, (size_t)(T * T), d);
     for (int64_t t = 0; t < T; t++) {
         const float *pr = pb + t * T;
@@ -2291,14 +2336,19 @@ static void att_backward_chunk(void *arg, int64_t chunk, int worker)
             row[k] = 0.0f;
     }
     round_f32_to(ds, (size_t)(T * T), d);
+    struct mat_in dsm = mat_f32(ds, T);
+    if (j->bf16) { /* dS's bf16 bits (its values are bf16 already) in the qkv staging slot, unused here */
+        dtype_convert(qbuf, DT_BF16, ds, DT_FP32, (size_t)(T * T));
+        dsm = (struct mat_in){ qbuf, DT_BF16, T };
+    }
     struct tensor *dqkv = j->dqkv;
     size_t base = seq + (size_t)(h * D);
     struct mat_out dq = { elem_ptr(dqkv->data, dqkv->dtype, base), dqkv->dtype, 3 * C };
     struct mat_out dk = { elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), dqkv->dtype, 3 * C };
     struct mat_out dv = { elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), dqkv->dtype, 3 * C };
-    att_gemm(j, worker, true, false, T, D, T, 1.0f, mat_f32(pb, T), mat_f32(dob, C), dv);
-    att_gemm(j, worker, false, false, T, D, T, j->scale, mat_f32(ds, T), mat_f32(kb, 3 * C), dq);
-    att_gemm(j, worker, true, false, T, D, T, j->scale, mat_f32(ds, T), mat_f32(qb, 3 * C), dk);
+    att_gemm(j, worker, true, false, T, D, T, 1.0f, p, dob, dv);
+    att_gemm(j, worker, false, false, T, D, T, j->scale, dsm, k, dq);
+    att_gemm(j, worker, true, false, T, D, T, j->scale, dsm, q, dk);
 }
 
 static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
@@ -2310,13 +2360,18 @@ static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, cons
     assert((int64_t)qkv->numel == B * T * 3 * C && (int64_t)dqkv->numel == B * T * 3 * C);
     assert((int64_t)dout->numel == B * T * C && (int64_t)probs->numel == B * H * T * T);
     int64_t D = C / H;
+    const struct tensor *io[] = { qkv, dout, probs, dqkv };
     struct att_job j = { .cb = cb, .qkv = qkv, .dqkv = dqkv, .dout = dout, .probs = probs, .T = T, .C = C, .H = H,
-                         .D = D, .scale = 1.0f / sqrtf((float)D), .par = att_par(cb, B, T, D, H) };
-    /* staged per sequence (qkv, dout: the pair's blocks) and per pair (probs) */
-    if (!wstage_reserve(cb, WSCR_IN0, qkv, (size_t)(T * 3 * C)) || !wstage_reserve(cb, WSCR_IN1, dout, (size_t)(T * C)) ||
+                         .D = D, .scale = 1.0f / sqrtf((float)D), .par = att_par(cb, B, T, D, H),
+                         .bf16 = att_bf16(cb, io, 4) };
+    /* staged per sequence (qkv, dout: the pair's blocks) and per pair (probs); on the bf16 path nothing of qkv
+     * and dout, and IN0 holds dS's bf16 bits */
+    if (!(j.bf16 ? wscratch_reserve(cb, WSCR_IN0, (size_t)(T * T) * sizeof(uint16_t))
+                 : wstage_reserve(cb, WSCR_IN0, qkv, (size_t)(T * 3 * C))) ||
+        !wstage_reserve(cb, WSCR_IN1, j.bf16 ? NULL : dout, (size_t)(T * C)) ||
         !wstage_reserve(cb, WSCR_IN2, probs, (size_t)(T * T)) ||
         !wscratch_reserve(cb, WSCR_TMP0, (size_t)(T * T) * sizeof(float)) ||
-        (j.par && !att_reserve_gemm(cb, T, D, dqkv->dtype)))
+        (j.par && !att_reserve_gemm(cb, j.bf16 ? DT_BF16 : DT_FP32, T, D, dqkv->dtype)))
         return;
     parallel_for(j.par ? cb->pool : NULL, B * H, att_backward_chunk, &j);
 }
