@@ -228,6 +228,15 @@ static int64_t div_up(int64_t a, int64_t b)
 
 /* ---- dtype helpers --------------------------------------------------------------------------- */
 
+/* The fp32 value of bf16 bits h (exact: bf16 is fp32's upper half). */
+static inline float bf16_bits_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 static void *elem_ptr(const void *base, enum dtype dt, size_t i)
 {
     return (char *)base + i * dtype_size(dt);
@@ -1186,18 +1195,30 @@ static void conv_filter_image(const struct conv_job *j, int64_t i, const struct 
     conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, pointwise ? xi : b->tmp0, d.hw, beta, c, d.ckk);
     if (!sums)
         return;
-    for (int64_t co = 0; co < a->c_out; co++) {
-        double s = 0.0;
-        if (j->dt == DT_BF16) { /* widened exactly, summed as the fp32 path sums */
-            const uint16_t *p = (const uint16_t *)dyi + co * d.hw;
+    /* each channel's plane summed in order, SUM_LANES channels at once (independent chains, the same sums;
+     * bf16 values widened exactly) */
+    enum { SUM_LANES = 8 };
+    for (int64_t co0 = 0; co0 < a->c_out; co0 += SUM_LANES) {
+        const int64_t lanes = a->c_out - co0 < SUM_LANES ? a->c_out - co0 : SUM_LANES;
+        double s[SUM_LANES] = { 0.0 };
+        if (lanes == SUM_LANES && j->dt == DT_BF16) {
+            const uint16_t *p = (const uint16_t *)dyi + co0 * d.hw;
             for (int64_t q = 0; q < d.hw; q++)
-                s += bf16_to_fp32(p[q]);
+                for (int l = 0; l < SUM_LANES; l++)
+                    s[l] += bf16_bits_f32(p[l * d.hw + q]);
+        } else if (lanes == SUM_LANES) {
+            const float *p = (const float *)dyi + co0 * d.hw;
+            for (int64_t q = 0; q < d.hw; q++)
+                for (int l = 0; l < SUM_LANES; l++)
+                    s[l] += p[l * d.hw + q];
         } else {
-            const float *p = (const float *)dyi + co * d.hw;
-            for (int64_t q = 0; q < d.hw; q++)
-                s += p[q];
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t q = 0; q < d.hw; q++)
+                    s[l] += j->dt == DT_BF16 ? bf16_bits_f32(((const uint16_t *)dyi)[(co0 + l) * d.hw + q])
+                                             : ((const float *)dyi)[(co0 + l) * d.hw + q];
         }
-        sums[co] = s;
+        for (int64_t l = 0; l < lanes; l++)
+            sums[co0 + l] = s[l];
     }
 }
 
