@@ -87,6 +87,13 @@ static int64_t round_up(int64_t x, int64_t to)
     return (x + to - 1) / to * to;
 }
 
+/* Whether a product of inputs `in` runs on the AMX tiles: bf16 asked to (gemm_avx512_args.amx); the one
+ * place the two are combined. */
+static bool on_tiles(enum dtype in, bool amx)
+{
+    return in == DT_BF16 && amx;
+}
+
 /* The k block length: at most KC_*, balanced over the blocks, even for bf16; for AMX a multiple of 32 (whole
  * tiles of 16 pairs: only the last block is padded). */
 static int64_t block_k(enum dtype in, bool amx, int64_t k)
@@ -96,7 +103,7 @@ static int64_t block_k(enum dtype in, bool amx, int64_t k)
     int64_t kc = (k + nb - 1) / nb;
     if (in != DT_BF16)
         return kc;
-    return round_up(kc, amx ? 32 : 2);
+    return round_up(kc, on_tiles(in, amx) ? 32 : 2);
 }
 
 /* Packed 32-bit elements per line for kc values of k (AMX: padded with zero pairs to whole tiles of 16). */
@@ -104,13 +111,13 @@ static int64_t steps_of(enum dtype in, bool amx, int64_t kc)
 {
     if (in != DT_BF16)
         return kc;
-    return amx ? round_up((kc + 1) / 2, 16) : (kc + 1) / 2;
+    return on_tiles(in, amx) ? round_up((kc + 1) / 2, 16) : (kc + 1) / 2;
 }
 
 /* Rows of op(A) per panel: one microkernel call's rows. */
 static int64_t mr_of(enum dtype in, bool amx)
 {
-    return in == DT_BF16 && amx ? MR_AMX : MR;
+    return on_tiles(in, amx) ? MR_AMX : MR;
 }
 
 void gemm_avx512_scratch_sizes(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k,
@@ -313,18 +320,24 @@ static void pack_a_amx(uint32_t *dst, const uint16_t *src, int64_t ld, bool cont
     const int64_t pairs = (kc + 1) / 2;
     for (int64_t lp = 0; lp < lines; lp += MR_AMX, dst += MR_AMX * steps) {
         const int64_t nl = min64(MR_AMX, lines - lp);
-        memset(dst, 0, (size_t)(MR_AMX * steps) * sizeof(uint32_t));
+        /* only the padding is zeroed: each row's values past kc, and the rows past `lines` */
         if (contig_k) {
+            for (int64_t r = 0; r < nl; r++) {
+                uint16_t *row = (uint16_t *)(void *)(dst + r * steps);
+                memcpy(row, src + (l0 + lp + r) * ld + p0, (size_t)kc * sizeof(uint16_t));
+                memset(row + kc, 0, (size_t)(2 * steps - kc) * sizeof(uint16_t));
+            }
+        } else {
+            for (int64_t q = 0; q < pairs; q++) {
+                const uint16_t *lo = src + (p0 + 2 * q) * ld + l0 + lp, *hi = lo + ld;
+                const bool has_hi = 2 * q + 1 < kc;
+                for (int64_t r = 0; r < nl; r++)
+                    dst[r * steps + q] = (uint32_t)lo[r] | (has_hi ? (uint32_t)hi[r] << 16 : 0u);
+            }
             for (int64_t r = 0; r < nl; r++)
-                memcpy(dst + r * steps, src + (l0 + lp + r) * ld + p0, (size_t)kc * sizeof(uint16_t));
-            continue;
+                memset(dst + r * steps + pairs, 0, (size_t)(steps - pairs) * sizeof(uint32_t));
         }
-        for (int64_t q = 0; q < pairs; q++) {
-            const uint16_t *lo = src + (p0 + 2 * q) * ld + l0 + lp, *hi = lo + ld;
-            const bool has_hi = 2 * q + 1 < kc;
-            for (int64_t r = 0; r < nl; r++)
-                dst[r * steps + q] = (uint32_t)lo[r] | (has_hi ? (uint32_t)hi[r] << 16 : 0u);
-        }
+        memset(dst + nl * steps, 0, (size_t)((MR_AMX - nl) * steps) * sizeof(uint32_t));
     }
 }
 
@@ -509,7 +522,7 @@ TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t j
                                      int64_t kcur, int64_t r0, int64_t r1, uint32_t *pa, const uint32_t *pb,
                                      float *w, int64_t ldw)
 {
-    const bool amx = g->in == DT_BF16 && g->amx;
+    const bool amx = on_tiles(g->in, g->amx);
     const int64_t k = g->k, steps = steps_of(g->in, amx, kcur), mr = mr_of(g->in, amx);
     const bool first = p0 == 0, last = p0 + kcur >= k;
     float tile[MR_AMX * NR] __attribute__((aligned(64)));
