@@ -1811,12 +1811,62 @@ struct bn_job {
     int64_t channels;                             /* channels a chunk */
 };
 
+/* A channel's statistics and gradient sums are double sums in order, one long dependent chain each: BN_LANES
+ * channels' chains run side by side (each in its own order, so the same sums), and a chunk holds at least
+ * that many channels where the layer has them. */
+#define BN_LANES 8
+
 static int64_t bn_chunk_channels(const struct norm_args *a)
 {
     const int64_t per = a->n * a->hw;
     if (per <= 0 || a->c * per < (int64_t)EW_CHUNK)
         return a->c > 0 ? a->c : 1;
-    return ((int64_t)EW_CHUNK + per - 1) / per;
+    const int64_t by_size = ((int64_t)EW_CHUNK + per - 1) / per;
+    return by_size > BN_LANES ? by_size : BN_LANES;
+}
+
+/* Training statistics of channels ch0 .. ch0 + lanes - 1 (lanes <= BN_LANES): each channel's double sum of
+ * its values over the images in order, then of its squared deviations from its mean (xbuf: lanes planes,
+ * where x is 16-bit). */
+static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, double *s, double *ss)
+{
+    const struct tensor *x = j->x;
+    const int64_t n = j->a->n, c = j->a->c, hw = j->a->hw;
+    const double count = (double)(n * hw);
+    const float *p[BN_LANES];
+    double mu[BN_LANES];
+    for (int64_t l = 0; l < lanes; l++)
+        s[l] = ss[l] = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t l = 0; l < lanes; l++)
+            p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
+        if (lanes == BN_LANES)
+            for (int64_t q = 0; q < hw; q++)
+                for (int l = 0; l < BN_LANES; l++)
+                    s[l] += p[l][q];
+        else
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t q = 0; q < hw; q++)
+                    s[l] += p[l][q];
+    }
+    for (int64_t l = 0; l < lanes; l++)
+        mu[l] = s[l] / count;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t l = 0; l < lanes; l++)
+            p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
+        if (lanes == BN_LANES)
+            for (int64_t q = 0; q < hw; q++)
+                for (int l = 0; l < BN_LANES; l++) {
+                    double d = p[l][q] - mu[l];
+                    ss[l] += d * d;
+                }
+        else
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t q = 0; q < hw; q++) {
+                    double d = p[l][q] - mu[l];
+                    ss[l] += d * d;
+                }
+    }
 }
 
 static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
@@ -1824,7 +1874,8 @@ static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
     return (a->c + channels - 1) / channels;
 }
 
-static void bn_forward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *ybuf)
+/* Channel ch's outputs; in training, from its sums s and ss (bn_stats). */
+static void bn_forward_channel(const struct bn_job *j, int64_t ch, double s, double ss, float *xbuf, float *ybuf)
 {
     const struct norm_args *a = j->a;
     const struct tensor *x = j->x;
@@ -1835,20 +1886,7 @@ static void bn_forward_channel(const struct bn_job *j, int64_t ch, float *xbuf, 
     double count = (double)(n * hw);
     float mu_f, rs_f;
     if (a->training) {
-        double s = 0.0, ss = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
-            for (int64_t q = 0; q < hw; q++)
-                s += p[q];
-        }
         double mu = s / count;
-        for (int64_t i = 0; i < n; i++) {
-            const float *p = load_f32(x->data, x->dtype, (size_t)((i * c + ch) * hw), (size_t)hw, xbuf);
-            for (int64_t q = 0; q < hw; q++) {
-                double d = p[q] - mu;
-                ss += d * d;
-            }
-        }
         double var = ss / count;
         mu_f = (float)mu;
         rs_f = (float)(1.0 / sqrt(var + (double)a->eps));
@@ -1884,8 +1922,14 @@ static void bn_forward_chunk(void *arg, int64_t chunk, int worker)
     const struct bn_job *j = arg;
     float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *ybuf = wscratch(j->cb, worker, WSCR_TMP0);
     const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
-    for (int64_t ch = c0; ch < c1; ch++)
-        bn_forward_channel(j, ch, xbuf, ybuf);
+    for (int64_t ch0 = c0; ch0 < c1; ch0 += BN_LANES) {
+        const int64_t lanes = c1 - ch0 < BN_LANES ? c1 - ch0 : BN_LANES;
+        double s[BN_LANES] = { 0.0 }, ss[BN_LANES] = { 0.0 };
+        if (j->a->training)
+            bn_stats(j, ch0, lanes, xbuf, s, ss);
+        for (int64_t l = 0; l < lanes; l++)
+            bn_forward_channel(j, ch0 + l, s[l], ss[l], xbuf, ybuf);
+    }
 }
 
 static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a, struct tensor *y,
@@ -1897,7 +1941,7 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
     const int64_t hw = a->hw;
     assert((int64_t)x->numel == a->n * a->c * hw && (int64_t)y->numel == a->n * a->c * hw);
     assert(!a->training || (mean && rstd));
-    if (!wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)hw) ||
+    if (!wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)(BN_LANES * hw)) ||
         !wstage_reserve(cb, WSCR_TMP0, y, (size_t)hw))
         return;
     struct bn_job j = { .cb = cb, .a = a, .out = y, .x = x, .mean = mean, .rstd = rstd,
@@ -1907,6 +1951,47 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
     parallel_for(cb->pool, bn_chunks(a, j.channels), bn_forward_chunk, &j);
 }
 
+/* The gradient sums of channels ch0 .. ch0 + lanes - 1 (lanes <= BN_LANES) into acc_b and acc_g: each
+ * channel's sum of dy and of dy * xhat over the images in order (xbuf, dybuf: lanes planes each, where
+ * 16-bit). */
+static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, float *dybuf)
+{
+    const struct tensor *x = j->x, *dy = j->dy;
+    const int64_t n = j->a->n, c = j->a->c, hw = j->a->hw;
+    const float *xp[BN_LANES], *dp[BN_LANES];
+    float mu[BN_LANES], rs[BN_LANES];
+    double sdy[BN_LANES], sdyx[BN_LANES];
+    for (int64_t l = 0; l < lanes; l++) {
+        mu[l] = ((const float *)j->smean->data)[ch0 + l];
+        rs[l] = ((const float *)j->srstd->data)[ch0 + l];
+        sdy[l] = sdyx[l] = 0.0;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t l = 0; l < lanes; l++) {
+            size_t off = (size_t)((i * c + ch0 + l) * hw);
+            xp[l] = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf ? xbuf + l * hw : NULL);
+            dp[l] = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf ? dybuf + l * hw : NULL);
+        }
+        if (lanes == BN_LANES)
+            for (int64_t e = 0; e < hw; e++)
+                for (int l = 0; l < BN_LANES; l++) {
+                    sdy[l] += dp[l][e];
+                    sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]);
+                }
+        else
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t e = 0; e < hw; e++) {
+                    sdy[l] += dp[l][e];
+                    sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]);
+                }
+    }
+    for (int64_t l = 0; l < lanes; l++) {
+        j->acc_g[ch0 + l] = sdyx[l];
+        j->acc_b[ch0 + l] = sdy[l];
+    }
+}
+
+/* Channel ch's dx from its sums (bn_grad_sums). */
 static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf)
 {
     const struct norm_args *a = j->a;
@@ -1916,18 +2001,7 @@ static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf,
     double count = (double)(n * hw);
     float mu = ((const float *)j->smean->data)[ch], rs = ((const float *)j->srstd->data)[ch];
     float gc = j->gamma ? j->gamma[ch] : 1.0f;
-    double sdy = 0.0, sdyx = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        size_t off = (size_t)((i * c + ch) * hw);
-        const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
-        const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
-        for (int64_t e = 0; e < hw; e++) {
-            sdy += dp[e];
-            sdyx += (double)dp[e] * ((xp[e] - mu) * rs);
-        }
-    }
-    j->acc_g[ch] = sdyx;
-    j->acc_b[ch] = sdy;
+    double sdyx = j->acc_g[ch], sdy = j->acc_b[ch];
     if (!dx)
         return;
     /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
@@ -1954,8 +2028,12 @@ static void bn_backward_chunk(void *arg, int64_t chunk, int worker)
     float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *dybuf = wscratch(j->cb, worker, WSCR_IN1);
     float *dxbuf = wscratch(j->cb, worker, WSCR_TMP0);
     const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
-    for (int64_t ch = c0; ch < c1; ch++)
-        bn_backward_channel(j, ch, xbuf, dybuf, dxbuf);
+    for (int64_t ch0 = c0; ch0 < c1; ch0 += BN_LANES) {
+        const int64_t lanes = c1 - ch0 < BN_LANES ? c1 - ch0 : BN_LANES;
+        bn_grad_sums(j, ch0, lanes, xbuf, dybuf);
+        for (int64_t l = 0; l < lanes; l++)
+            bn_backward_channel(j, ch0 + l, xbuf, dybuf, dxbuf);
+    }
 }
 
 /* Training mode: the batch statistics depend on x, so dx = rstd * (dxhat - mean(dxhat) - xhat *
@@ -1970,8 +2048,8 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
     const int64_t c = a->c, hw = a->hw;
     assert((int64_t)x->numel == a->n * c * hw && (int64_t)dy->numel == a->n * c * hw);
     double *acc = scratch_get(cb, SCR_ACC0, 2 * (size_t)c * sizeof(double));
-    if (!acc || !wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)hw) ||
-        !wstage_reserve(cb, WSCR_IN1, dy, (size_t)hw) || !wstage_reserve(cb, WSCR_TMP0, dx, (size_t)hw))
+    if (!acc || !wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)(BN_LANES * hw)) ||
+        !wstage_reserve(cb, WSCR_IN1, dy, (size_t)(BN_LANES * hw)) || !wstage_reserve(cb, WSCR_TMP0, dx, (size_t)hw))
         return;
     struct bn_job j = { .cb = cb, .a = a, .out = dx, .x = x, .dy = dy, .smean = mean, .srstd = rstd,
                         .gamma = gamma ? (const float *)gamma->data : NULL, .acc_g = acc, .acc_b = acc + c,
