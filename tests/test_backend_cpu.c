@@ -853,6 +853,54 @@ Test(backend_cpu, maxpool_ties_go_to_the_first_element)
               "avg counts the padding in the divisor");
 }
 
+/* 2x2 / stride 2 windows over rows of every width the vectorised path splits differently (one partial group
+ * of 16 windows, one whole, a whole and a partial, several), values drawn from a few (ties everywhere) and
+ * NaNs: each window's gradient lands where PyTorch's CPU rule puts the max (the first of equal values in
+ * row-major order, or the last NaN), and y holds that value. */
+Test(backend_cpu, maxpool_2x2_on_wide_rows_follows_the_rule_exactly)
+{
+    seed(29);
+    const float pick[5] = { -1.0f, 0.0f, 1.0f, 2.0f, NAN };
+    const int64_t widths[5] = { 28, 32, 34, 66, 100 };
+    for (int wi = 0; wi < 5; wi++) {
+        struct pool_args a = pool_shape(POOL_MAX, 2, 3, 6, widths[wi], 2, 2, 0);
+        size_t nx = (size_t)(a.n * a.c * a.h_in * a.w_in), ny = (size_t)(a.n * a.c * a.h_out * a.w_out);
+        float *hx = falloc(nx), *ones = falloc(ny);
+        for (size_t i = 0; i < nx; i++)
+            hx[i] = pick[(int)(urand() * 5)];
+        for (size_t i = 0; i < ny; i++)
+            ones[i] = 1.0f;
+        struct tensor *x = tfrom(DT_FP32, nx, hx), *y = tnew(DT_FP32, ny), *dx = tnew(DT_FP32, nx);
+        struct tensor *dy = tfrom(DT_FP32, ny, ones);
+        be->pool2d_forward(be, &a, y, x);
+        be->pool2d_backward(be, &a, dx, dy, x, y);
+        const float *gy = thost(y), *gdx = thost(dx);
+        float *want_dx = falloc(nx);
+        memset(want_dx, 0, nx * sizeof(float));
+        for (int64_t pl = 0; pl < a.n * a.c; pl++)
+            for (int64_t oh = 0; oh < a.h_out; oh++)
+                for (int64_t ow = 0; ow < a.w_out; ow++) {
+                    int64_t bi = -1;
+                    float best = 0;
+                    for (int64_t kh = 0; kh < 2; kh++)
+                        for (int64_t kw = 0; kw < 2; kw++) {
+                            int64_t i = (pl * a.h_in + 2 * oh + kh) * a.w_in + 2 * ow + kw;
+                            if (bi < 0 || hx[i] > best || isnan(hx[i])) {
+                                best = hx[i];
+                                bi = i;
+                            }
+                        }
+                    want_dx[bi] += 1.0f;
+                    float got = gy[(pl * a.h_out + oh) * a.w_out + ow];
+                    cr_assert(isnan(best) ? isnan(got) : got == best, "width %lld, plane %lld, window (%lld, %lld): y %g, want %g",
+                              (long long)a.w_in, (long long)pl, (long long)oh, (long long)ow, (double)got, (double)best);
+                }
+        for (size_t i = 0; i < nx; i++)
+            cr_assert_eq(gdx[i], want_dx[i], "width %lld: dx[%zu] = %g, want %g (the max's position)", (long long)a.w_in, i,
+                         (double)gdx[i], (double)want_dx[i]);
+    }
+}
+
 /* A NaN in a window wins (PyTorch propagates it), the last one when there are several, and backward
  * sends the window's gradient there: on windows inside the plane and on padded ones alike. */
 Test(backend_cpu, maxpool_propagates_nan)

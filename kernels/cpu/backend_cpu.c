@@ -1460,15 +1460,57 @@ static inline int32_t window_argmax(const float *plane, int64_t w_in, int64_t h0
     return best_i;
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_MAXPOOL_AVX512 1
+/* window_argmax of the windows 2x2 / stride 2 of one row, 16 at a time (the last group masked): the four
+ * candidates of each window (row-major order) deinterleaved from two 32-float loads per row, then taken in
+ * window_argmax's order with its rule (larger, or NaN), so the same index. */
+__attribute__((target("avx512f"))) static void maxpool_row_2x2_avx512(const float *plane, int64_t w_in, int64_t h0,
+                                                                      int64_t w0, int64_t count, int32_t *arg)
+{
+    const float *r0 = plane + h0 * w_in + w0, *r1 = r0 + w_in;
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i one = _mm512_set1_epi32(1), down = _mm512_set1_epi32((int32_t)w_in);
+    for (int64_t o = 0; o < count; o += 16) {
+        const int64_t n = count - o < 16 ? count - o : 16, vals = 2 * n; /* windows, and floats per row */
+        const __mmask16 m0 = vals >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << vals) - 1);
+        const __mmask16 m1 = vals >= 32 ? (__mmask16)0xFFFF : vals > 16 ? (__mmask16)((1u << (vals - 16)) - 1) : 0;
+        const __m512 x0 = _mm512_maskz_loadu_ps(m0, r0 + 2 * o), x1 = _mm512_maskz_loadu_ps(m1, r0 + 2 * o + 16);
+        const __m512 y0 = _mm512_maskz_loadu_ps(m0, r1 + 2 * o), y1 = _mm512_maskz_loadu_ps(m1, r1 + 2 * o + 16);
+        const __m512 v[4] = { _mm512_permutex2var_ps(x0, even, x1), _mm512_permutex2var_ps(x0, odd, x1),
+                              _mm512_permutex2var_ps(y0, even, y1), _mm512_permutex2var_ps(y0, odd, y1) };
+        const __m512i ia = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(h0 * w_in + w0 + 2 * o)), even);
+        const __m512i idx[4] = { ia, _mm512_add_epi32(ia, one), _mm512_add_epi32(ia, down),
+                                 _mm512_add_epi32(_mm512_add_epi32(ia, down), one) };
+        __m512 best = v[0];
+        __m512i bi = idx[0];
+        for (int c = 0; c < 4; c++) {
+            const __mmask16 take = _mm512_cmp_ps_mask(v[c], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v[c], v[c], _CMP_UNORD_Q);
+            best = _mm512_mask_mov_ps(best, take, v[c]);
+            bi = _mm512_mask_mov_epi32(bi, take, idx[c]);
+        }
+        _mm512_mask_storeu_epi32(arg + o, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), bi);
+    }
+}
+#endif
+
 /* window_argmax over `count` windows of one output row, `stride` apart; the 2x2 / stride 2 case (the
- * reference CNN's) gets constants, so the window loops unroll. */
+ * reference CNN's) gets constants, so the window loops unroll, and 16 windows at a time with AVX-512. */
 static void maxpool_row_inside(const float *plane, int64_t w_in, int64_t h0, int64_t w0, int64_t stride, int64_t k,
                                int64_t count, int32_t *arg)
 {
-    if (stride == 2 && k == 2)
+    if (stride == 2 && k == 2) {
+#ifdef HAVE_MAXPOOL_AVX512
+        if (__builtin_cpu_supports("avx512f")) {
+            maxpool_row_2x2_avx512(plane, w_in, h0, w0, count, arg);
+            return;
+        }
+#endif
         for (int64_t o = 0; o < count; o++)
             arg[o] = window_argmax(plane, w_in, h0, w0 + 2 * o, 2);
-    else
+    } else
         for (int64_t o = 0; o < count; o++)
             arg[o] = window_argmax(plane, w_in, h0, w0 + stride * o, k);
 }
