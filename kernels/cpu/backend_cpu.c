@@ -2386,6 +2386,26 @@ static bool att_par(const struct cpu_backend *cb, int64_t B, int64_t T, int64_t 
     return cb->pool && B * H > 1 && B * H * T * T * D >= ATT_PAR_MACS;
 }
 
+/* Head h's Q, K and V blocks of the sequence at element seq of qkv (row stride 3C) as products' inputs: in
+ * place on the bf16 path, else widened into qbuf (one sequence). */
+static void att_qkv(const struct att_job *j, size_t seq, int64_t h, float *qbuf, struct mat_in *q, struct mat_in *k,
+                    struct mat_in *v)
+{
+    const int64_t T = j->T, C = j->C, D = j->D;
+    if (j->bf16) {
+        *q = att_block(j->qkv, seq, 3 * C, h * D);
+        *k = att_block(j->qkv, seq, 3 * C, C + h * D);
+        *v = att_block(j->qkv, seq, 3 * C, 2 * C + h * D);
+        return;
+    }
+    att_load_block(j->qkv, seq, T, 3 * C, h * D, D, qbuf);
+    att_load_block(j->qkv, seq, T, 3 * C, C + h * D, D, qbuf);
+    const float *qb = att_load_block(j->qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf) + h * D;
+    *q = mat_f32(qb, 3 * C);
+    *k = mat_f32(qb + C, 3 * C);
+    *v = mat_f32(qb + 2 * C, 3 * C);
+}
+
 /* Per (batch b, head h), with Q, K, V the (T, D) column blocks h*D, C + h*D, 2C + h*D of qkv[b]
  * (row stride 3C) and d = qkv's dtype:
  *   S = round_d(Q K^T / sqrt(D))           GEMM, fp32 accumulation
@@ -2399,18 +2419,7 @@ static void att_forward_chunk(void *arg, int64_t chunk, int worker)
     float *qbuf = wscratch(j->cb, worker, WSCR_IN0), *s = wscratch(j->cb, worker, WSCR_TMP0);
     size_t seq = (size_t)(b * T * 3 * C);
     struct mat_in q, k, v;
-    if (j->bf16) {
-        q = att_block(qkv, seq, 3 * C, h * D);
-        k = att_block(qkv, seq, 3 * C, C + h * D);
-        v = att_block(qkv, seq, 3 * C, 2 * C + h * D);
-    } else {
-        att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
-        att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
-        const float *qb = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf) + h * D;
-        q = mat_f32(qb, 3 * C);
-        k = mat_f32(qb + C, 3 * C);
-        v = mat_f32(qb + 2 * C, 3 * C);
-    }
+    att_qkv(j, seq, h, qbuf, &q, &k, &v);
     att_gemm(j, worker, false, true, T, T, D, j->scale, q, k, out_mat_f32(s, T));
     round_f32_to(s, (size_t)(T * T), qkv->dtype);
     softmax_causal(s, T);
@@ -2459,19 +2468,11 @@ static void att_backward_chunk(void *arg, int64_t chunk, int worker)
     size_t seq = (size_t)(b * T * 3 * C);
     struct mat_in q, k, v, dob, p;
     const float *pb = load_f32(j->probs->data, j->probs->dtype, (size_t)(chunk * T * T), (size_t)(T * T), pbuf);
+    att_qkv(j, seq, h, qbuf, &q, &k, &v);
     if (j->bf16) {
-        q = att_block(qkv, seq, 3 * C, h * D);
-        k = att_block(qkv, seq, 3 * C, C + h * D);
-        v = att_block(qkv, seq, 3 * C, 2 * C + h * D);
         dob = att_block(j->dout, (size_t)(b * T * C), C, h * D);
         p = att_block(j->probs, (size_t)(chunk * T * T), T, 0);
     } else {
-        att_load_block(qkv, seq, T, 3 * C, h * D, D, qbuf);
-        att_load_block(qkv, seq, T, 3 * C, C + h * D, D, qbuf);
-        const float *qb = att_load_block(qkv, seq, T, 3 * C, 2 * C + h * D, D, qbuf) + h * D;
-        q = mat_f32(qb, 3 * C);
-        k = mat_f32(qb + C, 3 * C);
-        v = mat_f32(qb + 2 * C, 3 * C);
         dob = mat_f32(att_load_block(j->dout, (size_t)(b * T * C), T, C, h * D, D, dobuf) + h * D, C);
         p = mat_f32(pb, T);
     }
