@@ -297,6 +297,24 @@ Test(hostile, tensors_of_another_class_or_rank_are_named_as_such)
     set_dataset(p, BIAS, H5T_NATIVE_FLOAT, 0, NULL, &one);
     refused("eval", p, "tensor /model/fc1/bias has 0 dimensions (a scalar)");
 
+    /* a float layout of HDF5's own description that no IEEE type has: 32 bits of precision in 8 bytes (found
+     * by fuzz_ckpt_resealed: it overflowed a conversion buffer inside H5D__read) */
+    hid_t odd = H5Tcopy(H5T_IEEE_F64LE);
+    cr_assert(H5Tset_fields(odd, 31, 23, 8, 0, 23) >= 0 && H5Tset_precision(odd, 32) >= 0 && H5Tset_ebias(odd, 127) >= 0);
+    float f32[32] = {0};
+    p = copy_of_base("odd_float");
+    hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0 && H5Ldelete(f, BIAS, H5P_DEFAULT) >= 0);
+    hid_t sp = H5Screate_simple(1, &n32, NULL);
+    hid_t d = H5Dcreate2(f, BIAS, odd, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert(d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, f32) >= 0);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Tclose(odd);
+    H5Fclose(f);
+    reseal(p);
+    refused("eval", p, "tensor /model/fc1/bias is a float of 8 bytes and 32 bits of precision, not IEEE float32 or float64");
+
     /* float64 of the right shape converts exactly as h5py users write it: accepted. */
     double d32[32] = {0};
     p = copy_of_base("f64_tensor");
