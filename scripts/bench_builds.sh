@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Training speed of two ampTrain binaries on the CPU, alternating in one invocation so both see the same machine:
+# samples/s of each (the `train:` line: training steps only, not the final evaluation) and the ratio NEW / OLD.
+# The speed counterpart of scripts/compare_builds.sh (which says whether they train the same bits).
+#   scripts/bench_builds.sh OLD/ampTrain NEW/ampTrain [MODELS="mlp cnn gpt"] [MODES=bf16] [THREADS="1 2"] [ROUNDS=3] [STEPS]
+#   (build the old one from a worktree: git worktree add --detach /tmp/old REV; cmake -S /tmp/old -B /tmp/old/b
+#    -DAMP_CUDA=OFF -DAMP_TESTS=OFF -DCMAKE_BUILD_TYPE=Release; cmake --build /tmp/old/b)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -eq 2 ] || { echo "usage: scripts/bench_builds.sh OLD/ampTrain NEW/ampTrain" >&2; exit 2; }
+old=$1 new=$2
+for b in "$old" "$new"; do [ -x "$b" ] || { echo "bench_builds: $b is not an executable" >&2; exit 2; }; done
+models=${MODELS:-mlp cnn gpt}; modes=${MODES:-bf16}; thread_counts=${THREADS:-1 2}; rounds=${ROUNDS:-3}
+export OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+config_of() { case $1 in mlp) echo configs/fashion_mlp.yaml ;; cnn) echo configs/fashion_cnn.yaml ;; gpt) echo configs/text_gpt.yaml ;; esac; }
+steps_of() { case $1 in mlp) echo 300 ;; cnn) echo 40 ;; gpt) echo 60 ;; esac; }
+rate() { # BIN MODEL MODE THREADS STEPS OUT
+  "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu "run.threads=$4" \
+    run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$6" |
+    sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p'
+}
+for model in $models; do
+  [ -n "$(config_of "$model")" ] || { echo "bench_builds: unknown model '$model' (mlp, cnn, gpt)" >&2; exit 2; }
+  steps=${STEPS:-$(steps_of "$model")}
+  for mode in $modes; do
+    for th in $thread_counts; do
+      sum0=0 sum1=0
+      for r in $(seq "$rounds"); do
+        a0=$(rate "$old" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-old")
+        a1=$(rate "$new" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-new")
+        [ -n "$a0" ] && [ -n "$a1" ] || { echo "bench_builds: a run failed" >&2; exit 1; }
+        echo "round $r $model $mode, $th thread(s): old $a0 samples/s, new $a1 samples/s"
+        sum0=$(awk -v a="$sum0" -v b="$a0" 'BEGIN{print a+b}'); sum1=$(awk -v a="$sum1" -v b="$a1" 'BEGIN{print a+b}')
+      done
+      awk -v m="$model" -v md="$mode" -v t="$th" -v a="$sum0" -v b="$sum1" -v r="$rounds" -v s="$steps" 'BEGIN{
+        printf "%s %s, %d thread(s): old %.1f, new %.1f samples/s (means of %d alternating rounds, %d steps): new %.2fx\n",
+               m, md, t, a/r, b/r, r, s, b/a}'
+    done
+  done
+done
