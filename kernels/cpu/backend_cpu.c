@@ -1719,6 +1719,11 @@ struct ln_job {
     int64_t rows_per;                      /* rows per chunk */
 };
 
+/* A row's mean and variance (forward) and its two gradient sums (backward) are double sums over its columns in
+ * order, one dependent chain each: LN_LANES rows' chains run side by side (each in its own order, so the same
+ * sums; a 16-bit row is staged in its own slice of the scratch). */
+#define LN_LANES 8
+
 static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct ln_job *j = arg;
@@ -1728,26 +1733,47 @@ static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
     int64_t r1 = r0 + j->rows_per < j->a->rows ? r0 + j->rows_per : j->a->rows;
     const float *g = j->g, *bt = j->bt;
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *yb = wscratch(j->cb, worker, WSCR_TMP1);
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = load_f32(x->data, x->dtype, (size_t)(r * cols), (size_t)cols, xb);
-        double s = 0.0;
-        for (int64_t k = 0; k < cols; k++)
-            s += xr[k];
-        double mu = s / (double)cols, ss = 0.0;
-        for (int64_t k = 0; k < cols; k++) {
-            double d = xr[k] - mu;
-            ss += d * d;
+    for (int64_t rg = r0; rg < r1; rg += LN_LANES) {
+        const int64_t lanes = r1 - rg < LN_LANES ? r1 - rg : LN_LANES;
+        const float *xr[LN_LANES];
+        double s[LN_LANES] = { 0.0 }, ss[LN_LANES] = { 0.0 }, mu[LN_LANES];
+        for (int64_t l = 0; l < lanes; l++)
+            xr[l] = load_f32(x->data, x->dtype, (size_t)((rg + l) * cols), (size_t)cols, xb + l * cols);
+        if (lanes == LN_LANES)
+            for (int64_t k = 0; k < cols; k++)
+                for (int l = 0; l < LN_LANES; l++)
+                    s[l] += xr[l][k];
+        else
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t k = 0; k < cols; k++)
+                    s[l] += xr[l][k];
+        for (int64_t l = 0; l < lanes; l++)
+            mu[l] = s[l] / (double)cols;
+        if (lanes == LN_LANES)
+            for (int64_t k = 0; k < cols; k++)
+                for (int l = 0; l < LN_LANES; l++) {
+                    double d = xr[l][k] - mu[l];
+                    ss[l] += d * d;
+                }
+        else
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t k = 0; k < cols; k++) {
+                    double d = xr[l][k] - mu[l];
+                    ss[l] += d * d;
+                }
+        for (int64_t l = 0; l < lanes; l++) {
+            const int64_t r = rg + l;
+            float mu_f = (float)mu[l];
+            float rs_f = (float)(1.0 / sqrt(ss[l] / (double)cols + (double)j->a->eps));
+            j->mean_out[r] = mu_f;
+            j->rstd_out[r] = rs_f;
+            float *yr = out_f32(y->data, y->dtype, (size_t)(r * cols), yb);
+            for (int64_t k = 0; k < cols; k++) {
+                float v = (xr[l][k] - mu_f) * rs_f;
+                yr[k] = v * (g ? g[k] : 1.0f) + (bt ? bt[k] : 0.0f);
+            }
+            store_f32(y->data, y->dtype, (size_t)(r * cols), (size_t)cols, yr);
         }
-        float mu_f = (float)mu;
-        float rs_f = (float)(1.0 / sqrt(ss / (double)cols + (double)j->a->eps));
-        j->mean_out[r] = mu_f;
-        j->rstd_out[r] = rs_f;
-        float *yr = out_f32(y->data, y->dtype, (size_t)(r * cols), yb);
-        for (int64_t k = 0; k < cols; k++) {
-            float v = (xr[k] - mu_f) * rs_f;
-            yr[k] = v * (g ? g[k] : 1.0f) + (bt ? bt[k] : 0.0f);
-        }
-        store_f32(y->data, y->dtype, (size_t)(r * cols), (size_t)cols, yr);
     }
 }
 
@@ -1759,7 +1785,7 @@ static void cpu_layernorm_forward(struct backend *be, const struct norm_args *a,
     int64_t rows = a->rows, cols = a->cols;
     assert((int64_t)x->numel == rows * cols && (int64_t)y->numel == rows * cols);
     assert(mean->dtype == DT_FP32 && rstd->dtype == DT_FP32 && (int64_t)mean->numel == rows);
-    if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)cols * sizeof(float)) ||
+    if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)(LN_LANES * cols) * sizeof(float)) ||
         !wscratch_reserve(cb, WSCR_TMP1, (size_t)cols * sizeof(float)))
         return;
     struct ln_job j = { .cb = cb, .a = a, .y = y, .mean_out = mean->data, .rstd_out = rstd->data, .x = x,
@@ -1777,25 +1803,45 @@ static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
     const float *g = j->g;
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *dyb = wscratch(j->cb, worker, WSCR_TMP1);
     float *dxb = wscratch(j->cb, worker, WSCR_TMP2);
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = load_f32(j->x->data, j->x->dtype, (size_t)(r * cols), (size_t)cols, xb);
-        const float *dyr = load_f32(j->dy->data, j->dy->dtype, (size_t)(r * cols), (size_t)cols, dyb);
-        float mu = j->mean[r], rs = j->rstd[r];
-        double s1 = 0.0, s2 = 0.0; /* sum dxhat, sum dxhat * xhat */
-        for (int64_t k = 0; k < cols; k++) {
-            float xhat = (xr[k] - mu) * rs;
-            float dxhat = dyr[k] * (g ? g[k] : 1.0f);
-            s1 += dxhat;
-            s2 += (double)dxhat * xhat;
+    for (int64_t rg = r0; rg < r1; rg += LN_LANES) {
+        const int64_t lanes = r1 - rg < LN_LANES ? r1 - rg : LN_LANES;
+        const float *xr[LN_LANES], *dyr[LN_LANES];
+        float mu[LN_LANES], rs[LN_LANES];
+        double s1[LN_LANES] = { 0.0 }, s2[LN_LANES] = { 0.0 }; /* sum dxhat, sum dxhat * xhat */
+        for (int64_t l = 0; l < lanes; l++) {
+            const size_t off = (size_t)((rg + l) * cols);
+            xr[l] = load_f32(j->x->data, j->x->dtype, off, (size_t)cols, xb + l * cols);
+            dyr[l] = load_f32(j->dy->data, j->dy->dtype, off, (size_t)cols, dyb + l * cols);
+            mu[l] = j->mean[rg + l];
+            rs[l] = j->rstd[rg + l];
         }
-        float m1 = (float)(s1 / (double)cols), m2 = (float)(s2 / (double)cols);
-        float *dxr = out_f32(j->dx->data, j->dx->dtype, (size_t)(r * cols), dxb);
-        for (int64_t k = 0; k < cols; k++) {
-            float xhat = (xr[k] - mu) * rs;
-            float dxhat = dyr[k] * (g ? g[k] : 1.0f);
-            dxr[k] = rs * (dxhat - m1 - xhat * m2);
+        if (lanes == LN_LANES)
+            for (int64_t k = 0; k < cols; k++)
+                for (int l = 0; l < LN_LANES; l++) {
+                    float xhat = (xr[l][k] - mu[l]) * rs[l];
+                    float dxhat = dyr[l][k] * (g ? g[k] : 1.0f);
+                    s1[l] += dxhat;
+                    s2[l] += (double)dxhat * xhat;
+                }
+        else
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t k = 0; k < cols; k++) {
+                    float xhat = (xr[l][k] - mu[l]) * rs[l];
+                    float dxhat = dyr[l][k] * (g ? g[k] : 1.0f);
+                    s1[l] += dxhat;
+                    s2[l] += (double)dxhat * xhat;
+                }
+        for (int64_t l = 0; l < lanes; l++) {
+            const int64_t r = rg + l;
+            float m1 = (float)(s1[l] / (double)cols), m2 = (float)(s2[l] / (double)cols);
+            float *dxr = out_f32(j->dx->data, j->dx->dtype, (size_t)(r * cols), dxb);
+            for (int64_t k = 0; k < cols; k++) {
+                float xhat = (xr[l][k] - mu[l]) * rs[l];
+                float dxhat = dyr[l][k] * (g ? g[k] : 1.0f);
+                dxr[k] = rs[l] * (dxhat - m1 - xhat * m2);
+            }
+            store_f32(j->dx->data, j->dx->dtype, (size_t)(r * cols), (size_t)cols, dxr);
         }
-        store_f32(j->dx->data, j->dx->dtype, (size_t)(r * cols), (size_t)cols, dxr);
     }
 }
 
@@ -1835,8 +1881,8 @@ static void cpu_layernorm_backward(struct backend *be, const struct norm_args *a
     size_t row_bytes = (size_t)cols * sizeof(float);
     double *acc_g = scratch_get(cb, SCR_ACC0, (size_t)cols * sizeof(double));
     double *acc_b = scratch_get(cb, SCR_ACC1, (size_t)cols * sizeof(double));
-    if (!acc_g || !acc_b || !wscratch_reserve(cb, WSCR_TMP0, row_bytes) || !wscratch_reserve(cb, WSCR_TMP1, row_bytes) ||
-        !wscratch_reserve(cb, WSCR_TMP2, row_bytes))
+    if (!acc_g || !acc_b || !wscratch_reserve(cb, WSCR_TMP0, LN_LANES * row_bytes) ||
+        !wscratch_reserve(cb, WSCR_TMP1, LN_LANES * row_bytes) || !wscratch_reserve(cb, WSCR_TMP2, row_bytes))
         return;
     struct ln_job j = { .cb = cb, .a = a, .dx = dx, .dgamma = dgamma, .dbeta = dbeta, .mean = mean->data,
                         .rstd = rstd->data, .x = x, .dy = dy,
