@@ -138,11 +138,6 @@ uint16_t bf16_from_fp32(float x)
     return (uint16_t)(u >> 16);
 }
 
-float bf16_to_fp32(uint16_t h)
-{
-    return float_of_bits((uint32_t)h << 16);
-}
-
 /* ---- fp8 ------------------------------------------------------------------------------------------- */
 
 struct fp8_layout {

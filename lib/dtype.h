@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" { /* kernels/ (CUDA C++) includes this header */
@@ -34,7 +35,13 @@ static inline int dtype_is_fp8(enum dtype dt) { return dt == DT_FP8_E4M3 || dt =
 uint16_t fp16_from_fp32(float x);
 float fp16_to_fp32(uint16_t h);
 uint16_t bf16_from_fp32(float x);
-float bf16_to_fp32(uint16_t h);
+static inline float bf16_to_fp32(uint16_t h) /* exact: bf16 is fp32's upper half (inline: kernels widen with it) */
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 /* fp8 (the OCP formats of NVIDIA's __nv_fp8_e4m3 / __nv_fp8_e5m2 and Transformer Engine):
  *   E4M3: bias 7, 3 mantissa bits, largest finite 448, no Inf; NaN is S.1111.111 (0x7F, 0xFF).

@@ -3,6 +3,7 @@
 # samples/s of each (the `train:` line: training steps only, not the final evaluation) and the ratio NEW / OLD.
 # The speed counterpart of scripts/compare_builds.sh (which says whether they train the same bits).
 #   scripts/bench_builds.sh OLD/ampTrain NEW/ampTrain [MODELS="mlp cnn gpt"] [MODES=bf16] [THREADS="1 2"] [ROUNDS=3] [STEPS]
+#   [LABELS="old new"] (the two columns' names; scripts/bench_amx.sh runs one binary two ways through it)
 #   (build the old one from a worktree: git worktree add --detach /tmp/old REV; cmake -S /tmp/old -B /tmp/old/b
 #    -DAMP_CUDA=OFF -DAMP_TESTS=OFF -DCMAKE_BUILD_TYPE=Release; cmake --build /tmp/old/b)
 set -euo pipefail
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 old=$1 new=$2
 for b in "$old" "$new"; do [ -x "$b" ] || { echo "bench_builds: $b is not an executable" >&2; exit 2; }; done
 models=${MODELS:-mlp cnn gpt}; modes=${MODES:-bf16}; thread_counts=${THREADS:-1 2}; rounds=${ROUNDS:-3}
+read -r l0 l1 <<< "${LABELS:-old new}"
 export OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -31,12 +33,13 @@ for model in $models; do
         a0=$(rate "$old" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-old")
         a1=$(rate "$new" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-new")
         [ -n "$a0" ] && [ -n "$a1" ] || { echo "bench_builds: a run failed" >&2; exit 1; }
-        echo "round $r $model $mode, $th thread(s): old $a0 samples/s, new $a1 samples/s"
+        echo "round $r $model $mode, $th thread(s): $l0 $a0 samples/s, $l1 $a1 samples/s"
         sum0=$(awk -v a="$sum0" -v b="$a0" 'BEGIN{print a+b}'); sum1=$(awk -v a="$sum1" -v b="$a1" 'BEGIN{print a+b}')
       done
-      awk -v m="$model" -v md="$mode" -v t="$th" -v a="$sum0" -v b="$sum1" -v r="$rounds" -v s="$steps" 'BEGIN{
-        printf "%s %s, %d thread(s): old %.1f, new %.1f samples/s (means of %d alternating rounds, %d steps): new %.2fx\n",
-               m, md, t, a/r, b/r, r, s, b/a}'
+      awk -v m="$model" -v md="$mode" -v t="$th" -v a="$sum0" -v b="$sum1" -v r="$rounds" -v s="$steps" \
+          -v l0="$l0" -v l1="$l1" 'BEGIN{
+        printf "%s %s, %d thread(s): %s %.1f, %s %.1f samples/s (means of %d alternating rounds, %d steps): %s %.2fx\n",
+               m, md, t, l0, a/r, l1, b/r, r, s, l1, b/a}'
     done
   done
 done

@@ -4,7 +4,8 @@
 # column but samples_per_s) and eval.jsonl are compared. SAME, or DIFF with the last row's loss of each.
 #   scripts/compare_builds.sh OLD/ampTrain NEW/ampTrain          (build the old one from a worktree)
 # The configs cover all four modes with overflows (a 2^24 start), hysteresis, clipping (L2 and inf),
-# accumulation, cosine and step schedules, SGD with momentum/Nesterov and AdamW, the CNN and the GPT.
+# accumulation, cosine and step schedules, SGD with momentum/Nesterov and AdamW, the CNN (fp32, fp16, bf16) and the
+# GPT; two of the runs on 2 threads.
 set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: scripts/compare_builds.sh OLD_BINARY NEW_BINARY" >&2; exit 2; }
 old=$(realpath "$1"); new=$(realpath "$2")
@@ -36,6 +37,8 @@ configs/fashion_mlp_fp16_static.yaml run.steps=40 run.log_every=50 precision.los
 configs/fashion_mlp_bf16.yaml run.steps=40 run.log_every=3 optim.kind=sgd optim.momentum=0.9 optim.nesterov=true optim.weight_decay=0.001 optim.schedule.kind=step optim.schedule.step_size=10 optim.schedule.gamma=0.5 optim.lr=0.05
 configs/fashion_mlp.yaml run.steps=30 run.log_every=4 optim.kind=sgd optim.momentum=0.9 optim.lr=0.05
 configs/fashion_cnn_fp16_dynamic.yaml run.steps=12 run.log_every=5 precision.loss_scale.hysteresis=2 precision.loss_scale.init=16777216
+configs/fashion_cnn_bf16.yaml run.steps=12 run.log_every=5 run.threads=2
+configs/fashion_cnn.yaml run.steps=8 run.log_every=4 run.threads=2
 configs/text_gpt.yaml run.steps=20 run.log_every=5
 configs/text_gpt_bf16.yaml run.steps=20 run.log_every=5 accum_steps=2
 LIST

@@ -1363,29 +1363,50 @@ static double attn_loss(const double *qkv, void *vctx)
     return s;
 }
 
+/* One attention case of (B, T, C, H) in dtype dt, forward then backward: qkv and dout random in [-1.5, 1.5) and
+ * [-1, 1), or (q_from, do_from non-NULL) those values rounded to dt; hq and hdo hold the stored values. */
+struct attn_case {
+    size_t nq, no, np;
+    float *hq, *hdo;
+    struct tensor *probs, *dqkv;
+};
+
+static struct attn_case attn_case_run(enum dtype dt, int64_t B, int64_t T, int64_t C, int64_t H, const float *q_from,
+                                      const float *do_from)
+{
+    struct attn_case a = { (size_t)(B * T * 3 * C), (size_t)(B * T * C), (size_t)(B * H * T * T), NULL, NULL, NULL,
+                           NULL };
+    struct tensor *qkv, *dout;
+    if (q_from && do_from) {
+        a.hq = memcpy(falloc(a.nq), q_from, a.nq * sizeof(float));
+        a.hdo = memcpy(falloc(a.no), do_from, a.no * sizeof(float));
+        qkv = tfrom(dt, a.nq, a.hq);
+        dout = tfrom(dt, a.no, a.hdo);
+    } else {
+        qkv = trand(dt, a.nq, -1.5f, 1.5f, &a.hq);
+        dout = trand(dt, a.no, -1, 1, &a.hdo);
+    }
+    a.probs = tnew(dt, a.np);
+    a.dqkv = tnew(dt, a.nq);
+    be->attention_forward(be, tnew(dt, a.no), a.probs, qkv, B, T, C, H);
+    be->attention_backward(be, a.dqkv, dout, qkv, a.probs, B, T, C, H);
+    return a;
+}
+
 Test(backend_cpu, attention_backward_matches_finite_differences)
 {
     seed(19);
     int64_t B = 2, T = 5, C = 8, H = 2;
-    size_t nq = (size_t)(B * T * 3 * C), no = (size_t)(B * T * C), np = (size_t)(B * H * T * T);
-    float *hq, *hdo;
-    struct tensor *qkv = trand(DT_FP32, nq, -1.5f, 1.5f, &hq), *dout = trand(DT_FP32, no, -1, 1, &hdo);
-    struct tensor *out = tnew(DT_FP32, no), *probs = tnew(DT_FP32, np), *dqkv = tnew(DT_FP32, nq);
-    be->attention_forward(be, out, probs, qkv, B, T, C, H);
-    be->attention_backward(be, dqkv, dout, qkv, probs, B, T, C, H);
-    struct attn_ctx c = { B, T, C, H, to_d(hdo, no) };
+    const struct attn_case f = attn_case_run(DT_FP32, B, T, C, H, NULL, NULL);
+    const size_t nq = f.nq;
+    struct attn_ctx c = { B, T, C, H, to_d(f.hdo, f.no) };
     double *want = dalloc(nq);
-    fd_grad(attn_loss, &c, to_d(hq, nq), nq, 1e-6, want);
-    check_f32(dqkv, want, nq, 1e-4, 1e-5, "attention dqkv");
+    fd_grad(attn_loss, &c, to_d(f.hq, nq), nq, 1e-6, want);
+    check_f32(f.dqkv, want, nq, 1e-4, 1e-5, "attention dqkv");
 
     /* bf16: same gradients within bf16's precision (intermediates are rounded to bf16) */
-    float *hq16 = falloc(nq);
-    memcpy(hq16, hq, nq * sizeof(float));
-    struct tensor *q16 = tfrom(DT_BF16, nq, hq16), *do16 = tfrom(DT_BF16, no, hdo);
-    struct tensor *o16 = tnew(DT_BF16, no), *p16 = tnew(DT_BF16, np), *dq16 = tnew(DT_BF16, nq);
-    be->attention_forward(be, o16, p16, q16, B, T, C, H);
-    be->attention_backward(be, dq16, do16, q16, p16, B, T, C, H);
-    const float *g16 = thost(dq16), *g32 = dqkv->data;
+    const struct attn_case h = attn_case_run(DT_BF16, B, T, C, H, f.hq, f.hdo);
+    const float *g16 = thost(h.dqkv), *g32 = f.dqkv->data;
     double gmax = 0;
     for (size_t i = 0; i < nq; i++)
         gmax = fmax(gmax, fabs(g32[i]));
@@ -1403,13 +1424,9 @@ Test(backend_cpu, attention_backward_bf16_matches_its_roundings)
 {
     seed(23);
     int64_t B = 2, T = 6, C = 8, H = 2, D = C / H;
-    size_t nq = (size_t)(B * T * 3 * C), no = (size_t)(B * T * C), np = (size_t)(B * H * T * T);
-    float *hq, *hdo;
-    struct tensor *qkv = trand(DT_BF16, nq, -1.5f, 1.5f, &hq), *dout = trand(DT_BF16, no, -1, 1, &hdo);
-    struct tensor *out = tnew(DT_BF16, no), *probs = tnew(DT_BF16, np), *dqkv = tnew(DT_BF16, nq);
-    be->attention_forward(be, out, probs, qkv, B, T, C, H);
-    be->attention_backward(be, dqkv, dout, qkv, probs, B, T, C, H);
-    const float *P = thost(probs);
+    const struct attn_case a = attn_case_run(DT_BF16, B, T, C, H, NULL, NULL);
+    const size_t nq = a.nq;
+    const float *P = thost(a.probs), *hq = a.hq, *hdo = a.hdo;
     const double scale = (double)(1.0f / sqrtf((float)D));
     double *want = dalloc(nq), ds[64];
     for (int64_t b = 0; b < B; b++)
@@ -1450,7 +1467,7 @@ Test(backend_cpu, attention_backward_bf16_matches_its_roundings)
 #undef V_
 #undef DO_
         }
-    check_lowp(dqkv, want, nq, 2, 1e-4, "attention dqkv bf16");
+    check_lowp(a.dqkv, want, nq, 2, 1e-4, "attention dqkv bf16");
 }
 
 /* ---- losses ------------------------------------------------------------------------------------ */

@@ -67,6 +67,13 @@
 #define HOT_LOOP
 #endif
 
+/* Hand-written AVX-512 paths (max pooling, the gradient statistics) for GCC on x86-64, each taken only where
+ * __builtin_cpu_supports finds its instructions, each giving the portable loop's results bit for bit. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX512_INTRIN 1
+#endif
+
 static const float GELU_TANH_S = 0.7978845608028654f;  /* sqrt(2 / pi) */
 static const float GELU_TANH_C = 0.044715f;
 static const float INV_SQRT2 = 0.7071067811865476f;    /* 1 / sqrt(2) */
@@ -226,16 +233,27 @@ static int64_t div_up(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
-/* ---- dtype helpers --------------------------------------------------------------------------- */
+/* Independent chains side by side. A channel's or a row's statistics are double sums in order, one long
+ * dependent chain each, which alone would leave the adder waiting on its latency. FOR_CHAINS(n, len, l, q, body)
+ * runs body for l < n (n <= CHAINS chains: channels, rows) and q < len, each chain l taking its q in order: when
+ * n == CHAINS, the chains interleaved (q outer, the constant-count l inner, kept in registers), else one chain after
+ * another. Each chain's operations and their order are the same either way, so are its sums. */
+#define CHAINS 8
+#define FOR_CHAINS(n, len, l, q, ...)                                                                                 \
+    do {                                                                                                              \
+        if ((n) == CHAINS)                                                                                            \
+            for (int64_t q = 0; q < (len); q++)                                                                       \
+                for (int l = 0; l < CHAINS; l++) {                                                                    \
+                    __VA_ARGS__;                                                                                      \
+                }                                                                                                     \
+        else                                                                                                          \
+            for (int64_t l = 0; l < (n); l++)                                                                         \
+                for (int64_t q = 0; q < (len); q++) {                                                                 \
+                    __VA_ARGS__;                                                                                      \
+                }                                                                                                     \
+    } while (0)
 
-/* The fp32 value of bf16 bits h (exact: bf16 is fp32's upper half). */
-static inline float bf16_bits_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+/* ---- dtype helpers --------------------------------------------------------------------------- */
 
 static void *elem_ptr(const void *base, enum dtype dt, size_t i)
 {
@@ -1208,27 +1226,16 @@ static void conv_filter_image(const struct conv_job *j, int64_t i, const struct 
     conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, pointwise ? xi : b->tmp0, d.hw, beta, c, d.ckk);
     if (!sums)
         return;
-    /* each channel's plane summed in order, SUM_LANES channels at once (independent chains, the same sums;
-     * bf16 values widened exactly) */
-    enum { SUM_LANES = 8 };
-    for (int64_t co0 = 0; co0 < a->c_out; co0 += SUM_LANES) {
-        const int64_t lanes = a->c_out - co0 < SUM_LANES ? a->c_out - co0 : SUM_LANES;
-        double s[SUM_LANES] = { 0.0 };
-        if (lanes == SUM_LANES && j->dt == DT_BF16) {
+    /* each channel's plane summed in order, CHAINS channels side by side (bf16 values widened exactly) */
+    for (int64_t co0 = 0; co0 < a->c_out; co0 += CHAINS) {
+        const int64_t lanes = a->c_out - co0 < CHAINS ? a->c_out - co0 : CHAINS;
+        double s[CHAINS] = { 0.0 };
+        if (j->dt == DT_BF16) {
             const uint16_t *p = (const uint16_t *)dyi + co0 * d.hw;
-            for (int64_t q = 0; q < d.hw; q++)
-                for (int l = 0; l < SUM_LANES; l++)
-                    s[l] += bf16_bits_f32(p[l * d.hw + q]);
-        } else if (lanes == SUM_LANES) {
-            const float *p = (const float *)dyi + co0 * d.hw;
-            for (int64_t q = 0; q < d.hw; q++)
-                for (int l = 0; l < SUM_LANES; l++)
-                    s[l] += p[l * d.hw + q];
+            FOR_CHAINS(lanes, d.hw, l, q, s[l] += bf16_to_fp32(p[l * d.hw + q]));
         } else {
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t q = 0; q < d.hw; q++)
-                    s[l] += j->dt == DT_BF16 ? bf16_bits_f32(((const uint16_t *)dyi)[(co0 + l) * d.hw + q])
-                                             : ((const float *)dyi)[(co0 + l) * d.hw + q];
+            const float *p = (const float *)dyi + co0 * d.hw;
+            FOR_CHAINS(lanes, d.hw, l, q, s[l] += p[l * d.hw + q]);
         }
         for (int64_t l = 0; l < lanes; l++)
             sums[co0 + l] = s[l];
@@ -1473,9 +1480,7 @@ static inline int32_t window_argmax(const float *plane, int64_t w_in, int64_t h0
     return best_i;
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#include <immintrin.h>
-#define HAVE_MAXPOOL_AVX512 1
+#ifdef HAVE_AVX512_INTRIN
 /* window_argmax of the windows 2x2 / stride 2 of one row, 16 at a time (the last group masked): the four
  * candidates of each window (row-major order) deinterleaved from two 32-float loads per row, then taken in
  * window_argmax's order with its rule (larger, or NaN), so the same index. */
@@ -1515,7 +1520,7 @@ static void maxpool_row_inside(const float *plane, int64_t w_in, int64_t h0, int
                                int64_t count, int32_t *arg)
 {
     if (stride == 2 && k == 2) {
-#ifdef HAVE_MAXPOOL_AVX512
+#ifdef HAVE_AVX512_INTRIN
         if (__builtin_cpu_supports("avx512f")) {
             maxpool_row_2x2_avx512(plane, w_in, h0, w0, count, arg);
             return;
@@ -1720,9 +1725,7 @@ struct ln_job {
 };
 
 /* A row's mean and variance (forward) and its two gradient sums (backward) are double sums over its columns in
- * order, one dependent chain each: LN_LANES rows' chains run side by side (each in its own order, so the same
- * sums; a 16-bit row is staged in its own slice of the scratch). */
-#define LN_LANES 8
+ * order: CHAINS rows side by side (FOR_CHAINS; a 16-bit row is staged in its own slice of the scratch). */
 
 static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
 {
@@ -1733,34 +1736,16 @@ static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
     int64_t r1 = r0 + j->rows_per < j->a->rows ? r0 + j->rows_per : j->a->rows;
     const float *g = j->g, *bt = j->bt;
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *yb = wscratch(j->cb, worker, WSCR_TMP1);
-    for (int64_t rg = r0; rg < r1; rg += LN_LANES) {
-        const int64_t lanes = r1 - rg < LN_LANES ? r1 - rg : LN_LANES;
-        const float *xr[LN_LANES];
-        double s[LN_LANES] = { 0.0 }, ss[LN_LANES] = { 0.0 }, mu[LN_LANES];
+    for (int64_t rg = r0; rg < r1; rg += CHAINS) {
+        const int64_t lanes = r1 - rg < CHAINS ? r1 - rg : CHAINS;
+        const float *xr[CHAINS];
+        double s[CHAINS] = { 0.0 }, ss[CHAINS] = { 0.0 }, mu[CHAINS];
         for (int64_t l = 0; l < lanes; l++)
             xr[l] = load_f32(x->data, x->dtype, (size_t)((rg + l) * cols), (size_t)cols, xb + l * cols);
-        if (lanes == LN_LANES)
-            for (int64_t k = 0; k < cols; k++)
-                for (int l = 0; l < LN_LANES; l++)
-                    s[l] += xr[l][k];
-        else
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t k = 0; k < cols; k++)
-                    s[l] += xr[l][k];
+        FOR_CHAINS(lanes, cols, l, k, s[l] += xr[l][k]);
         for (int64_t l = 0; l < lanes; l++)
             mu[l] = s[l] / (double)cols;
-        if (lanes == LN_LANES)
-            for (int64_t k = 0; k < cols; k++)
-                for (int l = 0; l < LN_LANES; l++) {
-                    double d = xr[l][k] - mu[l];
-                    ss[l] += d * d;
-                }
-        else
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t k = 0; k < cols; k++) {
-                    double d = xr[l][k] - mu[l];
-                    ss[l] += d * d;
-                }
+        FOR_CHAINS(lanes, cols, l, k, double d = xr[l][k] - mu[l]; ss[l] += d * d);
         for (int64_t l = 0; l < lanes; l++) {
             const int64_t r = rg + l;
             float mu_f = (float)mu[l];
@@ -1785,7 +1770,7 @@ static void cpu_layernorm_forward(struct backend *be, const struct norm_args *a,
     int64_t rows = a->rows, cols = a->cols;
     assert((int64_t)x->numel == rows * cols && (int64_t)y->numel == rows * cols);
     assert(mean->dtype == DT_FP32 && rstd->dtype == DT_FP32 && (int64_t)mean->numel == rows);
-    if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)(LN_LANES * cols) * sizeof(float)) ||
+    if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)(CHAINS * cols) * sizeof(float)) ||
         !wscratch_reserve(cb, WSCR_TMP1, (size_t)cols * sizeof(float)))
         return;
     struct ln_job j = { .cb = cb, .a = a, .y = y, .mean_out = mean->data, .rstd_out = rstd->data, .x = x,
@@ -1803,11 +1788,11 @@ static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
     const float *g = j->g;
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *dyb = wscratch(j->cb, worker, WSCR_TMP1);
     float *dxb = wscratch(j->cb, worker, WSCR_TMP2);
-    for (int64_t rg = r0; rg < r1; rg += LN_LANES) {
-        const int64_t lanes = r1 - rg < LN_LANES ? r1 - rg : LN_LANES;
-        const float *xr[LN_LANES], *dyr[LN_LANES];
-        float mu[LN_LANES], rs[LN_LANES];
-        double s1[LN_LANES] = { 0.0 }, s2[LN_LANES] = { 0.0 }; /* sum dxhat, sum dxhat * xhat */
+    for (int64_t rg = r0; rg < r1; rg += CHAINS) {
+        const int64_t lanes = r1 - rg < CHAINS ? r1 - rg : CHAINS;
+        const float *xr[CHAINS], *dyr[CHAINS];
+        float mu[CHAINS], rs[CHAINS];
+        double s1[CHAINS] = { 0.0 }, s2[CHAINS] = { 0.0 }; /* sum dxhat, sum dxhat * xhat */
         for (int64_t l = 0; l < lanes; l++) {
             const size_t off = (size_t)((rg + l) * cols);
             xr[l] = load_f32(j->x->data, j->x->dtype, off, (size_t)cols, xb + l * cols);
@@ -1815,22 +1800,8 @@ static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
             mu[l] = j->mean[rg + l];
             rs[l] = j->rstd[rg + l];
         }
-        if (lanes == LN_LANES)
-            for (int64_t k = 0; k < cols; k++)
-                for (int l = 0; l < LN_LANES; l++) {
-                    float xhat = (xr[l][k] - mu[l]) * rs[l];
-                    float dxhat = dyr[l][k] * (g ? g[k] : 1.0f);
-                    s1[l] += dxhat;
-                    s2[l] += (double)dxhat * xhat;
-                }
-        else
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t k = 0; k < cols; k++) {
-                    float xhat = (xr[l][k] - mu[l]) * rs[l];
-                    float dxhat = dyr[l][k] * (g ? g[k] : 1.0f);
-                    s1[l] += dxhat;
-                    s2[l] += (double)dxhat * xhat;
-                }
+        FOR_CHAINS(lanes, cols, l, k, float xhat = (xr[l][k] - mu[l]) * rs[l];
+                   float dxhat = dyr[l][k] * (g ? g[k] : 1.0f); s1[l] += dxhat; s2[l] += (double)dxhat * xhat);
         for (int64_t l = 0; l < lanes; l++) {
             const int64_t r = rg + l;
             float m1 = (float)(s1[l] / (double)cols), m2 = (float)(s2[l] / (double)cols);
@@ -1881,8 +1852,8 @@ static void cpu_layernorm_backward(struct backend *be, const struct norm_args *a
     size_t row_bytes = (size_t)cols * sizeof(float);
     double *acc_g = scratch_get(cb, SCR_ACC0, (size_t)cols * sizeof(double));
     double *acc_b = scratch_get(cb, SCR_ACC1, (size_t)cols * sizeof(double));
-    if (!acc_g || !acc_b || !wscratch_reserve(cb, WSCR_TMP0, LN_LANES * row_bytes) ||
-        !wscratch_reserve(cb, WSCR_TMP1, LN_LANES * row_bytes) || !wscratch_reserve(cb, WSCR_TMP2, row_bytes))
+    if (!acc_g || !acc_b || !wscratch_reserve(cb, WSCR_TMP0, CHAINS * row_bytes) ||
+        !wscratch_reserve(cb, WSCR_TMP1, CHAINS * row_bytes) || !wscratch_reserve(cb, WSCR_TMP2, row_bytes))
         return;
     struct ln_job j = { .cb = cb, .a = a, .dx = dx, .dgamma = dgamma, .dbeta = dbeta, .mean = mean->data,
                         .rstd = rstd->data, .x = x, .dy = dy,
@@ -1912,10 +1883,8 @@ struct bn_job {
     int64_t channels;                             /* channels a chunk */
 };
 
-/* A channel's statistics and gradient sums are double sums in order, one long dependent chain each: BN_LANES
- * channels' chains run side by side (each in its own order, so the same sums), and a chunk holds at least
- * that many channels where the layer has them. */
-#define BN_LANES 8
+/* A channel's statistics and gradient sums are double sums in order: CHAINS channels side by side (FOR_CHAINS),
+ * and a chunk holds at least that many channels where the layer has them. */
 
 static int64_t bn_chunk_channels(const struct norm_args *a)
 {
@@ -1923,10 +1892,10 @@ static int64_t bn_chunk_channels(const struct norm_args *a)
     if (per <= 0 || a->c * per < (int64_t)EW_CHUNK)
         return a->c > 0 ? a->c : 1;
     const int64_t by_size = ((int64_t)EW_CHUNK + per - 1) / per;
-    return by_size > BN_LANES ? by_size : BN_LANES;
+    return by_size > CHAINS ? by_size : CHAINS;
 }
 
-/* Training statistics of channels ch0 .. ch0 + lanes - 1 (lanes <= BN_LANES): each channel's double sum of
+/* Training statistics of channels ch0 .. ch0 + lanes - 1 (lanes <= CHAINS): each channel's double sum of
  * its values over the images in order, then of its squared deviations from its mean (xbuf: lanes planes,
  * where x is 16-bit). */
 static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, double *s, double *ss)
@@ -1934,39 +1903,21 @@ static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes, float *
     const struct tensor *x = j->x;
     const int64_t n = j->a->n, c = j->a->c, hw = j->a->hw;
     const double count = (double)(n * hw);
-    const float *p[BN_LANES];
-    double mu[BN_LANES];
+    const float *p[CHAINS];
+    double mu[CHAINS];
     for (int64_t l = 0; l < lanes; l++)
         s[l] = ss[l] = 0.0;
     for (int64_t i = 0; i < n; i++) {
         for (int64_t l = 0; l < lanes; l++)
             p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
-        if (lanes == BN_LANES)
-            for (int64_t q = 0; q < hw; q++)
-                for (int l = 0; l < BN_LANES; l++)
-                    s[l] += p[l][q];
-        else
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t q = 0; q < hw; q++)
-                    s[l] += p[l][q];
+        FOR_CHAINS(lanes, hw, l, q, s[l] += p[l][q]);
     }
     for (int64_t l = 0; l < lanes; l++)
         mu[l] = s[l] / count;
     for (int64_t i = 0; i < n; i++) {
         for (int64_t l = 0; l < lanes; l++)
             p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
-        if (lanes == BN_LANES)
-            for (int64_t q = 0; q < hw; q++)
-                for (int l = 0; l < BN_LANES; l++) {
-                    double d = p[l][q] - mu[l];
-                    ss[l] += d * d;
-                }
-        else
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t q = 0; q < hw; q++) {
-                    double d = p[l][q] - mu[l];
-                    ss[l] += d * d;
-                }
+        FOR_CHAINS(lanes, hw, l, q, double d = p[l][q] - mu[l]; ss[l] += d * d);
     }
 }
 
@@ -2023,9 +1974,9 @@ static void bn_forward_chunk(void *arg, int64_t chunk, int worker)
     const struct bn_job *j = arg;
     float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *ybuf = wscratch(j->cb, worker, WSCR_TMP0);
     const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
-    for (int64_t ch0 = c0; ch0 < c1; ch0 += BN_LANES) {
-        const int64_t lanes = c1 - ch0 < BN_LANES ? c1 - ch0 : BN_LANES;
-        double s[BN_LANES] = { 0.0 }, ss[BN_LANES] = { 0.0 };
+    for (int64_t ch0 = c0; ch0 < c1; ch0 += CHAINS) {
+        const int64_t lanes = c1 - ch0 < CHAINS ? c1 - ch0 : CHAINS;
+        double s[CHAINS] = { 0.0 }, ss[CHAINS] = { 0.0 };
         if (j->a->training)
             bn_stats(j, ch0, lanes, xbuf, s, ss);
         for (int64_t l = 0; l < lanes; l++)
@@ -2042,7 +1993,7 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
     const int64_t hw = a->hw;
     assert((int64_t)x->numel == a->n * a->c * hw && (int64_t)y->numel == a->n * a->c * hw);
     assert(!a->training || (mean && rstd));
-    if (!wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)(BN_LANES * hw)) ||
+    if (!wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)(CHAINS * hw)) ||
         !wstage_reserve(cb, WSCR_TMP0, y, (size_t)hw))
         return;
     struct bn_job j = { .cb = cb, .a = a, .out = y, .x = x, .mean = mean, .rstd = rstd,
@@ -2052,16 +2003,16 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
     parallel_for(cb->pool, bn_chunks(a, j.channels), bn_forward_chunk, &j);
 }
 
-/* The gradient sums of channels ch0 .. ch0 + lanes - 1 (lanes <= BN_LANES) into acc_b and acc_g: each
+/* The gradient sums of channels ch0 .. ch0 + lanes - 1 (lanes <= CHAINS) into acc_b and acc_g: each
  * channel's sum of dy and of dy * xhat over the images in order (xbuf, dybuf: lanes planes each, where
  * 16-bit). */
 static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, float *dybuf)
 {
     const struct tensor *x = j->x, *dy = j->dy;
     const int64_t n = j->a->n, c = j->a->c, hw = j->a->hw;
-    const float *xp[BN_LANES], *dp[BN_LANES];
-    float mu[BN_LANES], rs[BN_LANES];
-    double sdy[BN_LANES], sdyx[BN_LANES];
+    const float *xp[CHAINS], *dp[CHAINS];
+    float mu[CHAINS], rs[CHAINS];
+    double sdy[CHAINS], sdyx[CHAINS];
     for (int64_t l = 0; l < lanes; l++) {
         mu[l] = ((const float *)j->smean->data)[ch0 + l];
         rs[l] = ((const float *)j->srstd->data)[ch0 + l];
@@ -2073,18 +2024,7 @@ static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, flo
             xp[l] = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf ? xbuf + l * hw : NULL);
             dp[l] = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf ? dybuf + l * hw : NULL);
         }
-        if (lanes == BN_LANES)
-            for (int64_t e = 0; e < hw; e++)
-                for (int l = 0; l < BN_LANES; l++) {
-                    sdy[l] += dp[l][e];
-                    sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]);
-                }
-        else
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t e = 0; e < hw; e++) {
-                    sdy[l] += dp[l][e];
-                    sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]);
-                }
+        FOR_CHAINS(lanes, hw, l, e, sdy[l] += dp[l][e]; sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]));
     }
     for (int64_t l = 0; l < lanes; l++) {
         j->acc_g[ch0 + l] = sdyx[l];
@@ -2129,8 +2069,8 @@ static void bn_backward_chunk(void *arg, int64_t chunk, int worker)
     float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *dybuf = wscratch(j->cb, worker, WSCR_IN1);
     float *dxbuf = wscratch(j->cb, worker, WSCR_TMP0);
     const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
-    for (int64_t ch0 = c0; ch0 < c1; ch0 += BN_LANES) {
-        const int64_t lanes = c1 - ch0 < BN_LANES ? c1 - ch0 : BN_LANES;
+    for (int64_t ch0 = c0; ch0 < c1; ch0 += CHAINS) {
+        const int64_t lanes = c1 - ch0 < CHAINS ? c1 - ch0 : CHAINS;
         bn_grad_sums(j, ch0, lanes, xbuf, dybuf);
         for (int64_t l = 0; l < lanes; l++)
             bn_backward_channel(j, ch0 + l, xbuf, dybuf, dxbuf);
@@ -2149,8 +2089,8 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
     const int64_t c = a->c, hw = a->hw;
     assert((int64_t)x->numel == a->n * c * hw && (int64_t)dy->numel == a->n * c * hw);
     double *acc = scratch_get(cb, SCR_ACC0, 2 * (size_t)c * sizeof(double));
-    if (!acc || !wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)(BN_LANES * hw)) ||
-        !wstage_reserve(cb, WSCR_IN1, dy, (size_t)(BN_LANES * hw)) || !wstage_reserve(cb, WSCR_TMP0, dx, (size_t)hw))
+    if (!acc || !wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)(CHAINS * hw)) ||
+        !wstage_reserve(cb, WSCR_IN1, dy, (size_t)(CHAINS * hw)) || !wstage_reserve(cb, WSCR_TMP0, dx, (size_t)hw))
         return;
     struct bn_job j = { .cb = cb, .a = a, .out = dx, .x = x, .dy = dy, .smean = mean, .srstd = rstd,
                         .gamma = gamma ? (const float *)gamma->data : NULL, .acc_g = acc, .acc_b = acc + c,
@@ -2718,9 +2658,7 @@ static bool bits_nonfinite(uint32_t u)
 
 /* One tensor: sumsq and absmax over finite elements into 8 fixed lanes (so the compiler may vectorise
  * and the order never changes); non-finite elements counted, then told apart only when present. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#include <immintrin.h>
-#define HAVE_GRAD_STATS_AVX512 1
+#ifdef HAVE_AVX512_INTRIN
 /* The main loop of grad_stats_one with AVX-512: lane l of `sq` gets the same double products added in
  * the same order as the portable loop (element i goes to lane i % 8; multiply, then add: no FMA), and
  * max does not depend on order, so the results are bit-identical. Returns elements consumed. */
@@ -2752,7 +2690,7 @@ HOT_LOOP static void grad_stats_one(const float *g, size_t n, double lanes[8], d
     int64_t bad = 0;
     double mx = *absmax;
     size_t i = 0;
-#ifdef HAVE_GRAD_STATS_AVX512
+#ifdef HAVE_AVX512_INTRIN
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
         i = grad_stats_avx512(g, n, lanes, &mx, &bad);
 #endif
