@@ -398,6 +398,71 @@ Test(gemm_avx512, fashion_mlp_shapes)
     }
 }
 
+/* Whether the upper halves of ymm0-15 / zmm0-15 are in use (XINUSE, xgetbv with ecx 1: bits 2 and 6); -1 where
+ * the CPU cannot say. With them in use, every legacy-SSE instruction the baseline-compiled engine runs afterwards
+ * waits on a merge with them (glibc's exp took 6x longer in the loss after an AMX product left them so). */
+static int upper_halves_in_use(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(0xD), "c"(1));
+    if (!(eax & (1u << 2))) /* XGETBV with ecx 1 */
+        return -1;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+    (void)hi;
+    return (lo & ((1u << 2) | (1u << 6))) != 0;
+#else
+    return -1;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx"))) static void clear_upper_halves(void)
+{
+    __builtin_ia32_vzeroupper();
+}
+#else
+static void clear_upper_halves(void) {}
+#endif
+
+/* Every fast path returns with the vector registers' upper halves clean (vzeroupper), on one thread and on the
+ * pool: fp32, fp16, bf16 on AMX (the default where the CPU has it) and on vdpbf16ps, C fp32 and 16-bit, with a
+ * bias, several k blocks. */
+Test(gemm_avx512, products_return_with_the_vector_upper_halves_clean)
+{
+    if (upper_halves_in_use() < 0)
+        cr_skip_test("this CPU does not report XINUSE (xgetbv 1)");
+    const struct gshape shapes[] = {
+        { 0, 1, 37, 45, 300, 1, 0, 1.0f, 0.0f, true, true },
+        { 1, 0, 256, 300, 700, 1, 0, 1.0f, 1.0f, false, false },
+    };
+    const enum dtype ins[] = { DT_FP32, DT_FP16, DT_BF16 };
+    struct backend *const bes[] = { fast, dp };
+    int tried = 0;
+    for (int d = 0; d < 3; d++) {
+        if (!gemm_avx512_supported(ins[d]))
+            continue;
+        for (int b = 0; b < 2; b++)
+            for (int threads = 1; threads <= 2; threads++) {
+                struct amp_error err;
+                cr_assert_eq(backend_set_threads(bes[b], threads, &err), AMP_OK);
+                for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+                    struct gcase c = gcase_of(shapes[i], ins[d]);
+                    struct prepared p = prepare(&c);
+                    clear_upper_halves();
+                    bes[b]->gemm(bes[b], &p.g);
+                    int dirty = upper_halves_in_use();
+                    cr_assert_eq(dirty, 0, "%s product (%s, %d thread(s), shape %zu) returned with upper halves in use",
+                                 dtype_name(ins[d]), bes[b] == fast ? "default path" : "AMP_GEMM_AMX=0", threads, i);
+                    tried++;
+                }
+            }
+    }
+    if (!tried)
+        cr_skip_test("no AVX-512 product on this CPU");
+}
+
 /* A 2 x 2 product of the raw bit patterns a[0..1], b[0..1] (k 1, dtype dt) on `be`: out[0] is
  * a[0] * b[0], out[1] is a[1] * b[1]. This also shows which path each backend takes. */
 static void raw_products(struct backend *be, enum dtype dt, const void *ha, const void *hb, float out[2])

@@ -172,26 +172,32 @@ struct gemm_case {
     bool ta, tb, bias;
     float beta;
     int64_t m, n, k;
+    bool gelu; /* the GELU epilogue (C and aux of dtype `out`; beta 0, ta false) */
 };
 
 static void check_gemm(struct gemm_case c)
 {
     struct tensor *a = trand(c.in, (size_t)(c.m * c.k), -1, 1), *b = trand(c.in, (size_t)(c.k * c.n), -1, 1);
     struct tensor *bias = c.bias ? trand(DT_FP32, (size_t)c.n, -1, 1) : NULL;
-    struct tensor *c0 = trand(c.out, (size_t)(c.m * c.n), -1, 1), *outs[NBE];
+    struct tensor *c0 = trand(c.out, (size_t)(c.m * c.n), -1, 1), *outs[NBE], *aux[NBE] = { NULL };
     for (int i = 0; i < NBE; i++) {
         outs[i] = tcopy(c0); /* beta 1 reads it */
+        if (c.gelu)
+            aux[i] = tcopy(c0);
         struct gemm_args g = { .a = a, .b = b, .c = outs[i], .bias = bias, .trans_a = c.ta, .trans_b = c.tb,
-                               .m = c.m, .n = c.n, .k = c.k, .alpha = 0.75f, .beta = c.beta, .batch = 1 };
+                               .m = c.m, .n = c.n, .k = c.k, .alpha = 0.75f, .beta = c.beta, .batch = 1,
+                               .epilogue = c.gelu ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE, .aux = aux[i] };
         bes[i]->gemm(bes[i], &g);
         cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
     }
     char what[128];
-    snprintf(what, sizeof what, "gemm %s->%s %c%c m %lld n %lld k %lld beta %g%s", dtype_name(c.in),
+    snprintf(what, sizeof what, "gemm %s->%s %c%c m %lld n %lld k %lld beta %g%s%s", dtype_name(c.in),
              dtype_name(c.out), c.ta ? 'T' : 'N', c.tb ? 'T' : 'N', (long long)c.m, (long long)c.n, (long long)c.k,
-             (double)c.beta, c.bias ? " bias" : "");
+             (double)c.beta, c.bias ? " bias" : "", c.gelu ? " GELU epilogue (C)" : "");
     for (int i = 1; i < NBE; i++)
         assert_same_bytes(outs[0], outs[i], what, thread_counts[i]);
+    for (int i = 1; c.gelu && i < NBE; i++)
+        assert_same_bytes(aux[0], aux[i], "the GELU epilogue's aux", thread_counts[i]);
     free_all();
 }
 
@@ -202,12 +208,14 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
     for (int d = 0; d < 3; d++) {
         enum dtype in = ins[d];
         /* rows not a multiple of 12, k over several k blocks (partial sums), both transposes */
-        check_gemm((struct gemm_case){ in, DT_FP32, false, false, false, 0.0f, 131, 200, 700 });
-        check_gemm((struct gemm_case){ in, DT_FP32, true, true, false, 1.0f, 250, 70, 530 });
-        check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 97, 130, 300 });
-        check_gemm((struct gemm_case){ in, in, true, false, false, 1.0f, 400, 33, 200 });
+        check_gemm((struct gemm_case){ in, DT_FP32, false, false, false, 0.0f, 131, 200, 700, false });
+        check_gemm((struct gemm_case){ in, DT_FP32, true, true, false, 1.0f, 250, 70, 530, false });
+        check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 97, 130, 300, false });
+        check_gemm((struct gemm_case){ in, in, true, false, false, 1.0f, 400, 33, 200, false });
         /* more columns than one n block (2048) */
-        check_gemm((struct gemm_case){ in, DT_FP32, false, false, true, 0.0f, 40, 2100, 64 });
+        check_gemm((struct gemm_case){ in, DT_FP32, false, false, true, 0.0f, 40, 2100, 64, false });
+        /* the GELU epilogue: several 64K-element row blocks of several elementwise chunks, a ragged last one */
+        check_gemm((struct gemm_case){ in, in, false, false, true, 0.0f, 300, 700, 64, true });
     }
 }
 
@@ -222,9 +230,9 @@ Test(ops, gemm_bf16_without_amx_bit_identical_for_any_thread_count)
     setup();
     unsetenv("AMP_GEMM_AMX");
     seed(1602);
-    check_gemm((struct gemm_case){ DT_BF16, DT_FP32, false, false, false, 0.0f, 131, 200, 700 });
-    check_gemm((struct gemm_case){ DT_BF16, DT_FP32, true, true, false, 1.0f, 250, 70, 530 });
-    check_gemm((struct gemm_case){ DT_BF16, DT_BF16, true, false, false, 1.0f, 400, 33, 200 });
+    check_gemm((struct gemm_case){ DT_BF16, DT_FP32, false, false, false, 0.0f, 131, 200, 700, false });
+    check_gemm((struct gemm_case){ DT_BF16, DT_FP32, true, true, false, 1.0f, 250, 70, 530, false });
+    check_gemm((struct gemm_case){ DT_BF16, DT_BF16, true, false, false, 1.0f, 400, 33, 200, false });
 }
 
 /* Elementwise ops on a tensor of several chunks (and a ragged last one). */

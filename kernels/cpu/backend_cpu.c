@@ -749,10 +749,38 @@ HOT_LOOP static void act_apply(enum act_kind kind, float *y, const float *x, siz
     }
 }
 
+/* The GELU epilogue's elementwise part over pre[0, n) (fp32, the product with its bias): aux = round(pre) and
+ * C = round(gelu_tanh(pre)) from `off` on, or (fp32 C) C = gelu_tanh(pre) where pre is aux itself. Each element
+ * depends on its own alone, so EW_CHUNK ranges run on any thread. */
+struct gelu_epi_job {
+    const float *pre;
+    const struct tensor *aux, *c;
+    size_t off, n;
+};
+
+static void gelu_epi_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct gelu_epi_job *j = arg;
+    const enum dtype dt = j->c->dtype;
+    const size_t lo = (size_t)chunk * EW_CHUNK, hi = j->n - lo < EW_CHUNK ? j->n : lo + EW_CHUNK;
+    float yb[BLOCK];
+    for (size_t i = lo; i < hi; i += BLOCK) {
+        const size_t cnt = hi - i < BLOCK ? hi - i : BLOCK, at = j->off + i;
+        if (dt == DT_FP32) {
+            act_apply(ACT_GELU_TANH, (float *)j->c->data + at, j->pre + i, cnt);
+            continue;
+        }
+        dtype_convert(elem_ptr(j->aux->data, dt, at), dt, j->pre + i, DT_FP32, cnt);
+        act_apply(ACT_GELU_TANH, yb, j->pre + i, cnt);
+        dtype_convert(elem_ptr(j->c->data, dt, at), dt, yb, DT_FP32, cnt);
+    }
+}
+
 /* The GELU epilogue (backend.h GEMM_EPI_GELU_TANH), a block of rows at a time so the fp32 scratch stays
- * small: the product with the bias into fp32 (gemm_core, as for any product), then per row aux =
+ * small: the product with the bias into fp32 (gemm_core, as for any product), then per element aux =
  * round(pre) and C = round(gelu_tanh(pre)), GELU computed on the unrounded fp32 value, as a GEMM
- * epilogue on a GPU computes it. */
+ * epilogue on a GPU computes it (gelu_epi_chunk, over the pool). */
 static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
 {
     assert(g->batch == 1 && g->beta == 0.0f && !g->trans_a && g->aux);
@@ -767,7 +795,8 @@ static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
     if (g->c->dtype == DT_FP32) { /* aux holds the fp32 product itself: no scratch, no copies */
         struct mat_in a = { g->a->data, g->a->dtype, k };
         gemm_core(cb, false, g->trans_b, m, n, k, alpha, a, b, 0.0f, out_mat_f32(g->aux->data, n), bias);
-        act_apply(ACT_GELU_TANH, g->c->data, g->aux->data, (size_t)(m * n));
+        struct gelu_epi_job j = { .pre = g->aux->data, .aux = g->aux, .c = g->c, .off = 0, .n = (size_t)(m * n) };
+        parallel_for(cb->pool, ew_chunks(j.n), gelu_epi_chunk, &j);
         return;
     }
     int64_t rows = (int64_t)1 << 16; /* elements a block: 256 KiB of fp32, to stay in cache for the GELU pass */
@@ -780,10 +809,8 @@ static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
         int64_t rb = m - r0 < rows ? m - r0 : rows;
         struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(r0 * k)), g->a->dtype, k };
         gemm_core(cb, false, g->trans_b, rb, n, k, alpha, a, b, 0.0f, out_mat_f32(pre, n), bias);
-        size_t off = (size_t)(r0 * n), cnt = (size_t)(rb * n);
-        dtype_convert(elem_ptr(g->aux->data, g->aux->dtype, off), g->aux->dtype, pre, DT_FP32, cnt);
-        act_apply(ACT_GELU_TANH, pre, pre, cnt);
-        dtype_convert(elem_ptr(g->c->data, g->c->dtype, off), g->c->dtype, pre, DT_FP32, cnt);
+        struct gelu_epi_job j = { .pre = pre, .aux = g->aux, .c = g->c, .off = (size_t)(r0 * n), .n = (size_t)(rb * n) };
+        parallel_for(cb->pool, ew_chunks(j.n), gelu_epi_chunk, &j);
     }
 }
 
