@@ -408,6 +408,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
             .key = {.seed = cfg->run.seed, .counter = global_micro},
             .grad_seed = &t->dev_state->seed,
             .accumulate = micro > 0,
+            .loss_in_backward = true, /* model_backward follows below */
             .fp8 = m->has_fp8 ? (micro == 0 && t->fp8_counts ? &fp8_first : &fp8) : NULL,
             /* sampled on the step's last micro-batch: with several ranks, the last rank's (trainer_flush
              * gives its counts to every rank) */

@@ -92,6 +92,8 @@ struct step_ctx {
     const float *grad_seed; /* d(loss)/d(loss) = scale / accum_steps: one fp32 in backend memory (the step
                            * rule writes it there, lib/step_rule.h); NULL when not training */
     bool accumulate;      /* weight gradients: add to (true) or overwrite (false, first micro-batch) */
+    bool loss_in_backward; /* model_backward follows this model_forward: the loss layer computes the losses there,
+                            * with its gradient, in one op, and its forward does nothing (the trainer's steps) */
     const struct fp8_pass *fp8; /* precision.mode fp8: the scales and where this pass records amaxes; else NULL */
     struct grad_zeros *zeros; /* non-NULL: backward adds the zeros of every activation gradient computed in
                                * fp16/bf16 (model_backward: each layer's dx; composite layers: their inner ones) */

@@ -11,10 +11,12 @@
  * hands the layer as its private pointer.
  *
  * Forward computes the losses only (no dlogits), so evaluation does no gradient work. Backward calls
- * the same fused backend op again, now with dlogits = dx: it recomputes the softmax (cheap next to
- * the GEMMs), rewrites the same losses and correct marks, and writes
+ * the same fused backend op, now with dlogits = dx: it writes the same losses and correct marks (the
+ * same op on the same logits) and
  * dx = d(sum of row losses / rows) * grad_seed = (softmax - onehot) * grad_seed / rows
- * in the dtype of the logits, as autograd's backward of the fp32 cast gives it.
+ * in the dtype of the logits, as autograd's backward of the fp32 cast gives it. Where the trainer says
+ * backward follows (ctx->loss_in_backward), forward leaves the losses to backward: the softmax runs once
+ * a step instead of twice (its exps were a fifth of text_gpt's CPU step).
  */
 #include <stdlib.h>
 
@@ -36,6 +38,8 @@ static struct tensor loss_rows_view(const struct layer *l, const struct loss_lay
 static void loss_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
                          const struct batch *b)
 {
+    if (ctx->loss_in_backward)
+        return;
     struct loss_layer *p = l->priv;
     int64_t rows = x->shape[0] * p->rows_per_sample;
     l->y = loss_rows_view(l, p, x->shape[0]);

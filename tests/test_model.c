@@ -860,6 +860,66 @@ Test(passes, gpt_gradients_through_the_whole_model)
     model_gradients(SMALL_GPT, 7, token_spec(5, 11), 3);
 }
 
+/* The loss layer's per-row losses (host copy) and their count. */
+static float *losses_host(struct built *b, const struct batch *batch, int64_t *rows)
+{
+    *rows = model_loss_rows(&b->m, batch->n);
+    float *l = malloc((size_t)*rows * sizeof *l);
+    struct tensor y = tensor_reshape(&b->m.layers[b->m.nlayers - 1].y, 1, rows);
+    tensor_to_host_f32(&y, l);
+    return l;
+}
+
+/* The trainer's passes (ctx.loss_in_backward): forward leaves the losses alone and backward writes those of a
+ * plain forward, bit for bit, with the same gradients. */
+static void loss_in_backward_case(const struct layer_config *layers, int n, struct data_spec spec, enum dtype lowp)
+{
+    struct autocast_policy pol = policy(lowp);
+    struct built b;
+    build_ok(&b, layers, n, spec, &pol, 3);
+    struct test_batch tb;
+    batch_fill(&tb, b.be, &spec, 3, 29);
+    struct step_ctx ctx = train_ctx(&b, false);
+    model_forward(&b.m, &ctx, &tb.b);
+    int64_t rows;
+    float *want = losses_host(&b, &tb.b, &rows);
+    model_backward(&b.m, &ctx, &tb.b);
+    float **g = grads_host(&b.m);
+
+    float *nan = malloc((size_t)rows * sizeof *nan);
+    for (int64_t i = 0; i < rows; i++)
+        nan[i] = NAN;
+    struct tensor y = tensor_reshape(&b.m.layers[b.m.nlayers - 1].y, 1, &rows);
+    tensor_from_host_f32(&y, nan);
+    ctx.loss_in_backward = true;
+    model_forward(&b.m, &ctx, &tb.b);
+    float *mid = losses_host(&b, &tb.b, &rows);
+    cr_assert(isnan(mid[0]) && isnan(mid[rows - 1]), "forward wrote the losses although backward follows");
+    model_backward(&b.m, &ctx, &tb.b);
+    float *got = losses_host(&b, &tb.b, &rows);
+    cr_assert_eq(memcmp(got, want, (size_t)rows * sizeof *got), 0, "%s: backward's losses are not forward's",
+                 dtype_name(lowp));
+    float **g2 = grads_host(&b.m);
+    for (int i = 0; i < b.m.nparams; i++)
+        cr_assert_eq(memcmp(g[i], g2[i], b.m.params[i]->grad.numel * sizeof(float)), 0, "%s: %s's gradient moved",
+                     dtype_name(lowp), b.m.params[i]->name);
+    grads_free(&b.m, g);
+    grads_free(&b.m, g2);
+    free(want);
+    free(mid);
+    free(got);
+    free(nan);
+    batch_free(&tb);
+    built_free(&b);
+}
+
+Test(passes, loss_in_backward_gives_the_losses_and_gradients_of_forward_then_backward)
+{
+    loss_in_backward_case(CNN, 11, CNN_SPEC, DT_FP32);
+    loss_in_backward_case(CNN, 11, CNN_SPEC, DT_BF16);
+    loss_in_backward_case(SMALL_GPT, 7, token_spec(5, 11), DT_FP16);
+}
+
 static void accumulation_doubles(const struct layer_config *layers, int n, struct data_spec spec, enum dtype lowp)
 {
     struct autocast_policy pol = policy(lowp);
