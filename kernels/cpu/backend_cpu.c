@@ -57,10 +57,11 @@
 
 #define BLOCK 1024 /* elements per block in elementwise loops: a few fp32 blocks stay in L1 */
 
-/* Elementwise hot loops are compiled for AVX-512, AVX2 and the baseline, picked at load time (GCC's
- * target_clones). The same operations run in the same order in every clone (ISO C mode: no FMA
- * contraction, no re-association), so results are bit-identical whichever the CPU picks. Sanitizer
- * builds keep one version. */
+/* Hot loops (elementwise ops, the optimizer, the normalisations' and bias gradients' sums, attention's
+ * backward) are compiled for AVX-512, AVX2 and the baseline, picked at load time (GCC's target_clones).
+ * The same operations run in the same order in every clone (ISO C mode: no FMA contraction, no
+ * re-association; independent sums side by side become vector lanes, each still in its own order), so
+ * results are bit-identical whichever the CPU picks. Sanitizer builds keep one version. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
 #define HOT_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -809,7 +810,8 @@ static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
         int64_t rb = m - r0 < rows ? m - r0 : rows;
         struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(r0 * k)), g->a->dtype, k };
         gemm_core(cb, false, g->trans_b, rb, n, k, alpha, a, b, 0.0f, out_mat_f32(pre, n), bias);
-        struct gelu_epi_job j = { .pre = pre, .aux = g->aux, .c = g->c, .off = (size_t)(r0 * n), .n = (size_t)(rb * n) };
+        struct gelu_epi_job j = { .pre = pre, .aux = g->aux, .c = g->c, .off = (size_t)(r0 * n),
+                                  .n = (size_t)(rb * n) };
         parallel_for(cb->pool, ew_chunks(j.n), gelu_epi_chunk, &j);
     }
 }
@@ -1240,8 +1242,8 @@ static void conv_backward_data_image(const struct conv_job *j, int64_t i, const 
 
 /* C (c_out, ckk) = beta * C + dy_i (c_out, hw) @ col_i^T (hw, ckk); with sums, each channel's plane of dy_i
  * summed in double into sums[co]. */
-static void conv_filter_image(const struct conv_job *j, int64_t i, const struct conv_bufs *b, float beta, float *c,
-                              double *sums)
+HOT_LOOP static void conv_filter_image(const struct conv_job *j, int64_t i, const struct conv_bufs *b, float beta,
+                                       float *c, double *sums)
 {
     const struct conv_args *a = j->a;
     const struct conv_dims d = conv_dims_of(a);
@@ -1754,7 +1756,7 @@ struct ln_job {
 /* A row's mean and variance (forward) and its two gradient sums (backward) are double sums over its columns in
  * order: CHAINS rows side by side (FOR_CHAINS; a 16-bit row is staged in its own slice of the scratch). */
 
-static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
+HOT_LOOP static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct ln_job *j = arg;
     const struct tensor *x = j->x;
@@ -1807,7 +1809,7 @@ static void cpu_layernorm_forward(struct backend *be, const struct norm_args *a,
 }
 
 /* dx for a chunk of rows: each row's two sums over its columns, in column order, then its dx. */
-static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
+HOT_LOOP static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct ln_job *j = arg;
     int64_t cols = j->a->cols, r0 = chunk * j->rows_per;
@@ -1844,7 +1846,7 @@ static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
 }
 
 /* dgamma and dbeta for columns [c0, c1): each summed over all rows in row order. */
-static void ln_backward_dparams_chunk(void *arg, int64_t chunk, int worker)
+HOT_LOOP static void ln_backward_dparams_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct ln_job *j = arg;
     int64_t cols = j->a->cols, c0 = chunk * LN_COLS, w = cols - c0 < LN_COLS ? cols - c0 : LN_COLS;
@@ -1925,7 +1927,7 @@ static int64_t bn_chunk_channels(const struct norm_args *a)
 /* Training statistics of channels ch0 .. ch0 + lanes - 1 (lanes <= CHAINS): each channel's double sum of
  * its values over the images in order, then of its squared deviations from its mean (xbuf: lanes planes,
  * where x is 16-bit). */
-static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, double *s, double *ss)
+HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, double *s, double *ss)
 {
     const struct tensor *x = j->x;
     const int64_t n = j->a->n, c = j->a->c, hw = j->a->hw;
@@ -1954,7 +1956,8 @@ static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
 }
 
 /* Channel ch's outputs; in training, from its sums s and ss (bn_stats). */
-static void bn_forward_channel(const struct bn_job *j, int64_t ch, double s, double ss, float *xbuf, float *ybuf)
+HOT_LOOP static void bn_forward_channel(const struct bn_job *j, int64_t ch, double s, double ss, float *xbuf,
+                                        float *ybuf)
 {
     const struct norm_args *a = j->a;
     const struct tensor *x = j->x;
@@ -2033,7 +2036,7 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
 /* The gradient sums of channels ch0 .. ch0 + lanes - 1 (lanes <= CHAINS) into acc_b and acc_g: each
  * channel's sum of dy and of dy * xhat over the images in order (xbuf, dybuf: lanes planes each, where
  * 16-bit). */
-static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, float *dybuf)
+HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, float *dybuf)
 {
     const struct tensor *x = j->x, *dy = j->dy;
     const int64_t n = j->a->n, c = j->a->c, hw = j->a->hw;
@@ -2060,7 +2063,7 @@ static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, flo
 }
 
 /* Channel ch's dx from its sums (bn_grad_sums). */
-static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf)
+HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf)
 {
     const struct norm_args *a = j->a;
     const struct tensor *x = j->x, *dy = j->dy;
@@ -2469,7 +2472,7 @@ static void cpu_attention_forward(struct backend *be, struct tensor *out, struct
  *   dP = round_d(dO V^T)                               GEMM
  *   dS = round_d(P * (dP - rowsum(P * dP)))             fp32 softmax backward (0 where masked)
  *   dV = P^T dO,  dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)   GEMMs rounded to dqkv's dtype */
-static void att_backward_chunk(void *arg, int64_t chunk, int worker)
+HOT_LOOP static void att_backward_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct att_job *j = arg;
     int64_t T = j->T, C = j->C, D = j->D, b = chunk / j->H, h = chunk % j->H;
