@@ -619,7 +619,7 @@ struct loop_marks {
     bool last_skipped;          /* the last step logged was skipped */
     int64_t checked_step;       /* the step of the last replica comparison */
     long train_peak_kb;         /* this process's peak RSS before its first checkpoint (whose in-memory image,
-                                 * 12 bytes a parameter and a copy of it, is the peak of most runs); 0 until then */
+                                 * 12 bytes a parameter, is the peak of most runs); 0 until then */
 };
 
 /* The process's peak resident set so far, in KiB (Linux's ru_maxrss). */

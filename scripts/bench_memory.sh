@@ -21,9 +21,8 @@
 # mixed precision (fp32 master, fp32 m and v, fp32 gradient, bf16 copy: 18 bytes a parameter) against
 # precision.master_weights=bf16 with optim.state_dtype=bf16 (10 bytes); target: peak RSS at least 40% lower
 # (TARGET_DROP=0.40). Measured: the run's own "memory: peak RSS ... training (before the first checkpoint)"
-# line, since the final checkpoint's in-memory HDF5 image (fp32 master, m and v: 12 bytes a parameter, and a
-# copy of it while it is written) is the peak of a short run in either mode; /usr/bin/time's whole-run peak is
-# printed next to it. The libraries and the activations are the fixed part that the drop is measured against.
+# line, since the final checkpoint's in-memory HDF5 image (fp32 master, m and v: 12 bytes a parameter) is the
+# peak of a short run in either mode; /usr/bin/time's whole-run peak is printed next to it. The libraries and the activations are the fixed part that the drop is measured against.
 #   PARAMS=1 scripts/bench_memory.sh            WIDTH=512 BLOCKS=8 BATCH=2 STEPS=2
 set -euo pipefail
 cd "$(dirname "$0")/.."
