@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The AdamW update's cost per parameter on the CPU: fp32 master and moments against bf16 master and moments
-# (to nearest, stochastic rounding), 1 M parameters, 20 updates each, three alternating rounds. Builds
-# scripts/bench_optim.c against the engine library of BUILD_DIR (default build; scripts/build.sh first).
+# The step tail's cost per parameter on the CPU: the AdamW update with fp32 master and moments against bf16 master
+# and moments (to nearest, stochastic rounding), and the gradient check before it; 1 M parameters, 20 updates each,
+# three alternating rounds. Builds scripts/bench_optim.c against the engine library of BUILD_DIR (default build;
+# scripts/build.sh first).
 #   scripts/bench_optim.sh
+#   THREADS="1 2" scripts/bench_optim.sh          each thread count side by side in every round (run.threads)
+#   PARAMS=401408,512,262144,512,5120,10 ...      the tensors' sizes (these: configs/fashion_mlp.yaml's parameters)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -13,4 +16,5 @@ hdf5=$(pkg-config --libs hdf5 2> /dev/null || echo -lhdf5_serial)
 # shellcheck disable=SC2086 # hdf5 holds several flags
 cc -O2 -std=c11 -Ilib -Imodels scripts/bench_optim.c "$build/libamp.a" -lopenblas $hdf5 -lyaml -lz -lm -lpthread \
   -o "$tmp/bench_optim"
-OPENBLAS_NUM_THREADS=1 "$tmp/bench_optim"
+# shellcheck disable=SC2086 # THREADS holds several counts
+OPENBLAS_NUM_THREADS=1 "$tmp/bench_optim" ${THREADS:-1}

@@ -9,6 +9,9 @@
 #                                     grows in build-fuzz/corpus/HARNESS; random seeds.
 #   HARNESS=fuzz_data (or data)       run one harness only (default: all of them).
 #   FUZZ_ARGS="-max_len=512 ..."      more libFuzzer flags; AMP_FUZZ_ORACLES=0 hunts crashes only (fuzz_common.h).
+#   REPLAY=1 HARNESS=X scripts/fuzz.sh  no fuzzing: replay and classify every finding kept in build-fuzz/findings/X/
+#                                     (a run triages its first TRIAGE_MAX=30 and keeps the rest unreplayed; their
+#                                     count is the table's last column); a finding's report, once made, is reused.
 #
 # libFuzzer stops at a finding; this script starts it again on the same corpus until the harness's time is up, so
 # one run lists every finding it meets (libFuzzer's own -fork mode would too, but restarting a job costs seconds
@@ -24,7 +27,7 @@
 # crash inside libhdf5 that the trial child met and the parent refused (exit 4): "trial child, contained", counted
 # with the libhdf5 findings (the child's sanitizer report is replayed into FILE.child.txt). The
 # output ends with a table for docs: harness, seconds, execs, cov and ft (libFuzzer's last status line), corpus
-# size, findings (ours), libhdf5 findings, not reproducible.
+# size, findings (ours), libhdf5 findings, not reproducible, not replayed (over TRIAGE_MAX: REPLAY=1 does them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -172,10 +175,63 @@ classify() {
     }' "$1"
 }
 
+# ---- account for one harness's findings ----------------------------------------------------------------
+# account HARNESS BIN MAX DIR FRESH: triage the findings named in DIR (their copies in build-fuzz/findings/HARNESS)
+# up to MAX of them, keep the rest unreplayed; FRESH=1 replays each anew (a run: the same bytes may behave otherwise
+# in this tree), else an existing report is reused. Sets nours, nhdf5, nflaky, nskip and n, and prints the distinct
+# lines and one FINDING line each.
+account() {
+  local h=$1 bin=$2 max=$3 dir=$4 fresh=$5 f kept line
+  nours=0 nhdf5=0 nflaky=0 nskip=0 n=0
+  local lines=()
+  for f in "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-*; do
+    [[ -f $f && $f != *.txt ]] || continue
+    n=$((n + 1))
+    kept=$build/findings/$h/$(basename "$f")
+    if [ $n -gt "$max" ]; then # mostly the same few bugs again: kept, not replayed (counted in the last column)
+      nskip=$((nskip + 1))
+      lines+=("not replayed (over TRIAGE_MAX=$max) | ? | - | $kept")
+      continue
+    fi
+    [ "$fresh" = 1 ] && rm -f "$kept.txt"
+    line=$(triage "$bin" "$kept")
+    case $h:$line in
+      *:"trial child, contained: "*" | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;; # refused with exit 4, as promised
+      *:"does not reproduce alone"*) nflaky=$((nflaky + 1)) ;;
+      fuzz_ckpt_guarded:"LSan leak | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;; # no crash: the trial cannot catch it
+      fuzz_ckpt_guarded:*) nours=$((nours + 1)) ;; # the trial process promises that no crash reaches us
+      *" | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;;
+      *) nours=$((nours + 1)) ;;
+    esac
+    lines+=("$line | $kept")
+  done
+  if [ $n -gt 0 ]; then
+    echo "-- $h: $n findings; distinct (count | kind | where | top frames in our code):"
+    printf '%s\n' "${lines[@]}" | sed -E 's/ \| [^|]*$//' | sort | uniq -c | sort -rn
+    for line in "${lines[@]}"; do echo "FINDING $h | $line"; done
+  fi
+}
+
 # ---- run ---------------------------------------------------------------------------------------------
 rows=()
 failed=0
 mkdir -p "$build/findings"
+if [ "${REPLAY:-0}" = 1 ]; then
+  for h in "${harnesses[@]}"; do
+    tmpdir=$build/replay/$h/tmp
+    mkdir -p "$tmpdir" "$build/findings/$h"
+    echo "== fuzz: replaying the findings kept in $build/findings/$h =="
+    account "$h" "$build/$h" "${TRIAGE_MAX:-1000000}" "$build/findings/$h" 0
+    [ $nours -gt 0 ] && failed=1
+    rows+=("| $h | $n | $nours | $nhdf5 | $nflaky | $nskip |")
+  done
+  echo
+  echo "== fuzz: replay summary (findings in $build/findings/) =="
+  echo "| harness | findings kept | ours | libhdf5 | not reproducible | not replayed |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  printf '%s\n' "${rows[@]}"
+  exit $failed
+fi
 for h in "${harnesses[@]}"; do
   bin=$build/$h
   if [ "$mode" = ci ]; then
@@ -252,37 +308,10 @@ for h in "${harnesses[@]}"; do
   grep -qE '^Done [0-9]+ runs' "${logs[@]}" || rc=1
   ncorpus=$(find "$corpus" -type f | wc -l)
   echo "$status ($starts start(s), $execs executions)"
-  nours=0
-  nhdf5=0
-  nflaky=0
-  n=0
-  lines=()
   for f in "$artifacts"/crash-* "$artifacts"/leak-* "$artifacts"/timeout-* "$artifacts"/oom-*; do
-    [ -f "$f" ] || continue
-    n=$((n + 1))
-    cp "$f" "$build/findings/$h/"
-    kept=$build/findings/$h/$(basename "$f")
-    if [ $n -gt "${TRIAGE_MAX:-30}" ]; then # mostly the same few bugs again: kept, not replayed (nor counted)
-      lines+=("not replayed (over TRIAGE_MAX=${TRIAGE_MAX:-30}) | ? | - | $kept")
-      continue
-    fi
-    rm -f "$kept.txt"
-    line=$(triage "$bin" "$kept")
-    case $h:$line in
-      *:"trial child, contained: "*" | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;; # refused with exit 4, as promised
-      *:"does not reproduce alone"*) nflaky=$((nflaky + 1)) ;;
-      fuzz_ckpt_guarded:"LSan leak | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;; # no crash: the trial cannot catch it
-      fuzz_ckpt_guarded:*) nours=$((nours + 1)) ;; # the trial process promises that no crash reaches us
-      *" | libhdf5 | "*) nhdf5=$((nhdf5 + 1)) ;;
-      *) nours=$((nours + 1)) ;;
-    esac
-    lines+=("$line | $kept")
+    [ -f "$f" ] && cp "$f" "$build/findings/$h/"
   done
-  if [ $n -gt 0 ]; then
-    echo "-- $h: $n findings; distinct (count | kind | where | top frames in our code):"
-    printf '%s\n' "${lines[@]}" | sed -E 's/ \| [^|]*$//' | sort | uniq -c | sort -rn
-    for line in "${lines[@]}"; do echo "FINDING $h | $line"; done
-  fi
+  account "$h" "$bin" "${TRIAGE_MAX:-30}" "$artifacts" 1
   if [ $n -eq 0 ] && [ $rc -ne 0 ]; then
     echo "fuzz.sh: $h did not finish its run and left no finding file; the end of its last log:" >&2
     tail -20 "$(ls -t "${logs[@]}" | head -1)" >&2
@@ -290,12 +319,12 @@ for h in "${harnesses[@]}"; do
   fi
   [ $nours -gt 0 ] && failed=1
   [ $((nhdf5 + nflaky)) -gt 0 ] && [ "${FUZZ_FAIL_ON_HDF5:-0}" = 1 ] && failed=1
-  rows+=("| $h | $elapsed | ${execs:-?} | ${cov:-?} | ${ft:-?} | $ncorpus | $nours | $nhdf5 | $nflaky |")
+  rows+=("| $h | $elapsed | ${execs:-?} | ${cov:-?} | ${ft:-?} | $ncorpus | $nours | $nhdf5 | $nflaky | $nskip |")
 done
 
 echo
 echo "== fuzz: summary ($mode mode; findings in $build/findings/) =="
-echo "| harness | seconds | execs | cov | ft | corpus | findings | libhdf5 findings | not reproducible |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| harness | seconds | execs | cov | ft | corpus | findings | libhdf5 findings | not reproducible | not replayed |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 printf '%s\n' "${rows[@]}"
 exit $failed

@@ -445,6 +445,42 @@ Test(backend_cpu, act_forward_all_dtypes)
             }
 }
 
+/* ReLU and its gradient on 16-bit tensors (all bf16 or all fp16) work on the bits without widening: every one of
+ * the 65536 inputs, and 65536 gradients against them, must give the bits of widening to fp32, x <= 0 ? 0 : x
+ * (dy for the gradient) and rounding back, NaN payloads, signed zeros and infinities included. */
+Test(backend_cpu, relu_on_16_bit_tensors_gives_the_bits_of_the_fp32_round_trip)
+{
+    const size_t n = 65536;
+    enum dtype dts[2] = { DT_BF16, DT_FP16 };
+    float *xf = falloc(n), *gf = falloc(n), *want = falloc(n);
+    uint16_t *want16 = talloc(n * sizeof *want16);
+    for (int d = 0; d < 2; d++) {
+        enum dtype dt = dts[d];
+        struct tensor *x = tnew(dt, n), *dy = tnew(dt, n), *y = tnew(dt, n), *dx = tnew(dt, n);
+        uint16_t *hx = x->data, *hdy = dy->data;
+        for (size_t i = 0; i < n; i++) {
+            hx[i] = (uint16_t)i;
+            hdy[i] = (uint16_t)(i * 40503u); /* odd: every pattern once, against another x */
+        }
+        dtype_convert(xf, DT_FP32, hx, dt, n);
+        dtype_convert(gf, DT_FP32, hdy, dt, n);
+        be->act_forward(be, ACT_RELU, y, x);
+        for (size_t i = 0; i < n; i++)
+            want[i] = xf[i] <= 0.0f ? 0.0f : xf[i];
+        dtype_convert(want16, dt, want, DT_FP32, n);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(((uint16_t *)y->data)[i], want16[i], "%s relu(0x%04zx) = 0x%04x, want 0x%04x",
+                         dtype_name(dt), i, ((uint16_t *)y->data)[i], want16[i]);
+        be->act_backward(be, ACT_RELU, dx, dy, x);
+        for (size_t i = 0; i < n; i++)
+            want[i] = xf[i] <= 0.0f ? 0.0f : gf[i];
+        dtype_convert(want16, dt, want, DT_FP32, n);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(((uint16_t *)dx->data)[i], want16[i], "%s relu'(0x%04zx) * 0x%04x = 0x%04x, want 0x%04x",
+                         dtype_name(dt), i, hdy[i], ((uint16_t *)dx->data)[i], want16[i]);
+    }
+}
+
 struct act_ctx {
     enum act_kind kind;
     const double *w;
