@@ -114,15 +114,19 @@ triage() {
   fi
   # The RSS limit is checked once a second against the peak, so the report comes after the allocation that
   # crossed it and shows no stack of it (a 1.9 GB buffer inside libhdf5 reads as the harness's). Replay once
-  # more with every malloc over 256 MB stopped where it is made, and name that allocation if there is one.
-  if [[ $line == "out-of-memory (rss)"* ]]; then
+  # more with every malloc over 256 MB stopped where it is made, and name that allocation if there is one. So too a
+  # malloc over the limit whose report lost its stack: the RSS limit can end the process while it prints one (its
+  # report then shows both out-of-memory errors and "Broken pipe"), and classify files it as the harness's.
+  if [[ $line == "out-of-memory (rss)"* || $line == "out-of-memory (malloc over the limit) | harness | -" ]]; then
     local big=$2.malloc.txt
     [ -f "$big" ] || ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0:malloc_context_size=40" TMPDIR=$tmpdir \
       timeout 120 "$bin" -runs=1 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 "$file" > "$big" 2>&1 || true
     local again
     again=$(classify "$big")
-    [[ $again == "out-of-memory (malloc over the limit)"* ]] &&
-      line="out-of-memory (rss; a malloc over 256 MB)${again#out-of-memory (malloc over the limit)}"
+    if [[ $again == "out-of-memory (malloc over the limit)"* ]]; then
+      [[ $line == "out-of-memory (rss)"* ]] && again="out-of-memory (rss; a malloc over 256 MB)${again#out-of-memory (malloc over the limit)}"
+      line=$again
+    fi
   fi
   echo "$line"
 }
