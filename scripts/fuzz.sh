@@ -7,6 +7,11 @@
 #   HOURS=1 scripts/fuzz.sh           long run: HOURS in all, split evenly over the harnesses, run one after another;
 #                                     each harness runs JOBS (default: nproc) fuzzers in parallel on one corpus, which
 #                                     grows in build-fuzz/corpus/HARNESS; random seeds.
+#   CPU_HOURS=1 scripts/fuzz.sh       long run measured in CPU time, not wall time: each harness fuzzes until its
+#                                     processes (fuzzers and the trial children they fork) have used CPU_HOURS/n
+#                                     CPU-hours, however busy the machine is; then its fuzzers are interrupted.
+#                                     HOURS, if given too, caps the wall time; otherwise the cap is 4x the budget
+#                                     over JOBS. Every long run's table gives the CPU seconds the harness used.
 #   HARNESS=fuzz_data (or data)       run one harness only (default: all of them).
 #   FUZZ_ARGS="-max_len=512 ..."      more libFuzzer flags; AMP_FUZZ_ORACLES=0 hunts crashes only (fuzz_common.h).
 #   REPLAY=1 HARNESS=X scripts/fuzz.sh  no fuzzing: replay and classify every finding kept in build-fuzz/findings/X/
@@ -66,14 +71,25 @@ else
   harnesses=("${all_harnesses[@]}")
 fi
 
-if [ -n "${HOURS:-}" ]; then
+jobs=${JOBS:-$(nproc)}
+per_harness() { awk -v h="$1" -v n="${#harnesses[@]}" 'BEGIN { s = int(h * 3600 / n); print s < 1 ? 1 : s }'; }
+cpu_budget=0 # CPU seconds each harness may use (CPU_HOURS); 0: none, the wall time decides
+if [ -n "${CPU_HOURS:-}" ]; then
   mode=long
-  seconds=$(awk -v h="$HOURS" -v n="${#harnesses[@]}" 'BEGIN { s = int(h * 3600 / n); print s < 1 ? 1 : s }')
+  cpu_budget=$(per_harness "$CPU_HOURS")
+  if [ -n "${HOURS:-}" ]; then seconds=$(per_harness "$HOURS"); else seconds=$((4 * cpu_budget / jobs + 60)); fi
+elif [ -n "${HOURS:-}" ]; then
+  mode=long
+  seconds=$(per_harness "$HOURS")
 else
   mode=ci
   seconds=${SECONDS_EACH:-60}
 fi
-jobs=${JOBS:-$(nproc)}
+# The inputs' scratch files go to a tmpfs where there is one: fuzz_ckpt_raw writes every input to a file, and on
+# this machine's disk it spent 65% of its time waiting (30 s: 207,056 executions on disk, 1,854,223 in /dev/shm).
+scratch_root=${FUZZ_TMPDIR:-}
+if [ -z "$scratch_root" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then scratch_root=/dev/shm; fi
+[ -n "$scratch_root" ] && trap 'rm -rf "${scratch_root:?}/amp-fuzz-$$"' EXIT
 
 # ---- build -----------------------------------------------------------------------------------------
 command -v clang > /dev/null || { echo "fuzz.sh: clang is missing (scripts/install-deps.sh --test installs it)" >&2; exit 2; }
@@ -91,6 +107,39 @@ if command -v llvm-symbolizer > /dev/null; then
   ASAN_SYMBOLIZER_PATH=$(command -v llvm-symbolizer)
   export ASAN_SYMBOLIZER_PATH
 fi
+
+# ---- CPU time ----------------------------------------------------------------------------------------
+# children_cpu: CPU seconds (user + system) of every child of this script that has ended and been waited for
+# (bash's `times`, second line), the fuzzers and what they forked included: the table's "CPU s" is its difference
+# around a harness's fuzzing.
+# (`times` runs in this shell, not in a command substitution's subshell, whose children are not these.)
+children_cpu() { # FILE: write the figure to FILE
+  times > "$1.times"
+  awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); s += t[1] * 60 + t[2] } print s }' \
+    "$1.times" > "$1"
+}
+# tree_cpu ROOT: CPU seconds used so far by ROOT and every process below it, live or ended: each process's own
+# user + system time and its waited-for children's (fields 14-17 of /proc/PID/stat), summed over the live tree.
+tree_cpu() {
+  local tck
+  tck=$(getconf CLK_TCK)
+  cat /proc/[0-9]*/stat 2> /dev/null | awk -v root="$1" -v tck="$tck" '
+    { line = $0; pid = $1; sub(/^.*\) /, "", line); split(line, f, " ")
+      ppid[pid] = f[2]; t[pid] = f[12] + f[13] + f[14] + f[15] } # fields 4, 14-17 of stat, counted after "comm"
+    END { for (p in ppid) { q = p; while (q in ppid && q != root && q > 1) q = ppid[q]; if (q == root) s += t[p] }
+          print s / tck }'
+}
+# cpu_watch ROOT BUDGET: once ROOT's tree has used BUDGET CPU seconds, mark the harness stopped and interrupt its
+# fuzzers (through the `timeout` that runs each: it passes SIGINT on; libFuzzer ends with its final stats).
+cpu_watch() {
+  while kill -0 "$1" 2> /dev/null; do
+    if awk -v u="$(tree_cpu "$1")" -v b="$2" 'BEGIN { exit !(u >= b) }'; then
+      touch "$work/stop"
+      pkill -INT -x timeout -P "$(pgrep -d, -P "$1")" 2> /dev/null || true
+    fi
+    sleep 2
+  done
+}
 
 # ---- triage: replay one finding, print "KIND | WHERE | TOP FRAMES" --------------------------------------
 triage() {
@@ -247,6 +296,12 @@ for h in "${harnesses[@]}"; do
     corpus=$build/corpus/$h
   fi
   tmpdir=$work/tmp
+  if [ -n "$scratch_root" ]; then # on the tmpfs, under a name that says whose it is; build-fuzz/ keeps a link
+    mkdir -p "$scratch_root/amp-fuzz-$$"
+    tmpdir=$scratch_root/amp-fuzz-$$/$h
+    mkdir -p "$tmpdir"
+    rm -rf "$work/tmp" && mkdir -p "$work" && ln -sfn "$tmpdir" "$work/tmp"
+  fi
   artifacts=$work/artifacts
   mkdir -p "$corpus" "$tmpdir" "$artifacts" "$build/findings/$h"
   rm -rf "${tmpdir:?}"/* "${artifacts:?}"/* "$work"/fuzz-*.log
@@ -269,7 +324,7 @@ for h in "${harnesses[@]}"; do
   # hour's run of fuzz_ckpt_resealed after 14 minutes.) CI: seeds 1, 2, ...; long runs: random.
   fuzz_until() { # WORKER DEADLINE
     local w=$1 deadline=$2 start=0 spins=0 left
-    while left=$((deadline - $(date +%s))) && [ $left -gt 0 ] && [ $spins -lt 20 ]; do
+    while left=$((deadline - $(date +%s))) && [ $left -gt 0 ] && [ $spins -lt 20 ] && [ ! -e "$work/stop" ]; do
       start=$((start + 1))
       local seed=()
       [ "$mode" = ci ] && seed=("-seed=$start")
@@ -292,15 +347,25 @@ for h in "${harnesses[@]}"; do
     [ -n "$hashes" ] || return 0
     find "$corpus" -type f -exec sha1sum {} + | { grep -F -f <(echo "$hashes") || true; } | cut -c43- | xargs -r rm -f
   }
+  rm -f "$work/stop"
+  children_cpu "$work/cpu-before"
   t_start=$(date +%s)
   deadline=$((t_start + seconds))
   if [ "$mode" = ci ]; then
     fuzz_until 1 "$deadline"
   else
-    for w in $(seq "$jobs"); do fuzz_until "$w" "$deadline" & done
-    wait
+    ( for w in $(seq "$jobs"); do fuzz_until "$w" "$deadline" & done; wait ) &
+    workers=$!
+    if [ "$cpu_budget" -gt 0 ]; then
+      cpu_watch "$workers" "$cpu_budget" &
+      watcher=$!
+    fi
+    wait "$workers"
+    if [ "$cpu_budget" -gt 0 ]; then kill "$watcher" 2> /dev/null || true; wait "$watcher" 2> /dev/null || true; fi
   fi
   elapsed=$(($(date +%s) - t_start)) # the fuzzing's wall time (the table's seconds: less than asked if it stopped early)
+  children_cpu "$work/cpu-after"
+  cpu_used=$(awk -v a="$(cat "$work/cpu-before")" -v b="$(cat "$work/cpu-after")" 'BEGIN { printf "%.0f", b - a }')
   logs=("$work"/fuzz-*.log)
   # executions: every start's final stats; cov and ft: the last status line of the last start
   execs=$(cat "${logs[@]}" | sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
@@ -309,7 +374,7 @@ for h in "${harnesses[@]}"; do
   ft=$(sed -nE 's/.*ft: ([0-9]+).*/\1/p' <<< "$status")
   starts=${#logs[@]}
   rc=0
-  grep -qE '^Done [0-9]+ runs' "${logs[@]}" || rc=1
+  grep -qE '^Done [0-9]+ runs|libFuzzer: run interrupted' "${logs[@]}" || rc=1
   ncorpus=$(find "$corpus" -type f | wc -l)
   echo "$status ($starts start(s), $execs executions)"
   for f in "$artifacts"/crash-* "$artifacts"/leak-* "$artifacts"/timeout-* "$artifacts"/oom-*; do
@@ -323,12 +388,12 @@ for h in "${harnesses[@]}"; do
   fi
   [ $nours -gt 0 ] && failed=1
   [ $((nhdf5 + nflaky)) -gt 0 ] && [ "${FUZZ_FAIL_ON_HDF5:-0}" = 1 ] && failed=1
-  rows+=("| $h | $elapsed | ${execs:-?} | ${cov:-?} | ${ft:-?} | $ncorpus | $nours | $nhdf5 | $nflaky | $nskip |")
+  rows+=("| $h | $elapsed | $cpu_used | ${execs:-?} | ${cov:-?} | ${ft:-?} | $ncorpus | $nours | $nhdf5 | $nflaky | $nskip |")
 done
 
 echo
 echo "== fuzz: summary ($mode mode; findings in $build/findings/) =="
-echo "| harness | seconds | execs | cov | ft | corpus | findings | libhdf5 findings | not reproducible | not replayed |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| harness | seconds | CPU s | execs | cov | ft | corpus | findings | libhdf5 findings | not reproducible | not replayed |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 printf '%s\n' "${rows[@]}"
 exit $failed
