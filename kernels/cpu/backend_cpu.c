@@ -878,23 +878,30 @@ static bool half_format(enum dtype dt, uint16_t *inf, uint16_t *quiet)
     return true;
 }
 
+/* h <= 0 (either zero, any negative, not a NaN): ReLU's "not passed". */
+static inline bool half_not_positive(uint16_t h, uint16_t inf)
+{
+    uint16_t m = h & 0x7FFF;
+    return m <= inf && ((h & 0x8000) || m == 0);
+}
+
+/* h as rounding fp32 back gives it: a NaN with its quiet bit set, anything else unchanged. */
+static inline uint16_t half_quieted(uint16_t h, uint16_t inf, uint16_t quiet)
+{
+    return (h & 0x7FFF) > inf ? (uint16_t)(h | quiet) : h;
+}
+
 HOT_LOOP static void relu_16(uint16_t *y, const uint16_t *x, size_t n, uint16_t inf, uint16_t quiet)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = x[i], m = h & 0x7FFF;
-        uint16_t keep = m > inf ? (uint16_t)(h | quiet) : h;           /* NaN: quieted, as rounding does */
-        y[i] = m <= inf && ((h & 0x8000) || m == 0) ? 0 : keep;        /* x <= 0: +0 */
-    }
+    for (size_t i = 0; i < n; i++)
+        y[i] = half_not_positive(x[i], inf) ? 0 : half_quieted(x[i], inf, quiet); /* x <= 0: +0 */
 }
 
 HOT_LOOP static void relu_grad_16(uint16_t *dx, const uint16_t *dy, const uint16_t *x, size_t n, uint16_t inf,
                                   uint16_t quiet)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = x[i], m = h & 0x7FFF, g = dy[i];
-        uint16_t keep = (g & 0x7FFF) > inf ? (uint16_t)(g | quiet) : g;
-        dx[i] = m <= inf && ((h & 0x8000) || m == 0) ? 0 : keep;
-    }
+    for (size_t i = 0; i < n; i++)
+        dx[i] = half_not_positive(x[i], inf) ? 0 : half_quieted(dy[i], inf, quiet);
 }
 
 static void act_forward_range(enum act_kind kind, struct tensor *y, const struct tensor *x, size_t lo, size_t hi)
