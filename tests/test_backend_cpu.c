@@ -654,12 +654,15 @@ static struct conv_args conv_shape(int64_t n, int64_t c_in, int64_t h, int64_t w
 }
 
 /* n, c_in, h, w, c_out, kernel, stride, padding */
-static const int64_t conv_cases[4][8] = {
+static const int64_t conv_cases[][8] = {
     { 2, 3, 7, 6, 4, 3, 2, 1 }, /* stride 2, padding 1 */
     { 2, 5, 4, 4, 3, 1, 1, 0 }, /* pointwise: no im2col */
     { 1, 2, 6, 5, 3, 3, 1, 0 }, /* valid */
-    { 2, 2, 5, 5, 2, 3, 1, 1 }, /* same */
+    { 2, 2, 5, 5, 2, 3, 1, 1 }, /* same: im2col as shifted copies of each plane (im2col_same) */
+    { 1, 2, 4, 7, 3, 5, 1, 2 }, /* same, 5 x 5, wider than high: two edge columns each side */
+    { 1, 1, 2, 3, 2, 5, 1, 2 }, /* same, padding as high as the image: the general loops */
 };
+#define N_CONV_CASES ((int)(sizeof conv_cases / sizeof conv_cases[0]))
 
 static void conv_case(int i, struct conv_args *a)
 {
@@ -671,7 +674,7 @@ Test(backend_cpu, conv2d_forward_matches_direct_convolution)
 {
     seed(10);
     enum dtype dts[3] = { DT_FP32, DT_FP16, DT_BF16 };
-    for (int ci = 0; ci < 4; ci++)
+    for (int ci = 0; ci < N_CONV_CASES; ci++)
         for (int d = 0; d < 3; d++)
             for (int with_bias = 0; with_bias < 2; with_bias++) {
                 struct conv_args a;
@@ -719,7 +722,7 @@ static double conv_loss_w(const double *w, void *vctx)
 Test(backend_cpu, conv2d_backward_matches_finite_differences)
 {
     seed(11);
-    for (int ci = 0; ci < 4; ci++) {
+    for (int ci = 0; ci < N_CONV_CASES; ci++) {
         struct conv_args a;
         conv_case(ci, &a);
         size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);

@@ -1114,9 +1114,40 @@ DEFINE_IM2COL(im2col_f32, float)
 DEFINE_IM2COL(im2col_16, uint16_t)
 #undef DEFINE_IM2COL
 
+/* A stride-1 convolution whose output is as wide as its input (2 * padding = kernel - 1, "same"): output
+ * element i = oh * w + ow of the row for (kh, kw) reads input element i + (kh - padding) * w + (kw - padding),
+ * so the row is one shifted copy of the plane, then zeros where the read fell outside it: the rows above or
+ * below and the |kw - padding| columns at one edge (which the shifted copy took from the neighbouring row). The
+ * same bits as the loops above: a copy either way. */
+static bool conv_is_same_stride1(const struct conv_args *a)
+{
+    return a->stride == 1 && 2 * a->padding == a->kernel - 1 && a->padding < a->w_in && a->padding < a->h_in;
+}
+
+static void im2col_same(void *col, const void *x, const struct conv_args *a, size_t es)
+{
+    const int64_t k = a->kernel, w = a->w_in, h = a->h_in, hw = h * w, p = a->padding;
+    for (int64_t ci = 0; ci < a->c_in; ci++)
+        for (int64_t kh = 0; kh < k; kh++)
+            for (int64_t kw = 0; kw < k; kw++) {
+                char *row = (char *)col + (size_t)(((ci * k + kh) * k + kw) * hw) * es;
+                const char *plane = (const char *)x + (size_t)(ci * hw) * es;
+                const int64_t dr = kh - p, dc = kw - p, d = dr * w + dc;
+                const int64_t i0 = (dr < 0 ? -dr : 0) * w, i1 = (dr > 0 ? h - dr : h) * w; /* the rows inside */
+                const int64_t c0 = i0 > -d ? i0 : -d, c1 = i1 < hw - d ? i1 : hw - d;   /* and the plane */
+                memset(row, 0, (size_t)c0 * es);
+                memcpy(row + (size_t)c0 * es, plane + (size_t)(c0 + d) * es, (size_t)(c1 - c0) * es);
+                memset(row + (size_t)c1 * es, 0, (size_t)(hw - c1) * es);
+                for (int64_t i = i0; dc != 0 && i < i1; i += w) /* the edge columns read outside the row */
+                    memset(row + (size_t)(dc < 0 ? i : i + w - dc) * es, 0, (size_t)(dc < 0 ? -dc : dc) * es);
+            }
+}
+
 static void im2col(void *col, const void *x, const struct conv_args *a, size_t es)
 {
-    if (es == sizeof(float))
+    if (conv_is_same_stride1(a))
+        im2col_same(col, x, a, es);
+    else if (es == sizeof(float))
         im2col_f32(col, x, a);
     else
         im2col_16(col, x, a);
@@ -1132,15 +1163,20 @@ static void col2im(float *x, const float *col, const struct conv_args *a)
             for (int64_t kw = 0; kw < k; kw++) {
                 const float *row = col + ((ci * k + kh) * k + kw) * hw;
                 float *plane = x + ci * a->h_in * a->w_in;
+                int64_t lo, hi; /* the output columns that read inside the row: no test per element */
+                conv_inside_cols(a, kw, &lo, &hi);
                 for (int64_t oh = 0; oh < a->h_out; oh++) {
                     int64_t ih = oh * a->stride - a->padding + kh;
                     if (ih < 0 || ih >= a->h_in)
                         continue;
-                    for (int64_t ow = 0; ow < a->w_out; ow++) {
-                        int64_t iw = ow * a->stride - a->padding + kw;
-                        if (iw >= 0 && iw < a->w_in)
-                            plane[ih * a->w_in + iw] += row[oh * a->w_out + ow];
-                    }
+                    const int64_t base = ih * a->w_in - a->padding + kw; /* + ow * stride: >= 0 from lo on */
+                    const float *src = row + oh * a->w_out;
+                    if (a->stride == 1)
+                        for (int64_t ow = lo; ow < hi; ow++)
+                            plane[base + ow] += src[ow];
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++)
+                            plane[base + ow * a->stride] += src[ow];
                 }
             }
 }
