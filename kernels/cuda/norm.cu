@@ -226,6 +226,18 @@ __global__ void batchnorm_mean_kernel(struct channel_stat *stat, const double *p
         stat[ch].mean = s / count;
 }
 
+/* Channel ch's mean and rstd, for the apply kernel (stat) and, where asked for, the saved statistics. */
+__device__ static void put_channel_stat(struct channel_stat *stat, float *mean, float *rstd, int64_t ch, float mu_f,
+                                        float rs_f)
+{
+    stat[ch].a = mu_f;
+    stat[ch].b = rs_f;
+    if (mean)
+        mean[ch] = mu_f;
+    if (rstd)
+        rstd[ch] = rs_f;
+}
+
 /* One block per channel: variance, rstd, the running statistics (PyTorch: unbiased variance). */
 __global__ void batchnorm_var_kernel(struct channel_stat *stat, float *mean, float *rstd, float *rm, float *rv,
                                      const double *p1, int64_t chunks, double count, float eps, float momentum)
@@ -242,12 +254,7 @@ __global__ void batchnorm_var_kernel(struct channel_stat *stat, float *mean, flo
         rm[ch] = (float)((1.0 - m) * rm[ch] + m * mu);
     if (rv)
         rv[ch] = (float)((1.0 - m) * rv[ch] + m * unbiased);
-    stat[ch].a = mu_f;
-    stat[ch].b = rs_f;
-    if (mean)
-        mean[ch] = mu_f;
-    if (rstd)
-        rstd[ch] = rs_f;
+    put_channel_stat(stat, mean, rstd, ch, mu_f, rs_f);
 }
 
 /* Eval mode: the running statistics as the channel's mean and rstd. One thread per channel. */
@@ -258,12 +265,7 @@ __global__ void batchnorm_eval_stats_kernel(struct channel_stat *stat, float *me
     if (ch >= c)
         return;
     float mu_f = rm[ch], rs_f = (float)(1.0 / sqrt((double)rv[ch] + (double)eps));
-    stat[ch].a = mu_f;
-    stat[ch].b = rs_f;
-    if (mean)
-        mean[ch] = mu_f;
-    if (rstd)
-        rstd[ch] = rs_f;
+    put_channel_stat(stat, mean, rstd, ch, mu_f, rs_f);
 }
 
 /* y = (x - mean) * rstd * gamma + beta, every element (grid-stride). */
