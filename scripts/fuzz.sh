@@ -16,7 +16,8 @@
 #   FUZZ_ARGS="-max_len=512 ..."      more libFuzzer flags; AMP_FUZZ_ORACLES=0 hunts crashes only (fuzz_common.h).
 #   REPLAY=1 HARNESS=X scripts/fuzz.sh  no fuzzing: replay and classify every finding kept in build-fuzz/findings/X/
 #                                     (a run triages its first TRIAGE_MAX=30 and keeps the rest unreplayed; their
-#                                     count is the table's last column); a finding's report, once made, is reused.
+#                                     count is the table's last column); a finding's report is reused unless the
+#                                     harness was built after it (then it is replayed anew on this build).
 #
 # libFuzzer stops at a finding; this script starts it again on the same corpus until the harness's time is up, so
 # one run lists every finding it meets (libFuzzer's own -fork mode would too, but restarting a job costs seconds
@@ -146,7 +147,7 @@ triage() {
   local bin=$1 file=$2 log=$2.txt child=$2.child.txt
   # full stacks through libraries built without frame pointers (libhdf5), so an allocation shows who asked for it;
   # the trial process's own output (fuzz_ckpt_guarded) kept in FILE.child.txt (lib/trial.h: AMPTRAIN_TRIAL_LOG)
-  if [ ! -f "$log" ]; then
+  if [ ! -f "$log" ] || [ "$bin" -nt "$log" ]; then # none yet, or made by an older build of the harness
     rm -f "$child"
     ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0:malloc_context_size=40" TMPDIR=$tmpdir \
       AMPTRAIN_TRIAL_LOG=$root/$child timeout 120 "$bin" -runs=1 -timeout=10 -rss_limit_mb=2048 "$file" > "$log" 2>&1 ||
@@ -231,7 +232,7 @@ classify() {
 # ---- account for one harness's findings ----------------------------------------------------------------
 # account HARNESS BIN MAX DIR FRESH: triage the findings named in DIR (their copies in build-fuzz/findings/HARNESS)
 # up to MAX of them, keep the rest unreplayed; FRESH=1 replays each anew (a run: the same bytes may behave otherwise
-# in this tree), else an existing report is reused. Sets nours, nhdf5, nflaky, nskip and n, and prints the distinct
+# in this tree), else an existing report is reused where it is newer than BIN. Sets nours, nhdf5, nflaky, nskip and n, and prints the distinct
 # lines and one FINDING line each.
 account() {
   local h=$1 bin=$2 max=$3 dir=$4 fresh=$5 f kept line
