@@ -2,12 +2,13 @@
  * threadpool.c — the persistent pthread pool behind parallel_for (threadpool.h says the contract and
  * why pthreads rather than OpenMP).
  *
- * The workers sleep on a condition variable between jobs. A job is (fn, arg, n_chunks) plus one atomic
- * claim word: every participant, the caller included, takes the next chunk index from it until none is
- * left, and the caller waits until every chunk is finished. A generation number tells a woken worker
- * that a new job is there (so spurious wake-ups do nothing) and tags the claim word (run_chunks). Chunks are claimed dynamically,
- * which balances uneven chunks; the results cannot depend on who ran what, since callers make chunks
- * independent (threadpool.h).
+ * A job is (fn, arg, n_chunks) in one of two slots plus one atomic claim word: every participant, the caller
+ * included, takes the next chunk index from the claim word until none is left, and the caller waits until
+ * every chunk is finished. A generation number publishes the job (so spurious wake-ups do nothing) and tags
+ * the claim word (run_chunks). Nothing is handed out under the mutex: it and the two condition variables
+ * serve only threads that sleep, after spinning a while (SPIN_NS_*). Chunks are claimed dynamically, which
+ * balances uneven chunks; the results cannot depend on who ran what, since callers make chunks independent
+ * (threadpool.h).
  */
 #define _GNU_SOURCE
 #include "threadpool.h"
@@ -18,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 
 struct worker_arg {
     struct threadpool *pool;
@@ -30,38 +32,87 @@ struct worker_arg {
 #define CHUNK_BITS 40
 #define CHUNK_MASK ((UINT64_C(1) << CHUNK_BITS) - 1)
 
+/* One job, in slot generation & 1. Its fields are written (release) before the generation is published
+ * and read (acquire) after it; a worker that reads a slot late, while the caller refills it for the job
+ * after next, may see a mixture, but that refill comes after the claim word moved on to the next job, so
+ * the mixture's claims all fail (run_chunks) and it runs nothing. */
+struct job {
+    _Atomic(parallel_fn) fn;
+    _Atomic(void *) arg;
+    _Atomic int64_t n_chunks;
+};
+
 struct threadpool {
     int threads;
     pthread_t *tids;             /* threads - 1 */
     struct worker_arg *args;     /* threads - 1 */
-    pthread_mutex_t mu;
+    int64_t spin_ns;             /* how long a thread watches for work (or the last chunk) before it sleeps */
+    pthread_mutex_t mu;          /* only for sleeping and waking: no job is handed out under it */
     pthread_cond_t wake, done;
-    _Atomic uint64_t generation; /* bumped for each job, under mu (read without it while spinning) */
+    struct job jobs[2];
+    _Atomic int sleepers;        /* workers asleep on `wake` or about to be */
+    _Atomic int caller_waiting;  /* the caller asleep on `done` or about to be */
     _Atomic bool stop;
-    int sleepers;                /* workers blocked on `wake`, under mu */
-    /* the current job: written under mu together with the generation */
-    parallel_fn fn;
-    void *arg;
-    int64_t n_chunks;
-    _Atomic uint64_t claim;      /* generation << CHUNK_BITS | next chunk */
-    _Atomic int64_t finished;    /* chunks of the current job done */
+    /* the words every thread reads while it waits, apart from the ones every chunk writes */
+    _Alignas(64) _Atomic uint64_t generation; /* bumped for each job, by the caller */
+    _Alignas(64) _Atomic uint64_t claim;      /* generation << CHUNK_BITS | next chunk */
+    _Atomic int64_t finished;                 /* chunks of the current job done */
 };
 
 /* Set while a thread runs chunks: a nested parallel_for then runs inline. */
 static _Thread_local bool in_chunk;
 
-/* Between jobs a worker spins this many times (each a pause, ~10-150 cycles; in all well under a
- * millisecond) watching for the next job before it sleeps on the condition variable, and the caller spins
- * as long for the last chunk before it does: a training step issues dozens of short jobs, and waking a
- * sleeping thread costs several microseconds each time. Spinning only decides when a thread looks, never
- * which chunks it runs, so it changes no result. */
-#define SPIN_ROUNDS 4000
+/* How long an idle thread spins (pause) watching for the next job before it sleeps on the condition
+ * variable, and the caller for the last chunk before it does. A training step issues dozens of short jobs
+ * with short serial stretches between them; waking a sleeping thread costs a system call and, in a virtual
+ * machine, tens of microseconds before the thread runs. A time, not a count of pauses (a pause takes ~10
+ * cycles on some CPUs and ~140 on others). When the pool has more threads than the process has CPUs, a
+ * spinning thread would hold a CPU another of ours needs, so it sleeps almost at once. Spinning only
+ * decides when a thread looks, never which chunks it runs, so it changes no result. */
+#define SPIN_NS_OWN_CPUS 2000000 /* 2 ms: longer than the serial stretches of a step */
+#define SPIN_NS_OVERSUBSCRIBED 20000
 
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Spin until done(p, x) or spin_ns have passed; whether it is done. The clock is read every 64 pauses,
+ * and not at all when the wait is shorter than that. */
+static bool spin_until(const struct threadpool *p, bool (*done)(const struct threadpool *, uint64_t), uint64_t x)
+{
+    int64_t deadline = 0;
+    for (unsigned i = 1;; i++) {
+        if (done(p, x))
+            return true;
+        cpu_relax();
+        if (i % 64 == 0) {
+            int64_t t = now_ns();
+            if (!deadline)
+                deadline = t + p->spin_ns;
+            else if (t >= deadline)
+                return done(p, x);
+        }
+    }
+}
+
+static bool job_posted(const struct threadpool *p, uint64_t seen)
+{
+    return atomic_load(&p->generation) != seen || atomic_load(&p->stop);
+}
+
+static bool job_finished(const struct threadpool *p, uint64_t n_chunks)
+{
+    return atomic_load(&p->finished) >= (int64_t)n_chunks;
 }
 
 /* Claim and run chunks of job `gen` until none is left. The caller of parallel_for returns once all are
@@ -78,7 +129,10 @@ static void run_chunks(struct threadpool *p, uint64_t gen, parallel_fn fn, void 
         if (!atomic_compare_exchange_weak(&p->claim, &v, v + 1))
             continue; /* v now holds the current word */
         fn(arg, (int64_t)(v & CHUNK_MASK), worker);
-        if (atomic_fetch_add(&p->finished, 1) + 1 == n_chunks) {
+        /* The last chunk wakes the caller if it went to sleep: it sets caller_waiting before it looks at
+         * `finished` a last time, and this looks at caller_waiting after adding to it (both sequentially
+         * consistent), so one of the two sees the other. */
+        if (atomic_fetch_add(&p->finished, 1) + 1 == n_chunks && atomic_load(&p->caller_waiting)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
@@ -94,23 +148,24 @@ static void *worker_main(void *wa)
     int id = ((struct worker_arg *)wa)->id;
     uint64_t seen = 0;
     for (;;) {
-        for (int i = 0; i < SPIN_ROUNDS && atomic_load(&p->generation) == seen && !atomic_load(&p->stop); i++)
-            cpu_relax();
-        pthread_mutex_lock(&p->mu);
-        while (!atomic_load(&p->stop) && atomic_load(&p->generation) == seen) {
-            p->sleepers++;
-            pthread_cond_wait(&p->wake, &p->mu);
-            p->sleepers--;
-        }
-        if (atomic_load(&p->stop)) {
+        if (!spin_until(p, job_posted, seen)) {
+            /* Asleep: sleepers is raised before the generation is looked at again, and the caller looks at
+             * sleepers after it publishes a generation, so either this sees the job or the caller wakes it
+             * (under mu, which this holds until cond_wait lets go of it). */
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (!job_posted(p, seen))
+                pthread_cond_wait(&p->wake, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
-            break;
         }
+        if (atomic_load(&p->stop))
+            break;
         seen = atomic_load(&p->generation);
-        parallel_fn fn = p->fn;
-        void *arg = p->arg;
-        int64_t n = p->n_chunks;
-        pthread_mutex_unlock(&p->mu);
+        struct job *j = &p->jobs[seen & 1];
+        parallel_fn fn = atomic_load_explicit(&j->fn, memory_order_acquire);
+        void *arg = atomic_load_explicit(&j->arg, memory_order_acquire);
+        int64_t n = atomic_load_explicit(&j->n_chunks, memory_order_acquire);
         run_chunks(p, seen, fn, arg, n, id);
     }
     return NULL;
@@ -124,9 +179,17 @@ struct threadpool *threadpool_create(int threads)
     if (!p)
         return NULL;
     p->threads = 1;
+    p->spin_ns = threads > threadpool_available_cpus() ? SPIN_NS_OVERSUBSCRIBED : SPIN_NS_OWN_CPUS;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
+    for (int s = 0; s < 2; s++) {
+        atomic_init(&p->jobs[s].fn, NULL);
+        atomic_init(&p->jobs[s].arg, NULL);
+        atomic_init(&p->jobs[s].n_chunks, 0);
+    }
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->caller_waiting, 0);
     atomic_init(&p->claim, 0);
     atomic_init(&p->finished, 0);
     atomic_init(&p->generation, 0);
@@ -183,24 +246,27 @@ void parallel_for(struct threadpool *p, int64_t n_chunks, parallel_fn fn, void *
             fn(arg, c, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    /* The previous job is finished, so no worker can claim from it; its slot is the other one. */
     uint64_t gen = atomic_load(&p->generation) + 1;
-    p->fn = fn;
-    p->arg = arg;
-    p->n_chunks = n_chunks;
+    struct job *j = &p->jobs[gen & 1];
+    atomic_store_explicit(&j->fn, fn, memory_order_release);
+    atomic_store_explicit(&j->arg, arg, memory_order_release);
+    atomic_store_explicit(&j->n_chunks, n_chunks, memory_order_release);
     atomic_store(&p->finished, 0);
     atomic_store(&p->claim, (gen << CHUNK_BITS) & ~CHUNK_MASK);
-    atomic_store(&p->generation, gen); /* last: a spinning worker that sees it finds the job complete */
-    if (p->sleepers > 0)
-        pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
-    run_chunks(p, gen, fn, arg, n_chunks, 0);
-    for (int i = 0; i < SPIN_ROUNDS && atomic_load(&p->finished) < n_chunks; i++)
-        cpu_relax();
-    if (atomic_load(&p->finished) < n_chunks) {
+    atomic_store(&p->generation, gen);
+    if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->finished) < n_chunks)
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+    run_chunks(p, gen, fn, arg, n_chunks, 0);
+    if (!spin_until(p, job_finished, (uint64_t)n_chunks)) {
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->caller_waiting, 1);
+        while (!job_finished(p, (uint64_t)n_chunks))
             pthread_cond_wait(&p->done, &p->mu);
+        atomic_store(&p->caller_waiting, 0);
         pthread_mutex_unlock(&p->mu);
     }
 }

@@ -15,9 +15,9 @@
  * builds all take it alike). OpenMP's static schedule would also be deterministic; we gain nothing
  * from its runtime that these ~150 lines do not give.
  *
- * Between jobs the threads spin briefly (pause) before sleeping on a condition variable, and the caller
- * spins as long for the last chunk: a training step issues dozens of short jobs. When a thread looks for
- * work never decides which chunks it runs.
+ * Between jobs the threads spin up to 2 ms (pause) before sleeping on a condition variable, and the caller
+ * spins as long for the last chunk: a training step issues dozens of short jobs with short serial stretches
+ * between them. When a thread looks for work never decides which chunks it runs.
  *
  * A parallel_for called from inside a chunk (nested) runs its chunks inline on that thread, in order.
  * Only one thread may call parallel_for on a pool at a time (the backend is single-caller, as its

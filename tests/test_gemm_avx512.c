@@ -481,6 +481,51 @@ static const uint16_t BF16_A[2] = { 0x0001, 0x1C80 }, BF16_B[2] = { 0x7180, 0x1C
 
 /* The documented deviation: vdpbf16ps reads bf16 subnormals as zero (DAZ) and flushes subnormal fp32
  * results (FTZ); the portable path keeps both. */
+/* An odd k leaves the last pair of every packed line half empty; its partner must be a zero, never the element
+ * after op(A)'s or op(B)'s last k (past the matrix, or the next row's). Here NaN follows each matrix (the pad of a
+ * one-matrix batch) and every element must still match the reference: a NaN read and multiplied by a zero of the
+ * other side would poison the sum. k 17 (one block) and 785 (an odd last block after full ones), every transpose,
+ * on each fast path (fp32, fp16, bf16 on AMX where the CPU has it, and bf16 on vdpbf16ps). */
+static void case_nan_past_k(const struct gcase *c)
+{
+    struct prepared p = prepare(c);
+    struct tensor *ab[2] = { (struct tensor *)p.g.a, (struct tensor *)p.g.b };
+    const int64_t size[2] = { c->sh.m * c->sh.k, c->sh.k * c->sh.n };
+    for (int t = 0; t < 2; t++)
+        for (size_t e = (size_t)size[t]; e < ab[t]->numel; e++) {
+            if (c->in == DT_FP32)
+                ((float *)ab[t]->data)[e] = NAN;
+            else
+                ((uint16_t *)ab[t]->data)[e] = c->in == DT_BF16 ? 0x7FC0 : 0x7E00;
+        }
+    run(under, &p);
+    check(c, &p, p.g.c, NULL, "avx512, NaN past k");
+}
+
+Test(gemm_avx512, odd_k_never_reads_past_the_last_k)
+{
+    const enum dtype ins[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    const int64_t ks[2] = { 17, 785 };
+    for (int d = 0; d < 3; d++) {
+        if (!gemm_avx512_supported(ins[d]))
+            continue;
+        for (int path = 0; path < (ins[d] == DT_BF16 ? 2 : 1); path++) {
+            under = path ? dp : fast;
+            seed(41 + (unsigned)(3 * d + path));
+            for (int ki = 0; ki < 2; ki++)
+                for (int t = 0; t < 4; t++) {
+                    /* pad: more than a row or column of either matrix, all NaN */
+                    struct gshape sh = { t & 1, t >> 1, 40, 33, ks[ki], 1, 64, 1.0f, 0.0f, false, ins[d] != DT_FP32 };
+                    struct gcase c = gcase_of(sh, ins[d]);
+                    int t0 = n_t, m0 = n_mem;
+                    case_nan_past_k(&c);
+                    tracked_free_to(t0, m0);
+                }
+        }
+    }
+    under = fast;
+}
+
 Test(gemm_avx512, portable_path_keeps_subnormals)
 {
     float out[2];

@@ -207,11 +207,14 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
     const enum dtype ins[] = {DT_FP32, DT_FP16, DT_BF16};
     for (int d = 0; d < 3; d++) {
         enum dtype in = ins[d];
-        /* rows not a multiple of 12, k over several k blocks (partial sums), both transposes */
+        /* rows not a multiple of 12, k over several k blocks (partial sums), both transposes; products of at most
+         * 192 rows, or of no more rows than columns, have their columns shared out in 128-column chunks
+         * (gemm_avx512_threaded_cols: 131 x 200, 97 x 130, 260 x 300), the others their rows in bands */
         check_gemm((struct gemm_case){ in, DT_FP32, false, false, false, 0.0f, 131, 200, 700, false });
         check_gemm((struct gemm_case){ in, DT_FP32, true, true, false, 1.0f, 250, 70, 530, false });
         check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 97, 130, 300, false });
         check_gemm((struct gemm_case){ in, in, true, false, false, 1.0f, 400, 33, 200, false });
+        check_gemm((struct gemm_case){ in, in, true, false, false, 0.0f, 260, 300, 530, false });
         /* more columns than one n block (2048) */
         check_gemm((struct gemm_case){ in, DT_FP32, false, false, true, 0.0f, 40, 2100, 64, false });
         /* the GELU epilogue: several 64K-element row blocks of several elementwise chunks, a ragged last one */
@@ -651,8 +654,8 @@ Test(threads, bad_counts_are_refused_naming_the_key)
 /* Each op on shapes of several chunks (and one of a single chunk, which runs inline) in fp32 and the 16-bit
  * dtypes, at 2, 3 and 7 threads against 1: every output byte-identical. The chunk counts in the comments
  * are the backend's (backend_cpu.c): rows_per_chunk(cols) = 16384 / cols rows, LN_COLS = 32 columns,
- * EMB_TABLE_ELEMS = 4096 table elements, ATT_PAR_MACS = 2^20. loss_sum and grad_stats stay on the calling
- * thread (their one ordered double sum would move under fixed-chunk partials), so they have nothing here. */
+ * EMB_TABLE_ELEMS = 4096 table elements, ATT_PAR_MACS = 2^20. loss_sum stays on the calling thread (its one
+ * ordered double sum of a few values a sample), so it has nothing here. */
 
 static const enum dtype dts3[3] = {DT_FP32, DT_FP16, DT_BF16};
 
@@ -908,4 +911,70 @@ Test(ops, fp8_cast_bit_identical_for_any_thread_count)
                 check_fp8_cast(srcs[s], dsts[d], EW_N, c == 1);
                 check_fp8_cast(srcs[s], dsts[d], 1000, c == 1);
             }
+}
+
+/* grad_stats over tensors of several 16 Ki-element chunks, one of a single chunk and one of a few elements, an
+ * Inf and NaNs in some chunks: every field and count byte-identical at 2, 3 and 7 threads, and the sum of
+ * squares exactly the documented order (docs/backend.md): each chunk's element i into lane i % 8, the chunks'
+ * lanes added lane by lane in chunk order across all tensors, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 +
+ * l7)). Computed here in plain C from the same floats. */
+static double gs_reference(const float *const *g, const size_t *n, int nt)
+{
+    double tot[8] = { 0 };
+    for (int t = 0; t < nt; t++)
+        for (size_t c0 = 0; c0 < n[t]; c0 += (size_t)T_EW_CHUNK) {
+            double l[8] = { 0 };
+            for (size_t i = c0; i < n[t] && i < c0 + (size_t)T_EW_CHUNK; i++) {
+                double v = isfinite(g[t][i]) ? (double)g[t][i] : 0.0;
+                l[(i - c0) % 8] += v * v;
+            }
+            for (int k = 0; k < 8; k++)
+                tot[k] += l[k];
+        }
+    return ((tot[0] + tot[1]) + (tot[2] + tot[3])) + ((tot[4] + tot[5]) + (tot[6] + tot[7]));
+}
+
+Test(ops, grad_stats_bit_identical_for_any_thread_count)
+{
+    seed(2203);
+    enum { NT = 5 };
+    const size_t n[NT] = { (size_t)T_EW_CHUNK * 5 + 777, 3, (size_t)T_EW_CHUNK, (size_t)T_EW_CHUNK * 2 + 1, 100 };
+    for (int bad = 0; bad < 2; bad++) {
+        const struct tensor *g[NT];
+        const float *h[NT];
+        for (int t = 0; t < NT; t++) {
+            struct tensor *x = trand(DT_FP32, n[t], -3, 3);
+            float *f = x->data;
+            for (size_t i = 0; i < n[t]; i++) /* magnitudes over 2^40, so an order change moves the bits */
+                f[i] = ldexpf(f[i], (int)(i % 41));
+            if (bad && t == 0) {
+                f[(size_t)T_EW_CHUNK * 3 + 5] = INFINITY;
+                f[10] = NAN;
+            }
+            if (bad && t == 3)
+                f[n[t] - 1] = -NAN;
+            g[t] = x;
+            h[t] = f;
+        }
+        struct grad_check chk[NBE];
+        int64_t counts[NBE][2 * NT];
+        for (int i = 0; i < NBE; i++) {
+            bes[i]->grad_stats(bes[i], g, NT, &chk[i], counts[i]);
+            cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
+        }
+        for (int i = 1; i < NBE; i++) {
+            cr_assert_eq(memcmp(&chk[0], &chk[i], sizeof chk[0]), 0, "grad_stats at %d threads: sumsq %.17g vs %.17g",
+                         thread_counts[i], chk[i].sumsq, chk[0].sumsq);
+            cr_assert_eq(memcmp(counts[0], counts[i], sizeof counts[0]), 0, "grad_stats counts at %d threads",
+                         thread_counts[i]);
+        }
+        double want = gs_reference(h, n, NT);
+        cr_assert_eq(memcmp(&chk[0].sumsq, &want, sizeof want), 0, "sumsq %.17g, the documented order gives %.17g",
+                     chk[0].sumsq, want);
+        cr_assert_eq(chk[0].found_nonfinite, bad);
+        cr_assert_eq(counts[0][0], bad, "tensor 0's Inf");
+        cr_assert_eq(counts[0][NT + 0], bad, "tensor 0's NaN");
+        cr_assert_eq(counts[0][NT + 3], bad, "tensor 3's NaN, in its last chunk");
+        free_all();
+    }
 }

@@ -448,10 +448,12 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
     const bool amx = gemm_uses_amx(cb, a.dt);
     gemm_avx512_scratch_sizes(a.dt, amx, m, n, k, &s);
     const int threads = cpu_threads(cb);
-    const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS && gemm_avx512_row_band(a.dt, amx, m) < m;
+    const bool by_cols = gemm_avx512_by_columns(m, n);
+    const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS &&
+                     (by_cols ? gemm_avx512_col_chunks(n) > 1 : gemm_avx512_row_band(a.dt, amx, m) < m);
     void *pa = NULL, *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
     if (par) {
-        if (!wscratch_reserve(cb, WSCR_PACK_A, s.pack_a_bytes))
+        if (!wscratch_reserve(cb, WSCR_PACK_A, by_cols ? gemm_avx512_pack_a_whole_bytes(a.dt, amx, m, k) : s.pack_a_bytes))
             return;
         for (int w = 0; w < threads; w++)
             cb->wpack_a[w] = cb->wscr[w][WSCR_PACK_A].p;
@@ -470,7 +472,9 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
     struct gemm_avx512_args g = { .in = a.dt, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
                                   .c_dt = c.dt, .ldc = c.ld, .bias = bias };
-    if (par)
+    if (par && by_cols)
+        gemm_avx512_threaded_cols(&g, cb->pool, cb->wpack_a, pb, partial);
+    else if (par)
         gemm_avx512_threaded(&g, cb->pool, cb->wpack_a, pb, partial);
     else
         gemm_avx512(&g, pa, pb, partial);
@@ -2774,8 +2778,6 @@ static bool bits_nonfinite(uint32_t u)
     return (u & 0x7F800000u) == 0x7F800000u;
 }
 
-/* One tensor: sumsq and absmax over finite elements into 8 fixed lanes (so the compiler may vectorise
- * and the order never changes); non-finite elements counted, then told apart only when present. */
 #ifdef HAVE_AVX512_INTRIN
 /* The main loop of grad_stats_one with AVX-512: lane l of `sq` gets the same double products added in
  * the same order as the portable loop (element i goes to lane i % 8; multiply, then add: no FMA), and
@@ -2802,11 +2804,20 @@ __attribute__((target("avx512f,avx512vl"))) static size_t grad_stats_avx512(cons
 }
 #endif
 
-HOT_LOOP static void grad_stats_one(const float *g, size_t n, double lanes[8], double *absmax, int64_t *n_inf,
-                           int64_t *n_nan)
+/* One chunk's statistics (struct gs_part): sumsq into 8 lanes (element i of the chunk to lane i % 8), absmax,
+ * the non-finite elements counted, and told apart only when present. */
+struct gs_part {
+    double lanes[8], absmax;
+    int64_t n_inf, n_nan;
+};
+
+HOT_LOOP static void grad_stats_one(const float *g, size_t n, struct gs_part *out)
 {
     int64_t bad = 0;
-    double mx = *absmax;
+    double mx = 0.0;
+    double *lanes = out->lanes;
+    for (int l = 0; l < 8; l++)
+        lanes[l] = 0.0;
     size_t i = 0;
 #ifdef HAVE_AVX512_INTRIN
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
@@ -2833,33 +2844,101 @@ HOT_LOOP static void grad_stats_one(const float *g, size_t n, double lanes[8], d
         mx = av > mx ? av : mx;
         bad += nf;
     }
-    *absmax = mx;
-    *n_inf = *n_nan = 0;
+    out->absmax = mx;
+    out->n_inf = out->n_nan = 0;
     if (bad)
         for (size_t j = 0; j < n; j++) {
             if (isinf(g[j]))
-                (*n_inf)++;
+                out->n_inf++;
             else if (isnan(g[j]))
-                (*n_nan)++;
+                out->n_nan++;
         }
 }
 
+/* The gradients in EW_CHUNK-element chunks, numbered on from tensor to tensor (first[t] is tensor t's first),
+ * as optim_run's; part[c] is chunk c's statistics. */
+struct gs_job {
+    const struct tensor *const *grads;
+    int n;
+    const int64_t *first; /* n + 1 */
+    struct gs_part *part;
+};
+
+static int gs_tensor_of(const struct gs_job *j, int64_t chunk)
+{
+    int lo = 0, hi = j->n; /* the tensor t with first[t] <= chunk < first[t + 1] */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (j->first[mid] <= chunk)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void gs_chunk(const struct gs_job *j, int64_t chunk, struct gs_part *out)
+{
+    const struct tensor *t = j->grads[gs_tensor_of(j, chunk)];
+    size_t off = (size_t)(chunk - j->first[gs_tensor_of(j, chunk)]) * EW_CHUNK;
+    size_t n = t->numel - off < EW_CHUNK ? t->numel - off : EW_CHUNK;
+    assert(t->dtype == DT_FP32);
+    grad_stats_one((const float *)t->data + off, n, out);
+}
+
+static void gs_chunk_job(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct gs_job *j = arg;
+    gs_chunk(j, chunk, &j->part[chunk]);
+}
+
+/* The fused check over fixed chunks (fixed by the tensors' sizes alone), threaded; then, in chunk order,
+ * each chunk's 8 lanes added into 8 totals (lane by lane), absmax taken, and the non-finite counts summed
+ * per tensor. So the sum of squares has the same bits for any thread count. Without scratch for the
+ * chunks' results the chunks run here one at a time, each combined as it is done: the same additions. */
 static void cpu_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors,
                            struct grad_check *out, int64_t *counts)
 {
-    (void)be;
+    struct cpu_backend *cb = cpu_of(be);
     double lanes[8] = { 0 };
     out->absmax = 0.0;
     out->found_nonfinite = 0;
+    for (int t = 0; t < 2 * ntensors; t++)
+        counts[t] = 0;
+    int64_t stack_first[65], *first = ntensors < 65 ? stack_first : malloc(((size_t)ntensors + 1) * sizeof *first);
+    struct gs_job job = { .grads = grads, .n = ntensors, .first = first };
+    if (first) {
+        first[0] = 0;
+        for (int t = 0; t < ntensors; t++)
+            first[t + 1] = first[t] + ew_chunks(grads[t]->numel);
+        job.part = scratch_get(cb, SCR_ACC1, (size_t)(first[ntensors] > 0 ? first[ntensors] : 1) * sizeof *job.part);
+        if (job.part)
+            parallel_for(cb->pool, first[ntensors], gs_chunk_job, &job);
+    }
     for (int t = 0; t < ntensors; t++) {
-        assert(grads[t]->dtype == DT_FP32);
-        int64_t ni = 0, nn = 0;
-        grad_stats_one((const float *)grads[t]->data, grads[t]->numel, lanes, &out->absmax, &ni, &nn);
-        counts[t] = ni;
-        counts[ntensors + t] = nn;
-        if (ni || nn)
+        int64_t c0 = first ? first[t] : 0, nc = ew_chunks(grads[t]->numel);
+        for (int64_t c = 0; c < nc; c++) {
+            struct gs_part one, *r = &one;
+            if (job.part)
+                r = &job.part[c0 + c];
+            else if (first)
+                gs_chunk(&job, c0 + c, r);
+            else { /* no memory even for the chunk table: tensor t's chunk c directly */
+                size_t off = (size_t)c * EW_CHUNK, n = grads[t]->numel - off < EW_CHUNK ? grads[t]->numel - off : EW_CHUNK;
+                grad_stats_one((const float *)grads[t]->data + off, n, r);
+            }
+            for (int l = 0; l < 8; l++)
+                lanes[l] += r->lanes[l];
+            out->absmax = r->absmax > out->absmax ? r->absmax : out->absmax;
+            counts[t] += r->n_inf;
+            counts[ntensors + t] += r->n_nan;
+        }
+        if (counts[t] || counts[ntensors + t])
             out->found_nonfinite = 1;
     }
+    if (first && first != stack_first)
+        free(first);
     out->sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 

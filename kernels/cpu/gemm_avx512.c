@@ -60,6 +60,9 @@
 
 #include "threadpool.h" /* parallel_for: gemm_avx512_threaded */
 
+#include <assert.h>
+#include <stdatomic.h>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AMP_GEMM_AVX512_X86 1
 #include <cpuid.h>
@@ -314,8 +317,8 @@ TARGET_BF16 static void pack_bf16(uint32_t *dst, const uint16_t *src, int64_t ld
  * dst[r * steps + q] holds (row r, k 2q) low, (row r, k 2q+1) high. Rows past `lines`, the partner of an
  * odd last k and pairs past (kc + 1) / 2 are zero. Rows contiguous in k are copied as they are.
  */
-static void pack_a_amx(uint32_t *dst, const uint16_t *src, int64_t ld, bool contig_k, int64_t l0, int64_t lines,
-                       int64_t p0, int64_t kc, int64_t steps)
+TARGET_AVX512 static void pack_a_amx(uint32_t *dst, const uint16_t *src, int64_t ld, bool contig_k, int64_t l0,
+                                     int64_t lines, int64_t p0, int64_t kc, int64_t steps)
 {
     const int64_t pairs = (kc + 1) / 2;
     for (int64_t lp = 0; lp < lines; lp += MR_AMX, dst += MR_AMX * steps) {
@@ -328,14 +331,31 @@ static void pack_a_amx(uint32_t *dst, const uint16_t *src, int64_t ld, bool cont
                 memset(row + kc, 0, (size_t)(2 * steps - kc) * sizeof(uint16_t));
             }
         } else {
-            for (int64_t q = 0; q < pairs; q++) {
-                const uint16_t *lo = src + (p0 + 2 * q) * ld + l0 + lp, *hi = lo + ld;
-                const bool has_hi = 2 * q + 1 < kc;
-                for (int64_t r = 0; r < nl; r++)
-                    dst[r * steps + q] = (uint32_t)lo[r] | (has_hi ? (uint32_t)hi[r] << 16 : 0u);
+            /* 16 rows by 16 pairs at a time: pair q of the 16 rows (two k rows of the source, widened and
+             * joined) in vector q, then transposed (transpose16: shuffles only move bits) into one vector
+             * per row; pairs past (kc + 1) / 2 and the partner of an odd last k load as zeros */
+            for (int64_t r0 = 0; r0 < nl; r0 += 16) {
+                const __mmask16 rm = lanes16(nl - r0);
+                const int64_t rows = min64(16, nl - r0);
+                for (int64_t q0 = 0; q0 < steps; q0 += 16) {
+                    __m512 v[16];
+                    for (int i = 0; i < 16; i++) {
+                        const int64_t q = q0 + i;
+                        __m512i x = _mm512_setzero_si512();
+                        if (q < pairs) {
+                            const uint16_t *lo = src + (p0 + 2 * q) * ld + l0 + lp + r0;
+                            x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(rm, lo));
+                            if (2 * q + 1 < kc)
+                                x = _mm512_or_si512(
+                                    x, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(rm, lo + ld)), 16));
+                        }
+                        v[i] = _mm512_castsi512_ps(x);
+                    }
+                    transpose16(v);
+                    for (int64_t r = 0; r < rows; r++)
+                        _mm512_storeu_ps((float *)(dst + (r0 + r) * steps + q0), v[r]);
+                }
             }
-            for (int64_t r = 0; r < nl; r++)
-                memset(dst + r * steps + pairs, 0, (size_t)(steps - pairs) * sizeof(uint32_t));
         }
         memset(dst + nl * steps, 0, (size_t)((MR_AMX - nl) * steps) * sizeof(uint32_t));
     }
@@ -516,6 +536,18 @@ TARGET_AVX512 static void pack(enum dtype in, uint32_t *dst, const void *src, in
         pack_f32((float *)dst, src, in, ld, contig_k, l0, lines, p0, kc, w);
 }
 
+/* The microkernel for inputs `in` (amx: on_tiles's answer): tile = A panel x B panel over `steps`. */
+TARGET_AVX512 static void kernel(enum dtype in, bool amx, int64_t steps, const uint32_t *ap, const uint32_t *bp,
+                                 float *tile)
+{
+    if (amx)
+        kernel_amx(steps, ap, bp, tile);
+    else if (in == DT_BF16)
+        kernel_bf16(steps, ap, bp, tile);
+    else
+        kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
+}
+
 /* One (n block, k block) of the product for rows [r0, r1) of C, op(B)'s panels already packed in pb:
  * op(A)'s rows packed MC at a time into pa, then every MR x NR tile and its epilogue. */
 TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t jc, int64_t nc, int64_t p0,
@@ -538,13 +570,7 @@ TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t j
             const uint32_t *bp = pb + (jr / NR) * steps * NR;
             const int nr = (int)min64(NR, nc - jr);
             for (int64_t ir = 0; ir < mc; ir += mr) {
-                const uint32_t *ap = pa + (ir / mr) * steps * mr;
-                if (amx)
-                    kernel_amx(steps, ap, bp, tile);
-                else if (g->in == DT_BF16)
-                    kernel_bf16(steps, ap, bp, tile);
-                else
-                    kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
+                kernel(g->in, amx, steps, pa + (ir / mr) * steps * mr, bp, tile);
                 epilogue(g, tile, ic + ir, jc + jr, (int)min64(mr, mc - ir), nr, first, last, w, ldw);
             }
         }
@@ -633,6 +659,114 @@ TARGET_AVX512 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct
     }
 }
 
+/* ---- few rows: the columns shared out ------------------------------------------------------------ */
+
+/* A product of at most MC rows has one block of op(A)'s rows: banding its rows would give each thread a few
+ * panels that still read all of op(B), packed half by the other thread (in the other core's cache), and cost
+ * two pool jobs per k block. Instead op(A) is packed once, every k block, into one shared buffer, and the
+ * columns are shared out: each chunk of COL_PANELS panels packs its own columns of op(B), k block by k block,
+ * and forms every row of them. Two pool jobs in all. */
+#define COL_PANELS 4
+
+bool gemm_avx512_by_columns(int64_t m, int64_t n)
+{
+    return (m <= MC || (m <= n && m <= 4 * MC)) && n <= NC;
+}
+
+int64_t gemm_avx512_col_chunks(int64_t n)
+{
+    return (n + COL_PANELS * NR - 1) / (COL_PANELS * NR);
+}
+
+/* op(A)'s k blocks, each laid out as gemm_avx512 packs one (whole panels of mr rows, every row its steps). */
+static int64_t whole_a_stride(enum dtype in, bool amx, int64_t m, int64_t k)
+{
+    return round_up(m, mr_of(in, amx)) * steps_of(in, amx, block_k(in, amx, k));
+}
+
+size_t gemm_avx512_pack_a_whole_bytes(enum dtype in, bool amx, int64_t m, int64_t k)
+{
+    const int64_t kc = block_k(in, amx, k);
+    return (size_t)(whole_a_stride(in, amx, m, k) * ((k + kc - 1) / kc)) * sizeof(uint32_t);
+}
+
+struct par_cols {
+    const struct gemm_avx512_args *g;
+    void *const *pack_a; /* per worker: op(A) whole (k block b at b * a_stride) */
+    uint32_t *pb;        /* op(B)'s panels (chunk regions) */
+    float *w;
+    int64_t ldw, kc, a_stride, b_steps;
+    uint64_t seq;        /* this product's number: a worker packs op(A) at its first chunk of it */
+};
+
+/* The product a thread last packed op(A) for (its own buffer), by number. */
+static _Atomic uint64_t cols_seq;
+static _Thread_local uint64_t cols_packed;
+
+TARGET_AVX512 static void pack_a_whole(const struct par_cols *c, uint32_t *pa)
+{
+    const struct gemm_avx512_args *g = c->g;
+    const bool amx = on_tiles(g->in, g->amx);
+    for (int64_t p0 = 0, blk = 0; p0 < g->k; p0 += c->kc, blk++) {
+        const int64_t kcur = min64(c->kc, g->k - p0), steps = steps_of(g->in, g->amx, kcur);
+        uint32_t *dst = pa + blk * c->a_stride;
+        if (amx)
+            pack_a_amx(dst, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, steps);
+        else
+            pack(g->in, dst, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, MR, steps);
+    }
+}
+
+/* Columns [j0, j0 + COL_PANELS * NR) of C: every k block in order, its panels of op(B) packed into this chunk's
+ * own region of pb, then every tile of those columns and its epilogue: for each element the k blocks, and within
+ * one the kernel's steps, in gemm_avx512's order, so the same bits. */
+TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
+{
+    const struct par_cols *c = arg;
+    const struct gemm_avx512_args *g = c->g;
+    const bool amx = on_tiles(g->in, g->amx);
+    const int64_t m = g->m, k = g->k, mr = mr_of(g->in, amx);
+    const int64_t j0 = chunk * COL_PANELS * NR, nc = min64(COL_PANELS * NR, g->n - j0);
+    uint32_t *pb = c->pb + (j0 / NR) * c->b_steps * NR, *pa_all = c->pack_a[worker];
+    float tile[MR_AMX * NR] __attribute__((aligned(64)));
+    if (cols_packed != c->seq) {
+        pack_a_whole(c, pa_all);
+        cols_packed = c->seq;
+    }
+    if (amx)
+        amx_configure();
+    for (int64_t p0 = 0, blk = 0; p0 < k; p0 += c->kc, blk++) {
+        const int64_t kcur = min64(c->kc, k - p0), steps = steps_of(g->in, g->amx, kcur);
+        const bool first = p0 == 0, last = p0 + kcur >= k;
+        const uint32_t *pa = pa_all + blk * c->a_stride;
+        pack(g->in, pb, g->b, g->ldb, g->tb, j0, nc, p0, kcur, NR, steps);
+        for (int64_t jr = 0; jr < nc; jr += NR) {
+            const uint32_t *bp = pb + (jr / NR) * steps * NR;
+            const int nr = (int)min64(NR, nc - jr);
+            for (int64_t ir = 0; ir < m; ir += mr) {
+                kernel(g->in, amx, steps, pa + (ir / mr) * steps * mr, bp, tile);
+                epilogue(g, tile, ir, j0 + jr, (int)min64(mr, m - ir), nr, first, last, c->w, c->ldw);
+            }
+        }
+    }
+    if (amx)
+        amx_release();
+    _mm256_zeroupper(); /* as block_rows */
+}
+
+TARGET_AVX512 void gemm_avx512_threaded_cols(const struct gemm_avx512_args *g, struct threadpool *pool,
+                                             void *const *pack_a, void *pack_b, float *partial)
+{
+    const bool amx = on_tiles(g->in, g->amx);
+    const int64_t kc = block_k(g->in, g->amx, g->k);
+    struct par_cols c = { .g = g, .pack_a = pack_a, .pb = pack_b, .kc = kc,
+                          .a_stride = whole_a_stride(g->in, g->amx, g->m, g->k), .b_steps = steps_of(g->in, amx, kc),
+                          .seq = atomic_fetch_add(&cols_seq, 1) + 1 };
+    assert(gemm_avx512_by_columns(g->m, g->n));
+    c.w = partial_target(g, partial, &c.ldw);
+    parallel_for(pool, gemm_avx512_col_chunks(g->n), cols_chunk, &c);
+}
+
 #else /* not x86-64: the portable path only */
 
 bool gemm_avx512_supported(enum dtype in)
@@ -659,6 +793,30 @@ bool gemm_avx512_amx_supported(void)
 
 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
                           void *pack_b, float *partial)
+{
+    (void)g, (void)pool, (void)pack_a, (void)pack_b, (void)partial;
+}
+
+bool gemm_avx512_by_columns(int64_t m, int64_t n)
+{
+    (void)m, (void)n;
+    return false;
+}
+
+int64_t gemm_avx512_col_chunks(int64_t n)
+{
+    (void)n;
+    return 1;
+}
+
+size_t gemm_avx512_pack_a_whole_bytes(enum dtype in, bool amx, int64_t m, int64_t k)
+{
+    (void)in, (void)amx, (void)m, (void)k;
+    return 0;
+}
+
+void gemm_avx512_threaded_cols(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
+                               void *pack_b, float *partial)
 {
     (void)g, (void)pool, (void)pack_a, (void)pack_b, (void)partial;
 }

@@ -71,4 +71,14 @@ int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m);
 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
                           void *pack_b, float *partial);
 
+/* Few rows (gemm_avx512_by_columns: at most one block of op(A)'s rows, op(B) one block of columns): the same
+ * product with the columns shared out instead, in gemm_avx512_col_chunks(n) chunks (fixed by n): op(A) packed
+ * whole, every k block, into pack_a (gemm_avx512_pack_a_whole_bytes), op(B) into pack_b (pack_b_bytes), each
+ * chunk its own columns' panels; the same bits. */
+bool gemm_avx512_by_columns(int64_t m, int64_t n);
+int64_t gemm_avx512_col_chunks(int64_t n);
+size_t gemm_avx512_pack_a_whole_bytes(enum dtype in, bool amx, int64_t m, int64_t k);
+void gemm_avx512_threaded_cols(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
+                               void *pack_b, float *partial);
+
 #endif
