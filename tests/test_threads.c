@@ -207,9 +207,11 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
     const enum dtype ins[] = {DT_FP32, DT_FP16, DT_BF16};
     for (int d = 0; d < 3; d++) {
         enum dtype in = ins[d];
-        /* rows not a multiple of 12, k over several k blocks (partial sums), both transposes; products of at most
-         * 192 rows, or of no more rows than columns, have their columns shared out in 128-column chunks
-         * (gemm_avx512_threaded_cols: 131 x 200, 97 x 130, 260 x 300), the others their rows in bands */
+        /* rows not a multiple of 12, k over several k blocks (partial sums), both transposes; each of the three
+         * ways gemm_avx512_plan shares a product out: 128-column chunks against a whole op(A) per thread (at
+         * most 192 rows, or no more rows than columns: 131 x 200, 97 x 130, 260 x 300), bands of rows against a
+         * whole op(B) per thread (several k blocks: 250 x 70 x 530), and bands per k block against a shared
+         * op(B) (one k block: 400 x 33 x 200; n over 2048: 40 x 2100 below) */
         check_gemm((struct gemm_case){ in, DT_FP32, false, false, false, 0.0f, 131, 200, 700, false });
         check_gemm((struct gemm_case){ in, DT_FP32, true, true, false, 1.0f, 250, 70, 530, false });
         check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 97, 130, 300, false });

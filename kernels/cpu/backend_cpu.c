@@ -118,7 +118,8 @@ struct cpu_backend {
     struct threadpool *pool;             /* NULL: one thread (the default until set_threads) */
     struct scratch (*wscr)[WSCR_COUNT];  /* per-worker scratch: wscr_rows rows (wscratch_reserve) */
     int wscr_rows;
-    void **wpack_a;                      /* each thread's packed rows of op(A): its wscr[w][WSCR_PACK_A].p */
+    void **wpack_a;                      /* each thread's packed op(A): its wscr[w][WSCR_PACK_A].p */
+    void **wpack_b;                      /* each thread's packed op(B) (a whole one): its wscr[w][WSCR_GEMM_B].p */
     enum amp_status status; /* first failure, AMP_OK when none */
     struct amp_error err;
     bool gemm_avx512[DT_COUNT]; /* products of this input dtype go through gemm_avx512 (the CPU has the
@@ -389,11 +390,26 @@ static void cpu_synchronize(struct backend *be)
     (void)be;
 }
 
+/* Conversions in EW_CHUNK-element chunks on the pool: each element is converted alone. */
+struct convert_job {
+    struct tensor *dst;
+    const struct tensor *src;
+};
+
+static void convert_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct convert_job *j = arg;
+    size_t off = (size_t)chunk * EW_CHUNK, n = j->src->numel - off < EW_CHUNK ? j->src->numel - off : EW_CHUNK;
+    dtype_convert(elem_ptr(j->dst->data, j->dst->dtype, off), j->dst->dtype,
+                  elem_ptr(j->src->data, j->src->dtype, off), j->src->dtype, n);
+}
+
 static void cpu_convert(struct backend *be, struct tensor *dst, const struct tensor *src)
 {
-    (void)be;
     assert(dst->numel == src->numel);
-    dtype_convert(dst->data, dst->dtype, src->data, src->dtype, src->numel);
+    struct convert_job j = { .dst = dst, .src = src };
+    parallel_for(cpu_of(be)->pool, ew_chunks(src->numel), convert_chunk, &j);
 }
 
 /* ---- matrix products ------------------------------------------------------------------------- */
@@ -439,29 +455,32 @@ static bool gemm_uses_amx(const struct cpu_backend *cb, enum dtype in)
 #define GEMM_PAR_MACS ((int64_t)1 << 19)
 
 /* A and B of one dtype through gemm_avx512, same contract as gemm_core. The scratch is taken before C
- * is touched, so a failure to grow it leaves C unwritten. With several threads op(B) is packed into the
- * one shared buffer and each thread packs its band of op(A)'s rows into its own (wscr). */
+ * is touched, so a failure to grow it leaves C unwritten. With several threads the product is shared out as
+ * gemm_avx512_plan says, each thread packing into its own buffers (wscr) and into the shared one. */
 static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                              struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
     struct gemm_avx512_scratch s;
+    struct gemm_avx512_plan plan;
     const bool amx = gemm_uses_amx(cb, a.dt);
     gemm_avx512_scratch_sizes(a.dt, amx, m, n, k, &s);
+    gemm_avx512_plan(a.dt, amx, m, n, k, &plan);
     const int threads = cpu_threads(cb);
-    const bool by_cols = gemm_avx512_by_columns(m, n);
-    const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS &&
-                     (by_cols ? gemm_avx512_col_chunks(n) > 1 : gemm_avx512_row_band(a.dt, amx, m) < m);
-    void *pa = NULL, *pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes);
+    const bool par = threads > 1 && m * n * k >= GEMM_PAR_MACS && plan.chunks > 1;
+    void *pa = NULL, *pb = NULL;
     if (par) {
-        if (!wscratch_reserve(cb, WSCR_PACK_A, by_cols ? gemm_avx512_pack_a_whole_bytes(a.dt, amx, m, k) : s.pack_a_bytes))
+        if (!wscratch_reserve(cb, WSCR_PACK_A, plan.worker_a_bytes) ||
+            (plan.worker_b_bytes && !wscratch_reserve(cb, WSCR_GEMM_B, plan.worker_b_bytes)))
             return;
-        for (int w = 0; w < threads; w++)
+        for (int w = 0; w < threads; w++) {
             cb->wpack_a[w] = cb->wscr[w][WSCR_PACK_A].p;
-    } else {
-        pa = scratch_get(cb, SCR_GEMM_A, s.pack_a_bytes);
-    }
-    if (!pb || (!par && !pa))
+            cb->wpack_b[w] = cb->wscr[w][WSCR_GEMM_B].p;
+        }
+        if (plan.shared_b_bytes && !(pb = scratch_get(cb, SCR_GEMM_B, plan.shared_b_bytes)))
+            return;
+    } else if (!(pa = scratch_get(cb, SCR_GEMM_A, s.pack_a_bytes)) || !(pb = scratch_get(cb, SCR_GEMM_B, s.pack_b_bytes))) {
         return;
+    }
     float *partial = NULL;
     /* more than one k block: partial sums in C itself where that is fp32 and not read, else in scratch */
     if (s.partial_bytes && !(c.dt == DT_FP32 && beta == 0.0f && !bias)) {
@@ -472,10 +491,8 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
     struct gemm_avx512_args g = { .in = a.dt, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
                                   .c_dt = c.dt, .ldc = c.ld, .bias = bias };
-    if (par && by_cols)
-        gemm_avx512_threaded_cols(&g, cb->pool, cb->wpack_a, pb, partial);
-    else if (par)
-        gemm_avx512_threaded(&g, cb->pool, cb->wpack_a, pb, partial);
+    if (par)
+        gemm_avx512_threaded(&g, &plan, cb->pool, cb->wpack_a, cb->wpack_b, pb, partial);
     else
         gemm_avx512(&g, pa, pb, partial);
 }
@@ -3325,8 +3342,10 @@ static void free_workers(struct cpu_backend *cb)
 {
     threadpool_free(cb->pool);
     free(cb->wpack_a);
+    free(cb->wpack_b);
     cb->pool = NULL;
     cb->wpack_a = NULL;
+    cb->wpack_b = NULL;
 }
 
 /* The pool is made once (the engine calls this once, after backend_open); calling it again replaces it. */
@@ -3339,7 +3358,8 @@ static enum amp_status cpu_set_threads(struct backend *be, int threads, struct a
         return AMP_OK;
     cb->pool = threadpool_create(threads);
     cb->wpack_a = calloc((size_t)threads, sizeof *cb->wpack_a);
-    if (!cb->pool || !cb->wpack_a) {
+    cb->wpack_b = calloc((size_t)threads, sizeof *cb->wpack_b);
+    if (!cb->pool || !cb->wpack_a || !cb->wpack_b) {
         free_workers(cb);
         return amp_fail(err, AMP_ERR_INTERNAL, "set run.threads lower (or 1)",
                         "the CPU backend could not start %d threads", threads);

@@ -60,7 +60,6 @@
 
 #include "threadpool.h" /* parallel_for: gemm_avx512_threaded */
 
-#include <assert.h>
 #include <stdatomic.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -607,15 +606,99 @@ TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, v
 
 /* ---- the threaded driver ----------------------------------------------------------------------------- */
 
-#define PANELS_PER_CHUNK 4 /* op(B) panels one thread packs at a time */
+/*
+ * Three ways to share a product out, chosen by gemm_avx512_plan from the shape alone:
+ *  - GEMM_SPLIT_COLUMNS, few rows (at most MC, or no more rows than columns and at most 4 MC; n at most NC):
+ *    every thread packs all of op(A), every k block, once into its own buffer, and chunks of COL_PANELS
+ *    panels of columns each run every k block: pack their own columns of op(B) into their own region of the
+ *    shared buffer, then every tile of those columns. Banding so few rows would give each thread a few
+ *    panels that still read all of op(B), packed half by the other thread (in the other core's cache).
+ *  - GEMM_SPLIT_BANDS_WHOLE_B, several k blocks and op(B) small (n at most NC, packed at most
+ *    WHOLE_B_BYTES): every thread packs all of op(B), every k block, once into its own buffer, and bands of
+ *    rows each run every k block. One pool job where the bands below take two a k block.
+ *  - GEMM_SPLIT_BANDS: for each (n block, k block), op(B)'s panels packed into the shared buffer
+ *    (PANELS_PER_CHUNK a chunk), then bands of rows, each thread packing its band's rows into its own.
+ * Bands are whole panels of rows (at most GEMM_AVX512_MAX_BANDS, fixed by m). In all three each element of
+ * C is summed over the k blocks in order, within one over the kernel's steps, with the epilogue of each k
+ * block in between: gemm_avx512's order, so the same bits.
+ */
+#define PANELS_PER_CHUNK 2
+#define COL_PANELS 4
+#define WHOLE_B_BYTES ((size_t)1 << 20)
+
+/* The product a thread last packed a whole operand for (into its own buffer), by number. */
+static _Atomic uint64_t whole_seq;
+static _Thread_local uint64_t whole_packed;
+
+int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m)
+{
+    const int64_t mr = mr_of(in, amx), panels = (m + mr - 1) / mr;
+    int64_t per = (panels + GEMM_AVX512_MAX_BANDS - 1) / GEMM_AVX512_MAX_BANDS;
+    return per * mr;
+}
+
+/* One k block of an operand packed whole: lines rounded up to whole panels of w, each its steps. */
+static int64_t whole_stride(enum dtype in, bool amx, int64_t lines, int w, int64_t k)
+{
+    return round_up(lines, w) * steps_of(in, amx, block_k(in, amx, k));
+}
+
+void gemm_avx512_plan(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k, struct gemm_avx512_plan *p)
+{
+    amx = on_tiles(in, amx);
+    const int64_t kc = block_k(in, amx, k), blocks = (k + kc - 1) / kc, mr = mr_of(in, amx);
+    const size_t whole_b = (size_t)(whole_stride(in, amx, n, NR, k) * blocks) * sizeof(uint32_t);
+    struct gemm_avx512_scratch s;
+    gemm_avx512_scratch_sizes(in, amx, m, n, k, &s);
+    *p = (struct gemm_avx512_plan){ 0 };
+    if ((m <= MC || (m <= n && m <= 4 * MC)) && n <= NC) {
+        p->split = GEMM_SPLIT_COLUMNS;
+        p->chunks = (n + COL_PANELS * NR - 1) / (COL_PANELS * NR);
+        p->worker_a_bytes = (size_t)(whole_stride(in, amx, m, mr, k) * blocks) * sizeof(uint32_t);
+        p->shared_b_bytes = s.pack_b_bytes;
+    } else if (blocks > 1 && n <= NC && whole_b <= WHOLE_B_BYTES) {
+        p->split = GEMM_SPLIT_BANDS_WHOLE_B;
+        p->chunks = (m + gemm_avx512_row_band(in, amx, m) - 1) / gemm_avx512_row_band(in, amx, m);
+        p->worker_a_bytes = s.pack_a_bytes;
+        p->worker_b_bytes = whole_b;
+    } else {
+        p->split = GEMM_SPLIT_BANDS;
+        p->chunks = (m + gemm_avx512_row_band(in, amx, m) - 1) / gemm_avx512_row_band(in, amx, m);
+        p->worker_a_bytes = s.pack_a_bytes;
+        p->shared_b_bytes = s.pack_b_bytes;
+    }
+}
 
 struct par_block {
     const struct gemm_avx512_args *g;
-    void *const *pack_a;
-    uint32_t *pb;
+    void *const *pack_a, *const *pack_b; /* per worker */
+    uint32_t *pb;                        /* shared */
     float *w;
     int64_t ldw, jc, nc, p0, kcur, band;
+    int64_t kc, whole;                   /* the whole operand's k blocks: kc, stride between them */
+    uint64_t seq;                        /* this product's number (whole_packed) */
 };
+
+/* Pack op(A) (rows, w = mr) or op(B) (columns, w = NR), every k block, into dst, unless this thread already
+ * has for this product. */
+TARGET_AVX512 static void pack_whole(const struct par_block *b, bool a_side, uint32_t *dst)
+{
+    if (whole_packed == b->seq)
+        return;
+    const struct gemm_avx512_args *g = b->g;
+    const bool amx = on_tiles(g->in, g->amx);
+    for (int64_t p0 = 0, blk = 0; p0 < g->k; p0 += b->kc, blk++) {
+        const int64_t kcur = min64(b->kc, g->k - p0), steps = steps_of(g->in, g->amx, kcur);
+        uint32_t *d = dst + blk * b->whole;
+        if (!a_side)
+            pack(g->in, d, g->b, g->ldb, g->tb, 0, g->n, p0, kcur, NR, steps);
+        else if (amx)
+            pack_a_amx(d, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, steps);
+        else
+            pack(g->in, d, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, MR, steps);
+    }
+    whole_packed = b->seq;
+}
 
 TARGET_AVX512 static void pack_b_chunk(void *arg, int64_t chunk, int worker)
 {
@@ -634,118 +717,44 @@ TARGET_AVX512 static void rows_chunk(void *arg, int64_t chunk, int worker)
     block_rows(b->g, b->jc, b->nc, b->p0, b->kcur, r0, r1, b->pack_a[worker], b->pb, b->w, b->ldw);
 }
 
-int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m)
+/* A band of rows through every k block, against this thread's whole op(B). */
+TARGET_AVX512 static void rows_whole_b_chunk(void *arg, int64_t chunk, int worker)
 {
-    const int64_t mr = mr_of(in, amx), panels = (m + mr - 1) / mr;
-    int64_t per = (panels + GEMM_AVX512_MAX_BANDS - 1) / GEMM_AVX512_MAX_BANDS;
-    return per * mr;
-}
-
-TARGET_AVX512 void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool,
-                                        void *const *pack_a, void *pack_b, float *partial)
-{
-    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, g->amx, k);
-    const int64_t band = gemm_avx512_row_band(g->in, g->amx, m);
-    struct par_block b = { .g = g, .pack_a = pack_a, .pb = pack_b, .band = band };
-    b.w = partial_target(g, partial, &b.ldw);
-    for (b.jc = 0; b.jc < n; b.jc += NC) {
-        b.nc = min64(NC, n - b.jc);
-        const int64_t panels = (b.nc + NR - 1) / NR;
-        for (b.p0 = 0; b.p0 < k; b.p0 += kc) {
-            b.kcur = min64(kc, k - b.p0);
-            parallel_for(pool, (panels + PANELS_PER_CHUNK - 1) / PANELS_PER_CHUNK, pack_b_chunk, &b);
-            parallel_for(pool, (m + band - 1) / band, rows_chunk, &b);
-        }
-    }
-}
-
-/* ---- few rows: the columns shared out ------------------------------------------------------------ */
-
-/* A product of at most MC rows has one block of op(A)'s rows: banding its rows would give each thread a few
- * panels that still read all of op(B), packed half by the other thread (in the other core's cache), and cost
- * two pool jobs per k block. Instead op(A) is packed once, every k block, into one shared buffer, and the
- * columns are shared out: each chunk of COL_PANELS panels packs its own columns of op(B), k block by k block,
- * and forms every row of them. Two pool jobs in all. */
-#define COL_PANELS 4
-
-bool gemm_avx512_by_columns(int64_t m, int64_t n)
-{
-    return (m <= MC || (m <= n && m <= 4 * MC)) && n <= NC;
-}
-
-int64_t gemm_avx512_col_chunks(int64_t n)
-{
-    return (n + COL_PANELS * NR - 1) / (COL_PANELS * NR);
-}
-
-/* op(A)'s k blocks, each laid out as gemm_avx512 packs one (whole panels of mr rows, every row its steps). */
-static int64_t whole_a_stride(enum dtype in, bool amx, int64_t m, int64_t k)
-{
-    return round_up(m, mr_of(in, amx)) * steps_of(in, amx, block_k(in, amx, k));
-}
-
-size_t gemm_avx512_pack_a_whole_bytes(enum dtype in, bool amx, int64_t m, int64_t k)
-{
-    const int64_t kc = block_k(in, amx, k);
-    return (size_t)(whole_a_stride(in, amx, m, k) * ((k + kc - 1) / kc)) * sizeof(uint32_t);
-}
-
-struct par_cols {
-    const struct gemm_avx512_args *g;
-    void *const *pack_a; /* per worker: op(A) whole (k block b at b * a_stride) */
-    uint32_t *pb;        /* op(B)'s panels (chunk regions) */
-    float *w;
-    int64_t ldw, kc, a_stride, b_steps;
-    uint64_t seq;        /* this product's number: a worker packs op(A) at its first chunk of it */
-};
-
-/* The product a thread last packed op(A) for (its own buffer), by number. */
-static _Atomic uint64_t cols_seq;
-static _Thread_local uint64_t cols_packed;
-
-TARGET_AVX512 static void pack_a_whole(const struct par_cols *c, uint32_t *pa)
-{
-    const struct gemm_avx512_args *g = c->g;
-    const bool amx = on_tiles(g->in, g->amx);
-    for (int64_t p0 = 0, blk = 0; p0 < g->k; p0 += c->kc, blk++) {
-        const int64_t kcur = min64(c->kc, g->k - p0), steps = steps_of(g->in, g->amx, kcur);
-        uint32_t *dst = pa + blk * c->a_stride;
-        if (amx)
-            pack_a_amx(dst, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, steps);
-        else
-            pack(g->in, dst, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, MR, steps);
-    }
+    const struct par_block *b = arg;
+    const struct gemm_avx512_args *g = b->g;
+    const int64_t r0 = chunk * b->band, r1 = min64(r0 + b->band, g->m);
+    uint32_t *pb = b->pack_b[worker];
+    pack_whole(b, false, pb);
+    for (int64_t p0 = 0, blk = 0; p0 < g->k; p0 += b->kc, blk++)
+        block_rows(g, 0, g->n, p0, min64(b->kc, g->k - p0), r0, r1, b->pack_a[worker], pb + blk * b->whole, b->w,
+                   b->ldw);
 }
 
 /* Columns [j0, j0 + COL_PANELS * NR) of C: every k block in order, its panels of op(B) packed into this chunk's
- * own region of pb, then every tile of those columns and its epilogue: for each element the k blocks, and within
- * one the kernel's steps, in gemm_avx512's order, so the same bits. */
+ * own region of pb, then every tile of those columns against this thread's whole op(A). */
 TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
 {
-    const struct par_cols *c = arg;
-    const struct gemm_avx512_args *g = c->g;
+    const struct par_block *b = arg;
+    const struct gemm_avx512_args *g = b->g;
     const bool amx = on_tiles(g->in, g->amx);
     const int64_t m = g->m, k = g->k, mr = mr_of(g->in, amx);
     const int64_t j0 = chunk * COL_PANELS * NR, nc = min64(COL_PANELS * NR, g->n - j0);
-    uint32_t *pb = c->pb + (j0 / NR) * c->b_steps * NR, *pa_all = c->pack_a[worker];
+    uint32_t *pb = b->pb + (j0 / NR) * steps_of(g->in, amx, b->kc) * NR, *pa_all = b->pack_a[worker];
     float tile[MR_AMX * NR] __attribute__((aligned(64)));
-    if (cols_packed != c->seq) {
-        pack_a_whole(c, pa_all);
-        cols_packed = c->seq;
-    }
+    pack_whole(b, true, pa_all);
     if (amx)
         amx_configure();
-    for (int64_t p0 = 0, blk = 0; p0 < k; p0 += c->kc, blk++) {
-        const int64_t kcur = min64(c->kc, k - p0), steps = steps_of(g->in, g->amx, kcur);
+    for (int64_t p0 = 0, blk = 0; p0 < k; p0 += b->kc, blk++) {
+        const int64_t kcur = min64(b->kc, k - p0), steps = steps_of(g->in, g->amx, kcur);
         const bool first = p0 == 0, last = p0 + kcur >= k;
-        const uint32_t *pa = pa_all + blk * c->a_stride;
+        const uint32_t *pa = pa_all + blk * b->whole;
         pack(g->in, pb, g->b, g->ldb, g->tb, j0, nc, p0, kcur, NR, steps);
         for (int64_t jr = 0; jr < nc; jr += NR) {
             const uint32_t *bp = pb + (jr / NR) * steps * NR;
             const int nr = (int)min64(NR, nc - jr);
             for (int64_t ir = 0; ir < m; ir += mr) {
                 kernel(g->in, amx, steps, pa + (ir / mr) * steps * mr, bp, tile);
-                epilogue(g, tile, ir, j0 + jr, (int)min64(mr, m - ir), nr, first, last, c->w, c->ldw);
+                epilogue(g, tile, ir, j0 + jr, (int)min64(mr, m - ir), nr, first, last, b->w, b->ldw);
             }
         }
     }
@@ -754,17 +763,34 @@ TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
     _mm256_zeroupper(); /* as block_rows */
 }
 
-TARGET_AVX512 void gemm_avx512_threaded_cols(const struct gemm_avx512_args *g, struct threadpool *pool,
-                                             void *const *pack_a, void *pack_b, float *partial)
+TARGET_AVX512 void gemm_avx512_threaded(const struct gemm_avx512_args *g, const struct gemm_avx512_plan *plan,
+                                        struct threadpool *pool, void *const *pack_a, void *const *pack_b,
+                                        void *shared_b, float *partial)
 {
     const bool amx = on_tiles(g->in, g->amx);
-    const int64_t kc = block_k(g->in, g->amx, g->k);
-    struct par_cols c = { .g = g, .pack_a = pack_a, .pb = pack_b, .kc = kc,
-                          .a_stride = whole_a_stride(g->in, g->amx, g->m, g->k), .b_steps = steps_of(g->in, amx, kc),
-                          .seq = atomic_fetch_add(&cols_seq, 1) + 1 };
-    assert(gemm_avx512_by_columns(g->m, g->n));
-    c.w = partial_target(g, partial, &c.ldw);
-    parallel_for(pool, gemm_avx512_col_chunks(g->n), cols_chunk, &c);
+    const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, g->amx, k);
+    struct par_block b = { .g = g, .pack_a = pack_a, .pack_b = pack_b, .pb = shared_b, .kc = kc,
+                           .band = gemm_avx512_row_band(g->in, g->amx, m), .seq = atomic_fetch_add(&whole_seq, 1) + 1 };
+    b.w = partial_target(g, partial, &b.ldw);
+    if (plan->split == GEMM_SPLIT_COLUMNS) {
+        b.whole = whole_stride(g->in, amx, m, (int)mr_of(g->in, amx), k);
+        parallel_for(pool, plan->chunks, cols_chunk, &b);
+        return;
+    }
+    if (plan->split == GEMM_SPLIT_BANDS_WHOLE_B) {
+        b.whole = whole_stride(g->in, amx, n, NR, k);
+        parallel_for(pool, plan->chunks, rows_whole_b_chunk, &b);
+        return;
+    }
+    for (b.jc = 0; b.jc < n; b.jc += NC) {
+        b.nc = min64(NC, n - b.jc);
+        const int64_t panels = (b.nc + NR - 1) / NR;
+        for (b.p0 = 0; b.p0 < k; b.p0 += kc) {
+            b.kcur = min64(kc, k - b.p0);
+            parallel_for(pool, (panels + PANELS_PER_CHUNK - 1) / PANELS_PER_CHUNK, pack_b_chunk, &b);
+            parallel_for(pool, plan->chunks, rows_chunk, &b);
+        }
+    }
 }
 
 #else /* not x86-64: the portable path only */
@@ -780,45 +806,22 @@ void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, f
     (void)g, (void)pack_a, (void)pack_b, (void)partial;
 }
 
-int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m)
-{
-    (void)in, (void)amx;
-    return m;
-}
-
 bool gemm_avx512_amx_supported(void)
 {
     return false;
 }
 
-void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
-                          void *pack_b, float *partial)
+void gemm_avx512_plan(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k, struct gemm_avx512_plan *p)
 {
-    (void)g, (void)pool, (void)pack_a, (void)pack_b, (void)partial;
+    (void)in, (void)amx, (void)m, (void)n, (void)k;
+    *p = (struct gemm_avx512_plan){ .split = GEMM_SPLIT_BANDS, .chunks = 1 };
 }
 
-bool gemm_avx512_by_columns(int64_t m, int64_t n)
+void gemm_avx512_threaded(const struct gemm_avx512_args *g, const struct gemm_avx512_plan *plan,
+                          struct threadpool *pool, void *const *pack_a, void *const *pack_b, void *shared_b,
+                          float *partial)
 {
-    (void)m, (void)n;
-    return false;
-}
-
-int64_t gemm_avx512_col_chunks(int64_t n)
-{
-    (void)n;
-    return 1;
-}
-
-size_t gemm_avx512_pack_a_whole_bytes(enum dtype in, bool amx, int64_t m, int64_t k)
-{
-    (void)in, (void)amx, (void)m, (void)k;
-    return 0;
-}
-
-void gemm_avx512_threaded_cols(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
-                               void *pack_b, float *partial)
-{
-    (void)g, (void)pool, (void)pack_a, (void)pack_b, (void)partial;
+    (void)g, (void)plan, (void)pool, (void)pack_a, (void)pack_b, (void)shared_b, (void)partial;
 }
 
 #endif

@@ -61,24 +61,21 @@ void gemm_avx512_scratch_sizes(enum dtype in, bool amx, int64_t m, int64_t n, in
  * partial sums). Only call when gemm_avx512_supported(g->in). */
 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial);
 
-/* The same product on a thread pool (threadpool.h), with the same bits: op(B)'s panels packed once into
- * the shared pack_b, the rows of C shared out in bands of gemm_avx512_row_band() rows (fixed by m, at
- * most GEMM_AVX512_MAX_BANDS of them), each worker w packing its rows of op(A) into pack_a[w] (one buffer
- * of pack_a_bytes per thread of the pool). */
+/* The same product on a thread pool (threadpool.h), with the same bits, shared out as gemm_avx512_plan says
+ * (from the shape alone; gemm_avx512.c describes the three ways): plan->chunks chunks (worth the pool only
+ * when more than one); each worker w packs into its own pack_a[w] (plan->worker_a_bytes) and pack_b[w]
+ * (plan->worker_b_bytes, when not 0), and into the shared shared_b (plan->shared_b_bytes, when not 0). */
 #define GEMM_AVX512_MAX_BANDS 32
+enum gemm_avx512_split { GEMM_SPLIT_BANDS, GEMM_SPLIT_BANDS_WHOLE_B, GEMM_SPLIT_COLUMNS };
+struct gemm_avx512_plan {
+    enum gemm_avx512_split split;
+    int64_t chunks;
+    size_t worker_a_bytes, worker_b_bytes, shared_b_bytes;
+};
 struct threadpool;
-int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m);
-void gemm_avx512_threaded(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
-                          void *pack_b, float *partial);
-
-/* Few rows (gemm_avx512_by_columns: at most one block of op(A)'s rows, op(B) one block of columns): the same
- * product with the columns shared out instead, in gemm_avx512_col_chunks(n) chunks (fixed by n): op(A) packed
- * whole, every k block, into pack_a (gemm_avx512_pack_a_whole_bytes), op(B) into pack_b (pack_b_bytes), each
- * chunk its own columns' panels; the same bits. */
-bool gemm_avx512_by_columns(int64_t m, int64_t n);
-int64_t gemm_avx512_col_chunks(int64_t n);
-size_t gemm_avx512_pack_a_whole_bytes(enum dtype in, bool amx, int64_t m, int64_t k);
-void gemm_avx512_threaded_cols(const struct gemm_avx512_args *g, struct threadpool *pool, void *const *pack_a,
-                               void *pack_b, float *partial);
+void gemm_avx512_plan(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k, struct gemm_avx512_plan *p);
+void gemm_avx512_threaded(const struct gemm_avx512_args *g, const struct gemm_avx512_plan *plan,
+                          struct threadpool *pool, void *const *pack_a, void *const *pack_b, void *shared_b,
+                          float *partial);
 
 #endif
