@@ -1242,6 +1242,71 @@ Test(backend_cpu, batchnorm_forward_backward)
     check_f32(dx, ge, cnt, 1e-6, 1e-7, "batchnorm eval-mode dx");
 }
 
+/* The channel sums in their documented order (docs/backend.md): per channel, over the images in order and within
+ * one over its plane in order, in double: s += x; then d = x - mean (double), ss += d * d; backward sdy += dy,
+ * sdyx += (double)dy * ((x - mean_f) * rstd_f) (that product in fp32). 19 channels (two groups of 8, which the
+ * AVX-512 path takes as vector lanes, and 3 more), planes of 13 (a tail past the last 8) and 16 elements; x and dy
+ * in fp32 and bf16. mean, rstd, dgamma, dbeta must be these values to the bit. (The squared deviations' order
+ * cannot show: positive terms, whose sum in any order is within n 2^-53 of the exact one, far below fp32's rstd.) */
+Test(backend_cpu, batchnorm_sums_in_their_documented_order)
+{
+    seed(19);
+    const int64_t n = 3, c = 19, hws[2] = { 13, 16 };
+    const enum dtype dts[2] = { DT_FP32, DT_BF16 };
+    for (int h = 0; h < 2; h++)
+        for (int d = 0; d < 2; d++) {
+            const int64_t hw = hws[h];
+            size_t cnt = (size_t)(n * c * hw);
+            struct norm_args a = { .n = n, .c = c, .hw = hw, .eps = 1e-5f, .momentum = 0.1f, .training = true };
+            /* each plane opens with 2^60, seven 200s and -2^60: in order, every 200 rounds 2^60 + s up by a whole
+             * ulp (256), while any other order of the first eight keeps less of them, and the difference survives
+             * the cancellation and the rounding to fp32; the rest random */
+            float *hx = falloc(cnt), *hdy = falloc(cnt), *hg;
+            for (size_t k = 0; k < cnt; k++) {
+                int64_t q = (int64_t)(k % (size_t)hw);
+                float v = q == 0 ? 0x1p60f : q < 8 ? 200.0f : q == 8 ? -0x1p60f : frand(-3, 5);
+                hx[k] = v;
+                hdy[k] = q < 9 ? v : frand(-7, 9);
+            }
+            struct tensor *x = tfrom(dts[d], cnt, hx), *dy = tfrom(dts[d], cnt, hdy);
+            struct tensor *g = trand(DT_FP32, (size_t)c, 0.5f, 1.5f, &hg), *b = trand(DT_FP32, (size_t)c, -1, 1, NULL);
+            struct tensor *y = tnew(dts[d], cnt), *mean = tnew(DT_FP32, (size_t)c), *rstd = tnew(DT_FP32, (size_t)c);
+            struct tensor *dx = tnew(dts[d], cnt), *dg = tnew(DT_FP32, (size_t)c), *db = tnew(DT_FP32, (size_t)c);
+            be->batchnorm_forward(be, &a, y, mean, rstd, NULL, NULL, x, g, b);
+            be->batchnorm_backward(be, &a, dx, dg, db, dy, x, mean, rstd, g, 0.0f);
+            const float *fm = mean->data, *fr = rstd->data, *fg = dg->data, *fb = db->data;
+            for (int64_t ch = 0; ch < c; ch++) {
+                double sum = 0, ss = 0, sdy = 0, sdyx = 0, count = (double)(n * hw);
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t q = 0; q < hw; q++)
+                        sum += hx[(i * c + ch) * hw + q];
+                double mu = sum / count;
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t q = 0; q < hw; q++) {
+                        double dd = hx[(i * c + ch) * hw + q] - mu;
+                        ss += dd * dd;
+                    }
+                float mu_f = (float)mu, rs_f = (float)(1.0 / sqrt(ss / count + (double)a.eps));
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t q = 0; q < hw; q++) {
+                        size_t k = (size_t)((i * c + ch) * hw + q);
+                        sdy += hdy[k];
+                        sdyx += (double)hdy[k] * ((hx[k] - mu_f) * rs_f);
+                    }
+                const char *what = dts[d] == DT_FP32 ? "fp32" : "bf16";
+                cr_assert(memcmp(&fm[ch], &mu_f, sizeof mu_f) == 0, "%s hw %lld channel %lld: mean %.9g, want %.9g",
+                          what, (long long)hw, (long long)ch, (double)fm[ch], (double)mu_f);
+                cr_assert(memcmp(&fr[ch], &rs_f, sizeof rs_f) == 0, "%s hw %lld channel %lld: rstd %.9g, want %.9g",
+                          what, (long long)hw, (long long)ch, (double)fr[ch], (double)rs_f);
+                float want_g = (float)sdyx, want_b = (float)sdy;
+                cr_assert(memcmp(&fg[ch], &want_g, sizeof want_g) == 0, "%s hw %lld channel %lld: dgamma %.9g, want %.9g",
+                          what, (long long)hw, (long long)ch, (double)fg[ch], (double)want_g);
+                cr_assert(memcmp(&fb[ch], &want_b, sizeof want_b) == 0, "%s hw %lld channel %lld: dbeta %.9g, want %.9g",
+                          what, (long long)hw, (long long)ch, (double)fb[ch], (double)want_b);
+            }
+        }
+}
+
 /* ---- embedding --------------------------------------------------------------------------------- */
 
 Test(backend_cpu, embedding_forward_and_repeated_token_backward)

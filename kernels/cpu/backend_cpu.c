@@ -2033,6 +2033,109 @@ static int64_t bn_chunk_channels(const struct norm_args *a)
     return by_size > CHAINS ? by_size : CHAINS;
 }
 
+#ifdef HAVE_AVX512_INTRIN
+/* The channel sums of CHAINS (8) channels with the channels as the lanes of one vector: 8 floats of each plane
+ * transposed (shuffles only move bits) so that vector e holds element q + e of every plane, then each lane takes
+ * its elements in order, one IEEE operation each as the scalar chains do (widen, subtract, multiply, add: no FMA),
+ * and the last hw % 8 elements of each plane one by one after them. The same sums, bit for bit. */
+#define BN_TARGET __attribute__((target("avx512f,avx512vl")))
+
+BN_TARGET static inline void bn_transpose8(const float *const p[CHAINS], int64_t q, __m256 t[8])
+{
+    __m256 r[8], u[8];
+    for (int l = 0; l < 8; l++)
+        r[l] = _mm256_loadu_ps(p[l] + q);
+    for (int l = 0; l < 8; l += 2) {
+        u[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
+        u[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+    }
+    for (int l = 0; l < 8; l += 4) {
+        r[l] = _mm256_shuffle_ps(u[l], u[l + 2], 0x44);
+        r[l + 1] = _mm256_shuffle_ps(u[l], u[l + 2], 0xEE);
+        r[l + 2] = _mm256_shuffle_ps(u[l + 1], u[l + 3], 0x44);
+        r[l + 3] = _mm256_shuffle_ps(u[l + 1], u[l + 3], 0xEE);
+    }
+    for (int e = 0; e < 4; e++) {
+        t[e] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x20);
+        t[e + 4] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x31);
+    }
+}
+
+/* s[l] += p[l][q] for q < hw, in order (bn_stats' first pass). */
+BN_TARGET static void bn_sum8_avx512(const float *const p[CHAINS], int64_t hw, double s[CHAINS])
+{
+    __m512d acc = _mm512_loadu_pd(s);
+    int64_t q = 0;
+    for (; q + 8 <= hw; q += 8) {
+        __m256 t[8];
+        bn_transpose8(p, q, t);
+        for (int e = 0; e < 8; e++)
+            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(t[e]));
+    }
+    _mm512_storeu_pd(s, acc);
+    for (int l = 0; l < CHAINS; l++)
+        for (int64_t r = q; r < hw; r++)
+            s[l] += p[l][r];
+}
+
+/* ss[l] += (p[l][q] - mu[l])^2 for q < hw, in order (bn_stats' second pass; d in double). */
+BN_TARGET static void bn_sumsq8_avx512(const float *const p[CHAINS], int64_t hw, const double mu[CHAINS],
+                                       double ss[CHAINS])
+{
+    __m512d acc = _mm512_loadu_pd(ss);
+    const __m512d m = _mm512_loadu_pd(mu);
+    int64_t q = 0;
+    for (; q + 8 <= hw; q += 8) {
+        __m256 t[8];
+        bn_transpose8(p, q, t);
+        for (int e = 0; e < 8; e++) {
+            __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(t[e]), m);
+            acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
+        }
+    }
+    _mm512_storeu_pd(ss, acc);
+    for (int l = 0; l < CHAINS; l++)
+        for (int64_t r = q; r < hw; r++) {
+            double d = p[l][r] - mu[l];
+            ss[l] += d * d;
+        }
+}
+
+/* sdy[l] += dy, sdyx[l] += (double)dy * ((x - mu[l]) * rs[l]) (the product in fp32) for q < hw, in order
+ * (bn_grad_sums). */
+BN_TARGET static void bn_gradsum8_avx512(const float *const xp[CHAINS], const float *const dp[CHAINS], int64_t hw,
+                                         const float mu[CHAINS], const float rs[CHAINS], double sdy[CHAINS],
+                                         double sdyx[CHAINS])
+{
+    __m512d a_dy = _mm512_loadu_pd(sdy), a_dyx = _mm512_loadu_pd(sdyx);
+    const __m256 m = _mm256_loadu_ps(mu), r = _mm256_loadu_ps(rs);
+    int64_t q = 0;
+    for (; q + 8 <= hw; q += 8) {
+        __m256 tx[8], td[8];
+        bn_transpose8(xp, q, tx);
+        bn_transpose8(dp, q, td);
+        for (int e = 0; e < 8; e++) {
+            __m512d dy = _mm512_cvtps_pd(td[e]);
+            __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(tx[e], m), r);
+            a_dy = _mm512_add_pd(a_dy, dy);
+            a_dyx = _mm512_add_pd(a_dyx, _mm512_mul_pd(dy, _mm512_cvtps_pd(xhat)));
+        }
+    }
+    _mm512_storeu_pd(sdy, a_dy);
+    _mm512_storeu_pd(sdyx, a_dyx);
+    for (int l = 0; l < CHAINS; l++)
+        for (int64_t e = q; e < hw; e++) {
+            sdy[l] += dp[l][e];
+            sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]);
+        }
+}
+
+static bool bn_avx512(int64_t lanes)
+{
+    return lanes == CHAINS && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
 /* Training statistics of channels ch0 .. ch0 + lanes - 1 (lanes <= CHAINS): each channel's double sum of
  * its values over the images in order, then of its squared deviations from its mean (xbuf: lanes planes,
  * where x is 16-bit). */
@@ -2048,6 +2151,12 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
     for (int64_t i = 0; i < n; i++) {
         for (int64_t l = 0; l < lanes; l++)
             p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
+#ifdef HAVE_AVX512_INTRIN
+        if (bn_avx512(lanes)) {
+            bn_sum8_avx512(p, hw, s);
+            continue;
+        }
+#endif
         FOR_CHAINS(lanes, hw, l, q, s[l] += p[l][q]);
     }
     for (int64_t l = 0; l < lanes; l++)
@@ -2055,6 +2164,12 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
     for (int64_t i = 0; i < n; i++) {
         for (int64_t l = 0; l < lanes; l++)
             p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
+#ifdef HAVE_AVX512_INTRIN
+        if (bn_avx512(lanes)) {
+            bn_sumsq8_avx512(p, hw, mu, ss);
+            continue;
+        }
+#endif
         FOR_CHAINS(lanes, hw, l, q, double d = p[l][q] - mu[l]; ss[l] += d * d);
     }
 }
@@ -2163,6 +2278,12 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
             xp[l] = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf ? xbuf + l * hw : NULL);
             dp[l] = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf ? dybuf + l * hw : NULL);
         }
+#ifdef HAVE_AVX512_INTRIN
+        if (bn_avx512(lanes)) {
+            bn_gradsum8_avx512(xp, dp, hw, mu, rs, sdy, sdyx);
+            continue;
+        }
+#endif
         FOR_CHAINS(lanes, hw, l, e, sdy[l] += dp[l][e]; sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]));
     }
     for (int64_t l = 0; l < lanes; l++) {
