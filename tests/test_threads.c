@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "backend.h"    /* backend_cpu_create, set_threads, the op table */
 #include "gemm_avx512.h" /* gemm_avx512_amx_supported */
@@ -46,6 +47,15 @@ static void count_chunk(void *arg, int64_t chunk, int worker)
         atomic_store(&j->bad_worker, 1);
 }
 
+/* A chunk that takes 5 ms, longer than the pool spins: whoever finishes first goes to sleep and must be woken by
+ * the one that finishes the last chunk. */
+static void slow_chunk(void *arg, int64_t chunk, int worker)
+{
+    struct timespec pause = { 0, 5000000 };
+    nanosleep(&pause, NULL);
+    count_chunk(arg, chunk, worker);
+}
+
 static void nested_inner(void *arg, int64_t chunk, int worker)
 {
     (void)chunk;
@@ -62,7 +72,7 @@ static void nested_outer(void *arg, int64_t chunk, int worker)
     parallel_for(j->pool, 3, nested_inner, arg);
 }
 
-Test(threads, pool_runs_every_chunk_once)
+Test(threads, pool_runs_every_chunk_once, .timeout = 60)
 {
     const int counts[] = {1, 2, 3, 7};
     const int64_t chunks[] = {0, 1, 2, 5, 1000};
@@ -82,6 +92,22 @@ Test(threads, pool_runs_every_chunk_once)
                                  counts[t], (long long)chunks[c], (long long)i, atomic_load(&runs[i]));
                 cr_assert_eq(atomic_load(&j.bad_worker), 0);
             }
+            /* now and then longer than the pool spins (2 ms, or 20 us when it has more threads than CPUs), so
+             * the workers and the caller go to sleep and are woken (threadpool.c) */
+            if (rep % 10 == 9) {
+                struct timespec pause = { 0, 3000000 };
+                nanosleep(&pause, NULL);
+            }
+        }
+        for (int rep = 0; rep < 3; rep++) {
+            _Atomic int slow_runs[3];
+            for (int i = 0; i < 3; i++)
+                atomic_init(&slow_runs[i], 0);
+            struct count_job j = { .runs = slow_runs, .threads = counts[t] };
+            parallel_for(p, 3, slow_chunk, &j);
+            for (int i = 0; i < 3; i++)
+                cr_assert_eq(atomic_load(&slow_runs[i]), 1, "threads %d: slow chunk %d ran %d times", counts[t], i,
+                             atomic_load(&slow_runs[i]));
         }
         _Atomic int runs[10];
         for (int i = 0; i < 10; i++)
