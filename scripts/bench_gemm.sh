@@ -6,13 +6,8 @@
 #   MODEL=gpt DTYPE=fp32 THREADS="1 2 4" scripts/bench_gemm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${BUILD_DIR:-build}
-[ -f "$build/libamp.a" ] || { echo "bench_gemm: $build/libamp.a not built; run scripts/build.sh" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-hdf5=$(pkg-config --libs hdf5 2> /dev/null || echo -lhdf5_serial)
-# shellcheck disable=SC2086 # hdf5 holds several flags
-cc -O2 -std=c11 -Ilib -Imodels scripts/bench_gemm.c "$build/libamp.a" -lopenblas $hdf5 -lyaml -lz -lm -lpthread \
-  -o "$tmp/bench_gemm"
+scripts/bench_cc.sh scripts/bench_gemm.c "$tmp/bench_gemm"
 # shellcheck disable=SC2086 # THREADS holds several counts
 OPENBLAS_NUM_THREADS=1 "$tmp/bench_gemm" "${MODEL:-mlp}" "${DTYPE:-bf16}" ${THREADS:-1 2}

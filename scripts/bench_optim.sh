@@ -8,13 +8,8 @@
 #   PARAMS=401408,512,262144,512,5120,10 ...      the tensors' sizes (these: configs/fashion_mlp.yaml's parameters)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${BUILD_DIR:-build}
-[ -f "$build/libamp.a" ] || { echo "bench_optim: $build/libamp.a not built; run scripts/build.sh" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-hdf5=$(pkg-config --libs hdf5 2> /dev/null || echo -lhdf5_serial)
-# shellcheck disable=SC2086 # hdf5 holds several flags
-cc -O2 -std=c11 -Ilib -Imodels scripts/bench_optim.c "$build/libamp.a" -lopenblas $hdf5 -lyaml -lz -lm -lpthread \
-  -o "$tmp/bench_optim"
+scripts/bench_cc.sh scripts/bench_optim.c "$tmp/bench_optim"
 # shellcheck disable=SC2086 # THREADS holds several counts
 OPENBLAS_NUM_THREADS=1 "$tmp/bench_optim" ${THREADS:-1}

@@ -3002,12 +3002,14 @@ struct gs_job {
     struct gs_part *part;
 };
 
-static int gs_tensor_of(const struct gs_job *j, int64_t chunk)
+/* Which of n tensors chunk `chunk` belongs to, their chunks numbered on from tensor to tensor (first[i] is
+ * tensor i's first, first[n] the total): the i with first[i] <= chunk < first[i + 1]. */
+static int chunk_owner(const int64_t *first, int n, int64_t chunk)
 {
-    int lo = 0, hi = j->n; /* the tensor t with first[t] <= chunk < first[t + 1] */
+    int lo = 0, hi = n;
     while (hi - lo > 1) {
         int mid = (lo + hi) / 2;
-        if (j->first[mid] <= chunk)
+        if (first[mid] <= chunk)
             lo = mid;
         else
             hi = mid;
@@ -3017,8 +3019,9 @@ static int gs_tensor_of(const struct gs_job *j, int64_t chunk)
 
 static void gs_chunk(const struct gs_job *j, int64_t chunk, struct gs_part *out)
 {
-    const struct tensor *t = j->grads[gs_tensor_of(j, chunk)];
-    size_t off = (size_t)(chunk - j->first[gs_tensor_of(j, chunk)]) * EW_CHUNK;
+    const int i = chunk_owner(j->first, j->n, chunk);
+    const struct tensor *t = j->grads[i];
+    size_t off = (size_t)(chunk - j->first[i]) * EW_CHUNK;
     size_t n = t->numel - off < EW_CHUNK ? t->numel - off : EW_CHUNK;
     assert(t->dtype == DT_FP32);
     grad_stats_one((const float *)t->data + off, n, out);
@@ -3284,14 +3287,7 @@ static void optim_chunk(void *arg, int64_t chunk, int worker)
 {
     (void)worker;
     const struct optim_job *j = arg;
-    int lo = 0, hi = j->n; /* the parameter i with first[i] <= chunk < first[i + 1] */
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (j->first[mid] <= chunk)
-            lo = mid;
-        else
-            hi = mid;
-    }
+    const int lo = chunk_owner(j->first, j->n, chunk);
     const struct optim_update_args *a = &j->a[lo];
     size_t n = a->master->numel, off = (size_t)(chunk - j->first[lo]) * EW_CHUNK;
     size_t end = n - off < EW_CHUNK ? n : off + EW_CHUNK;
