@@ -2040,11 +2040,26 @@ static int64_t bn_chunk_channels(const struct norm_args *a)
  * and the last hw % 8 elements of each plane one by one after them. The same sums, bit for bit. */
 #define BN_TARGET __attribute__((target("avx512f,avx512vl")))
 
-BN_TARGET static inline void bn_transpose8(const float *const p[CHAINS], int64_t q, __m256 t[8])
+/* Element q of a plane: fp32, or bf16 widened (exactly: bf16 is fp32's upper half). */
+static inline float bn_elem(const void *p, int64_t q, bool bf16)
+{
+    return bf16 ? bf16_to_fp32(((const uint16_t *)p)[q]) : ((const float *)p)[q];
+}
+
+BN_TARGET static inline __m256 bn_load8(const void *p, int64_t q, bool bf16)
+{
+    if (bf16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + q))), 16));
+    return _mm256_loadu_ps((const float *)p + q);
+}
+
+/* Elements q .. q + 7 of the 8 planes p (fp32, or bf16 read as it is stored) transposed: t[e] lane l = p[l][q + e]. */
+BN_TARGET static inline void bn_transpose8(const void *const p[CHAINS], bool bf16, int64_t q, __m256 t[8])
 {
     __m256 r[8], u[8];
     for (int l = 0; l < 8; l++)
-        r[l] = _mm256_loadu_ps(p[l] + q);
+        r[l] = bn_load8(p[l], q, bf16);
     for (int l = 0; l < 8; l += 2) {
         u[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
         u[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
@@ -2062,24 +2077,24 @@ BN_TARGET static inline void bn_transpose8(const float *const p[CHAINS], int64_t
 }
 
 /* s[l] += p[l][q] for q < hw, in order (bn_stats' first pass). */
-BN_TARGET static void bn_sum8_avx512(const float *const p[CHAINS], int64_t hw, double s[CHAINS])
+BN_TARGET static void bn_sum8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw, double s[CHAINS])
 {
     __m512d acc = _mm512_loadu_pd(s);
     int64_t q = 0;
     for (; q + 8 <= hw; q += 8) {
         __m256 t[8];
-        bn_transpose8(p, q, t);
+        bn_transpose8(p, bf16, q, t);
         for (int e = 0; e < 8; e++)
             acc = _mm512_add_pd(acc, _mm512_cvtps_pd(t[e]));
     }
     _mm512_storeu_pd(s, acc);
     for (int l = 0; l < CHAINS; l++)
         for (int64_t r = q; r < hw; r++)
-            s[l] += p[l][r];
+            s[l] += bn_elem(p[l], r, bf16);
 }
 
 /* ss[l] += (p[l][q] - mu[l])^2 for q < hw, in order (bn_stats' second pass; d in double). */
-BN_TARGET static void bn_sumsq8_avx512(const float *const p[CHAINS], int64_t hw, const double mu[CHAINS],
+BN_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw, const double mu[CHAINS],
                                        double ss[CHAINS])
 {
     __m512d acc = _mm512_loadu_pd(ss);
@@ -2087,7 +2102,7 @@ BN_TARGET static void bn_sumsq8_avx512(const float *const p[CHAINS], int64_t hw,
     int64_t q = 0;
     for (; q + 8 <= hw; q += 8) {
         __m256 t[8];
-        bn_transpose8(p, q, t);
+        bn_transpose8(p, bf16, q, t);
         for (int e = 0; e < 8; e++) {
             __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(t[e]), m);
             acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
@@ -2096,24 +2111,24 @@ BN_TARGET static void bn_sumsq8_avx512(const float *const p[CHAINS], int64_t hw,
     _mm512_storeu_pd(ss, acc);
     for (int l = 0; l < CHAINS; l++)
         for (int64_t r = q; r < hw; r++) {
-            double d = p[l][r] - mu[l];
+            double d = bn_elem(p[l], r, bf16) - mu[l];
             ss[l] += d * d;
         }
 }
 
 /* sdy[l] += dy, sdyx[l] += (double)dy * ((x - mu[l]) * rs[l]) (the product in fp32) for q < hw, in order
  * (bn_grad_sums). */
-BN_TARGET static void bn_gradsum8_avx512(const float *const xp[CHAINS], const float *const dp[CHAINS], int64_t hw,
-                                         const float mu[CHAINS], const float rs[CHAINS], double sdy[CHAINS],
-                                         double sdyx[CHAINS])
+BN_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS], bool bf16,
+                                         int64_t hw, const float mu[CHAINS], const float rs[CHAINS],
+                                         double sdy[CHAINS], double sdyx[CHAINS])
 {
     __m512d a_dy = _mm512_loadu_pd(sdy), a_dyx = _mm512_loadu_pd(sdyx);
     const __m256 m = _mm256_loadu_ps(mu), r = _mm256_loadu_ps(rs);
     int64_t q = 0;
     for (; q + 8 <= hw; q += 8) {
         __m256 tx[8], td[8];
-        bn_transpose8(xp, q, tx);
-        bn_transpose8(dp, q, td);
+        bn_transpose8(xp, bf16, q, tx);
+        bn_transpose8(dp, bf16, q, td);
         for (int e = 0; e < 8; e++) {
             __m512d dy = _mm512_cvtps_pd(td[e]);
             __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(tx[e], m), r);
@@ -2125,9 +2140,23 @@ BN_TARGET static void bn_gradsum8_avx512(const float *const xp[CHAINS], const fl
     _mm512_storeu_pd(sdyx, a_dyx);
     for (int l = 0; l < CHAINS; l++)
         for (int64_t e = q; e < hw; e++) {
-            sdy[l] += dp[l][e];
-            sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]);
+            float dv = bn_elem(dp[l], e, bf16), xv = bn_elem(xp[l], e, bf16);
+            sdy[l] += dv;
+            sdyx[l] += (double)dv * ((xv - mu[l]) * rs[l]);
         }
+}
+
+/* The 8 planes of image i from channel ch0 as the vector kernels read them: a bf16 tensor as it is stored, else
+ * as fp32 (load_f32: fp16 widened into buf's planes). Whether they are bf16. */
+static bool bn_planes(const struct tensor *t, size_t off0, int64_t hw, float *buf, const void *p[CHAINS])
+{
+    const bool bf16 = t->dtype == DT_BF16;
+    for (int l = 0; l < CHAINS; l++) {
+        size_t off = off0 + (size_t)(l * hw);
+        p[l] = bf16 ? (const void *)((const uint16_t *)t->data + off)
+                    : (const void *)load_f32(t->data, t->dtype, off, (size_t)hw, buf ? buf + l * hw : NULL);
+    }
+    return bf16;
 }
 
 static bool bn_avx512(int64_t lanes)
@@ -2149,27 +2178,31 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
     for (int64_t l = 0; l < lanes; l++)
         s[l] = ss[l] = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        for (int64_t l = 0; l < lanes; l++)
-            p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
 #ifdef HAVE_AVX512_INTRIN
         if (bn_avx512(lanes)) {
-            bn_sum8_avx512(p, hw, s);
+            const void *v[CHAINS];
+            bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
+            bn_sum8_avx512(v, bf16, hw, s);
             continue;
         }
 #endif
+        for (int64_t l = 0; l < lanes; l++)
+            p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
         FOR_CHAINS(lanes, hw, l, q, s[l] += p[l][q]);
     }
     for (int64_t l = 0; l < lanes; l++)
         mu[l] = s[l] / count;
     for (int64_t i = 0; i < n; i++) {
-        for (int64_t l = 0; l < lanes; l++)
-            p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
 #ifdef HAVE_AVX512_INTRIN
         if (bn_avx512(lanes)) {
-            bn_sumsq8_avx512(p, hw, mu, ss);
+            const void *v[CHAINS];
+            bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
+            bn_sumsq8_avx512(v, bf16, hw, mu, ss);
             continue;
         }
 #endif
+        for (int64_t l = 0; l < lanes; l++)
+            p[l] = load_f32(x->data, x->dtype, (size_t)((i * c + ch0 + l) * hw), (size_t)hw, xbuf ? xbuf + l * hw : NULL);
         FOR_CHAINS(lanes, hw, l, q, double d = p[l][q] - mu[l]; ss[l] += d * d);
     }
 }
@@ -2273,17 +2306,20 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
         sdy[l] = sdyx[l] = 0.0;
     }
     for (int64_t i = 0; i < n; i++) {
+#ifdef HAVE_AVX512_INTRIN
+        if (bn_avx512(lanes) && x->dtype == dy->dtype) {
+            const void *xv[CHAINS], *dv[CHAINS];
+            bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, xv);
+            bn_planes(dy, (size_t)((i * c + ch0) * hw), hw, dybuf, dv);
+            bn_gradsum8_avx512(xv, dv, bf16, hw, mu, rs, sdy, sdyx);
+            continue;
+        }
+#endif
         for (int64_t l = 0; l < lanes; l++) {
             size_t off = (size_t)((i * c + ch0 + l) * hw);
             xp[l] = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf ? xbuf + l * hw : NULL);
             dp[l] = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf ? dybuf + l * hw : NULL);
         }
-#ifdef HAVE_AVX512_INTRIN
-        if (bn_avx512(lanes)) {
-            bn_gradsum8_avx512(xp, dp, hw, mu, rs, sdy, sdyx);
-            continue;
-        }
-#endif
         FOR_CHAINS(lanes, hw, l, e, sdy[l] += dp[l][e]; sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]));
     }
     for (int64_t l = 0; l < lanes; l++) {
