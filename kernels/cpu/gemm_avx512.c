@@ -630,7 +630,8 @@ TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, v
 static _Atomic uint64_t whole_seq;
 static _Thread_local uint64_t whole_packed;
 
-int64_t gemm_avx512_row_band(enum dtype in, bool amx, int64_t m)
+/* Rows a band: whole panels, at most GEMM_AVX512_MAX_BANDS bands, fixed by m. */
+static int64_t row_band(enum dtype in, bool amx, int64_t m)
 {
     const int64_t mr = mr_of(in, amx), panels = (m + mr - 1) / mr;
     int64_t per = (panels + GEMM_AVX512_MAX_BANDS - 1) / GEMM_AVX512_MAX_BANDS;
@@ -658,12 +659,12 @@ void gemm_avx512_plan(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k, 
         p->shared_b_bytes = s.pack_b_bytes;
     } else if (blocks > 1 && n <= NC && whole_b <= WHOLE_B_BYTES) {
         p->split = GEMM_SPLIT_BANDS_WHOLE_B;
-        p->chunks = (m + gemm_avx512_row_band(in, amx, m) - 1) / gemm_avx512_row_band(in, amx, m);
+        p->chunks = (m + row_band(in, amx, m) - 1) / row_band(in, amx, m);
         p->worker_a_bytes = s.pack_a_bytes;
         p->worker_b_bytes = whole_b;
     } else {
         p->split = GEMM_SPLIT_BANDS;
-        p->chunks = (m + gemm_avx512_row_band(in, amx, m) - 1) / gemm_avx512_row_band(in, amx, m);
+        p->chunks = (m + row_band(in, amx, m) - 1) / row_band(in, amx, m);
         p->worker_a_bytes = s.pack_a_bytes;
         p->shared_b_bytes = s.pack_b_bytes;
     }
@@ -770,7 +771,7 @@ TARGET_AVX512 void gemm_avx512_threaded(const struct gemm_avx512_args *g, const 
     const bool amx = on_tiles(g->in, g->amx);
     const int64_t m = g->m, n = g->n, k = g->k, kc = block_k(g->in, g->amx, k);
     struct par_block b = { .g = g, .pack_a = pack_a, .pack_b = pack_b, .pb = shared_b, .kc = kc,
-                           .band = gemm_avx512_row_band(g->in, g->amx, m), .seq = atomic_fetch_add(&whole_seq, 1) + 1 };
+                           .band = row_band(g->in, g->amx, m), .seq = atomic_fetch_add(&whole_seq, 1) + 1 };
     b.w = partial_target(g, partial, &b.ldw);
     if (plan->split == GEMM_SPLIT_COLUMNS) {
         b.whole = whole_stride(g->in, amx, m, (int)mr_of(g->in, amx), k);
