@@ -72,7 +72,7 @@ static void nested_outer(void *arg, int64_t chunk, int worker)
     parallel_for(j->pool, 3, nested_inner, arg);
 }
 
-Test(threads, pool_runs_every_chunk_once, .timeout = 60)
+Test(threads, pool_runs_every_chunk_once)
 {
     const int counts[] = {1, 2, 3, 7};
     const int64_t chunks[] = {0, 1, 2, 5, 1000};
