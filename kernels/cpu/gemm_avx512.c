@@ -547,6 +547,34 @@ TARGET_AVX512 static void kernel(enum dtype in, bool amx, int64_t steps, const u
         kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
 }
 
+/* op(A)'s rows [l0, l0 + lines) of one k block into dst: whole panels of mr rows, each row its `steps`. */
+TARGET_AVX512 static void pack_a_rows(const struct gemm_avx512_args *g, uint32_t *dst, int64_t l0, int64_t lines,
+                                      int64_t p0, int64_t kcur, int64_t steps)
+{
+    if (on_tiles(g->in, g->amx))
+        pack_a_amx(dst, g->a, g->lda, !g->ta, l0, lines, p0, kcur, steps);
+    else
+        pack(g->in, dst, g->a, g->lda, !g->ta, l0, lines, p0, kcur, MR, steps);
+}
+
+/* Every tile of C's rows [i0, i0 + mc) (their panels packed in pa) by columns [j0, j0 + nc) (packed in pb) over one
+ * k block of `steps`, each with its epilogue (first, last: the k block's place). */
+TARGET_AVX512 static void tiles(const struct gemm_avx512_args *g, int64_t steps, const uint32_t *pa, int64_t i0,
+                                int64_t mc, const uint32_t *pb, int64_t j0, int64_t nc, bool first, bool last, float *w,
+                                int64_t ldw, float *tile)
+{
+    const bool amx = on_tiles(g->in, g->amx);
+    const int64_t mr = mr_of(g->in, amx);
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        const uint32_t *bp = pb + (jr / NR) * steps * NR;
+        const int nr = (int)min64(NR, nc - jr);
+        for (int64_t ir = 0; ir < mc; ir += mr) {
+            kernel(g->in, amx, steps, pa + (ir / mr) * steps * mr, bp, tile);
+            epilogue(g, tile, i0 + ir, j0 + jr, (int)min64(mr, mc - ir), nr, first, last, w, ldw);
+        }
+    }
+}
+
 /* One (n block, k block) of the product for rows [r0, r1) of C, op(B)'s panels already packed in pb:
  * op(A)'s rows packed MC at a time into pa, then every MR x NR tile and its epilogue. */
 TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t jc, int64_t nc, int64_t p0,
@@ -554,25 +582,14 @@ TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t j
                                      float *w, int64_t ldw)
 {
     const bool amx = on_tiles(g->in, g->amx);
-    const int64_t k = g->k, steps = steps_of(g->in, amx, kcur), mr = mr_of(g->in, amx);
-    const bool first = p0 == 0, last = p0 + kcur >= k;
+    const int64_t steps = steps_of(g->in, amx, kcur);
     float tile[MR_AMX * NR] __attribute__((aligned(64)));
     if (amx)
         amx_configure();
     for (int64_t ic = r0; ic < r1; ic += MC) {
         const int64_t mc = min64(MC, r1 - ic);
-        if (amx)
-            pack_a_amx(pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, steps);
-        else
-            pack(g->in, pa, g->a, g->lda, !g->ta, ic, mc, p0, kcur, MR, steps);
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-            const uint32_t *bp = pb + (jr / NR) * steps * NR;
-            const int nr = (int)min64(NR, nc - jr);
-            for (int64_t ir = 0; ir < mc; ir += mr) {
-                kernel(g->in, amx, steps, pa + (ir / mr) * steps * mr, bp, tile);
-                epilogue(g, tile, ic + ir, jc + jr, (int)min64(mr, mc - ir), nr, first, last, w, ldw);
-            }
-        }
+        pack_a_rows(g, pa, ic, mc, p0, kcur, steps);
+        tiles(g, steps, pa, ic, mc, pb, jc, nc, p0 == 0, p0 + kcur >= g->k, w, ldw, tile);
     }
     if (amx)
         amx_release();
@@ -687,16 +704,13 @@ TARGET_AVX512 static void pack_whole(const struct par_block *b, bool a_side, uin
     if (whole_packed == b->seq)
         return;
     const struct gemm_avx512_args *g = b->g;
-    const bool amx = on_tiles(g->in, g->amx);
     for (int64_t p0 = 0, blk = 0; p0 < g->k; p0 += b->kc, blk++) {
         const int64_t kcur = min64(b->kc, g->k - p0), steps = steps_of(g->in, g->amx, kcur);
         uint32_t *d = dst + blk * b->whole;
-        if (!a_side)
-            pack(g->in, d, g->b, g->ldb, g->tb, 0, g->n, p0, kcur, NR, steps);
-        else if (amx)
-            pack_a_amx(d, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, steps);
+        if (a_side)
+            pack_a_rows(g, d, 0, g->m, p0, kcur, steps);
         else
-            pack(g->in, d, g->a, g->lda, !g->ta, 0, g->m, p0, kcur, MR, steps);
+            pack(g->in, d, g->b, g->ldb, g->tb, 0, g->n, p0, kcur, NR, steps);
     }
     whole_packed = b->seq;
 }
@@ -738,8 +752,7 @@ TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
     const struct par_block *b = arg;
     const struct gemm_avx512_args *g = b->g;
     const bool amx = on_tiles(g->in, g->amx);
-    const int64_t m = g->m, k = g->k, mr = mr_of(g->in, amx);
-    const int64_t j0 = chunk * COL_PANELS * NR, nc = min64(COL_PANELS * NR, g->n - j0);
+    const int64_t k = g->k, j0 = chunk * COL_PANELS * NR, nc = min64(COL_PANELS * NR, g->n - j0);
     uint32_t *pb = b->pb + (j0 / NR) * steps_of(g->in, amx, b->kc) * NR, *pa_all = b->pack_a[worker];
     float tile[MR_AMX * NR] __attribute__((aligned(64)));
     pack_whole(b, true, pa_all);
@@ -747,17 +760,8 @@ TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
         amx_configure();
     for (int64_t p0 = 0, blk = 0; p0 < k; p0 += b->kc, blk++) {
         const int64_t kcur = min64(b->kc, k - p0), steps = steps_of(g->in, g->amx, kcur);
-        const bool first = p0 == 0, last = p0 + kcur >= k;
-        const uint32_t *pa = pa_all + blk * b->whole;
         pack(g->in, pb, g->b, g->ldb, g->tb, j0, nc, p0, kcur, NR, steps);
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-            const uint32_t *bp = pb + (jr / NR) * steps * NR;
-            const int nr = (int)min64(NR, nc - jr);
-            for (int64_t ir = 0; ir < m; ir += mr) {
-                kernel(g->in, amx, steps, pa + (ir / mr) * steps * mr, bp, tile);
-                epilogue(g, tile, ir, j0 + jr, (int)min64(mr, m - ir), nr, first, last, b->w, b->ldw);
-            }
-        }
+        tiles(g, steps, pa_all + blk * b->whole, 0, g->m, pb, j0, nc, p0 == 0, p0 + kcur >= k, b->w, b->ldw, tile);
     }
     if (amx)
         amx_release();
