@@ -792,6 +792,48 @@ Test(backend_cpu, conv2d_backward_lowp)
     check_f32(dw, gw, nw, 1e-5, 1e-5, "conv2d_backward_filter from bf16");
 }
 
+/* The bias gradient: each image's plane of dy summed in double in plane order (8 channels at a time as vector
+ * lanes where the CPU has AVX-512, the rest one by one), the images' sums added in image order, rounded to fp32
+ * once. Planes open with 2^60, seven 200s and -2^60 (as in batchnorm_sums_in_their_documented_order: another
+ * order of the first eight keeps a different number of the 200s); 19 channels (two vector groups and 3 alone),
+ * planes of 25 and 16 elements (a tail and none), fp32 and bf16, and a size that runs on the pool. */
+Test(backend_cpu, conv2d_bias_gradient_sums_planes_in_order)
+{
+    seed(20);
+    const int64_t shapes[3][8] = { { 3, 2, 5, 5, 19, 3, 1, 1 }, { 2, 3, 4, 4, 19, 3, 1, 1 },
+                                   { 4, 16, 14, 14, 16, 3, 1, 1 } };
+    const enum dtype dts[2] = { DT_FP32, DT_BF16 };
+    for (int sh = 0; sh < 3; sh++)
+        for (int d = 0; d < 2; d++) {
+            const int64_t *c = shapes[sh];
+            struct conv_args a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+            const int64_t hw = a.h_out * a.w_out;
+            size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);
+            size_t ny = (size_t)(a.n * a.c_out * hw);
+            float *hdy = falloc(ny);
+            for (size_t k = 0; k < ny; k++) {
+                int64_t q = (int64_t)(k % (size_t)hw);
+                hdy[k] = q == 0 ? 0x1p60f : q < 8 ? 200.0f : q == 8 ? -0x1p60f : frand(-7, 9);
+            }
+            struct tensor *x = trand(dts[d], nx, -1, 1, NULL), *dy = tfrom(dts[d], ny, hdy);
+            struct tensor *dw = tnew(DT_FP32, nw), *db = tnew(DT_FP32, (size_t)a.c_out);
+            be->conv2d_backward_filter(be, &a, dw, db, dy, x, 0.0f);
+            const float *fb = db->data;
+            for (int64_t co = 0; co < a.c_out; co++) {
+                double acc = 0;
+                for (int64_t i = 0; i < a.n; i++) {
+                    double s = 0;
+                    for (int64_t q = 0; q < hw; q++)
+                        s += hdy[(i * a.c_out + co) * hw + q];
+                    acc += s;
+                }
+                float want = (float)acc;
+                cr_assert(memcmp(&fb[co], &want, sizeof want) == 0, "%s shape %d channel %lld: db %.9g, want %.9g",
+                          dts[d] == DT_FP32 ? "fp32" : "bf16", sh, (long long)co, (double)fb[co], (double)want);
+            }
+        }
+}
+
 /* ---- pooling ----------------------------------------------------------------------------------- */
 
 static void pool_naive(const struct pool_args *a, const float *x, double *y, int64_t *argmax)

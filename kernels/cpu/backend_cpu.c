@@ -1081,6 +1081,75 @@ static void cpu_dropout_backward(struct backend *be, struct tensor *dx, const st
     dropout_apply(cpu_of(be), dx, dy, p, key); /* the same mask and scale: d(x * mask)/dx = mask */
 }
 
+/* ---- eight planes as the lanes of a vector ---------------------------------------------------- */
+
+#ifdef HAVE_AVX512_INTRIN
+/* Per-channel sums of CHAINS (8) channels (batchnorm's statistics and gradient sums, a convolution's bias
+ * gradient) with the channels as the lanes of one vector: 8 floats of each plane transposed (shuffles only move
+ * bits) so that vector e holds element q + e of every plane, then each lane takes its elements in order, one IEEE
+ * operation each as the scalar chains do (widen, subtract, multiply, add: no FMA), and the last hw % 8 elements
+ * of each plane one by one after them. The same sums, bit for bit. */
+#define LANES8_TARGET __attribute__((target("avx512f,avx512vl")))
+
+/* Element q of a plane: fp32, or bf16 widened (exactly: bf16 is fp32's upper half). */
+static inline float plane_elem(const void *p, int64_t q, bool bf16)
+{
+    return bf16 ? bf16_to_fp32(((const uint16_t *)p)[q]) : ((const float *)p)[q];
+}
+
+LANES8_TARGET static inline __m256 plane_load8(const void *p, int64_t q, bool bf16)
+{
+    if (bf16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + q))), 16));
+    return _mm256_loadu_ps((const float *)p + q);
+}
+
+/* Elements q .. q + 7 of the 8 planes p (fp32, or bf16 read as it is stored) transposed: t[e] lane l = p[l][q + e]. */
+LANES8_TARGET static inline void planes_transpose8(const void *const p[CHAINS], bool bf16, int64_t q, __m256 t[8])
+{
+    __m256 r[8], u[8];
+    for (int l = 0; l < 8; l++)
+        r[l] = plane_load8(p[l], q, bf16);
+    for (int l = 0; l < 8; l += 2) {
+        u[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
+        u[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+    }
+    for (int l = 0; l < 8; l += 4) {
+        r[l] = _mm256_shuffle_ps(u[l], u[l + 2], 0x44);
+        r[l + 1] = _mm256_shuffle_ps(u[l], u[l + 2], 0xEE);
+        r[l + 2] = _mm256_shuffle_ps(u[l + 1], u[l + 3], 0x44);
+        r[l + 3] = _mm256_shuffle_ps(u[l + 1], u[l + 3], 0xEE);
+    }
+    for (int e = 0; e < 4; e++) {
+        t[e] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x20);
+        t[e + 4] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x31);
+    }
+}
+
+/* s[l] += p[l][q] for q < hw, in order (bn_stats' first pass, conv_filter_image's bias sums). */
+LANES8_TARGET static void planes_sum8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw, double s[CHAINS])
+{
+    __m512d acc = _mm512_loadu_pd(s);
+    int64_t q = 0;
+    for (; q + 8 <= hw; q += 8) {
+        __m256 t[8];
+        planes_transpose8(p, bf16, q, t);
+        for (int e = 0; e < 8; e++)
+            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(t[e]));
+    }
+    _mm512_storeu_pd(s, acc);
+    for (int l = 0; l < CHAINS; l++)
+        for (int64_t r = q; r < hw; r++)
+            s[l] += plane_elem(p[l], r, bf16);
+}
+
+static bool planes8_avx512(int64_t lanes)
+{
+    return lanes == CHAINS && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
 /* ---- convolution ----------------------------------------------------------------------------- */
 
 /* The output columns [*lo, *hi) whose input column ow * stride - padding + kw lies inside the row. */
@@ -1174,11 +1243,41 @@ static void im2col(void *col, const void *x, const struct conv_args *a, size_t e
         im2col_16(col, x, a);
 }
 
-/* x (c_in, h_in, w_in) = sum of col's entries over the positions they were read from (overwrites x). */
-static void col2im(float *x, const float *col, const struct conv_args *a)
+/* col2im for a "same" stride-1 convolution (conv_is_same_stride1): im2col_same's shifted copy run backwards,
+ * x[i + d] += row[i] over the whole shifted range in one loop, after the row's entries that im2col_same zeroes
+ * (those that read outside the plane's row: padding) are set to +0 here. Each element of x still takes the same
+ * entries in the same (ci, kh, kw) order; the +0 entries it now also takes change nothing: x starts at +0 and a
+ * sum that starts at +0 is never -0 in round-to-nearest, and s + (+0) == s for every other s, NaN and inf
+ * included. The same bits as the loops of col2im. Overwrites col's padding entries. */
+static void col2im_same(float *restrict x, float *restrict col, const struct conv_args *a)
+{
+    const int64_t k = a->kernel, w = a->w_in, h = a->h_in, hw = h * w, p = a->padding;
+    for (int64_t ci = 0; ci < a->c_in; ci++)
+        for (int64_t kh = 0; kh < k; kh++)
+            for (int64_t kw = 0; kw < k; kw++) {
+                float *restrict row = col + ((ci * k + kh) * k + kw) * hw;
+                float *restrict plane = x + ci * hw;
+                const int64_t dr = kh - p, dc = kw - p, d = dr * w + dc;
+                const int64_t i0 = (dr < 0 ? -dr : 0) * w, i1 = (dr > 0 ? h - dr : h) * w; /* the rows inside */
+                const int64_t c0 = i0 > -d ? i0 : -d, c1 = i1 < hw - d ? i1 : hw - d;   /* and the plane */
+                for (int64_t i = i0; dc != 0 && i < i1; i += w) /* the edge columns read outside the row */
+                    for (int64_t e = 0; e < (dc < 0 ? -dc : dc); e++)
+                        row[(dc < 0 ? i : i + w - dc) + e] = 0.0f;
+                for (int64_t i = c0; i < c1; i++)
+                    plane[i + d] += row[i];
+            }
+}
+
+/* x (c_in, h_in, w_in) = sum of col's entries over the positions they were read from (overwrites x; for a
+ * "same" stride-1 convolution also col's padding entries, col2im_same). */
+static void col2im(float *x, float *col, const struct conv_args *a)
 {
     int64_t k = a->kernel, hw = a->h_out * a->w_out;
     memset(x, 0, (size_t)(a->c_in * a->h_in * a->w_in) * sizeof(float));
+    if (conv_is_same_stride1(a)) {
+        col2im_same(x, col, a);
+        return;
+    }
     for (int64_t ci = 0; ci < a->c_in; ci++)
         for (int64_t kh = 0; kh < k; kh++)
             for (int64_t kw = 0; kw < k; kw++) {
@@ -1368,6 +1467,14 @@ HOT_LOOP static void conv_filter_image(const struct conv_job *j, int64_t i, cons
     for (int64_t co0 = 0; co0 < a->c_out; co0 += CHAINS) {
         const int64_t lanes = a->c_out - co0 < CHAINS ? a->c_out - co0 : CHAINS;
         double s[CHAINS] = { 0.0 };
+#ifdef HAVE_AVX512_INTRIN
+        if (planes8_avx512(lanes)) {
+            const void *v[CHAINS];
+            for (int l = 0; l < CHAINS; l++)
+                v[l] = (const char *)dyi + (size_t)((co0 + l) * d.hw) * dtype_size(j->dt);
+            planes_sum8_avx512(v, j->dt == DT_BF16, d.hw, s);
+        } else
+#endif
         if (j->dt == DT_BF16) {
             const uint16_t *p = (const uint16_t *)dyi + co0 * d.hw;
             FOR_CHAINS(lanes, d.hw, l, q, s[l] += bf16_to_fp32(p[l * d.hw + q]));
@@ -2034,67 +2141,8 @@ static int64_t bn_chunk_channels(const struct norm_args *a)
 }
 
 #ifdef HAVE_AVX512_INTRIN
-/* The channel sums of CHAINS (8) channels with the channels as the lanes of one vector: 8 floats of each plane
- * transposed (shuffles only move bits) so that vector e holds element q + e of every plane, then each lane takes
- * its elements in order, one IEEE operation each as the scalar chains do (widen, subtract, multiply, add: no FMA),
- * and the last hw % 8 elements of each plane one by one after them. The same sums, bit for bit. */
-#define BN_TARGET __attribute__((target("avx512f,avx512vl")))
-
-/* Element q of a plane: fp32, or bf16 widened (exactly: bf16 is fp32's upper half). */
-static inline float bn_elem(const void *p, int64_t q, bool bf16)
-{
-    return bf16 ? bf16_to_fp32(((const uint16_t *)p)[q]) : ((const float *)p)[q];
-}
-
-BN_TARGET static inline __m256 bn_load8(const void *p, int64_t q, bool bf16)
-{
-    if (bf16)
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + q))), 16));
-    return _mm256_loadu_ps((const float *)p + q);
-}
-
-/* Elements q .. q + 7 of the 8 planes p (fp32, or bf16 read as it is stored) transposed: t[e] lane l = p[l][q + e]. */
-BN_TARGET static inline void bn_transpose8(const void *const p[CHAINS], bool bf16, int64_t q, __m256 t[8])
-{
-    __m256 r[8], u[8];
-    for (int l = 0; l < 8; l++)
-        r[l] = bn_load8(p[l], q, bf16);
-    for (int l = 0; l < 8; l += 2) {
-        u[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
-        u[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
-    }
-    for (int l = 0; l < 8; l += 4) {
-        r[l] = _mm256_shuffle_ps(u[l], u[l + 2], 0x44);
-        r[l + 1] = _mm256_shuffle_ps(u[l], u[l + 2], 0xEE);
-        r[l + 2] = _mm256_shuffle_ps(u[l + 1], u[l + 3], 0x44);
-        r[l + 3] = _mm256_shuffle_ps(u[l + 1], u[l + 3], 0xEE);
-    }
-    for (int e = 0; e < 4; e++) {
-        t[e] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x20);
-        t[e + 4] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x31);
-    }
-}
-
-/* s[l] += p[l][q] for q < hw, in order (bn_stats' first pass). */
-BN_TARGET static void bn_sum8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw, double s[CHAINS])
-{
-    __m512d acc = _mm512_loadu_pd(s);
-    int64_t q = 0;
-    for (; q + 8 <= hw; q += 8) {
-        __m256 t[8];
-        bn_transpose8(p, bf16, q, t);
-        for (int e = 0; e < 8; e++)
-            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(t[e]));
-    }
-    _mm512_storeu_pd(s, acc);
-    for (int l = 0; l < CHAINS; l++)
-        for (int64_t r = q; r < hw; r++)
-            s[l] += bn_elem(p[l], r, bf16);
-}
-
 /* ss[l] += (p[l][q] - mu[l])^2 for q < hw, in order (bn_stats' second pass; d in double). */
-BN_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw, const double mu[CHAINS],
+LANES8_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw, const double mu[CHAINS],
                                        double ss[CHAINS])
 {
     __m512d acc = _mm512_loadu_pd(ss);
@@ -2102,7 +2150,7 @@ BN_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf16, i
     int64_t q = 0;
     for (; q + 8 <= hw; q += 8) {
         __m256 t[8];
-        bn_transpose8(p, bf16, q, t);
+        planes_transpose8(p, bf16, q, t);
         for (int e = 0; e < 8; e++) {
             __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(t[e]), m);
             acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
@@ -2111,14 +2159,14 @@ BN_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf16, i
     _mm512_storeu_pd(ss, acc);
     for (int l = 0; l < CHAINS; l++)
         for (int64_t r = q; r < hw; r++) {
-            double d = bn_elem(p[l], r, bf16) - mu[l];
+            double d = plane_elem(p[l], r, bf16) - mu[l];
             ss[l] += d * d;
         }
 }
 
 /* sdy[l] += dy, sdyx[l] += (double)dy * ((x - mu[l]) * rs[l]) (the product in fp32) for q < hw, in order
  * (bn_grad_sums). */
-BN_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS], bool bf16,
+LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS], bool bf16,
                                          int64_t hw, const float mu[CHAINS], const float rs[CHAINS],
                                          double sdy[CHAINS], double sdyx[CHAINS])
 {
@@ -2127,8 +2175,8 @@ BN_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const voi
     int64_t q = 0;
     for (; q + 8 <= hw; q += 8) {
         __m256 tx[8], td[8];
-        bn_transpose8(xp, bf16, q, tx);
-        bn_transpose8(dp, bf16, q, td);
+        planes_transpose8(xp, bf16, q, tx);
+        planes_transpose8(dp, bf16, q, td);
         for (int e = 0; e < 8; e++) {
             __m512d dy = _mm512_cvtps_pd(td[e]);
             __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(tx[e], m), r);
@@ -2140,7 +2188,7 @@ BN_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const voi
     _mm512_storeu_pd(sdyx, a_dyx);
     for (int l = 0; l < CHAINS; l++)
         for (int64_t e = q; e < hw; e++) {
-            float dv = bn_elem(dp[l], e, bf16), xv = bn_elem(xp[l], e, bf16);
+            float dv = plane_elem(dp[l], e, bf16), xv = plane_elem(xp[l], e, bf16);
             sdy[l] += dv;
             sdyx[l] += (double)dv * ((xv - mu[l]) * rs[l]);
         }
@@ -2159,10 +2207,6 @@ static bool bn_planes(const struct tensor *t, size_t off0, int64_t hw, float *bu
     return bf16;
 }
 
-static bool bn_avx512(int64_t lanes)
-{
-    return lanes == CHAINS && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-}
 #endif
 
 /* Training statistics of channels ch0 .. ch0 + lanes - 1 (lanes <= CHAINS): each channel's double sum of
@@ -2179,10 +2223,10 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
         s[l] = ss[l] = 0.0;
     for (int64_t i = 0; i < n; i++) {
 #ifdef HAVE_AVX512_INTRIN
-        if (bn_avx512(lanes)) {
+        if (planes8_avx512(lanes)) {
             const void *v[CHAINS];
             bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
-            bn_sum8_avx512(v, bf16, hw, s);
+            planes_sum8_avx512(v, bf16, hw, s);
             continue;
         }
 #endif
@@ -2194,7 +2238,7 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
         mu[l] = s[l] / count;
     for (int64_t i = 0; i < n; i++) {
 #ifdef HAVE_AVX512_INTRIN
-        if (bn_avx512(lanes)) {
+        if (planes8_avx512(lanes)) {
             const void *v[CHAINS];
             bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
             bn_sumsq8_avx512(v, bf16, hw, mu, ss);
@@ -2307,7 +2351,7 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
     }
     for (int64_t i = 0; i < n; i++) {
 #ifdef HAVE_AVX512_INTRIN
-        if (bn_avx512(lanes) && x->dtype == dy->dtype) {
+        if (planes8_avx512(lanes) && x->dtype == dy->dtype) {
             const void *xv[CHAINS], *dv[CHAINS];
             bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, xv);
             bn_planes(dy, (size_t)((i * c + ch0) * hw), hw, dybuf, dv);
