@@ -834,6 +834,56 @@ Test(backend_cpu, conv2d_bias_gradient_sums_planes_in_order)
         }
 }
 
+/* The filter gradient has the bits of the image-by-image accumulation of the backend's own products, dW = dy_0 @
+ * col_0^T, then dW = 1 * dW + dy_i @ col_i^T (backend.h; docs/backend.md), whichever way the product is formed:
+ * few input channels (c_in 1: 32 x 9 products) are formed transposed on the AVX-512 path and transposed back
+ * (conv_filter_transposed), which must not move a bit; fp32 and bf16; one size on the calling thread, one on the
+ * pool; beta 0 and beta 1 (onto a dW that is there). */
+Test(backend_cpu, conv2d_filter_gradient_is_the_accumulated_products)
+{
+    seed(21);
+    const int64_t shapes[3][8] = { { 3, 1, 6, 6, 32, 3, 1, 1 }, { 8, 1, 28, 28, 32, 3, 1, 1 },
+                                   { 2, 3, 5, 5, 16, 3, 1, 1 } };
+    const enum dtype dts[2] = { DT_FP32, DT_BF16 };
+    for (int sh = 0; sh < 3; sh++)
+        for (int d = 0; d < 2; d++)
+            for (int beta1 = 0; beta1 < 2; beta1++) {
+                const int64_t *c = shapes[sh];
+                struct conv_args a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+                const int64_t hw = a.h_out * a.w_out, k = a.kernel, ckk = a.c_in * k * k;
+                const int64_t chw_in = a.c_in * a.h_in * a.w_in;
+                size_t nx = (size_t)(a.n * chw_in), ny = (size_t)(a.n * a.c_out * hw), nw = (size_t)(a.c_out * ckk);
+                float *hx, *hdy, *hw0;
+                struct tensor *x = trand(dts[d], nx, -1, 1, &hx), *dy = trand(dts[d], ny, -1, 1, &hdy);
+                struct tensor *dw = trand(DT_FP32, nw, -1, 1, &hw0), *want = tfrom(DT_FP32, nw, hw0);
+                be->conv2d_backward_filter(be, &a, dw, NULL, dy, x, beta1 ? 1.0f : 0.0f);
+                float *col = falloc((size_t)(ckk * hw));
+                for (int64_t i = 0; i < a.n; i++) {
+                    for (int64_t ci = 0; ci < a.c_in; ci++)
+                        for (int64_t kh = 0; kh < k; kh++)
+                            for (int64_t kw = 0; kw < k; kw++)
+                                for (int64_t oh = 0; oh < a.h_out; oh++)
+                                    for (int64_t ow = 0; ow < a.w_out; ow++) {
+                                        int64_t ih = oh * a.stride - a.padding + kh, iw = ow * a.stride - a.padding + kw;
+                                        bool in = ih >= 0 && ih < a.h_in && iw >= 0 && iw < a.w_in;
+                                        col[((ci * k + kh) * k + kw) * hw + oh * a.w_out + ow] =
+                                            in ? hx[i * chw_in + (ci * a.h_in + ih) * a.w_in + iw] : 0.0f;
+                                    }
+                    struct tensor *ct = tfrom(dts[d], (size_t)(ckk * hw), col);
+                    struct tensor *dyi = tfrom(dts[d], (size_t)(a.c_out * hw), hdy + i * a.c_out * hw);
+                    struct gemm_args g = { .a = dyi, .b = ct, .c = want, .trans_b = true, .m = a.c_out, .n = ckk,
+                                           .k = hw, .alpha = 1.0f, .beta = i == 0 && !beta1 ? 0.0f : 1.0f,
+                                           .batch = 1 };
+                    be->gemm(be, &g);
+                }
+                const float *got = dw->data, *exp = want->data;
+                for (size_t e = 0; e < nw; e++)
+                    cr_assert(memcmp(&got[e], &exp[e], sizeof(float)) == 0,
+                              "%s shape %d beta %d: dW[%zu] %.9g, the accumulated products %.9g",
+                              dts[d] == DT_FP32 ? "fp32" : "bf16", sh, beta1, e, (double)got[e], (double)exp[e]);
+            }
+}
+
 /* ---- pooling ----------------------------------------------------------------------------------- */
 
 static void pool_naive(const struct pool_args *a, const float *x, double *y, int64_t *argmax)

@@ -1377,6 +1377,7 @@ struct conv_job {
     float *prod;               /* backward_filter, threaded: the group's products (images, c_out, ckk) */
     double *sums;              /* backward_filter, threaded, with acc: the group's plane sums (images, c_out) */
     int64_t i0, images;        /* backward_filter, threaded: the group's first image and its size */
+    bool transposed;           /* backward_filter: each product formed as col_i @ dy_i^T (conv_filter_transposed) */
 };
 
 /* Where a body computes: its buffers, and worker < 0 for the calling thread's gemm_core, else the worker
@@ -1448,8 +1449,24 @@ static void conv_backward_data_image(const struct conv_job *j, int64_t i, const 
     store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, dxi);
 }
 
+/* Whether the filter gradient's products are formed transposed, P_i^T (ckk, c_out) = col_i @ dy_i^T, and
+ * transposed back: where few input channels make dy_i @ col_i^T a thin product that fills the AVX-512 tiles
+ * badly (fashion_cnn's first convolution: 32 x 9) and the swap gives the same bits (gemm_avx512.h). */
+static bool conv_filter_transposed(const struct cpu_backend *cb, const struct conv_args *a, enum dtype dt)
+{
+    return cb->gemm_avx512[dt] && gemm_avx512_transposed_fits(dt, a->c_out, conv_dims_of(a).ckk);
+}
+
+/* im2col's columns, then (transposed) the product's ckk x c_out floats: tmp0's size for one image. */
+static int64_t conv_filter_tmp0(const struct conv_args *a, bool transposed)
+{
+    const struct conv_dims d = conv_dims_of(a);
+    return (conv_is_pointwise(a) ? 0 : d.ckk * d.hw) + (transposed ? d.ckk * a->c_out : 0);
+}
+
 /* C (c_out, ckk) = beta * C + dy_i (c_out, hw) @ col_i^T (hw, ckk); with sums, each channel's plane of dy_i
- * summed in double into sums[co]. */
+ * summed in double into sums[co]. Transposed (j->transposed), the product goes to tmp0 after the columns and
+ * each element of C then takes beta * C (rounded) + P (rounded), as the product's epilogue would (beta 0: P). */
 HOT_LOOP static void conv_filter_image(const struct conv_job *j, int64_t i, const struct conv_bufs *b, float beta,
                                        float *c, double *sums)
 {
@@ -1460,7 +1477,23 @@ HOT_LOOP static void conv_filter_image(const struct conv_job *j, int64_t i, cons
     const void *xi = conv_load(j, j->in2, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in1);
     if (!pointwise)
         im2col(b->tmp0, xi, a, dtype_size(j->dt));
-    conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, pointwise ? xi : b->tmp0, d.hw, beta, c, d.ckk);
+    const void *col = pointwise ? xi : b->tmp0;
+    if (j->transposed) {
+        float *pt = b->tmp0 + (pointwise ? 0 : d.ckk * d.hw);
+        conv_gemm(j, b, false, true, d.ckk, a->c_out, d.hw, col, d.hw, dyi, d.hw, 0.0f, pt, a->c_out);
+        for (int64_t co = 0; co < a->c_out; co++)
+            for (int64_t e = 0; e < d.ckk; e++) {
+                float *ce = &c[co * d.ckk + e];
+                if (beta == 0.0f) {
+                    *ce = pt[e * a->c_out + co];
+                } else {
+                    const float scaled = beta * *ce; /* apart: no contraction into an fma */
+                    *ce = scaled + pt[e * a->c_out + co];
+                }
+            }
+    } else {
+        conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, col, d.hw, beta, c, d.ckk);
+    }
     if (!sums)
         return;
     /* each channel's plane summed in order, CHAINS channels side by side (bf16 values widened exactly) */
@@ -1629,7 +1662,6 @@ static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_arg
     assert(dw->dtype == DT_FP32 && (int64_t)dw->numel == a->c_out * d.ckk);
     assert(!db || (db->dtype == DT_FP32 && (int64_t)db->numel == a->c_out));
     assert((int64_t)x->numel == a->n * d.chw_in && (int64_t)dy->numel == a->n * d.chw_out);
-    const bool pointwise = conv_is_pointwise(a);
     const int64_t group = conv_filter_group(a);
     const bool threaded = conv_threaded(cb, a) && group > 1;
     const int64_t sum_images = threaded ? group : 1; /* plane sums held at once */
@@ -1639,21 +1671,23 @@ static void cpu_conv2d_backward_filter(struct backend *be, const struct conv_arg
         return;
     const enum dtype dt = conv_product_dtype(cb, dy, x);
     const bool staged = dt != DT_BF16; /* the bf16 path reads dy and x in place */
+    const bool transposed = conv_filter_transposed(cb, a, dt);
+    const int64_t ntmp0 = conv_filter_tmp0(a, transposed);
     struct conv_job j = { .cb = cb, .a = a, .out = dw, .in = dy, .in2 = x, .dt = dt, .acc = acc, .beta = beta,
-                          .sums = sums };
+                          .sums = sums, .transposed = transposed };
     bool ok = true;
     struct conv_bufs b = { .worker = -1 };
     if (threaded) {
         struct conv_reserve r = { .in0 = staged ? dy : NULL, .in1 = staged ? x : NULL, .nin0 = d.chw_out,
-                                  .nin1 = d.chw_in, .ntmp0 = pointwise ? 0 : d.ckk * d.hw, .m = a->c_out, .n = d.ckk,
-                                  .k = d.hw, .dt = dt };
+                                  .nin1 = d.chw_in, .ntmp0 = ntmp0, .m = transposed ? d.ckk : a->c_out,
+                                  .n = transposed ? a->c_out : d.ckk, .k = d.hw, .dt = dt };
         j.prod = scratch_get(cb, SCR_TMP2, (size_t)(group * a->c_out * d.ckk) * sizeof(float));
         ok = j.prod && conv_reserve_workers(cb, &r);
     } else {
         b.in0 = stage_f32(cb, SCR_IN0, staged ? dy : NULL, (size_t)d.chw_out, &ok);
         b.in1 = stage_f32(cb, SCR_IN1, staged ? x : NULL, (size_t)d.chw_in, &ok);
-        b.tmp0 = pointwise ? NULL : scratch_get(cb, SCR_TMP0, (size_t)(d.ckk * d.hw) * sizeof(float));
-        ok = ok && (pointwise || b.tmp0);
+        b.tmp0 = ntmp0 == 0 ? NULL : scratch_get(cb, SCR_TMP0, (size_t)ntmp0 * sizeof(float));
+        ok = ok && (ntmp0 == 0 || b.tmp0);
     }
     if (!ok)
         return;

@@ -148,6 +148,18 @@ bool gemm_avx512_supported(enum dtype in)
     return base && (in != DT_BF16 || __builtin_cpu_supports("avx512bf16"));
 }
 
+static int64_t padded(int64_t v, int64_t to)
+{
+    return (v + to - 1) / to * to;
+}
+
+bool gemm_avx512_transposed_fits(enum dtype in, int64_t m, int64_t n)
+{
+    if (in != DT_FP32 && in != DT_FP16)
+        return false;
+    return 2 * padded(n, MR) * padded(m, NR) <= padded(m, MR) * padded(n, NR);
+}
+
 /* AMX: CPUID.(7,0):EDX bit 22 (AMX-BF16) and bit 24 (AMX-TILE), and Linux's leave to use the tile data
  * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Linux 5.16 and later: without it the first tile
  * instruction faults). Asked once per process; the permission covers every thread. */
@@ -809,6 +821,12 @@ bool gemm_avx512_supported(enum dtype in)
 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial)
 {
     (void)g, (void)pack_a, (void)pack_b, (void)partial;
+}
+
+bool gemm_avx512_transposed_fits(enum dtype in, int64_t m, int64_t n)
+{
+    (void)in, (void)m, (void)n;
+    return false;
 }
 
 bool gemm_avx512_amx_supported(void)

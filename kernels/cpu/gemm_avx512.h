@@ -49,6 +49,14 @@ struct gemm_avx512_scratch {
  * AVX-512F/BW/VL, plus AVX512-BF16 for bf16. */
 bool gemm_avx512_supported(enum dtype in);
 
+/* Whether the n x m product C^T = op(B)^T op(A)^T (the same k) pads the microkernel's tiles to at most half the
+ * area that C = op(A) op(B) (m x n) pads them to: a caller with a thin C (few columns: a convolution's filter
+ * gradient over few input channels) forms C^T and transposes it. For fp32 and fp16 inputs the two give every
+ * element the same bits: its FMAs take the same pairs of factors (an FMA's two factors commute) over the same k
+ * blocks in the same order. Never for bf16 (the grouping of its pair sums was not checked with the operands
+ * swapped). */
+bool gemm_avx512_transposed_fits(enum dtype in, int64_t m, int64_t n);
+
 /* True when this CPU has AMX-BF16 and the kernel lets this process use it (asked once, arch_prctl). */
 bool gemm_avx512_amx_supported(void);
 
