@@ -884,6 +884,35 @@ Test(backend_cpu, conv2d_filter_gradient_is_the_accumulated_products)
             }
 }
 
+/* The forward's bias is added once, after the product's whole sum, and rounded with it: y with a bias is, to the
+ * bit, fp32(y without it + bias[channel]) (the product's sum is fp32 already). Shapes with one k block and with
+ * two (ckk 288), one on the pool. */
+Test(backend_cpu, conv2d_bias_is_added_once_after_the_sum)
+{
+    seed(22);
+    const int64_t shapes[3][8] = { { 2, 1, 6, 6, 32, 3, 1, 1 }, { 2, 32, 5, 5, 12, 3, 1, 1 },
+                                   { 8, 1, 28, 28, 32, 3, 1, 1 } };
+    for (int sh = 0; sh < 3; sh++) {
+        const int64_t *c = shapes[sh];
+        struct conv_args a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+        const int64_t hw = a.h_out * a.w_out;
+        size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);
+        size_t ny = (size_t)(a.n * a.c_out * hw);
+        float *hb;
+        struct tensor *x = trand(DT_FP32, nx, -1, 1, NULL), *w = trand(DT_FP32, nw, -1, 1, NULL);
+        struct tensor *b = trand(DT_FP32, (size_t)a.c_out, -1, 1, &hb);
+        struct tensor *y = tnew(DT_FP32, ny), *y0 = tnew(DT_FP32, ny);
+        be->conv2d_forward(be, &a, y, x, w, b);
+        be->conv2d_forward(be, &a, y0, x, w, NULL);
+        const float *got = y->data, *sum = y0->data;
+        for (size_t e = 0; e < ny; e++) {
+            float want = sum[e] + hb[(e / (size_t)hw) % (size_t)a.c_out];
+            cr_assert(memcmp(&got[e], &want, sizeof want) == 0, "shape %d: y[%zu] %.9g, want %.9g", sh, e,
+                      (double)got[e], (double)want);
+        }
+    }
+}
+
 /* ---- pooling ----------------------------------------------------------------------------------- */
 
 static void pool_naive(const struct pool_args *a, const float *x, double *y, int64_t *argmax)

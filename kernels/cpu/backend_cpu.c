@@ -425,6 +425,7 @@ struct mat_out {
     void *p;
     enum dtype dt;
     int64_t ld;
+    const float *row_bias; /* NULL, or fp32 (rows): each row's bias, added to its every element (beta 0) */
 };
 
 /* The (rows, cols) operand as fp32 for sgemm: itself, or widened row by row into `slot`. */
@@ -490,7 +491,7 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
     }
     struct gemm_avx512_args g = { .in = a.dt, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
-                                  .c_dt = c.dt, .ldc = c.ld, .bias = bias };
+                                  .c_dt = c.dt, .ldc = c.ld, .bias = bias, .row_bias = c.row_bias };
     if (par)
         gemm_avx512_threaded(&g, &plan, cb->pool, cb->wpack_a, cb->wpack_b, pb, partial);
     else
@@ -538,7 +539,7 @@ static void gemm_core_fp8(struct cpu_backend *cb, bool ta, bool tb, int64_t m, i
         gemm_core(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
         return;
     }
-    assert(c.dt == DT_FP32 && !bias);
+    assert(c.dt == DT_FP32 && !bias && !c.row_bias);
     float *p = scratch_get(cb, SCR_FP8_C, (size_t)(m * n) * sizeof(float));
     if (!p)
         return;
@@ -581,6 +582,7 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
                       struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
     assert(!bias || beta == 0.0f);
+    assert(!c.row_bias || (beta == 0.0f && !bias));
     if (m <= 0 || n <= 0)
         return;
     if (dtype_is_fp8(a.dt) || dtype_is_fp8(b.dt)) {
@@ -623,6 +625,11 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
     if (bias) {
         for (int64_t r = 0; r < m; r++)
             memcpy(cf + r * ldc, bias, (size_t)n * sizeof(float));
+        beta = 1.0f;
+    } else if (c.row_bias) {
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < n; j++)
+                cf[r * ldc + j] = c.row_bias[r];
         beta = 1.0f;
     }
     if (k == 0) {
@@ -670,7 +677,7 @@ static void cpu_gemm(struct backend *be, const struct gemm_args *g)
                             g->trans_a ? g->m : g->k };
         struct mat_in b = { elem_ptr(g->b->data, g->b->dtype, (size_t)(i * g->stride_b)), g->b->dtype,
                             g->trans_b ? g->k : g->n };
-        struct mat_out c = { elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), g->c->dtype, g->n };
+        struct mat_out c = { elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), g->c->dtype, g->n, NULL };
         gemm_core(cb, g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, b, g->beta, c, bias);
     }
 }
@@ -702,7 +709,7 @@ static void worker_gemm(const struct cpu_backend *cb, int worker, enum dtype in,
     float *partial = s.partial_bytes && !own ? wscratch(cb, worker, WSCR_GEMM_C) : NULL;
     struct gemm_avx512_args g = { .in = in, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c.p, .c_dt = c.dt,
-                                  .ldc = c.ld, .bias = NULL };
+                                  .ldc = c.ld, .bias = NULL, .row_bias = c.row_bias };
     gemm_avx512(&g, wscratch(cb, worker, WSCR_PACK_A), wscratch(cb, worker, WSCR_GEMM_B), partial);
 }
 
@@ -1387,15 +1394,17 @@ struct conv_bufs {
     int worker;
 };
 
+/* C (m, n) = op(A) @ op(B) + beta * C [+ row_bias (m) on every column, with beta 0], fp32 C. */
 static void conv_gemm(const struct conv_job *j, const struct conv_bufs *b, bool ta, bool tb, int64_t m, int64_t n,
                       int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, float beta, float *c,
-                      int64_t ldc)
+                      int64_t ldc, const float *row_bias)
 {
+    const struct mat_out out = { .p = c, .dt = DT_FP32, .ld = ldc, .row_bias = row_bias };
     if (b->worker < 0)
         gemm_core(j->cb, ta, tb, m, n, k, 1.0f, (struct mat_in){ a, j->dt, lda }, (struct mat_in){ bm, j->dt, ldb },
-                  beta, out_mat_f32(c, ldc), NULL);
+                  beta, out, NULL);
     else
-        worker_gemm(j->cb, b->worker, j->dt, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, out_mat_f32(c, ldc));
+        worker_gemm(j->cb, b->worker, j->dt, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, out);
 }
 
 /* n values of image data t from element off as the products' input: t's own bf16 bits on the bf16 path,
@@ -1423,14 +1432,10 @@ static void conv_forward_image(const struct conv_job *j, int64_t i, const struct
     if (!pointwise)
         im2col(b->tmp0, xi, a, dtype_size(j->dt));
     float *yi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), b->tmp1);
-    float beta = 0.0f;
-    if (j->bias) {
-        for (int64_t co = 0; co < a->c_out; co++)
-            for (int64_t p = 0; p < d.hw; p++)
-                yi[co * d.hw + p] = j->bias[co];
-        beta = 1.0f;
-    }
-    conv_gemm(j, b, false, false, a->c_out, d.hw, d.ckk, j->w, d.ckk, pointwise ? xi : b->tmp0, d.hw, beta, yi, d.hw);
+    /* the bias per output channel, a row of the product: added in its epilogue, as a C filled with the bias
+     * and beta 1 would add it (the same bits), without that fill's pass over y */
+    conv_gemm(j, b, false, false, a->c_out, d.hw, d.ckk, j->w, d.ckk, pointwise ? xi : b->tmp0, d.hw, 0.0f, yi, d.hw,
+              j->bias);
     store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, yi);
 }
 
@@ -1443,7 +1448,7 @@ static void conv_backward_data_image(const struct conv_job *j, int64_t i, const 
     const void *dyi = conv_load(j, j->in, (size_t)(i * d.chw_out), (size_t)d.chw_out, b->in0);
     float *dxi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_in), b->tmp1);
     conv_gemm(j, b, true, false, d.ckk, d.hw, a->c_out, j->w, d.ckk, dyi, d.hw, 0.0f, pointwise ? dxi : b->tmp0,
-              d.hw);
+              d.hw, NULL);
     if (!pointwise)
         col2im(dxi, b->tmp0, a);
     store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_in), (size_t)d.chw_in, dxi);
@@ -1480,7 +1485,7 @@ HOT_LOOP static void conv_filter_image(const struct conv_job *j, int64_t i, cons
     const void *col = pointwise ? xi : b->tmp0;
     if (j->transposed) {
         float *pt = b->tmp0 + (pointwise ? 0 : d.ckk * d.hw);
-        conv_gemm(j, b, false, true, d.ckk, a->c_out, d.hw, col, d.hw, dyi, d.hw, 0.0f, pt, a->c_out);
+        conv_gemm(j, b, false, true, d.ckk, a->c_out, d.hw, col, d.hw, dyi, d.hw, 0.0f, pt, a->c_out, NULL);
         for (int64_t co = 0; co < a->c_out; co++)
             for (int64_t e = 0; e < d.ckk; e++) {
                 float *ce = &c[co * d.ckk + e];
@@ -1492,7 +1497,7 @@ HOT_LOOP static void conv_filter_image(const struct conv_job *j, int64_t i, cons
                 }
             }
     } else {
-        conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, col, d.hw, beta, c, d.ckk);
+        conv_gemm(j, b, false, true, a->c_out, d.ckk, d.hw, dyi, d.hw, col, d.hw, beta, c, d.ckk, NULL);
     }
     if (!sums)
         return;
@@ -2786,7 +2791,7 @@ static void att_forward_chunk(void *arg, int64_t chunk, int worker)
     round_f32_to(s, (size_t)(T * T), j->probs_out->dtype);
     void *probs = elem_ptr(j->probs_out->data, j->probs_out->dtype, (size_t)(chunk * T * T));
     dtype_convert(probs, j->probs_out->dtype, s, DT_FP32, (size_t)(T * T));
-    struct mat_out o = { elem_ptr(j->out->data, j->out->dtype, (size_t)(b * T * C + h * D)), j->out->dtype, C };
+    struct mat_out o = { elem_ptr(j->out->data, j->out->dtype, (size_t)(b * T * C + h * D)), j->out->dtype, C, NULL };
     /* P: the stored probabilities themselves on the bf16 path (s holds their values) */
     struct mat_in p = j->bf16 ? (struct mat_in){ probs, DT_BF16, T } : mat_f32(s, T);
     att_gemm(j, worker, false, false, T, D, T, 1.0f, p, v, o);
@@ -2858,9 +2863,9 @@ HOT_LOOP static void att_backward_chunk(void *arg, int64_t chunk, int worker)
     }
     struct tensor *dqkv = j->dqkv;
     size_t base = seq + (size_t)(h * D);
-    struct mat_out dq = { elem_ptr(dqkv->data, dqkv->dtype, base), dqkv->dtype, 3 * C };
-    struct mat_out dk = { elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), dqkv->dtype, 3 * C };
-    struct mat_out dv = { elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), dqkv->dtype, 3 * C };
+    struct mat_out dq = { elem_ptr(dqkv->data, dqkv->dtype, base), dqkv->dtype, 3 * C, NULL };
+    struct mat_out dk = { elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), dqkv->dtype, 3 * C, NULL };
+    struct mat_out dv = { elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), dqkv->dtype, 3 * C, NULL };
     att_gemm(j, worker, true, false, T, D, T, 1.0f, p, dob, dv);
     att_gemm(j, worker, false, false, T, D, T, j->scale, dsm, k, dq);
     att_gemm(j, worker, true, false, T, D, T, j->scale, dsm, q, dk);

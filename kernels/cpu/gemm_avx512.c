@@ -507,7 +507,7 @@ TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float
                                    int mr, int nr, bool first, bool last, float *w, int64_t ldw)
 {
     const __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
-    const bool extra = g->beta != 0.0f || g->bias;
+    const bool extra = g->beta != 0.0f || g->bias || g->row_bias;
     const size_t csize = dtype_size(g->c_dt);
     for (int v = 0; v < 2 && nr > 16 * v; v++) {
         const __mmask16 m = lanes16(nr - 16 * v);
@@ -525,7 +525,7 @@ TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float
             void *cp = (char *)g->c + (size_t)(i * g->ldc + j) * csize;
             __m512 out;
             if (extra) {
-                __m512 e = bias; /* bias needs beta 0, so e is one of the two */
+                __m512 e = g->row_bias ? _mm512_set1_ps(g->row_bias[i]) : bias; /* either bias needs beta 0 */
                 if (g->beta != 0.0f)
                     e = _mm512_mul_ps(beta, load_c(cp, g->c_dt, m));
                 out = _mm512_fmadd_ps(alpha, s, e);

@@ -1,7 +1,8 @@
 /*
  * gemm_avx512.h — private to backend_cpu.c: the AVX-512 matrix products of gemm_avx512.c.
  *
- * C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row], A and B row-major and of one
+ * C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row, or + row_bias (m) on every column],
+ * A and B row-major and of one
  * dtype, products accumulated in fp32, C fp32 or the inputs' 16-bit dtype (rounded once, to
  * nearest-even, after alpha, beta and the bias — the same epilogue as the portable cblas_sgemm path).
  * beta 0 never reads C. By input dtype:
@@ -37,6 +38,8 @@ struct gemm_avx512_args {
     enum dtype c_dt;
     int64_t ldc;
     const float *bias;    /* NULL or fp32 (n); needs beta 0 */
+    const float *row_bias;/* NULL or fp32 (m): row i's elements take row_bias[i] as bias takes bias[j] (a
+                           * convolution's per-channel bias); needs beta 0 and no bias */
 };
 
 /* Scratch sizes for one call with these dimensions: the packed panels of op(A) and op(B), and the
@@ -66,7 +69,7 @@ void gemm_avx512_scratch_sizes(enum dtype in, bool amx, int64_t m, int64_t n, in
 
 /* The product. pack_a, pack_b: 64-byte-aligned buffers of the sizes above; partial: NULL when
  * partial_bytes is 0, or when C is fp32, beta 0 and there is no bias (C itself then holds the
- * partial sums). Only call when gemm_avx512_supported(g->in). */
+ * partial sums; a row_bias, like beta 0, never reads C, so it allows that too). Only call when gemm_avx512_supported(g->in). */
 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, void *pack_b, float *partial);
 
 /* The same product on a thread pool (threadpool.h), with the same bits, shared out as gemm_avx512_plan says
