@@ -243,6 +243,9 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
         check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 97, 130, 300, false });
         check_gemm((struct gemm_case){ in, in, true, false, false, 1.0f, 400, 33, 200, false });
         check_gemm((struct gemm_case){ in, in, true, false, false, 0.0f, 260, 300, 530, false });
+        /* few columns over several k blocks: on the FMA kernel two column chunks of half the panels each (fp32,
+         * fp16; fashion_cnn's fc1 forward is 128 x 128 x 3136), one chunk for bf16 */
+        check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 120, 128, 600, false });
         /* more columns than one n block (2048) */
         check_gemm((struct gemm_case){ in, DT_FP32, false, false, true, 0.0f, 40, 2100, 64, false });
         /* the GELU epilogue: several 64K-element row blocks of several elementwise chunks, a ragged last one */

@@ -639,7 +639,7 @@ TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, v
  * Three ways to share a product out, chosen by gemm_avx512_plan from the shape alone:
  *  - GEMM_SPLIT_COLUMNS, few rows (at most MC, or no more rows than columns and at most 4 MC; n at most NC):
  *    every thread packs all of op(A), every k block, once into its own buffer, and chunks of COL_PANELS
- *    panels of columns each run every k block: pack their own columns of op(B) into their own region of the
+ *    panels of columns (fewer where that would leave one chunk: col_panels) each run every k block: pack their own columns of op(B) into their own region of the
  *    shared buffer, then every tile of those columns. Banding so few rows would give each thread a few
  *    panels that still read all of op(B), packed half by the other thread (in the other core's cache).
  *  - GEMM_SPLIT_BANDS_WHOLE_B, several k blocks and op(B) small (n at most NC, packed at most
@@ -667,6 +667,17 @@ static int64_t row_band(enum dtype in, bool amx, int64_t m)
     return per * mr;
 }
 
+/* Panels of columns a chunk of GEMM_SPLIT_COLUMNS: COL_PANELS; on the FMA kernel (fp32, fp16) half of n's
+ * panels (rounded up) where n has fewer than 2 COL_PANELS, so that a product of few columns is still two
+ * chunks (fashion_cnn's fc1 forward, 128 x 128 x 3136 fp32: 637 us on one thread, 432 on two). Not for bf16,
+ * whose products are fast enough that packing all of op(A) twice costs more than the split saves (the same
+ * shape: 108 us as one chunk, 121 as two). Fixed by the shape and dtype. */
+static int64_t col_panels(enum dtype in, int64_t n)
+{
+    const int64_t panels = (n + NR - 1) / NR;
+    return panels >= 2 * COL_PANELS || in == DT_BF16 ? COL_PANELS : (panels + 1) / 2;
+}
+
 /* One k block of an operand packed whole: lines rounded up to whole panels of w, each its steps. */
 static int64_t whole_stride(enum dtype in, bool amx, int64_t lines, int w, int64_t k)
 {
@@ -683,7 +694,7 @@ void gemm_avx512_plan(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k, 
     *p = (struct gemm_avx512_plan){ 0 };
     if ((m <= MC || (m <= n && m <= 4 * MC)) && n <= NC) {
         p->split = GEMM_SPLIT_COLUMNS;
-        p->chunks = (n + COL_PANELS * NR - 1) / (COL_PANELS * NR);
+        p->chunks = (n + col_panels(in, n) * NR - 1) / (col_panels(in, n) * NR);
         p->worker_a_bytes = (size_t)(whole_stride(in, amx, m, mr, k) * blocks) * sizeof(uint32_t);
         p->shared_b_bytes = s.pack_b_bytes;
     } else if (blocks > 1 && n <= NC && whole_b <= WHOLE_B_BYTES) {
@@ -757,14 +768,14 @@ TARGET_AVX512 static void rows_whole_b_chunk(void *arg, int64_t chunk, int worke
                    b->ldw);
 }
 
-/* Columns [j0, j0 + COL_PANELS * NR) of C: every k block in order, its panels of op(B) packed into this chunk's
+/* Columns [j0, j0 + col_panels(in, n) * NR) of C: every k block in order, its panels of op(B) packed into this chunk's
  * own region of pb, then every tile of those columns against this thread's whole op(A). */
 TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct par_block *b = arg;
     const struct gemm_avx512_args *g = b->g;
     const bool amx = on_tiles(g->in, g->amx);
-    const int64_t k = g->k, j0 = chunk * COL_PANELS * NR, nc = min64(COL_PANELS * NR, g->n - j0);
+    const int64_t k = g->k, cols = col_panels(g->in, g->n) * NR, j0 = chunk * cols, nc = min64(cols, g->n - j0);
     uint32_t *pb = b->pb + (j0 / NR) * steps_of(g->in, amx, b->kc) * NR, *pa_all = b->pack_a[worker];
     float tile[MR_AMX * NR] __attribute__((aligned(64)));
     pack_whole(b, true, pa_all);
