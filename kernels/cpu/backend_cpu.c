@@ -1221,29 +1221,39 @@ static bool conv_is_same_stride1(const struct conv_args *a)
     return a->stride == 1 && 2 * a->padding == a->kernel - 1 && a->padding < a->w_in && a->padding < a->h_in;
 }
 
-static void im2col_same(void *col, const void *x, const struct conv_args *a, size_t es)
-{
-    const int64_t k = a->kernel, w = a->w_in, h = a->h_in, hw = h * w, p = a->padding;
-    for (int64_t ci = 0; ci < a->c_in; ci++)
-        for (int64_t kh = 0; kh < k; kh++)
-            for (int64_t kw = 0; kw < k; kw++) {
-                char *row = (char *)col + (size_t)(((ci * k + kh) * k + kw) * hw) * es;
-                const char *plane = (const char *)x + (size_t)(ci * hw) * es;
-                const int64_t dr = kh - p, dc = kw - p, d = dr * w + dc;
-                const int64_t i0 = (dr < 0 ? -dr : 0) * w, i1 = (dr > 0 ? h - dr : h) * w; /* the rows inside */
-                const int64_t c0 = i0 > -d ? i0 : -d, c1 = i1 < hw - d ? i1 : hw - d;   /* and the plane */
-                memset(row, 0, (size_t)c0 * es);
-                memcpy(row + (size_t)c0 * es, plane + (size_t)(c0 + d) * es, (size_t)(c1 - c0) * es);
-                memset(row + (size_t)c1 * es, 0, (size_t)(hw - c1) * es);
-                for (int64_t i = i0; dc != 0 && i < i1; i += w) /* the edge columns read outside the row */
-                    memset(row + (size_t)(dc < 0 ? i : i + w - dc) * es, 0, (size_t)(dc < 0 ? -dc : dc) * es);
-            }
-}
+#define DEFINE_IM2COL_SAME(NAME, T)                                                                               \
+    static void NAME(T *col, const T *x, const struct conv_args *a)                                              \
+    {                                                                                                            \
+        const int64_t k = a->kernel, w = a->w_in, h = a->h_in, hw = h * w, p = a->padding;                      \
+        for (int64_t ci = 0; ci < a->c_in; ci++)                                                                 \
+            for (int64_t kh = 0; kh < k; kh++)                                                                   \
+                for (int64_t kw = 0; kw < k; kw++) {                                                             \
+                    T *row = col + ((ci * k + kh) * k + kw) * hw;                                                \
+                    const T *plane = x + ci * hw;                                                                \
+                    const int64_t dr = kh - p, dc = kw - p, d = dr * w + dc;                                     \
+                    const int64_t i0 = (dr < 0 ? -dr : 0) * w, i1 = (dr > 0 ? h - dr : h) * w; /* rows inside */ \
+                    const int64_t c0 = i0 > -d ? i0 : -d, c1 = i1 < hw - d ? i1 : hw - d;   /* and the plane */  \
+                    for (int64_t i = 0; i < c0; i++)                                                             \
+                        row[i] = 0;                                                                              \
+                    memcpy(row + c0, plane + c0 + d, (size_t)(c1 - c0) * sizeof(T));                            \
+                    for (int64_t i = c1; i < hw; i++)                                                            \
+                        row[i] = 0;                                                                              \
+                    /* the edge columns read outside the row: stores, not a call each (rows are short) */        \
+                    for (int64_t i = i0; dc != 0 && i < i1; i += w)                                              \
+                        for (int64_t e = 0; e < (dc < 0 ? -dc : dc); e++)                                        \
+                            row[(dc < 0 ? i : i + w - dc) + e] = 0;                                              \
+                }                                                                                                \
+    }
+DEFINE_IM2COL_SAME(im2col_same_f32, float)
+DEFINE_IM2COL_SAME(im2col_same_16, uint16_t)
+#undef DEFINE_IM2COL_SAME
 
 static void im2col(void *col, const void *x, const struct conv_args *a, size_t es)
 {
-    if (conv_is_same_stride1(a))
-        im2col_same(col, x, a, es);
+    if (conv_is_same_stride1(a) && es == sizeof(float))
+        im2col_same_f32(col, x, a);
+    else if (conv_is_same_stride1(a))
+        im2col_same_16(col, x, a);
     else if (es == sizeof(float))
         im2col_f32(col, x, a);
     else
