@@ -84,6 +84,12 @@ struct norm_args {
     float eps;
     float momentum;           /* batchnorm2d running statistics: r = (1-m) r + m s (unbiased var, as PyTorch) */
     bool training;            /* batchnorm2d: batch statistics and update running ones; else use running */
+    bool relu;                /* batchnorm2d: a ReLU fused after it. Forward: y = relu(bn(x)), the bits of the
+                               * two ops one after the other (y, the ReLU's output, in y's dtype). Backward: dy
+                               * is the gradient of that output, y the forward's (the ReLU's mask, y <= 0: 0);
+                               * dy, dx and the parameter gradients have the bits of the ReLU's backward then
+                               * batchnorm's. y and dy share a dtype. One pass over the activations fewer each
+                               * way, and no tensor between the two. */
 };
 
 /* Key of a counter-based random stream: dropout masks are a pure function of (seed, layer, step, micro)
@@ -210,10 +216,11 @@ struct backend {
     void (*batchnorm_forward)(struct backend *be, const struct norm_args *a, struct tensor *y, struct tensor *mean,
                               struct tensor *rstd, struct tensor *running_mean, struct tensor *running_var,
                               const struct tensor *x, const struct tensor *gamma, const struct tensor *beta);
+    /* batchnorm_backward: y is the forward's output where a->relu (else NULL, unread) */
     void (*batchnorm_backward)(struct backend *be, const struct norm_args *a, struct tensor *dx,
                                struct tensor *dgamma, struct tensor *dbeta, const struct tensor *dy,
-                               const struct tensor *x, const struct tensor *mean, const struct tensor *rstd,
-                               const struct tensor *gamma, float beta_acc);
+                               const struct tensor *x, const struct tensor *y, const struct tensor *mean,
+                               const struct tensor *rstd, const struct tensor *gamma, float beta_acc);
 
     /* token + position embedding: y (B, T, C) = wte[tokens] + wpe[t]; tokens int32 (B*T) in backend memory.
      * backward: dwte, dwpe fp32 = beta*d + scatter-add of dy (deterministic order). */

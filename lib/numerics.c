@@ -189,13 +189,14 @@ static void add_tensor(struct numerics *nm, const char *name, enum num_kind kind
 }
 
 /* The tensors measured: each layer's output activation and the gradient reaching it, and each parameter's
- * gradient. The loss (its output is per-row losses) and flatten (a view) have none of their own. */
+ * gradient. The loss (its output is per-row losses) and flatten (a view) have none of their own (a relu is
+ * fused into a batchnorm2d only where no report is taken: layer_build.fuse). */
 static int count_or_list(struct numerics *nm, const struct model *m, bool list)
 {
     int n = 0;
     for (int i = 0; i + 1 < m->nlayers; i++) {
         const struct layer *l = &m->layers[i];
-        if (l->cfg.kind == LAYER_FLATTEN)
+        if (l->is_view)
             continue;
         if (list)
             add_tensor(nm, l->cfg.name, NK_ACTIVATION, i, 0);
@@ -234,6 +235,12 @@ enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char
 {
     memset(nm, 0, sizeof *nm);
     const struct config *cfg = t->cfg;
+    /* every layer's own output is measured: the run's model must keep a relu apart from the batchnorm before it
+     * (model_build fuses them only where run.numerics_every is 0), as the shadow built below does */
+    for (int i = 0; i < t->model.nlayers; i++)
+        if (t->model.layers[i].is_view && t->model.layers[i].cfg.kind != LAYER_FLATTEN)
+            return amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: set run.numerics_every before trainer_setup",
+                            "numerics: layer '%s' is fused into the one before it", t->model.layers[i].cfg.name);
     struct autocast_policy fp32;
     enum amp_status st = autocast_from_config(&fp32, PREC_FP32, &cfg->precision.autocast, err);
     if (st == AMP_OK) {
@@ -681,7 +688,9 @@ enum amp_status numerics_run(const struct config *cfg, const char *checkpoint, i
                              struct amp_error *err)
 {
     struct trainer t;
-    enum amp_status st = trainer_setup(&t, cfg, NULL, err);
+    struct config apart = *cfg; /* measured every step: the layers kept apart (model_build's fusion is off) */
+    apart.run.numerics_every = 1;
+    enum amp_status st = trainer_setup(&t, &apart, NULL, err);
     if (st == AMP_OK && checkpoint)
         st = ckpt_load_trainer(checkpoint, &t, false, err);
     else if (st == AMP_OK && cfg->model.init_from[0]) /* a CONFIG measures the run it starts: from init_from */

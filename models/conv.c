@@ -274,6 +274,7 @@ enum amp_status flatten_setup(struct layer *l, struct layer_build *b)
     l->out_shape[0] = b->in_shape[0];
     l->out_shape[1] = shape_inner(b->in_ndim, b->in_shape);
     l->out_dtype = b->in_dtype;
+    l->is_view = true;
     b->y_is_view = true;
     return AMP_OK;
 }

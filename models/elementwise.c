@@ -59,6 +59,50 @@ static void activation_backward(struct layer *l, const struct step_ctx *ctx, con
 
 static const struct layer_ops activation_ops = {activation_forward, activation_backward, NULL};
 
+/* A relu fused into the batchnorm2d before it: that layer's y is already this one's output, and its backward
+ * takes this layer's dy and masks it itself; here y and dx are views. On the steps that sample grad_zero_frac
+ * (ctx->zeros) the input gradient the unfused relu would have made is formed once more in the model's scratch
+ * (the same op, so the same bits) and counted, so the log does not change with the fusion. */
+struct fused_relu {
+    const struct tensor *workspace;
+    size_t probe_off; /* scratch for that gradient: x's dtype and shape */
+};
+
+static void fused_relu_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                               const struct batch *b)
+{
+    (void)ctx, (void)b;
+    l->y = tensor_reshape(x, x->ndim, x->shape);
+}
+
+static void fused_relu_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
+                                const struct tensor *x, const struct batch *b)
+{
+    (void)b;
+    if (!l->needs_dx)
+        return;
+    l->dx = tensor_reshape(dy, dy->ndim, dy->shape);
+    if (ctx->zeros) {
+        const struct fused_relu *p = l->priv;
+        struct tensor probe = scratch_view(p->workspace, p->probe_off, x->dtype, x->ndim, x->shape);
+        ctx->be->act_backward(ctx->be, ACT_RELU, &probe, dy, x);
+        count_grad_zeros(ctx, &probe, l->out_dtype != DT_FP32);
+    }
+}
+
+static const struct layer_ops fused_relu_ops = {fused_relu_forward, fused_relu_backward, NULL};
+
+/* Whether this relu runs inside the batchnorm2d before it: fusing allowed (layer_build.fuse), the same dtype
+ * out of both (the fused op writes one tensor), a dtype the backends' fused ReLU takes. */
+static bool fuses_into_batchnorm(const struct layer *l, const struct layer_build *b)
+{
+    if (l->cfg.kind != LAYER_RELU || !b->fuse || b->nbuilt < 1)
+        return false;
+    const struct layer *prev = &b->built[b->nbuilt - 1];
+    return prev->op == OP_BATCHNORM2D && prev->out_dtype == l->out_dtype && b->in_dtype == l->out_dtype &&
+           (l->out_dtype == DT_FP32 || l->out_dtype == DT_BF16 || l->out_dtype == DT_FP16);
+}
+
 enum amp_status activation_setup(struct layer *l, struct layer_build *b)
 {
     enum amp_status st = need_activation(l, b);
@@ -67,6 +111,19 @@ enum amp_status activation_setup(struct layer *l, struct layer_build *b)
     l->ops = &activation_ops;
     l->op = l->cfg.kind == LAYER_RELU ? OP_RELU : OP_GELU;
     same_shape_out(l, b);
+    if (fuses_into_batchnorm(l, b)) {
+        struct fused_relu *p = calloc(1, sizeof *p);
+        if (!p)
+            return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
+        p->workspace = b->workspace;
+        p->probe_off = scratch_reserve(b, b->in_dtype, (size_t)shape_inner(b->in_ndim, b->in_shape) *
+                                                           (size_t)b->in_shape[0]);
+        l->priv = p;
+        batchnorm2d_fuse_relu(&b->built[b->nbuilt - 1]);
+        l->ops = &fused_relu_ops;
+        l->is_view = true;
+        b->y_is_view = true;
+    }
     return AMP_OK;
 }
 

@@ -138,6 +138,8 @@ struct layer {
                                 pass, a view with the pass's batch size; flatten: a view of its input */
     struct tensor dx;        /* gradient of the input, in the input's dtype; flatten: a view of dy */
     bool needs_dx;           /* false for the first layer (its dx is never allocated) */
+    bool is_view;            /* y and dx are views of x and dy, nothing computed: flatten; a relu fused into
+                                the batchnorm2d before it (layer_build.fuse) */
     void *priv;              /* layer-private saved tensors (masks, statistics, attention probabilities) */
 };
 

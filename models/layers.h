@@ -49,6 +49,9 @@ struct layer_build {
                                            * layer not in precision.fp8.keep_bf16) */
     struct layer *built;                  /* the layers set up before this one (a linear's `tie` names one) */
     bool accumulates;                     /* accum_steps > 1: gradients accumulate over micro-batches */
+    bool fuse;                            /* a relu right after a batchnorm2d runs inside it (backend.h,
+                                           * norm_args.relu); off where the numerics report measures every
+                                           * layer's own output (run.numerics_every) */
     int nbuilt;
     struct amp_error *err;
 };
@@ -58,6 +61,8 @@ enum amp_status linear_setup(struct layer *l, struct layer_build *b);
 enum amp_status conv2d_setup(struct layer *l, struct layer_build *b);
 enum amp_status pool2d_setup(struct layer *l, struct layer_build *b);   /* maxpool2d, avgpool2d */
 enum amp_status flatten_setup(struct layer *l, struct layer_build *b);
+/* Fuse the relu layer being set up into the batchnorm2d layer bn before it: bn's y becomes the ReLU's output. */
+void batchnorm2d_fuse_relu(struct layer *bn);
 enum amp_status batchnorm2d_setup(struct layer *l, struct layer_build *b);
 enum amp_status layernorm_setup(struct layer *l, struct layer_build *b);
 enum amp_status activation_setup(struct layer *l, struct layer_build *b); /* relu, gelu */

@@ -237,6 +237,7 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
         .be = be, .policy = &m->policy, .master_dtype = cfg->precision.master_weights == STORE_BF16 ? DT_BF16 : DT_FP32,
         .spec = spec, .max_batch = max_batch, .seq_len = cfg->data.seq_len,
         .workspace = m->workspace, .accumulates = cfg->accum_steps > 1, .fp8 = &m->fp8, .err = err,
+        .fuse = cfg->run.numerics_every == 0,
     };
     m->has_fp8 = m->policy.enabled && m->policy.fp8;
     const struct fp8_config *f8 = &cfg->precision.fp8;
@@ -428,8 +429,8 @@ void model_backward(struct model *m, const struct step_ctx *ctx, const struct ba
         struct layer *l = &m->layers[i];
         const struct tensor *dy = i == m->nlayers - 1 ? NULL : &m->layers[i + 1].dx;
         l->ops->backward(l, ctx, dy, layer_input(m, i, b), b);
-        /* flatten's dx is a view of its neighbour's gradient: counted there */
-        if (l->needs_dx && l->cfg.kind != LAYER_FLATTEN)
+        /* a view's dx (flatten's, a fused relu's) is its neighbour's gradient: counted there */
+        if (l->needs_dx && !l->is_view)
             count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
     }
 }
@@ -457,7 +458,7 @@ static void layer_free(struct layer *l, const float *grad_flat)
     for (int j = 0; j < l->nbuffers; j++)
         tensor_free(&l->buffers[j].t);
     free(l->buffers);
-    if (l->cfg.kind != LAYER_FLATTEN) { /* flatten's y and dx are views of its neighbours' */
+    if (!l->is_view) { /* a view's y and dx are its neighbours' */
         tensor_free(&l->y);
         tensor_free(&l->dx);
     }

@@ -156,6 +156,7 @@ struct batchnorm_layer {
     struct param *gain, *shift;  /* (C) */
     struct tensor mean, rstd;    /* (C) fp32: this batch's statistics, saved for backward */
     float eps, momentum;
+    bool relu;                   /* the relu after it runs here (batchnorm2d_fuse_relu): y is its output */
     size_t dx_off;               /* first layer: scratch for the dx nobody reads */
     const struct tensor *workspace;
 };
@@ -163,7 +164,12 @@ struct batchnorm_layer {
 static struct norm_args batchnorm_args(const struct batchnorm_layer *p, const struct tensor *x, bool training)
 {
     return (struct norm_args){.n = x->shape[0], .c = x->shape[1], .hw = x->shape[2] * x->shape[3],
-                              .eps = p->eps, .momentum = p->momentum, .training = training};
+                              .eps = p->eps, .momentum = p->momentum, .training = training, .relu = p->relu};
+}
+
+void batchnorm2d_fuse_relu(struct layer *bn)
+{
+    ((struct batchnorm_layer *)bn->priv)->relu = true;
 }
 
 static void batchnorm2d_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
@@ -184,8 +190,8 @@ static void batchnorm2d_backward(struct layer *l, const struct step_ctx *ctx, co
     struct batchnorm_layer *p = l->priv;
     struct norm_args a = batchnorm_args(p, x, true);
     struct tensor dx = dx_or_scratch(l, p->workspace, p->dx_off, x);
-    ctx->be->batchnorm_backward(ctx->be, &a, &dx, &p->gain->grad, &p->shift->grad, dy, x, &p->mean, &p->rstd,
-                                param_value(p->gain), ctx->accumulate ? 1.0f : 0.0f);
+    ctx->be->batchnorm_backward(ctx->be, &a, &dx, &p->gain->grad, &p->shift->grad, dy, x, p->relu ? &l->y : NULL,
+                                &p->mean, &p->rstd, param_value(p->gain), ctx->accumulate ? 1.0f : 0.0f);
 }
 
 static void batchnorm2d_free(struct layer *l)

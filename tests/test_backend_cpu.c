@@ -1325,7 +1325,7 @@ Test(backend_cpu, batchnorm_forward_backward)
     }
     struct tensor *dy = trand(DT_FP32, cnt, -1, 1, &hdy), *dx = tnew(DT_FP32, cnt);
     struct tensor *dg = trand(DT_FP32, (size_t)c, -1, 1, &hdg0), *db = trand(DT_FP32, (size_t)c, -1, 1, &hdb0);
-    be->batchnorm_backward(be, &a, dx, dg, db, dy, x, mean, rstd, g, 1.0f);
+    be->batchnorm_backward(be, &a, dx, dg, db, dy, x, NULL, mean, rstd, g, 1.0f);
     struct bn_ctx ctx = { n, c, hw, a.eps, to_d(hx, cnt), to_d(hg, (size_t)c), to_d(hb, (size_t)c), to_d(hdy, cnt) };
     double *gx = dalloc(cnt), *gg = dalloc((size_t)c), *gb = dalloc((size_t)c);
     fd_grad(bn_loss_x, &ctx, to_d(hx, cnt), cnt, 1e-6, gx);
@@ -1342,7 +1342,7 @@ Test(backend_cpu, batchnorm_forward_backward)
     check_f32(db, gb, (size_t)c, 1e-5, 1e-6, "batchnorm dbeta (beta_acc 1)");
     /* beta_acc 0 overwrites (poisoned outputs); eval mode: dx = dy * gamma * rstd */
     struct tensor *dg0 = tnew(DT_FP32, (size_t)c), *db0 = tnew(DT_FP32, (size_t)c), *dx16 = tnew(DT_BF16, cnt);
-    be->batchnorm_backward(be, &a, dx16, dg0, db0, dy, x, mean, rstd, g, 0.0f);
+    be->batchnorm_backward(be, &a, dx16, dg0, db0, dy, x, NULL, mean, rstd, g, 0.0f);
     for (int64_t ch = 0; ch < c; ch++) {
         gg[ch] -= hdg0[ch];
         gb[ch] -= hdb0[ch];
@@ -1352,7 +1352,7 @@ Test(backend_cpu, batchnorm_forward_backward)
     check_lowp(dx16, to_d(dx->data, cnt), cnt, 1, 0, "batchnorm dx bf16");
     struct norm_args e = a;
     e.training = false;
-    be->batchnorm_backward(be, &e, dx, NULL, NULL, dy, x, mean, rstd, g, 0.0f);
+    be->batchnorm_backward(be, &e, dx, NULL, NULL, dy, x, NULL, mean, rstd, g, 0.0f);
     double *ge = dalloc(cnt);
     for (int64_t i = 0; i < n; i++)
         for (int64_t ch = 0; ch < c; ch++)
@@ -1394,7 +1394,7 @@ Test(backend_cpu, batchnorm_sums_in_their_documented_order)
             struct tensor *y = tnew(dts[d], cnt), *mean = tnew(DT_FP32, (size_t)c), *rstd = tnew(DT_FP32, (size_t)c);
             struct tensor *dx = tnew(dts[d], cnt), *dg = tnew(DT_FP32, (size_t)c), *db = tnew(DT_FP32, (size_t)c);
             be->batchnorm_forward(be, &a, y, mean, rstd, NULL, NULL, x, g, b);
-            be->batchnorm_backward(be, &a, dx, dg, db, dy, x, mean, rstd, g, 0.0f);
+            be->batchnorm_backward(be, &a, dx, dg, db, dy, x, NULL, mean, rstd, g, 0.0f);
             const float *fm = mean->data, *fr = rstd->data, *fg = dg->data, *fb = db->data;
             for (int64_t ch = 0; ch < c; ch++) {
                 double sum = 0, ss = 0, sdy = 0, sdyx = 0, count = (double)(n * hw);
@@ -1425,6 +1425,69 @@ Test(backend_cpu, batchnorm_sums_in_their_documented_order)
                 cr_assert(memcmp(&fb[ch], &want_b, sizeof want_b) == 0, "%s hw %lld channel %lld: dbeta %.9g, want %.9g",
                           what, (long long)hw, (long long)ch, (double)fb[ch], (double)want_b);
             }
+        }
+}
+
+/* A ReLU fused into batchnorm (norm_args.relu) gives the bits of the two ops one after the other: forward, y equal
+ * to act_forward(relu) of the unfused y; backward, dx, dgamma, dbeta equal to batchnorm's backward of
+ * act_backward(relu)'s gradient, with the fused forward's y as the mask. fp32, bf16, fp16; training and eval;
+ * values at ReLU's edges: zeros of either sign out of the normalisation (a channel with gamma 0 and beta -0),
+ * outputs that round to a signed zero in fp16 (gamma 1e-30), NaN and -0 in dy; 8 + 3 channels (the vector lanes
+ * and the scalar chains) and a 13-element plane (a tail). */
+Test(backend_cpu, batchnorm_with_relu_fused_is_the_two_ops)
+{
+    seed(23);
+    const int64_t n = 3, c = 11, hw = 13;
+    const size_t cnt = (size_t)(n * c * hw);
+    const enum dtype dts[3] = { DT_FP32, DT_BF16, DT_FP16 };
+    for (int d = 0; d < 3; d++)
+        for (int training = 1; training >= 0; training--) {
+            float *hx = falloc(cnt), *hdy = falloc(cnt), *hg = falloc((size_t)c), *hb = falloc((size_t)c);
+            for (size_t k = 0; k < cnt; k++) {
+                hx[k] = (k % 5 == 0) ? 1.0f : frand(-2, 2);
+                hdy[k] = k % 17 == 3 ? NAN : k % 11 == 4 ? -0.0f : frand(-1, 1);
+            }
+            for (int64_t ch = 0; ch < c; ch++) {
+                hg[ch] = ch == 2 ? 0.0f : ch == 4 ? 1e-30f : frand(0.5f, 1.5f);
+                hb[ch] = ch == 2 ? -0.0f : ch == 4 ? 0.0f : frand(-0.5f, 0.5f);
+            }
+            struct tensor *x = tfrom(dts[d], cnt, hx), *dy = tfrom(dts[d], cnt, hdy);
+            struct tensor *g = tfrom(DT_FP32, (size_t)c, hg), *b = tfrom(DT_FP32, (size_t)c, hb);
+            struct tensor *rm = trand(DT_FP32, (size_t)c, -1, 1, NULL), *rv = trand(DT_FP32, (size_t)c, 0.5f, 2, NULL);
+            struct tensor *rm2 = tnew(DT_FP32, (size_t)c), *rv2 = tnew(DT_FP32, (size_t)c);
+            memcpy(rm2->data, rm->data, (size_t)c * sizeof(float));
+            memcpy(rv2->data, rv->data, (size_t)c * sizeof(float));
+            struct norm_args a = { .n = n, .c = c, .hw = hw, .eps = 1e-5f, .momentum = 0.1f, .training = training };
+            struct norm_args f = a;
+            f.relu = true;
+            /* unfused: batchnorm, relu; relu's backward, batchnorm's */
+            struct tensor *ybn = tnew(dts[d], cnt), *y = tnew(dts[d], cnt), *mean = tnew(DT_FP32, (size_t)c);
+            struct tensor *rstd = tnew(DT_FP32, (size_t)c), *dr = tnew(dts[d], cnt), *dx = tnew(dts[d], cnt);
+            struct tensor *dg = tnew(DT_FP32, (size_t)c), *db = tnew(DT_FP32, (size_t)c);
+            be->batchnorm_forward(be, &a, ybn, mean, rstd, rm, rv, x, g, b);
+            be->act_forward(be, ACT_RELU, y, ybn);
+            be->act_backward(be, ACT_RELU, dr, dy, ybn);
+            be->batchnorm_backward(be, &a, dx, dg, db, dr, x, NULL, mean, rstd, g, 0.0f);
+            /* fused */
+            struct tensor *yf = tnew(dts[d], cnt), *meanf = tnew(DT_FP32, (size_t)c), *rstdf = tnew(DT_FP32, (size_t)c);
+            struct tensor *dxf = tnew(dts[d], cnt), *dgf = tnew(DT_FP32, (size_t)c), *dbf = tnew(DT_FP32, (size_t)c);
+            be->batchnorm_forward(be, &f, yf, meanf, rstdf, rm2, rv2, x, g, b);
+            be->batchnorm_backward(be, &f, dxf, dgf, dbf, dy, x, yf, meanf, rstdf, g, 0.0f);
+            const size_t es = dtype_size(dts[d]);
+            const char *what = dts[d] == DT_FP32 ? "fp32" : dts[d] == DT_BF16 ? "bf16" : "fp16";
+            cr_assert_eq(memcmp(yf->data, y->data, cnt * es), 0, "%s training %d: y", what, training);
+            cr_assert_eq(memcmp(dxf->data, dx->data, cnt * es), 0, "%s training %d: dx", what, training);
+            cr_assert_eq(memcmp(dgf->data, dg->data, (size_t)c * 4), 0, "%s training %d: dgamma", what, training);
+            cr_assert_eq(memcmp(dbf->data, db->data, (size_t)c * 4), 0, "%s training %d: dbeta", what, training);
+            cr_assert_eq(memcmp(rm2->data, rm->data, (size_t)c * 4), 0, "%s: running mean", what);
+            cr_assert_eq(memcmp(rv2->data, rv->data, (size_t)c * 4), 0, "%s: running var", what);
+            /* the edges were met: zeros of both signs out of the normalisation, and NaN gradients */
+            size_t negzero = 0;
+            float *hy = falloc(cnt);
+            tensor_to_host_f32(ybn, hy);
+            for (size_t k = 0; k < cnt; k++)
+                negzero += hy[k] == 0.0f && signbit(hy[k]);
+            cr_assert_gt(negzero, 0, "%s training %d: no -0 reached the ReLU", what, training);
         }
 }
 

@@ -800,9 +800,11 @@ static void expect_in(const struct pair *p, double tol, const char *what, const 
 
 /* Batchnorm on shapes whose channel sums span many chunks of 4096 (kernels/cuda/norm.cu), or many channels
  * (more than a grid's 65535 rows), with beta 0 (dgamma, dbeta poisoned) and 1. */
-static void batchnorm_case(enum dtype dt, int64_t n, int64_t c, int64_t h, int64_t w, bool training, float beta)
+static void batchnorm_case(enum dtype dt, int64_t n, int64_t c, int64_t h, int64_t w, bool training, float beta,
+                           bool relu)
 {
-    struct norm_args a = {.n = n, .c = c, .hw = h * w, .eps = 1e-5f, .momentum = 0.1f, .training = training};
+    struct norm_args a = {.n = n, .c = c, .hw = h * w, .eps = 1e-5f, .momentum = 0.1f, .training = training,
+                          .relu = relu};
     int64_t s[] = {n, c, h, w};
     struct pair x, g, b, y, mean, rstd, rm, rv, dy, dx, dg, db;
     pair_rand(&x, dt, 4, s, -2, 3);
@@ -823,8 +825,8 @@ static void batchnorm_case(enum dtype dt, int64_t n, int64_t c, int64_t h, int64
         pair_acc(&db, 1, &c);
     }
     char ctx[96];
-    snprintf(ctx, sizeof ctx, "n %lld, c %lld, hw %lld, %s, beta %g", (long long)n, (long long)c, (long long)(h * w),
-             training ? "training" : "eval", (double)beta);
+    snprintf(ctx, sizeof ctx, "n %lld, c %lld, hw %lld, %s, beta %g%s", (long long)n, (long long)c,
+             (long long)(h * w), training ? "training" : "eval", (double)beta, relu ? ", relu fused" : "");
     cpu->batchnorm_forward(cpu, &a, &y.c, &mean.c, &rstd.c, &rm.c, &rv.c, &x.c, &g.c, &b.c);
     gpu->batchnorm_forward(gpu, &a, &y.g, &mean.g, &rstd.g, &rm.g, &rv.g, &x.g, &g.g, &b.g);
     expect_in(&y, tol_of(dt), "batchnorm_forward y", ctx);
@@ -832,8 +834,10 @@ static void batchnorm_case(enum dtype dt, int64_t n, int64_t c, int64_t h, int64
     expect_in(&rstd, 1e-6, "batchnorm_forward rstd", ctx);
     expect_in(&rm, 1e-6, "batchnorm running mean", ctx);
     expect_in(&rv, 1e-6, "batchnorm running var", ctx);
-    cpu->batchnorm_backward(cpu, &a, &dx.c, &dg.c, &db.c, &dy.c, &x.c, &mean.c, &rstd.c, &g.c, beta);
-    gpu->batchnorm_backward(gpu, &a, &dx.g, &dg.g, &db.g, &dy.g, &x.g, &mean.g, &rstd.g, &g.g, beta);
+    cpu->batchnorm_backward(cpu, &a, &dx.c, &dg.c, &db.c, &dy.c, &x.c, relu ? &y.c : NULL, &mean.c, &rstd.c, &g.c,
+                            beta);
+    gpu->batchnorm_backward(gpu, &a, &dx.g, &dg.g, &db.g, &dy.g, &x.g, relu ? &y.g : NULL, &mean.g, &rstd.g, &g.g,
+                            beta);
     expect_in(&dx, tol_of(dt), "batchnorm_backward dx", ctx);
     expect_in(&dg, 1e-5, "batchnorm_backward dgamma", ctx);
     expect_in(&db, 1e-5, "batchnorm_backward dbeta", ctx);
@@ -847,7 +851,8 @@ Test(cuda_backend, batchnorm, .init = open_both, .fini = close_both)
     rng_state = 9;
     for (int d = 0; d < 3; d++)
         for (int training = 1; training >= 0; training--)
-            batchnorm_case(all_dtypes[d], 6, 5, 7, 7, training, 1.0f);
+            for (int relu = 0; relu < 2; relu++)
+                batchnorm_case(all_dtypes[d], 6, 5, 7, 7, training, 1.0f, relu);
 }
 
 Test(cuda_backend, batchnorm_many_chunks, .init = open_both, .fini = close_both)
@@ -857,10 +862,11 @@ Test(cuda_backend, batchnorm_many_chunks, .init = open_both, .fini = close_both)
         for (int training = 1; training >= 0; training--)
             for (int bi = 0; bi < 2; bi++) {
                 float beta = bi ? 1.0f : 0.0f;
-                batchnorm_case(all_dtypes[d], 64, 1, 23, 29, training, beta); /* C = 1, 42688: 10 chunks + 1792 */
-                batchnorm_case(all_dtypes[d], 5, 3, 61, 67, training, beta);  /* 20435: 4 chunks + 4051 */
-                batchnorm_case(all_dtypes[d], 7, 32, 28, 28, training, beta); /* fashion_cnn-like, 5488 */
-                batchnorm_case(all_dtypes[d], 2, 65537, 1, 1, training, beta); /* channels past gridDim.y */
+                batchnorm_case(all_dtypes[d], 64, 1, 23, 29, training, beta, false); /* C = 1, 42688: 10 chunks + 1792 */
+                batchnorm_case(all_dtypes[d], 5, 3, 61, 67, training, beta, false);  /* 20435: 4 chunks + 4051 */
+                batchnorm_case(all_dtypes[d], 7, 32, 28, 28, training, beta, bi); /* fashion_cnn-like, 5488 (relu fused
+                                                                                     with beta 1) */
+                batchnorm_case(all_dtypes[d], 2, 65537, 1, 1, training, beta, false); /* channels past gridDim.y */
             }
 }
 

@@ -489,14 +489,15 @@ Test(ops, pool2d_bit_identical_for_any_thread_count)
 }
 
 /* batchnorm forward (training with running statistics, then eval) and backward (training with dx, dgamma and
- * dbeta, beta_acc 0 and 1; eval) at 1, 2, 3, 7 threads. */
-static void check_batchnorm(int64_t n, int64_t c, int64_t hw, bool big, enum dtype dt)
+ * dbeta, beta_acc 0 and 1; eval) at 1, 2, 3, 7 threads; relu: with a ReLU fused. */
+static void check_batchnorm(int64_t n, int64_t c, int64_t hw, bool big, enum dtype dt, bool relu)
 {
-    struct norm_args a = { .n = n, .c = c, .hw = hw, .eps = 1e-5f, .momentum = 0.1f, .training = true };
+    struct norm_args a = { .n = n, .c = c, .hw = hw, .eps = 1e-5f, .momentum = 0.1f, .training = true,
+                           .relu = relu };
     size_t nx = (size_t)(n * c * hw);
     char what[96];
-    snprintf(what, sizeof what, "batchnorm %s n %lld c %lld hw %lld", dtype_name(dt), (long long)n, (long long)c,
-             (long long)hw);
+    snprintf(what, sizeof what, "batchnorm%s %s n %lld c %lld hw %lld", relu ? "+relu" : "", dtype_name(dt),
+             (long long)n, (long long)c, (long long)hw);
     int64_t per_chunk = (T_EW_CHUNK + n * hw - 1) / (n * hw);
     assert_chunks(big, (int64_t)nx, T_EW_CHUNK, (c + per_chunk - 1) / per_chunk, what);
     struct tensor *x = trand(dt, nx, -2, 3), *dy = trand(dt, nx, -1, 1);
@@ -514,8 +515,9 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t hw, bool big, enum dty
         dbt[i] = tens(DT_FP32, (size_t)c);
         a.training = true;
         bes[i]->batchnorm_forward(bes[i], &a, y[i], mean[i], rstd[i], rm[i], rv[i], x, gamma, beta);
-        bes[i]->batchnorm_backward(bes[i], &a, dx[i], dg[i], dbt[i], dy, x, mean[i], rstd[i], gamma, 0.0f);
-        bes[i]->batchnorm_backward(bes[i], &a, NULL, dg[i], dbt[i], y[i], x, mean[i], rstd[i], gamma, 1.0f);
+        const struct tensor *mask = relu ? y[i] : NULL;
+        bes[i]->batchnorm_backward(bes[i], &a, dx[i], dg[i], dbt[i], dy, x, mask, mean[i], rstd[i], gamma, 0.0f);
+        bes[i]->batchnorm_backward(bes[i], &a, NULL, dg[i], dbt[i], y[i], x, mask, mean[i], rstd[i], gamma, 1.0f);
         cr_assert_eq(bes[i]->status(bes[i], NULL), AMP_OK);
     }
     for (int i = 1; i < NBE; i++) {
@@ -531,7 +533,8 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t hw, bool big, enum dty
     for (int i = 0; i < NBE; i++) { /* eval: the running statistics */
         a.training = false;
         bes[i]->batchnorm_forward(bes[i], &a, y[i], mean[i], rstd[i], rm[i], rv[i], x, gamma, beta);
-        bes[i]->batchnorm_backward(bes[i], &a, dx[i], NULL, NULL, dy, x, mean[i], rstd[i], gamma, 0.0f);
+        bes[i]->batchnorm_backward(bes[i], &a, dx[i], NULL, NULL, dy, x, relu ? y[i] : NULL, mean[i], rstd[i], gamma,
+                                   0.0f);
     }
     for (int i = 1; i < NBE; i++) {
         assert_same_bytes(y[0], y[i], what, thread_counts[i]);
@@ -545,9 +548,11 @@ Test(ops, batchnorm_bit_identical_for_any_thread_count)
     seed(1606);
     const enum dtype dts[] = {DT_FP32, DT_FP16, DT_BF16};
     for (int d = 0; d < 3; d++) {
-        check_batchnorm(8, 24, 196, true, dts[d]);  /* 11 channels a chunk: 3 chunks, the last ragged */
-        check_batchnorm(128, 5, 300, true, dts[d]); /* a channel over EW_CHUNK: one a chunk */
-        check_batchnorm(2, 3, 16, false, dts[d]);
+        for (int relu = 0; relu < 2; relu++) {
+            check_batchnorm(8, 24, 196, true, dts[d], relu);  /* 11 channels a chunk: 3 chunks, the last ragged */
+            check_batchnorm(128, 5, 300, true, dts[d], relu); /* a channel over EW_CHUNK: one a chunk */
+            check_batchnorm(2, 3, 16, false, dts[d], relu);
+        }
     }
 }
 

@@ -2170,6 +2170,7 @@ struct bn_job {
     const struct norm_args *a;
     struct tensor *out;                           /* y, dx (NULL: no dx) */
     const struct tensor *x, *dy;
+    const struct tensor *y;                       /* backward with a fused ReLU: the forward's y (its mask) */
     struct tensor *mean, *rstd, *running_mean, *running_var; /* forward */
     const struct tensor *smean, *srstd;          /* backward: the saved statistics */
     const float *gamma, *beta;
@@ -2243,15 +2244,16 @@ LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const
         }
 }
 
-/* The 8 planes of image i from channel ch0 as the vector kernels read them: a bf16 tensor as it is stored, else
- * as fp32 (load_f32: fp16 widened into buf's planes). Whether they are bf16. */
-static bool bn_planes(const struct tensor *t, size_t off0, int64_t hw, float *buf, const void *p[CHAINS])
+/* The 8 planes from element off0 of data (dtype dt: a tensor's, or bn_dy_planes' staging) as the vector kernels
+ * read them: bf16 as it is stored, else as fp32 (load_f32: fp16 widened into buf's planes). Whether they are
+ * bf16. */
+static bool bn_planes(const void *data, enum dtype dt, size_t off0, int64_t hw, float *buf, const void *p[CHAINS])
 {
-    const bool bf16 = t->dtype == DT_BF16;
+    const bool bf16 = dt == DT_BF16;
     for (int l = 0; l < CHAINS; l++) {
         size_t off = off0 + (size_t)(l * hw);
-        p[l] = bf16 ? (const void *)((const uint16_t *)t->data + off)
-                    : (const void *)load_f32(t->data, t->dtype, off, (size_t)hw, buf ? buf + l * hw : NULL);
+        p[l] = bf16 ? (const void *)((const uint16_t *)data + off)
+                    : (const void *)load_f32(data, dt, off, (size_t)hw, buf ? buf + l * hw : NULL);
     }
     return bf16;
 }
@@ -2274,7 +2276,7 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
 #ifdef HAVE_AVX512_INTRIN
         if (planes8_avx512(lanes)) {
             const void *v[CHAINS];
-            bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
+            bool bf16 = bn_planes(x->data, x->dtype, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
             planes_sum8_avx512(v, bf16, hw, s);
             continue;
         }
@@ -2289,7 +2291,7 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
 #ifdef HAVE_AVX512_INTRIN
         if (planes8_avx512(lanes)) {
             const void *v[CHAINS];
-            bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
+            bool bf16 = bn_planes(x->data, x->dtype, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
             bn_sumsq8_avx512(v, bf16, hw, mu, ss);
             continue;
         }
@@ -2345,6 +2347,10 @@ HOT_LOOP static void bn_forward_channel(const struct bn_job *j, int64_t ch, doub
         float *q = out_f32(y->data, y->dtype, off, ybuf);
         for (int64_t e = 0; e < hw; e++)
             q[e] = (p[e] - mu_f) * rs_f * gc + bc;
+        /* the fused ReLU in fp32 before the rounding: round(relu(v)) is relu(round(v)) bit for bit (rounding
+         * keeps the sign and a NaN; relu_16 gives +0 for either zero and quiets a NaN, as rounding does) */
+        if (a->relu)
+            act_apply(ACT_RELU, q, q, (size_t)hw);
         store_f32(y->data, y->dtype, off, (size_t)hw, q);
     }
 }
@@ -2383,10 +2389,32 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
     parallel_for(cb->pool, bn_chunks(a, j.channels), bn_forward_chunk, &j);
 }
 
+/* dy's planes of image i, channels ch0 .. ch0 + lanes - 1, as the backward reads them: dy's own (*off0 their first
+ * element in dy), or with a fused ReLU (j->y) the ReLU's input gradient, staged in mbuf (lanes planes of dy's
+ * dtype; *off0 0) by the ReLU backward's own loops, so with its bits. */
+static const void *bn_dy_planes(const struct bn_job *j, int64_t i, int64_t ch0, int64_t lanes, void *mbuf,
+                                size_t *off0)
+{
+    const struct tensor *dy = j->dy;
+    const size_t off = (size_t)((i * j->a->c + ch0) * j->a->hw), count = (size_t)(lanes * j->a->hw);
+    uint16_t inf, quiet;
+    if (!j->y) {
+        *off0 = off;
+        return dy->data;
+    }
+    *off0 = 0;
+    if (half_format(dy->dtype, &inf, &quiet))
+        relu_grad_16(mbuf, (const uint16_t *)dy->data + off, (const uint16_t *)j->y->data + off, count, inf, quiet);
+    else
+        act_grad_apply(ACT_RELU, mbuf, (const float *)dy->data + off, (const float *)j->y->data + off, count);
+    return mbuf;
+}
+
 /* The gradient sums of channels ch0 .. ch0 + lanes - 1 (lanes <= CHAINS) into acc_b and acc_g: each
  * channel's sum of dy and of dy * xhat over the images in order (xbuf, dybuf: lanes planes each, where
- * 16-bit). */
-HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, float *dybuf)
+ * 16-bit; mbuf: bn_dy_planes'). */
+HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t lanes, float *xbuf, float *dybuf,
+                                  void *mbuf)
 {
     const struct tensor *x = j->x, *dy = j->dy;
     const int64_t n = j->a->n, c = j->a->c, hw = j->a->hw;
@@ -2399,11 +2427,13 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
         sdy[l] = sdyx[l] = 0.0;
     }
     for (int64_t i = 0; i < n; i++) {
+        size_t doff;
+        const void *dsrc = bn_dy_planes(j, i, ch0, lanes, mbuf, &doff);
 #ifdef HAVE_AVX512_INTRIN
         if (planes8_avx512(lanes) && x->dtype == dy->dtype) {
             const void *xv[CHAINS], *dv[CHAINS];
-            bool bf16 = bn_planes(x, (size_t)((i * c + ch0) * hw), hw, xbuf, xv);
-            bn_planes(dy, (size_t)((i * c + ch0) * hw), hw, dybuf, dv);
+            bool bf16 = bn_planes(x->data, x->dtype, (size_t)((i * c + ch0) * hw), hw, xbuf, xv);
+            bn_planes(dsrc, dy->dtype, doff, hw, dybuf, dv);
             bn_gradsum8_avx512(xv, dv, bf16, hw, mu, rs, sdy, sdyx);
             continue;
         }
@@ -2411,7 +2441,7 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
         for (int64_t l = 0; l < lanes; l++) {
             size_t off = (size_t)((i * c + ch0 + l) * hw);
             xp[l] = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf ? xbuf + l * hw : NULL);
-            dp[l] = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf ? dybuf + l * hw : NULL);
+            dp[l] = load_f32(dsrc, dy->dtype, doff + (size_t)(l * hw), (size_t)hw, dybuf ? dybuf + l * hw : NULL);
         }
         FOR_CHAINS(lanes, hw, l, e, sdy[l] += dp[l][e]; sdyx[l] += (double)dp[l][e] * ((xp[l][e] - mu[l]) * rs[l]));
     }
@@ -2422,7 +2452,8 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
 }
 
 /* Channel ch's dx from its sums (bn_grad_sums). */
-HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf)
+HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf,
+                                         void *mbuf)
 {
     const struct norm_args *a = j->a;
     const struct tensor *x = j->x, *dy = j->dy;
@@ -2437,8 +2468,9 @@ HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, flo
     /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
     float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
     for (int64_t i = 0; i < n; i++) {
-        size_t off = (size_t)((i * c + ch) * hw);
-        const float *dp = load_f32(dy->data, dy->dtype, off, (size_t)hw, dybuf);
+        size_t off = (size_t)((i * c + ch) * hw), doff;
+        const void *dsrc = bn_dy_planes(j, i, ch, 1, mbuf, &doff);
+        const float *dp = load_f32(dsrc, dy->dtype, doff, (size_t)hw, dybuf);
         float *q = out_f32(dx->data, dx->dtype, off, dxbuf);
         if (a->training) {
             const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
@@ -2457,31 +2489,37 @@ static void bn_backward_chunk(void *arg, int64_t chunk, int worker)
     const struct bn_job *j = arg;
     float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *dybuf = wscratch(j->cb, worker, WSCR_IN1);
     float *dxbuf = wscratch(j->cb, worker, WSCR_TMP0);
+    void *mbuf = wscratch(j->cb, worker, WSCR_IN2);
     const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
     for (int64_t ch0 = c0; ch0 < c1; ch0 += CHAINS) {
         const int64_t lanes = c1 - ch0 < CHAINS ? c1 - ch0 : CHAINS;
-        bn_grad_sums(j, ch0, lanes, xbuf, dybuf);
+        bn_grad_sums(j, ch0, lanes, xbuf, dybuf, mbuf);
         for (int64_t l = 0; l < lanes; l++)
-            bn_backward_channel(j, ch0 + l, xbuf, dybuf, dxbuf);
+            bn_backward_channel(j, ch0 + l, xbuf, dybuf, dxbuf, mbuf);
     }
 }
 
 /* Training mode: the batch statistics depend on x, so dx = rstd * (dxhat - mean(dxhat) - xhat *
  * mean(dxhat * xhat)) over the channel. Eval mode (a->training false, mean/rstd from the running
- * statistics): they are constants, dx = dy * gamma * rstd. */
+ * statistics): they are constants, dx = dy * gamma * rstd. With a fused ReLU (a->relu) dy is masked by y
+ * plane by plane as it is read (bn_dy_planes), never as a whole tensor. */
 static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx,
                                    struct tensor *dgamma, struct tensor *dbeta, const struct tensor *dy,
-                                   const struct tensor *x, const struct tensor *mean, const struct tensor *rstd,
-                                   const struct tensor *gamma, float beta_acc)
+                                   const struct tensor *x, const struct tensor *y, const struct tensor *mean,
+                                   const struct tensor *rstd, const struct tensor *gamma, float beta_acc)
 {
     struct cpu_backend *cb = cpu_of(be);
     const int64_t c = a->c, hw = a->hw;
     assert((int64_t)x->numel == a->n * c * hw && (int64_t)dy->numel == a->n * c * hw);
+    assert(!a->relu || (y && y->dtype == dy->dtype && y->numel == dy->numel &&
+                        (dy->dtype == DT_FP32 || dy->dtype == DT_BF16 || dy->dtype == DT_FP16)));
     double *acc = scratch_get(cb, SCR_ACC0, 2 * (size_t)c * sizeof(double));
     if (!acc || !wscratch_rows(cb) || !wstage_reserve(cb, WSCR_IN0, x, (size_t)(CHAINS * hw)) ||
-        !wstage_reserve(cb, WSCR_IN1, dy, (size_t)(CHAINS * hw)) || !wstage_reserve(cb, WSCR_TMP0, dx, (size_t)hw))
+        !wstage_reserve(cb, WSCR_IN1, dy, (size_t)(CHAINS * hw)) || !wstage_reserve(cb, WSCR_TMP0, dx, (size_t)hw) ||
+        (a->relu && !wscratch_reserve(cb, WSCR_IN2, (size_t)(CHAINS * hw) * sizeof(float))))
         return;
-    struct bn_job j = { .cb = cb, .a = a, .out = dx, .x = x, .dy = dy, .smean = mean, .srstd = rstd,
+    struct bn_job j = { .cb = cb, .a = a, .out = dx, .x = x, .dy = dy, .y = a->relu ? y : NULL, .smean = mean,
+                        .srstd = rstd,
                         .gamma = gamma ? (const float *)gamma->data : NULL, .acc_g = acc, .acc_b = acc + c,
                         .channels = bn_chunk_channels(a) };
     parallel_for(cb->pool, bn_chunks(a, j.channels), bn_backward_chunk, &j);

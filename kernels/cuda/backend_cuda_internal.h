@@ -46,6 +46,7 @@ enum cuda_scratch_slot {
     CSCR_PARTIAL,                 /* per-block partial results of reductions */
     CSCR_PARTIAL2,
     CSCR_CHANNEL_STATS,           /* batchnorm: per-channel values between its passes (norm.cu) */
+    CSCR_BN_RELU_DY,              /* batchnorm with a fused ReLU: the ReLU's input gradient (norm.cu) */
     CSCR_GS_DESC,                 /* grad_stats: the tensor table (cuda_backend.gs_table, a device_table) */
     CSCR_OPT_DESC,                /* adamw / sgd: the parameter table (cuda_backend.opt_table) */
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
@@ -301,8 +302,8 @@ void cuda_batchnorm_forward(struct backend *be, const struct norm_args *a, struc
                             const struct tensor *x, const struct tensor *gamma, const struct tensor *beta);
 void cuda_batchnorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx, struct tensor *dgamma,
                              struct tensor *dbeta, const struct tensor *dy, const struct tensor *x,
-                             const struct tensor *mean, const struct tensor *rstd, const struct tensor *gamma,
-                             float beta_acc);
+                             const struct tensor *y, const struct tensor *mean, const struct tensor *rstd,
+                             const struct tensor *gamma, float beta_acc);
 
 /* loss_optim.cu */
 void cuda_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,

@@ -269,14 +269,17 @@ __global__ void batchnorm_eval_stats_kernel(struct channel_stat *stat, float *me
 }
 
 /* y = (x - mean) * rstd * gamma + beta, every element (grid-stride). */
+/* relu: the fused ReLU (norm_args.relu), in fp32 before the rounding, as the CPU backend applies it */
 __global__ void batchnorm_apply_kernel(void *y, int y_dt, const void *x, int x_dt, const struct channel_stat *stat,
-                                       const float *gamma, const float *beta, int64_t c, int64_t hw, size_t total)
+                                       const float *gamma, const float *beta, int64_t c, int64_t hw, size_t total,
+                                       bool relu)
 {
     for (size_t at = (size_t)blockIdx.x * blockDim.x + threadIdx.x; at < total; at += (size_t)gridDim.x * blockDim.x) {
         int64_t ch = (int64_t)((at / (size_t)hw) % (size_t)c);
         float mu = stat[ch].a, rs = stat[ch].b;
         float gc = gamma ? gamma[ch] : 1.0f, bc = beta ? beta[ch] : 0.0f;
-        store_elem(y, y_dt, at, (load_elem(x, x_dt, at) - mu) * rs * gc + bc);
+        float v = (load_elem(x, x_dt, at) - mu) * rs * gc + bc;
+        store_elem(y, y_dt, at, relu && v <= 0.0f ? 0.0f : v);
     }
 }
 
@@ -460,18 +463,35 @@ void cuda_batchnorm_forward(struct backend *be, const struct norm_args *a, struc
     if (!total)
         return;
     batchnorm_apply_kernel<<<grid_for(total), kThreads, 0, cb->stream>>>(
-        y->data, y->dtype, x->data, x->dtype, ps.stat, f32_or_null(gamma), f32_or_null(beta), a->c, a->hw, total);
+        y->data, y->dtype, x->data, x->dtype, ps.stat, f32_or_null(gamma), f32_or_null(beta), a->c, a->hw, total,
+        a->relu);
     CB_LAUNCHED(cb, "batchnorm_apply_kernel");
 }
 
+/* With a fused ReLU (a->relu) the ReLU's backward runs first, act_backward's own kernel into scratch (y, the
+ * forward's output, is the mask: y <= 0 exactly where the ReLU's input was), and batchnorm's backward reads that:
+ * the passes the CPU backend saves are not saved here, the op is the two ops' composition. */
 void cuda_batchnorm_backward(struct backend *be, const struct norm_args *a, struct tensor *dx, struct tensor *dgamma,
                              struct tensor *dbeta, const struct tensor *dy, const struct tensor *x,
-                             const struct tensor *mean, const struct tensor *rstd, const struct tensor *gamma,
-                             float beta_acc)
+                             const struct tensor *y, const struct tensor *mean, const struct tensor *rstd,
+                             const struct tensor *gamma, float beta_acc)
 {
     struct cuda_backend *cb = cuda_of(be);
     if (a->c <= 0)
         return;
+    struct tensor masked;
+    if (a->relu) {
+        if (!y || y->dtype != dy->dtype || y->numel != dy->numel) {
+            cuda_record(cb, "this is a bug in the caller", "batchnorm with a fused ReLU needs the forward's y");
+            return;
+        }
+        masked = *dy;
+        masked.data = cuda_scratch(cb, CSCR_BN_RELU_DY, dy->numel * dtype_size(dy->dtype));
+        if (!masked.data)
+            return;
+        cuda_act_backward(be, ACT_RELU, &masked, dy, y);
+        dy = &masked;
+    }
     struct chan_pass ps;
     if (!chan_pass_begin(cb, &ps, a->n, a->c, a->hw, true, true))
         return;
