@@ -148,16 +148,11 @@ bool gemm_avx512_supported(enum dtype in)
     return base && (in != DT_BF16 || __builtin_cpu_supports("avx512bf16"));
 }
 
-static int64_t padded(int64_t v, int64_t to)
-{
-    return (v + to - 1) / to * to;
-}
-
 bool gemm_avx512_transposed_fits(enum dtype in, int64_t m, int64_t n)
 {
     if (in != DT_FP32 && in != DT_FP16)
         return false;
-    return 2 * padded(n, MR) * padded(m, NR) <= padded(m, MR) * padded(n, NR);
+    return 2 * round_up(n, MR) * round_up(m, NR) <= round_up(m, MR) * round_up(n, NR);
 }
 
 /* AMX: CPUID.(7,0):EDX bit 22 (AMX-BF16) and bit 24 (AMX-TILE), and Linux's leave to use the tile data
@@ -639,8 +634,8 @@ TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, v
  * Three ways to share a product out, chosen by gemm_avx512_plan from the shape alone:
  *  - GEMM_SPLIT_COLUMNS, few rows (at most MC, or no more rows than columns and at most 4 MC; n at most NC):
  *    every thread packs all of op(A), every k block, once into its own buffer, and chunks of COL_PANELS
- *    panels of columns (fewer where that would leave one chunk: col_panels) each run every k block: pack their own columns of op(B) into their own region of the
- *    shared buffer, then every tile of those columns. Banding so few rows would give each thread a few
+ *    panels of columns (fewer where that would leave one chunk: col_panels) each run every k block: pack
+ *    their own columns of op(B) into their own region of the shared buffer, then every tile of those columns. Banding so few rows would give each thread a few
  *    panels that still read all of op(B), packed half by the other thread (in the other core's cache).
  *  - GEMM_SPLIT_BANDS_WHOLE_B, several k blocks and op(B) small (n at most NC, packed at most
  *    WHOLE_B_BYTES): every thread packs all of op(B), every k block, once into its own buffer, and bands of
