@@ -325,6 +325,41 @@ static struct autocast_policy policy(enum dtype lowp)
     return p;
 }
 
+/* A relu right after a batchnorm2d runs inside it (docs/backend.md, "Fused batchnorm + ReLU"): its y and dx are
+ * views then, nothing allocated; a relu after anything else is its own op; a run that measures numerics
+ * (run.numerics_every) keeps them apart, and so does a policy that gives the two ops different dtypes. */
+static void check_relu_fusion(const struct autocast_policy *pol, int64_t numerics_every, bool fused)
+{
+    struct layer_config layers[] = {conv("c1", 8, 3), lc(LAYER_BATCHNORM2D, "bn"), lc(LAYER_RELU, "r1"),
+                                    conv("c2", 8, 3), lc(LAYER_RELU, "r2"), lc(LAYER_FLATTEN, "flat"),
+                                    linear("fc", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct built b;
+    b.be = backend_cpu_create();
+    b.spec = MNIST;
+    make_config(&b.cfg, layers, 8, 64);
+    b.cfg.run.numerics_every = numerics_every;
+    b.pol = *pol;
+    struct amp_error err = {0};
+    cr_assert_eq(model_build(&b.m, &b.cfg, &b.spec, b.be, &b.pol, 4, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(b.m.layers[2].is_view, fused, "r1 after bn: fused %d expected", fused);
+    cr_assert_eq(b.m.layers[2].y.data == NULL, fused, "a fused relu allocates no output");
+    cr_assert_eq(b.m.layers[2].dx.data == NULL, fused, "nor an input gradient");
+    cr_assert_not(b.m.layers[4].is_view, "r2 follows a convolution: its own op");
+    cr_assert_not_null(b.m.layers[4].y.data);
+    cr_assert(b.m.layers[5].is_view, "flatten is a view");
+    built_free(&b);
+}
+
+Test(shapes, a_relu_after_batchnorm_runs_inside_it)
+{
+    struct autocast_policy fp32 = policy(DT_FP32), bf16 = policy(DT_BF16), apart = policy(DT_BF16);
+    check_relu_fusion(&fp32, 0, true);
+    check_relu_fusion(&bf16, 0, true);
+    check_relu_fusion(&bf16, 5, false);
+    apart.cls[OP_RELU] = OPC_FP32; /* relu out fp32, batchnorm's bf16 */
+    check_relu_fusion(&apart, 0, false);
+}
+
 Test(shapes, mlp_and_cnn_shapes)
 {
     struct layer_config layers[] = {conv("c1", 8, 3), lc(LAYER_RELU, "r1"), lc(LAYER_MAXPOOL2D, "p1"),
