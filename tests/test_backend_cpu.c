@@ -664,10 +664,15 @@ static const int64_t conv_cases[][8] = {
 };
 #define N_CONV_CASES ((int)(sizeof conv_cases / sizeof conv_cases[0]))
 
+/* A shape written as a row of 8: n, c_in, h, w, c_out, kernel, stride, padding. */
+static struct conv_args conv_row(const int64_t c[8])
+{
+    return conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+}
+
 static void conv_case(int i, struct conv_args *a)
 {
-    const int64_t *c = conv_cases[i];
-    *a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+    *a = conv_row(conv_cases[i]);
 }
 
 Test(backend_cpu, conv2d_forward_matches_direct_convolution)
@@ -805,8 +810,7 @@ Test(backend_cpu, conv2d_bias_gradient_sums_planes_in_order)
     const enum dtype dts[2] = { DT_FP32, DT_BF16 };
     for (int sh = 0; sh < 3; sh++)
         for (int d = 0; d < 2; d++) {
-            const int64_t *c = shapes[sh];
-            struct conv_args a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+            struct conv_args a = conv_row(shapes[sh]);
             const int64_t hw = a.h_out * a.w_out;
             size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);
             size_t ny = (size_t)(a.n * a.c_out * hw);
@@ -848,8 +852,7 @@ Test(backend_cpu, conv2d_filter_gradient_is_the_accumulated_products)
     for (int sh = 0; sh < 3; sh++)
         for (int d = 0; d < 2; d++)
             for (int beta1 = 0; beta1 < 2; beta1++) {
-                const int64_t *c = shapes[sh];
-                struct conv_args a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+                struct conv_args a = conv_row(shapes[sh]);
                 const int64_t hw = a.h_out * a.w_out, k = a.kernel, ckk = a.c_in * k * k;
                 const int64_t chw_in = a.c_in * a.h_in * a.w_in;
                 size_t nx = (size_t)(a.n * chw_in), ny = (size_t)(a.n * a.c_out * hw), nw = (size_t)(a.c_out * ckk);
@@ -893,8 +896,7 @@ Test(backend_cpu, conv2d_bias_is_added_once_after_the_sum)
     const int64_t shapes[3][8] = { { 2, 1, 6, 6, 32, 3, 1, 1 }, { 2, 32, 5, 5, 12, 3, 1, 1 },
                                    { 8, 1, 28, 28, 32, 3, 1, 1 } };
     for (int sh = 0; sh < 3; sh++) {
-        const int64_t *c = shapes[sh];
-        struct conv_args a = conv_shape(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+        struct conv_args a = conv_row(shapes[sh]);
         const int64_t hw = a.h_out * a.w_out;
         size_t nx = (size_t)(a.n * a.c_in * a.h_in * a.w_in), nw = (size_t)(a.c_out * a.c_in * a.kernel * a.kernel);
         size_t ny = (size_t)(a.n * a.c_out * hw);
