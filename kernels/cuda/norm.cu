@@ -268,8 +268,8 @@ __global__ void batchnorm_eval_stats_kernel(struct channel_stat *stat, float *me
     put_channel_stat(stat, mean, rstd, ch, mu_f, rs_f);
 }
 
-/* y = (x - mean) * rstd * gamma + beta, every element (grid-stride). */
-/* relu: the fused ReLU (norm_args.relu), in fp32 before the rounding, as the CPU backend applies it */
+/* y = (x - mean) * rstd * gamma + beta, every element (grid-stride); relu: the fused ReLU (norm_args.relu), in
+ * fp32 before the rounding, as the CPU backend applies it. */
 __global__ void batchnorm_apply_kernel(void *y, int y_dt, const void *x, int x_dt, const struct channel_stat *stat,
                                        const float *gamma, const float *beta, int64_t c, int64_t hw, size_t total,
                                        bool relu)
