@@ -640,6 +640,33 @@ Test(threads, text_gpt_fp16_dynamic, .timeout = 300) { check_model(GPT, modes[1]
 Test(threads, text_gpt_bf16, .timeout = 300) { check_model(GPT, modes[2]); }
 Test(threads, text_gpt_fp8, .timeout = 300) { check_model(GPT, modes[3]); }
 
+/* Batchnorm with its ReLU fused (the default) and kept apart (a run that measures numerics: run.numerics_every)
+ * give the same checkpoint tensors and the same scale_log.csv, grad_zero_frac included (the fused relu's gradient
+ * is formed once more on the sampled steps and counted): fp16-dynamic and bf16, every step logged. */
+Test(threads, batchnorm_relu_fusion_moves_no_logged_value, .timeout = 300)
+{
+    const char *fused_modes[] = {"fp16-dynamic", "bf16"};
+    for (int i = 0; i < 2; i++) {
+        make_scratch();
+        const char *cnn_extra = "run.device=cpu run.log_every=1 data.batch_size=32 model.layers.0.out=8 "
+                                "model.layers.4.out=8 model.layers.9.out=32";
+        struct result r = amp("run configs/fashion_cnn.yaml %s precision.mode=%s run.steps=3 run.out_dir=%s/fused",
+                              cnn_extra, fused_modes[i], scratch);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        r = amp("run configs/fashion_cnn.yaml %s precision.mode=%s run.steps=3 run.numerics_every=1000 "
+                "run.out_dir=%s/apart", cnn_extra, fused_modes[i], scratch);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/fused/ckpt-3.h5", scratch);
+        snprintf(b, sizeof b, "%s/apart/ckpt-3.h5", scratch);
+        cr_assert_geq(assert_same_tensors(a, b), 4);
+        snprintf(a, sizeof a, "%s/fused/scale_log.csv", scratch);
+        snprintf(b, sizeof b, "%s/apart/scale_log.csv", scratch);
+        assert_same_logs(a, b);
+        remove_scratch();
+    }
+}
+
 /* No thread count is baked into a checkpoint: 3 steps on 3 threads, then resume on 2 threads to 6, equals 6
  * steps straight on 1 thread. */
 Test(threads, resume_on_another_thread_count_is_bit_exact, .timeout = 300)
