@@ -576,8 +576,8 @@ static int blas_dim(int64_t x)
     return x < 1 ? 1 : (int)x;
 }
 
-/* C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row, with beta 0], rounded once to
- * C's dtype. beta 0 never reads C. */
+/* C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row, or + c.row_bias (m) on every column,
+ * with beta 0], rounded once to C's dtype. beta 0 never reads C. */
 static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
 {
