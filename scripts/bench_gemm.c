@@ -5,7 +5,7 @@
  * and 20 for the convolutions). Built and run by scripts/bench_gemm.sh against BUILD_DIR/libamp.a.
  *
  *   bench_gemm MODEL DTYPE [THREADS...]     MODEL: mlp (fashion_mlp, batch 128), gpt (text_gpt, 32 x 64 rows)
- *                                           or cnn (fashion_cnn's two convolutions, batch 128)
+ *                                           or cnn (fashion_cnn's two convolutions and fc1, batch 128)
  *
  * A shape's time at 1 thread against its time at 2 says how that product scales on this machine; the inputs
  * are zeros (a product's time does not depend on its values).
@@ -71,6 +71,13 @@ static const struct shape GPT[] = {
     { "fc dW", 512, 128, 2048, true, false, false, false },
     { "fc2 dW", 128, 512, 2048, true, false, false, false },
     { "lm_head dW", 256, 128, 2048, true, false, false, false },
+};
+
+/* fashion_cnn's fc1 (3136 -> 128, batch 128), the products its convolutions' table does not cover */
+static const struct shape CNN_FC[] = {
+    { "fc1 forward", 128, 128, 3136, false, true, true, true },
+    { "fc1 dW", 128, 3136, 128, true, false, false, false },
+    { "fc1 dx", 128, 3136, 128, false, false, true, false },
 };
 
 /* One call of a convolution layer of fashion_cnn (configs/fashion_cnn.yaml, batch 128): the forward, the data
@@ -145,7 +152,7 @@ static void check_status(struct backend *be)
     }
 }
 
-static int bench_cnn(enum dtype in, const int *threads, int nt, const char *dtype_name)
+static void bench_cnn(enum dtype in, const int *threads, int nt, const char *dtype_name)
 {
     double total[16] = { 0 };
     printf("%-16s %-24s", "call", "c_in x hw^2 -> c_out");
@@ -179,31 +186,17 @@ static int bench_cnn(enum dtype in, const int *threads, int nt, const char *dtyp
     for (int t = 0; t < nt; t++)
         printf(" %11.1f", total[t] * 1e6);
     printf("\n");
-    return 0;
 }
 
-int main(int argc, char **argv)
+/* Each product of sh at each thread count, a row each, and the total. */
+static void bench_products(const struct shape *sh, int ns, enum dtype in, const int *threads, int nt,
+                           const char *dtype_name)
 {
-    if (argc < 3 || (strcmp(argv[1], "mlp") && strcmp(argv[1], "gpt") && strcmp(argv[1], "cnn")) ||
-        (strcmp(argv[2], "bf16") && strcmp(argv[2], "fp32"))) {
-        fprintf(stderr, "usage: bench_gemm mlp|gpt|cnn bf16|fp32 [THREADS...]\n");
-        return 2;
-    }
-    const enum dtype in = strcmp(argv[2], "fp32") ? DT_BF16 : DT_FP32;
-    int threads[16], nt = 0;
-    for (int i = 3; i < argc && nt < 16; i++)
-        threads[nt++] = atoi(argv[i]);
-    if (!nt)
-        threads[nt++] = 1;
-    if (!strcmp(argv[1], "cnn"))
-        return bench_cnn(in, threads, nt, argv[2]);
-    const struct shape *sh = strcmp(argv[1], "mlp") ? GPT : MLP;
-    const int ns = strcmp(argv[1], "mlp") ? (int)(sizeof GPT / sizeof GPT[0]) : (int)(sizeof MLP / sizeof MLP[0]);
     double total[16] = { 0 };
     printf("%-16s %-16s", "product", "m x n x k");
     for (int t = 0; t < nt; t++)
         printf(" %7d thr", threads[t]);
-    printf("   (us a call; %s)\n", argv[2]);
+    printf("   (us a call; %s)\n", dtype_name);
     for (int s = 0; s < ns; s++) {
         char dims[48];
         snprintf(dims, sizeof dims, "%lldx%lldx%lld", (long long)sh[s].m, (long long)sh[s].n, (long long)sh[s].k);
@@ -233,5 +226,28 @@ int main(int argc, char **argv)
     for (int t = 0; t < nt; t++)
         printf(" %11.1f", total[t] * 1e6);
     printf("\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3 || (strcmp(argv[1], "mlp") && strcmp(argv[1], "gpt") && strcmp(argv[1], "cnn")) ||
+        (strcmp(argv[2], "bf16") && strcmp(argv[2], "fp32"))) {
+        fprintf(stderr, "usage: bench_gemm mlp|gpt|cnn bf16|fp32 [THREADS...]\n");
+        return 2;
+    }
+    const enum dtype in = strcmp(argv[2], "fp32") ? DT_BF16 : DT_FP32;
+    int threads[16], nt = 0;
+    for (int i = 3; i < argc && nt < 16; i++)
+        threads[nt++] = atoi(argv[i]);
+    if (!nt)
+        threads[nt++] = 1;
+    if (!strcmp(argv[1], "cnn")) {
+        bench_cnn(in, threads, nt, argv[2]);
+        bench_products(CNN_FC, (int)(sizeof CNN_FC / sizeof CNN_FC[0]), in, threads, nt, argv[2]);
+    } else if (!strcmp(argv[1], "mlp")) {
+        bench_products(MLP, (int)(sizeof MLP / sizeof MLP[0]), in, threads, nt, argv[2]);
+    } else {
+        bench_products(GPT, (int)(sizeof GPT / sizeof GPT[0]), in, threads, nt, argv[2]);
+    }
     return 0;
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The CPU backend's matrix products alone, on the shapes of fashion_mlp's or text_gpt's step, at several thread
+# The CPU backend's matrix products alone, on the shapes of fashion_mlp's or text_gpt's step (MODEL=cnn: fashion_cnn's
+# convolution calls and fc1's products), at several thread
 # counts (microseconds a call, the best of 5 rounds): how each product scales. Builds scripts/bench_gemm.c against
 # the engine library of BUILD_DIR (default build; scripts/build.sh first).
 #   scripts/bench_gemm.sh                                 fashion_mlp's products, bf16, 1 and 2 threads

@@ -664,9 +664,9 @@ static int64_t row_band(enum dtype in, bool amx, int64_t m)
 
 /* Panels of columns a chunk of GEMM_SPLIT_COLUMNS: COL_PANELS; on the FMA kernel (fp32, fp16) half of n's
  * panels (rounded up) where n has fewer than 2 COL_PANELS, so that a product of few columns is still two
- * chunks (fashion_cnn's fc1 forward, 128 x 128 x 3136 fp32: 637 us on one thread, 432 on two). Not for bf16,
- * whose products are fast enough that packing all of op(A) twice costs more than the split saves (the same
- * shape: 108 us as one chunk, 121 as two). Fixed by the shape and dtype. */
+ * chunks (fashion_cnn's fc1 forward, 128 x 128 x 3136 fp32: `MODEL=cnn DTYPE=fp32 scripts/bench_gemm.sh`,
+ * docs/perf.md). Not for bf16, whose products are fast enough that packing all of op(A) twice cost more than the
+ * split saved when this was tried. Fixed by the shape and dtype. */
 static int64_t col_panels(enum dtype in, int64_t n)
 {
     const int64_t panels = (n + NR - 1) / NR;
