@@ -171,6 +171,12 @@ struct backend {
     void (*host_free)(struct backend *be, void *p);
     void (*upload_staged)(struct backend *be, void *dst, const void *staged_src, size_t bytes, int slot);
     void (*staging_wait)(struct backend *be, int slot);
+    /* Rows idx[0..n) of a host table (row_bytes each, the indices in range) to dst, one after another: the
+     * batch's samples. `staged` is slot's staging memory (at least n * row_bytes), which a backend that
+     * copies gathers into and uploads from as upload_staged does (CUDA); the CPU gathers straight into dst,
+     * on its threads, and leaves staged alone. */
+    void (*upload_rows)(struct backend *be, void *dst, const void *table, size_t row_bytes, const int64_t *idx,
+                        int64_t n, void *staged, int slot);
 
     /* dtype conversion between two tensors of the same numel (same dtype: copy) */
     void (*convert)(struct backend *be, struct tensor *dst, const struct tensor *src);

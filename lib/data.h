@@ -61,7 +61,9 @@ enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int
 void data_free(struct dataset *ds);
 
 /* Copy samples idx[0..n) of a split into host buffers: x (n, sample_numel) fp32 for arrays, or
- * tokens (n, seq_len) int32 for text and token files; labels (n) or (n, seq_len) int32. */
+ * tokens (n, seq_len) int32 for text and token files; labels (n) or (n, seq_len) int32. Any buffer may be
+ * NULL: lib/train.c passes no x and has the backend gather an array's samples as rows of split.x
+ * (backend.h, upload_rows). */
 void data_gather(const struct dataset *ds, enum split s, const int64_t *idx, int64_t n, float *x, int32_t *tokens,
                  int32_t *labels);
 

@@ -73,22 +73,24 @@ static void batch_io_free(struct batch_io *io, struct backend *be)
     tensor_free(&io->b.x);
 }
 
-/* Gather samples idx[0..n) of split s into the next staging set and queue their upload. The wait is for
- * that set's previous copies (two batches ago), which the device finished long since in a step of any size. */
+/* Gather samples idx[0..n) of split s into the next staging set and queue their upload; an array's samples are
+ * rows of the split's table, which the backend gathers itself (upload_rows: the CPU on its threads, straight into
+ * the batch). The wait is for that set's previous copies (two batches ago), which the device finished long since
+ * in a step of any size. */
 static void batch_io_load(struct batch_io *io, struct backend *be, const struct dataset *ds, enum split s, int64_t n)
 {
     int slot = io->slot;
     io->slot = (io->slot + 1) % BACKEND_STAGING_SLOTS;
     be->staging_wait(be, slot);
-    float *x = io->x_stage[slot];
     int32_t *tokens = io->tokens_stage[slot], *labels = io->labels_stage[slot];
-    data_gather(ds, s, io->idx, n, x, tokens, labels);
+    data_gather(ds, s, io->idx, n, NULL, tokens, labels);
     size_t rows = (size_t)n * io->label_count;
     be->upload_staged(be, io->b.labels, labels, rows * sizeof(int32_t), slot);
     if (tokens)
         be->upload_staged(be, io->b.tokens, tokens, rows * sizeof(int32_t), slot);
     else
-        be->upload_staged(be, io->b.x.data, x, (size_t)n * (size_t)ds->sample_numel * sizeof(float), slot);
+        be->upload_rows(be, io->b.x.data, ds->split[s].x, (size_t)ds->sample_numel * sizeof(float), io->idx, n,
+                        io->x_stage[slot], slot);
     io->b.n = n;
     io->b.x.shape[0] = n;
     io->b.x.numel = (size_t)n * (size_t)ds->sample_numel;

@@ -257,13 +257,14 @@ Test(precision, a_log_window_of_steps_reads_nothing_back_until_its_flush)
     config_free(&cfg);
 }
 
-/* Batch staging (backend.h, upload_staged / staging_wait): each batch goes through the other staging slot
+/* Batch staging (backend.h, upload_staged / upload_rows / staging_wait): each batch goes through the other staging slot
  * than the last, the host waits for that slot's earlier copies before writing it, and only staged
  * copies carry batches (no plain upload from pageable memory in a step). Logged per call. */
 static struct {
     void (*upload)(struct backend *, void *, const void *, size_t);
     void (*upload_staged)(struct backend *, void *, const void *, size_t, int);
     void (*staging_wait)(struct backend *, int);
+    void (*upload_rows)(struct backend *, void *, const void *, size_t, const int64_t *, int64_t, void *, int);
     char log[4096];
     size_t len;
     int uploads;
@@ -283,6 +284,12 @@ static void logging_staging_wait(struct backend *be, int slot)
     staging.len += (size_t)snprintf(staging.log + staging.len, sizeof staging.log - staging.len, "w%d ", slot);
     staging.staging_wait(be, slot);
 }
+static void logging_upload_rows(struct backend *be, void *dst, const void *table, size_t row_bytes,
+                                const int64_t *idx, int64_t n, void *staged, int slot)
+{
+    staging.len += (size_t)snprintf(staging.log + staging.len, sizeof staging.log - staging.len, "r%d ", slot);
+    staging.upload_rows(be, dst, table, row_bytes, idx, n, staged, slot);
+}
 
 Test(precision, batches_alternate_staging_slots_and_wait_before_reuse)
 {
@@ -295,19 +302,22 @@ Test(precision, batches_alternate_staging_slots_and_wait_before_reuse)
     staging.upload = t.be->upload;
     staging.upload_staged = t.be->upload_staged;
     staging.staging_wait = t.be->staging_wait;
+    staging.upload_rows = t.be->upload_rows;
     t.be->upload = logging_upload;
     t.be->upload_staged = logging_upload_staged;
     t.be->staging_wait = logging_staging_wait;
+    t.be->upload_rows = logging_upload_rows;
     struct amp_error err = {0};
     for (int i = 0; i < 2; i++)
         cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
-    /* 2 steps x 2 micro-batches: images and labels per batch, slots 0 1 0 1 */
-    cr_assert_str_eq(staging.log, "w0 u0 u0 w1 u1 u1 w0 u0 u0 w1 u1 u1 ");
+    /* 2 steps x 2 micro-batches: labels, then the images' rows per batch, slots 0 1 0 1 */
+    cr_assert_str_eq(staging.log, "w0 u0 r0 w1 u1 r1 w0 u0 r0 w1 u1 r1 ");
     /* the window's first step writes the step state and zeroes the rows (push_state): two plain uploads */
     cr_assert_eq(staging.uploads, 2, "%d plain uploads in two steps", staging.uploads);
     t.be->upload = staging.upload;
     t.be->upload_staged = staging.upload_staged;
     t.be->staging_wait = staging.staging_wait;
+    t.be->upload_rows = staging.upload_rows;
     trainer_teardown(&t);
     config_free(&cfg);
 }

@@ -898,6 +898,44 @@ Test(ops, losses_bit_identical_for_any_thread_count)
     }
 }
 
+/* upload_rows (a batch's samples): each index's row of the table lands at its place in dst, with rows of 12 bytes
+ * (5,461 a chunk: 20,000 rows are 4 chunks), of fashion_mlp's 3,136 (20 a chunk: 128 rows are 7) and of 70,000
+ * (one a chunk); the indices repeat and skip rows, and the CPU leaves the staging memory alone. */
+Test(ops, upload_rows_puts_every_row_in_its_place_for_any_thread_count)
+{
+    seed(1610);
+    const size_t row_bytes[3] = {12, 3136, 70000};
+    const int64_t table_rows[3] = {30000, 1000, 9}, ns[3] = {20000, 128, 5};
+    for (int c = 0; c < 3; c++) {
+        size_t rb = row_bytes[c];
+        int64_t n = ns[c];
+        unsigned char *table = malloc((size_t)table_rows[c] * rb), *staged = malloc((size_t)n * rb);
+        int64_t *idx = malloc((size_t)n * sizeof *idx);
+        cr_assert(table && staged && idx);
+        for (size_t i = 0; i < (size_t)table_rows[c] * rb; i++)
+            table[i] = (unsigned char)(urand() * 256);
+        for (int64_t i = 0; i < n; i++)
+            idx[i] = i % 7 == 3 ? idx[i / 2] : (int64_t)(urand() * (double)table_rows[c]);
+        memset(staged, 0x5A, (size_t)n * rb);
+        for (int t = 0; t < NBE; t++) {
+            unsigned char *dst = bes[t]->alloc(bes[t], (size_t)n * rb);
+            cr_assert_not_null(dst);
+            memset(dst, 0xA5, (size_t)n * rb);
+            bes[t]->upload_rows(bes[t], dst, table, rb, idx, n, staged, t % BACKEND_STAGING_SLOTS);
+            for (int64_t i = 0; i < n; i++)
+                cr_assert(memcmp(dst + (size_t)i * rb, table + (size_t)idx[i] * rb, rb) == 0,
+                          "rows of %zu bytes at %d threads: row %lld is not table row %lld", rb, thread_counts[t],
+                          (long long)i, (long long)idx[i]);
+            bes[t]->free(bes[t], dst);
+        }
+        for (size_t i = 0; i < (size_t)n * rb; i++)
+            cr_assert_eq(staged[i], 0x5A, "rows of %zu bytes: the CPU wrote the staging memory at byte %zu", rb, i);
+        free(table);
+        free(staged);
+        free(idx);
+    }
+}
+
 /* EW_N elements: 8 chunks of 16 Ki, the last ragged; 1000 elements one chunk */
 Test(ops, count_zeros_bit_identical_for_any_thread_count)
 {

@@ -378,6 +378,36 @@ static void cpu_staging_wait(struct backend *be, int slot)
     (void)be, (void)slot;
 }
 
+/* upload_rows: the gather is the copy, ROWS_CHUNK_BYTES of rows a chunk (at least one row), each row copied by
+ * one thread. fashion_mlp's batch (128 rows of 3,136 bytes from a 188 MB table) is 7 chunks. */
+#define ROWS_CHUNK_BYTES 65536
+struct rows_job {
+    char *dst;
+    const char *table;
+    size_t row_bytes;
+    const int64_t *idx;
+    int64_t n, per;
+};
+
+static void rows_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct rows_job *j = arg;
+    for (int64_t i = chunk * j->per; i < j->n && i < (chunk + 1) * j->per; i++)
+        memcpy(j->dst + (size_t)i * j->row_bytes, j->table + (size_t)j->idx[i] * j->row_bytes, j->row_bytes);
+}
+
+static void cpu_upload_rows(struct backend *be, void *dst, const void *table, size_t row_bytes, const int64_t *idx,
+                            int64_t n, void *staged, int slot)
+{
+    (void)staged, (void)slot;
+    if (n <= 0 || row_bytes == 0)
+        return;
+    struct rows_job j = { .dst = dst, .table = table, .row_bytes = row_bytes, .idx = idx, .n = n,
+                          .per = row_bytes >= ROWS_CHUNK_BYTES ? 1 : (int64_t)(ROWS_CHUNK_BYTES / row_bytes) };
+    parallel_for(cpu_of(be)->pool, (n + j.per - 1) / j.per, rows_chunk, &j);
+}
+
 static void cpu_zero(struct backend *be, struct tensor *t)
 {
     (void)be;
@@ -3687,6 +3717,7 @@ struct backend *backend_cpu_create(void)
     be->host_alloc = cpu_alloc;
     be->host_free = cpu_free;
     be->upload_staged = cpu_upload_staged;
+    be->upload_rows = cpu_upload_rows;
     be->staging_wait = cpu_staging_wait;
     be->zero = cpu_zero;
     be->synchronize = cpu_synchronize;

@@ -209,6 +209,15 @@ static void cu_upload_staged(struct backend *be, void *dst, const void *src, siz
         cb->staged[slot] = CB_CUDA(cb, cudaEventRecord(cb->stage_done[slot], cb->stream));
 }
 
+/* The host gathers the rows into the pinned staging set (the caller waited for its last copy) and queues one copy. */
+static void cu_upload_rows(struct backend *be, void *dst, const void *table, size_t row_bytes, const int64_t *idx,
+                           int64_t n, void *staged, int slot)
+{
+    for (int64_t i = 0; i < n; i++)
+        memcpy((char *)staged + (size_t)i * row_bytes, (const char *)table + (size_t)idx[i] * row_bytes, row_bytes);
+    cu_upload_staged(be, dst, staged, (size_t)(n > 0 ? n : 0) * row_bytes, slot);
+}
+
 static void cu_staging_wait(struct backend *be, int slot)
 {
     struct cuda_backend *cb = cuda_of(be);
@@ -330,6 +339,7 @@ static void fill_table(struct backend *be)
     be->host_free = cu_host_free;
     be->upload_staged = cu_upload_staged;
     be->staging_wait = cu_staging_wait;
+    be->upload_rows = cu_upload_rows;
     be->zero = cu_zero;
     be->synchronize = cu_synchronize;
     be->convert = cu_convert;
