@@ -376,6 +376,46 @@ Test(gemm_avx512, bf16_amx_path_is_the_default_where_the_cpu_has_amx)
     cr_assert_gt(bad, 0, "the default bf16 product summed exactly as vdpbf16ps does: AMX was not used");
 }
 
+/* AMX reads A's tiles in place where A's rows are contiguous in k, every panel has its 32 rows and the k block
+ * is whole tiles (a_direct in gemm_avx512.c); the same op(A) stored transposed is always packed. Both give the
+ * same bits: with k 784 two k blocks are read in place and the third (208, half a tile) packed; 512 is two
+ * blocks in place; m 100 and a k of 70 are packed throughout. On one thread and on two (columns shared out). */
+Test(gemm_avx512, bf16_amx_reads_a_in_place_as_it_packs_it)
+{
+    require_fast_path(DT_BF16);
+    if (!gemm_avx512_amx_supported())
+        cr_skip_test("this CPU has no AMX-BF16 (or Linux does not grant its tile data): bf16 runs on vdpbf16ps");
+    struct amp_error err;
+    struct backend *two = backend_cpu_create();
+    cr_assert_not_null(two);
+    cr_assert_eq(two->set_threads(two, 2, &err), AMP_OK, "%s", err.msg);
+    const int64_t shapes[][3] = { { 128, 512, 784 }, { 64, 40, 512 }, { 100, 33, 512 }, { 32, 10, 70 } };
+    seed(41);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        float *ha, *hb;
+        struct tensor *a = trand(fast, DT_BF16, (size_t)(m * k), &ha), *b = trand(fast, DT_BF16, (size_t)(n * k), &hb);
+        struct tensor *at = tnew(fast, DT_BF16, (size_t)(m * k)); /* A^T: (k, m) */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t p = 0; p < k; p++)
+                ((uint16_t *)at->data)[p * m + i] = ((const uint16_t *)a->data)[i * k + p];
+        struct tensor *c[2][2];
+        for (int t = 0; t < 2; t++)
+            for (int packed = 0; packed < 2; packed++) {
+                c[t][packed] = tnew(fast, DT_FP32, (size_t)(m * n));
+                struct gemm_args g = { .a = packed ? at : a, .b = b, .c = c[t][packed], .trans_a = packed == 1,
+                                       .trans_b = true, .m = m, .n = n, .k = k, .alpha = 1, .batch = 1 };
+                (t ? two : fast)->gemm(t ? two : fast, &g);
+            }
+        for (int t = 0; t < 2; t++)
+            cr_assert(memcmp(c[t][0]->data, c[t][1]->data, (size_t)(m * n) * sizeof(float)) == 0,
+                      "(%lld x %lld x %lld) on %d thread(s): A read in place differs from A packed", (long long)m,
+                      (long long)n, (long long)k, t + 1);
+        cr_assert(memcmp(c[0][0]->data, c[1][0]->data, (size_t)(m * n) * sizeof(float)) == 0);
+    }
+    backend_close(two);
+}
+
 /* The training shapes of fashion_mlp (batch 128): forward X W^T, dX = dY W, dW = dY^T X, in each
  * input dtype. */
 Test(gemm_avx512, fashion_mlp_shapes)

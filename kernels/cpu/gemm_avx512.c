@@ -36,8 +36,9 @@
  *
  * AMX (bf16 where the CPU has AMX-BF16 and gemm_avx512_args.amx): the same driver and epilogue with tdpbf16ps
  * tiles in place of the 12 x 32 microkernel: k blocks a multiple of 32, op(A) in 32-row panels whose rows hold
- * their pairs contiguously (pack_a_amx), op(B) in the 32-column panels above, both padded with zero pairs to
- * whole tiles of 16; a 32 x 32 block of C in four tiles (kernel_amx). Its sums are not vdpbf16ps's (tdpbf16ps
+ * their pairs contiguously (pack_a_amx; or A itself where its rows already are, in whole tiles: a_direct), op(B)
+ * in the 32-column panels above, both padded with zero pairs to whole tiles of 16; a 32 x 32 block of C in four
+ * tiles (kernel_amx), which the first of several k blocks stores straight into the partial sums. Its sums are not vdpbf16ps's (tdpbf16ps
  * adds a pair's two products first and groups the 16 pairs of a tile row; scripts/probe_amx_order.c).
  *
  * Threads (gemm_avx512_threaded): for each (n block, k block) the panels of op(B) are packed once into
@@ -120,6 +121,15 @@ static int64_t steps_of(enum dtype in, bool amx, int64_t kc)
 static int64_t mr_of(enum dtype in, bool amx)
 {
     return on_tiles(in, amx) ? MR_AMX : MR;
+}
+
+/* Whether AMX loads op(A)'s tiles of a k block of kcur straight from A, unpacked: A's rows are contiguous in k
+ * (not ta), so a tile row (16 pairs of one row) is already 64 contiguous bytes, the block is whole tiles (no
+ * padding to add) and every panel has its 32 rows (m a multiple of MR_AMX: no row past m is read). The tiles hold
+ * the bytes pack_a_amx would have copied, so nothing else changes. */
+static bool a_direct(enum dtype in, bool amx, bool ta, int64_t m, int64_t kcur)
+{
+    return on_tiles(in, amx) && !ta && m % MR_AMX == 0 && kcur % 32 == 0;
 }
 
 void gemm_avx512_scratch_sizes(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k,
@@ -394,21 +404,24 @@ TARGET_AMX static void amx_release(void)
 }
 
 /*
- * tile (MR_AMX x NR fp32) = A panel (pack_a_amx) x B panel (pack_bf16, NR columns), `steps` pairs, a
- * multiple of 16: per 16 pairs, two A tiles, two B tiles, four tdpbf16ps. tdpbf16ps sums each pair's two
+ * tile (MR_AMX x NR fp32) = A panel x B panel (pack_bf16, NR columns), `steps` pairs, a multiple of 16: per 16
+ * pairs, two A tiles, two B tiles, four tdpbf16ps. The A panel's 32 rows are sa bytes apart: packed
+ * (pack_a_amx, sa = steps pairs) or A itself (a_direct, sa = A's row). The tile's rows are ldt floats apart. tdpbf16ps sums each pair's two
  * products before adding to C and groups the pairs of one instruction, so its sums are not vdpbf16ps's
  * (docs/backend.md); the order is fixed by k alone, so the bits do not depend on threads or blocking of m, n.
  */
-TARGET_AMX static void kernel_amx(int64_t steps, const uint32_t *pa, const uint32_t *pb, float *tile)
+TARGET_AMX static void kernel_amx(int64_t steps, const void *pa, size_t sa, const uint32_t *pb, float *tile,
+                                  int64_t ldt)
 {
-    const size_t sa = (size_t)steps * sizeof(uint32_t), sb = NR * sizeof(uint32_t), sc = NR * sizeof(float);
+    const size_t sb = NR * sizeof(uint32_t), sc = (size_t)ldt * sizeof(float);
+    const char *a0 = pa, *a1 = a0 + 16 * sa; /* rows 0-15 and 16-31, sa bytes apart */
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t q = 0; q < steps; q += 16) {
-        _tile_loadd(4, pa + q, sa);
-        _tile_loadd(5, pa + 16 * steps + q, sa);
+        _tile_loadd(4, a0 + q * sizeof(uint32_t), sa);
+        _tile_loadd(5, a1 + q * sizeof(uint32_t), sa);
         _tile_loadd(6, pb + q * NR, sb);
         _tile_loadd(7, pb + q * NR + 16, sb);
         _tile_dpbf16ps(0, 4, 6);
@@ -418,8 +431,8 @@ TARGET_AMX static void kernel_amx(int64_t steps, const uint32_t *pa, const uint3
     }
     _tile_stored(0, tile, sc);
     _tile_stored(1, tile + 16, sc);
-    _tile_stored(2, tile + 16 * NR, sc);
-    _tile_stored(3, tile + 16 * NR + 16, sc);
+    _tile_stored(2, tile + 16 * ldt, sc);
+    _tile_stored(3, tile + 16 * ldt + 16, sc);
 }
 
 /* ---- microkernels: tile (MR x NR fp32, 64-byte aligned) = packed A panel x packed B panel ---------- */
@@ -542,12 +555,13 @@ TARGET_AVX512 static void pack(enum dtype in, uint32_t *dst, const void *src, in
         pack_f32((float *)dst, src, in, ld, contig_k, l0, lines, p0, kc, w);
 }
 
-/* The microkernel for inputs `in` (amx: on_tiles's answer): tile = A panel x B panel over `steps`. */
-TARGET_AVX512 static void kernel(enum dtype in, bool amx, int64_t steps, const uint32_t *ap, const uint32_t *bp,
-                                 float *tile)
+/* The microkernel for inputs `in` (amx: on_tiles's answer): tile = A panel x B panel over `steps`; an AMX A
+ * panel's rows are sa bytes apart (packed: steps pairs). */
+TARGET_AVX512 static void kernel(enum dtype in, bool amx, int64_t steps, const uint32_t *ap, size_t sa,
+                                 const uint32_t *bp, float *tile)
 {
     if (amx)
-        kernel_amx(steps, ap, bp, tile);
+        kernel_amx(steps, ap, sa, bp, tile, NR);
     else if (in == DT_BF16)
         kernel_bf16(steps, ap, bp, tile);
     else
@@ -558,25 +572,38 @@ TARGET_AVX512 static void kernel(enum dtype in, bool amx, int64_t steps, const u
 TARGET_AVX512 static void pack_a_rows(const struct gemm_avx512_args *g, uint32_t *dst, int64_t l0, int64_t lines,
                                       int64_t p0, int64_t kcur, int64_t steps)
 {
+    if (a_direct(g->in, g->amx, g->ta, g->m, kcur))
+        return; /* tiles reads A itself */
     if (on_tiles(g->in, g->amx))
         pack_a_amx(dst, g->a, g->lda, !g->ta, l0, lines, p0, kcur, steps);
     else
         pack(g->in, dst, g->a, g->lda, !g->ta, l0, lines, p0, kcur, MR, steps);
 }
 
-/* Every tile of C's rows [i0, i0 + mc) (their panels packed in pa) by columns [j0, j0 + nc) (packed in pb) over one
- * k block of `steps`, each with its epilogue (first, last: the k block's place). */
+/* Every tile of C's rows [i0, i0 + mc) (their panels packed in pa, or A itself: a_direct) by columns [j0, j0 + nc)
+ * (packed in pb) over the k block [p0, p0 + kcur) of `steps`, each with its epilogue (first, last: the k block's
+ * place). */
 TARGET_AVX512 static void tiles(const struct gemm_avx512_args *g, int64_t steps, const uint32_t *pa, int64_t i0,
-                                int64_t mc, const uint32_t *pb, int64_t j0, int64_t nc, bool first, bool last, float *w,
-                                int64_t ldw, float *tile)
+                                int64_t mc, const uint32_t *pb, int64_t j0, int64_t nc, int64_t p0, int64_t kcur,
+                                float *w, int64_t ldw, float *tile)
 {
-    const bool amx = on_tiles(g->in, g->amx);
+    const bool amx = on_tiles(g->in, g->amx), direct = a_direct(g->in, g->amx, g->ta, g->m, kcur);
+    const bool first = p0 == 0, last = p0 + kcur >= g->k;
     const int64_t mr = mr_of(g->in, amx);
+    const size_t sa = direct ? (size_t)g->lda * sizeof(uint16_t) : (size_t)steps * sizeof(uint32_t);
     for (int64_t jr = 0; jr < nc; jr += NR) {
         const uint32_t *bp = pb + (jr / NR) * steps * NR;
         const int nr = (int)min64(NR, nc - jr);
         for (int64_t ir = 0; ir < mc; ir += mr) {
-            kernel(g->in, amx, steps, pa + (ir / mr) * steps * mr, bp, tile);
+            const uint32_t *ap = direct ? (const uint32_t *)(const void *)((const uint16_t *)g->a +
+                                                                           (i0 + ir) * g->lda + p0)
+                                        : pa + (ir / mr) * steps * mr;
+            if (amx && first && !last && nr == NR && mc - ir >= MR_AMX) {
+                /* the first of several k blocks: the sums are the partial sums as they are (the epilogue's copy) */
+                kernel_amx(steps, ap, sa, bp, w + (i0 + ir) * ldw + j0 + jr, ldw);
+                continue;
+            }
+            kernel(g->in, amx, steps, ap, sa, bp, tile);
             epilogue(g, tile, i0 + ir, j0 + jr, (int)min64(mr, mc - ir), nr, first, last, w, ldw);
         }
     }
@@ -596,7 +623,7 @@ TARGET_AVX512 static void block_rows(const struct gemm_avx512_args *g, int64_t j
     for (int64_t ic = r0; ic < r1; ic += MC) {
         const int64_t mc = min64(MC, r1 - ic);
         pack_a_rows(g, pa, ic, mc, p0, kcur, steps);
-        tiles(g, steps, pa, ic, mc, pb, jc, nc, p0 == 0, p0 + kcur >= g->k, w, ldw, tile);
+        tiles(g, steps, pa, ic, mc, pb, jc, nc, p0, kcur, w, ldw, tile);
     }
     if (amx)
         amx_release();
@@ -779,7 +806,7 @@ TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
     for (int64_t p0 = 0, blk = 0; p0 < k; p0 += b->kc, blk++) {
         const int64_t kcur = min64(b->kc, k - p0), steps = steps_of(g->in, g->amx, kcur);
         pack(g->in, pb, g->b, g->ldb, g->tb, j0, nc, p0, kcur, NR, steps);
-        tiles(g, steps, pa_all + blk * b->whole, 0, g->m, pb, j0, nc, p0 == 0, p0 + kcur >= k, b->w, b->ldw, tile);
+        tiles(g, steps, pa_all + blk * b->whole, 0, g->m, pb, j0, nc, p0, kcur, b->w, b->ldw, tile);
     }
     if (amx)
         amx_release();
