@@ -44,6 +44,12 @@ enum gemm_epilogue {
     GEMM_EPI_GELU_TANH,       /* pre = alpha * op(A) @ op(B) + bias, in fp32; aux = pre and C = gelu_tanh(pre),
                                * each rounded once to their dtype (which they share). Needs beta 0, batch 1,
                                * !trans_a, and aux (m, n). aux is what GELU's backward reads (act_backward). */
+    GEMM_EPI_RELU,            /* C = relu of the product (+ bias) rounded once: act_forward(ACT_RELU, C, C) on
+                               * the plain product's C, bit for bit (a value <= 0 gives +0, a NaN passes). Needs
+                               * beta 0 and batch 1. ReLU's backward can read C: it passes where its input does. */
+    GEMM_EPI_RELU_MASK,       /* C = the rounded product where aux (m, n, C's dtype) passes ReLU (> 0, or a NaN)
+                               * and +0 elsewhere: act_backward(ACT_RELU, C, C, aux) on the plain product's C,
+                               * bit for bit. aux: a ReLU's output (or input). Needs beta 0 and batch 1. */
 };
 
 /* C = alpha * op(A) @ op(B) + beta * C, row-major, `batch` independent products (strided batched).
@@ -63,7 +69,8 @@ struct gemm_args {
     int64_t batch;            /* >= 1 */
     int64_t stride_a, stride_b, stride_c; /* elements between consecutive batch matrices */
     enum gemm_epilogue epilogue; /* GEMM_EPI_NONE (0) unless set */
-    struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype */
+    struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype (written);
+                               * GEMM_EPI_RELU_MASK: the mask (m, n), C's dtype (read) */
 };
 
 struct conv_args {
@@ -186,7 +193,8 @@ struct backend {
     /* db (n) fp32 = beta*db + column sums of dy (m, n) */
     void (*bias_grad)(struct backend *be, struct tensor *db, const struct tensor *dy, int64_t m, int64_t n, float beta);
 
-    /* elementwise: y = act(x); dx = dy * act'(x). Any dtypes; same numel. */
+    /* elementwise: y = act(x); dx = dy * act'(x). Any dtypes; same numel; y may be x, and dx may be dy (in
+     * place: each element is read before it is written). */
     void (*act_forward)(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x);
     void (*act_backward)(struct backend *be, enum act_kind kind, struct tensor *dx, const struct tensor *dy,
                          const struct tensor *x);

@@ -92,14 +92,51 @@ static void fused_relu_backward(struct layer *l, const struct step_ctx *ctx, con
 
 static const struct layer_ops fused_relu_ops = {fused_relu_forward, fused_relu_backward, NULL};
 
-/* Whether this relu runs inside the batchnorm2d before it: fusing allowed (layer_build.fuse), the same dtype
- * out of both (the fused op writes one tensor), a dtype the backends' fused ReLU takes. */
-static bool fuses_into_batchnorm(const struct layer *l, const struct layer_build *b)
+/* A relu fused into the linear layer before it: that layer's product gives this one's output (GEMM_EPI_RELU),
+ * and y and dx are views. The mask is applied by the linear layer after it, in its dx product's epilogue
+ * (linear_op.mask_dx), or else here, over dy in place (dy is the next layer's input gradient, read by nobody
+ * after this), with y, which passes exactly where this layer's input does. On the steps that count zeros the
+ * next layer gives its dx unmasked (its own count is of that) and the mask is applied here and counted, so the
+ * log does not change with the fusion. */
+struct linear_relu {
+    bool masked_by_next;
+};
+
+static void linear_relu_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
+                                 const struct tensor *x, const struct batch *b)
+{
+    (void)b;
+    if (!l->needs_dx)
+        return;
+    const struct linear_relu *p = l->priv;
+    l->dx = tensor_reshape(dy, dy->ndim, dy->shape);
+    if (!p->masked_by_next || ctx->zeros)
+        ctx->be->act_backward(ctx->be, ACT_RELU, &l->dx, dy, x);
+    if (ctx->zeros)
+        count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
+}
+
+static const struct layer_ops linear_relu_ops = {fused_relu_forward, linear_relu_backward, NULL};
+
+bool relu_fused_into_linear(const struct layer *relu)
+{
+    return relu->ops == &linear_relu_ops;
+}
+
+void relu_masked_by_next(struct layer *relu)
+{
+    ((struct linear_relu *)relu->priv)->masked_by_next = true;
+}
+
+/* Whether this relu runs inside the op before it (kind: OP_BATCHNORM2D, OP_LINEAR): fusing allowed
+ * (layer_build.fuse), the same dtype out of both (the fused op writes one tensor), a dtype the backends' fused
+ * ReLU takes. */
+static bool fuses_into(const struct layer *l, const struct layer_build *b, enum op_kind kind)
 {
     if (l->cfg.kind != LAYER_RELU || !b->fuse || b->nbuilt < 1)
         return false;
     const struct layer *prev = &b->built[b->nbuilt - 1];
-    return prev->op == OP_BATCHNORM2D && prev->out_dtype == l->out_dtype && b->in_dtype == l->out_dtype &&
+    return prev->op == kind && prev->out_dtype == l->out_dtype && b->in_dtype == l->out_dtype &&
            (l->out_dtype == DT_FP32 || l->out_dtype == DT_BF16 || l->out_dtype == DT_FP16);
 }
 
@@ -111,7 +148,15 @@ enum amp_status activation_setup(struct layer *l, struct layer_build *b)
     l->ops = &activation_ops;
     l->op = l->cfg.kind == LAYER_RELU ? OP_RELU : OP_GELU;
     same_shape_out(l, b);
-    if (fuses_into_batchnorm(l, b)) {
+    if (fuses_into(l, b, OP_LINEAR) && linear_fuse_relu(&b->built[b->nbuilt - 1])) {
+        struct linear_relu *p = calloc(1, sizeof *p);
+        if (!p)
+            return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
+        l->priv = p;
+        l->ops = &linear_relu_ops;
+        l->is_view = true;
+        b->y_is_view = true;
+    } else if (fuses_into(l, b, OP_BATCHNORM2D)) {
         struct fused_relu *p = calloc(1, sizeof *p);
         if (!p)
             return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);

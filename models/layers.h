@@ -63,6 +63,13 @@ enum amp_status pool2d_setup(struct layer *l, struct layer_build *b);   /* maxpo
 enum amp_status flatten_setup(struct layer *l, struct layer_build *b);
 /* Fuse the relu layer being set up into the batchnorm2d layer bn before it: bn's y becomes the ReLU's output. */
 void batchnorm2d_fuse_relu(struct layer *bn);
+/* Fuse the relu layer being set up into the linear layer before it (its y becomes the ReLU's output); whether
+ * that layer can (a linear layer's own op). */
+bool linear_fuse_relu(struct layer *linear);
+/* For a linear layer being set up after a relu fused into a linear: whether that relu is one (elementwise.c), and
+ * telling it that this layer masks its gradient (linear_op.mask_dx), so its backward passes dy on unchanged. */
+bool relu_fused_into_linear(const struct layer *relu);
+void relu_masked_by_next(struct layer *relu);
 enum amp_status batchnorm2d_setup(struct layer *l, struct layer_build *b);
 enum amp_status layernorm_setup(struct layer *l, struct layer_build *b);
 enum amp_status activation_setup(struct layer *l, struct layer_build *b); /* relu, gelu */
@@ -148,6 +155,10 @@ struct linear_op {
     struct tensor x8;       /* (max_rows, in) E4M3: the input as the forward cast it, saved for dW */
     struct tensor w8;       /* (out, in) E4M3: the weight as this pass cast it, read again by backward */
     size_t dy8_off;         /* scratch (max_rows, out) E5M2: dy cast */
+    /* a relu fused in (model layers linear, relu, ...: layer_build.fuse): */
+    bool relu;              /* y is the relu's output, made in the product's epilogue (GEMM_EPI_RELU) */
+    bool mask_dx;           /* x is a fused relu's output, and dx comes out masked as the relu's backward would
+                             * mask it (GEMM_EPI_RELU_MASK, x the mask), except on steps that count zeros */
 };
 
 /* `prefix` goes between the layer name and "weight"/"bias": "" for a linear layer, "attn/qkv/" inside

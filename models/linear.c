@@ -160,7 +160,7 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
     struct gemm_args g = {
         .a = xin, .b = w, .c = &y2, .bias = op->b ? param_value(op->b) : NULL,
         .trans_b = true, .m = rows, .n = op->out, .k = op->in, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
-        .epilogue = pre ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE, .aux = pre ? &pre2 : NULL,
+        .epilogue = pre ? GEMM_EPI_GELU_TANH : op->relu ? GEMM_EPI_RELU : GEMM_EPI_NONE, .aux = pre ? &pre2 : NULL,
     };
     be->gemm(be, &g);
 }
@@ -220,6 +220,11 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
         .a = dyin, .b = w, .c = &dxc,
         .m = rows, .n = op->in, .k = op->out, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
     };
+    struct tensor mask = matrix_view(x, rows, op->in);
+    if (op->mask_dx && !ctx->zeros) { /* linear_setup made sure dx is d: dxc is dx itself */
+        gx.epilogue = GEMM_EPI_RELU_MASK;
+        gx.aux = &mask;
+    }
     be->gemm(be, &gx);
     if (op->in_dtype != op->d)
         be->convert(be, &dx2, &dxc);
@@ -307,6 +312,14 @@ static enum amp_status tied_weight(struct layer *l, struct layer_build *b, int64
     return layer_fail(l, b, hint, "tie: %s is not a parameter of an earlier layer", l->cfg.tie);
 }
 
+bool linear_fuse_relu(struct layer *linear)
+{
+    if (linear->op != OP_LINEAR || linear->ops != &linear_ops)
+        return false;
+    ((struct linear_layer *)linear->priv)->op.relu = true;
+    return true;
+}
+
 enum amp_status linear_setup(struct layer *l, struct layer_build *b)
 {
     char got[96];
@@ -340,5 +353,11 @@ enum amp_status linear_setup(struct layer *l, struct layer_build *b)
         l->out_shape[i] = b->in_shape[i];
     l->out_shape[b->in_ndim - 1] = l->cfg.out;
     l->out_dtype = p->op.d;
+    /* after a relu fused into a linear: dx masked here, in the product's epilogue, where no cast follows it */
+    if (b->fuse && b->nbuilt > 0 && l->needs_dx && relu_fused_into_linear(&b->built[b->nbuilt - 1]) && !p->op.fp8 &&
+        p->op.in_dtype == p->op.d) {
+        p->op.mask_dx = true;
+        relu_masked_by_next(&b->built[b->nbuilt - 1]);
+    }
     return AMP_OK;
 }

@@ -1841,6 +1841,53 @@ Test(cuda_backend, bf16_master_stochastic_rounding_matches_the_cpu, .init = open
     }
 }
 
+/* The ReLU epilogues on the GPU: the bits of its own plain product followed by the ReLU op (act_forward, or
+ * act_backward with aux as input) over C, the contract of backend.h; and within tol_of of the CPU's fused ones. */
+Test(cuda_backend, gemm_relu_epilogues, .init = open_both, .fini = close_both)
+{
+    const int64_t m = 64, n = 96, k = 72, mn[2] = {m, n}, mk[2] = {m, k}, nk[2] = {n, k};
+    rng_state = 23;
+    for (int d = 0; d < 3; d++) {
+        enum dtype dt = all_dtypes[d];
+        struct pair a, b, mask, plain, fused;
+        pair_rand(&a, dt, 2, mk, -1.0f, 1.0f);
+        pair_rand(&b, dt, 2, nk, -1.0f, 1.0f);
+        pair_rand(&mask, dt, 2, mn, -1.0f, 1.0f);
+        for (int e = 0; e < 2; e++) {
+            pair_out(&plain, dt, 2, mn);
+            pair_out(&fused, dt, 2, mn);
+            struct gemm_args g = {.a = &a.g, .b = &b.g, .c = &plain.g, .trans_b = true, .m = m, .n = n, .k = k,
+                                  .alpha = 1, .batch = 1};
+            gpu->gemm(gpu, &g);
+            if (e)
+                gpu->act_backward(gpu, ACT_RELU, &plain.g, &plain.g, &mask.g);
+            else
+                gpu->act_forward(gpu, ACT_RELU, &plain.g, &plain.g);
+            g.c = &fused.g;
+            g.epilogue = e ? GEMM_EPI_RELU_MASK : GEMM_EPI_RELU;
+            g.aux = e ? &mask.g : NULL;
+            gpu->gemm(gpu, &g);
+            struct gemm_args gc = g;
+            gc.a = &a.c;
+            gc.b = &b.c;
+            gc.c = &fused.c;
+            gc.aux = e ? &mask.c : NULL;
+            cpu->gemm(cpu, &gc);
+            unsigned char *want = gpu_bytes_of(&plain.g), *got = gpu_bytes_of(&fused.g);
+            cr_assert(memcmp(want, got, tensor_bytes(&plain.c)) == 0, "%s %s: the GPU's fused ReLU differs from its "
+                      "product then the ReLU op", dtype_name(dt), e ? "GEMM_EPI_RELU_MASK" : "GEMM_EPI_RELU");
+            free(want);
+            free(got);
+            pair_expect(&fused, tol_of(dt), e ? "GEMM_EPI_RELU_MASK against the CPU" : "GEMM_EPI_RELU against the CPU");
+            pair_free(&plain);
+            pair_free(&fused);
+        }
+        pair_free(&a);
+        pair_free(&b);
+        pair_free(&mask);
+    }
+}
+
 /* upload_rows through both staging slots: the rows land in order, from the pinned staging memory the GPU gathers
  * into; the slot's wait then lets the host rewrite it. */
 Test(cuda_backend, upload_rows_puts_every_row_in_its_place, .init = open_both, .fini = close_both)

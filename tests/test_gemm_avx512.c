@@ -416,6 +416,91 @@ Test(gemm_avx512, bf16_amx_reads_a_in_place_as_it_packs_it)
     backend_close(two);
 }
 
+/* The ReLU epilogues (backend.h GEMM_EPI_RELU, GEMM_EPI_RELU_MASK) give the bits of the plain product followed by
+ * the ReLU op over C in place: in gemm_avx512's epilogue (fp32, fp16, bf16 on AMX and on vdpbf16ps) and on the
+ * portable path (the op after the product), one thread and two, one k block and several, with a bias. Rows of A
+ * holding a NaN or an infinity give NaN and infinite results; the mask holds +0, -0, negatives, subnormals of
+ * both signs, infinities and NaNs. */
+static uint16_t mask_bits16(enum dtype dt, int v)
+{
+    const bool bf = dt == DT_BF16;
+    switch (v % 9) {
+    case 0: return 0x0000;                 /* +0 */
+    case 1: return 0x8000;                 /* -0 */
+    case 2: return 0x0001;                 /* the least subnormal */
+    case 3: return 0x8001;
+    case 4: return bf ? 0x7F80 : 0x7C00;   /* +inf */
+    case 5: return bf ? 0xFF80 : 0xFC00;   /* -inf */
+    case 6: return bf ? 0x7FC1 : 0x7E01;   /* a NaN */
+    case 7: return bf ? 0xFFA0 : 0xFD00;   /* a NaN, sign set, quiet bit clear */
+    default: return (uint16_t)(v % 2 ? 0x3C00 : 0xBC00); /* +-1 in fp16, +-2^-7 in bf16 */
+    }
+}
+
+Test(gemm_avx512, relu_epilogues_are_the_product_then_the_relu_op)
+{
+    struct amp_error err;
+    struct backend *two = backend_cpu_create();
+    cr_assert_not_null(two);
+    cr_assert_eq(two->set_threads(two, 2, &err), AMP_OK, "%s", err.msg);
+    struct backend *bes[4] = { fast, dp, port, two };
+    const char *names[4] = { "fast", "vdpbf16ps", "portable", "fast, 2 threads" };
+    const int64_t shapes[][3] = { { 128, 96, 600 }, { 37, 50, 33 }, { 64, 130, 1 } };
+    const enum dtype dts[3] = { DT_FP32, DT_FP16, DT_BF16 };
+    seed(43);
+    for (int d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const enum dtype dt = dts[d];
+            const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            float *ha, *hb, *hbias;
+            struct tensor *a = trand(fast, dt, (size_t)(m * k), &ha), *b = trand(fast, dt, (size_t)(n * k), &hb);
+            struct tensor *bias = trand(fast, DT_FP32, (size_t)n, &hbias);
+            const float specials[3] = { NAN, INFINITY, -INFINITY };
+            for (int r = 0; r < 3; r++) { /* rows 3, 7, 11: one special value each */
+                float v = specials[r];
+                struct tensor one = *a;
+                one.numel = 1;
+                one.data = (char *)a->data + (size_t)((4 * r + 3) * k) * dtype_size(dt);
+                tensor_from_host_f32(&one, &v);
+            }
+            struct tensor *mask = tnew(fast, dt, (size_t)(m * n));
+            for (int64_t i = 0; i < m * n; i++) {
+                if (dt == DT_FP32) {
+                    const uint32_t w[9] = { 0, 0x80000000u, 1, 0x80000001u, 0x7F800000u, 0xFF800000u, 0x7FC00001u,
+                                            0xFFA00000u, (uint32_t)(i % 2 ? 0x3F800000u : 0xBF800000u) };
+                    ((uint32_t *)mask->data)[i] = w[(i * 7 + i / 5) % 9];
+                } else {
+                    ((uint16_t *)mask->data)[i] = mask_bits16(dt, (int)((i * 7 + i / 5) % 9));
+                }
+            }
+            for (int e = 0; e < 2; e++) {
+                const enum gemm_epilogue epi = e ? GEMM_EPI_RELU_MASK : GEMM_EPI_RELU;
+                for (int w = 0; w < 4; w++) {
+                    struct backend *be = bes[w];
+                    struct tensor *want = tnew(fast, dt, (size_t)(m * n)), *got = tnew(fast, dt, (size_t)(m * n));
+                    struct gemm_args g = { .a = a, .b = b, .c = want, .bias = bias, .trans_b = true, .m = m, .n = n,
+                                           .k = k, .alpha = 1, .batch = 1 };
+                    be->gemm(be, &g);
+                    if (e)
+                        be->act_backward(be, ACT_RELU, want, want, mask);
+                    else
+                        be->act_forward(be, ACT_RELU, want, want);
+                    g.c = got;
+                    g.epilogue = epi;
+                    g.aux = e ? mask : NULL;
+                    be->gemm(be, &g);
+                    size_t bytes = (size_t)(m * n) * dtype_size(dt);
+                    for (size_t i = 0; i < bytes; i++)
+                        cr_assert_eq(((const unsigned char *)got->data)[i], ((const unsigned char *)want->data)[i],
+                                     "%s %s (%lld x %lld x %lld) on %s: byte %zu of C differs from the product then "
+                                     "the ReLU op", e ? "GEMM_EPI_RELU_MASK" : "GEMM_EPI_RELU", dtype_name(dt),
+                                     (long long)m, (long long)n, (long long)k, names[w], i);
+                }
+            }
+        }
+    backend_close(two);
+}
+
 /* The training shapes of fashion_mlp (batch 128): forward X W^T, dX = dY W, dW = dY^T X, in each
  * input dtype. */
 Test(gemm_avx512, fashion_mlp_shapes)

@@ -360,6 +360,41 @@ Test(shapes, a_relu_after_batchnorm_runs_inside_it)
     check_relu_fusion(&apart, 0, false);
 }
 
+/* linear, relu, linear, relu, dropout, linear: both relus run inside the linear layer before them (views: no
+ * output, no input gradient of their own), unless fusing is off (run.numerics_every) or the relu's output dtype is
+ * not the linear layer's. */
+static void check_linear_relu_fusion(const struct autocast_policy *pol, int64_t numerics_every, bool fused)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), linear("fc1", 32), lc(LAYER_RELU, "r1"),
+                                    linear("fc2", 16), lc(LAYER_RELU, "r2"), lc(LAYER_DROPOUT, "drop"),
+                                    linear("head", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct built b;
+    b.be = backend_cpu_create();
+    b.spec = MNIST;
+    make_config(&b.cfg, layers, 8, 64);
+    b.cfg.run.numerics_every = numerics_every;
+    b.pol = *pol;
+    struct amp_error err = {0};
+    cr_assert_eq(model_build(&b.m, &b.cfg, &b.spec, b.be, &b.pol, 4, &err), AMP_OK, "%s", err.msg);
+    for (int i = 2; i <= 4; i += 2) {
+        cr_assert_eq(b.m.layers[i].is_view, fused, "%s after a linear layer: fused %d expected",
+                     b.m.layers[i].cfg.name, fused);
+        cr_assert_eq(b.m.layers[i].y.data == NULL, fused, "a fused relu allocates no output");
+        cr_assert_eq(b.m.layers[i].dx.data == NULL, fused, "nor an input gradient");
+    }
+    built_free(&b);
+}
+
+Test(shapes, a_relu_after_a_linear_layer_runs_inside_it)
+{
+    struct autocast_policy fp32 = policy(DT_FP32), bf16 = policy(DT_BF16), apart = policy(DT_BF16);
+    check_linear_relu_fusion(&fp32, 0, true);
+    check_linear_relu_fusion(&bf16, 0, true);
+    check_linear_relu_fusion(&bf16, 5, false);
+    apart.cls[OP_RELU] = OPC_FP32; /* relu out fp32, the linear layers' bf16 */
+    check_linear_relu_fusion(&apart, 0, false);
+}
+
 Test(shapes, mlp_and_cnn_shapes)
 {
     struct layer_config layers[] = {conv("c1", 8, 3), lc(LAYER_RELU, "r1"), lc(LAYER_MAXPOOL2D, "p1"),

@@ -456,6 +456,9 @@ struct mat_out {
     enum dtype dt;
     int64_t ld;
     const float *row_bias; /* NULL, or fp32 (rows): each row's bias, added to its every element (beta 0) */
+    bool relu;             /* gemm_avx512_args.relu (GEMM_EPI_RELU); only where gemm_takes_avx512 */
+    const void *relu_mask; /* gemm_avx512_args.relu_mask, leading dimension ldr (GEMM_EPI_RELU_MASK); likewise */
+    int64_t ldr;
 };
 
 /* The (rows, cols) operand as fp32 for sgemm: itself, or widened row by row into `slot`. */
@@ -521,7 +524,8 @@ static void gemm_core_avx512(struct cpu_backend *cb, bool ta, bool tb, int64_t m
     }
     struct gemm_avx512_args g = { .in = a.dt, .amx = amx, .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .alpha = alpha,
                                   .beta = beta, .a = a.p, .lda = a.ld, .b = b.p, .ldb = b.ld, .c = c.p,
-                                  .c_dt = c.dt, .ldc = c.ld, .bias = bias, .row_bias = c.row_bias };
+                                  .c_dt = c.dt, .ldc = c.ld, .bias = bias, .row_bias = c.row_bias,
+                                  .relu = c.relu, .relu_mask = c.relu_mask, .ldr = c.ldr };
     if (par)
         gemm_avx512_threaded(&g, &plan, cb->pool, cb->wpack_a, cb->wpack_b, pb, partial);
     else
@@ -606,6 +610,12 @@ static int blas_dim(int64_t x)
     return x < 1 ? 1 : (int)x;
 }
 
+/* Whether gemm_core runs this product on gemm_avx512 (and so can apply a ReLU or its mask in the epilogue). */
+static bool gemm_takes_avx512(const struct cpu_backend *cb, int64_t k, enum dtype a, enum dtype b, enum dtype c)
+{
+    return k > 0 && a == b && !dtype_is_fp8(a) && cb->gemm_avx512[a] && (c == DT_FP32 || c == a);
+}
+
 /* C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row, or + c.row_bias (m) on every column,
  * with beta 0], rounded once to C's dtype. beta 0 never reads C. */
 static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -619,10 +629,11 @@ static void gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64
         gemm_core_fp8(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
         return;
     }
-    if (k > 0 && a.dt == b.dt && cb->gemm_avx512[a.dt] && (c.dt == DT_FP32 || c.dt == a.dt)) {
+    if (gemm_takes_avx512(cb, k, a.dt, b.dt, c.dt)) {
         gemm_core_avx512(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
         return;
     }
+    assert(!c.relu && !c.relu_mask); /* gemm_relu applies them after the product elsewhere */
     int64_t lda = 0, ldb = 0, ldc;
     const float *af = operand_f32(cb, SCR_GEMM_A, a, ta ? k : m, ta ? m : k, &lda);
     const float *bf = operand_f32(cb, SCR_GEMM_B, b, tb ? n : k, tb ? k : n, &ldb);
@@ -689,12 +700,46 @@ static struct mat_out out_mat_f32(float *p, int64_t ld)
 }
 
 static void gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g);
+static void cpu_act_forward(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x);
+static void cpu_act_backward(struct backend *be, enum act_kind kind, struct tensor *dx, const struct tensor *dy,
+                             const struct tensor *x);
+
+/* GEMM_EPI_RELU, GEMM_EPI_RELU_MASK (backend.h): in gemm_avx512's epilogue, where the product runs there (the
+ * one pass over C: no second one reading what the product's threads left in their caches); else the plain
+ * product, then the ReLU op itself over C, in place. The same bits either way (gemm_avx512.c, epilogue). */
+static void gemm_relu(struct cpu_backend *cb, const struct gemm_args *g)
+{
+    const bool mask = g->epilogue == GEMM_EPI_RELU_MASK;
+    assert(g->batch == 1 && g->beta == 0.0f && gemm_dtypes_ok(g));
+    assert(!mask || (g->aux && g->aux->dtype == g->c->dtype && (int64_t)g->aux->numel == g->m * g->n));
+    const float *bias = g->bias ? (const float *)g->bias->data : NULL;
+    struct mat_in a = { g->a->data, g->a->dtype, g->trans_a ? g->m : g->k };
+    struct mat_in b = { g->b->data, g->b->dtype, g->trans_b ? g->k : g->n };
+    struct mat_out c = { .p = g->c->data, .dt = g->c->dtype, .ld = g->n };
+    const bool fused = gemm_takes_avx512(cb, g->k, a.dt, b.dt, c.dt);
+    if (fused) {
+        c.relu = !mask;
+        c.relu_mask = mask ? g->aux->data : NULL;
+        c.ldr = g->n;
+    }
+    gemm_core(cb, g->trans_a, g->trans_b, g->m, g->n, g->k, gemm_alpha(g), a, b, 0.0f, c, bias);
+    if (fused)
+        return;
+    if (mask)
+        cpu_act_backward(&cb->base, ACT_RELU, g->c, g->c, g->aux);
+    else
+        cpu_act_forward(&cb->base, ACT_RELU, g->c, g->c);
+}
 
 static void cpu_gemm(struct backend *be, const struct gemm_args *g)
 {
     struct cpu_backend *cb = cpu_of(be);
     if (g->epilogue == GEMM_EPI_GELU_TANH) {
         gemm_gelu(cb, g);
+        return;
+    }
+    if (g->epilogue == GEMM_EPI_RELU || g->epilogue == GEMM_EPI_RELU_MASK) {
+        gemm_relu(cb, g);
         return;
     }
     assert(g->batch >= 1);
@@ -707,7 +752,8 @@ static void cpu_gemm(struct backend *be, const struct gemm_args *g)
                             g->trans_a ? g->m : g->k };
         struct mat_in b = { elem_ptr(g->b->data, g->b->dtype, (size_t)(i * g->stride_b)), g->b->dtype,
                             g->trans_b ? g->k : g->n };
-        struct mat_out c = { elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), g->c->dtype, g->n, NULL };
+        struct mat_out c = { .p = elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), .dt = g->c->dtype,
+                             .ld = g->n };
         gemm_core(cb, g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, b, g->beta, c, bias);
     }
 }
@@ -2869,7 +2915,8 @@ static void att_forward_chunk(void *arg, int64_t chunk, int worker)
     round_f32_to(s, (size_t)(T * T), j->probs_out->dtype);
     void *probs = elem_ptr(j->probs_out->data, j->probs_out->dtype, (size_t)(chunk * T * T));
     dtype_convert(probs, j->probs_out->dtype, s, DT_FP32, (size_t)(T * T));
-    struct mat_out o = { elem_ptr(j->out->data, j->out->dtype, (size_t)(b * T * C + h * D)), j->out->dtype, C, NULL };
+    struct mat_out o = { .p = elem_ptr(j->out->data, j->out->dtype, (size_t)(b * T * C + h * D)), .dt = j->out->dtype,
+                         .ld = C };
     /* P: the stored probabilities themselves on the bf16 path (s holds their values) */
     struct mat_in p = j->bf16 ? (struct mat_in){ probs, DT_BF16, T } : mat_f32(s, T);
     att_gemm(j, worker, false, false, T, D, T, 1.0f, p, v, o);
@@ -2941,9 +2988,10 @@ HOT_LOOP static void att_backward_chunk(void *arg, int64_t chunk, int worker)
     }
     struct tensor *dqkv = j->dqkv;
     size_t base = seq + (size_t)(h * D);
-    struct mat_out dq = { elem_ptr(dqkv->data, dqkv->dtype, base), dqkv->dtype, 3 * C, NULL };
-    struct mat_out dk = { elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), dqkv->dtype, 3 * C, NULL };
-    struct mat_out dv = { elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), dqkv->dtype, 3 * C, NULL };
+    struct mat_out dq = { .p = elem_ptr(dqkv->data, dqkv->dtype, base), .dt = dqkv->dtype, .ld = 3 * C };
+    struct mat_out dk = { .p = elem_ptr(dqkv->data, dqkv->dtype, base + (size_t)C), .dt = dqkv->dtype, .ld = 3 * C };
+    struct mat_out dv = { .p = elem_ptr(dqkv->data, dqkv->dtype, base + 2 * (size_t)C), .dt = dqkv->dtype,
+                          .ld = 3 * C };
     att_gemm(j, worker, true, false, T, D, T, 1.0f, p, dob, dv);
     att_gemm(j, worker, false, false, T, D, T, j->scale, dsm, k, dq);
     att_gemm(j, worker, true, false, T, D, T, j->scale, dsm, q, dk);

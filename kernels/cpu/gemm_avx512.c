@@ -509,8 +509,25 @@ TARGET_AVX512 static void store_c(void *p, enum dtype dt, __mmask16 m, __m512 v)
         _mm512_mask_storeu_ps(p, m, v);
 }
 
+/* The lanes of 16 elements of a ReLU mask (C's dtype, lanes outside m zero) that pass ReLU: > 0, or a NaN
+ * (act_apply's x <= 0 test failing); +0, -0 and any negative do not. */
+TARGET_AVX512 static __mmask16 relu_passes(const void *p, enum dtype dt, __mmask16 m)
+{
+    if (dt == DT_FP32)
+        return _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, p), _mm512_setzero_ps(), _CMP_NLE_UQ);
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    const __m512i mag = _mm512_and_si512(h, _mm512_set1_epi32(0x7FFF));
+    const __m512i inf = _mm512_set1_epi32(dt == DT_BF16 ? 0x7F80 : 0x7C00);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(mag, inf);
+    const __mmask16 pos = _mm512_testn_epi32_mask(h, _mm512_set1_epi32(0x8000)) &
+                          _mm512_test_epi32_mask(mag, mag);
+    return m & (nan | pos);
+}
+
 /* The valid mr x nr part of a tile at C's (i0, j0): add earlier k blocks' partial sums, then either
- * keep the sum for the next block or finish it (alpha, beta * C_old, bias, store / round once). */
+ * keep the sum for the next block or finish it (alpha, beta * C_old, bias, ReLU or its mask, store / round
+ * once). Zeroing a lane before the rounding gives the +0 the ReLU ops give after it: a value rounds to <= 0
+ * exactly when it is <= 0, and a NaN stays one. */
 TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float *tile, int64_t i0, int64_t j0,
                                    int mr, int nr, bool first, bool last, float *w, int64_t ldw)
 {
@@ -540,6 +557,11 @@ TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float
             } else {
                 out = _mm512_mul_ps(alpha, s);
             }
+            if (g->relu)
+                out = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(out, _mm512_setzero_ps(), _CMP_NLE_UQ), out);
+            if (g->relu_mask)
+                out = _mm512_maskz_mov_ps(
+                    relu_passes((const char *)g->relu_mask + (size_t)(i * g->ldr + j) * csize, g->c_dt, m), out);
             store_c(cp, g->c_dt, m, out);
         }
     }

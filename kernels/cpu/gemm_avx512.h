@@ -40,6 +40,10 @@ struct gemm_avx512_args {
     const float *bias;    /* NULL or fp32 (n); needs beta 0 */
     const float *row_bias;/* NULL or fp32 (m): row i's elements take row_bias[i] as bias takes bias[j] (a
                            * convolution's per-channel bias); needs beta 0 and no bias */
+    bool relu;            /* C = relu(the finished value) before its rounding (backend.h GEMM_EPI_RELU) */
+    const void *relu_mask;/* NULL or (m, n) of c_dt, leading dimension ldr: C's element is +0 where the mask's
+                           * does not pass ReLU (backend.h GEMM_EPI_RELU_MASK) */
+    int64_t ldr;
 };
 
 /* Scratch sizes for one call with these dimensions: the packed panels of op(A) and op(B), and the

@@ -514,9 +514,40 @@ static bool gelu_args_ok(struct cuda_backend *cb, const struct gemm_args *g)
     return false;
 }
 
+/* GEMM_EPI_RELU, GEMM_EPI_RELU_MASK (backend.h): the plain product, then the ReLU op itself over C in place
+ * (act_forward, or act_backward with aux as its input), which is the bits backend.h asks for. cuBLASLt's RELU
+ * epilogues would save that pass; its DRELU reads a bit mask its forward wrote, not a tensor. */
+static void gemm_relu(struct backend *be, const struct gemm_args *g)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    const bool mask = g->epilogue == GEMM_EPI_RELU_MASK;
+    if (g->beta != 0.0f || g->batch != 1 ||
+        (mask && (!g->aux || g->aux->dtype != g->c->dtype || (int64_t)g->aux->numel != g->m * g->n))) {
+        cuda_record(cb, "this is a bug in the caller (see GEMM_EPI_RELU in lib/backend.h)",
+                    "gemm: the ReLU epilogues need beta 0, batch 1 and (the mask) aux (m, n) of C's dtype (beta %g, "
+                    "batch %lld, m %lld, n %lld, aux %s of %zu elements, C %s)",
+                    (double)g->beta, (long long)g->batch, (long long)g->m, (long long)g->n,
+                    g->aux ? dtype_name(g->aux->dtype) : "NULL", g->aux ? g->aux->numel : (size_t)0,
+                    dtype_name(g->c->dtype));
+        return;
+    }
+    struct gemm_args plain = *g;
+    plain.epilogue = GEMM_EPI_NONE;
+    plain.aux = NULL;
+    cuda_gemm(be, &plain);
+    if (mask)
+        cuda_act_backward(be, ACT_RELU, g->c, g->c, g->aux);
+    else
+        cuda_act_forward(be, ACT_RELU, g->c, g->c);
+}
+
 void cuda_gemm(struct backend *be, const struct gemm_args *g)
 {
     struct cuda_backend *cb = cuda_of(be);
+    if (g->epilogue == GEMM_EPI_RELU || g->epilogue == GEMM_EPI_RELU_MASK) {
+        gemm_relu(be, g);
+        return;
+    }
     if (dtype_is_fp8(g->a->dtype) || dtype_is_fp8(g->b->dtype)) {
         if (gelu_args_ok(cb, g))
             cuda_gemm_fp8(cb, g);
