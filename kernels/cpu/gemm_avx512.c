@@ -406,7 +406,8 @@ TARGET_AMX static void amx_release(void)
 /*
  * tile (MR_AMX x NR fp32) = A panel x B panel (pack_bf16, NR columns), `steps` pairs, a multiple of 16: per 16
  * pairs, two A tiles, two B tiles, four tdpbf16ps. The A panel's 32 rows are sa bytes apart: packed
- * (pack_a_amx, sa = steps pairs) or A itself (a_direct, sa = A's row). The tile's rows are ldt floats apart. tdpbf16ps sums each pair's two
+ * (pack_a_amx, sa = steps pairs) or A itself (a_direct, sa = A's row); the tile's rows are stored ldt floats
+ * apart (a tile buffer, or the partial sums). tdpbf16ps sums each pair's two
  * products before adding to C and groups the pairs of one instruction, so its sums are not vdpbf16ps's
  * (docs/backend.md); the order is fixed by k alone, so the bits do not depend on threads or blocking of m, n.
  */
