@@ -529,16 +529,24 @@ TARGET_AVX512 static __mmask16 relu_passes(const void *p, enum dtype dt, __mmask
  * keep the sum for the next block or finish it (alpha, beta * C_old, bias, ReLU or its mask, store / round
  * once). Zeroing a lane before the rounding gives the +0 the ReLU ops give after it: a value rounds to <= 0
  * exactly when it is <= 0, and a NaN stays one. */
-TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float *tile, int64_t i0, int64_t j0,
-                                   int mr, int nr, bool first, bool last, float *w, int64_t ldw)
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+epilogue_with(const struct gemm_avx512_args *g, const float *tile, int64_t i0, int64_t j0, int mr, int nr, bool first,
+              bool last, float *w, int64_t ldw, bool relu, const char *rmask)
 {
+    /* g's fields as locals: C's stores could alias *g for all the compiler knows, and would make it read them
+     * again for every row */
     const __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
-    const bool extra = g->beta != 0.0f || g->bias || g->row_bias;
-    const size_t csize = dtype_size(g->c_dt);
+    const bool has_beta = g->beta != 0.0f;
+    const float *const bias_p = g->bias, *const row_bias = g->row_bias;
+    const bool extra = has_beta || bias_p || row_bias;
+    const enum dtype c_dt = g->c_dt;
+    const size_t csize = dtype_size(c_dt);
+    char *const c = g->c;
+    const int64_t ldc = g->ldc, ldr = g->ldr;
     for (int v = 0; v < 2 && nr > 16 * v; v++) {
         const __mmask16 m = lanes16(nr - 16 * v);
         const int64_t j = j0 + 16 * v;
-        const __m512 bias = g->bias ? _mm512_maskz_loadu_ps(m, g->bias + j) : _mm512_setzero_ps();
+        const __m512 bias = bias_p ? _mm512_maskz_loadu_ps(m, bias_p + j) : _mm512_setzero_ps();
         for (int r = 0; r < mr; r++) {
             const int64_t i = i0 + r;
             __m512 s = _mm512_load_ps(tile + r * NR + 16 * v);
@@ -548,24 +556,33 @@ TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float
                 _mm512_mask_storeu_ps(w + i * ldw + j, m, s);
                 continue;
             }
-            void *cp = (char *)g->c + (size_t)(i * g->ldc + j) * csize;
+            void *cp = c + (size_t)(i * ldc + j) * csize;
             __m512 out;
             if (extra) {
-                __m512 e = g->row_bias ? _mm512_set1_ps(g->row_bias[i]) : bias; /* either bias needs beta 0 */
-                if (g->beta != 0.0f)
-                    e = _mm512_mul_ps(beta, load_c(cp, g->c_dt, m));
+                __m512 e = row_bias ? _mm512_set1_ps(row_bias[i]) : bias; /* either bias needs beta 0 */
+                if (has_beta)
+                    e = _mm512_mul_ps(beta, load_c(cp, c_dt, m));
                 out = _mm512_fmadd_ps(alpha, s, e);
             } else {
                 out = _mm512_mul_ps(alpha, s);
             }
-            if (g->relu)
+            if (relu)
                 out = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(out, _mm512_setzero_ps(), _CMP_NLE_UQ), out);
-            if (g->relu_mask)
-                out = _mm512_maskz_mov_ps(
-                    relu_passes((const char *)g->relu_mask + (size_t)(i * g->ldr + j) * csize, g->c_dt, m), out);
-            store_c(cp, g->c_dt, m, out);
+            if (rmask)
+                out = _mm512_maskz_mov_ps(relu_passes(rmask + (size_t)(i * ldr + j) * csize, c_dt, m), out);
+            store_c(cp, c_dt, m, out);
         }
     }
+}
+
+/* The epilogue compiled twice: without the ReLU tests for the products that have none (most), and with them. */
+TARGET_AVX512 static void epilogue(const struct gemm_avx512_args *g, const float *tile, int64_t i0, int64_t j0,
+                                   int mr, int nr, bool first, bool last, float *w, int64_t ldw)
+{
+    if (!g->relu && !g->relu_mask)
+        epilogue_with(g, tile, i0, j0, mr, nr, first, last, w, ldw, false, NULL);
+    else
+        epilogue_with(g, tile, i0, j0, mr, nr, first, last, w, ldw, g->relu, g->relu_mask);
 }
 
 /* Pack op(A) rows or op(B) columns for the input dtype (see pack_f32), `steps` packed steps per line. */
