@@ -4,7 +4,12 @@
  * nearest or stochastically (issue 14), and the gradient check (grad_stats) that precedes every update. Built and
  * run by scripts/bench_optim.sh against BUILD_DIR/libamp.a.
  *
- *   bench_optim [THREADS...]     environment: PARAMS, the tensors' sizes (default 1048576: one tensor of 1 M)
+ *   bench_optim [THREADS...]     environment: PARAMS, the tensors' sizes (default 1048576: one tensor of 1 M);
+ *                                SUBNORMAL, a fraction (default 0: no row): a fifth row, the fp32 update again with
+ *                                that fraction of the parameters (spread evenly) at a zero gradient and a first
+ *                                moment of 1e-38, which the updates decay through fp32's subnormal range (below
+ *                                2^-126, about 1.18e-38): where a weight's gradient stays 0 (fashion_mlp's fc1 weights of
+ *                                pixels that are 0 in every image of the batch) its moment does that after ~800 steps
  *
  * Each thread count gets its own rows (run.threads: the backend's pool), so a row's ratio to the 1-thread row says
  * how the step tail scales on this machine.
@@ -31,6 +36,7 @@ static double now(void)
 
 struct param {
     struct tensor p32, p16, g, m32, v32, m16, v16, c16;
+    struct tensor gs, ms;  /* SUBNORMAL's row: the gradient with zeros, the moment it decays */
 };
 
 static void zeros(struct tensor *t, struct backend *be, enum dtype dt, int64_t n)
@@ -55,6 +61,8 @@ int main(int argc, char **argv)
     static struct param ps[MAX_TENSORS];
     const struct tensor *grads[MAX_TENSORS];
     int64_t total = 0;
+    const double sub = getenv("SUBNORMAL") ? atof(getenv("SUBNORMAL")) : 0.0;
+    const int64_t every = sub > 0.0 ? (int64_t)(1.0 / sub + 0.5) : 0; /* one parameter in `every` */
     for (int t = 0; t < nt; t++) {
         struct param *q = &ps[t];
         zeros(&q->p32, be, DT_FP32, sizes[t]), zeros(&q->p16, be, DT_BF16, sizes[t]);
@@ -66,6 +74,11 @@ int main(int argc, char **argv)
         for (int64_t i = 0; i < sizes[t]; i++)
             gf[i] = (float)(((uint64_t)(total + i) * 2654435761u) % 1000) / 1000.0f - 0.5f;
         grads[t] = &q->g;
+        zeros(&q->gs, be, DT_FP32, sizes[t]), zeros(&q->ms, be, DT_FP32, sizes[t]);
+        memcpy(q->gs.data, gf, (size_t)sizes[t] * sizeof(float));
+        for (int64_t i = 0; every && i < sizes[t]; i++)
+            if ((total + i) % every == 0)
+                ((float *)q->gs.data)[i] = 0.0f;
         total += sizes[t];
     }
     struct step_params sp = {.beta1 = 0.9, .beta2 = 0.999, .weight_decay = 0.01f};
@@ -73,7 +86,8 @@ int main(int argc, char **argv)
     step_rule_scalars(&sc, &sp, 1e-3f, 5, 1.0f);
     static struct optim_update_args args[MAX_TENSORS];
     const char *names[] = {"AdamW fp32 master+state, bf16 copy", "AdamW bf16 master+state, nearest",
-                           "AdamW bf16 master+state, stochastic", "gradient check (grad_stats)"};
+                           "AdamW bf16 master+state, stochastic", "gradient check (grad_stats)",
+                           "AdamW fp32, some moments subnormal"};
     int threads[16], nthreads = 0;
     for (int i = 1; i < argc && nthreads < 16; i++)
         threads[nthreads++] = atoi(argv[i]);
@@ -87,21 +101,28 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_optim: %s\n", err.msg);
                 return 1;
             }
-            for (int k = 0; k < 4; k++) {
+            for (int k = 0; k < (every ? 5 : 4); k++) {
                 for (int t = 0; t < nt; t++) {
                     struct param *q = &ps[t];
                     args[t] = (struct optim_update_args){.grad = &q->g, .sc = &sc, .weight_decay = 0.01f, .beta1 = 0.9,
                                                          .beta2 = 0.999, .eps = 1e-8f, .sr_seed = sr_seed(1)};
                     if (k == 0)
                         args[t].master = &q->p32, args[t].m = &q->m32, args[t].v = &q->v32, args[t].copy = &q->c16;
-                    else
+                    else if (k == 4) { /* the moments restart at 1e-38 where the gradient is 0, 0.1 elsewhere */
+                        args[t].master = &q->p32, args[t].m = &q->ms, args[t].v = &q->v32, args[t].copy = &q->c16;
+                        args[t].grad = &q->gs;
+                        float *ms = q->ms.data;
+                        const float *gz = q->gs.data;
+                        for (int64_t i = 0; i < sizes[t]; i++)
+                            ms[i] = gz[i] == 0.0f ? 1e-38f : 0.1f;
+                    } else
                         args[t].master = &q->p16, args[t].m = &q->m16, args[t].v = &q->v16, args[t].stochastic = k == 2;
                 }
                 struct grad_check gc;
                 int64_t counts[2 * MAX_TENSORS];
                 double t0 = now();
                 for (int it = 0; it < UPDATES; it++) {
-                    if (k < 3)
+                    if (k != 3)
                         be->adamw_update(be, args, nt);
                     else
                         be->grad_stats(be, grads, nt, &gc, counts);

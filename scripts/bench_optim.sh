@@ -6,6 +6,8 @@
 #   scripts/bench_optim.sh
 #   THREADS="1 2" scripts/bench_optim.sh          each thread count side by side in every round (run.threads)
 #   PARAMS=401408,512,262144,512,5120,10 ...      the tensors' sizes (these: configs/fashion_mlp.yaml's parameters)
+#   SUBNORMAL=0.02 ...                            a fifth row: the fp32 update with 2% of the first moments decaying
+#                                                 through fp32's subnormal range (bench_optim.c says why)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
