@@ -328,19 +328,25 @@ static struct autocast_policy policy(enum dtype lowp)
 /* A relu right after a batchnorm2d runs inside it (docs/backend.md, "Fused batchnorm + ReLU"): its y and dx are
  * views then, nothing allocated; a relu after anything else is its own op; a run that measures numerics
  * (run.numerics_every) keeps them apart, and so does a policy that gives the two ops different dtypes. */
+static void build_fusion_case(struct built *b, struct layer_config *layers, int n, const struct autocast_policy *pol,
+                              int64_t numerics_every)
+{
+    b->be = backend_cpu_create();
+    b->spec = MNIST;
+    make_config(&b->cfg, layers, n, 64);
+    b->cfg.run.numerics_every = numerics_every;
+    b->pol = *pol;
+    struct amp_error err = {0};
+    cr_assert_eq(model_build(&b->m, &b->cfg, &b->spec, b->be, &b->pol, 4, &err), AMP_OK, "%s", err.msg);
+}
+
 static void check_relu_fusion(const struct autocast_policy *pol, int64_t numerics_every, bool fused)
 {
     struct layer_config layers[] = {conv("c1", 8, 3), lc(LAYER_BATCHNORM2D, "bn"), lc(LAYER_RELU, "r1"),
                                     conv("c2", 8, 3), lc(LAYER_RELU, "r2"), lc(LAYER_FLATTEN, "flat"),
                                     linear("fc", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
     struct built b;
-    b.be = backend_cpu_create();
-    b.spec = MNIST;
-    make_config(&b.cfg, layers, 8, 64);
-    b.cfg.run.numerics_every = numerics_every;
-    b.pol = *pol;
-    struct amp_error err = {0};
-    cr_assert_eq(model_build(&b.m, &b.cfg, &b.spec, b.be, &b.pol, 4, &err), AMP_OK, "%s", err.msg);
+    build_fusion_case(&b, layers, 8, pol, numerics_every);
     cr_assert_eq(b.m.layers[2].is_view, fused, "r1 after bn: fused %d expected", fused);
     cr_assert_eq(b.m.layers[2].y.data == NULL, fused, "a fused relu allocates no output");
     cr_assert_eq(b.m.layers[2].dx.data == NULL, fused, "nor an input gradient");
@@ -369,13 +375,7 @@ static void check_linear_relu_fusion(const struct autocast_policy *pol, int64_t 
                                     linear("fc2", 16), lc(LAYER_RELU, "r2"), lc(LAYER_DROPOUT, "drop"),
                                     linear("head", 10), lc(LAYER_CROSS_ENTROPY, "loss")};
     struct built b;
-    b.be = backend_cpu_create();
-    b.spec = MNIST;
-    make_config(&b.cfg, layers, 8, 64);
-    b.cfg.run.numerics_every = numerics_every;
-    b.pol = *pol;
-    struct amp_error err = {0};
-    cr_assert_eq(model_build(&b.m, &b.cfg, &b.spec, b.be, &b.pol, 4, &err), AMP_OK, "%s", err.msg);
+    build_fusion_case(&b, layers, 8, pol, numerics_every);
     for (int i = 2; i <= 4; i += 2) {
         cr_assert_eq(b.m.layers[i].is_view, fused, "%s after a linear layer: fused %d expected",
                      b.m.layers[i].cfg.name, fused);

@@ -644,27 +644,33 @@ Test(threads, text_gpt_fp8, .timeout = 300) { check_model(GPT, modes[3]); }
  * give the same checkpoint tensors and the same scale_log.csv, grad_zero_frac included (the fused relu's gradient
  * is formed once more on the sampled steps, every second one, and counted): fp16-dynamic and bf16. fashion_cnn's
  * relu after fc1 runs inside it too, and masks its own gradient (a dropout follows it, not a linear layer). */
+/* `config` with `args` for `steps` steps, fused (the default) and apart (run.numerics_every turns fusing off): at
+ * least `tensors` checkpoint tensors and scale_log.csv the same. */
+static void check_fused_vs_apart(const char *config, const char *args, int steps, int tensors)
+{
+    make_scratch();
+    struct result r = amp("run %s %s run.steps=%d run.out_dir=%s/fused", config, args, steps, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("run %s %s run.steps=%d run.numerics_every=1000 run.out_dir=%s/apart", config, args, steps, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/fused/ckpt-%d.h5", scratch, steps);
+    snprintf(b, sizeof b, "%s/apart/ckpt-%d.h5", scratch, steps);
+    cr_assert_geq(assert_same_tensors(a, b), tensors);
+    snprintf(a, sizeof a, "%s/fused/scale_log.csv", scratch);
+    snprintf(b, sizeof b, "%s/apart/scale_log.csv", scratch);
+    assert_same_logs(a, b);
+    remove_scratch();
+}
+
 Test(threads, batchnorm_relu_fusion_moves_no_logged_value, .timeout = 300)
 {
     const char *fused_modes[] = {"fp16-dynamic", "bf16"};
     for (int i = 0; i < 2; i++) {
-        make_scratch();
-        const char *cnn_extra = "run.device=cpu run.log_every=2 data.batch_size=32 model.layers.0.out=8 "
-                                "model.layers.4.out=8 model.layers.9.out=32";
-        struct result r = amp("run configs/fashion_cnn.yaml %s precision.mode=%s run.steps=3 run.out_dir=%s/fused",
-                              cnn_extra, fused_modes[i], scratch);
-        cr_assert_eq(r.code, 0, "%s", r.out);
-        r = amp("run configs/fashion_cnn.yaml %s precision.mode=%s run.steps=3 run.numerics_every=1000 "
-                "run.out_dir=%s/apart", cnn_extra, fused_modes[i], scratch);
-        cr_assert_eq(r.code, 0, "%s", r.out);
-        char a[512], b[512];
-        snprintf(a, sizeof a, "%s/fused/ckpt-3.h5", scratch);
-        snprintf(b, sizeof b, "%s/apart/ckpt-3.h5", scratch);
-        cr_assert_geq(assert_same_tensors(a, b), 4);
-        snprintf(a, sizeof a, "%s/fused/scale_log.csv", scratch);
-        snprintf(b, sizeof b, "%s/apart/scale_log.csv", scratch);
-        assert_same_logs(a, b);
-        remove_scratch();
+        char args[512];
+        snprintf(args, sizeof args, "run.device=cpu run.log_every=2 data.batch_size=32 model.layers.0.out=8 "
+                 "model.layers.4.out=8 model.layers.9.out=32 precision.mode=%s", fused_modes[i]);
+        check_fused_vs_apart("configs/fashion_cnn.yaml", args, 3, 4);
     }
 }
 
@@ -678,23 +684,10 @@ Test(threads, linear_relu_fusion_moves_no_logged_value, .timeout = 300)
 {
     const char *modes3[] = {"fp32", "bf16", "fp16-dynamic"};
     for (int i = 0; i < 3; i++) {
-        make_scratch();
-        const char *extra = i == 2 ? "run.threads=1 precision.loss_scale.init=16777216" : "run.threads=2";
-        const char *common = "run.device=cpu run.log_every=2 data.batch_size=64 run.steps=6";
-        struct result r = amp("run configs/fashion_mlp.yaml %s %s precision.mode=%s run.out_dir=%s/fused", common,
-                              extra, modes3[i], scratch);
-        cr_assert_eq(r.code, 0, "%s", r.out);
-        r = amp("run configs/fashion_mlp.yaml %s %s precision.mode=%s run.numerics_every=1000 run.out_dir=%s/apart",
-                common, extra, modes3[i], scratch);
-        cr_assert_eq(r.code, 0, "%s", r.out);
-        char a[512], b[512];
-        snprintf(a, sizeof a, "%s/fused/ckpt-6.h5", scratch);
-        snprintf(b, sizeof b, "%s/apart/ckpt-6.h5", scratch);
-        cr_assert_geq(assert_same_tensors(a, b), 6);
-        snprintf(a, sizeof a, "%s/fused/scale_log.csv", scratch);
-        snprintf(b, sizeof b, "%s/apart/scale_log.csv", scratch);
-        assert_same_logs(a, b);
-        remove_scratch();
+        char args[512];
+        snprintf(args, sizeof args, "run.device=cpu run.log_every=2 data.batch_size=64 precision.mode=%s %s", modes3[i],
+                 i == 2 ? "run.threads=1 precision.loss_scale.init=16777216" : "run.threads=2");
+        check_fused_vs_apart("configs/fashion_mlp.yaml", args, 6, 6);
     }
 }
 
