@@ -190,7 +190,7 @@ static void add_tensor(struct numerics *nm, const char *name, enum num_kind kind
 
 /* The tensors measured: each layer's output activation and the gradient reaching it, and each parameter's
  * gradient. The loss (its output is per-row losses) and flatten (a view) have none of their own (a relu is
- * fused into a batchnorm2d only where no report is taken: layer_build.fuse). */
+ * fused into the batchnorm2d or linear layer before it only where no report is taken: layer_build.fuse). */
 static int count_or_list(struct numerics *nm, const struct model *m, bool list)
 {
     int n = 0;

@@ -49,9 +49,9 @@ struct layer_build {
                                            * layer not in precision.fp8.keep_bf16) */
     struct layer *built;                  /* the layers set up before this one (a linear's `tie` names one) */
     bool accumulates;                     /* accum_steps > 1: gradients accumulate over micro-batches */
-    bool fuse;                            /* a relu right after a batchnorm2d runs inside it (backend.h,
-                                           * norm_args.relu); off where the numerics report measures every
-                                           * layer's own output (run.numerics_every) */
+    bool fuse;                            /* a relu right after a batchnorm2d or a linear layer runs inside it
+                                           * (backend.h, norm_args.relu, GEMM_EPI_RELU); off where the numerics
+                                           * report measures every layer's own output (run.numerics_every) */
     int nbuilt;
     struct amp_error *err;
 };
