@@ -38,8 +38,9 @@
  * tiles in place of the 12 x 32 microkernel: k blocks a multiple of 32, op(A) in 32-row panels whose rows hold
  * their pairs contiguously (pack_a_amx; or A itself where its rows already are, in whole tiles: a_direct), op(B)
  * in the 32-column panels above, both padded with zero pairs to whole tiles of 16; a 32 x 32 block of C in four
- * tiles (kernel_amx), which the first of several k blocks stores straight into the partial sums. Its sums are not vdpbf16ps's (tdpbf16ps
- * adds a pair's two products first and groups the 16 pairs of a tile row; scripts/probe_amx_order.c).
+ * tiles (kernel_amx), which the first of several k blocks stores straight into the partial sums. Its sums are
+ * not vdpbf16ps's (tdpbf16ps adds a pair's two products first and groups the 16 pairs of a tile row;
+ * scripts/probe_amx_order.c).
  *
  * Threads (gemm_avx512_threaded): for each (n block, k block) the panels of op(B) are packed once into
  * one shared buffer (the panels shared out, each packed by one thread), then the rows of C are shared
