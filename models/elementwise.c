@@ -59,13 +59,16 @@ static void activation_backward(struct layer *l, const struct step_ctx *ctx, con
 
 static const struct layer_ops activation_ops = {activation_forward, activation_backward, NULL};
 
-/* A relu fused into the batchnorm2d before it: that layer's y is already this one's output, and its backward
- * takes this layer's dy and masks it itself; here y and dx are views. On the steps that sample grad_zero_frac
- * (ctx->zeros) the input gradient the unfused relu would have made is formed once more in the model's scratch
- * (the same op, so the same bits) and counted, so the log does not change with the fusion. */
+/* A relu fused into the layer before it (a batchnorm2d: norm_args.relu; a linear layer: GEMM_EPI_RELU): that
+ * layer's y is already this one's output, and y and dx are views. The mask is applied elsewhere: by the
+ * batchnorm2d's backward as it reads dy, or by the linear layer after this one in its dx product's epilogue
+ * (linear_op.mask_dx); or else here, over dy in place (dy is the next layer's input gradient, read by nobody after
+ * this), with y, which passes exactly where this layer's input does. On the steps that count zeros (ctx->zeros)
+ * the next layer gives its dx unmasked (its own count is of that), the mask is applied here and counted, so the
+ * log does not change with the fusion (a batchnorm2d then masks dy again, which changes nothing). */
 struct fused_relu {
-    const struct tensor *workspace;
-    size_t probe_off; /* scratch for that gradient: x's dtype and shape */
+    bool into_linear;     /* fused into a linear layer (else a batchnorm2d) */
+    bool masked_elsewhere;/* by the batchnorm2d before, or the linear layer after (relu_masked_by_next) */
 };
 
 static void fused_relu_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
@@ -81,51 +84,24 @@ static void fused_relu_backward(struct layer *l, const struct step_ctx *ctx, con
     (void)b;
     if (!l->needs_dx)
         return;
+    const struct fused_relu *p = l->priv;
     l->dx = tensor_reshape(dy, dy->ndim, dy->shape);
-    if (ctx->zeros) {
-        const struct fused_relu *p = l->priv;
-        struct tensor probe = scratch_view(p->workspace, p->probe_off, x->dtype, x->ndim, x->shape);
-        ctx->be->act_backward(ctx->be, ACT_RELU, &probe, dy, x);
-        count_grad_zeros(ctx, &probe, l->out_dtype != DT_FP32);
-    }
-}
-
-static const struct layer_ops fused_relu_ops = {fused_relu_forward, fused_relu_backward, NULL};
-
-/* A relu fused into the linear layer before it: that layer's product gives this one's output (GEMM_EPI_RELU),
- * and y and dx are views. The mask is applied by the linear layer after it, in its dx product's epilogue
- * (linear_op.mask_dx), or else here, over dy in place (dy is the next layer's input gradient, read by nobody
- * after this), with y, which passes exactly where this layer's input does. On the steps that count zeros the
- * next layer gives its dx unmasked (its own count is of that) and the mask is applied here and counted, so the
- * log does not change with the fusion. */
-struct linear_relu {
-    bool masked_by_next;
-};
-
-static void linear_relu_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
-                                 const struct tensor *x, const struct batch *b)
-{
-    (void)b;
-    if (!l->needs_dx)
-        return;
-    const struct linear_relu *p = l->priv;
-    l->dx = tensor_reshape(dy, dy->ndim, dy->shape);
-    if (!p->masked_by_next || ctx->zeros)
+    if (!p->masked_elsewhere || ctx->zeros)
         ctx->be->act_backward(ctx->be, ACT_RELU, &l->dx, dy, x);
     if (ctx->zeros)
         count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
 }
 
-static const struct layer_ops linear_relu_ops = {fused_relu_forward, linear_relu_backward, NULL};
+static const struct layer_ops fused_relu_ops = {fused_relu_forward, fused_relu_backward, NULL};
 
 bool relu_fused_into_linear(const struct layer *relu)
 {
-    return relu->ops == &linear_relu_ops;
+    return relu->ops == &fused_relu_ops && ((const struct fused_relu *)relu->priv)->into_linear;
 }
 
 void relu_masked_by_next(struct layer *relu)
 {
-    ((struct linear_relu *)relu->priv)->masked_by_next = true;
+    ((struct fused_relu *)relu->priv)->masked_elsewhere = true;
 }
 
 /* Whether this relu runs inside the op before it (kind: OP_BATCHNORM2D, OP_LINEAR): fusing allowed
@@ -148,23 +124,18 @@ enum amp_status activation_setup(struct layer *l, struct layer_build *b)
     l->ops = &activation_ops;
     l->op = l->cfg.kind == LAYER_RELU ? OP_RELU : OP_GELU;
     same_shape_out(l, b);
-    if (fuses_into(l, b, OP_LINEAR) && linear_fuse_relu(&b->built[b->nbuilt - 1])) {
-        struct linear_relu *p = calloc(1, sizeof *p);
-        if (!p)
-            return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
-        l->priv = p;
-        l->ops = &linear_relu_ops;
-        l->is_view = true;
-        b->y_is_view = true;
-    } else if (fuses_into(l, b, OP_BATCHNORM2D)) {
+    const bool into_linear = fuses_into(l, b, OP_LINEAR) && linear_is_plain(&b->built[b->nbuilt - 1]);
+    if (into_linear || fuses_into(l, b, OP_BATCHNORM2D)) {
         struct fused_relu *p = calloc(1, sizeof *p);
         if (!p)
             return amp_fail(b->err, AMP_ERR_INTERNAL, NULL, "out of memory building layer '%s'", l->cfg.name);
-        p->workspace = b->workspace;
-        p->probe_off = scratch_reserve(b, b->in_dtype, (size_t)shape_inner(b->in_ndim, b->in_shape) *
-                                                           (size_t)b->in_shape[0]);
         l->priv = p;
-        batchnorm2d_fuse_relu(&b->built[b->nbuilt - 1]);
+        p->into_linear = into_linear;
+        p->masked_elsewhere = !into_linear; /* batchnorm2d's backward masks dy as it reads it */
+        if (into_linear)
+            linear_fuse_relu(&b->built[b->nbuilt - 1]);
+        else
+            batchnorm2d_fuse_relu(&b->built[b->nbuilt - 1]);
         l->ops = &fused_relu_ops;
         l->is_view = true;
         b->y_is_view = true;

@@ -63,9 +63,10 @@ enum amp_status pool2d_setup(struct layer *l, struct layer_build *b);   /* maxpo
 enum amp_status flatten_setup(struct layer *l, struct layer_build *b);
 /* Fuse the relu layer being set up into the batchnorm2d layer bn before it: bn's y becomes the ReLU's output. */
 void batchnorm2d_fuse_relu(struct layer *bn);
-/* Fuse the relu layer being set up into the linear layer before it (its y becomes the ReLU's output); whether
- * that layer can (a linear layer's own op). */
-bool linear_fuse_relu(struct layer *linear);
+/* Whether l is a linear layer (a transformer block's op kind is OP_LINEAR too), and fusing the relu layer being
+ * set up into such a layer before it: its y becomes the ReLU's output. */
+bool linear_is_plain(const struct layer *l);
+void linear_fuse_relu(struct layer *linear);
 /* For a linear layer being set up after a relu fused into a linear: whether that relu is one (elementwise.c), and
  * telling it that this layer masks its gradient (linear_op.mask_dx), so its backward passes dy on unchanged. */
 bool relu_fused_into_linear(const struct layer *relu);

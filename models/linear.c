@@ -26,6 +26,7 @@
  * accum_steps > 1 the micro-batch's two parts meet in param.tied_grad first, and their sum is added to the
  * gradient, so that one rank accumulating gives the bits of ranks whose sums an all-reduce adds.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,12 +313,15 @@ static enum amp_status tied_weight(struct layer *l, struct layer_build *b, int64
     return layer_fail(l, b, hint, "tie: %s is not a parameter of an earlier layer", l->cfg.tie);
 }
 
-bool linear_fuse_relu(struct layer *linear)
+bool linear_is_plain(const struct layer *l)
 {
-    if (linear->op != OP_LINEAR || linear->ops != &linear_ops)
-        return false;
+    return l->ops == &linear_ops;
+}
+
+void linear_fuse_relu(struct layer *linear)
+{
+    assert(linear_is_plain(linear));
     ((struct linear_layer *)linear->priv)->op.relu = true;
-    return true;
 }
 
 enum amp_status linear_setup(struct layer *l, struct layer_build *b)

@@ -393,6 +393,14 @@ Test(shapes, a_relu_after_a_linear_layer_runs_inside_it)
     check_linear_relu_fusion(&bf16, 5, false);
     apart.cls[OP_RELU] = OPC_FP32; /* relu out fp32, the linear layers' bf16 */
     check_linear_relu_fusion(&apart, 0, false);
+    /* a transformer block's op kind is OP_LINEAR too, but it is not a linear layer: the relu after it stays apart */
+    struct layer_config layers[] = {embedding("emb", 256, 16), block("block_1", 2), lc(LAYER_RELU, "r"),
+                                    linear("head", 256), lc(LAYER_CROSS_ENTROPY, "loss")};
+    struct built b;
+    build_ok(&b, layers, 5, token_spec(8, 256), &fp32, 4);
+    cr_assert_not(b.m.layers[2].is_view, "a relu after a transformer block runs on its own");
+    cr_assert_not_null(b.m.layers[2].y.data);
+    built_free(&b);
 }
 
 Test(shapes, mlp_and_cnn_shapes)

@@ -642,7 +642,7 @@ Test(threads, text_gpt_fp8, .timeout = 300) { check_model(GPT, modes[3]); }
 
 /* Batchnorm with its ReLU fused (the default) and kept apart (a run that measures numerics: run.numerics_every)
  * give the same checkpoint tensors and the same scale_log.csv, grad_zero_frac included (the fused relu's gradient
- * is formed once more on the sampled steps, every second one, and counted): fp16-dynamic and bf16. fashion_cnn's
+ * is masked in place and counted on the sampled steps, every second one): fp16-dynamic and bf16. fashion_cnn's
  * relu after fc1 runs inside it too, and masks its own gradient (a dropout follows it, not a linear layer). */
 /* `config` with `args` for `steps` steps, fused (the default) and apart (run.numerics_every turns fusing off): at
  * least `tensors` checkpoint tensors and scale_log.csv the same. */
