@@ -246,11 +246,12 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
                                  .margin = (int)f8->margin };
     input_from_data(&b, spec, max_batch);
     size_t scratch = 0;
+    bool params_before = false; /* a layer before this one has parameters: its input gradient has a use */
     for (int i = 0; i < m->nlayers; i++) {
         struct layer *l = &m->layers[i];
         l->cfg = cfg->model.layers[i];
         l->index = i;
-        l->needs_dx = i > 0;
+        l->needs_dx = params_before || (i > 0 && spec->input_grad);
         b.fp8_layer = m->has_fp8 && model_layer_in_fp8(cfg, i);
         b.built = m->layers;
         b.nbuilt = i;
@@ -260,6 +261,7 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
         }
         if (b.scratch_bytes > scratch)
             scratch = b.scratch_bytes;
+        params_before = params_before || l->nparams > 0;
         input_from_layer(&b, l);
     }
     int64_t words = (int64_t)((scratch + 3) / 4);

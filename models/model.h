@@ -24,6 +24,10 @@ struct data_spec {
      * where unknown */
     char labels_from[CFG_STR + 160];
     int64_t max_label_at;
+    /* Every layer after the first computes its input gradient, even with no parameters before it, as if the
+     * samples required a gradient (the layer tests' finite-difference checks of dx). Training leaves it false:
+     * a layer computes dx only where a parameter before it needs the gradient (layer.needs_dx). */
+    bool input_grad;
 };
 
 struct model {

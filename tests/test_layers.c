@@ -111,6 +111,7 @@ static void rig_open(struct rig *r, struct data_spec spec, int64_t n, int k, int
     if (spec.is_tokens)
         r->cfg.data.seq_len = spec.sample_shape[0];
     r->spec = spec;
+    r->spec.input_grad = true; /* the layer under test computes dx even with no parameter before it */
     autocast_default(&r->policy, lowp);
     struct amp_error err = {0};
     enum amp_status st = model_build(&r->m, &r->cfg, &r->spec, r->be, &r->policy, n, &err);
@@ -118,6 +119,7 @@ static void rig_open(struct rig *r, struct data_spec spec, int64_t n, int k, int
     cr_assert_eq(model_init(&r->m, &r->cfg, 42, &err), AMP_OK);
     r->k = k;
     r->l = &r->m.layers[k];
+    cr_assert(k == 0 || r->l->needs_dx, "the layer under test computes its input gradient (spec.input_grad)");
     r->is_loss = k == nlayers - 1;
 
     /* the batch: inputs, tokens, labels, targets */

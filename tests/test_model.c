@@ -439,6 +439,34 @@ Test(shapes, mlp_and_cnn_shapes)
     built_free(&b);
 }
 
+/* A layer computes its input gradient only where a layer before it has parameters (PyTorch's autograd: the samples
+ * do not require a gradient), so an MLP's first linear layer skips its dx product; data_spec.input_grad asks for
+ * every layer's but the first. */
+Test(shapes, only_layers_after_a_parameter_compute_an_input_gradient)
+{
+    struct layer_config layers[] = {lc(LAYER_FLATTEN, "flat"), lc(LAYER_DROPOUT, "drop"), linear("fc1", 16),
+                                    lc(LAYER_RELU, "r1"), lc(LAYER_DROPOUT, "drop2"), linear("fc2", 10),
+                                    lc(LAYER_CROSS_ENTROPY, "loss")};
+    const bool want[] = {false, false, false, true, true, true, true};
+    struct autocast_policy pol = policy(DT_BF16);
+    for (int input_grad = 0; input_grad < 2; input_grad++) {
+        struct data_spec spec = MNIST;
+        spec.input_grad = input_grad;
+        struct built b;
+        build_ok(&b, layers, 7, spec, &pol, 4);
+        for (int i = 0; i < 7; i++) {
+            const struct layer *l = &b.m.layers[i];
+            const bool needs = want[i] || (input_grad && i > 0);
+            cr_assert_eq(l->needs_dx, needs, "input_grad %d: layer %d '%s' needs_dx %d, want %d", input_grad, i,
+                         l->cfg.name, l->needs_dx, needs);
+            if (!l->is_view)
+                cr_assert_eq(l->dx.data != NULL, needs, "layer %d '%s': an input gradient is allocated where needed",
+                             i, l->cfg.name);
+        }
+        built_free(&b);
+    }
+}
+
 Test(shapes, gpt_parameter_names)
 {
     struct layer_config layers[] = {embedding("emb", 256, 16), block("block_1", 2), lc(LAYER_LAYERNORM, "ln_f"),
