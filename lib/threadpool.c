@@ -2,13 +2,21 @@
  * threadpool.c — the persistent pthread pool behind parallel_for (threadpool.h says the contract and
  * why pthreads rather than OpenMP).
  *
- * A job is (fn, arg, n_chunks) in one of two slots plus one atomic claim word: every participant, the caller
- * included, takes the next chunk index from the claim word until none is left, and the caller waits until
- * every chunk is finished. A generation number publishes the job (so spurious wake-ups do nothing) and tags
- * the claim word (run_chunks). Nothing is handed out under the mutex: it and the two condition variables
- * serve only threads that sleep, after spinning a while (SPIN_NS_*). Chunks are claimed dynamically, which
- * balances uneven chunks; the results cannot depend on who ran what, since callers make chunks independent
- * (threadpool.h).
+ * A job is (fn, arg, n_chunks) in one of two slots plus one atomic claim word per thread. The chunks are cut
+ * into contiguous home ranges, one a thread (worker w's: [n w / T, n (w + 1) / T), as OpenMP's static
+ * schedule), each with its claim word: every participant, the caller included, takes the next chunk of its own
+ * range from its word until none is left, then the next chunks of the other threads' ranges from theirs
+ * (stealing), and the caller waits until every chunk is finished. A generation number publishes the job (so
+ * spurious wake-ups do nothing) and tags the claim words (run_chunks). Nothing is handed out under the mutex: it
+ * and the two condition variables serve only threads that sleep, after spinning a while (SPIN_NS_*).
+ *
+ * Why home ranges: consecutive jobs of a step mostly cut their data the same way (the optimizer's chunks, the
+ * gradient check's, a product's bands or columns, the elementwise ops'), so a thread that wrote the first
+ * half of a tensor in one job tends to read it in the next, from its own core's cache rather than the other
+ * core's. On fashion_mlp bf16 at 2 threads that ran 1.07x faster than one shared claim word (docs/perf.md).
+ * Stealing keeps what the shared word gave: uneven chunks still balance, and a thread that is not scheduled in
+ * time delays nobody (the others take its range). The results cannot depend on who ran what, since callers make
+ * chunks independent (threadpool.h).
  */
 #define _GNU_SOURCE
 #include "threadpool.h"
@@ -26,8 +34,8 @@ struct worker_arg {
     int id;
 };
 
-/* The claim word: the job's generation in the high 24 bits, the next chunk to hand out in the low 40. A
- * worker that wakes late still holding an old job's generation can claim nothing from a newer job (unless
+/* A claim word: the job's generation in the high 24 bits, the next chunk of its home range to hand out in the low
+ * 40. A worker that wakes late still holding an old job's generation can claim nothing from a newer job (unless
  * it slept through 2^24 jobs between reading the job and its first claim, which a scheduler does not do). */
 #define CHUNK_BITS 40
 #define CHUNK_MASK ((UINT64_C(1) << CHUNK_BITS) - 1)
@@ -40,6 +48,11 @@ struct job {
     _Atomic(parallel_fn) fn;
     _Atomic(void *) arg;
     _Atomic int64_t n_chunks;
+};
+
+/* One thread's home range's claim word, on a cache line of its own: the owner claims from it at every chunk. */
+struct claim {
+    _Alignas(64) _Atomic uint64_t word;
 };
 
 struct threadpool {
@@ -55,9 +68,15 @@ struct threadpool {
     _Atomic bool stop;
     /* the words every thread reads while it waits, apart from the ones every chunk writes */
     _Alignas(64) _Atomic uint64_t generation; /* bumped for each job, by the caller */
-    _Alignas(64) _Atomic uint64_t claim;      /* generation << CHUNK_BITS | next chunk */
-    _Atomic int64_t finished;                 /* chunks of the current job done */
+    _Alignas(64) _Atomic int64_t finished;    /* chunks of the current job done */
+    struct claim *claims;                     /* per thread: generation << CHUNK_BITS | next chunk of its range */
 };
+
+/* The end of worker w's home range of n chunks among t threads (its start is the end of w - 1's). */
+static int64_t home_end(int64_t n, int t, int w)
+{
+    return n * (w + 1) / t; /* n < 2^40 and t <= 2^20 (threadpool_create): no overflow */
+}
 
 /* Set while a thread runs chunks: a nested parallel_for then runs inline. */
 static _Thread_local bool in_chunk;
@@ -115,29 +134,36 @@ static bool job_finished(const struct threadpool *p, uint64_t n_chunks)
     return atomic_load(&p->finished) >= (int64_t)n_chunks;
 }
 
-/* Claim and run chunks of job `gen` until none is left. The caller of parallel_for returns once all are
- * finished, not when every worker has woken: on a busy machine a worker that is not scheduled in time
- * simply finds nothing left to do, and never delays the caller. */
+/* Claim and run chunks of job `gen` until none is left: this worker's home range first, then the others' in turn
+ * (worker + 1, worker + 2, ...). The caller of parallel_for returns once all are finished, not when every worker
+ * has woken: on a busy machine a worker that is not scheduled in time finds its range taken by the others and
+ * never delays the caller. */
 static void run_chunks(struct threadpool *p, uint64_t gen, parallel_fn fn, void *arg, int64_t n_chunks, int worker)
 {
     in_chunk = true;
-    uint64_t tag = (gen << CHUNK_BITS) & ~CHUNK_MASK;
-    uint64_t v = atomic_load(&p->claim);
-    for (;;) {
-        if ((v & ~CHUNK_MASK) != tag || (int64_t)(v & CHUNK_MASK) >= n_chunks)
-            break;
-        if (!atomic_compare_exchange_weak(&p->claim, &v, v + 1))
-            continue; /* v now holds the current word */
-        fn(arg, (int64_t)(v & CHUNK_MASK), worker);
-        /* The last chunk wakes the caller if it went to sleep: it sets caller_waiting before it looks at
-         * `finished` a last time, and this looks at caller_waiting after adding to it (both sequentially
-         * consistent), so one of the two sees the other. */
-        if (atomic_fetch_add(&p->finished, 1) + 1 == n_chunks && atomic_load(&p->caller_waiting)) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
+    const uint64_t tag = (gen << CHUNK_BITS) & ~CHUNK_MASK;
+    const int t = p->threads;
+    for (int i = 0; i < t; i++) {
+        const int owner = (worker + i) % t;
+        const int64_t end = home_end(n_chunks, t, owner);
+        _Atomic uint64_t *w = &p->claims[owner].word;
+        uint64_t v = atomic_load(w);
+        for (;;) {
+            if ((v & ~CHUNK_MASK) != tag || (int64_t)(v & CHUNK_MASK) >= end)
+                break;
+            if (!atomic_compare_exchange_weak(w, &v, v + 1))
+                continue; /* v now holds the current word */
+            fn(arg, (int64_t)(v & CHUNK_MASK), worker);
+            /* The last chunk wakes the caller if it went to sleep: it sets caller_waiting before it looks at
+             * `finished` a last time, and this looks at caller_waiting after adding to it (both sequentially
+             * consistent), so one of the two sees the other. */
+            if (atomic_fetch_add(&p->finished, 1) + 1 == n_chunks && atomic_load(&p->caller_waiting)) {
+                pthread_mutex_lock(&p->mu);
+                pthread_cond_signal(&p->done);
+                pthread_mutex_unlock(&p->mu);
+            }
+            v = atomic_load(w);
         }
-        v = atomic_load(&p->claim);
     }
     in_chunk = false;
 }
@@ -173,7 +199,7 @@ static void *worker_main(void *wa)
 
 struct threadpool *threadpool_create(int threads)
 {
-    if (threads < 1)
+    if (threads < 1 || threads > (1 << 20)) /* run.threads allows 1024 */
         return NULL;
     struct threadpool *p = calloc(1, sizeof *p);
     if (!p)
@@ -190,10 +216,16 @@ struct threadpool *threadpool_create(int threads)
     }
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->caller_waiting, 0);
-    atomic_init(&p->claim, 0);
     atomic_init(&p->finished, 0);
     atomic_init(&p->generation, 0);
     atomic_init(&p->stop, false);
+    p->claims = aligned_alloc(_Alignof(struct claim), (size_t)threads * sizeof *p->claims);
+    if (!p->claims) {
+        threadpool_free(p);
+        return NULL;
+    }
+    for (int i = 0; i < threads; i++)
+        atomic_init(&p->claims[i].word, 0);
     if (threads > 1) {
         p->tids = calloc((size_t)threads - 1, sizeof *p->tids);
         p->args = calloc((size_t)threads - 1, sizeof *p->args);
@@ -228,6 +260,7 @@ void threadpool_free(struct threadpool *p)
     pthread_mutex_destroy(&p->mu);
     free(p->tids);
     free(p->args);
+    free(p->claims);
     free(p);
 }
 
@@ -253,7 +286,8 @@ void parallel_for(struct threadpool *p, int64_t n_chunks, parallel_fn fn, void *
     atomic_store_explicit(&j->arg, arg, memory_order_release);
     atomic_store_explicit(&j->n_chunks, n_chunks, memory_order_release);
     atomic_store(&p->finished, 0);
-    atomic_store(&p->claim, (gen << CHUNK_BITS) & ~CHUNK_MASK);
+    for (int w = 0; w < p->threads; w++) /* each range starts where the one before it ends */
+        atomic_store(&p->claims[w].word, ((gen << CHUNK_BITS) & ~CHUNK_MASK) | (uint64_t)(w ? home_end(n_chunks, p->threads, w - 1) : 0));
     atomic_store(&p->generation, gen);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);

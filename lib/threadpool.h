@@ -10,10 +10,14 @@
  *
  * Why pthreads and not OpenMP: the pool is the backend's own object (no process-wide runtime state,
  * OMP_NUM_THREADS or nested-region rules to reason about), its threads are created once and joined at
- * destroy (so ASan/TSan and valgrind see a clean lifetime), chunks are handed out by one atomic
- * counter we control, and the build needs no -fopenmp (Clang, the CUDA host compiler, and sanitizer
- * builds all take it alike). OpenMP's static schedule would also be deterministic; we gain nothing
- * from its runtime that these ~150 lines do not give.
+ * destroy (so ASan/TSan and valgrind see a clean lifetime), chunks are handed out by atomic counters
+ * we control, and the build needs no -fopenmp (Clang, the CUDA host compiler, and sanitizer builds all
+ * take it alike). OpenMP's static schedule would also be deterministic; we gain nothing from its runtime
+ * that these ~200 lines do not give.
+ *
+ * Who runs what: each thread first runs a contiguous home range of the chunks (worker w of T: chunks
+ * [n w / T, n (w + 1) / T)), so jobs cut alike keep a thread on the same part of the data, then takes
+ * chunks left in the other ranges (stealing), so uneven chunks and late threads still balance.
  *
  * Between jobs the threads spin up to 2 ms (pause) before sleeping on a condition variable, and the caller
  * spins as long for the last chunk: a training step issues dozens of short jobs with short serial stretches
@@ -33,8 +37,8 @@ struct threadpool;
 /* fn(arg, chunk, worker): compute chunk `chunk` (0 .. n_chunks-1) on worker `worker` (0 .. threads-1). */
 typedef void (*parallel_fn)(void *arg, int64_t chunk, int worker);
 
-/* A pool of `threads` workers (>= 1; the calling thread is worker 0, so threads - 1 are started).
- * NULL on failure (out of memory, or pthread_create failed). */
+/* A pool of `threads` workers (1 .. 2^20; the calling thread is worker 0, so threads - 1 are started).
+ * NULL on failure (a count out of range, out of memory, or pthread_create failed). */
 struct threadpool *threadpool_create(int threads);
 void threadpool_free(struct threadpool *p); /* joins the threads; NULL is fine */
 int threadpool_threads(const struct threadpool *p); /* 1 for NULL */

@@ -3,7 +3,8 @@
  * any thread count.
  *
  *  - The pool (lib/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for
- *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline.
+ *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline; a thread done
+ *    with its home range takes chunks from the others'.
  *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
  *    block), the elementwise ops (every activation forward and backward, add, dropout), the optimizer
@@ -119,6 +120,42 @@ Test(threads, pool_runs_every_chunk_once)
         threadpool_free(p);
     }
     cr_assert_geq(threadpool_available_cpus(), 1);
+}
+
+/* Which worker ran each chunk; the caller's (worker 0's) home chunks are slow. */
+struct steal_job {
+    _Atomic int ran_by[8];
+    int64_t slow_below;
+};
+
+static void steal_chunk(void *arg, int64_t chunk, int worker)
+{
+    struct steal_job *j = arg;
+    atomic_store(&j->ran_by[chunk], worker);
+    if (chunk < j->slow_below) {
+        struct timespec pause = { 0, 20000000 };
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Each thread starts on its home range (threadpool.c) and then takes what is left of the others': with the
+ * caller's four chunks 20 ms each and worker 1's four instant, worker 1 takes some of the caller's while the
+ * caller sleeps in its first (it would have to go unscheduled for 60 ms not to). */
+Test(threads, a_thread_done_with_its_range_takes_chunks_from_the_others)
+{
+    struct threadpool *p = threadpool_create(2);
+    cr_assert_not_null(p);
+    struct steal_job j = { .slow_below = 4 };
+    for (int i = 0; i < 8; i++)
+        atomic_init(&j.ran_by[i], -1);
+    parallel_for(p, 8, steal_chunk, &j);
+    int stolen = 0;
+    for (int i = 0; i < 8; i++) {
+        cr_assert_geq(atomic_load(&j.ran_by[i]), 0, "chunk %d ran", i);
+        stolen += i < 4 && atomic_load(&j.ran_by[i]) == 1;
+    }
+    cr_assert_geq(stolen, 1, "worker 1 took none of the caller's slow chunks");
+    threadpool_free(p);
 }
 
 /* ---- the ops at 1, 2, 3 and 7 threads --------------------------------------------------------------- */
