@@ -272,14 +272,16 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
         enum dtype in = ins[d];
         /* rows not a multiple of 12, k over several k blocks (partial sums), both transposes; each of the three
          * ways gemm_avx512_plan shares a product out: 128-column chunks against a whole op(A) per thread (at
-         * most 192 rows, or no more rows than columns: 131 x 200, 97 x 130, 260 x 300), bands of rows against a
-         * whole op(B) per thread (several k blocks: 250 x 70 x 530), and bands per k block against a shared
-         * op(B) (one k block: 400 x 33 x 200; n over 2048: 40 x 2100 below) */
+         * most 192 rows, or off AMX no more rows than columns: 131 x 200, 97 x 130, 260 x 300), bands of rows
+         * against a whole op(B) per thread (several k blocks: 250 x 70 x 530; 260 x 300 x 530 on AMX), and bands
+         * per k block against a shared op(B) (one k block: 400 x 33 x 200, and on AMX 260 x 300 x 128, a weight
+         * gradient's shape; n over 2048: 40 x 2100 below) */
         check_gemm((struct gemm_case){ in, DT_FP32, false, false, false, 0.0f, 131, 200, 700, false });
         check_gemm((struct gemm_case){ in, DT_FP32, true, true, false, 1.0f, 250, 70, 530, false });
         check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 97, 130, 300, false });
         check_gemm((struct gemm_case){ in, in, true, false, false, 1.0f, 400, 33, 200, false });
         check_gemm((struct gemm_case){ in, in, true, false, false, 0.0f, 260, 300, 530, false });
+        check_gemm((struct gemm_case){ in, DT_FP32, true, false, false, 0.0f, 260, 300, 128, false });
         /* few columns over several k blocks: on the FMA kernel two column chunks of half the panels each (fp32,
          * fp16; fashion_cnn's fc1 forward is 128 x 128 x 3136), one chunk for bf16 */
         check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 120, 128, 600, false });

@@ -700,11 +700,15 @@ TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, v
 
 /*
  * Three ways to share a product out, chosen by gemm_avx512_plan from the shape alone:
- *  - GEMM_SPLIT_COLUMNS, few rows (at most MC, or no more rows than columns and at most 4 MC; n at most NC):
- *    every thread packs all of op(A), every k block, once into its own buffer, and chunks of COL_PANELS
+ *  - GEMM_SPLIT_COLUMNS, few rows (at most MC, or, off AMX, no more rows than columns and at most 4 MC; n at most
+ *    NC): every thread packs all of op(A), every k block, once into its own buffer, and chunks of COL_PANELS
  *    panels of columns (fewer where that would leave one chunk: col_panels) each run every k block: pack
- *    their own columns of op(B) into their own region of the shared buffer, then every tile of those columns. Banding so few rows would give each thread a few
- *    panels that still read all of op(B), packed half by the other thread (in the other core's cache).
+ *    their own columns of op(B) into their own region of the shared buffer, then every tile of those columns.
+ *    Banding so few rows would give each thread a few panels that still read all of op(B), packed half by the
+ *    other thread (in the other core's cache). On AMX more than MC rows are banded: a thread then writes whole
+ *    rows of C, which is how the jobs after a weight gradient (the gradient check, the optimizer) cut it, so
+ *    they find their rows in their own core's cache. fashion_mlp's two 512-row weight gradients ran slower
+ *    banded alone (bench_gemm) but the step 1.05x faster at 2 threads (docs/perf.md, "Home ranges").
  *  - GEMM_SPLIT_BANDS_WHOLE_B, several k blocks and op(B) small (n at most NC, packed at most
  *    WHOLE_B_BYTES): every thread packs all of op(B), every k block, once into its own buffer, and bands of
  *    rows each run every k block. One pool job where the bands below take two a k block.
@@ -755,7 +759,7 @@ void gemm_avx512_plan(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k, 
     struct gemm_avx512_scratch s;
     gemm_avx512_scratch_sizes(in, amx, m, n, k, &s);
     *p = (struct gemm_avx512_plan){ 0 };
-    if ((m <= MC || (m <= n && m <= 4 * MC)) && n <= NC) {
+    if ((m <= MC || (!amx && m <= n && m <= 4 * MC)) && n <= NC) {
         p->split = GEMM_SPLIT_COLUMNS;
         p->chunks = (n + col_panels(in, n) * NR - 1) / (col_panels(in, n) * NR);
         p->worker_a_bytes = (size_t)(whole_stride(in, amx, m, mr, k) * blocks) * sizeof(uint32_t);
