@@ -286,8 +286,9 @@ void parallel_for(struct threadpool *p, int64_t n_chunks, parallel_fn fn, void *
     atomic_store_explicit(&j->arg, arg, memory_order_release);
     atomic_store_explicit(&j->n_chunks, n_chunks, memory_order_release);
     atomic_store(&p->finished, 0);
+    const uint64_t tag = (gen << CHUNK_BITS) & ~CHUNK_MASK;
     for (int w = 0; w < p->threads; w++) /* each range starts where the one before it ends */
-        atomic_store(&p->claims[w].word, ((gen << CHUNK_BITS) & ~CHUNK_MASK) | (uint64_t)(w ? home_end(n_chunks, p->threads, w - 1) : 0));
+        atomic_store(&p->claims[w].word, tag | (uint64_t)(w ? home_end(n_chunks, p->threads, w - 1) : 0));
     atomic_store(&p->generation, gen);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);

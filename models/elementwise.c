@@ -68,7 +68,7 @@ static const struct layer_ops activation_ops = {activation_forward, activation_b
  * log does not change with the fusion (a batchnorm2d then masks dy again, which changes nothing). */
 struct fused_relu {
     bool into_linear;     /* fused into a linear layer (else a batchnorm2d) */
-    bool masked_elsewhere;/* by the batchnorm2d before, or the linear layer after (relu_masked_by_next) */
+    bool masked_elsewhere; /* by the batchnorm2d before, or the linear layer after (relu_masked_by_next) */
 };
 
 static void fused_relu_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,

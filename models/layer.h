@@ -137,9 +137,10 @@ struct layer {
     struct tensor y;         /* output activation (for the loss layer: per-row losses, fp32); after a
                                 pass, a view with the pass's batch size; flatten: a view of its input */
     struct tensor dx;        /* gradient of the input, in the input's dtype; flatten: a view of dy */
-    bool needs_dx;           /* false up to the first layer with parameters: no gradient goes further back (dx never allocated) */
+    bool needs_dx;           /* false up to the first layer with parameters (and its dx never allocated): no
+                                gradient goes further back, unless data_spec.input_grad asks for it */
     bool is_view;            /* y and dx are views of x and dy, nothing computed: flatten; a relu fused into
-                                the batchnorm2d before it (layer_build.fuse) */
+                                the batchnorm2d or linear layer before it (layer_build.fuse) */
     void *priv;              /* layer-private saved tensors (masks, statistics, attention probabilities) */
 };
 
