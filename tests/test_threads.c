@@ -282,33 +282,14 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
         check_gemm((struct gemm_case){ in, in, true, false, false, 1.0f, 400, 33, 200, false });
         check_gemm((struct gemm_case){ in, in, true, false, false, 0.0f, 260, 300, 530, false });
         check_gemm((struct gemm_case){ in, DT_FP32, true, false, false, 0.0f, 260, 300, 128, false });
-        /* few columns over several k blocks: off AMX two column chunks of half the panels each (fashion_cnn's
-         * fc1 forward is 128 x 128 x 3136), one chunk for bf16 on AMX */
+        /* few columns over several k blocks: on the FMA kernel two column chunks of half the panels each (fp32,
+         * fp16; fashion_cnn's fc1 forward is 128 x 128 x 3136), one chunk for bf16 */
         check_gemm((struct gemm_case){ in, in, false, true, true, 0.0f, 120, 128, 600, false });
         /* more columns than one n block (2048) */
         check_gemm((struct gemm_case){ in, DT_FP32, false, false, true, 0.0f, 40, 2100, 64, false });
         /* the GELU epilogue: several 64K-element row blocks of several elementwise chunks, a ragged last one */
         check_gemm((struct gemm_case){ in, in, false, false, true, 0.0f, 300, 700, 64, true });
     }
-}
-
-/* A product of few columns is still two column chunks off AMX tiles, whatever the dtype: fashion_cnn's fc1
- * forward (128 x 128 x 3136) ran on one thread in bf16 before 2026-12-03. On the tiles it stays one chunk (two cost
- * more than they saved there). */
-Test(ops, a_product_of_few_columns_is_two_chunks_off_amx)
-{
-    if (!gemm_avx512_supported(DT_FP32))
-        cr_skip_test("no AVX-512 here: the products run on OpenBLAS, not gemm_avx512");
-    const enum dtype ins[] = {DT_FP32, DT_FP16, DT_BF16};
-    struct gemm_avx512_plan p;
-    for (int d = 0; d < 3; d++) {
-        gemm_avx512_plan(ins[d], false, 128, 128, 3136, &p);
-        cr_assert(p.split == GEMM_SPLIT_COLUMNS && p.chunks == 2, "%s 128 x 128 x 3136: split %d, %lld chunks",
-                  dtype_name(ins[d]), (int)p.split, (long long)p.chunks);
-    }
-    gemm_avx512_plan(DT_BF16, true, 128, 128, 3136, &p);
-    cr_assert(p.split == GEMM_SPLIT_COLUMNS && p.chunks == 1, "bf16 on AMX tiles: split %d, %lld chunks", (int)p.split,
-              (long long)p.chunks);
 }
 
 /* Where the CPU has AMX, bf16 products run on its tiles by default (gemm_avx512.h); the vdpbf16ps path they
@@ -325,7 +306,6 @@ Test(ops, gemm_bf16_without_amx_bit_identical_for_any_thread_count)
     check_gemm((struct gemm_case){ DT_BF16, DT_FP32, false, false, false, 0.0f, 131, 200, 700, false });
     check_gemm((struct gemm_case){ DT_BF16, DT_FP32, true, true, false, 1.0f, 250, 70, 530, false });
     check_gemm((struct gemm_case){ DT_BF16, DT_BF16, true, false, false, 1.0f, 400, 33, 200, false });
-    check_gemm((struct gemm_case){ DT_BF16, DT_BF16, false, true, true, 0.0f, 120, 128, 600, false }); /* 2 chunks */
 }
 
 /* Elementwise ops on a tensor of several chunks (and a ragged last one). */
@@ -936,8 +916,7 @@ Test(ops, attention_bit_identical_for_any_thread_count)
     }
 }
 
-/* xent: N 1000 of K 100 is 63 chunks of 16 rows (XENT_ROWS at most), N 20 of K 10 two; mse: N 700 of K 90 is 4 of
- * 182, N 20 one */
+/* xent: N 1000 of K 100 is 7 chunks of 163 rows; mse: N 700 of K 90 is 4 of 182; N 20 one */
 static void check_losses(enum dtype dt, int64_t N, int64_t K)
 {
     size_t n = (size_t)(N * K);

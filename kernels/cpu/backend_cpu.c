@@ -956,7 +956,7 @@ HOT_LOOP static void act_grad_apply(enum act_kind kind, float *dx, const float *
 }
 
 /* The elementwise ops run over element ranges [lo, hi): each element's result depends on that element
- * alone, so the ranges (ew_chunk_elems elements, a chunk each) may run on any threads in any order. */
+ * alone, so the ranges (EW_CHUNK elements, a chunk each) may run on any threads in any order. */
 enum ew_op { EW_ACT, EW_ACT_GRAD, EW_ADD, EW_DROPOUT };
 
 struct ew_job {
@@ -1063,22 +1063,11 @@ static void add_range(struct tensor *y, const struct tensor *a, const struct ten
 
 static void dropout_range(struct tensor *y, const struct tensor *x, float p, struct rng_key key, size_t lo, size_t hi);
 
-/* Elements a chunk of j: EW_CHUNK, or DRAW_CHUNK for a dropout, whose every element costs a random draw (tens of
- * integer operations), so that fashion_cnn's 128 x 128 dropout is 8 chunks rather than one that a single thread
- * runs while the others wait. Fixed by the op alone. */
-#define DRAW_CHUNK ((size_t)2 * BLOCK)
-
-static size_t ew_chunk_elems(const struct ew_job *j)
-{
-    return j->op == EW_DROPOUT ? DRAW_CHUNK : EW_CHUNK;
-}
-
 static void ew_chunk(void *arg, int64_t chunk, int worker)
 {
     (void)worker;
     const struct ew_job *j = arg;
-    const size_t per = ew_chunk_elems(j);
-    size_t lo = (size_t)chunk * per, n = j->y->numel, hi = n - lo < per ? n : lo + per;
+    size_t lo = (size_t)chunk * EW_CHUNK, n = j->y->numel, hi = n - lo < EW_CHUNK ? n : lo + EW_CHUNK;
     switch (j->op) {
     case EW_ACT:
         act_forward_range(j->kind, j->y, j->x, lo, hi);
@@ -1097,8 +1086,7 @@ static void ew_chunk(void *arg, int64_t chunk, int worker)
 
 static void ew_run(struct cpu_backend *cb, const struct ew_job *j)
 {
-    const size_t per = ew_chunk_elems(j);
-    parallel_for(cb->pool, (int64_t)((j->y->numel + per - 1) / per), ew_chunk, (void *)j);
+    parallel_for(cb->pool, ew_chunks(j->y->numel), ew_chunk, (void *)j);
 }
 
 static void cpu_act_forward(struct backend *be, enum act_kind kind, struct tensor *y, const struct tensor *x)
@@ -3089,10 +3077,6 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
     }
 }
 
-/* Rows a chunk of the cross entropy at most: each logit costs two double exp (tens of ns), so fashion_mlp's
- * 128 x 10 logits are 8 chunks rather than one that a single thread runs while the others wait. */
-#define XENT_ROWS 16
-
 static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct,
                                       struct tensor *dlogits, const struct tensor *logits, const int32_t *labels,
                                       int64_t N, int64_t K, const float *grad_seed)
@@ -3107,7 +3091,7 @@ static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses,
     assert(!dlogits || grad_seed);
     struct loss_job j = { .cb = cb, .losses = losses ? (float *)losses->data : NULL, .correct = correct,
                           .grad = dlogits, .x = logits, .labels = labels, .N = N, .K = K,
-                          .rows_per = rows_per_chunk(K) < XENT_ROWS ? rows_per_chunk(K) : XENT_ROWS,
+                          .rows_per = rows_per_chunk(K),
                           .g = dlogits ? (float)((double)*grad_seed / (double)N) : 0.0f };
     parallel_for(cb->pool, div_up(N, j.rows_per), xent_chunk, &j);
 }

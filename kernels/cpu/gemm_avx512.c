@@ -734,15 +734,15 @@ static int64_t row_band(enum dtype in, bool amx, int64_t m)
     return per * mr;
 }
 
-/* Panels of columns a chunk of GEMM_SPLIT_COLUMNS: COL_PANELS; off AMX half of n's panels (rounded up) where
- * n has fewer than 2 COL_PANELS, so that a product of few columns is still two chunks (fashion_cnn's fc1
- * forward, 128 x 128 x 3136: `MODEL=cnn scripts/bench_gemm.sh`, docs/perf.md). Not on AMX tiles, whose
- * products are fast enough that packing all of op(A) twice cost more than the split saved when this was tried.
- * Fixed by the shape, dtype and kernel. */
-static int64_t col_panels(enum dtype in, bool amx, int64_t n)
+/* Panels of columns a chunk of GEMM_SPLIT_COLUMNS: COL_PANELS; on the FMA kernel (fp32, fp16) half of n's
+ * panels (rounded up) where n has fewer than 2 COL_PANELS, so that a product of few columns is still two
+ * chunks (fashion_cnn's fc1 forward, 128 x 128 x 3136 fp32: `MODEL=cnn DTYPE=fp32 scripts/bench_gemm.sh`,
+ * docs/perf.md). Not for bf16, whose products are fast enough that packing all of op(A) twice cost more than the
+ * split saved when this was tried. Fixed by the shape and dtype. */
+static int64_t col_panels(enum dtype in, int64_t n)
 {
     const int64_t panels = (n + NR - 1) / NR;
-    return panels >= 2 * COL_PANELS || on_tiles(in, amx) ? COL_PANELS : (panels + 1) / 2;
+    return panels >= 2 * COL_PANELS || in == DT_BF16 ? COL_PANELS : (panels + 1) / 2;
 }
 
 /* One k block of an operand packed whole: lines rounded up to whole panels of w, each its steps. */
@@ -758,21 +758,20 @@ void gemm_avx512_plan(enum dtype in, bool amx, int64_t m, int64_t n, int64_t k, 
     const size_t whole_b = (size_t)(whole_stride(in, amx, n, NR, k) * blocks) * sizeof(uint32_t);
     struct gemm_avx512_scratch s;
     gemm_avx512_scratch_sizes(in, amx, m, n, k, &s);
-    const int64_t bands = (m + row_band(in, amx, m) - 1) / row_band(in, amx, m);
     *p = (struct gemm_avx512_plan){ 0 };
     if ((m <= MC || (!amx && m <= n && m <= 4 * MC)) && n <= NC) {
         p->split = GEMM_SPLIT_COLUMNS;
-        p->chunks = (n + col_panels(in, amx, n) * NR - 1) / (col_panels(in, amx, n) * NR);
+        p->chunks = (n + col_panels(in, n) * NR - 1) / (col_panels(in, n) * NR);
         p->worker_a_bytes = (size_t)(whole_stride(in, amx, m, mr, k) * blocks) * sizeof(uint32_t);
         p->shared_b_bytes = s.pack_b_bytes;
     } else if (blocks > 1 && n <= NC && whole_b <= WHOLE_B_BYTES) {
         p->split = GEMM_SPLIT_BANDS_WHOLE_B;
-        p->chunks = bands;
+        p->chunks = (m + row_band(in, amx, m) - 1) / row_band(in, amx, m);
         p->worker_a_bytes = s.pack_a_bytes;
         p->worker_b_bytes = whole_b;
     } else {
         p->split = GEMM_SPLIT_BANDS;
-        p->chunks = bands;
+        p->chunks = (m + row_band(in, amx, m) - 1) / row_band(in, amx, m);
         p->worker_a_bytes = s.pack_a_bytes;
         p->shared_b_bytes = s.pack_b_bytes;
     }
@@ -836,14 +835,14 @@ TARGET_AVX512 static void rows_whole_b_chunk(void *arg, int64_t chunk, int worke
                    b->ldw);
 }
 
-/* Columns [j0, j0 + col_panels(in, amx, n) * NR) of C: every k block in order, its panels of op(B) packed into
- * this chunk's own region of pb, then every tile of those columns against this thread's whole op(A). */
+/* Columns [j0, j0 + col_panels(in, n) * NR) of C: every k block in order, its panels of op(B) packed into this chunk's
+ * own region of pb, then every tile of those columns against this thread's whole op(A). */
 TARGET_AVX512 static void cols_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct par_block *b = arg;
     const struct gemm_avx512_args *g = b->g;
     const bool amx = on_tiles(g->in, g->amx);
-    const int64_t k = g->k, cols = col_panels(g->in, amx, g->n) * NR, j0 = chunk * cols, nc = min64(cols, g->n - j0);
+    const int64_t k = g->k, cols = col_panels(g->in, g->n) * NR, j0 = chunk * cols, nc = min64(cols, g->n - j0);
     uint32_t *pb = b->pb + (j0 / NR) * steps_of(g->in, amx, b->kc) * NR, *pa_all = b->pack_a[worker];
     float tile[MR_AMX * NR] __attribute__((aligned(64)));
     pack_whole(b, true, pa_all);
