@@ -28,18 +28,23 @@ for model in $models; do
   steps=${STEPS:-$(steps_of "$model")}
   for mode in $modes; do
     for th in $thread_counts; do
-      sum0=0 sum1=0
+      sum0=0 sum1=0 ratios=""
       for r in $(seq "$rounds"); do
         a0=$(rate "$old" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-old")
         a1=$(rate "$new" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-new")
         [ -n "$a0" ] && [ -n "$a1" ] || { echo "bench_builds: a run failed" >&2; exit 1; }
         echo "round $r $model $mode, $th thread(s): $l0 $a0 samples/s, $l1 $a1 samples/s"
         sum0=$(awk -v a="$sum0" -v b="$a0" 'BEGIN{print a+b}'); sum1=$(awk -v a="$sum1" -v b="$a1" 'BEGIN{print a+b}')
+        ratios="$ratios $(awk -v a="$a0" -v b="$a1" 'BEGIN{print b/a}')"
       done
+      # the median of the rounds' own ratios: a round's two runs are adjacent, so a slow minute of the machine
+      # moves it less than it moves the means
+      median=$(echo "$ratios" | tr ' ' '\n' | sed '/^$/d' | sort -g |
+               awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
       awk -v m="$model" -v md="$mode" -v t="$th" -v a="$sum0" -v b="$sum1" -v r="$rounds" -v s="$steps" \
-          -v l0="$l0" -v l1="$l1" 'BEGIN{
-        printf "%s %s, %d thread(s): %s %.1f, %s %.1f samples/s (means of %d alternating rounds, %d steps): %s %.2fx\n",
-               m, md, t, l0, a/r, l1, b/r, r, s, l1, b/a}'
+          -v l0="$l0" -v l1="$l1" -v med="$median" 'BEGIN{
+        printf "%s %s, %d thread(s): %s %.1f, %s %.1f samples/s (means of %d alternating rounds, %d steps): %s %.2fx; median per-round %.3fx\n",
+               m, md, t, l0, a/r, l1, b/r, r, s, l1, b/a, med}'
     done
   done
 done
