@@ -21,6 +21,8 @@
 #define _GNU_SOURCE
 #include "threadpool.h"
 
+#include "pool_profile.h" /* AMP_POOL_PROFILE: the per-job timings */
+
 #include <assert.h>
 #include <pthread.h>
 #include <sched.h>
@@ -70,6 +72,7 @@ struct threadpool {
     _Alignas(64) _Atomic uint64_t generation; /* bumped for each job, by the caller */
     _Alignas(64) _Atomic int64_t finished;    /* chunks of the current job done */
     struct claim *claims;                     /* per thread: generation << CHUNK_BITS | next chunk of its range */
+    struct pool_profile *profile;             /* NULL unless AMP_POOL_PROFILE is set (pool_profile.h) */
 };
 
 /* The end of worker w's home range of n chunks among t threads (its start is the end of w - 1's). */
@@ -206,6 +209,7 @@ struct threadpool *threadpool_create(int threads)
         return NULL;
     p->threads = 1;
     p->spin_ns = threads > threadpool_available_cpus() ? SPIN_NS_OVERSUBSCRIBED : SPIN_NS_OWN_CPUS;
+    p->profile = pool_profile_open();
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
@@ -258,6 +262,7 @@ void threadpool_free(struct threadpool *p)
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
     pthread_mutex_destroy(&p->mu);
+    pool_profile_close(p->profile, p->threads);
     free(p->tids);
     free(p->args);
     free(p->claims);
@@ -274,9 +279,15 @@ void parallel_for(struct threadpool *p, int64_t n_chunks, parallel_fn fn, void *
     if (n_chunks <= 0)
         return;
     assert(n_chunks <= (int64_t)CHUNK_MASK);
+    struct pool_profile *prof = p && !in_chunk ? p->profile : NULL;
+    const int64_t t0 = prof ? now_ns() : 0;
     if (!p || p->threads == 1 || n_chunks == 1 || in_chunk) {
         for (int64_t c = 0; c < n_chunks; c++)
             fn(arg, c, 0);
+        if (prof) {
+            const int64_t t = now_ns();
+            pool_profile_add(prof, (void *)fn, __builtin_return_address(0), n_chunks, 1, t0, t, t);
+        }
         return;
     }
     /* The previous job is finished, so no worker can claim from it; its slot is the other one. */
@@ -296,6 +307,7 @@ void parallel_for(struct threadpool *p, int64_t n_chunks, parallel_fn fn, void *
         pthread_mutex_unlock(&p->mu);
     }
     run_chunks(p, gen, fn, arg, n_chunks, 0);
+    const int64_t t_own = prof ? now_ns() : 0;
     if (!spin_until(p, job_finished, (uint64_t)n_chunks)) {
         pthread_mutex_lock(&p->mu);
         atomic_store(&p->caller_waiting, 1);
@@ -304,6 +316,8 @@ void parallel_for(struct threadpool *p, int64_t n_chunks, parallel_fn fn, void *
         atomic_store(&p->caller_waiting, 0);
         pthread_mutex_unlock(&p->mu);
     }
+    if (prof)
+        pool_profile_add(prof, (void *)fn, __builtin_return_address(0), n_chunks, 0, t0, t_own, now_ns());
 }
 
 int threadpool_available_cpus(void)

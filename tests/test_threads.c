@@ -4,7 +4,7 @@
  *
  *  - The pool (lib/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for
  *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline; a thread done
- *    with its home range takes chunks from the others'.
+ *    with its home range takes chunks from the others'; AMP_POOL_PROFILE counts each call by function and caller.
  *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
  *    block), the elementwise ops (every activation forward and backward, add, dropout), the optimizer
@@ -18,9 +18,10 @@
  *    fp32, fp16-dynamic, bf16 and fp8, at run.threads 1, 2, 3 and 7: scale_log.csv (samples_per_s aside)
  *    and every checkpoint tensor identical. And a resume on another thread count continues bit-exactly.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* dladdr */
 #include "ckpt_testlib.h" /* amp, scratch, assert_same_tensors, assert_same_logs, SMALL */
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -71,6 +72,71 @@ static void nested_outer(void *arg, int64_t chunk, int worker)
     struct count_job *j = arg;
     count_chunk(arg, chunk, worker);
     parallel_for(j->pool, 3, nested_inner, arg);
+}
+
+/* One call site each, whatever the compiler unrolls around them. */
+static __attribute__((noinline)) void run_five(struct threadpool *p, struct count_job *j)
+{
+    parallel_for(p, 5, count_chunk, j);
+}
+
+static __attribute__((noinline)) void run_one(struct threadpool *p, struct count_job *j)
+{
+    parallel_for(p, 1, count_chunk, j);
+}
+
+/* AMP_POOL_PROFILE (lib/pool_profile.h): a pool counts its calls by (function, caller), names the function by an
+ * offset into its object file that dladdr agrees with, and appends the table when it is freed. */
+Test(threads, a_profiled_pool_counts_each_call_by_function_and_caller)
+{
+    char path[] = "/tmp/amp_pool_profile_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    setenv("AMP_POOL_PROFILE", path, 1);
+    struct threadpool *p = threadpool_create(2);
+    unsetenv("AMP_POOL_PROFILE");
+    cr_assert_not_null(p);
+    _Atomic int runs[5];
+    struct count_job j = { .runs = runs, .threads = 2 };
+    for (int rep = 0; rep < 3; rep++) {
+        for (int i = 0; i < 5; i++)
+            atomic_init(&runs[i], 0);
+        run_five(p, &j);
+    }
+    run_one(p, &j);
+    threadpool_free(p);
+    Dl_info info;
+    cr_assert(dladdr((void *)count_chunk, &info) && info.dli_fbase);
+    const unsigned long want = (unsigned long)((const char *)(void *)count_chunk - (const char *)info.dli_fbase);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    char line[9000], fo[4096], co[4096];
+    int headers = 0, rows = 0, threaded = 0, inlined = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') {
+            cr_assert(strstr(line, "pool of 2 thread(s)"), "header: %s", line);
+            headers++;
+            continue;
+        }
+        unsigned long fn_off, caller_off;
+        long long calls, inl, chunks, total, wait, gap;
+        cr_assert_eq(sscanf(line, "%4095s %lx %4095s %lx %lld %lld %lld %lld %lld %lld", fo, &fn_off, co, &caller_off,
+                            &calls, &inl, &chunks, &total, &wait, &gap), 10, "row: %s", line);
+        cr_assert_eq(fn_off, want, "row: %s (count_chunk is at 0x%lx)", line, want);
+        cr_assert(total > 0 && wait >= 0 && wait <= total && gap >= 0, "row: %s", line);
+        if (calls == 3) {
+            cr_assert(chunks == 15 && inl == 0, "row: %s", line);
+            threaded++;
+        } else {
+            cr_assert(calls == 1 && chunks == 1 && inl == 1, "row: %s", line);
+            inlined++;
+        }
+        rows++;
+    }
+    fclose(f);
+    unlink(path);
+    cr_assert(headers == 1 && rows == 2 && threaded == 1 && inlined == 1, "%d header(s), %d row(s)", headers, rows);
 }
 
 Test(threads, pool_runs_every_chunk_once)
