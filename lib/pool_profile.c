@@ -9,6 +9,7 @@
 #include "pool_profile.h"
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +31,15 @@ struct pool_profile {
 struct pool_profile *pool_profile_open(void)
 {
     const char *path = getenv("AMP_POOL_PROFILE");
-    if (!path || !*path || strlen(path) >= sizeof ((struct pool_profile *)0)->path)
+    if (!path || !*path)
         return NULL;
-    struct pool_profile *pp = calloc(1, sizeof *pp);
-    if (pp)
-        memcpy(pp->path, path, strlen(path) + 1);
+    struct pool_profile *pp = NULL;
+    if (strlen(path) >= sizeof pp->path || !(pp = calloc(1, sizeof *pp))) {
+        fprintf(stderr, "pool_profile: AMP_POOL_PROFILE %s; no profile is written\n",
+                strlen(path) >= sizeof pp->path ? "is longer than 4095 bytes" : ": out of memory");
+        return NULL;
+    }
+    memcpy(pp->path, path, strlen(path) + 1);
     return pp;
 }
 
@@ -67,7 +72,8 @@ void pool_profile_add(struct pool_profile *pp, void *fn, void *caller, int64_t c
     pp->last_end = t_end;
 }
 
-/* `p` as an object file and an offset into it (for addr2line); "?" and the address where dladdr knows none. */
+/* `p` as an object file and an offset into it (for addr2line); "?" and the address (0x0 for the catch-all entry)
+ * where dladdr knows none. */
 static void print_place(FILE *f, const void *p)
 {
     Dl_info info;
@@ -84,7 +90,7 @@ static void print_place(FILE *f, const void *p)
         }
         fprintf(f, "%s 0x%lx", obj, (unsigned long)((const char *)p - (const char *)info.dli_fbase));
     } else {
-        fprintf(f, "? %p", p);
+        fprintf(f, "? 0x%lx", (unsigned long)(uintptr_t)p);
     }
 }
 
@@ -92,7 +98,10 @@ void pool_profile_close(struct pool_profile *pp, int threads)
 {
     if (!pp)
         return;
-    FILE *f = fopen(pp->path, "a");
+    bool any = false; /* a pool freed before its first job (set_threads replacing it) writes nothing */
+    for (int i = 0; i < SLOTS && !any; i++)
+        any = pp->e[i].calls > 0;
+    FILE *f = any ? fopen(pp->path, "a") : NULL;
     if (f) {
         fprintf(f, "# pool of %d thread(s); columns: fn_object fn_offset caller_object caller_offset calls "
                    "inline_calls chunks total_ns wait_ns gap_ns\n", threads);
@@ -108,7 +117,7 @@ void pool_profile_close(struct pool_profile *pp, int threads)
         }
         if (fclose(f) != 0)
             fprintf(stderr, "pool_profile: could not write %s\n", pp->path);
-    } else {
+    } else if (any) {
         fprintf(stderr, "pool_profile: cannot open %s for appending\n", pp->path);
     }
     free(pp);

@@ -11,10 +11,10 @@
 #     STEPS: per model by default (mlp 300, cnn 40, gpt 60); a value applies to every model
 #     TORCH_OPENBLAS_CORETYPE: the OpenBLAS kernel PyTorch's fp32 products run (below); "keep" leaves the
 #     environment's OPENBLAS_CORETYPE as it is
-#   e.g. MODELS=mlp THREADS="1 2" scripts/bench_cpu.sh
 #     TORCH_OPENBLAS_THREADS=1: OPENBLAS_NUM_THREADS of the PyTorch runs ("threads": THREADS'). One by default: with
 #     2 on 2 cores OpenBLAS's own pool fought torch's OpenMP threads and PyTorch's fp32 ran slower (docs/perf.md,
 #     "Zen 5").
+#   e.g. MODELS=mlp THREADS="1 2" scripts/bench_cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 models=${MODELS:-mlp cnn gpt}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}; thread_counts=${THREADS:-1}
@@ -74,10 +74,10 @@ for model in $models; do
         amp_total[$th]=$(awk -v a="${amp_total[$th]:-0}" -v b="$a" 'BEGIN{print a+b}')
         torch_total[$th]=$(awk -v a="${torch_total[$th]:-0}" -v b="$t" 'BEGIN{print a+b}')
       done
-      first=${thread_counts%% *}
+      base=${thread_counts%% *} # this round's speed-ups over the first count
       for th in $thread_counts; do
-        amp_up[$th]="${amp_up[$th]:-} $(awk -v a="${amp_round[$th]}" -v b="${amp_round[$first]}" 'BEGIN{print a/b}')"
-        torch_up[$th]="${torch_up[$th]:-} $(awk -v a="${torch_round[$th]}" -v b="${torch_round[$first]}" 'BEGIN{print a/b}')"
+        amp_up[$th]="${amp_up[$th]:-} $(awk -v a="${amp_round[$th]}" -v b="${amp_round[$base]}" 'BEGIN{print a/b}')"
+        torch_up[$th]="${torch_up[$th]:-} $(awk -v a="${torch_round[$th]}" -v b="${torch_round[$base]}" 'BEGIN{print a/b}')"
       done
     done
     first=""
