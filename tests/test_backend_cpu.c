@@ -1993,6 +1993,87 @@ Test(backend_cpu, adamw_matches_pytorch_formula)
     check_f32(b.master, (double[]){ 0.5 * (1 - 1e-3) + 1e-2 * 3.0 / (3.0 + 1e-8) }, 1, 1e-6, 0, "adamw step 1");
 }
 
+/* A value of class `cls` for the subnormal test below: 0, -0, a subnormal (often one of the few smallest, where
+ * a first moment that keeps shrinking stops), a normal number just above fp32's subnormals, or an ordinary one. */
+static float subnormal_case_value(int cls, float ordinary)
+{
+    float sign = urand() < 0.5 ? -1.0f : 1.0f;
+    switch (cls) {
+    case 0: return 0.0f;
+    case 1: return -0.0f;
+    case 2: { /* k * 2^-149 */
+        uint32_t k = urand() < 0.5 ? 1 + (uint32_t)(urand() * 8) : 1 + (uint32_t)(urand() * 0x7FFFFE);
+        float f;
+        memcpy(&f, &k, sizeof f);
+        return sign * f;
+    }
+    case 3: return sign * (float)ldexp(1.0 + urand(), -126 + (int)(urand() * 80)); /* 2^-126 .. 2^-46 */
+    default: return sign * ordinary * (float)(0.25 + urand());
+    }
+}
+
+/* AdamW's bits where moments, gradients or weights are subnormal (or about to be): the backend (on an AVX-512 CPU
+ * it computes such first moments' chains in double, never touching a subnormal float) against the fp32 formula run
+ * plainly here, every bit of p, m and v, over several steps, with and without weight decay. The first part of the
+ * tensor has ordinary second moments and gradients (the moment-only path); the rest mixes every class. */
+Test(backend_cpu, adamw_subnormal_moments_have_the_fp32_formulas_bits)
+{
+    seed(29);
+    const size_t n = 4096 + 13, split = 2048;
+    float *hp = malloc(n * sizeof *hp), *hm = malloc(n * sizeof *hm), *hv = malloc(n * sizeof *hv),
+          *hg = malloc(n * sizeof *hg);
+    cr_assert(hp && hm && hv && hg);
+    for (size_t i = 0; i < n; i++) {
+        bool mixed = i >= split;
+        int mcls = urand() < 0.25 ? 2 : (int)(urand() * 5);
+        int vcls = mixed ? (int)(urand() * 5) : (urand() < 0.2 ? 0 : 4);
+        int gcls = mixed ? (int)(urand() * 5) : (urand() < 0.5 ? (int)(urand() * 2) : 4);
+        int pcls = mixed && urand() < 0.1 ? (int)(urand() * 4) : 4;
+        hm[i] = subnormal_case_value(mcls, 1e-3f);
+        hv[i] = fabsf(subnormal_case_value(vcls, 1e-6f));
+        hg[i] = subnormal_case_value(gcls, urand() < 0.5 ? 1e3f : 1e-3f);
+        hp[i] = subnormal_case_value(pcls, 0.1f);
+    }
+    struct tensor *p = tfrom(DT_FP32, n, hp), *m = tfrom(DT_FP32, n, hm), *v = tfrom(DT_FP32, n, hv),
+                  *g = tfrom(DT_FP32, n, hg);
+    struct step_scalars sc;
+    const float wds[2] = { 0.0f, 0.01f }, gms[2] = { 1.0f / 65536, 1.0f };
+    int64_t subnormal_m = 0;
+    for (int step = 1; step <= 6; step++) {
+        float wd = wds[step % 2], gm = gms[step / 4];
+        struct step_params sp = { .beta1 = 0.9f, .beta2 = 0.999f, .weight_decay = wd };
+        step_rule_scalars(&sc, &sp, step == 3 ? 1e-30f : 1e-3f, step, gm);
+        struct optim_update_args a = { .master = p, .grad = g, .m = m, .v = v, .sc = &sc, .weight_decay = wd,
+                                       .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8f };
+        be->adamw_update(be, &a, 1);
+        float neg_step = sc.adam_neg_step, bc2_sqrt = sc.adam_bc2_sqrt, decay = sc.adam_decay;
+        float b1 = 0.9f, b2 = 0.999f, omb1 = (float)(1.0 - 0.9), omb2 = (float)(1.0 - 0.999), eps = 1e-8f;
+        for (size_t i = 0; i < n; i++) {
+            float gi = hg[i] * sc.grad_mul;
+            float pi = wd != 0.0f ? hp[i] * decay : hp[i];
+            float mi = b1 * hm[i] + omb1 * gi;
+            float vi = b2 * hv[i] + omb2 * gi * gi;
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            hp[i] = pi + neg_step * mi / denom;
+            hm[i] = mi;
+            hv[i] = vi;
+            subnormal_m += mi != 0.0f && fabsf(mi) < 0x1p-126f;
+        }
+        const char *names[3] = { "p", "m", "v" };
+        const float *got[3] = { p->data, m->data, v->data }, *want[3] = { hp, hm, hv };
+        for (int t = 0; t < 3; t++)
+            for (size_t i = 0; i < n; i++) {
+                uint32_t gb, wb;
+                memcpy(&gb, &got[t][i], sizeof gb);
+                memcpy(&wb, &want[t][i], sizeof wb);
+                cr_assert_eq(gb, wb, "step %d, %s[%zu]: 0x%08x (%a), the fp32 formula gives 0x%08x (%a)", step,
+                             names[t], i, gb, (double)got[t][i], wb, (double)want[t][i]);
+            }
+    }
+    cr_assert_gt(subnormal_m, 1000, "the case holds subnormal first moments (%lld)", (long long)subnormal_m);
+    free(hp), free(hm), free(hv), free(hg);
+}
+
 /* 1 - beta is computed in double and then rounded, as PyTorch passes the Python float 1 - beta2 to
  * addcmul_: for beta2 = 0.999 the factor is 0.001f, not 1.0f - 0.999f = 0.00099998713 (issue 12 item 12).
  * One step from v = 0 with g = 1 makes v exactly that factor. */
