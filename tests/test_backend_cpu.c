@@ -2012,10 +2012,11 @@ static float subnormal_case_value(int cls, float ordinary)
     }
 }
 
-/* AdamW's bits where moments, gradients or weights are subnormal (or about to be): the backend (on an AVX-512 CPU
- * it computes such first moments' chains in double, never touching a subnormal float) against the fp32 formula run
- * plainly here, every bit of p, m and v, over several steps, with and without weight decay. The first part of the
- * tensor has ordinary second moments and gradients (the moment-only path); the rest mixes every class. */
+/* AdamW's bits where moments, gradients or weights are subnormal (or about to be): the backend against the fp32
+ * formula run plainly here, every bit of p, m and v, over several steps, with and without weight decay. Subnormals
+ * slow the update (docs/perf.md, "Subnormal moments"); whatever a faster path does about them (flush them, set
+ * MXCSR's FTZ/DAZ, compute them another way) must keep these bits. The first part of the tensor has ordinary second
+ * moments and gradients (first moments alone near the subnormals, the common case); the rest mixes every class. */
 Test(backend_cpu, adamw_subnormal_moments_have_the_fp32_formulas_bits)
 {
     seed(29);

@@ -3437,145 +3437,6 @@ static void optim_block_store(void *base, enum dtype dt, size_t off, size_t n, c
         dtype_convert(d, DT_BF16, x, DT_FP32, n);
 }
 
-#ifdef HAVE_AVX512_INTRIN
-/* AdamW's inner loop in AVX-512, the portable loop's bits (the same fp32 operations in the same order), with a
- * second path for the vectors where the portable loop would meet a subnormal first moment. A weight whose
- * gradient stays 0 (a ReLU unit that no longer fires) has its first moment shrunk by beta1 each step into fp32's
- * subnormal range, where it stays; the processor then takes a microcode assist for each instruction that
- * multiplies or divides it or makes a subnormal (docs/perf.md, "Subnormal moments"), about 4.6x the update's
- * time on a Xeon with 2% of the moments there. Such vectors (a lane's |m| below 2^-100, not 0) compute the
- * first moment's chain (m, the step m/denom, the new weight) in double instead: each fp32 operation done in
- * double, where every fp32 value, subnormals included, is normal, and rounded to fp32 at once (adamw_fl32),
- * subnormal results by integer rounding on fp32's 2^-149 grid, so no instruction meets a subnormal float and
- * every result has the fp32 operation's bits (products of two fp32 values and sums with a subnormal result are
- * exact in double; a quotient rounded to double cannot land on an fp32 rounding boundary it was not on).
- * Where a lane's second moment or gradient is that small too (rarer), the vector stays on the fp32 path,
- * exact as ever, only slower. */
-#define ADAMW_TARGET __attribute__((target("avx512f,avx512vl")))
-
-struct adamw_consts {
-    float gm, decay, b1, omb1, b2, omb2, bc2_sqrt, eps, neg_step;
-    bool decays;
-};
-
-/* Lanes whose fp32 magnitude lies in (0, 2^e): the bits, sign cleared, less 1, below 2^e's bits less 1. */
-ADAMW_TARGET static inline __mmask16 adamw_tiny(__m512 x, uint32_t below_bits)
-{
-    __m512i mag = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
-    return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(mag, _mm512_set1_epi32(1)), _mm512_set1_epi32((int)(below_bits - 1)));
-}
-
-/* Eight fp32 lanes as doubles, exactly; subnormal lanes from their integer significands (k * 2^-149). */
-ADAMW_TARGET static inline __m512d adamw_widen(__m256 x)
-{
-    __m256i bits = _mm256_castps_si256(x);
-    __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
-    __mmask8 sub = _mm256_cmplt_epu32_mask(_mm256_sub_epi32(mag, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x007FFFFF));
-    __mmask8 neg = _mm256_cmplt_epi32_mask(bits, _mm256_setzero_si256());
-    __m512d normal = _mm512_cvtps_pd(_mm256_mask_blend_ps(sub, x, _mm256_set1_ps(1.0f)));
-    __m256i k = _mm256_mask_sub_epi32(mag, neg, _mm256_setzero_si256(), mag);
-    __m512d small = _mm512_mul_pd(_mm512_cvtepi32_pd(k), _mm512_set1_pd(0x1p-149));
-    return _mm512_mask_blend_pd(sub, normal, small);
-}
-
-/* d (a double) rounded to fp32, nearest even, kept as a double: normal results through the conversion,
- * those below 2^-126 as integer multiples of 2^-149 (never through a subnormal float). */
-ADAMW_TARGET static inline __m512d adamw_fl32(__m512d d)
-{
-    __mmask8 tiny = _mm512_cmp_pd_mask(_mm512_abs_pd(d), _mm512_set1_pd(0x1p-126), _CMP_LT_OQ);
-    __m512d normal = _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_mask_blend_pd(tiny, d, _mm512_set1_pd(1.0))));
-    __m512d k = _mm512_roundscale_pd(_mm512_maskz_mul_pd(tiny, d, _mm512_set1_pd(0x1p149)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm512_mask_blend_pd(tiny, normal, _mm512_mul_pd(k, _mm512_set1_pd(0x1p-149)));
-}
-
-/* A double holding an fp32 value (adamw_fl32's) as that fp32 value; subnormal lanes assembled from bits. */
-ADAMW_TARGET static inline __m256 adamw_narrow(__m512d d)
-{
-    __mmask8 tiny = _mm512_cmp_pd_mask(_mm512_abs_pd(d), _mm512_set1_pd(0x1p-126), _CMP_LT_OQ);
-    __m256 normal = _mm512_cvtpd_ps(_mm512_mask_blend_pd(tiny, d, _mm512_set1_pd(1.0)));
-    __m256i k = _mm512_cvtpd_epi32(_mm512_maskz_mul_pd(tiny, _mm512_abs_pd(d), _mm512_set1_pd(0x1p149)));
-    __m512i sign = _mm512_srli_epi64(_mm512_and_si512(_mm512_castpd_si512(d), _mm512_set1_epi64((long long)0x8000000000000000ull)), 32);
-    __m256i bits = _mm256_or_si256(k, _mm512_cvtepi64_epi32(sign));
-    return _mm256_mask_blend_ps(tiny, normal, _mm256_castsi256_ps(bits));
-}
-
-/* The first moment's chain of eight lanes in double: mi = b1 m + (1-b1) gi, then p' = pi + (neg_step mi) / denom,
- * each operation rounded to fp32 as the fp32 path rounds it. gi, pi and denom come from the fp32 path. */
-ADAMW_TARGET static inline void adamw_chain_pd(__m256 m, __m256 gi, __m256 pi, __m256 denom, const struct adamw_consts *k,
-                                              __m256 *m_out, __m256 *p_out)
-{
-    __m512d md = adamw_widen(m), gd = adamw_widen(gi), pd = adamw_widen(pi), dd = adamw_widen(denom);
-    __m512d a = adamw_fl32(_mm512_mul_pd(_mm512_set1_pd(k->b1), md));
-    __m512d b = adamw_fl32(_mm512_mul_pd(_mm512_set1_pd(k->omb1), gd));
-    __m512d mi = adamw_fl32(_mm512_add_pd(a, b));
-    __m512d u = adamw_fl32(_mm512_mul_pd(_mm512_set1_pd(k->neg_step), mi));
-    __m512d step = adamw_fl32(_mm512_div_pd(u, dd));
-    *m_out = adamw_narrow(mi);
-    *p_out = adamw_narrow(adamw_fl32(_mm512_add_pd(pd, step)));
-}
-
-ADAMW_TARGET static inline __m256 adamw_hi(__m512 x)
-{
-    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
-}
-
-ADAMW_TARGET static inline __m512 adamw_join(__m256 lo, __m256 hi)
-{
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-}
-
-/* Sixteen lanes of the update (load and store: the full vector, or the tail's lanes under a mask, since masked
- * stores are slow on AMD's Zen 4 and 5). */
-ADAMW_TARGET static inline void adamw_vec(float *p, float *m, float *v, const float *g, __mmask16 lanes, bool tail,
-                                          const struct adamw_consts *k)
-{
-    const uint32_t M_TINY = 0x0D800000u;  /* 2^-100: m below it heads for (or sits in) the subnormals */
-    const uint32_t V_TINY = 0x03800000u;  /* 2^-120 */
-    const uint32_t G_TINY = 0x26800000u;  /* 2^-50: gi * gi and (1-b2) gi gi stay normal above it */
-    __m512 gv = tail ? _mm512_maskz_loadu_ps(lanes, g) : _mm512_loadu_ps(g),
-           pv = tail ? _mm512_maskz_loadu_ps(lanes, p) : _mm512_loadu_ps(p),
-           mv = tail ? _mm512_maskz_loadu_ps(lanes, m) : _mm512_loadu_ps(m),
-           vv = tail ? _mm512_maskz_loadu_ps(lanes, v) : _mm512_loadu_ps(v);
-    __m512 gi = _mm512_mul_ps(gv, _mm512_set1_ps(k->gm));
-    __m512 pi = k->decays ? _mm512_mul_ps(pv, _mm512_set1_ps(k->decay)) : pv;
-    __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(k->b2), vv),
-                              _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(k->omb2), gi), gi));
-    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), _mm512_set1_ps(k->bc2_sqrt)), _mm512_set1_ps(k->eps));
-    __m512 mi, pn;
-    if (__builtin_expect(adamw_tiny(mv, M_TINY) == 0, 1) || (adamw_tiny(vv, V_TINY) | adamw_tiny(gi, G_TINY))) {
-        mi = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(k->b1), mv), _mm512_mul_ps(_mm512_set1_ps(k->omb1), gi));
-        pn = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(k->neg_step), mi), denom));
-    } else {
-        __m256 m_lo, m_hi, p_lo, p_hi;
-        adamw_chain_pd(_mm512_castps512_ps256(mv), _mm512_castps512_ps256(gi), _mm512_castps512_ps256(pi),
-                       _mm512_castps512_ps256(denom), k, &m_lo, &p_lo);
-        adamw_chain_pd(adamw_hi(mv), adamw_hi(gi), adamw_hi(pi), adamw_hi(denom), k, &m_hi, &p_hi);
-        mi = adamw_join(m_lo, m_hi);
-        pn = adamw_join(p_lo, p_hi);
-    }
-    if (tail) {
-        _mm512_mask_storeu_ps(p, lanes, pn);
-        _mm512_mask_storeu_ps(m, lanes, mi);
-        _mm512_mask_storeu_ps(v, lanes, vi);
-    } else {
-        _mm512_storeu_ps(p, pn);
-        _mm512_storeu_ps(m, mi);
-        _mm512_storeu_ps(v, vi);
-    }
-}
-
-ADAMW_TARGET static void adamw_block_avx512(float *p, float *m, float *v, const float *g, size_t c,
-                                            const struct adamw_consts *k)
-{
-    size_t i = 0;
-    for (; i + 16 <= c; i += 16)
-        adamw_vec(p + i, m + i, v + i, g + i, 0xFFFF, false, k);
-    if (i < c)
-        adamw_vec(p + i, m + i, v + i, g + i, (__mmask16)((1u << (c - i)) - 1), true, k);
-}
-#endif
-
 /* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
  * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;   (1-b as a double rounded to fp32)
@@ -3595,12 +3456,6 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
     float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
     float gm = sc->grad_mul, eps = a->eps;
     uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
-#ifdef HAVE_AVX512_INTRIN
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-    const struct adamw_consts k = { .gm = gm, .decay = decay, .b1 = b1, .omb1 = omb1, .b2 = b2, .omb2 = omb2,
-                                    .bc2_sqrt = bc2_sqrt, .eps = eps, .neg_step = neg_step,
-                                    .decays = a->weight_decay != 0.0f };
-#endif
     float pbuf[BLOCK], mbuf[BLOCK], vbuf[BLOCK];
     for (size_t off = lo; off < hi; off += BLOCK) {
         size_t c = hi - off < BLOCK ? hi - off : BLOCK;
@@ -3608,14 +3463,7 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
         float *m = optim_block_load(a->m->data, md, off, c, mbuf);
         float *v = optim_block_load(a->v->data, vd, off, c, vbuf);
         const float *gb = g + off;
-        size_t i = 0;
-#ifdef HAVE_AVX512_INTRIN
-        if (avx512) {
-            adamw_block_avx512(p, m, v, gb, c, &k);
-            i = c;
-        }
-#endif
-        for (; i < c; i++) {
+        for (size_t i = 0; i < c; i++) {
             float gi = gb[i] * gm;
             float pi = a->weight_decay != 0.0f ? p[i] * decay : p[i];
             float mi = b1 * m[i] + omb1 * gi;
