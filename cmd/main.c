@@ -398,7 +398,7 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
     if (st == AMP_OK)
         st = backend_open_rank(&be, cfg.run.device, ranks->local_rank, ranks->local_world, chosen, sizeof chosen, err);
     if (st == AMP_OK)
-        st = backend_set_threads(be, config_threads(&cfg.run), err);
+        st = backend_set_threads(be, dist_threads(ranks, &cfg.run), err);
     if (st == AMP_OK)
         st = data_load(&ds, &cfg.data, cfg.data.batch_size * cfg.accum_steps, err);
     if (st == AMP_OK)

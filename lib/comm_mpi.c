@@ -10,10 +10,11 @@
  * message keeps the transport's buffers bounded).
  */
 #ifdef AMP_HAVE_MPI
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
 #include "comm.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,34 +89,68 @@ static void mpi_close(struct comm *c)
     free(c);
 }
 
-/* Ranks on this host, and distinct hosts, from a hash of the host name. */
+/* What one rank tells the others at start: a hash of its host's name and the CPUs it may run on. */
+#define MASK_WORDS (CPU_SETSIZE / 64)
+struct placement {
+    uint64_t host;
+    uint64_t mask[MASK_WORDS];
+};
+
+static bool placement_has(const struct placement *p, int cpu)
+{
+    return (p->mask[cpu / 64] >> (cpu % 64)) & 1;
+}
+
+/* Ranks on this host, distinct hosts, and the CPUs this rank has to itself (comm.h, cpus): each CPU of its
+ * affinity counted 1/k for the k ranks of its host that may run on it. mpirun's default binding gives each
+ * rank its own core (k = 1); with --bind-to none every rank of a host may run on every CPU, and k is their
+ * number, so run.threads auto does not start more threads than the host has CPUs. */
 static void count_hosts(struct comm *c)
 {
     char name[256] = {0};
     gethostname(name, sizeof name - 1);
-    uint64_t h = 1469598103934665603ull;
+    struct placement me = {.host = 1469598103934665603ull};
     for (const char *s = name; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    uint64_t *all = calloc((size_t)c->world, sizeof *all);
+        me.host = (me.host ^ (uint8_t)*s) * 1099511628211ull;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+            if (CPU_ISSET(cpu, &set))
+                me.mask[cpu / 64] |= (uint64_t)1 << (cpu % 64);
+    struct placement *all = calloc((size_t)c->world, sizeof *all);
     if (!all) { /* the others are in the gather below: end the job rather than leave them waiting */
         fprintf(stderr, "[rank %d] ampTrain: error: out of memory starting MPI\n", c->rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    MPI_Allgather(&me, (int)(sizeof me / sizeof(uint64_t)), MPI_UINT64_T, all, (int)(sizeof me / sizeof(uint64_t)),
+                  MPI_UINT64_T, MPI_COMM_WORLD);
     c->local_rank = 0;
     c->local_world = 0;
     c->hosts = 0;
     for (int r = 0; r < c->world; r++) {
         bool first = true;
         for (int q = 0; q < r; q++)
-            first = first && all[q] != all[r];
+            first = first && all[q].host != all[r].host;
         c->hosts += first;
-        if (all[r] == h) {
+        if (all[r].host == me.host) {
             if (r < c->rank)
                 c->local_rank++;
             c->local_world++;
         }
     }
+    double own = 0.0;
+    int mine = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!placement_has(&me, cpu))
+            continue;
+        int k = 0;
+        for (int r = 0; r < c->world; r++)
+            k += all[r].host == me.host && placement_has(&all[r], cpu);
+        own += 1.0 / (k > 0 ? k : 1);
+        mine++;
+    }
+    c->cpus = mine == 0 ? 0 : own < 1.0 ? 1 : (int)(own + 1e-9);
     free(all);
 }
 

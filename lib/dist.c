@@ -158,6 +158,12 @@ enum amp_status comm_agree_stop(struct comm *c, enum amp_status st, int *sig, st
     return agree(c, st, sig, err);
 }
 
+int dist_threads(const struct comm *c, const struct run_config *run)
+{
+    int n = config_threads(run);
+    return n > 0 ? n : c->cpus;
+}
+
 /* ---- config and replica checks ------------------------------------------------------------------- */
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)

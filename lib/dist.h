@@ -58,6 +58,12 @@ enum amp_status comm_agree(struct comm *c, enum amp_status st, struct amp_error 
  * rank first), so all stop at the same step. */
 enum amp_status comm_agree_stop(struct comm *c, enum amp_status st, int *sig, struct amp_error *err);
 
+/* The CPU backend's thread count for this rank: run.threads where it is a number; for auto, the CPUs the rank
+ * has to itself (comm.h, cpus), so that ranks sharing a host's CPUs (mpirun --bind-to none) do not start a
+ * pool each over all of them; 0 (the backend's auto, every CPU it may run on) where no rank shares them.
+ * Results do not depend on it. */
+int dist_threads(const struct comm *c, const struct run_config *run);
+
 /* Ranks whose resolved configs differ (per-rank overrides, different files): AMP_ERR_CONFIG on every
  * rank, naming the ranks. Compares a hash of the resolved YAML. */
 enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err);

@@ -266,8 +266,12 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if (st != AMP_OK)
         return st;
     printf("%s\n", chosen);
-    if ((st = backend_set_threads(t->be, config_threads(&cfg->run), err)) != AMP_OK)
+    const int threads = dist_threads(comm, &cfg->run);
+    if ((st = backend_set_threads(t->be, threads, err)) != AMP_OK)
         return st;
+    if (t->rank == 0 && comm->world > 1 && t->be->set_threads && config_threads(&cfg->run) == 0)
+        printf("threads: %d a rank (run.threads auto: the CPUs each of the %d ranks on this host has to itself)\n",
+               threads, comm->local_world);
     t->be->allow_tf32 = cfg->precision.tf32;
     if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
         return st;

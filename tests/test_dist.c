@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "dist.h"  /* struct dist, comm_agree */
+#include "threadpool.h" /* threadpool_available_cpus: what run.threads auto divides */
 #include "train.h" /* trainer_setup, trainer_step, trainer_flush: the in-process test */
 
 /* One rank with accum_steps 2 against two ranks, `extra` on both; `cfg` the config. */
@@ -239,6 +240,30 @@ Test(dist, bad_setups_get_clear_errors)
     r = mpi(2, NULL, "run " MLP " dist.backend=bogus run.out_dir=%s/d", scratch);
     cr_assert_eq(r.code, 2, "%s", r.out);
     cr_assert(strstr(r.out, "dist.backend"), "%s", r.out);
+    remove_scratch();
+}
+
+/* run.threads auto divides a host's CPUs between the ranks that share them: under --bind-to none (mpi()) both
+ * ranks may run on every CPU of this process, so each takes half (at least 1), where before each started a pool
+ * over all of them (4 threads on 2 cores). A number stays as given, and prints no such line. */
+Test(dist, auto_threads_share_the_hosts_cpus_between_ranks)
+{
+    NEED_MPI();
+    make_scratch();
+    int cpus = threadpool_available_cpus(), each = cpus / 2 > 0 ? cpus / 2 : 1;
+    char want[128];
+    snprintf(want, sizeof want, "threads: %d a rank (run.threads auto: the CPUs each of the 2 ranks", each);
+    struct result r = mpi(2, NULL, "run " MLP " run.steps=2 run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, want), "want '%s' (%d CPUs) in: %s", want, cpus, r.out);
+    r = mpi(3, NULL, "run " MLP " run.steps=2 run.out_dir=%s/b", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(want, sizeof want, "threads: %d a rank (run.threads auto: the CPUs each of the 3 ranks",
+             cpus / 3 > 0 ? cpus / 3 : 1);
+    cr_assert(strstr(r.out, want), "want '%s' (%d CPUs) in: %s", want, cpus, r.out);
+    r = mpi(2, NULL, "run " MLP " run.steps=2 run.threads=2 run.out_dir=%s/c", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert_null(strstr(r.out, "threads: "), "run.threads=2 is taken as given: %s", r.out);
     remove_scratch();
 }
 
