@@ -272,6 +272,10 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if (t->rank == 0 && comm->world > 1 && t->be->set_threads && config_threads(&cfg->run) == 0)
         printf("threads: %d a rank (run.threads auto: the CPUs each of the %d ranks on this host has to itself)\n",
                threads, comm->local_world);
+    else if (t->rank == 0 && comm->world > 1 && t->be->set_threads && comm->cpus > 0 && threads > comm->cpus)
+        fprintf(stderr, "ampTrain: warning: %s: run.threads is %d but each of the %d ranks on this host has %d CPU(s) "
+                "to itself; their threads will share them (results are the same, only slower; auto takes %d)\n",
+                cfg->source, threads, comm->local_world, comm->cpus, comm->cpus);
     t->be->allow_tf32 = cfg->precision.tf32;
     if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
         return st;

@@ -245,7 +245,7 @@ Test(dist, bad_setups_get_clear_errors)
 
 /* run.threads auto divides a host's CPUs between the ranks that share them: under --bind-to none (mpi()) both
  * ranks may run on every CPU of this process, so each takes half (at least 1), where before each started a pool
- * over all of them (4 threads on 2 cores). A number stays as given, and prints no such line. */
+ * over all of them (4 threads on 2 cores). A number stays as given, with a warning where it is more than that. */
 Test(dist, auto_threads_share_the_hosts_cpus_between_ranks)
 {
     NEED_MPI();
@@ -261,9 +261,12 @@ Test(dist, auto_threads_share_the_hosts_cpus_between_ranks)
     snprintf(want, sizeof want, "threads: %d a rank (run.threads auto: the CPUs each of the 3 ranks",
              cpus / 3 > 0 ? cpus / 3 : 1);
     cr_assert(strstr(r.out, want), "want '%s' (%d CPUs) in: %s", want, cpus, r.out);
-    r = mpi(2, NULL, "run " MLP " run.steps=2 run.threads=2 run.out_dir=%s/c", scratch);
+    r = mpi(2, NULL, "run " MLP " run.steps=2 run.threads=%d run.out_dir=%s/c", each + 1, scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
-    cr_assert_null(strstr(r.out, "threads: "), "run.threads=2 is taken as given: %s", r.out);
+    cr_assert_null(strstr(r.out, "threads: "), "run.threads=%d is taken as given: %s", each + 1, r.out);
+    snprintf(want, sizeof want, "run.threads is %d but each of the 2 ranks on this host has %d CPU(s) to itself",
+             each + 1, each);
+    cr_assert(strstr(r.out, want), "more threads than a rank's share: want '%s' in: %s", want, r.out);
     remove_scratch();
 }
 
