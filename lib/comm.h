@@ -43,8 +43,8 @@ struct comm {
     int hosts;                /* distinct hosts */
     int cpus;                 /* the CPUs this rank has to itself: each CPU it may run on (sched_getaffinity)
                                * counted 1/k where k ranks of its host may run on it, the sum rounded down, at
-                               * least 1; run.threads auto takes this many (dist_threads). 0: no other rank
-                               * shares them (one rank), auto takes all it may run on */
+                               * least 1; run.threads auto takes this many (dist_threads). 0 where not known
+                               * (one rank without MPI, or no affinity to read): auto takes all it may run on */
     const char *transport;    /* "none", "mpi" or "nccl" */
     bool device_memory;       /* reduce_sum takes backend (device) memory; false: host memory */
 

@@ -14,6 +14,9 @@
 #     TORCH_OPENBLAS_THREADS=1: OPENBLAS_NUM_THREADS of the PyTorch runs ("threads": THREADS'). One by default: with
 #     2 on 2 cores OpenBLAS's own pool fought torch's OpenMP threads and PyTorch's fp32 ran slower (docs/perf.md,
 #     "Zen 5").
+#     PROBE=1 (with several THREADS, on an AVX-512 CPU): before and after each round's runs, one round of
+#     scripts/probe_cores.c (what the machine gives a second process); the summary then gives ampTrain's median
+#     speed-up also over the rounds where both probes read >= PROBE_MIN (1.9): where the machine had two cores.
 #   e.g. MODELS=mlp THREADS="1 2" scripts/bench_cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +47,18 @@ f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
 echo "bench_cpu: PyTorch's OpenBLAS core $core (TORCH_OPENBLAS_CORETYPE=${TORCH_OPENBLAS_CORETYPE:-unset}, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16), amx_bf16 $(has amx_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}, AMP_GEMM_AMX=${AMP_GEMM_AMX:-unset}; $(getconf _NPROCESSORS_ONLN) CPUs online"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+probe=${PROBE:-0}; probe_min=${PROBE_MIN:-1.9}
+if [ "$probe" = 1 ]; then
+  if [ "$(has avx512f)" != yes ]; then
+    echo "bench_cpu: PROBE=1 needs AVX-512 (scripts/probe_cores.c); going on without it" >&2; probe=0
+  elif [ "$(echo "$thread_counts" | wc -w)" -lt 2 ]; then
+    echo "bench_cpu: PROBE=1 needs several THREADS; going on without it" >&2; probe=0
+  else
+    gcc -O2 -mavx512f scripts/probe_cores.c -o "$tmp/probe_cores"
+  fi
+fi
+# One probe round: the machine's two-process rate over its one-process rate.
+probe_ratio() { "$tmp/probe_cores" 1 | sed -n 's/^round 1: .*: \([0-9.]*\)x$/\1/p'; }
 
 config_of() { case $1 in mlp) echo configs/fashion_mlp.yaml ;; cnn) echo configs/fashion_cnn.yaml ;; gpt) echo configs/text_gpt.yaml ;; esac; }
 steps_of() { case $1 in mlp) echo 300 ;; cnn) echo 40 ;; gpt) echo 60 ;; esac; }
@@ -56,8 +71,9 @@ for model in $models; do
   [ -n "$cfg" ] || { echo "bench_cpu: unknown model '$model' (mlp, cnn, gpt)" >&2; exit 1; }
   steps=${STEPS:-$(steps_of "$model")}
   for mode in $modes; do
-    declare -A amp_total=() torch_total=() ratios=() amp_round=() torch_round=() amp_up=() torch_up=()
+    declare -A amp_total=() torch_total=() ratios=() amp_round=() torch_round=() amp_up=() torch_up=() amp_up2=()
     for r in $(seq "$rounds"); do
+      [ "$probe" = 1 ] && probe_before=$(probe_ratio)
       for th in $thread_counts; do
         out="$tmp/run-$model-$mode-$r-$th"
         a=$("$bin" run "$cfg" "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu \
@@ -75,8 +91,16 @@ for model in $models; do
         torch_total[$th]=$(awk -v a="${torch_total[$th]:-0}" -v b="$t" 'BEGIN{print a+b}')
       done
       base=${thread_counts%% *} # this round's speed-ups over the first count
+      two_cores=no
+      if [ "$probe" = 1 ]; then
+        probe_after=$(probe_ratio)
+        two_cores=$(awk -v a="$probe_before" -v b="$probe_after" -v m="$probe_min" 'BEGIN{print (a >= m && b >= m) ? "yes" : "no"}')
+        echo "round $r $model $mode: the machine's two processes over one ${probe_before}x before, ${probe_after}x after (two cores: $two_cores)"
+      fi
       for th in $thread_counts; do
-        amp_up[$th]="${amp_up[$th]:-} $(awk -v a="${amp_round[$th]}" -v b="${amp_round[$base]}" 'BEGIN{print a/b}')"
+        up=$(awk -v a="${amp_round[$th]}" -v b="${amp_round[$base]}" 'BEGIN{print a/b}')
+        amp_up[$th]="${amp_up[$th]:-} $up"
+        [ "$two_cores" = yes ] && amp_up2[$th]="${amp_up2[$th]:-} $up"
         torch_up[$th]="${torch_up[$th]:-} $(awk -v a="${torch_round[$th]}" -v b="${torch_round[$base]}" 'BEGIN{print a/b}')"
       done
     done
@@ -93,8 +117,16 @@ for model in $models; do
             -v ta="${torch_total[$th]}" -v tb="${torch_total[$first]}" -v am="$(median_of "${amp_up[$th]}")" \
             -v tm="$(median_of "${torch_up[$th]}")" 'BEGIN{
           printf "%s %s: ampTrain at %d threads is %.2fx ampTrain at %d; PyTorch %.2fx (means); median per-round speed-up ampTrain %.2fx, PyTorch %.2fx\n", md, m, th, a/b, f, ta/tb, am, tm}'
+        if [ "$probe" = 1 ]; then
+          n2=$(echo "${amp_up2[$th]:-}" | wc -w)
+          if [ "$n2" -gt 0 ]; then
+            echo "$model $mode: ampTrain's median speed-up at $th threads over $first in the $n2 of $rounds round(s) where the machine had two cores (probes >= ${probe_min}x): $(median_of "${amp_up2[$th]}" | awk '{printf "%.2f", $1}')x"
+          else
+            echo "$model $mode: no round where the machine had two cores (probes >= ${probe_min}x before and after)"
+          fi
+        fi
       fi
     done
-    unset amp_total torch_total ratios amp_round torch_round amp_up torch_up
+    unset amp_total torch_total ratios amp_round torch_round amp_up torch_up amp_up2
   done
 done
