@@ -8,6 +8,8 @@
 #    -DAMP_CUDA=OFF -DAMP_TESTS=OFF -DCMAKE_BUILD_TYPE=Release; cmake --build /tmp/old/b)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/median.sh
+. scripts/median.sh
 [ $# -eq 2 ] || { echo "usage: scripts/bench_builds.sh OLD/ampTrain NEW/ampTrain" >&2; exit 2; }
 old=$1 new=$2
 for b in "$old" "$new"; do [ -x "$b" ] || { echo "bench_builds: $b is not an executable" >&2; exit 2; }; done
@@ -39,8 +41,7 @@ for model in $models; do
       done
       # the median of the rounds' own ratios: a round's two runs are adjacent, so a slow minute of the machine
       # moves it less than it moves the means
-      median=$(echo "$ratios" | tr ' ' '\n' | sed '/^$/d' | sort -g |
-               awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')
+      median=$(echo "$ratios" | median)
       awk -v m="$model" -v md="$mode" -v t="$th" -v a="$sum0" -v b="$sum1" -v r="$rounds" -v s="$steps" \
           -v l0="$l0" -v l1="$l1" -v med="$median" 'BEGIN{
         printf "%s %s, %d thread(s): %s %.1f, %s %.1f samples/s (means of %d alternating rounds, %d steps): %s %.2fx; median per-round %.3fx\n",

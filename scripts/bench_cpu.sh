@@ -64,7 +64,9 @@ config_of() { case $1 in mlp) echo configs/fashion_mlp.yaml ;; cnn) echo configs
 steps_of() { case $1 in mlp) echo 300 ;; cnn) echo 40 ;; gpt) echo 60 ;; esac; }
 batch_of() { case $1 in gpt) echo 32 ;; *) echo 128 ;; esac; }
 
-median_of() { echo "$1" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+# shellcheck source=scripts/median.sh
+. scripts/median.sh
+median_of() { echo "$1" | median; }
 
 for model in $models; do
   cfg=$(config_of "$model")

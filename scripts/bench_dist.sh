@@ -2,8 +2,8 @@
 # Data-parallel CPU speed of ampTrain against PyTorch DistributedDataParallel (gloo, Debian's python3-torch,
 # scripts/bench_ddp_torch.py: the same model, optimizer, data and normalisation as the config). Each round runs,
 # one after the other so all four see the same machine load: ampTrain at np 1, ampTrain at np 2 (mpirun),
-# PyTorch DDP at np 1 and at np 2. Every process is single-threaded (OPENBLAS_NUM_THREADS=1,
-# torch.set_num_threads(1)) and trains on a micro-batch of the config's data.batch_size, so the effective
+# PyTorch DDP at np 1 and at np 2. Every process is single-threaded (OPENBLAS_NUM_THREADS=1, run.threads=1,
+# torch.set_num_threads(1); until 2026-12-03 ampTrain's np 1 run took run.threads auto, two threads on 2 cores) and trains on a micro-batch of the config's data.batch_size, so the effective
 # batch is batch x np. Prints samples/s of each (means over the rounds, samples of all ranks) and the median
 # per-round ratios ampTrain np2/np1, PyTorch np2/np1 and ampTrain np2 / PyTorch np2.
 # Targets: text_gpt: ampTrain np2 >= 1.8x ampTrain np1; fashion_mlp fp32: ampTrain np2 >= 1.5x PyTorch DDP np2.
@@ -69,14 +69,16 @@ rate() {
   fi
   echo "$x"
 }
-median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+# shellcheck source=scripts/median.sh
+. scripts/median.sh
 div() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}'; }
 
 for model in $models; do
   case $model in fashion_mlp) steps=${STEPS:-600} ;; text_gpt) steps=${STEPS:-60} ;; esac
   batch=$(sed -n 's/^  batch_size: *\([0-9]*\).*/\1/p' "configs/$model.yaml")
+  # run.threads=1: the CPU backend's pool would otherwise take both cores in the one-rank run (run.threads auto)
   amp_args=(run "configs/$model.yaml" "run.steps=$steps" run.epochs=0 "precision.mode=$mode" run.device=cpu
-            run.log_every=100000)
+            run.threads=1 run.log_every=100000)
   sums="0 0 0 0"; r_amp=""; r_torch=""; r_vs=""
   for r in $(seq "$rounds"); do
     a1=$(rate "amp-np1-$model-$r" "$bin" "${amp_args[@]}" "run.out_dir=$tmp/amp-np1-$model-$r")
