@@ -269,13 +269,15 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     const int threads = dist_threads(comm, &cfg->run);
     if ((st = backend_set_threads(t->be, threads, err)) != AMP_OK)
         return st;
-    if (t->rank == 0 && comm->world > 1 && t->be->set_threads && config_threads(&cfg->run) == 0)
-        printf("threads: %d a rank (run.threads auto: the CPUs each of the %d ranks on this host has to itself)\n",
-               threads, comm->local_world);
-    else if (t->rank == 0 && comm->world > 1 && t->be->set_threads && comm->cpus > 0 && threads > comm->cpus)
-        fprintf(stderr, "ampTrain: warning: %s: run.threads is %d but each of the %d ranks on this host has %d CPU(s) "
-                "to itself; their threads will share them (results are the same, only slower; auto takes %d)\n",
-                cfg->source, threads, comm->local_world, comm->cpus, comm->cpus);
+    if (t->rank == 0 && comm->world > 1 && t->be->set_threads) { /* CPU ranks: say how the threads were shared */
+        if (config_threads(&cfg->run) == 0)
+            printf("threads: %d a rank (run.threads auto: the CPUs each of the %d ranks on this host has to itself)\n",
+                   threads, comm->local_world);
+        else if (comm->cpus > 0 && threads > comm->cpus)
+            fprintf(stderr, "ampTrain: warning: %s: run.threads is %d but each of the %d ranks on this host has %d "
+                    "CPU(s) to itself; their threads will share them (results are the same, only slower; auto takes "
+                    "%d)\n", cfg->source, threads, comm->local_world, comm->cpus, comm->cpus);
+    }
     t->be->allow_tf32 = cfg->precision.tf32;
     if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
         return st;
