@@ -4,6 +4,7 @@
 # The speed counterpart of scripts/compare_builds.sh (which says whether they train the same bits).
 #   scripts/bench_builds.sh OLD/ampTrain NEW/ampTrain [MODELS="mlp cnn gpt"] [MODES=bf16] [THREADS="1 2"] [ROUNDS=3] [STEPS]
 #   [LABELS="old new"] (the two columns' names; scripts/bench_amx.sh runs one binary two ways through it)
+#   [LAUNCH="mpirun -np 2 --bind-to none"] (each run under that launcher; with THREADS=auto, data parallel's share)
 #   (build the old one from a worktree: git worktree add --detach /tmp/old REV; cmake -S /tmp/old -B /tmp/old/b
 #    -DAMP_CUDA=OFF -DAMP_TESTS=OFF -DCMAKE_BUILD_TYPE=Release; cmake --build /tmp/old/b)
 set -euo pipefail
@@ -20,8 +21,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 config_of() { case $1 in mlp) echo configs/fashion_mlp.yaml ;; cnn) echo configs/fashion_cnn.yaml ;; gpt) echo configs/text_gpt.yaml ;; esac; }
 steps_of() { case $1 in mlp) echo 300 ;; cnn) echo 40 ;; gpt) echo 60 ;; esac; }
+# LAUNCH: a launcher before each binary, e.g. "mpirun -np 2 --bind-to none" (THREADS=auto: each rank's share)
+read -r -a launch <<< "${LAUNCH:-}"
 rate() { # BIN MODEL MODE THREADS STEPS OUT
-  "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu "run.threads=$4" \
+  "${launch[@]}" "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu "run.threads=$4" \
     run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$6" |
     sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p'
 }
@@ -44,7 +47,7 @@ for model in $models; do
       median=$(echo "$ratios" | median)
       awk -v m="$model" -v md="$mode" -v t="$th" -v a="$sum0" -v b="$sum1" -v r="$rounds" -v s="$steps" \
           -v l0="$l0" -v l1="$l1" -v med="$median" 'BEGIN{
-        printf "%s %s, %d thread(s): %s %.1f, %s %.1f samples/s (means of %d alternating rounds, %d steps): %s %.2fx; median per-round %.3fx\n",
+        printf "%s %s, %s thread(s): %s %.1f, %s %.1f samples/s (means of %d alternating rounds, %d steps): %s %.2fx; median per-round %.3fx\n",
                m, md, t, l0, a/r, l1, b/r, r, s, l1, b/a, med}'
     done
   done
