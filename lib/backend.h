@@ -54,7 +54,8 @@ enum gemm_epilogue {
 
 /* C = alpha * op(A) @ op(B) + beta * C, row-major, `batch` independent products (strided batched).
  * fp8 operands (precision.mode fp8): A and B are each E4M3 or E5M2 (not both E5M2), each with its scale_inv
- * (tensor.h); the exact products of the codes are summed in fp32 and the sum multiplied by
+ * (tensor.h); the exact products of the codes are summed in fp32 (on the CPU; a GPU's FP8 tensor cores sum them
+ * in a narrower accumulator: kernels/cuda/fp8.cu) and the sum multiplied by
  * alpha * *A.scale_inv * *B.scale_inv (that factor formed in fp32, left to right) before the bias, the
  * epilogue and the one rounding. C is then fp32 or bf16. */
 struct gemm_args {

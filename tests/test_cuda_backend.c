@@ -395,7 +395,11 @@ static void fp8_gemm_case(enum dtype da, enum dtype db, enum dtype dc, bool ta, 
     snprintf(what, sizeof what, "fp8 gemm %s x %s -> %s ta=%d tb=%d (%lld, %lld, %lld) bias=%d beta=%g gelu=%d",
              dtype_name(da), dtype_name(db), dtype_name(dc), ta, tb, (long long)m, (long long)n, (long long)k, bias,
              beta, gelu);
-    pair_expect(&c, dc == DT_FP32 ? 1e-5 : 1e-2, what);
+    /* an fp32 C shows the summation: the emulation's fp32 sums differ from the CPU's by their order (1e-5), the
+     * native FP8 path's (m, n, k multiples of 16 on sm_89 and later) by Hopper's narrower accumulator: about
+     * 1e-4 relative on these operands, modelled on the DeepSeek-V3 report's description (kernels/cuda/fp8.cu) */
+    const bool native_shape = m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+    pair_expect(&c, dc == DT_FP32 ? (native_shape ? 1e-3 : 1e-5) : 1e-2, what);
     if (gelu)
         pair_expect(&aux, 1e-2, what);
     gpu->free(gpu, gs);

@@ -29,13 +29,14 @@ struct nccl_state {
     struct comm before; /* the communicator as it was: nccl_comm_release puts it back */
 };
 
+/* Queued even after this rank's backend recorded an error (its sums are then garbage, as every op's after an
+ * error): the other ranks have queued theirs, and a rank that skipped one would leave them waiting on the GPU
+ * (comm.h: no rank skips a collective). The ranks agree to stop at the step's end. */
 static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
 {
     struct nccl_state *s = (struct nccl_state *)c->impl;
-    if (s->cb->status != AMP_OK)
-        return;
-    ncclResult_t r = ncclAllReduce(buf, buf, count, dt == COMM_F32 ? ncclFloat : ncclDouble, ncclSum, s->nccl,
-                                   s->cb->stream);
+    ncclDataType_t type = dt == COMM_F32 ? ncclFloat : dt == COMM_F64 ? ncclDouble : ncclInt64;
+    ncclResult_t r = ncclAllReduce(buf, buf, count, type, ncclSum, s->nccl, s->cb->stream);
     if (r != ncclSuccess)
         cuda_record(s->cb, "check NCCL_DEBUG=INFO output and that every rank has its own GPU",
                     "ncclAllReduce of %zu elements failed: %s", count, ncclGetErrorString(r));
@@ -47,7 +48,12 @@ extern "C" void nccl_comm_release(struct comm *c)
     if (strcmp(c->transport, "nccl") != 0)
         return;
     struct nccl_state *s = (struct nccl_state *)c->impl;
-    ncclCommDestroy(s->nccl);
+    /* after an error, abort: ncclCommDestroy waits for the communicator's unfinished work, which a failed rank
+     * may never finish */
+    if (s->cb->status != AMP_OK)
+        ncclCommAbort(s->nccl);
+    else
+        ncclCommDestroy(s->nccl);
     *c = s->before;
     free(s);
 }

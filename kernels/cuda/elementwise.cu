@@ -265,18 +265,17 @@ __global__ void scale_kernel(float *d, size_t n, float beta)
     d[i] = beta == 0.0f ? 0.0f : beta * d[i];
 }
 
-/* dwpe[t][c] = beta * dwpe + sum over b of dy[b][t][c], in b order; a token outside the vocabulary
- * adds nothing (the CPU skips it for both tables) */
-__global__ void wpe_backward_kernel(float *dwpe, const void *dy, int dy_dt, const int32_t *tokens, int64_t vocab,
-                                    int64_t B, int64_t T, int64_t C, float beta)
+/* dwpe[t][c] = beta * dwpe + sum over b of dy[b][t][c], in b order: every position, whatever its token (as the
+ * CPU; a token outside the vocabulary adds nothing to dwte only) */
+__global__ void wpe_backward_kernel(float *dwpe, const void *dy, int dy_dt, int64_t B, int64_t T, int64_t C,
+                                    float beta)
 {
     GRID_STRIDE(i, (size_t)(T * C))
     {
         int64_t t = (int64_t)(i / C), c = (int64_t)(i % C);
         float acc = 0.0f; /* this pass's gradient first, then added: as one rank sums two micro-batches */
         for (int64_t b = 0; b < B; b++)
-            if (tokens[b * T + t] >= 0 && tokens[b * T + t] < vocab)
-                acc += load_elem(dy, dy_dt, (size_t)((b * T + t) * C + c));
+            acc += load_elem(dy, dy_dt, (size_t)((b * T + t) * C + c));
         dwpe[i] = beta == 0.0f ? acc : beta * dwpe[i] + acc;
     }
 }
@@ -464,7 +463,7 @@ void cuda_embedding_backward(struct backend *be, struct tensor *dwte, struct ten
     struct cuda_backend *cb = cuda_of(be);
     int64_t BT = B * T, vocab = (int64_t)dwte->numel / C;
     wpe_backward_kernel<<<grid_for((size_t)(T * C)), kThreads, 0, cb->stream>>>(
-        static_cast<float *>(dwpe->data), dy->data, dy->dtype, tokens, vocab, B, T, C, beta);
+        static_cast<float *>(dwpe->data), dy->data, dy->dtype, B, T, C, beta);
     CB_LAUNCHED(cb, "wpe_backward_kernel");
     if (dwpe->numel > (size_t)(T * C)) /* rows beyond T get no gradient: only the scaling */
         scale_kernel<<<grid_for(dwpe->numel - (size_t)(T * C)), kThreads, 0, cb->stream>>>(

@@ -13,7 +13,10 @@
  * adds beta * C, the fp32 bias and the GELU, and rounds once into C: the CPU's order (sum, scale, bias, one
  * rounding). Below sm_89 (with a warning, once), and for shapes whose m, n or k is not a multiple of 16 (cuBLASLt's
  * FP8 alignment), the codes are widened to bf16 (exactly), multiplied by cuBLASLt in bf16 with FP32 accumulation,
- * and the epilogue applies the scales: the same values up to summation order.
+ * and the epilogue applies the scales: the same values up to summation order. On the native path Hopper's FP8
+ * tensor cores add the products in a narrower accumulator (about 22 bits, moved into fp32 every few 32-product
+ * groups; fast accumulation is off, the most accurate setting), so an fp32 C differs from the CPU's exact-product
+ * fp32 sums by about 1e-4 relative where the emulation path differs by summation order only.
  * Only a bf16 or fp32 D is made, so cuBLASLt's D-amax output (for an fp8 D) is not used.
  */
 #include "backend_cuda_internal.h"
@@ -150,19 +153,23 @@ void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a)
 
 /* ---- products ----------------------------------------------------------------------------------- */
 
-/* dst (cols, rows) = src (rows, cols)^T, one byte per element */
+/* dst (cols, rows) = src (rows, cols)^T, one byte per element; blocks of 32 x 32, the row blocks strided over
+ * gridDim.y (at most 65535: dW's rows are the micro-batch's tokens, which may be more than 2 Mi) */
 __global__ void transpose_u8_kernel(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t cols)
 {
     __shared__ uint8_t tile[32][33];
-    int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x, r0 = (int64_t)blockIdx.y * 32;
-    for (int j = threadIdx.y; j < 32; j += blockDim.y)
-        if (r0 + j < rows && c < cols)
-            tile[j][threadIdx.x] = src[(r0 + j) * cols + c];
-    __syncthreads();
-    int64_t r = r0 + threadIdx.x, c0 = (int64_t)blockIdx.x * 32;
-    for (int j = threadIdx.y; j < 32; j += blockDim.y)
-        if (c0 + j < cols && r < rows)
-            dst[(c0 + j) * rows + r] = tile[threadIdx.x][j];
+    const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x, c0 = (int64_t)blockIdx.x * 32;
+    for (int64_t r0 = (int64_t)blockIdx.y * 32; r0 < rows; r0 += (int64_t)gridDim.y * 32) { /* uniform per block */
+        for (int j = threadIdx.y; j < 32; j += blockDim.y)
+            if (r0 + j < rows && c < cols)
+                tile[j][threadIdx.x] = src[(r0 + j) * cols + c];
+        __syncthreads();
+        const int64_t r = r0 + threadIdx.x;
+        for (int j = threadIdx.y; j < 32; j += blockDim.y)
+            if (c0 + j < cols && r < rows)
+                dst[(c0 + j) * rows + r] = tile[threadIdx.x][j];
+        __syncthreads(); /* the tile is read before the next row block writes it */
+    }
 }
 
 static const void *transposed(struct cuda_backend *cb, enum cuda_scratch_slot slot, const void *src, int64_t rows,
@@ -171,7 +178,8 @@ static const void *transposed(struct cuda_backend *cb, enum cuda_scratch_slot sl
     uint8_t *dst = static_cast<uint8_t *>(cuda_scratch(cb, slot, (size_t)(rows * cols)));
     if (!dst)
         return NULL;
-    dim3 block(32, 8), grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32));
+    const int64_t row_blocks = (rows + 31) / 32;
+    dim3 block(32, 8), grid((unsigned)((cols + 31) / 32), (unsigned)(row_blocks < 65535 ? row_blocks : 65535));
     transpose_u8_kernel<<<grid, block, 0, cb->stream>>>(dst, static_cast<const uint8_t *>(src), rows, cols);
     CB_LAUNCHED(cb, "transpose_u8_kernel");
     return dst;

@@ -177,6 +177,22 @@ static bool plan_set_bias_probe(struct cuda_backend *cb, struct gemm_plan *p, co
            CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
 }
 
+/* p's descriptor back to the default epilogue with the bias attributes at their defaults (no pointer, type -1: D's),
+ * for the separate bias kernel: an fp32 bias type left on a 16-bit D is what cuBLASLt refused, and the header
+ * (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) gives no promise that the default epilogue ignores it. */
+static bool plan_unfuse_bias(struct cuda_backend *cb, struct gemm_plan *p)
+{
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    int32_t bias_type = -1;
+    const void *none = NULL;
+    p->bias_by_kernel = true;
+    return CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) &&
+           CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                        sizeof bias_type)) &&
+           CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &none,
+                                                        sizeof none));
+}
+
 /* The GELU epilogue on p's descriptor (see the top of the file). */
 static bool plan_set_gelu(struct cuda_backend *cb, struct gemm_plan *p, void *aux_probe)
 {
@@ -232,11 +248,8 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
              plan_set_bias_probe(cb, p, probe->bias);
         if (ok)
             ok = plan_pick_algo(cb, p, true, &found);
-        if (ok && !found) { /* no fused-bias kernel for this combination: a separate bias kernel */
-            epi = CUBLASLT_EPILOGUE_DEFAULT;
-            p->bias_by_kernel = true;
-            ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        }
+        if (ok && !found) /* no fused-bias kernel for this combination: a separate bias kernel */
+            ok = plan_unfuse_bias(cb, p);
     }
     if (ok && !found)
         ok = plan_pick_algo(cb, p, false, &found);
@@ -361,13 +374,8 @@ static bool plan_refused(struct cuda_backend *cb, struct gemm_plan *p, cublasSta
         p->gelu_by_kernel = true;
         return true;
     }
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     bool found = false;
-    if (!CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
-        !plan_pick_algo(cb, p, false, &found) || !found)
-        return false;
-    p->bias_by_kernel = true;
-    return true;
+    return plan_unfuse_bias(cb, p) && plan_pick_algo(cb, p, false, &found) && found;
 }
 
 static void plan_run(struct cuda_backend *cb, struct gemm_plan *p, const struct lt_matmul *mm)
