@@ -1493,6 +1493,110 @@ Test(backend_cpu, batchnorm_with_relu_fused_is_the_two_ops)
         }
 }
 
+/* One element of dtype dt (2 or 4 bytes at p) rounded from v by the portable conversion. */
+static void put_elem(void *p, enum dtype dt, size_t k, float v)
+{
+    dtype_convert_portable((char *)p + k * dtype_size(dt), dt, &v, DT_FP32, 1);
+}
+
+/* batchnorm's y and dx are, to the bit, their documented per-element formulas (docs/backend.md), each operation
+ * rounded to fp32 in this order and the result rounded once to the tensor's dtype: y = ((x - mean) * rstd) * gamma
+ * + beta, with a fused ReLU (x <= 0: +0) before the rounding; training dx = rstd * ((dy' * gamma - m1) - ((x - mean)
+ * * rstd) * m2), m1 = gamma * sum(dy') / count and m2 = gamma * sum(dy' * xhat) / count in double rounded to fp32,
+ * eval dx = (dy' * gamma) * rstd, where dy' is dy masked by the fused ReLU's y (y <= 0: +0, NaN passes). fp32, bf16
+ * and fp16; training and eval; with and without the ReLU; 19 channels (two groups of 8 and 3) of 37-element planes
+ * (two 16-element vectors and a tail of 5; four 8-element steps and 5); -0 in dy, NaN in one channel's dy and
+ * another's x (their channels' dx all NaN in training, unless the ReLU masks them), a channel with gamma 0 and beta
+ * -0 (signed zeros at the ReLU), one with gamma 1e-30 (fp16 outputs that round to zero). The vector paths are
+ * checked against the scalar formula, not against each other. */
+Test(backend_cpu, batchnorm_outputs_are_their_formulas_to_the_bit)
+{
+    seed(29);
+    const int64_t n = 3, c = 19, hw = 37;
+    const size_t cnt = (size_t)(n * c * hw);
+    const double count = (double)(n * hw);
+    const enum dtype dts[3] = { DT_FP32, DT_BF16, DT_FP16 };
+    for (int d = 0; d < 3; d++)
+        for (int relu = 0; relu <= 1; relu++)
+            for (int training = 1; training >= 0; training--) {
+                const enum dtype dt = dts[d];
+                const size_t es = dtype_size(dt);
+                float *hx = falloc(cnt), *hdy = falloc(cnt), *hg = falloc((size_t)c), *hb = falloc((size_t)c);
+                for (size_t k = 0; k < cnt; k++) {
+                    const int64_t ch = (int64_t)(k / (size_t)hw) % c;
+                    hx[k] = ch == 5 && k % 29 == 1 ? NAN : k % 7 == 0 ? 0.0f : frand(-2, 2);
+                    hdy[k] = ch == 7 && k % 13 == 3 ? NAN : k % 11 == 4 ? -0.0f : frand(-1, 1);
+                }
+                for (int64_t ch = 0; ch < c; ch++) {
+                    hg[ch] = ch == 2 ? 0.0f : ch == 4 ? 1e-30f : frand(0.5f, 1.5f);
+                    hb[ch] = ch == 2 ? -0.0f : ch == 4 ? 0.0f : frand(-0.5f, 0.5f);
+                }
+                struct tensor *x = tfrom(dt, cnt, hx), *dy = tfrom(dt, cnt, hdy);
+                struct tensor *g = tfrom(DT_FP32, (size_t)c, hg), *b = tfrom(DT_FP32, (size_t)c, hb);
+                float *hrm, *hrv;
+                struct tensor *rm = trand(DT_FP32, (size_t)c, -1, 1, &hrm);
+                struct tensor *rv = trand(DT_FP32, (size_t)c, 0.5f, 2, &hrv);
+                float *rm0 = falloc((size_t)c), *rv0 = falloc((size_t)c);
+                memcpy(rm0, hrm, (size_t)c * sizeof(float));
+                memcpy(rv0, hrv, (size_t)c * sizeof(float));
+                struct norm_args a = { .n = n, .c = c, .hw = hw, .eps = 1e-5f, .momentum = 0.1f, .training = training,
+                                       .relu = relu };
+                struct tensor *y = tnew(dt, cnt), *mean = tnew(DT_FP32, (size_t)c), *rstd = tnew(DT_FP32, (size_t)c);
+                struct tensor *dx = tnew(dt, cnt), *dg = tnew(DT_FP32, (size_t)c), *db = tnew(DT_FP32, (size_t)c);
+                be->batchnorm_forward(be, &a, y, mean, rstd, rm, rv, x, g, b);
+                /* eval normalises with the running statistics (the forward hands them on in mean and rstd), training
+                 * with the batch's (which batchnorm_sums_in_their_documented_order checks to the bit) */
+                float *mu = falloc((size_t)c), *rs = falloc((size_t)c);
+                for (int64_t ch = 0; ch < c; ch++) {
+                    mu[ch] = training ? ((const float *)mean->data)[ch] : rm0[ch];
+                    rs[ch] = training ? ((const float *)rstd->data)[ch]
+                                      : (float)(1.0 / sqrt((double)rv0[ch] + (double)a.eps));
+                }
+                be->batchnorm_backward(be, &a, dx, dg, db, dy, x, relu ? y : NULL, mean, rstd, g, 0.0f);
+                const char *what = dt == DT_FP32 ? "fp32" : dt == DT_BF16 ? "bf16" : "fp16";
+                float *hy = thost(y), *dym = falloc(cnt);
+                char *want = talloc(cnt * es);
+                size_t negzero = 0;
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t ch = 0; ch < c; ch++)
+                        for (int64_t q = 0; q < hw; q++) {
+                            const size_t k = (size_t)((i * c + ch) * hw + q);
+                            float v = (hx[k] - mu[ch]) * rs[ch] * hg[ch] + hb[ch];
+                            negzero += v == 0.0f && signbit(v);
+                            put_elem(want, dt, k, relu && v <= 0.0f ? 0.0f : v);
+                            dym[k] = relu && hy[k] <= 0.0f ? 0.0f : hdy[k];
+                        }
+                cr_assert_eq(memcmp(y->data, want, cnt * es), 0, "%s relu %d training %d: y", what, relu, training);
+                cr_assert_gt(negzero, 0, "%s relu %d training %d: no -0 before the ReLU", what, relu, training);
+                for (int64_t ch = 0; ch < c; ch++) {
+                    double sdy = 0.0, sdyx = 0.0;
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t q = 0; q < hw; q++) {
+                            const size_t k = (size_t)((i * c + ch) * hw + q);
+                            sdy += dym[k];
+                            sdyx += (double)dym[k] * ((hx[k] - mu[ch]) * rs[ch]);
+                        }
+                    const float m1 = (float)(hg[ch] * sdy / count), m2 = (float)(hg[ch] * sdyx / count);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t q = 0; q < hw; q++) {
+                            const size_t k = (size_t)((i * c + ch) * hw + q);
+                            put_elem(want, dt, k,
+                                     training ? rs[ch] * (dym[k] * hg[ch] - m1 - (hx[k] - mu[ch]) * rs[ch] * m2)
+                                              : dym[k] * hg[ch] * rs[ch]);
+                        }
+                    const float want_g = (float)sdyx, want_b = (float)sdy;
+                    cr_assert(memcmp(&((const float *)dg->data)[ch], &want_g, 4) == 0,
+                              "%s relu %d training %d channel %lld: dgamma", what, relu, training, (long long)ch);
+                    cr_assert(memcmp(&((const float *)db->data)[ch], &want_b, 4) == 0,
+                              "%s relu %d training %d channel %lld: dbeta", what, relu, training, (long long)ch);
+                }
+                for (size_t k = 0; k < cnt; k++)
+                    cr_assert(memcmp((const char *)dx->data + k * es, want + k * es, es) == 0,
+                              "%s relu %d training %d: dx[%zu] (channel %zu, element %zu)", what, relu, training, k,
+                              (k / (size_t)hw) % (size_t)c, k % (size_t)hw);
+            }
+}
+
 /* ---- embedding --------------------------------------------------------------------------------- */
 
 Test(backend_cpu, embedding_forward_and_repeated_token_backward)
