@@ -2333,7 +2333,7 @@ LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const
         }
 }
 
-/* The 8 planes from element off0 of data (dtype dt: a tensor's, or bn_dy_planes' staging) as the vector kernels
+/* The 8 planes from element off0 of data (a tensor's, of dtype dt) as the vector kernels
  * read them: bf16 as it is stored, else as fp32 (load_f32: fp16 widened into buf's planes). Whether they are
  * bf16. */
 static bool bn_planes(const void *data, enum dtype dt, size_t off0, int64_t hw, float *buf, const void *p[CHAINS])
@@ -2347,7 +2347,7 @@ static bool bn_planes(const void *data, enum dtype dt, size_t off0, int64_t hw, 
     return bf16;
 }
 
-/* One image's plane of channel ch (hw elements from off) through bn_forward_channel's loop in 16-element vectors:
+/* One image's plane of channel ch (hw elements from off) through bn_forward_plane's loop in 16-element vectors:
  * the same operations in the same order, the ReLU's x <= 0 test, one rounding to y's dtype. */
 LANES16_TARGET static void bn_apply_plane16(void *y, const void *x, enum dtype dt, size_t off, int64_t hw, float mu,
                                             float rs, float gc, float bc, bool relu)
@@ -2363,7 +2363,7 @@ LANES16_TARGET static void bn_apply_plane16(void *y, const void *x, enum dtype d
     }
 }
 
-/* The same for bn_backward_channel's loop: dy masked by a fused ReLU's y (y NULL: none) as bn_dy_planes stages it,
+/* The same for bn_backward_plane's loop: dy masked by a fused ReLU's y (y NULL: none) as bn_dy_planes stages it,
  * then dx = rs * ((dy * gc - m1) - ((x - mu) * rs) * m2) in training, (dy * gc) * rs in eval. */
 LANES16_TARGET static void bn_dx_plane16(void *dx, const void *dy, const void *y, const void *x, enum dtype dt,
                                          size_t off, int64_t hw, bool training, float mu, float rs, float gc,
