@@ -1507,8 +1507,9 @@ static void put_elem(void *p, enum dtype dt, size_t k, float v)
  * and fp16; training and eval; with and without the ReLU; 19 channels (two groups of 8 and 3) of 37-element planes
  * (two 16-element vectors and a tail of 5; four 8-element steps and 5); -0 in dy, NaN in one channel's dy and
  * another's x (their channels' dx all NaN in training, unless the ReLU masks them), a channel with gamma 0 and beta
- * -0 (signed zeros at the ReLU), one with gamma 1e-30 (fp16 outputs that round to zero). The vector paths are
- * checked against the scalar formula, not against each other. */
+ * -0 (signed zeros at the ReLU), one with gamma 1e-30 (fp16 outputs that round to zero). Every path (the sums'
+ * AVX-512 lanes, the scalar chains, any vector form of the outputs to come) is checked against the formula, not
+ * against another path. */
 Test(backend_cpu, batchnorm_outputs_are_their_formulas_to_the_bit)
 {
     seed(29);

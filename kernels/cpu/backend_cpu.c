@@ -73,8 +73,6 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_AVX512_INTRIN 1
-
-#include "lanes16.h" /* a tensor's 16 elements as fp32 lanes: batchnorm's planes */
 #endif
 
 static const float GELU_TANH_S = 0.7978845608028654f;  /* sqrt(2 / pi) */
@@ -2254,7 +2252,6 @@ struct bn_job {
     const float *gamma, *beta;
     double *acc_g, *acc_b;                        /* backward: per-channel sums (c each) */
     int64_t channels;                             /* channels a chunk */
-    bool vec16;                                   /* planes in 16-element vectors (bn_vec16) */
 };
 
 /* A channel's statistics and gradient sums are double sums in order: CHAINS channels side by side (FOR_CHAINS),
@@ -2294,26 +2291,18 @@ LANES8_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf1
 }
 
 /* sdy[l] += dy, sdyx[l] += (double)dy * ((x - mu[l]) * rs[l]) (the product in fp32) for q < hw, in order
- * (bn_grad_sums). With a fused ReLU's y planes (yp), dy is +0 where y <= 0: the masked gradient relu_grad_16 or
- * act_grad_apply would stage, whose only other change, a 16-bit NaN's quiet bit, the widening to double makes
- * anyway. */
-LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS],
-                                             const void *const yp[CHAINS], bool bf16, int64_t hw,
-                                             const float mu[CHAINS], const float rs[CHAINS], double sdy[CHAINS],
-                                             double sdyx[CHAINS])
+ * (bn_grad_sums). */
+LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS], bool bf16,
+                                         int64_t hw, const float mu[CHAINS], const float rs[CHAINS],
+                                         double sdy[CHAINS], double sdyx[CHAINS])
 {
     __m512d a_dy = _mm512_loadu_pd(sdy), a_dyx = _mm512_loadu_pd(sdyx);
     const __m256 m = _mm256_loadu_ps(mu), r = _mm256_loadu_ps(rs);
     int64_t q = 0;
     for (; q + 8 <= hw; q += 8) {
-        __m256 tx[8], td[8], ty[8];
+        __m256 tx[8], td[8];
         planes_transpose8(xp, bf16, q, tx);
         planes_transpose8(dp, bf16, q, td);
-        if (yp) {
-            planes_transpose8(yp, bf16, q, ty);
-            for (int e = 0; e < 8; e++)
-                td[e] = _mm256_maskz_mov_ps(_mm256_cmp_ps_mask(ty[e], _mm256_setzero_ps(), _CMP_NLE_UQ), td[e]);
-        }
         for (int e = 0; e < 8; e++) {
             __m512d dy = _mm512_cvtps_pd(td[e]);
             __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(tx[e], m), r);
@@ -2326,14 +2315,12 @@ LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const
     for (int l = 0; l < CHAINS; l++)
         for (int64_t e = q; e < hw; e++) {
             float dv = plane_elem(dp[l], e, bf16), xv = plane_elem(xp[l], e, bf16);
-            if (yp && plane_elem(yp[l], e, bf16) <= 0.0f)
-                dv = 0.0f;
             sdy[l] += dv;
             sdyx[l] += (double)dv * ((xv - mu[l]) * rs[l]);
         }
 }
 
-/* The 8 planes from element off0 of data (a tensor's, of dtype dt) as the vector kernels
+/* The 8 planes from element off0 of data (dtype dt: a tensor's, or bn_dy_planes' staging) as the vector kernels
  * read them: bf16 as it is stored, else as fp32 (load_f32: fp16 widened into buf's planes). Whether they are
  * bf16. */
 static bool bn_planes(const void *data, enum dtype dt, size_t off0, int64_t hw, float *buf, const void *p[CHAINS])
@@ -2345,46 +2332,6 @@ static bool bn_planes(const void *data, enum dtype dt, size_t off0, int64_t hw, 
                     : (const void *)load_f32(data, dt, off, (size_t)hw, buf ? buf + l * hw : NULL);
     }
     return bf16;
-}
-
-/* One image's plane of channel ch (hw elements from off) through bn_forward_plane's loop in 16-element vectors:
- * the same operations in the same order, the ReLU's x <= 0 test, one rounding to y's dtype. */
-LANES16_TARGET static void bn_apply_plane16(void *y, const void *x, enum dtype dt, size_t off, int64_t hw, float mu,
-                                            float rs, float gc, float bc, bool relu)
-{
-    const __m512 vm = _mm512_set1_ps(mu), vr = _mm512_set1_ps(rs), vg = _mm512_set1_ps(gc), vb = _mm512_set1_ps(bc);
-    for (int64_t e = 0; e < hw; e += 16) {
-        const __mmask16 m = lanes16_mask(hw - e);
-        __m512 v = lanes16_load(x, dt, (int64_t)off + e, m);
-        v = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(v, vm), vr), vg), vb);
-        if (relu)
-            v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v);
-        lanes16_store(y, dt, (int64_t)off + e, m, v);
-    }
-}
-
-/* The same for bn_backward_plane's loop: dy masked by a fused ReLU's y (y NULL: none) as bn_dy_planes stages it,
- * then dx = rs * ((dy * gc - m1) - ((x - mu) * rs) * m2) in training, (dy * gc) * rs in eval. */
-LANES16_TARGET static void bn_dx_plane16(void *dx, const void *dy, const void *y, const void *x, enum dtype dt,
-                                         size_t off, int64_t hw, bool training, float mu, float rs, float gc,
-                                         float m1, float m2)
-{
-    const __m512 vm = _mm512_set1_ps(mu), vr = _mm512_set1_ps(rs), vg = _mm512_set1_ps(gc);
-    const __m512 v1 = _mm512_set1_ps(m1), v2 = _mm512_set1_ps(m2);
-    for (int64_t e = 0; e < hw; e += 16) {
-        const __mmask16 m = lanes16_mask(hw - e);
-        const __m512 d = lanes16_relu_grad(dy, y, dt, (int64_t)off + e, m);
-        __m512 q;
-        if (training) {
-            const __m512 xv = lanes16_load(x, dt, (int64_t)off + e, m);
-            const __m512 t = _mm512_sub_ps(_mm512_mul_ps(d, vg), v1);
-            const __m512 u = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(xv, vm), vr), v2);
-            q = _mm512_mul_ps(vr, _mm512_sub_ps(t, u));
-        } else {
-            q = _mm512_mul_ps(_mm512_mul_ps(d, vg), vr);
-        }
-        lanes16_store(dx, dt, (int64_t)off + e, m, q);
-    }
 }
 
 #endif
@@ -2431,32 +2378,22 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
     }
 }
 
-/* Whether a batchnorm's per-plane loops run in 16-element vectors (bn_apply_plane16, bn_dx_plane16): where the CPU
- * has lanes16.h's instructions and the planes (x and y, or x, dy, dx and the ReLU's y) share one dtype. */
-static bool bn_vec16(enum dtype x, enum dtype other)
-{
-#ifdef HAVE_AVX512_INTRIN
-    return x == other && (x == DT_FP32 || x == DT_BF16 || x == DT_FP16) && lanes16_supported();
-#else
-    (void)x;
-    (void)other;
-    return false;
-#endif
-}
-
 static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
 {
     return (a->c + channels - 1) / channels;
 }
 
-/* Channel ch's mean and rstd: in training from its sums s and ss (bn_stats), updating the running statistics;
- * in eval the running statistics'. Stored into the job's mean and rstd where it has them. */
-static void bn_channel_stats(const struct bn_job *j, int64_t ch, double s, double ss, float *mu_out, float *rs_out)
+/* Channel ch's outputs; in training, from its sums s and ss (bn_stats). */
+HOT_LOOP static void bn_forward_channel(const struct bn_job *j, int64_t ch, double s, double ss, float *xbuf,
+                                        float *ybuf)
 {
     const struct norm_args *a = j->a;
+    const struct tensor *x = j->x;
+    struct tensor *y = j->out;
+    int64_t n = a->n, c = a->c, hw = a->hw;
     float *rm = j->running_mean ? (float *)j->running_mean->data : NULL;
     float *rv = j->running_var ? (float *)j->running_var->data : NULL;
-    double count = (double)(a->n * a->hw);
+    double count = (double)(n * hw);
     float mu_f, rs_f;
     if (a->training) {
         double mu = s / count;
@@ -2479,40 +2416,21 @@ static void bn_channel_stats(const struct bn_job *j, int64_t ch, double s, doubl
         ((float *)j->mean->data)[ch] = mu_f;
     if (j->rstd)
         ((float *)j->rstd->data)[ch] = rs_f;
-    *mu_out = mu_f;
-    *rs_out = rs_f;
-}
-
-/* Image i's plane of channel ch: y = ((x - mu) * rs) * gamma + beta. */
-HOT_LOOP static void bn_forward_plane(const struct bn_job *j, int64_t i, int64_t ch, float mu_f, float rs_f,
-                                      float *xbuf, float *ybuf)
-{
-    const struct norm_args *a = j->a;
-    const struct tensor *x = j->x;
-    struct tensor *y = j->out;
-    const int64_t hw = a->hw;
-    const size_t off = (size_t)((i * a->c + ch) * hw);
-    const float gc = j->gamma ? j->gamma[ch] : 1.0f, bc = j->beta ? j->beta[ch] : 0.0f;
-#ifdef HAVE_AVX512_INTRIN
-    if (j->vec16) {
-        bn_apply_plane16(y->data, x->data, x->dtype, off, hw, mu_f, rs_f, gc, bc, a->relu);
-        return;
+    float gc = j->gamma ? j->gamma[ch] : 1.0f, bc = j->beta ? j->beta[ch] : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        size_t off = (size_t)((i * c + ch) * hw);
+        const float *p = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
+        float *q = out_f32(y->data, y->dtype, off, ybuf);
+        for (int64_t e = 0; e < hw; e++)
+            q[e] = (p[e] - mu_f) * rs_f * gc + bc;
+        /* the fused ReLU in fp32 before the rounding: round(relu(v)) is relu(round(v)) bit for bit (rounding
+         * keeps the sign and a NaN; relu_16 gives +0 for either zero and quiets a NaN, as rounding does) */
+        if (a->relu)
+            act_apply(ACT_RELU, q, q, (size_t)hw);
+        store_f32(y->data, y->dtype, off, (size_t)hw, q);
     }
-#endif
-    const float *p = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
-    float *q = out_f32(y->data, y->dtype, off, ybuf);
-    for (int64_t e = 0; e < hw; e++)
-        q[e] = (p[e] - mu_f) * rs_f * gc + bc;
-    /* the fused ReLU in fp32 before the rounding: round(relu(v)) is relu(round(v)) bit for bit (rounding
-     * keeps the sign and a NaN; relu_16 gives +0 for either zero and quiets a NaN, as rounding does) */
-    if (a->relu)
-        act_apply(ACT_RELU, q, q, (size_t)hw);
-    store_f32(y->data, y->dtype, off, (size_t)hw, q);
 }
 
-/* CHAINS channels at a time: their statistics, then their outputs image by image, so that the last pass reads
- * and writes the lanes' planes of an image together (contiguous), not one channel's planes image after image
- * (a plane of fashion_cnn's 28 x 28 bf16 is 1.5 KiB, too short a run for the prefetchers). */
 static void bn_forward_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct bn_job *j = arg;
@@ -2521,14 +2439,10 @@ static void bn_forward_chunk(void *arg, int64_t chunk, int worker)
     for (int64_t ch0 = c0; ch0 < c1; ch0 += CHAINS) {
         const int64_t lanes = c1 - ch0 < CHAINS ? c1 - ch0 : CHAINS;
         double s[CHAINS] = { 0.0 }, ss[CHAINS] = { 0.0 };
-        float mu[CHAINS], rs[CHAINS];
         if (j->a->training)
             bn_stats(j, ch0, lanes, xbuf, s, ss);
         for (int64_t l = 0; l < lanes; l++)
-            bn_channel_stats(j, ch0 + l, s[l], ss[l], &mu[l], &rs[l]);
-        for (int64_t i = 0; i < j->a->n; i++)
-            for (int64_t l = 0; l < lanes; l++)
-                bn_forward_plane(j, i, ch0 + l, mu[l], rs[l], xbuf, ybuf);
+            bn_forward_channel(j, ch0 + l, s[l], ss[l], xbuf, ybuf);
     }
 }
 
@@ -2547,8 +2461,7 @@ static void cpu_batchnorm_forward(struct backend *be, const struct norm_args *a,
     struct bn_job j = { .cb = cb, .a = a, .out = y, .x = x, .mean = mean, .rstd = rstd,
                         .running_mean = running_mean, .running_var = running_var,
                         .gamma = gamma ? (const float *)gamma->data : NULL,
-                        .beta = beta ? (const float *)beta->data : NULL, .channels = bn_chunk_channels(a),
-                        .vec16 = bn_vec16(x->dtype, y->dtype) };
+                        .beta = beta ? (const float *)beta->data : NULL, .channels = bn_chunk_channels(a) };
     parallel_for(cb->pool, bn_chunks(a, j.channels), bn_forward_chunk, &j);
 }
 
@@ -2590,21 +2503,17 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
         sdy[l] = sdyx[l] = 0.0;
     }
     for (int64_t i = 0; i < n; i++) {
+        size_t doff;
+        const void *dsrc = bn_dy_planes(j, i, ch0, lanes, mbuf, &doff);
 #ifdef HAVE_AVX512_INTRIN
-        /* a fused ReLU's mask applied in the lanes (fp16's y planes widened into mbuf) */
         if (planes8_avx512(lanes) && x->dtype == dy->dtype) {
-            const void *xv[CHAINS], *dv[CHAINS], *yv[CHAINS];
-            const size_t off = (size_t)((i * c + ch0) * hw);
-            bool bf16 = bn_planes(x->data, x->dtype, off, hw, xbuf, xv);
-            bn_planes(dy->data, dy->dtype, off, hw, dybuf, dv);
-            if (j->y)
-                bn_planes(j->y->data, j->y->dtype, off, hw, mbuf, yv);
-            bn_gradsum8_avx512(xv, dv, j->y ? yv : NULL, bf16, hw, mu, rs, sdy, sdyx);
+            const void *xv[CHAINS], *dv[CHAINS];
+            bool bf16 = bn_planes(x->data, x->dtype, (size_t)((i * c + ch0) * hw), hw, xbuf, xv);
+            bn_planes(dsrc, dy->dtype, doff, hw, dybuf, dv);
+            bn_gradsum8_avx512(xv, dv, bf16, hw, mu, rs, sdy, sdyx);
             continue;
         }
 #endif
-        size_t doff;
-        const void *dsrc = bn_dy_planes(j, i, ch0, lanes, mbuf, &doff);
         for (int64_t l = 0; l < lanes; l++) {
             size_t off = (size_t)((i * c + ch0 + l) * hw);
             xp[l] = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf ? xbuf + l * hw : NULL);
@@ -2618,64 +2527,51 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
     }
 }
 
-/* Image i's plane of channel ch's dx, with m1 = mean(dxhat) and m2 = mean(dxhat * xhat) (bn_backward_chunk). */
-HOT_LOOP static void bn_backward_plane(const struct bn_job *j, int64_t i, int64_t ch, float m1, float m2, float *xbuf,
-                                       float *dybuf, float *dxbuf, void *mbuf)
+/* Channel ch's dx from its sums (bn_grad_sums). */
+HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf,
+                                         void *mbuf)
 {
     const struct norm_args *a = j->a;
     const struct tensor *x = j->x, *dy = j->dy;
     struct tensor *dx = j->out;
-    const int64_t hw = a->hw;
-    const float mu = ((const float *)j->smean->data)[ch], rs = ((const float *)j->srstd->data)[ch];
-    const float gc = j->gamma ? j->gamma[ch] : 1.0f;
-    const size_t off = (size_t)((i * a->c + ch) * hw);
-#ifdef HAVE_AVX512_INTRIN
-    if (j->vec16) {
-        bn_dx_plane16(dx->data, dy->data, j->y ? j->y->data : NULL, x->data, x->dtype, off, hw, a->training, mu, rs,
-                      gc, m1, m2);
+    int64_t n = a->n, c = a->c, hw = a->hw;
+    double count = (double)(n * hw);
+    float mu = ((const float *)j->smean->data)[ch], rs = ((const float *)j->srstd->data)[ch];
+    float gc = j->gamma ? j->gamma[ch] : 1.0f;
+    double sdyx = j->acc_g[ch], sdy = j->acc_b[ch];
+    if (!dx)
         return;
+    /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
+    float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
+    for (int64_t i = 0; i < n; i++) {
+        size_t off = (size_t)((i * c + ch) * hw), doff;
+        const void *dsrc = bn_dy_planes(j, i, ch, 1, mbuf, &doff);
+        const float *dp = load_f32(dsrc, dy->dtype, doff, (size_t)hw, dybuf);
+        float *q = out_f32(dx->data, dx->dtype, off, dxbuf);
+        if (a->training) {
+            const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
+            for (int64_t e = 0; e < hw; e++)
+                q[e] = rs * (dp[e] * gc - m1 - (xp[e] - mu) * rs * m2);
+        } else {
+            for (int64_t e = 0; e < hw; e++)
+                q[e] = dp[e] * gc * rs;
+        }
+        store_f32(dx->data, dx->dtype, off, (size_t)hw, q);
     }
-#endif
-    size_t doff;
-    const void *dsrc = bn_dy_planes(j, i, ch, 1, mbuf, &doff);
-    const float *dp = load_f32(dsrc, dy->dtype, doff, (size_t)hw, dybuf);
-    float *q = out_f32(dx->data, dx->dtype, off, dxbuf);
-    if (a->training) {
-        const float *xp = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
-        for (int64_t e = 0; e < hw; e++)
-            q[e] = rs * (dp[e] * gc - m1 - (xp[e] - mu) * rs * m2);
-    } else {
-        for (int64_t e = 0; e < hw; e++)
-            q[e] = dp[e] * gc * rs;
-    }
-    store_f32(dx->data, dx->dtype, off, (size_t)hw, q);
 }
 
-/* CHAINS channels at a time: their gradient sums, then (where dx is wanted) dx image by image, the lanes' planes
- * of an image together (as bn_forward_chunk). */
 static void bn_backward_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct bn_job *j = arg;
     float *xbuf = wscratch(j->cb, worker, WSCR_IN0), *dybuf = wscratch(j->cb, worker, WSCR_IN1);
     float *dxbuf = wscratch(j->cb, worker, WSCR_TMP0);
     void *mbuf = wscratch(j->cb, worker, WSCR_IN2);
-    const double count = (double)(j->a->n * j->a->hw);
     const int64_t c0 = chunk * j->channels, c1 = j->a->c - c0 < j->channels ? j->a->c : c0 + j->channels;
     for (int64_t ch0 = c0; ch0 < c1; ch0 += CHAINS) {
         const int64_t lanes = c1 - ch0 < CHAINS ? c1 - ch0 : CHAINS;
         bn_grad_sums(j, ch0, lanes, xbuf, dybuf, mbuf);
-        if (!j->out)
-            continue;
-        /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
-        float m1[CHAINS], m2[CHAINS];
-        for (int64_t l = 0; l < lanes; l++) {
-            const float gc = j->gamma ? j->gamma[ch0 + l] : 1.0f;
-            m1[l] = (float)(gc * j->acc_b[ch0 + l] / count);
-            m2[l] = (float)(gc * j->acc_g[ch0 + l] / count);
-        }
-        for (int64_t i = 0; i < j->a->n; i++)
-            for (int64_t l = 0; l < lanes; l++)
-                bn_backward_plane(j, i, ch0 + l, m1[l], m2[l], xbuf, dybuf, dxbuf, mbuf);
+        for (int64_t l = 0; l < lanes; l++)
+            bn_backward_channel(j, ch0 + l, xbuf, dybuf, dxbuf, mbuf);
     }
 }
 
@@ -2701,8 +2597,7 @@ static void cpu_batchnorm_backward(struct backend *be, const struct norm_args *a
     struct bn_job j = { .cb = cb, .a = a, .out = dx, .x = x, .dy = dy, .y = a->relu ? y : NULL, .smean = mean,
                         .srstd = rstd,
                         .gamma = gamma ? (const float *)gamma->data : NULL, .acc_g = acc, .acc_b = acc + c,
-                        .channels = bn_chunk_channels(a),
-                        .vec16 = bn_vec16(x->dtype, dy->dtype) && (!dx || dx->dtype == dy->dtype) };
+                        .channels = bn_chunk_channels(a) };
     parallel_for(cb->pool, bn_chunks(a, j.channels), bn_backward_chunk, &j);
     if (dgamma)
         store_acc((float *)dgamma->data, j.acc_g, (size_t)c, beta_acc);

@@ -71,8 +71,6 @@
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#include "lanes16.h" /* lanes16_load, lanes16_store, lanes16_relu_passes: C's elements as fp32 lanes */
 #endif
 
 #define MR 12
@@ -192,7 +190,22 @@ bool gemm_avx512_amx_supported(void)
     return amx_usable && gemm_avx512_supported(DT_BF16);
 }
 
+/* Lanes [0, n) of a 16-lane mask (n clamped to [0, 16]). */
+static __mmask16 lanes16(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
 /* ---- packing ------------------------------------------------------------------------------------- */
+
+/* 16 consecutive elements of an fp32 or fp16 array from element `off`, as fp32; lanes outside `m`
+ * read nothing and are zero. */
+TARGET_AVX512 static __m512 load16(const void *src, enum dtype dt, int64_t off, __mmask16 m)
+{
+    if (dt == DT_FP16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)src + off));
+    return _mm512_maskz_loadu_ps(m, (const float *)src + off);
+}
 
 /* 16 consecutive packed steps of a line from element `off` of src: fp32 and fp16 values as fp32, bf16
  * as pairs (two bf16 in one 32-bit lane, the first in the low half: a plain 32-bit load). Lanes outside
@@ -201,7 +214,7 @@ TARGET_AVX512 static __m512 load16_steps(const void *src, enum dtype dt, int64_t
 {
     if (dt == DT_BF16)
         return _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(m, (const uint16_t *)src + off));
-    return lanes16_load(src, dt, off, m);
+    return load16(src, dt, off, m);
 }
 
 /* r[j] = column j of the 16 x 16 matrix whose rows are r[0..15]. */
@@ -244,11 +257,11 @@ TARGET_AVX512 static void pack_panel_transposed(uint32_t *dst, const void *src, 
             const int64_t nq = min64(16, steps - q0);
             __m512 r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = i < gl ? load16_steps(src, dt, (first + g + i) * ld + p0 + q0 * per_step, lanes16_mask(nq))
+                r[i] = i < gl ? load16_steps(src, dt, (first + g + i) * ld + p0 + q0 * per_step, lanes16(nq))
                               : _mm512_setzero_ps();
             transpose16(r);
             for (int64_t j = 0; j < nq; j++)
-                _mm512_mask_storeu_ps((float *)dst + (q0 + j) * w + g, lanes16_mask(w - g), r[j]);
+                _mm512_mask_storeu_ps((float *)dst + (q0 + j) * w + g, lanes16(w - g), r[j]);
         }
     }
 }
@@ -268,7 +281,7 @@ TARGET_AVX512 static void pack_f32(float *dst, const void *src, enum dtype dt, i
             for (int64_t q = 0; q < kc; q++) {
                 const int64_t off = (p0 + q) * ld + l0 + lp;
                 for (int g = 0; g < w; g += 16)
-                    _mm512_mask_storeu_ps(dst + q * w + g, lanes16_mask(w - g), lanes16_load(src, dt, off + g, lanes16_mask(nl - g)));
+                    _mm512_mask_storeu_ps(dst + q * w + g, lanes16(w - g), load16(src, dt, off + g, lanes16(nl - g)));
             }
             continue;
         }
@@ -303,7 +316,7 @@ TARGET_BF16 static void pack_bf16(uint32_t *dst, const uint16_t *src, int64_t ld
         } else {
             /* nl <= w <= 32: one masked load per k row, lanes past nl read as zero */
             const __mmask32 lm = nl >= 32 ? 0xFFFFFFFFu : ((__mmask32)1 << nl) - 1;
-            const __mmask16 m0 = lanes16_mask(w), m1 = lanes16_mask(w - 16);
+            const __mmask16 m0 = lanes16(w), m1 = lanes16(w - 16);
             for (int64_t q = 0; q < pairs; q++) {
                 const uint16_t *r0 = src + (p0 + 2 * q) * ld + l0 + lp;
                 __m512i lo = _mm512_maskz_loadu_epi16(lm, r0);
@@ -339,7 +352,7 @@ TARGET_AVX512 static void pack_a_amx(uint32_t *dst, const uint16_t *src, int64_t
              * joined) in vector q, then transposed (transpose16: shuffles only move bits) into one vector
              * per row; pairs past (kc + 1) / 2 and the partner of an odd last k load as zeros */
             for (int64_t r0 = 0; r0 < nl; r0 += 16) {
-                const __mmask16 rm = lanes16_mask(nl - r0);
+                const __mmask16 rm = lanes16(nl - r0);
                 const int64_t rows = min64(16, nl - r0);
                 for (int64_t q0 = 0; q0 < steps; q0 += 16) {
                     __m512 v[16];
@@ -467,6 +480,52 @@ TARGET_BF16 static void kernel_bf16(int64_t steps, const uint32_t *pa, const uin
 
 /* ---- epilogue and driver --------------------------------------------------------------------------- */
 
+/* fp32 -> bf16 bits in the low half of each lane: RNE, NaN quieted (dtype.c's bf16_from_fp32). */
+TARGET_AVX512 static __m512i bf16_round(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32(0x7F800000));
+    return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+/* 16 elements of C (dtype dt) at p as fp32, lanes outside m zero. */
+TARGET_AVX512 static __m512 load_c(const void *p, enum dtype dt, __mmask16 m)
+{
+    if (dt == DT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+    return load16(p, dt, 0, m);
+}
+
+/* v rounded once to C's dtype into lanes m of p (fp16: vcvtps2ph, bit for bit dtype.c's fp16_from_fp32). */
+TARGET_AVX512 static void store_c(void *p, enum dtype dt, __mmask16 m, __m512 v)
+{
+    if (dt == DT_BF16)
+        _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_round(v));
+    else if (dt == DT_FP16)
+        _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    else
+        _mm512_mask_storeu_ps(p, m, v);
+}
+
+/* The lanes of 16 elements of a ReLU mask (C's dtype, lanes outside m zero) that pass ReLU: > 0, or a NaN
+ * (act_apply's x <= 0 test failing); +0, -0 and any negative do not. */
+TARGET_AVX512 static __mmask16 relu_passes(const void *p, enum dtype dt, __mmask16 m)
+{
+    if (dt == DT_FP32)
+        return _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, p), _mm512_setzero_ps(), _CMP_NLE_UQ);
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    const __m512i mag = _mm512_and_si512(h, _mm512_set1_epi32(0x7FFF));
+    const __m512i inf = _mm512_set1_epi32(dt == DT_BF16 ? 0x7F80 : 0x7C00);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(mag, inf);
+    const __mmask16 pos = _mm512_testn_epi32_mask(h, _mm512_set1_epi32(0x8000)) &
+                          _mm512_test_epi32_mask(mag, mag);
+    return m & (nan | pos);
+}
+
 /* The valid mr x nr part of a tile at C's (i0, j0): add earlier k blocks' partial sums, then either
  * keep the sum for the next block or finish it (alpha, beta * C_old, bias, ReLU or its mask, store / round
  * once). Zeroing a lane before the rounding gives the +0 the ReLU ops give after it: a value rounds to <= 0
@@ -486,7 +545,7 @@ epilogue_with(const struct gemm_avx512_args *g, const float *tile, int64_t i0, i
     char *const c = g->c;
     const int64_t ldc = g->ldc, ldr = g->ldr;
     for (int v = 0; v < 2 && nr > 16 * v; v++) {
-        const __mmask16 m = lanes16_mask(nr - 16 * v);
+        const __mmask16 m = lanes16(nr - 16 * v);
         const int64_t j = j0 + 16 * v;
         const __m512 bias = bias_p ? _mm512_maskz_loadu_ps(m, bias_p + j) : _mm512_setzero_ps();
         for (int r = 0; r < mr; r++) {
@@ -503,7 +562,7 @@ epilogue_with(const struct gemm_avx512_args *g, const float *tile, int64_t i0, i
             if (extra) {
                 __m512 e = row_bias ? _mm512_set1_ps(row_bias[i]) : bias; /* either bias needs beta 0 */
                 if (has_beta)
-                    e = _mm512_mul_ps(beta, lanes16_load(cp, c_dt, 0, m));
+                    e = _mm512_mul_ps(beta, load_c(cp, c_dt, m));
                 out = _mm512_fmadd_ps(alpha, s, e);
             } else {
                 out = _mm512_mul_ps(alpha, s);
@@ -511,8 +570,8 @@ epilogue_with(const struct gemm_avx512_args *g, const float *tile, int64_t i0, i
             if (relu)
                 out = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(out, _mm512_setzero_ps(), _CMP_NLE_UQ), out);
             if (rmask)
-                out = _mm512_maskz_mov_ps(lanes16_relu_passes(rmask + (size_t)(i * ldr + j) * csize, c_dt, 0, m), out);
-            lanes16_store(cp, c_dt, 0, m, out);
+                out = _mm512_maskz_mov_ps(relu_passes(rmask + (size_t)(i * ldr + j) * csize, c_dt, m), out);
+            store_c(cp, c_dt, m, out);
         }
     }
 }
