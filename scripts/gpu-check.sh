@@ -8,7 +8,9 @@
 #                                      PYTHON (python3: the one with PyTorch), BUILD_DIR (build-gpu),
 #                                      PHASES ("build tests bench", and "sanitize": compute-sanitizer
 #                                      memcheck over the op tests, when asked),
-#                                      TEST_TIMEOUT (300 s a test binary), RUN_TIMEOUT (90 s a training run)
+#                                      TEST_TIMEOUT (300 s a test binary), RUN_TIMEOUT (90 s a training run;
+#                                      300 s with DRY=1, where width-768 GPT runs on two CPU cores have
+#                                      passed 90 s: PyTorch fp32, ampTrain fp8 with its evaluation)
 # The build goes to BUILD_DIR in the checkout, not OUTDIR, so OUTDIR holds only logs and the table, and a
 # later call with PHASES="tests" or "bench" reuses it (on the device machine: while it stays warm).
 # BUNDLE=.gpu-bundle/bundle.tar.gz uses what scripts/gpu-bundle.sh built on the development machine
@@ -26,7 +28,8 @@ out=$(mkdir -p "$1" && cd "$1" && pwd)
 dry=${DRY:-0}; python=${PYTHON:-python3}
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 steps=${STEPS:-300}; wide_steps=${WIDE_STEPS:-100}; jobs=${JOBS:-$(nproc)}
-[ "$dry" = 1 ] && { steps=${STEPS:-3}; wide_steps=${WIDE_STEPS:-2}; }
+run_timeout=${RUN_TIMEOUT:-90}
+[ "$dry" = 1 ] && { steps=${STEPS:-3}; wide_steps=${WIDE_STEPS:-2}; run_timeout=${RUN_TIMEOUT:-300}; }
 device=cuda; torch_device=cuda
 [ "$dry" = 1 ] && { device=cpu; torch_device=cpu; }
 build=${BUILD_DIR:-build-gpu}; phases=" ${PHASES:-build tests bench} "
@@ -186,7 +189,7 @@ tokens_of() { case $1 in text_gpt*) echo 64 ;; *) echo 0 ;; esac; }
 run_amp() { # key config steps overrides...
   local key=$1 cfg=$2 n=$3; shift 3
   local log="$out/amp-$key.log"
-  AMP_CUDA_MEMLOG=1 timeout "${RUN_TIMEOUT:-90}" "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
+  AMP_CUDA_MEMLOG=1 timeout "$run_timeout" "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
     run.log_every=50 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$runs/$key" "$@" > "$log" 2>&1
   local rc=$?
   # keep the step log; the run's checkpoint (up to ~200 MB at width 768) stays out of OUTDIR
@@ -205,7 +208,7 @@ run_amp() { # key config steps overrides...
 run_torch() { # key model mode steps extra...
   local key=$1 model=$2 mode=$3 n=$4; shift 4
   local log="$out/torch-$key.log"
-  timeout "${RUN_TIMEOUT:-90}" "$python" scripts/bench_gpu_torch.py "$model" "$mode" "$n" --device "$torch_device" "$@" > "$log" 2>&1
+  timeout "$run_timeout" "$python" scripts/bench_gpu_torch.py "$model" "$mode" "$n" --device "$torch_device" "$@" > "$log" 2>&1
   local rc=$?
   torch_sps[$key]=$(sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p' "$log" | tail -1)
   torch_mem[$key]=$(sed -n 's/.*peak \([0-9.]*\) MiB.*/\1/p' "$log" | tail -1)
