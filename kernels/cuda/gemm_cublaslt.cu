@@ -177,13 +177,13 @@ static bool plan_set_bias_probe(struct cuda_backend *cb, struct gemm_plan *p, co
            CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
 }
 
-/* p's descriptor back to the default epilogue with the bias attributes at their defaults (no pointer, type -1: D's),
- * for the separate bias kernel: an fp32 bias type left on a 16-bit D is what cuBLASLt refused, and the header
- * (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) gives no promise that the default epilogue ignores it. */
+/* p's descriptor back to the default epilogue, no bias pointer and the bias type D's own (what the header gives
+ * as the rule, cublasLt.h CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), for the separate bias kernel: an fp32 bias type left
+ * on a 16-bit D is what cuBLASLt refused, and nothing promises that the default epilogue ignores it. */
 static bool plan_unfuse_bias(struct cuda_backend *cb, struct gemm_plan *p)
 {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-    int32_t bias_type = -1;
+    int32_t bias_type = (int32_t)cuda_type((enum dtype)p->key.c_dt);
     const void *none = NULL;
     p->bias_by_kernel = true;
     return CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) &&
