@@ -100,6 +100,10 @@ note "versions: $("$bin" --version 2>&1 | tr '\n' ';' | sed 's/;$//')"
 
 # ---- GPU tests: on a GPU machine a skip is a failure ----
 export OPENBLAS_NUM_THREADS=1
+# NCCL (the one-rank communicator of test_cuda_dist and the bench's NCCL run) on one machine: its warnings in the
+# logs, so a refusal (gVisor's /sys and sockets are limited: KINDS.md) says why; the loopback interface, so its
+# socket setup does not search the machine's network
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 # The end-to-end GPU tests run $AMPTRAIN_BIN where set (the bundle's binary). Prove it with a wrapper that
 # leaves a mark (no GPU needed, so the DRY run checks it too).
 if has_phase tests; then
