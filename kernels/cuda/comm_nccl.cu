@@ -86,23 +86,23 @@ extern "C" enum amp_status nccl_comm_use(struct comm *c, struct backend *be, str
     }
     if (!bad)
         r = ncclCommInitRank(&s->nccl, c->world, id, c->rank);
-    if (!bad && r != ncclSuccess && c->world > 1) {
-        /* the other ranks may be waiting inside ncclCommInitRank (a collective) for this one, and would never reach
-         * the agreement after this call that an error otherwise goes through: end the job now, as dist.c does
-         * where a rank cannot make a collective */
-        fprintf(stderr,
-                "[rank %d] ampTrain: error: NCCL communicator over %d ranks could not be made: %s\n"
-                "hint: run with NCCL_DEBUG=INFO to see why, or set dist.backend: mpi\n",
-                c->rank, c->world, ncclGetErrorString(r));
-        free(s);
-        c->abort(c, AMP_ERR_INTERNAL);
-        return AMP_ERR_INTERNAL;
-    }
     if (bad || r != ncclSuccess) {
         free(s);
-        return amp_fail(err, AMP_ERR_INTERNAL, "run with NCCL_DEBUG=INFO to see why, or set dist.backend: mpi",
-                        "NCCL communicator over %d ranks could not be made: %s", c->world,
-                        ncclGetErrorString(bad ? ncclInternalError : r));
+        enum amp_status st =
+            amp_fail(err, AMP_ERR_INTERNAL, "run with NCCL_DEBUG=INFO to see why, or set dist.backend: mpi",
+                     "NCCL communicator over %d ranks could not be made: %s", c->world,
+                     ncclGetErrorString(bad ? ncclInternalError : r));
+        if (!bad && c->world > 1) {
+            /* this rank's init failed, and the others may be waiting inside ncclCommInitRank (a collective) for
+             * it: they would never reach the agreement an error otherwise goes through, so end the job now, as
+             * lib/dist.c does where a rank cannot make a collective */
+            if (err) {
+                fprintf(stderr, "[rank %d] ", c->rank);
+                amp_error_print(err, stderr);
+            }
+            c->abort(c, AMP_ERR_INTERNAL);
+        }
+        return st;
     }
     s->cb = cuda_of(be);
     s->before = *c;
