@@ -16,7 +16,8 @@
  * and the epilogue applies the scales: the same values up to summation order. On the native path Hopper's FP8
  * tensor cores add the products in a narrower accumulator (about 22 bits, moved into fp32 every few 32-product
  * groups; fast accumulation is off, the most accurate setting), so an fp32 C differs from the CPU's exact-product
- * fp32 sums by about 1e-4 relative where the emulation path differs by summation order only.
+ * fp32 sums by more than summation order: about 1e-4 relative on the GPU test's operands by a reviewer's
+ * simulation of that accumulator (an estimate; not yet measured on a GPU).
  * Only a bf16 or fp32 D is made, so cuBLASLt's D-amax output (for an fp8 D) is not used.
  */
 #include "backend_cuda_internal.h"
