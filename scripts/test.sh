@@ -31,9 +31,12 @@ if grep -nE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" build-asan/
   exit 1
 fi
 
+echo "== races: the CPU backend's threads under ThreadSanitizer =="
+scripts/tsan.sh
+
 echo "== fuzz: each harness 60 s, fixed seed =="
 # The libFuzzer harnesses of tests/fuzz/ (build-fuzz/, clang, ASan + UBSan + leak detection): scripts/fuzz.sh
 # sets the sanitizer options libFuzzer needs itself and exits non-zero on any finding in our code.
 SECONDS_EACH=60 scripts/fuzz.sh
 
-echo "test.sh: all tests passed in both builds, and the fuzz harnesses found nothing in our code"
+echo "test.sh: all tests passed in both builds, ThreadSanitizer saw no race, and the fuzz harnesses found nothing in our code"
