@@ -193,7 +193,7 @@ static const char *const resume_allowed[] = {
     "run.out_dir", "run.device", "run.threads", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
     /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
-    "dist.backend", "dist.check_every",
+    "dist.backend", "dist.check_every", "dist.timeout_s",
     "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
 };
 
@@ -383,6 +383,7 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
             config_free(&cfg);
         return st;
     }
+    comm_set_timeout(ranks, cfg.dist.timeout_s); /* every rank read the one checkpoint */
     struct ckpt_info info;
     struct backend *be = NULL;
     struct dataset ds;

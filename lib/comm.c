@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm_watch.h"    /* the waits for other ranks */
 #include "device_module.h" /* the NCCL communicator, in the CUDA backend module */
 
 static void single_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
@@ -95,6 +96,11 @@ enum amp_status comm_open(struct comm **out, int *argc, char ***argv, struct amp
 #endif
 }
 
+void comm_set_timeout(struct comm *c, double seconds)
+{
+    comm_watch_set_timeout(c->watch, seconds);
+}
+
 void comm_close(struct comm *c)
 {
     if (c)
@@ -142,8 +148,13 @@ void comm_release_nccl(struct comm *c)
 enum amp_status comm_use_nccl(struct comm *c, struct backend *be, struct amp_error *err)
 {
     const struct device_module *m = device_module_cuda_loaded();
-    if (m && m->use_nccl)
-        return m->use_nccl(c, be, err);
+    if (m && m->use_nccl) {
+        /* the NCCL id's broadcast and ncclCommInitRank wait for every rank: watched as a collective */
+        comm_watch_begin(c->watch, "making the NCCL communicator (ncclCommInitRank)");
+        enum amp_status st = m->use_nccl(c, be, err);
+        comm_watch_end(c->watch);
+        return st;
+    }
     return amp_fail(err, AMP_ERR_CONFIG, "set dist.backend: mpi (or auto), or rebuild where CUDA, MPI and NCCL are found",
                     "dist.backend is nccl, but this ampTrain was built without NCCL (ampTrain --version)");
 }

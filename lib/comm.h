@@ -22,8 +22,12 @@
  *    it equals one rank summing the same two micro-batches). It may run asynchronously on the backend's
  *    queue (NCCL): the result is ready for the backend's next operation, not for the host.
  *  - Host collectives (host_*) are synchronous and take host memory.
- *  - A lost rank ends the job: MPI's default error handler aborts every rank (mpirun kills them);
- *    nothing waits forever.
+ *  - A lost rank ends the job: MPI's default error handler aborts every rank (mpirun kills them).
+ *    A stalled one ends it too: every wait of this rank for the others (each blocking collective, making
+ *    the NCCL communicator, MPI_Finalize) is watched (lib/comm_watch.h), and one longer than the limit
+ *    (dist.timeout_s, COMM_TIMEOUT_DEFAULT_S until the config is read) ends the job with exit code 1.
+ *    Nothing waits for ever, except where the limit is 0, and except NCCL's reductions themselves, which
+ *    the host never waits on here (the CUDA backend's synchronisation does).
  */
 #ifndef AMP_COMM_H
 #define AMP_COMM_H
@@ -33,6 +37,12 @@
 #include <stdint.h>
 
 #include "error.h" /* enum amp_status, struct amp_error */
+
+/* The longest a rank waits for the others in one collective before it ends the job (dist.timeout_s's
+ * default): 30 minutes, PyTorch's default process-group timeout. */
+#define COMM_TIMEOUT_DEFAULT_S 1800.0
+
+struct comm_watch;
 
 enum comm_dtype { COMM_F32, COMM_F64, COMM_I64 };
 enum comm_op { COMM_SUM, COMM_MAX, COMM_MIN };
@@ -59,6 +69,7 @@ struct comm {
     void (*abort)(struct comm *c, int code);
     void (*close)(struct comm *c);
     void *impl;
+    struct comm_watch *watch; /* the waits for other ranks (comm_watch.h); NULL for one rank */
 };
 
 /* The communicator of this process. Launched by mpirun/srun (their environment says so) and built with
@@ -67,6 +78,8 @@ struct comm {
 enum amp_status comm_open(struct comm **out, int *argc, char ***argv, struct amp_error *err);
 /* The single-rank communicator (also for tests). */
 struct comm *comm_single(void);
+/* The longest this rank waits for the others in one collective from now on (dist.timeout_s; 0: no limit). */
+void comm_set_timeout(struct comm *c, double seconds);
 /* Ends MPI where it was started; NULL-safe. */
 void comm_close(struct comm *c);
 

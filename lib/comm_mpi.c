@@ -4,7 +4,8 @@
  * Built where CMake finds MPI (AMP_HAVE_MPI). MPI_Init happens in comm_mpi_open, before the config is
  * read, so that a rank that cannot read its config can still tell the others (lib/dist.h, comm_agree).
  * Errors keep MPI's default handler, MPI_ERRORS_ARE_FATAL: a rank lost mid-collective aborts the job
- * instead of leaving the others waiting.
+ * instead of leaving the others waiting. A rank that stalls is the watchdog's (comm_watch.h): every
+ * blocking call here is one watched wait.
  *
  * Large buffers go in buckets of at most COMM_BUCKET elements (MPI counts are int, and a bounded
  * message keeps the transport's buffers bounded).
@@ -19,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h> /* gethostname */
+
+#include "comm_watch.h"
 
 #define COMM_BUCKET ((size_t)1 << 22) /* elements per MPI call: 16 MiB of fp32 */
 
@@ -37,13 +40,28 @@ static MPI_Op mpi_op(enum comm_op op)
     return op == COMM_SUM ? MPI_SUM : op == COMM_MAX ? MPI_MAX : MPI_MIN;
 }
 
+static const char *type_name(enum comm_dtype dt)
+{
+    return dt == COMM_F32 ? "fp32" : dt == COMM_F64 ? "fp64" : "int64";
+}
+
+static const char *op_name(enum comm_op op)
+{
+    return op == COMM_SUM ? "all-reduce (sum)" : op == COMM_MAX ? "all-reduce (max)" : "all-reduce (min)";
+}
+
 static void mpi_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
-    (void)c;
     char *p = buf;
     for (size_t done = 0; done < count;) {
         size_t n = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
+        if (c->watch) {
+            char what[128];
+            snprintf(what, sizeof what, "an %s of %zu %s values", op_name(op), n, type_name(dt));
+            comm_watch_begin(c->watch, what);
+        }
         MPI_Allreduce(MPI_IN_PLACE, p + done * type_size(dt), (int)n, mpi_type(dt), mpi_op(op), MPI_COMM_WORLD);
+        comm_watch_end(c->watch);
         done += n;
     }
 }
@@ -56,19 +74,29 @@ static void mpi_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dt
 
 static void mpi_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
 {
-    (void)c;
     char *p = buf;
     for (size_t done = 0; done < bytes;) {
         size_t n = bytes - done < COMM_BUCKET ? bytes - done : COMM_BUCKET;
+        if (c->watch) {
+            char what[128];
+            snprintf(what, sizeof what, "a broadcast of %zu bytes from rank %d", n, root);
+            comm_watch_begin(c->watch, what);
+        }
         MPI_Bcast(p + done, (int)n, MPI_BYTE, root, MPI_COMM_WORLD);
+        comm_watch_end(c->watch);
         done += n;
     }
 }
 
 static void mpi_host_allgather(struct comm *c, const void *send, void *recv, size_t bytes)
 {
-    (void)c;
+    if (c->watch) {
+        char what[128];
+        snprintf(what, sizeof what, "an all-gather of %zu bytes a rank", bytes);
+        comm_watch_begin(c->watch, what);
+    }
     MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+    comm_watch_end(c->watch);
 }
 
 static void mpi_abort(struct comm *c, int code)
@@ -84,8 +112,12 @@ static void mpi_close(struct comm *c)
 {
     int done = 0;
     MPI_Finalized(&done);
-    if (!done)
+    if (!done) {
+        comm_watch_begin(c->watch, "MPI_Finalize (the ranks' last meeting)"); /* it waits for every rank */
         MPI_Finalize();
+        comm_watch_end(c->watch);
+    }
+    comm_watch_free(c->watch);
     free(c);
 }
 
@@ -123,8 +155,10 @@ static void count_hosts(struct comm *c)
         fprintf(stderr, "[rank %d] ampTrain: error: out of memory starting MPI\n", c->rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    comm_watch_begin(c->watch, "the exchange of host names at start");
     MPI_Allgather(&me, (int)(sizeof me / sizeof(uint64_t)), MPI_UINT64_T, all, (int)(sizeof me / sizeof(uint64_t)),
                   MPI_UINT64_T, MPI_COMM_WORLD);
+    comm_watch_end(c->watch);
     c->local_rank = 0;
     c->local_world = 0;
     c->hosts = 0;
@@ -178,6 +212,8 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
     };
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    /* out of memory for it: the job runs unwatched (every comm_watch call takes NULL) */
+    c->watch = comm_watch_new(c->rank, COMM_TIMEOUT_DEFAULT_S);
     count_hosts(c);
     *out = c;
     return AMP_OK;

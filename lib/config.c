@@ -35,6 +35,7 @@
 
 #include <yaml.h>
 
+#include "comm.h"  /* COMM_TIMEOUT_DEFAULT_S: dist.timeout_s's default */
 #include "dtype.h" /* double_to_text */
 #include "threadpool.h" /* threadpool_available_cpus: run.threads beyond the CPUs warns */
 
@@ -362,6 +363,7 @@ static const struct section stability_section = {"stability", stability_fields, 
 static const struct field dist_fields[] = {
     ENUM_(S, backend, dist_backend_names, DIST_AUTO),
     INT_(S, check_every, 0, GE(0), .def_text = "0: at every log flush"),
+    DBL_(S, timeout_s, COMM_TIMEOUT_DEFAULT_S, GE(0), .def_text = "1800 s; 0: wait for ever"),
 };
 #undef S
 static const struct section dist_section = {"dist", dist_fields, ARRAY_LEN(dist_fields)};

@@ -222,6 +222,8 @@ struct stability_config {
 struct dist_config {
     enum dist_backend backend; /* auto (default: nccl on CUDA where built, else mpi) | none | mpi | nccl */
     int64_t check_every;       /* steps between replica checksum comparisons; 0 (default): every log flush */
+    double timeout_s;          /* the longest a rank waits for the others in one collective before it ends the
+                                * job (lib/comm_watch.h); 0: no limit */
 };
 
 struct config {

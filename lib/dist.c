@@ -207,8 +207,10 @@ enum amp_status dist_check_config(struct comm *c, const struct config *cfg, stru
     char ranks[256];
     bool same = same_on_all(c, all, 1, 0, ranks, sizeof ranks);
     free(all);
-    if (same)
+    if (same) { /* one config: every rank has its limit (comm_watch.h) */
+        comm_set_timeout(c, cfg->dist.timeout_s);
         return AMP_OK;
+    }
     return amp_fail(err, AMP_ERR_CONFIG,
                     "give every rank the same config and the same KEY=VALUE overrides (compare 'ampTrain check' "
                     "on each)",

@@ -65,7 +65,8 @@ enum amp_status comm_agree_stop(struct comm *c, enum amp_status st, int *sig, st
 int dist_threads(const struct comm *c, const struct run_config *run);
 
 /* Ranks whose resolved configs differ (per-rank overrides, different files): AMP_ERR_CONFIG on every
- * rank, naming the ranks. Compares a hash of the resolved YAML. */
+ * rank, naming the ranks. Compares a hash of the resolved YAML. Where they agree, the communicator takes
+ * the config's dist.timeout_s from here on. */
 enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err);
 
 /* Replicas never diverge silently: hash every parameter's FP32 master and the scaler state and step,

@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <time.h>
 
+#include "comm_watch.h" /* the collective watchdog */
 #include "dist.h"  /* struct dist, comm_agree */
 #include "threadpool.h" /* threadpool_available_cpus: what run.threads auto divides */
 #include "train.h" /* trainer_setup, trainer_step, trainer_flush: the in-process test */
@@ -343,15 +344,15 @@ Test(dist, eval_sharded_over_ranks_equals_one_rank)
 
 /* Start a long two-rank run in the background (its exit code goes to OUT.rc); returns once scale_log.csv
  * has a row. */
-static void start_long_run_with(const char *out, const char *mpirun_options)
+static void start_long_run_with(const char *out, const char *mpirun_options, const char *args)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "cd %s && { " MPI_ENV
              "timeout -s KILL 200 mpirun -np 2 --oversubscribe --bind-to none %s %s run configs/fashion_mlp.yaml "
-             SMALL " run.steps=100000 run.log_every=5 run.ckpt_every=40 run.out_dir=%s/%s > %s/%s.out 2>&1; echo $? > %s/%s.rc; } "
+             SMALL " run.steps=100000 run.log_every=5 run.ckpt_every=40 run.out_dir=%s/%s %s > %s/%s.out 2>&1; echo $? > %s/%s.rc; } "
              "> /dev/null 2>&1 &",
-             AMP_SOURCE_DIR, mpirun_options, AMP_BINARY, scratch, out, scratch, out, scratch, out);
+             AMP_SOURCE_DIR, mpirun_options, AMP_BINARY, scratch, out, args, scratch, out, scratch, out);
     cr_assert_eq(system(cmd), 0);
     char csv[512];
     snprintf(csv, sizeof csv, "%s/%s/scale_log.csv", scratch, out);
@@ -366,7 +367,7 @@ static void start_long_run_with(const char *out, const char *mpirun_options)
 
 static void start_long_run(const char *out)
 {
-    start_long_run_with(out, "");
+    start_long_run_with(out, "", "");
 }
 
 /* Wait up to `seconds` for the background job; returns mpirun's exit code, or -1 if it still runs. */
@@ -440,7 +441,7 @@ Test(dist, sigterm_to_mpirun_is_forwarded)
 {
     NEED_MPI();
     make_scratch();
-    start_long_run_with("fw", "--mca odls_base_sigkill_timeout 10");
+    start_long_run_with("fw", "--mca odls_base_sigkill_timeout 10", "");
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "pkill -TERM -f '^mpirun .*%s/fw'", scratch);
     cr_assert_eq(system(cmd), 0);
@@ -473,6 +474,75 @@ Test(dist, sigkill_of_one_rank_ends_the_job)
     r = amp("inspect %s/k", scratch);
     cr_assert_eq(r.code, 0, "latest does not name a checkpoint that verifies after the kill:\n%s", r.out);
     remove_scratch();
+}
+
+/* A rank that stalls without dying (SIGSTOP: what a hung filesystem or a paused host looks like to the
+ * others): rank 0 waits in the next collective, and past dist.timeout_s its watchdog ends the job with
+ * exit code 1, naming the wait and the key. Without the watchdog the job waits until the test's own kill. */
+Test(dist, a_stalled_rank_ends_the_job_after_dist_timeout)
+{
+    NEED_MPI();
+    make_scratch();
+    start_long_run_with("st", "", "dist.timeout_s=2");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "for i in $(seq 300); do [ -s %s/st/latest ] && break; sleep 0.1; done; cat %s/st/latest",
+             scratch, scratch);
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "ckpt-"), "no checkpoint before the stall: %s", r.out);
+    time_t t0 = time(NULL);
+    signal_ranks("STOP", "-n", "st");
+    int rc = wait_run("st", 60);
+    time_t waited = time(NULL) - t0;
+    /* a stopped rank that mpirun left behind, if any */
+    snprintf(cmd, sizeof cmd, "pkill -KILL -f '^%s run configs/fashion_mlp.yaml.*%s/st'", AMP_BINARY, scratch);
+    (void)!system(cmd);
+    cr_assert_neq(rc, -1, "the job still runs 60 s after a rank stalled, with dist.timeout_s=2");
+    cr_assert_neq(rc, 0);
+    cr_assert_geq(waited, 2, "the job ended %lds after the stall, before dist.timeout_s", (long)waited);
+    snprintf(cmd, sizeof cmd, "cat %s/st.out", scratch);
+    r = shell(cmd);
+    /* the rank that waits says so (the one stopped is whichever started last) */
+    cr_assert(strstr(r.out, "] ampTrain: error: waited "), "%s", r.out);
+    cr_assert(strstr(r.out, "longer than dist.timeout_s (2 s)"), "%s", r.out);
+    cr_assert(strstr(r.out, "hint: "), "%s", r.out);
+    r = amp("inspect %s/st", scratch);
+    cr_assert_eq(r.code, 0, "latest does not name a checkpoint that verifies after the stall:\n%s", r.out);
+    remove_scratch();
+}
+
+/* ---- in process: the watchdog alone (comm_watch.h) ----------------------------------------------------- */
+
+/* A wait past the limit ends the process with exit code 1 (Criterion runs each test in its own process). */
+Test(dist, watch_ends_a_wait_past_its_limit, .exit_code = 1)
+{
+    struct comm_watch *w = comm_watch_new(0, 0.2);
+    cr_assert_not_null(w);
+    comm_watch_begin(w, "a test's wait");
+    nanosleep(&(struct timespec){.tv_sec = 3}, NULL);
+    cr_assert_fail("still running 3 s into a wait with a limit of 0.2 s");
+}
+
+/* Waits shorter than the limit pass however many there are; time between waits does not count; a limit of 0
+ * never ends a wait; the thread stops when the watch is freed. */
+Test(dist, watch_lets_shorter_waits_and_idle_time_pass)
+{
+    struct comm_watch *w = comm_watch_new(0, 0.3);
+    cr_assert_not_null(w);
+    for (int i = 0; i < 12; i++) {
+        comm_watch_begin(w, "a short wait");
+        nanosleep(&(struct timespec){.tv_nsec = 50000000}, NULL);
+        comm_watch_end(w);
+        nanosleep(&(struct timespec){.tv_nsec = 150000000}, NULL); /* 2.4 s idle in all, 8 limits */
+    }
+    comm_watch_set_timeout(w, 0);
+    cr_assert_eq(comm_watch_timeout(w), 0);
+    comm_watch_begin(w, "a wait without a limit");
+    nanosleep(&(struct timespec){.tv_nsec = 600000000}, NULL);
+    comm_watch_end(w);
+    comm_watch_free(w);
+    comm_watch_free(NULL);
+    comm_watch_begin(NULL, "nothing"); /* no watch (out of memory at start): nothing is watched */
+    comm_watch_end(NULL);
 }
 
 /* ---- in process: what a step asks of the communicator ------------------------------------------------ */
