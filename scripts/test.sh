@@ -21,7 +21,6 @@ BUILD_DIR=build scripts/build.sh -DAMP_WERROR=ON -DAMP_TESTS=ON -DCMAKE_BUILD_TY
 echo "== build 2/2: CPU-only with ASan + UBSan (-Werror) =="
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-export AMP_SANITIZED=1
 BUILD_DIR=build-asan scripts/build.sh -DAMP_WERROR=ON -DAMP_SANITIZE=ON -DAMP_CUDA=OFF -DAMP_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ctest --output-on-failure --timeout 2400)
 # Criterion runs each test in a worker whose sanitizer report does not always fail the test (LeakSanitizer
