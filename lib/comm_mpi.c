@@ -16,6 +16,7 @@
 
 #include <mpi.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,16 +51,26 @@ static const char *op_name(enum comm_op op)
     return op == COMM_SUM ? "all-reduce (sum)" : op == COMM_MAX ? "all-reduce (max)" : "all-reduce (min)";
 }
 
+/* This rank starts waiting for the others in a collective that fmt describes (comm_watch_begin). */
+static void watch_begin(struct comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void watch_begin(struct comm *c, const char *fmt, ...)
+{
+    if (!c->watch)
+        return;
+    char what[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    comm_watch_begin(c->watch, what);
+}
+
 static void mpi_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
     char *p = buf;
     for (size_t done = 0; done < count;) {
         size_t n = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
-        if (c->watch) {
-            char what[128];
-            snprintf(what, sizeof what, "an %s of %zu %s values", op_name(op), n, type_name(dt));
-            comm_watch_begin(c->watch, what);
-        }
+        watch_begin(c, "an %s of %zu %s values", op_name(op), n, type_name(dt));
         MPI_Allreduce(MPI_IN_PLACE, p + done * type_size(dt), (int)n, mpi_type(dt), mpi_op(op), MPI_COMM_WORLD);
         comm_watch_end(c->watch);
         done += n;
@@ -77,11 +88,7 @@ static void mpi_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
     char *p = buf;
     for (size_t done = 0; done < bytes;) {
         size_t n = bytes - done < COMM_BUCKET ? bytes - done : COMM_BUCKET;
-        if (c->watch) {
-            char what[128];
-            snprintf(what, sizeof what, "a broadcast of %zu bytes from rank %d", n, root);
-            comm_watch_begin(c->watch, what);
-        }
+        watch_begin(c, "a broadcast of %zu bytes from rank %d", n, root);
         MPI_Bcast(p + done, (int)n, MPI_BYTE, root, MPI_COMM_WORLD);
         comm_watch_end(c->watch);
         done += n;
@@ -90,11 +97,7 @@ static void mpi_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
 
 static void mpi_host_allgather(struct comm *c, const void *send, void *recv, size_t bytes)
 {
-    if (c->watch) {
-        char what[128];
-        snprintf(what, sizeof what, "an all-gather of %zu bytes a rank", bytes);
-        comm_watch_begin(c->watch, what);
-    }
+    watch_begin(c, "an all-gather of %zu bytes a rank", bytes);
     MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
     comm_watch_end(c->watch);
 }
