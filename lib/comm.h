@@ -26,8 +26,8 @@
  *    A stalled one ends it too: every wait of this rank for the others (each blocking collective, making
  *    the NCCL communicator, MPI_Finalize) is watched (lib/comm_watch.h), and one longer than the limit
  *    (dist.timeout_s, COMM_TIMEOUT_DEFAULT_S until the config is read) ends the job with exit code 1.
- *    Nothing waits for ever, except where the limit is 0, and except NCCL's reductions themselves, which
- *    the host never waits on here (the CUDA backend's synchronisation does).
+ *    Nothing waits for ever, except where the limit is 0, and except a GPU hung inside NCCL's all-reduce
+ *    (the host waits for that in the CUDA backend's synchronisation, not here).
  */
 #ifndef AMP_COMM_H
 #define AMP_COMM_H

@@ -47,10 +47,10 @@ static void expire(struct comm_watch *w, double waited)
              "find the rank that is not in this collective (its log, 'py-spy dump' or 'gdb -p' on its process); "
              "if a rank can legitimately take longer between collectives (a large checkpoint, a slow data "
              "load), raise dist.timeout_s (0: wait for ever)",
-             "waited %.1f s for the other ranks in %s, longer than dist.timeout_s (%g s): a rank has stalled (a "
+             "waited %.*f s for the other ranks in %s, longer than dist.timeout_s (%g s): a rank has stalled (a "
              "hung filesystem or device, a stopped process, a paused host) or is far slower than this one; "
              "ending the job",
-             waited, w->what, w->timeout_s);
+             waited < 10 ? 2 : 0, waited, w->what, w->timeout_s);
     fprintf(stderr, "[rank %d] ", w->rank);
     amp_error_print(&err, stderr);
     fflush(stdout);
