@@ -51,10 +51,23 @@ static void expire(struct comm_watch *w, double waited)
              "hung filesystem or device, a stopped process, a paused host) or is far slower than this one; "
              "ending the job",
              waited < 10 ? 2 : 0, waited, w->what, w->timeout_s);
-    fprintf(stderr, "[rank %d] ", w->rank);
-    amp_error_print(&err, stderr);
-    fflush(stdout);
-    fflush(stderr);
+    /* written with one write(2), not through stderr's FILE: the main thread may be stuck holding a stdio
+     * lock (a progress line to a pipe nobody reads), and this must end the process whatever it holds */
+    char text[sizeof err.msg + sizeof err.hint + 64];
+    size_t len = 0;
+    FILE *f = fmemopen(text, sizeof text, "w");
+    if (f) {
+        fprintf(f, "[rank %d] ", w->rank);
+        amp_error_print(&err, f);
+        len = (size_t)ftell(f);
+        fclose(f);
+    }
+    for (size_t done = 0; done < len;) {
+        ssize_t n = write(STDERR_FILENO, text + done, len - done);
+        if (n <= 0)
+            break;
+        done += (size_t)n;
+    }
     _exit(AMP_ERR_INTERNAL);
 }
 

@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <signal.h>
+#include <stdio_ext.h> /* __fsetlocking */
 #include <time.h>
 
 #include "comm_watch.h" /* the collective watchdog */
@@ -512,13 +513,21 @@ Test(dist, a_stalled_rank_ends_the_job_after_dist_timeout)
 
 /* ---- in process: the watchdog alone (comm_watch.h) ----------------------------------------------------- */
 
-/* A wait past the limit ends the process with exit code 1 (Criterion runs each test in its own process). */
+/* A wait past the limit ends the process with exit code 1 (Criterion runs each test in its own process), even
+ * while the waiting thread holds stdout's and stderr's locks (as one stuck writing a progress line would). */
 Test(dist, watch_ends_a_wait_past_its_limit, .exit_code = 1)
 {
     struct comm_watch *w = comm_watch_new(0, 0.2);
     cr_assert_not_null(w);
-    comm_watch_begin(w, "a test's wait");
+    /* stdio locks as a program's does (Criterion's worker may have set them to the caller's) */
+    __fsetlocking(stdout, FSETLOCKING_INTERNAL);
+    __fsetlocking(stderr, FSETLOCKING_INTERNAL);
+    comm_watch_begin(w, "a test's wait"); /* starts the thread: glibc's stdio locks only where there are two */
+    flockfile(stdout);
+    flockfile(stderr);
     nanosleep(&(struct timespec){.tv_sec = 3}, NULL);
+    funlockfile(stderr);
+    funlockfile(stdout);
     cr_assert_fail("still running 3 s into a wait with a limit of 0.2 s");
 }
 
