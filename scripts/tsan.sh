@@ -60,11 +60,19 @@ run() {
   fi
 }
 
-mlp=(configs/fashion_mlp.yaml run.device=cpu run.log_every=1000 model.layers.4.kind=dropout run.steps=4)
-cnn=(configs/fashion_cnn.yaml run.device=cpu run.log_every=1000 data.batch_size=32 model.layers.0.out=8
-  model.layers.4.out=8 model.layers.9.out=32 run.steps=3)
-gpt=(configs/text_gpt.yaml run.device=cpu run.log_every=1000 run.eval_every=0 run.ckpt_every=0 data.batch_size=8
-  data.val_fraction=0.02 run.steps=3)
+# the three models as tests/test_threads.c runs them: tests/thread_models.txt, NAME STEPS CONFIG OVERRIDES...
+mlp=() cnn=() gpt=()
+while read -r name steps args; do
+  case $name in '' | '#'*) continue ;; esac
+  read -r -a words <<< "$args run.steps=$steps"
+  case $name in
+    mlp) mlp=("${words[@]}") ;;
+    cnn) cnn=("${words[@]}") ;;
+    gpt) gpt=("${words[@]}") ;;
+  esac
+done < tests/thread_models.txt
+[ "${#mlp[@]}" -gt 0 ] && [ "${#cnn[@]}" -gt 0 ] && [ "${#gpt[@]}" -gt 0 ] ||
+  { echo "tsan.sh: tests/thread_models.txt lacks mlp, cnn or gpt" >&2; exit 1; }
 
 for mode in fp32 fp16-dynamic bf16 fp8; do
   for t in 2 7; do

@@ -699,20 +699,36 @@ static const char *const run_threads[] = {"1", "2", "3", "7"};
 
 /* `config extra` for `steps` steps at run.threads 1, 2, 3 and 7 in one precision mode: identical logs and
  * checkpoint tensors. */
-static void check_model(const char *config, const char *extra, int steps, const char *mode)
+/* Model `name` of tests/thread_models.txt (scripts/tsan.sh runs the same lines) trained in `mode` at 1, 2, 3 and 7
+ * threads: every checkpoint tensor and scale_log.csv the same bits. */
+static void check_model(const char *name, const char *mode)
 {
+    char args[1024] = "", line[1024];
+    int steps = 0;
+    FILE *f = fopen(AMP_SOURCE_DIR "/tests/thread_models.txt", "r");
+    cr_assert_not_null(f, "cannot read tests/thread_models.txt");
+    while (!steps && fgets(line, sizeof line, f)) {
+        char nm[16];
+        int n = 0, off = 0;
+        if (line[0] != '#' && sscanf(line, "%15s %d %n", nm, &n, &off) == 2 && off > 0 && strcmp(nm, name) == 0) {
+            snprintf(args, sizeof args, "%.*s", (int)strcspn(line + off, "\n"), line + off);
+            steps = n;
+        }
+    }
+    fclose(f);
+    cr_assert_gt(steps, 0, "tests/thread_models.txt has no line for '%s'", name);
     make_scratch();
     for (int i = 0; i < 4; i++) {
-        struct result r = amp("run %s %s precision.mode=%s run.steps=%d run.threads=%s run.out_dir=%s/t%s", config,
-                              extra, mode, steps, run_threads[i], scratch, run_threads[i]);
-        cr_assert_eq(r.code, 0, "%s %s threads %s:\n%s", config, mode, run_threads[i], r.out);
+        struct result r = amp("run %s precision.mode=%s run.steps=%d run.threads=%s run.out_dir=%s/t%s", args, mode,
+                              steps, run_threads[i], scratch, run_threads[i]);
+        cr_assert_eq(r.code, 0, "%s %s threads %s:\n%s", name, mode, run_threads[i], r.out);
     }
     for (int i = 1; i < 4; i++) {
         char a[512], b[512];
         snprintf(a, sizeof a, "%s/t1/ckpt-%d.h5", scratch, steps);
         snprintf(b, sizeof b, "%s/t%s/ckpt-%d.h5", scratch, run_threads[i], steps);
         int n = assert_same_tensors(a, b);
-        cr_assert_geq(n, 4, "%s: only %d tensors compared", config, n);
+        cr_assert_geq(n, 4, "%s: only %d tensors compared", name, n);
         snprintf(a, sizeof a, "%s/t1/scale_log.csv", scratch);
         snprintf(b, sizeof b, "%s/t%s/scale_log.csv", scratch, run_threads[i]);
         assert_same_logs(a, b);
@@ -720,30 +736,18 @@ static void check_model(const char *config, const char *extra, int steps, const 
     remove_scratch();
 }
 
-/* fashion_mlp at its own width (512: the products and the elementwise ops span several chunks), with dropout */
-#define MLP "configs/fashion_mlp.yaml", "run.device=cpu run.log_every=1000 model.layers.4.kind=dropout", 4
-/* fashion_cnn narrowed, so that its evaluation on the 10000 test images stays short */
-#define CNN                                                                                                        \
-    "configs/fashion_cnn.yaml",                                                                                    \
-        "run.device=cpu run.log_every=1000 data.batch_size=32 model.layers.0.out=8 model.layers.4.out=8 "          \
-        "model.layers.9.out=32",                                                                                   \
-        3
-#define GPT                                                                                                        \
-    "configs/text_gpt.yaml",                                                                                       \
-        "run.device=cpu run.log_every=1000 run.eval_every=0 run.ckpt_every=0 data.batch_size=8 data.val_fraction=0.02", 3
-
-Test(threads, fashion_mlp_fp32, .timeout = 300) { check_model(MLP, modes[0]); }
-Test(threads, fashion_mlp_fp16_dynamic, .timeout = 300) { check_model(MLP, modes[1]); }
-Test(threads, fashion_mlp_bf16, .timeout = 300) { check_model(MLP, modes[2]); }
-Test(threads, fashion_mlp_fp8, .timeout = 300) { check_model(MLP, modes[3]); }
-Test(threads, fashion_cnn_fp32, .timeout = 300) { check_model(CNN, modes[0]); }
-Test(threads, fashion_cnn_fp16_dynamic, .timeout = 300) { check_model(CNN, modes[1]); }
-Test(threads, fashion_cnn_bf16, .timeout = 300) { check_model(CNN, modes[2]); }
-Test(threads, fashion_cnn_fp8, .timeout = 300) { check_model(CNN, modes[3]); }
-Test(threads, text_gpt_fp32, .timeout = 300) { check_model(GPT, modes[0]); }
-Test(threads, text_gpt_fp16_dynamic, .timeout = 300) { check_model(GPT, modes[1]); }
-Test(threads, text_gpt_bf16, .timeout = 300) { check_model(GPT, modes[2]); }
-Test(threads, text_gpt_fp8, .timeout = 300) { check_model(GPT, modes[3]); }
+Test(threads, fashion_mlp_fp32, .timeout = 300) { check_model("mlp", modes[0]); }
+Test(threads, fashion_mlp_fp16_dynamic, .timeout = 300) { check_model("mlp", modes[1]); }
+Test(threads, fashion_mlp_bf16, .timeout = 300) { check_model("mlp", modes[2]); }
+Test(threads, fashion_mlp_fp8, .timeout = 300) { check_model("mlp", modes[3]); }
+Test(threads, fashion_cnn_fp32, .timeout = 300) { check_model("cnn", modes[0]); }
+Test(threads, fashion_cnn_fp16_dynamic, .timeout = 300) { check_model("cnn", modes[1]); }
+Test(threads, fashion_cnn_bf16, .timeout = 300) { check_model("cnn", modes[2]); }
+Test(threads, fashion_cnn_fp8, .timeout = 300) { check_model("cnn", modes[3]); }
+Test(threads, text_gpt_fp32, .timeout = 300) { check_model("gpt", modes[0]); }
+Test(threads, text_gpt_fp16_dynamic, .timeout = 300) { check_model("gpt", modes[1]); }
+Test(threads, text_gpt_bf16, .timeout = 300) { check_model("gpt", modes[2]); }
+Test(threads, text_gpt_fp8, .timeout = 300) { check_model("gpt", modes[3]); }
 
 /* Batchnorm with its ReLU fused (the default) and kept apart (a run that measures numerics: run.numerics_every)
  * give the same checkpoint tensors and the same scale_log.csv, grad_zero_frac included (the fused relu's gradient
