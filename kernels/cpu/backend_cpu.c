@@ -3716,7 +3716,9 @@ static enum amp_status cpu_set_threads(struct backend *be, int threads, struct a
     struct cpu_backend *cb = cpu_of(be);
     assert(threads >= 1);
     free_workers(cb);
-    if (threads == 1)
+    /* one thread runs without a pool, except under AMP_POOL_PROFILE: a one-thread pool runs every job inline
+     * (the same bits at any count) and so gives the per-operation table at 1 thread too */
+    if (threads == 1 && !getenv("AMP_POOL_PROFILE"))
         return AMP_OK;
     cb->pool = threadpool_create(threads);
     cb->wpack_a = calloc((size_t)threads, sizeof *cb->wpack_a);
