@@ -9,7 +9,8 @@ warm-up, with torch.cuda.synchronize around the timed region).
   text_gpt:    byte-level GPT (vocab 256), pre-LN blocks with GELU(tanh) MLP (ratio 4), context 64,
                batch 32, AdamW(lr 1e-3, betas 0.9/0.95, wd 0.01), clip 1.0; width/layers/heads settable
 Modes: fp32 (TF32 off), fp16-dynamic (torch.autocast fp16 + GradScaler), bf16 (torch.autocast bf16).
-Prints one line: 'torch MODEL MODE: X samples/s (Y tokens/s), peak Z MiB, final loss L'.
+Prints one line: 'torch MODEL MODE: X samples/s (Y tokens/s), peak Z MiB (device in use D MiB), final loss L'
+(the device figure on CUDA only: Z counts tensors, D everything in use on the device, as ampTrain's figure).
 
 usage: bench_gpu_torch.py MODEL MODE STEPS [--width W --layers L --heads H --seq S --batch B] [--device cpu]
 (--device cpu: gpu-check.sh's DRY run, which checks the plumbing and measures nothing)
@@ -175,5 +176,11 @@ sync()
 dt = time.perf_counter() - t0
 sps = args.steps * batch / dt
 peak = torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else 0.0
+# the whole device's memory in use (context, cuBLAS and cuDNN, the caching allocator's reserve), as ampTrain's
+# AMP_CUDA_MEMLOG peak counts it (cudaMemGetInfo); max_memory_allocated counts the tensors alone
+device = ""
+if args.device == "cuda":
+    free_b, total_b = torch.cuda.mem_get_info()
+    device = f" (device in use {(total_b - free_b) / 2**20:.1f} MiB)"
 tps = f" ({sps * tokens_per_sample:.0f} tokens/s)" if tokens_per_sample else ""
-print(f"torch {args.model} {args.mode}: {sps:.1f} samples/s{tps}, peak {peak:.1f} MiB, final loss {loss.item():.4f}")
+print(f"torch {args.model} {args.mode}: {sps:.1f} samples/s{tps}, peak {peak:.1f} MiB{device}, final loss {loss.item():.4f}")

@@ -3,7 +3,7 @@
 # and PyTorch but none of our Debian packages and no datasets, and can fetch nothing (the device tool's
 # H200 image, /work/.library/device): one file, .gpu-bundle/bundle.tar.gz (about 42 MB, under the 64 MiB a
 # device call may carry; gzip, which every system's tar reads), holding
-#   bin/   ampTrain, test_cuda_backend, test_cuda_convert, test_cuda_dist, built here for sm_90 (-Werror, Release),
+#   bin/   ampTrain, test_cuda_backend, test_cuda_convert, test_cuda_dist, fp8_probe, built here for sm_90 (-Werror, Release),
 #          linked against the reference BLAS instead of OpenBLAS (0.4 MB against 36 MB), and the CUDA backend's
 #          module libamp_cuda.so, which they load from their own directory (lib/device_module.h)
 #   lib/   every shared library they load except glibc's, libstdc++/libgcc_s and CUDA's own
@@ -32,12 +32,13 @@ cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD
   -DAMP_BLAS_VENDOR=Generic > /dev/null
 grep -q "^AMP_CUDA:BOOL=ON" "$build/CMakeCache.txt" && command -v nvcc > /dev/null ||
   { echo "gpu-bundle: no CUDA toolkit here (nvcc): the bundle needs the CUDA backend" >&2; exit 1; }
-cmake --build "$build" -j "$jobs" --target ampTrain amp_cuda test_cuda_backend test_cuda_convert test_cuda_dist > /dev/null
+cmake --build "$build" -j "$jobs" --target ampTrain amp_cuda test_cuda_backend test_cuda_convert test_cuda_dist fp8_probe > /dev/null
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
-bins=("$build/ampTrain" "$build/libamp_cuda.so" "$build/test_cuda_backend" "$build/test_cuda_convert" "$build/test_cuda_dist")
+bins=("$build/ampTrain" "$build/libamp_cuda.so" "$build/test_cuda_backend" "$build/test_cuda_convert" "$build/test_cuda_dist"
+      "$build/fp8_probe")
 cp "${bins[@]}" "$stage/bin/"
 # the libraries the binaries and the module load, resolved here with the reference BLAS first (the alternatives link
 # libblas.so.3 may be OpenBLAS's, which would pull in libopenblas and libgfortran), less the ones the GPU

@@ -624,17 +624,18 @@ Test(cuda_backend, dropout_masks_match_bit_for_bit, .init = open_both, .fini = c
 
 /* ---- convolution and pooling -------------------------------------------------------------------- */
 
-/* dw's tolerance for a reduction of length k = n * h_out * w_out. fp32 x and dy: cuDNN's FMA sums,
- * 2^-22 sqrt(k). 16-bit x and dy: TF32 tensor cores on exact fp32 copies (kernels/cuda/conv_cudnn.cu), so
- * every product is exact, but the tensor cores' FP32 accumulator may truncate instead of rounding,
- * once per 8-product MMA step (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor
- * cores", PeerJ CS 2021): at worst 2^-23 k / 8. Never tighter than 1e-5, never looser than the
- * dtype's own tolerance. */
+/* dw's tolerance for a reduction of length k = n * h_out * w_out. fp32 x and dy: cuDNN's FMA sums in
+ * another order than the CPU's, 2^-22 sqrt(k) (rounding errors of random sign; the first H200 run measured
+ * 1.51e-5 at k = 32736, where this gives 4.3e-5: the 1e-5 cap this once had was below it). 16-bit x and dy:
+ * TF32 tensor cores on exact fp32 copies (kernels/cuda/conv_cudnn.cu), so every product is exact, but the
+ * tensor cores' FP32 accumulator may truncate instead of rounding, once per 8-product MMA step (Fasi,
+ * Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021): at worst
+ * 2^-23 k / 8, never looser than the 16-bit dtype's own tolerance. Never tighter than 1e-5. */
 static double dw_tolerance(enum dtype dt, int64_t k)
 {
     double t = dt == DT_FP32 ? ldexp(1.0, -22) * sqrt((double)k) : ldexp(1.0, -23) * (double)k / 8.0;
     t = t > 1e-5 ? t : 1e-5;
-    return t < tol_of(dt) ? t : tol_of(dt);
+    return dt == DT_FP32 || t < tol_of(dt) ? t : tol_of(dt);
 }
 
 static void conv_case(enum dtype dt, int64_t kernel, int64_t stride, int64_t pad)

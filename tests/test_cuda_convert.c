@@ -259,7 +259,7 @@ Test(cuda_convert, check_macros_fill_the_error_and_return_internal)
     cr_assert_eq(cublas_step(CUBLAS_STATUS_ALLOC_FAILED, &err), AMP_ERR_INTERNAL);
     assert_filled(&err, "CUBLAS_STATUS_ALLOC_FAILED", "batch_size");
     cr_assert_eq(cublas_step(CUBLAS_STATUS_INVALID_VALUE, &err), AMP_ERR_INTERNAL);
-    assert_filled(&err, "cuBLAS error", "CUBLAS_LOGINFO_DBG");
+    assert_filled(&err, "cuBLAS error", "CUBLASLT_LOG_MASK");
 
     cr_assert_eq(cudnn_step(CUDNN_STATUS_SUCCESS, &err), AMP_OK);
     cr_assert_eq(cudnn_step(CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE, &err), AMP_ERR_INTERNAL);

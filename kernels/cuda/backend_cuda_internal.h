@@ -101,12 +101,7 @@ const void *device_table_commit(struct cuda_backend *cb, struct device_table *t,
 void device_table_free(struct device_table *t);
 
 struct gemm_plan; /* gemm_cublaslt.cu */
-struct conv_plan; /* fp8.cu: the scaled cast, the delayed recipe's update, and products of fp8 operands (cuda_gemm sends them) */
-void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a);
-void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a);
-void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g);
-
-/* conv_cudnn.cu */
+struct conv_plan; /* conv_cudnn.cu */
 
 struct cuda_backend {
     struct backend base; /* first member */
@@ -115,6 +110,8 @@ struct cuda_backend {
     cudaStream_t stream;
     int cc;              /* compute capability, major * 10 + minor: fp8 products need 89 or more (else emulated) */
     bool fp8_warned;     /* the fp8 emulation warning was printed */
+    bool fp8_refused;    /* cublasLtMatmul refused a native fp8 product at its first call: fp8 products are
+                          * emulated in bf16 from then on (cuda_gemm_fp8), with one warning saying so */
     bool pools;          /* cudaDevAttrMemoryPoolsSupported: scratch by cudaMallocAsync, else cudaMalloc */
     cudaEvent_t stage_done[BACKEND_STAGING_SLOTS]; /* upload_staged: each slot's last queued copy */
     bool staged[BACKEND_STAGING_SLOTS];            /* a copy was queued since the slot's last wait */

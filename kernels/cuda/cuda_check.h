@@ -51,7 +51,8 @@ static inline const char *amp_cublas_hint(cublasStatus_t status)
         return "this GPU lacks the feature the call needs (bf16 matmuls need sm_80 or newer): use fp16 or "
                "fp32 precision on this GPU";
     default:
-        return "rerun with CUBLAS_LOGINFO_DBG=1 CUBLAS_LOGDEST_DBG=stderr to see the call cuBLAS rejected";
+        return "rerun with CUBLASLT_LOG_MASK=15 (errors, traces of each call, hints, information) to see the call "
+               "cuBLASLt rejected";
     }
 }
 

@@ -227,6 +227,53 @@ __global__ void fp8_epilogue_kernel(void *c, int c_dt, void *aux, const float *p
     }
 }
 
+/* P (m, n, fp32) = A B of g's fp8 operands: natively (cuBLASLt's fp8 kernels, TN, the scales applied by the
+ * product), or widened to bf16 with FP32 accumulation (the scales left to the epilogue). false where nothing ran
+ * (an error recorded). */
+static bool fp8_product(struct cuda_backend *cb, const struct gemm_args *g, float *p, bool native)
+{
+    int64_t m = g->m, n = g->n, k = g->k;
+    enum dtype da = g->a->dtype, db = g->b->dtype;
+    struct lt_matmul mm;
+    memset(&mm, 0, sizeof mm);
+    mm.c = p;
+    mm.c_dt = DT_FP32;
+    mm.m = m;
+    mm.n = n;
+    mm.k = k;
+    mm.ldc = n;
+    mm.alpha = 1.0f;
+    mm.beta = 0.0f;
+    mm.batch = 1;
+    if (native) { /* TN: A (m, k) row-major untransposed, B (n, k) row-major, i.e. trans_b */
+        mm.a = g->trans_a ? transposed(cb, CSCR_FP8_A, g->a->data, k, m) : g->a->data;
+        mm.b = g->trans_b ? g->b->data : transposed(cb, CSCR_FP8_B, g->b->data, k, n);
+        mm.ab_dt = da;
+        mm.b_dt = db;
+        mm.a_scale = g->a->scale_inv;
+        mm.b_scale = g->b->scale_inv;
+        mm.trans_a = false;
+        mm.trans_b = true;
+        mm.lda = k;
+        mm.ldb = k;
+    } else {
+        mm.a = widened(cb, CSCR_FP8_A, g->a->data, da, (size_t)(m * k));
+        mm.b = widened(cb, CSCR_FP8_B, g->b->data, db, (size_t)(k * n));
+        mm.ab_dt = DT_BF16;
+        mm.trans_a = g->trans_a;
+        mm.trans_b = g->trans_b;
+        mm.lda = g->trans_a ? m : k;
+        mm.ldb = g->trans_b ? k : n;
+    }
+    if (!mm.a || !mm.b)
+        return false;
+    if (k > 0)
+        cuda_lt_matmul(cb, &mm);
+    else if (!CB_CUDA(cb, cudaMemsetAsync(p, 0, (size_t)(m * n) * sizeof(float), cb->stream)))
+        return false;
+    return true;
+}
+
 void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
 {
     enum dtype da = g->a->dtype, db = g->b->dtype, dc = g->c->dtype;
@@ -246,51 +293,21 @@ void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
     float *p = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_P, (size_t)(m * n) * sizeof(float)));
     if (!p)
         return;
-    struct lt_matmul mm;
-    memset(&mm, 0, sizeof mm);
-    mm.c = p;
-    mm.c_dt = DT_FP32;
-    mm.m = m;
-    mm.n = n;
-    mm.k = k;
-    mm.ldc = n;
-    mm.alpha = 1.0f;
-    mm.beta = 0.0f;
-    mm.batch = 1;
-    /* cuBLASLt's FP8 kernels want 16-byte multiples for every dimension (leading dimensions included) */
-    bool native = cb->cc >= 89 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
-    if (native) { /* TN: A (m, k) row-major untransposed, B (n, k) row-major, i.e. trans_b */
-        mm.a = g->trans_a ? transposed(cb, CSCR_FP8_A, g->a->data, k, m) : g->a->data;
-        mm.b = g->trans_b ? g->b->data : transposed(cb, CSCR_FP8_B, g->b->data, k, n);
-        mm.ab_dt = da;
-        mm.b_dt = db;
-        mm.a_scale = g->a->scale_inv;
-        mm.b_scale = g->b->scale_inv;
-        mm.trans_a = false;
-        mm.trans_b = true;
-        mm.lda = k;
-        mm.ldb = k;
-    } else {
-        if (!cb->fp8_warned && cb->cc < 89) {
-            fprintf(stderr, "ampTrain: warning: %s (compute capability %d.%d) has no fp8 matrix products (sm_89 or newer): "
-                            "they are emulated in bf16 with FP32 accumulation, the same values, without fp8's speed\n",
-                    cb->name, cb->cc / 10, cb->cc % 10);
-            cb->fp8_warned = true;
-        }
-        mm.a = widened(cb, CSCR_FP8_A, g->a->data, da, (size_t)(m * k));
-        mm.b = widened(cb, CSCR_FP8_B, g->b->data, db, (size_t)(k * n));
-        mm.ab_dt = DT_BF16;
-        mm.trans_a = g->trans_a;
-        mm.trans_b = g->trans_b;
-        mm.lda = g->trans_a ? m : k;
-        mm.ldb = g->trans_b ? k : n;
+    /* cuBLASLt's FP8 kernels want 16-byte multiples for every dimension (leading dimensions included); a
+     * product cuBLASLt refused once (cb->fp8_refused, the warning printed by plan_refused) is not asked again */
+    bool native = cb->cc >= 89 && !cb->fp8_refused && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+    if (!native && !cb->fp8_warned && cb->cc < 89) {
+        fprintf(stderr, "ampTrain: warning: %s (compute capability %d.%d) has no fp8 matrix products (sm_89 or newer): "
+                        "they are emulated in bf16 with FP32 accumulation, the same values, without fp8's speed\n",
+                cb->name, cb->cc / 10, cb->cc % 10);
+        cb->fp8_warned = true;
     }
-    if (!mm.a || !mm.b)
+    if (!fp8_product(cb, g, p, native))
         return;
-    if (k > 0) {
-        cuda_lt_matmul(cb, &mm);
-    } else if (!CB_CUDA(cb, cudaMemsetAsync(p, 0, (size_t)(m * n) * sizeof(float), cb->stream))) {
-        return;
+    if (native && cb->fp8_refused) { /* refused at this call: nothing ran, so the same product emulated */
+        native = false;
+        if (!fp8_product(cb, g, p, false))
+            return;
     }
     fp8_epilogue_kernel<<<grid_for((size_t)(m * n)), kThreads, 0, cb->stream>>>(
         g->c->data, dc, g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL, p,

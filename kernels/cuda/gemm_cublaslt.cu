@@ -47,6 +47,7 @@
 #include "backend_cuda_internal.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -169,6 +170,9 @@ static bool plan_pick_algo(struct cuda_backend *cb, struct gemm_plan *p, bool so
 struct plan_probes {
     void *aux;        /* GELU epilogue: the call's aux */
     const void *bias; /* the call's bias, or NULL */
+    const float *a_scale, *b_scale; /* fp8: the call's scale factors of our A and B, set while the heuristic
+                                     * chooses as PyTorch's scaled_gemm does (the H200's refusal of the native
+                                     * products, plan_refused, came with them set as without) */
 };
 
 static bool plan_set_bias_probe(struct cuda_backend *cb, struct gemm_plan *p, const void *bias)
@@ -231,6 +235,12 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
               layout_create(cb, &p->lay_b, ab, key->trans_a ? key->m : key->k, key->trans_a ? key->k : key->m,
                             key->lda, key->batch, key->stride_a) &&
               layout_create(cb, &p->lay_c, c, key->n, key->m, key->ldc, key->batch, key->stride_c);
+    /* fp8: cuBLASLt's A is our B, so its A scale is our B's (as plan_run sets them at every call) */
+    if (ok && key->scaled)
+        ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &probe->b_scale,
+                                                          sizeof probe->b_scale)) &&
+             CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &probe->a_scale,
+                                                          sizeof probe->a_scale));
     bool found = false;
     if (ok && key->epilogue == GEMM_EPI_GELU_TANH) {
         ok = plan_set_gelu(cb, p, probe->aux) && plan_set_bias_probe(cb, p, probe->bias) &&
@@ -367,6 +377,17 @@ static bool key_of(struct cuda_backend *cb, const struct lt_matmul *mm, enum gem
  * GELU to lt_matmul_gelu's fallback. false: the caller must take the unfused path (GELU). */
 static bool plan_refused(struct cuda_backend *cb, struct gemm_plan *p, cublasStatus_t st)
 {
+    if (p->key.scaled && !p->ran && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+        /* a native fp8 product the heuristic offered and the call refused: cuda_gemm_fp8 sees the flag and
+         * emulates it in bf16 (the same values), as it does on GPUs without fp8 products */
+        if (!cb->fp8_refused)
+            fprintf(stderr, "ampTrain: warning: %s: cuBLASLt refused a native fp8 product (m=%lld n=%lld k=%lld, %s): fp8 "
+                            "products are emulated in bf16 with FP32 accumulation from here on, the same values, "
+                            "without fp8's speed (CUBLASLT_LOG_MASK=15 logs what cuBLASLt was asked)\n",
+                    cb->name, (long long)p->key.m, (long long)p->key.n, (long long)p->key.k, cublasGetStatusName(st));
+        cb->fp8_refused = true;
+        return true;
+    }
     bool fused = p->key.epilogue == GEMM_EPI_GELU_TANH || (p->key.has_bias && !p->bias_by_kernel);
     if (p->ran || !fused || (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE))
         return false;
@@ -400,12 +421,12 @@ static void plan_run(struct cuda_backend *cb, struct gemm_plan *p, const struct 
                                        p->lay_c, mm->c, p->lay_c, &p->algo, cb->lt_workspace, kLtWorkspaceBytes,
                                        cb->stream);
     if (st != CUBLAS_STATUS_SUCCESS && plan_refused(cb, p, st)) {
-        if (p->gelu_by_kernel)
-            return; /* lt_matmul_gelu sees the flag and runs its fallback */
+        if (p->gelu_by_kernel || p->key.scaled)
+            return; /* lt_matmul_gelu or cuda_gemm_fp8 sees the flag and runs its fallback */
         plan_run(cb, p, mm); /* now without the bias epilogue: once, since bias_by_kernel is set */
         return;
     }
-    if (!CB_CUBLAS(cb, st))
+    if (!cublas_ok_(cb, st, __FILE__, __LINE__, "cublasLtMatmul"))
         return;
     p->ran = true;
     if (mm->bias && p->bias_by_kernel)
@@ -453,7 +474,7 @@ static void lt_matmul_gelu(struct cuda_backend *cb, const struct lt_matmul *mm)
         struct gemm_key key;
         if (!key_of(cb, mm, GEMM_EPI_GELU_TANH, &key))
             return;
-        struct plan_probes probe = {.aux = mm->aux, .bias = mm->bias};
+        struct plan_probes probe = {.aux = mm->aux, .bias = mm->bias, .a_scale = NULL, .b_scale = NULL};
         struct gemm_plan *p = plan_get(cb, &key, &probe);
         if (!p)
             return;
@@ -494,7 +515,7 @@ void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm)
     struct gemm_key key;
     if (!key_of(cb, mm, GEMM_EPI_NONE, &key))
         return;
-    struct plan_probes probe = {.aux = NULL, .bias = mm->bias};
+    struct plan_probes probe = {.aux = NULL, .bias = mm->bias, .a_scale = mm->a_scale, .b_scale = mm->b_scale};
     struct gemm_plan *p = plan_get(cb, &key, &probe);
     if (p)
         plan_run(cb, p, mm);
