@@ -6,8 +6,9 @@
  * refused by cublasLtMatmul with CUBLAS_STATUS_NOT_SUPPORTED, although the heuristic had offered an algorithm,
  * and the backend now emulates them in bf16. This asks cuBLASLt the same product in variants, each changing one
  * thing, and tries every algorithm the heuristic offers (up to 8) until one is accepted, so one run on a GPU says
- * what the refusal depends on. Each accepted product is checked: A and B hold the E4M3 code of 1.0 and the
- * scales are 1, so every element of D must be k.
+ * what the refusal depends on. Its first H200 run (2026-12-04) accepted every variant it then had, 256-byte-aligned
+ * scales among them, so it now also asks with scales 4 bytes past a 16-byte boundary. Each accepted product is
+ * checked: A and B hold the E4M3 code of 1.0 and the scales are 1, so every element of D must be k.
  *
  *   fp8_probe            one line per variant, then "fp8_probe: ours accepted|refused"; exit 0 (1 on a CUDA error)
  */
@@ -31,16 +32,19 @@ struct variant {
     bool scales;                   /* the A and B scale pointers set */
     bool fast_accum;               /* CUBLASLT_MATMUL_DESC_FAST_ACCUM */
     bool align_prefs;              /* the backend's 16-byte alignment preferences */
+    bool scales_off4;              /* the scale pointers 4 bytes past a 16-byte boundary, as lib/fp8.c's side by
+                                    * side scales were before kernels/cuda/fp8.cu copied them (fp8_aligned_scales) */
 };
 
 const variant kVariants[] = {
-    {"ours (D fp32 = C, scales, alignment preferences)", CUDA_R_32F, CUDA_R_32F, false, true, false, true},
-    {"C a separate fp32 buffer", CUDA_R_32F, CUDA_R_32F, true, true, false, true},
-    {"no scale pointers", CUDA_R_32F, CUDA_R_32F, false, false, false, true},
-    {"fast accumulation", CUDA_R_32F, CUDA_R_32F, false, true, true, true},
-    {"no alignment preferences", CUDA_R_32F, CUDA_R_32F, false, true, false, false},
-    {"D bf16 = C", CUDA_R_16BF, CUDA_R_16BF, false, true, false, true},
-    {"D bf16, C a separate bf16 buffer", CUDA_R_16BF, CUDA_R_16BF, true, true, false, true},
+    {"ours (D fp32 = C, scales, alignment preferences)", CUDA_R_32F, CUDA_R_32F, false, true, false, true, false},
+    {"scales 4 bytes past a 16-byte boundary", CUDA_R_32F, CUDA_R_32F, false, true, false, true, true},
+    {"C a separate fp32 buffer", CUDA_R_32F, CUDA_R_32F, true, true, false, true, false},
+    {"no scale pointers", CUDA_R_32F, CUDA_R_32F, false, false, false, true, false},
+    {"fast accumulation", CUDA_R_32F, CUDA_R_32F, false, true, true, true, false},
+    {"no alignment preferences", CUDA_R_32F, CUDA_R_32F, false, true, false, false, false},
+    {"D bf16 = C", CUDA_R_16BF, CUDA_R_16BF, false, true, false, true, false},
+    {"D bf16, C a separate bf16 buffer", CUDA_R_16BF, CUDA_R_16BF, true, true, false, true, false},
 };
 
 bool cuda_ok(cudaError_t e, const char *what)
@@ -90,6 +94,8 @@ bool probe(const variant &v, const void *a, const void *b, void *c, void *d, con
     uint32_t al = 16;
     int8_t fast = v.fast_accum ? 1 : 0;
     float alpha = 1.0f, beta = 0.0f;
+    if (v.scales_off4)
+        scale += 1; /* main fills 8 floats with 1 */
     /* cuBLASLt's A is our B (n, k) row-major = (k, n) column-major, transposed; its B our A (m, k) row-major =
      * (k, m) column-major; D (n, m) column-major = our (m, n) row-major */
     cublasStatus_t s = cublasLtCreate(&lt);
@@ -175,16 +181,16 @@ int main()
            (long long)kK);
     void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr, *ws = nullptr;
     float *scale = nullptr;
-    const float one = 1.0f;
+    const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
     cudaStream_t stream = nullptr;
     bool ok = cuda_ok(cudaMalloc(&a, kM * kK), "cudaMalloc A") && cuda_ok(cudaMalloc(&b, kN * kK), "cudaMalloc B") &&
               cuda_ok(cudaMalloc(&c, kM * kN * sizeof(float)), "cudaMalloc C") &&
               cuda_ok(cudaMalloc(&d, kM * kN * sizeof(float)), "cudaMalloc D") &&
               cuda_ok(cudaMalloc(&ws, kWorkspace), "cudaMalloc workspace") &&
-              cuda_ok(cudaMalloc(&scale, sizeof(float)), "cudaMalloc scale") &&
+              cuda_ok(cudaMalloc(&scale, 8 * sizeof(float)), "cudaMalloc scale") &&
               cuda_ok(cudaMemset(a, 0x38, kM * kK), "cudaMemset A") && /* E4M3 0x38 = 1.0 */
               cuda_ok(cudaMemset(b, 0x38, kN * kK), "cudaMemset B") &&
-              cuda_ok(cudaMemcpy(scale, &one, sizeof one, cudaMemcpyHostToDevice), "scale") &&
+              cuda_ok(cudaMemcpy(scale, ones, sizeof ones, cudaMemcpyHostToDevice), "scales") &&
               cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
     bool ours = false;
     if (ok)

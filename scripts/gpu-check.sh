@@ -183,7 +183,7 @@ write_table() {
       k="$m-$mode"
       [ -n "${amp_sps[$k]+x}" ] || continue
       tk=$(tokens_of "$m")
-      echo "| $m | $mode | $(fmt "${amp_sps[$k]}" "$tk") | $(fmt "${torch_sps[$k]:-}" "$tk") | $(ratio "${amp_sps[$k]}" "${torch_sps[$k]:-}") | ${amp_mem[$k]:--} | ${torch_dev[$k]:--} (${torch_mem[$k]:--}) |"
+      echo "| $m | $mode | $(fmt "${amp_sps[$k]}" "$tk") | $(fmt "${torch_sps[$k]:-}" "$tk") | $(ratio "${amp_sps[$k]}" "${torch_sps[$k]:-}") | ${amp_mem[$k]:--} | $(if [ -n "${torch_dev[$k]:-}" ]; then echo "${torch_dev[$k]} (${torch_mem[$k]:--})"; else echo -; fi) |"
     done
   done
   echo

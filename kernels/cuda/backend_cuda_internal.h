@@ -52,6 +52,7 @@ enum cuda_scratch_slot {
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
     CSCR_FP8_A, CSCR_FP8_B,       /* fp8 products: operands transposed (cuBLASLt's TN layout) or widened */
     CSCR_FP8_P,                   /* fp8 products: the fp32 product before fp8.cu's epilogue */
+    CSCR_FP8_SCALES,              /* fp8 products: A's and B's scale_inv at 16-byte-aligned addresses */
     CSCR_FP8_AMAX,                /* fp8_cast (recipe current): the tensor's amax */
     CSCR_COUNT
 };
