@@ -231,26 +231,10 @@ run_torch() { # key model mode steps extra...
   [ $rc -eq 0 ] && [ -n "${torch_sps[$key]}" ] || fail "torch $key: rc $rc (see torch-$key.log)"
 }
 
-for m in $models; do
-  for mode in $modes fp16-static; do
-    run_amp "$m-$mode" "$m" "$steps" "precision.mode=$mode"
-    [ "$mode" = fp16-static ] || run_torch "$m-$mode" "$m" "$mode" "$steps"
-    write_table
-  done
-done
-# the targets' model: text_gpt at width 768 (12 heads, head size 64)
-wide=(model.layers.0.dim=768 model.layers.1.heads=12 model.layers.2.heads=12)
-for mode in $modes; do
-  run_amp "text_gpt768-$mode" text_gpt "$wide_steps" "precision.mode=$mode" "${wide[@]}"
-  run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width 768 --heads 12
-  write_table
-done
-
-# fp8 (docs/precision.md "fp8"): text_gpt at width 768 in precision.mode fp8 (delayed scaling, lm_head kept bf16),
-# against its bf16 row; no PyTorch counterpart (Transformer Engine is not installed there)
-# which native fp8 products this cuBLASLt accepts (scripts/fp8_probe.cu: our call and variants of it, every
-# algorithm the heuristic offers), again with PyTorch's pip cuBLAS first on the loader path where there is one,
-# and whether PyTorch's own fp8 product (torch._scaled_mm) gives an fp32 or a bf16 result here
+# first (a few seconds, so a bench cut short by its limit still has it): which native fp8 products this
+# cuBLASLt accepts (scripts/fp8_probe.cu: our call and variants of it, every algorithm the heuristic offers),
+# again with PyTorch's pip cuBLAS first on the loader path where there is one, and whether PyTorch's own fp8
+# product (torch._scaled_mm) gives an fp32 or a bf16 result here
 if [ "$dry" != 1 ] && [ -x "$build/fp8_probe" ]; then
   timeout 60 "$build/fp8_probe" > "$out/fp8-probe.log" 2>&1
   pip_cublas=$("$python" -c 'import nvidia.cublas as b; print(b.__path__[0] + "/lib")' 2>/dev/null)
@@ -270,6 +254,23 @@ PY
   note "fp8 probe: $(grep '^fp8_probe: ours' "$out/fp8-probe.log" | tr '\n' ';')" \
        "variants accepted $(grep -c ' accepted: ' "$out/fp8-probe.log") (fp8-probe.log); $(tr '\n' ';' < "$out/fp8-torch.log")"
 fi
+for m in $models; do
+  for mode in $modes fp16-static; do
+    run_amp "$m-$mode" "$m" "$steps" "precision.mode=$mode"
+    [ "$mode" = fp16-static ] || run_torch "$m-$mode" "$m" "$mode" "$steps"
+    write_table
+  done
+done
+# the targets' model: text_gpt at width 768 (12 heads, head size 64)
+wide=(model.layers.0.dim=768 model.layers.1.heads=12 model.layers.2.heads=12)
+for mode in $modes; do
+  run_amp "text_gpt768-$mode" text_gpt "$wide_steps" "precision.mode=$mode" "${wide[@]}"
+  run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width 768 --heads 12
+  write_table
+done
+
+# fp8 (docs/precision.md "fp8"): text_gpt at width 768 in precision.mode fp8 (delayed scaling, lm_head kept bf16),
+# against its bf16 row; no PyTorch counterpart (Transformer Engine is not installed there)
 # (cuBLASLt's errors, hints and information in its log, CUBLASLT_LOG_MASK 1+4+8 without the per-call traces: the
 # first H200 runs' native fp8 products were refused with no error logged, so the backend now emulates them in bf16
 # after one warning, and this says so)
