@@ -277,6 +277,8 @@ done
 CUBLASLT_LOG_MASK=13 run_amp "text_gpt768-fp8" text_gpt "$wide_steps" precision.mode=fp8 "${wide[@]}"
 if grep -q "refused a native fp8 product" "$out/amp-text_gpt768-fp8.log"; then
   note "fp8: cuBLASLt refused the native fp8 products; they ran emulated in bf16 (see amp-text_gpt768-fp8.log)"
+elif grep -q "has no fp8 matrix products" "$out/amp-text_gpt768-fp8.log"; then
+  note "fp8: this GPU has no fp8 products (below sm_89); they ran emulated in bf16 (see amp-text_gpt768-fp8.log)"
 elif [ "$dry" != 1 ]; then
   note "fp8: native fp8 products (no refusal in amp-text_gpt768-fp8.log)"
 fi
