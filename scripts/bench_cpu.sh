@@ -17,14 +17,16 @@
 #     PROBE=1 (with several THREADS, on an AVX-512 CPU): before and after each round's runs, one round of
 #     scripts/probe_cores.c (what the machine gives a second process); the summary then gives ampTrain's median
 #     speed-up also over the rounds where both probes read >= PROBE_MIN (1.9): where the machine had two cores.
+#     PYTHON: the interpreter that runs the PyTorch side (/usr/bin/python3, Debian's python3-torch; e.g. python3 on
+#     the lent GPU machine, whose pip PyTorch runs its fp32 products on MKL/oneDNN, not OpenBLAS)
 #   e.g. MODELS=mlp THREADS="1 2" scripts/bench_cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 models=${MODELS:-mlp cnn gpt}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}; thread_counts=${THREADS:-1}
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMP_BIN:-build/ampTrain}; py=${PYTHON:-/usr/bin/python3}
 [ -x "$bin" ] || { echo "bench_cpu: $bin not built; run scripts/build.sh" >&2; exit 1; }
-/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null ||
-  { echo "bench_cpu: /usr/bin/python3 cannot import torch and numpy; run scripts/install-deps.sh --test" >&2; exit 1; }
+"$py" -c 'import torch, numpy' 2>/dev/null ||
+  { echo "bench_cpu: $py cannot import torch and numpy; run scripts/install-deps.sh --test" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # Which kernels run: OpenBLAS picks its sgemm by CPU model, or by OPENBLAS_CORETYPE where that is set;
 # ampTrain's fp32/bf16 products run gemm_avx512.c where the CPU has AVX-512, bf16 on AMX tiles where it has
@@ -42,7 +44,7 @@ if [ -z "$torch_core" ]; then
 fi
 torch_env=(env)
 [ "$torch_core" = keep ] || torch_env=(env "OPENBLAS_CORETYPE=$torch_core")
-core=$("${torch_env[@]}" /usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
+core=$("${torch_env[@]}" "$py" -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
 f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
 echo "bench_cpu: PyTorch's OpenBLAS core $core (TORCH_OPENBLAS_CORETYPE=${TORCH_OPENBLAS_CORETYPE:-unset}, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16), amx_bf16 $(has amx_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}, AMP_GEMM_AMX=${AMP_GEMM_AMX:-unset}; $(getconf _NPROCESSORS_ONLN) CPUs online"
 tmp=$(mktemp -d)
@@ -82,7 +84,7 @@ for model in $models; do
               "run.threads=$th" run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$out" |
             sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p')
         tb=${TORCH_OPENBLAS_THREADS:-1}; [ "$tb" = threads ] && tb=$th
-        t=$("${torch_env[@]}" OPENBLAS_NUM_THREADS="$tb" /usr/bin/python3 scripts/bench_torch_models.py "$model" "$steps" "$mode" "$th" |
+        t=$("${torch_env[@]}" OPENBLAS_NUM_THREADS="$tb" "$py" scripts/bench_torch_models.py "$model" "$steps" "$mode" "$th" |
             sed -n 's/.*: \([0-9.]*\) samples\/s.*/\1/p')
         [ -n "$a" ] && [ -n "$t" ] || { echo "bench_cpu: a run failed (ampTrain '$a', torch '$t')" >&2; exit 1; }
         ratio=$(awk -v a="$a" -v b="$t" 'BEGIN{printf "%.3f", a/b}')

@@ -237,8 +237,10 @@ __global__ void copy_scales_kernel(float *dst, const float *sa, const float *sb)
  * scales side by side, 4 bytes apart, and on the H200 (cuBLASLt 130100, 2026-12-04) cublasLtMatmul refused every
  * native product of the backend, whose scale pointers were such, while it accepted the same product with
  * 256-byte-aligned scales in scripts/fp8_probe.cu: the one difference found between the two, so copied here
- * (one 1-thread kernel, only where a pointer is not aligned). Not yet confirmed on a GPU: if cuBLASLt still
- * refuses, plan_refused's warning says so and the product is emulated. false where the copy could not start. */
+ * (one 1-thread kernel, only where a pointer is not aligned). Confirmed on the H200 (2026-12-04, 55f85b4):
+ * fp8_probe's product with scales 4 bytes past a 16-byte boundary was refused by all 8 algorithms offered, the
+ * same with aligned scales accepted, and the backend's products then ran natively (tests/test_cuda_backend.c,
+ * fp8_gemm_runs_native_on_fp8_tensor_cores, checks it). false where the copy could not start. */
 static bool fp8_aligned_scales(struct cuda_backend *cb, const struct gemm_args *g, const float **sa, const float **sb)
 {
     *sa = g->a->scale_inv;
