@@ -17,7 +17,8 @@
  * tensor cores add the products in a narrower accumulator (about 22 bits, moved into fp32 every few 32-product
  * groups; fast accumulation is off, the most accurate setting), so an fp32 C differs from the CPU's exact-product
  * fp32 sums by more than summation order: about 1e-4 relative on the GPU test's operands by a reviewer's
- * simulation of that accumulator (an estimate; not yet measured on a GPU).
+ * simulation of that accumulator, and measured on the H200 (2026-12-04): 1.12e-4 (k = 128) and 8.9e-5 (k = 512,
+ * tests/test_cuda_backend.c fp8_gemm_runs_native_on_fp8_tensor_cores).
  * Only a bf16 or fp32 D is made, so cuBLASLt's D-amax output (for an fp8 D) is not used.
  */
 #include "backend_cuda_internal.h"
