@@ -79,6 +79,23 @@ static enum amp_status agree_on_config(enum amp_status st, const struct config *
     return st;
 }
 
+/* Every rank was given the same checkpoint, by contents (a copy on each host will do), already read. */
+static enum amp_status agree_on_checkpoint(const char *path, struct amp_error *err)
+{
+    uint64_t fp = 0;
+    enum amp_status st = comm_agree(ranks, ckpt_fingerprint(path, &fp, err), err);
+    char what[CFG_STR + 64];
+    snprintf(what, sizeof what, "the checkpoint's contents (rank 0 read %s)", path);
+    if (st == AMP_OK)
+        st = comm_agree(ranks,
+                        dist_check_same(ranks, fp, what,
+                                        "give every rank the same checkpoint (its path, or a copy of the file on each "
+                                        "host)",
+                                        err),
+                        err);
+    return st;
+}
+
 /* A missing FILE argument of `cmd` (what: CONFIG.yaml or CHECKPOINT.h5). */
 static enum amp_status missing_arg(const char *cmd, const char *what, struct amp_error *err)
 {
@@ -280,7 +297,10 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
         return st;
     struct config cfg;
     enum amp_status read = ckpt_read_config(argv[1], &cfg, err);
-    if ((st = comm_agree(ranks, read, err)) != AMP_OK) {
+    st = comm_agree(ranks, read, err);
+    if (st == AMP_OK) /* one state to continue from, not a divergence found steps later */
+        st = agree_on_checkpoint(argv[1], err);
+    if (st != AMP_OK) {
         if (read == AMP_OK)
             config_free(&cfg);
         return st;
@@ -378,12 +398,23 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         return st;
     struct config cfg;
     enum amp_status read = ckpt_read_config(a.ckpt, &cfg, err);
-    if ((st = comm_agree(ranks, read, err)) != AMP_OK) {
+    st = comm_agree(ranks, read, err);
+    if (st == AMP_OK) /* sharded, the ranks evaluate one model one way: the same file and options */
+        st = agree_on_checkpoint(a.ckpt, err);
+    if (st == AMP_OK) {
+        uint64_t opts = (uint64_t)(a.autocast + 1) | (uint64_t)a.split << 4 |
+                        (uint64_t)(a.dtype ? 1 + (strcmp(a.dtype, "bf16") == 0) : 0) << 8;
+        st = comm_agree(ranks,
+                        dist_check_same(ranks, opts, "eval's options (--split, --autocast, --dtype)",
+                                        "give every rank the same eval options", err),
+                        err);
+    }
+    st = agree_on_config(st, &cfg, err); /* one config (the file's), and the communicator's timeout from it */
+    if (st != AMP_OK) {
         if (read == AMP_OK)
             config_free(&cfg);
         return st;
     }
-    comm_set_timeout(ranks, cfg.dist.timeout_s); /* every rank read the one checkpoint */
     struct ckpt_info info;
     struct backend *be = NULL;
     struct dataset ds;

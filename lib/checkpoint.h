@@ -57,6 +57,11 @@ enum amp_status ckpt_resolve(const char *arg, char *path, size_t len, struct amp
 /* Check the whole-file checksum and the format attributes. AMP_ERR_CKPT naming what is wrong. */
 enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp_error *err);
 
+/* The identity of a checkpoint's contents, for ranks to compare the files they were given (a copy on each host has
+ * the same): its header's checksum and size mixed into one value, read without checking them (the caller has
+ * verified the file, or will). AMP_ERR_CKPT where the header cannot be read. */
+enum amp_status ckpt_fingerprint(const char *path, uint64_t *fp, struct amp_error *err);
+
 /* Read /config (after verifying) into cfg (overwritten; config_free it afterwards). */
 enum amp_status ckpt_read_config(const char *path, struct config *cfg, struct amp_error *err);
 

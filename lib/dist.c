@@ -191,31 +191,48 @@ static bool same_on_all(struct comm *c, const uint64_t *all, size_t stride, size
     return same;
 }
 
-enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err)
+/* Gathers every rank's h: whether all equal rank 0's; if not, the ranks that differ listed into ranks. */
+static bool same_value(struct comm *c, uint64_t h, char *ranks, size_t len)
 {
-    if (c->world == 1)
-        return AMP_OK;
-    char *yaml = config_to_yaml_string(cfg);
-    uint64_t h = yaml ? fnv1a(FNV_INIT, yaml, strlen(yaml)) : 0;
-    free(yaml);
     uint64_t *all = calloc((size_t)c->world, sizeof *all);
-    if (!all) {
+    if (!all) { /* the others wait in the allgather: end the job */
         c->abort(c, AMP_ERR_INTERNAL);
-        return AMP_ERR_INTERNAL;
+        snprintf(ranks, len, "(unknown: out of memory)");
+        return false;
     }
     c->host_allgather(c, &h, all, sizeof h);
-    char ranks[256];
-    bool same = same_on_all(c, all, 1, 0, ranks, sizeof ranks);
+    bool same = same_on_all(c, all, 1, 0, ranks, len);
     free(all);
-    if (same) { /* one config: every rank has its limit (comm_watch.h) */
-        comm_set_timeout(c, cfg->dist.timeout_s);
-        return AMP_OK;
+    return same;
+}
+
+enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err)
+{
+    char ranks[256];
+    if (c->world > 1) {
+        char *yaml = config_to_yaml_string(cfg);
+        uint64_t h = yaml ? fnv1a(FNV_INIT, yaml, strlen(yaml)) : 0;
+        free(yaml);
+        if (!same_value(c, h, ranks, sizeof ranks))
+            return amp_fail(err, AMP_ERR_CONFIG,
+                            "give every rank the same config and the same KEY=VALUE overrides (compare 'ampTrain "
+                            "check' on each)",
+                            "%s: the resolved config of rank%s %s differs from rank 0's: data-parallel ranks must run "
+                            "one config",
+                            cfg->source, strchr(ranks, ',') ? "s" : "", ranks);
     }
-    return amp_fail(err, AMP_ERR_CONFIG,
-                    "give every rank the same config and the same KEY=VALUE overrides (compare 'ampTrain check' "
-                    "on each)",
-                    "%s: the resolved config of rank%s %s differs from rank 0's: data-parallel ranks must run one "
-                    "config", cfg->source, strchr(ranks, ',') ? "s" : "", ranks);
+    comm_set_timeout(c, cfg->dist.timeout_s); /* one config: every rank has its limit (comm_watch.h) */
+    return AMP_OK;
+}
+
+enum amp_status dist_check_same(struct comm *c, uint64_t h, const char *what, const char *hint, struct amp_error *err)
+{
+    char ranks[256];
+    if (c->world == 1 || same_value(c, h, ranks, sizeof ranks))
+        return AMP_OK;
+    bool many = strchr(ranks, ',') != NULL;
+    return amp_fail(err, AMP_ERR_CONFIG, hint, "%s: rank%s %s differ%s from rank 0: data-parallel ranks must agree on it",
+                    what, many ? "s" : "", ranks, many ? "" : "s");
 }
 
 static uint64_t hash_tensor(struct dist *d, const struct tensor *t)

@@ -69,6 +69,11 @@ int dist_threads(const struct comm *c, const struct run_config *run);
  * the config's dist.timeout_s from here on. */
 enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err);
 
+/* Ranks given different inputs that the job needs one of (the checkpoint a resume or an eval reads, eval's
+ * options): `h` is this rank's digest of it; AMP_ERR_CONFIG on every rank where any rank's differs from rank 0's,
+ * "<what>: rank(s) R differ(s) from rank 0: ...", with `hint`. */
+enum amp_status dist_check_same(struct comm *c, uint64_t h, const char *what, const char *hint, struct amp_error *err);
+
 /* Replicas never diverge silently: hash every parameter's FP32 master and the scaler state and step,
  * gather the hashes, and on any difference fail with AMP_ERR_UNSTABLE naming the first differing tensor
  * and the ranks that differ from rank 0. */

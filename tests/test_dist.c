@@ -341,6 +341,63 @@ Test(dist, eval_sharded_over_ranks_equals_one_rank)
     remove_scratch();
 }
 
+/* `mpirun -np 1 ampTrain A : -np 1 ampTrain B` from the source directory: two ranks given different arguments. */
+static struct result mpmd(const char *a, const char *b)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { " MPI_ENV "timeout -s KILL 120 mpirun --oversubscribe -np 1 %s %s : -np 1 %s %s ; } 2>&1",
+             AMP_SOURCE_DIR, amp_binary(), a, amp_binary(), b);
+    return shell(cmd);
+}
+
+/* Ranks that read different checkpoints, or evaluate with different options, are refused before any work
+ * (exit 2, naming the rank): before, eval mixed two models' results into one line silently, eval with another
+ * --split ended in MPI_ERR_TRUNCATE, and resume trained until the replica check called it a bug. A copy of the
+ * same file (a host's own) is the same checkpoint. */
+Test(dist, ranks_given_different_checkpoints_or_eval_options_are_refused)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = amp("run " MLP " run.steps=8 run.ckpt_every=4 run.eval_every=0 run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char a4[600], a8[600], b8[600], cmd[1400];
+    snprintf(a4, sizeof a4, "%s/a/ckpt-4.h5", scratch);
+    snprintf(a8, sizeof a8, "%s/a/ckpt-8.h5", scratch);
+    snprintf(b8, sizeof b8, "%s/b8.h5", scratch);
+    snprintf(cmd, sizeof cmd, "cp %s %s", a8, b8);
+    cr_assert_eq(shell(cmd).code, 0);
+    const char *refused = "rank 1 differs from rank 0: data-parallel ranks must agree on it";
+
+    snprintf(cmd, sizeof cmd, "eval %s", a4);
+    char other[1400];
+    snprintf(other, sizeof other, "eval %s", a8);
+    r = mpmd(cmd, other);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "the checkpoint's contents (rank 0 read") && strstr(r.out, refused), "%s", r.out);
+    cr_assert(!strstr(r.out, "eval step"), "evaluated anyway:\n%s", r.out);
+
+    snprintf(cmd, sizeof cmd, "eval %s --split train", a8);
+    snprintf(other, sizeof other, "eval %s", a8);
+    r = mpmd(cmd, other);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "eval's options (--split, --autocast, --dtype)") && strstr(r.out, refused), "%s", r.out);
+
+    snprintf(cmd, sizeof cmd, "resume %s run.steps=12", a4);
+    snprintf(other, sizeof other, "resume %s run.steps=12", a8);
+    r = mpmd(cmd, other);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "the checkpoint's contents") && strstr(r.out, refused), "%s", r.out);
+    cr_assert(!strstr(r.out, "resumed from"), "resumed anyway:\n%s", r.out);
+
+    snprintf(cmd, sizeof cmd, "eval %s", a8); /* the file and its copy: one checkpoint */
+    snprintf(other, sizeof other, "eval %s", b8);
+    r = mpmd(cmd, other);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "eval step 8"), "%s", r.out);
+    remove_scratch();
+}
+
 /* ---- signals and a lost rank --------------------------------------------------------------------------- */
 
 /* Start a long two-rank run in the background (its exit code goes to OUT.rc); returns once scale_log.csv
