@@ -825,10 +825,20 @@ int main(int argc, char **argv)
     }
     if (ranks->rank != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 alone reports progress */
         fclose(stdout);
-    st = amp_fail(&err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'", argv[1]);
-    for (int i = 0; i < NCOMMANDS; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            st = commands[i].fn(argc - 1, argv + 1, &err);
+    /* every rank runs one command: a rank in another would wait in collectives the others never make */
+    uint64_t cmd_hash = 1469598103934665603u;
+    for (const char *c = argv[1]; *c; c++)
+        cmd_hash = (cmd_hash ^ (unsigned char)*c) * 1099511628211u;
+    char what[96];
+    snprintf(what, sizeof what, "the command (rank 0: '%.40s')", argv[1]);
+    st = comm_agree(ranks, dist_check_same(ranks, cmd_hash, what, "launch every rank with the same ampTrain command", &err),
+                    &err);
+    if (st == AMP_OK) {
+        st = amp_fail(&err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'", argv[1]);
+        for (int i = 0; i < NCOMMANDS; i++)
+            if (strcmp(argv[1], commands[i].name) == 0)
+                st = commands[i].fn(argc - 1, argv + 1, &err);
+    }
     fflush(stdout);
     if (st != AMP_OK)
         print_error(&err);

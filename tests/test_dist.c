@@ -351,11 +351,11 @@ static struct result mpmd(const char *a, const char *b)
     return shell(cmd);
 }
 
-/* Ranks that read different checkpoints, or evaluate with different options, are refused before any work
- * (exit 2, naming the rank): before, eval mixed two models' results into one line silently, eval with another
- * --split ended in MPI_ERR_TRUNCATE, and resume trained until the replica check called it a bug. A copy of the
- * same file (a host's own) is the same checkpoint. */
-Test(dist, ranks_given_different_checkpoints_or_eval_options_are_refused)
+/* Ranks that read different checkpoints, evaluate with different options, or run different commands are refused
+ * before any work (exit 2, naming the rank): before, eval mixed two models' results into one line silently, eval
+ * with another --split ended in MPI_ERR_TRUNCATE, resume trained until the replica check called it a bug, and
+ * eval beside inspect waited for dist.timeout_s. A copy of the same file (a host's own) is the same checkpoint. */
+Test(dist, ranks_given_different_checkpoints_commands_or_eval_options_are_refused)
 {
     NEED_MPI();
     make_scratch();
@@ -389,6 +389,12 @@ Test(dist, ranks_given_different_checkpoints_or_eval_options_are_refused)
     cr_assert_eq(r.code, 2, "%s", r.out);
     cr_assert(strstr(r.out, "the checkpoint's contents") && strstr(r.out, refused), "%s", r.out);
     cr_assert(!strstr(r.out, "resumed from"), "resumed anyway:\n%s", r.out);
+
+    snprintf(cmd, sizeof cmd, "eval %s", a8); /* another command: it hung in rank 0's collectives */
+    snprintf(other, sizeof other, "inspect %s", a8);
+    r = mpmd(cmd, other);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "the command (rank 0: 'eval')") && strstr(r.out, refused), "%s", r.out);
 
     snprintf(cmd, sizeof cmd, "eval %s", a8); /* the file and its copy: one checkpoint */
     snprintf(other, sizeof other, "eval %s", b8);
