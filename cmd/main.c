@@ -15,7 +15,8 @@
 #include "runlog.h"     /* runlog_eval */
 #include "comm.h"     /* comm_open, comm_close: the ranks of a data-parallel job */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
-#include "dist.h"     /* comm_agree, dist_check_config */
+#include "digest.h"   /* digest_str: the command */
+#include "dist.h"     /* comm_agree, dist_check_config, dist_check_same */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
 #include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
@@ -88,7 +89,7 @@ static enum amp_status agree_on_checkpoint(const char *path, struct amp_error *e
     snprintf(what, sizeof what, "the checkpoint's contents (rank 0 read %s)", path);
     if (st == AMP_OK)
         st = comm_agree(ranks,
-                        dist_check_same(ranks, fp, what,
+                        dist_check_same(ranks, fp, AMP_ERR_CKPT, what,
                                         "give every rank the same checkpoint (its path, or a copy of the file on each "
                                         "host)",
                                         err),
@@ -405,7 +406,7 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         uint64_t opts = (uint64_t)(a.autocast + 1) | (uint64_t)a.split << 4 |
                         (uint64_t)(a.dtype ? 1 + (strcmp(a.dtype, "bf16") == 0) : 0) << 8;
         st = comm_agree(ranks,
-                        dist_check_same(ranks, opts, "eval's options (--split, --autocast, --dtype)",
+                        dist_check_same(ranks, opts, AMP_ERR_CONFIG, "eval's options (--split, --autocast, --dtype)",
                                         "give every rank the same eval options", err),
                         err);
     }
@@ -441,6 +442,8 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         st = ckpt_load_model(a.ckpt, &m, err);
     struct eval_result r;
     st = comm_agree(ranks, st, err);
+    if (st == AMP_OK) /* one dataset, as the checkpoint and the options */
+        st = comm_agree(ranks, dist_check_data(ranks, &ds, a.ckpt, err), err);
     if (st == AMP_OK) /* sharded over the ranks; every rank gets the one-rank result */
         st = train_evaluate(&m, &ds, a.split, ranks, &r, err);
     if (st == AMP_OK && ranks->rank == 0) {
@@ -826,12 +829,11 @@ int main(int argc, char **argv)
     if (ranks->rank != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 alone reports progress */
         fclose(stdout);
     /* every rank runs one command: a rank in another would wait in collectives the others never make */
-    uint64_t cmd_hash = 1469598103934665603u;
-    for (const char *c = argv[1]; *c; c++)
-        cmd_hash = (cmd_hash ^ (unsigned char)*c) * 1099511628211u;
     char what[96];
     snprintf(what, sizeof what, "the command (rank 0: '%.40s')", argv[1]);
-    st = comm_agree(ranks, dist_check_same(ranks, cmd_hash, what, "launch every rank with the same ampTrain command", &err),
+    st = comm_agree(ranks,
+                    dist_check_same(ranks, digest_str(DIGEST_INIT, argv[1]), AMP_ERR_CONFIG, what,
+                                    "launch every rank with the same ampTrain command", &err),
                     &err);
     if (st == AMP_OK) {
         st = amp_fail(&err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'", argv[1]);

@@ -26,6 +26,7 @@
 #include <zlib.h> /* crc32 */
 
 #include "backend.h" /* download, upload */
+#include "digest.h"  /* digest_u64: ckpt_fingerprint */
 #include "dtype.h"   /* double_to_text */
 #include "scaler.h"  /* scaler_init: the settings that bound a loaded state */
 #include "trial.h"   /* trial_run: HDF5 parses a file in a child first */
@@ -1554,7 +1555,7 @@ enum amp_status ckpt_fingerprint(const char *path, uint64_t *fp, struct amp_erro
         return amp_fail(err, AMP_ERR_CKPT, HINT_CORRUPT, "cannot read the header of checkpoint %s: %s", path,
                         got < 0 ? strerror(saved) : "too short, or no ampTrain header");
     /* bytes 16..23 the file's size, 24..27 its CRC-32 (seal_image) */
-    *fp = get_le(hdr + 24, 4) ^ get_le(hdr + 16, 8) * UINT64_C(0x9E3779B97F4A7C15);
+    *fp = digest_u64(digest_u64(DIGEST_INIT, get_le(hdr + 24, 4)), get_le(hdr + 16, 8));
     return AMP_OK;
 }
 

@@ -23,6 +23,7 @@
 #include <unistd.h> /* gethostname */
 
 #include "comm_watch.h"
+#include "digest.h" /* digest_str: the host name */
 
 #define COMM_BUCKET ((size_t)1 << 22) /* elements per MPI call: 16 MiB of fp32 */
 
@@ -144,9 +145,7 @@ static void count_hosts(struct comm *c)
 {
     char name[256] = {0};
     gethostname(name, sizeof name - 1);
-    struct placement me = {.host = 1469598103934665603ull};
-    for (const char *s = name; *s; s++)
-        me.host = (me.host ^ (uint8_t)*s) * 1099511628211ull;
+    struct placement me = {.host = digest_str(DIGEST_INIT, name)};
     cpu_set_t set;
     CPU_ZERO(&set);
     if (sched_getaffinity(0, sizeof set, &set) == 0)

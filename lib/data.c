@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "data_internal.h" /* data_load_idx, data_load_hdf5, data_load_text */
+#include "digest.h"        /* digest_bytes: data_fingerprint */
 #include "rng.h"           /* rng_below */
 
 /* Far from the small stream numbers layers use (their index), so shuffling never shares draws with
@@ -147,6 +148,42 @@ enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int
     if (st != AMP_OK)
         data_free(ds);
     return st;
+}
+
+/* The k-th of DATA_FINGERPRINT_SAMPLES positions spread evenly over [0, last]. */
+static int64_t spread(int64_t k, int64_t last)
+{
+    return (int64_t)((double)last * (double)k / (DATA_FINGERPRINT_SAMPLES - 1));
+}
+
+uint64_t data_fingerprint(const struct dataset *ds)
+{
+    uint64_t h = digest_u64(DIGEST_INIT, (uint64_t)ds->sample_numel);
+    h = digest_u64(h, (uint64_t)ds->spec.num_classes);
+    for (int d = 0; d < ds->spec.sample_ndim && d < 3; d++)
+        h = digest_u64(h, (uint64_t)ds->spec.sample_shape[d]);
+    for (int s = 0; s < 2; s++) {
+        const struct data_split *sp = &ds->split[s];
+        h = digest_u64(h, (uint64_t)sp->n);
+        h = digest_u64(h, (uint64_t)sp->text_len);
+        h = digest_u64(h, (uint64_t)sp->ntokens);
+        for (int64_t k = 0; k < DATA_FINGERPRINT_SAMPLES; k++) {
+            if (sp->x && sp->n > 0) { /* arrays: the sample's normalised values and its label */
+                int64_t i = spread(k, sp->n - 1);
+                h = digest_bytes(h, sp->x + i * ds->sample_numel, (size_t)ds->sample_numel * sizeof *sp->x);
+                if (sp->y)
+                    h = digest_bytes(h, &sp->y[i], sizeof sp->y[i]);
+            } else if (sp->text && sp->text_len > 0) { /* text: a window's bytes */
+                int64_t w = ds->sample_numel + 1 < sp->text_len ? ds->sample_numel + 1 : sp->text_len;
+                h = digest_bytes(h, sp->text + spread(k, sp->text_len - w), (size_t)w);
+            } else if (sp->tokens && sp->ntokens > 0) { /* tokens: a window's ids as stored */
+                int64_t w = ds->sample_numel + 1 < sp->ntokens ? ds->sample_numel + 1 : sp->ntokens;
+                h = digest_bytes(h, sp->tokens + spread(k, sp->ntokens - w) * sp->token_bytes,
+                                 (size_t)(w * sp->token_bytes));
+            }
+        }
+    }
+    return h;
 }
 
 void data_free(struct dataset *ds)

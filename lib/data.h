@@ -60,6 +60,13 @@ enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int
                           struct amp_error *err);
 void data_free(struct dataset *ds);
 
+/* A digest of what the ranks of a job must share (lib/dist.h, dist_check_data): the sample shape, the classes,
+ * each split's size, and the contents of DATA_FINGERPRINT_SAMPLES samples of each split spread evenly over it,
+ * the first and the last among them (for text and tokens: their windows' bytes). Cheap for any size (token files
+ * are read at those windows only); two files that differ only between the samples read look the same. */
+#define DATA_FINGERPRINT_SAMPLES 64
+uint64_t data_fingerprint(const struct dataset *ds);
+
 /* Copy samples idx[0..n) of a split into host buffers: x (n, sample_numel) fp32 for arrays, or
  * tokens (n, seq_len) int32 for text and token files; labels (n) or (n, seq_len) int32. Any buffer may be
  * NULL: lib/train.c passes no x and has the backend gather an array's samples as rows of split.x

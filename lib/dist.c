@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data.h"   /* data_fingerprint */
+#include "digest.h" /* digest_bytes */
 #include "model.h"  /* struct model, struct param, struct buffer */
 #include "scaler.h" /* struct scaler */
 
@@ -166,14 +168,6 @@ int dist_threads(const struct comm *c, const struct run_config *run)
 
 /* ---- config and replica checks ------------------------------------------------------------------- */
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-#define FNV_INIT 1469598103934665603ull
 
 /* all[r * stride + idx] is rank r's value: list the ranks whose value differs from rank 0's into buf.
  * Returns whether all are equal. */
@@ -211,7 +205,7 @@ enum amp_status dist_check_config(struct comm *c, const struct config *cfg, stru
     char ranks[256];
     if (c->world > 1) {
         char *yaml = config_to_yaml_string(cfg);
-        uint64_t h = yaml ? fnv1a(FNV_INIT, yaml, strlen(yaml)) : 0;
+        uint64_t h = yaml ? digest_bytes(DIGEST_INIT, yaml, strlen(yaml)) : 0;
         free(yaml);
         if (!same_value(c, h, ranks, sizeof ranks))
             return amp_fail(err, AMP_ERR_CONFIG,
@@ -225,26 +219,40 @@ enum amp_status dist_check_config(struct comm *c, const struct config *cfg, stru
     return AMP_OK;
 }
 
-enum amp_status dist_check_same(struct comm *c, uint64_t h, const char *what, const char *hint, struct amp_error *err)
+enum amp_status dist_check_same(struct comm *c, uint64_t h, enum amp_status code, const char *what, const char *hint,
+                                struct amp_error *err)
 {
     char ranks[256];
     if (c->world == 1 || same_value(c, h, ranks, sizeof ranks))
         return AMP_OK;
     bool many = strchr(ranks, ',') != NULL;
-    return amp_fail(err, AMP_ERR_CONFIG, hint, "%s: rank%s %s differ%s from rank 0: data-parallel ranks must agree on it",
+    return amp_fail(err, code, hint, "%s: rank%s %s differ%s from rank 0: data-parallel ranks must agree on it",
                     what, many ? "s" : "", ranks, many ? "" : "s");
+}
+
+enum amp_status dist_check_data(struct comm *c, const struct dataset *ds, const char *source, struct amp_error *err)
+{
+    if (c->world == 1)
+        return AMP_OK;
+    char what[CFG_STR + 128];
+    snprintf(what, sizeof what, "%s: the data (rank 0 read %lld training and %lld test samples)", source,
+             (long long)ds->split[SPLIT_TRAIN].n, (long long)ds->split[SPLIT_TEST].n);
+    return dist_check_same(c, data_fingerprint(ds), AMP_ERR_DATA, what,
+                           "give every rank the same data: each host's copy of the files must be the same, and a "
+                           "relative path is read from each rank's working directory",
+                           err);
 }
 
 static uint64_t hash_tensor(struct dist *d, const struct tensor *t)
 {
     size_t bytes = tensor_bytes(t);
     if (d->be->host_memory)
-        return fnv1a(FNV_INIT, t->data, bytes);
+        return digest_bytes(DIGEST_INIT, t->data, bytes);
     void *h = stage(d, bytes);
     if (!h)
         return 0; /* every rank that runs out hashes 0: a difference is still reported */
     d->be->download(d->be, h, t->data, bytes);
-    return fnv1a(FNV_INIT, h, bytes);
+    return digest_bytes(DIGEST_INIT, h, bytes);
 }
 
 enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const struct scaler *s, int64_t step,
@@ -265,8 +273,8 @@ enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const
         mine[i] = hash_tensor(d, &m->params[i]->master);
     const int64_t counters[] = {step, opt_step, s->growth_tracker, s->hysteresis_left, s->consecutive_skips,
                                 s->skips_total, s->last_overflow_step};
-    uint64_t h = fnv1a(FNV_INIT, &s->scale, sizeof s->scale);
-    mine[n - 1] = fnv1a(h, counters, sizeof counters);
+    uint64_t h = digest_bytes(DIGEST_INIT, &s->scale, sizeof s->scale);
+    mine[n - 1] = digest_bytes(h, counters, sizeof counters);
     c->host_allgather(c, mine, all, n * sizeof *mine);
     enum amp_status st = AMP_OK;
     char ranks[256];

@@ -22,6 +22,8 @@
 #include "config.h"  /* struct config, struct dist_config */
 #include "error.h"
 
+struct dataset; /* data.h */
+
 struct model;
 struct scaler;
 
@@ -69,10 +71,17 @@ int dist_threads(const struct comm *c, const struct run_config *run);
  * the config's dist.timeout_s from here on. */
 enum amp_status dist_check_config(struct comm *c, const struct config *cfg, struct amp_error *err);
 
-/* Ranks given different inputs that the job needs one of (the checkpoint a resume or an eval reads, eval's
- * options): `h` is this rank's digest of it; AMP_ERR_CONFIG on every rank where any rank's differs from rank 0's,
+/* Ranks given different inputs that the job needs one of (the command, the checkpoint a resume or an eval reads,
+ * eval's options, the data): `h` is this rank's digest of it (digest.h); `code` on every rank where any rank's
+ * differs from rank 0's (the exit code of the input at fault: AMP_ERR_CONFIG, AMP_ERR_DATA, AMP_ERR_CKPT),
  * "<what>: rank(s) R differ(s) from rank 0: ...", with `hint`. */
-enum amp_status dist_check_same(struct comm *c, uint64_t h, const char *what, const char *hint, struct amp_error *err);
+enum amp_status dist_check_same(struct comm *c, uint64_t h, enum amp_status code, const char *what, const char *hint,
+                                struct amp_error *err);
+
+/* Ranks that loaded different data (a host's copy of a file differs, a relative path read from another working
+ * directory): dist_check_same of data_fingerprint, the message naming `source` (the config) and rank 0's sample
+ * counts. Before any step: a rank training on other samples is otherwise silent. */
+enum amp_status dist_check_data(struct comm *c, const struct dataset *ds, const char *source, struct amp_error *err);
 
 /* Replicas never diverge silently: hash every parameter's FP32 master and the scaler state and step,
  * gather the hashes, and on any difference fail with AMP_ERR_UNSTABLE naming the first differing tensor

@@ -735,6 +735,8 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                    (long long)cfg->accum_steps);
     }
     st = comm_agree(comm, st, err);
+    if (st == AMP_OK) /* every rank's samples from the same data */
+        st = comm_agree(comm, dist_check_data(comm, &t.ds, cfg->source, err), err);
     int sig = stop_signal; /* a stop signal any rank saw, agreed by all after each step */
     st = comm_agree_stop(comm, st, &sig, err);
     if (st == AMP_OK && sig) {

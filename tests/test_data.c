@@ -289,6 +289,39 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* data_fingerprint (what dist_check_data compares across ranks): the same files give the same digest on every
+ * load; a value or a label of a sample it reads (the first and the last of each split among them), a split's size,
+ * or the normalisation change it. */
+Test(data_idx, fingerprint_follows_the_samples)
+{
+    struct idx_set s = write_idx_set(false);
+    struct data_config c = idx_config(s);
+    struct dataset a, b;
+    struct amp_error err;
+    cr_assert_eq(data_load(&a, &c, 1, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(data_load(&b, &c, 1, &err), AMP_OK, "%s", err.msg);
+    const uint64_t fp = data_fingerprint(&a);
+    cr_assert_eq(data_fingerprint(&b), fp, "two loads of one set of files");
+    float *x = &b.split[SPLIT_TRAIN].x[0];
+    *x += 1.0f;
+    cr_assert_neq(data_fingerprint(&b), fp, "the first training sample's value");
+    *x -= 1.0f;
+    int32_t *y = &b.split[SPLIT_TEST].y[TE_N - 1];
+    *y ^= 1;
+    cr_assert_neq(data_fingerprint(&b), fp, "the last test label");
+    *y ^= 1;
+    b.split[SPLIT_TEST].n--;
+    cr_assert_neq(data_fingerprint(&b), fp, "the test split's size");
+    b.split[SPLIT_TEST].n++;
+    cr_assert_eq(data_fingerprint(&b), fp, "restored");
+    data_free(&b);
+    c.mean = 0.5;
+    cr_assert_eq(data_load(&b, &c, 1, &err), AMP_OK, "%s", err.msg);
+    cr_assert_neq(data_fingerprint(&b), fp, "another normalisation");
+    data_free(&b);
+    data_free(&a);
+}
+
 Test(data_idx, real_fashion_mnist)
 {
     const char *tri = FASHION_DIR "/train-images-idx3-ubyte.gz", *trl = FASHION_DIR "/train-labels-idx1-ubyte.gz";

@@ -225,6 +225,51 @@ Test(dist, a_rank_without_its_data_stops_every_rank_with_its_error)
     remove_scratch();
 }
 
+/* Ranks whose data differ (here rank 1's relative data/ holds the test files under the training files' names) are
+ * refused before the first step with exit 3: before, with run.steps, rank 1 trained on its 10,000 samples as if
+ * they were rank 0's 60,000 and the job exited 0; with run.epochs the ranks counted different steps and one waited
+ * for the other until dist.timeout_s. The same for eval, whose sharded result would mix two datasets. */
+Test(dist, ranks_with_different_data_are_refused)
+{
+    NEED_MPI();
+    make_scratch();
+    const char *fm = "/usr/share/datasets/fashion-mnist";
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && mkdir -p a b/data && ln -s %s a/data && "
+             "ln -s %s/t10k-images-idx3-ubyte.gz b/data/train-images-idx3-ubyte.gz && "
+             "ln -s %s/t10k-labels-idx1-ubyte.gz b/data/train-labels-idx1-ubyte.gz && "
+             "ln -s %s/t10k-images-idx3-ubyte.gz %s/t10k-labels-idx1-ubyte.gz b/data/ && "
+             "sed 's#%s#data#' %s/configs/fashion_mlp.yaml > cfg.yaml",
+             scratch, fm, fm, fm, fm, fm, fm, AMP_SOURCE_DIR);
+    cr_assert_eq(shell(cmd).code, 0);
+    const char *refused = "the data (rank 0 read 60000 training and 10000 test samples): rank 1 differs from rank 0";
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { " MPI_ENV "timeout -s KILL 120 mpirun --oversubscribe "
+             "-np 1 -wdir %s/a %s run %s/cfg.yaml " SMALL " run.steps=20 run.out_dir=%s/out : "
+             "-np 1 -wdir %s/b %s run %s/cfg.yaml " SMALL " run.steps=20 run.out_dir=%s/out ; } 2>&1",
+             scratch, scratch, amp_binary(), scratch, scratch, scratch, amp_binary(), scratch, scratch);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 3, "%s", r.out);
+    cr_assert(strstr(r.out, refused), "%s", r.out);
+    cr_assert(!strstr(r.out, "step 1/") && !strstr(r.out, "checkpoint:"), "trained anyway:\n%s", r.out);
+
+    /* eval: a checkpoint whose config names data/ relative to each rank's working directory */
+    snprintf(cmd, sizeof cmd, "cd %s/a && %s run %s/cfg.yaml " SMALL " run.steps=2 run.out_dir=%s/one 2>&1", scratch,
+             amp_binary(), scratch, scratch);
+    r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { " MPI_ENV "timeout -s KILL 120 mpirun --oversubscribe "
+             "-np 1 -wdir %s/a %s eval %s/one/ckpt-2.h5 : -np 1 -wdir %s/b %s eval %s/one/ckpt-2.h5 ; } 2>&1",
+             scratch, scratch, amp_binary(), scratch, scratch, amp_binary(), scratch);
+    r = shell(cmd);
+    cr_assert_eq(r.code, 3, "%s", r.out);
+    cr_assert(strstr(r.out, refused), "%s", r.out);
+    cr_assert(!strstr(r.out, "eval step"), "evaluated anyway:\n%s", r.out);
+    remove_scratch();
+}
+
 Test(dist, bad_setups_get_clear_errors)
 {
     NEED_MPI();
@@ -351,8 +396,8 @@ static struct result mpmd(const char *a, const char *b)
     return shell(cmd);
 }
 
-/* Ranks that read different checkpoints, evaluate with different options, or run different commands are refused
- * before any work (exit 2, naming the rank): before, eval mixed two models' results into one line silently, eval
+/* Ranks that read different checkpoints (exit 4), evaluate with different options or run different commands (exit
+ * 2) are refused before any work, naming the rank: before, eval mixed two models' results into one line silently, eval
  * with another --split ended in MPI_ERR_TRUNCATE, resume trained until the replica check called it a bug, and
  * eval beside inspect waited for dist.timeout_s. A copy of the same file (a host's own) is the same checkpoint. */
 Test(dist, ranks_given_different_checkpoints_commands_or_eval_options_are_refused)
@@ -373,7 +418,7 @@ Test(dist, ranks_given_different_checkpoints_commands_or_eval_options_are_refuse
     char other[1400];
     snprintf(other, sizeof other, "eval %s", a8);
     r = mpmd(cmd, other);
-    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert_eq(r.code, 4, "%s", r.out);
     cr_assert(strstr(r.out, "the checkpoint's contents (rank 0 read") && strstr(r.out, refused), "%s", r.out);
     cr_assert(!strstr(r.out, "eval step"), "evaluated anyway:\n%s", r.out);
 
@@ -386,7 +431,7 @@ Test(dist, ranks_given_different_checkpoints_commands_or_eval_options_are_refuse
     snprintf(cmd, sizeof cmd, "resume %s run.steps=12", a4);
     snprintf(other, sizeof other, "resume %s run.steps=12", a8);
     r = mpmd(cmd, other);
-    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert_eq(r.code, 4, "%s", r.out);
     cr_assert(strstr(r.out, "the checkpoint's contents") && strstr(r.out, refused), "%s", r.out);
     cr_assert(!strstr(r.out, "resumed from"), "resumed anyway:\n%s", r.out);
 
