@@ -168,7 +168,6 @@ int dist_threads(const struct comm *c, const struct run_config *run)
 
 /* ---- config and replica checks ------------------------------------------------------------------- */
 
-
 /* all[r * stride + idx] is rank r's value: list the ranks whose value differs from rank 0's into buf.
  * Returns whether all are equal. */
 static bool same_on_all(struct comm *c, const uint64_t *all, size_t stride, size_t idx, char *buf, size_t len)
