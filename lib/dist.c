@@ -255,7 +255,7 @@ static uint64_t hash_tensor(struct dist *d, const struct tensor *t)
 }
 
 enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const struct scaler *s, int64_t step,
-                                    int64_t opt_step, struct amp_error *err)
+                                    int64_t opt_step, const char *loaded_from, struct amp_error *err)
 {
     struct comm *c = d->comm;
     if (c->world == 1)
@@ -277,14 +277,24 @@ enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const
     c->host_allgather(c, mine, all, n * sizeof *mine);
     enum amp_status st = AMP_OK;
     char ranks[256];
-    for (size_t i = 0; i < n && st == AMP_OK; i++)
-        if (!same_on_all(c, all, n, i, ranks, sizeof ranks))
+    for (size_t i = 0; i < n && st == AMP_OK; i++) {
+        if (same_on_all(c, all, n, i, ranks, sizeof ranks))
+            continue;
+        const char *what = i + 1 < n ? m->params[i]->name : "the loss-scaler state";
+        const char *s_ = strchr(ranks, ',') ? "s" : "";
+        if (loaded_from)
+            st = amp_fail(err, AMP_ERR_CKPT,
+                          "give every rank the same file: each host's copy must be the same, and a relative path is "
+                          "read from each rank's working directory",
+                          "the weights loaded from %s differ between ranks: %s on rank%s %s differs from rank 0's",
+                          loaded_from, what, s_, ranks);
+        else
             st = amp_fail(err, AMP_ERR_UNSTABLE,
                           "this is a bug or a hardware fault: report it with the run's config; continue from the "
                           "last checkpoint with 'ampTrain resume'",
                           "replicas diverged at step %lld: %s on rank%s %s differs from rank 0's", (long long)step,
-                          i + 1 < n ? m->params[i]->name : "the loss-scaler state", strchr(ranks, ',') ? "s" : "",
-                          ranks);
+                          what, s_, ranks);
+    }
     free(mine);
     free(all);
     return st;

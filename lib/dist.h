@@ -85,9 +85,10 @@ enum amp_status dist_check_data(struct comm *c, const struct dataset *ds, const 
 
 /* Replicas never diverge silently: hash every parameter's FP32 master and the scaler state and step,
  * gather the hashes, and on any difference fail with AMP_ERR_UNSTABLE naming the first differing tensor
- * and the ranks that differ from rank 0. */
+ * and the ranks that differ from rank 0. `loaded_from` (else NULL): the check before the first step of weights
+ * each rank read from that file (model.init_from), where a difference is the file's, AMP_ERR_CKPT naming it. */
 enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const struct scaler *s, int64_t step,
-                                    int64_t opt_step, struct amp_error *err);
+                                    int64_t opt_step, const char *loaded_from, struct amp_error *err);
 
 /* Batchnorm running statistics are per rank during training; before an evaluation and a checkpoint
  * every rank takes rank 0's (PyTorch DDP's broadcast_buffers rule). */

@@ -657,7 +657,7 @@ static enum amp_status drain(struct trainer *t, struct loop_marks *lm, struct am
     int64_t every = t->cfg->dist.check_every;
     if (t->world > 1 && (every == 0 || t->step - lm->checked_step >= every)) {
         lm->checked_step = t->step;
-        st = dist_check_replicas(&t->dist, &t->model, &t->scaler, t->step, t->opt.step, err);
+        st = dist_check_replicas(&t->dist, &t->model, &t->scaler, t->step, t->opt.step, NULL, err);
         if (st != AMP_OK)
             return comm_agree(t->dist.comm, st, err);
     }
@@ -737,6 +737,10 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     st = comm_agree(comm, st, err);
     if (st == AMP_OK) /* every rank's samples from the same data */
         st = comm_agree(comm, dist_check_data(comm, &t.ds, cfg->source, err), err);
+    if (st == AMP_OK && !resume && cfg->model.init_from[0]) /* and its weights from the same file */
+        st = comm_agree(
+            comm, dist_check_replicas(&t.dist, &t.model, &t.scaler, t.step, t.opt.step, cfg->model.init_from, err),
+            err);
     int sig = stop_signal; /* a stop signal any rank saw, agreed by all after each step */
     st = comm_agree_stop(comm, st, &sig, err);
     if (st == AMP_OK && sig) {

@@ -270,6 +270,36 @@ Test(dist, ranks_with_different_data_are_refused)
     remove_scratch();
 }
 
+/* model.init_from read by each rank from its own working directory, two different files under one name: refused
+ * before the first step with exit 4 naming the file and the first tensor that differs. Before, the ranks trained
+ * from different weights until the replica check called it a bug or a hardware fault (exit 5). */
+Test(dist, ranks_with_different_init_from_files_are_refused)
+{
+    NEED_MPI();
+    make_scratch();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && mkdir -p a b && %s run %s/configs/fashion_mlp.yaml " SMALL " run.steps=2 run.out_dir=x && "
+             "%s run %s/configs/fashion_mlp.yaml " SMALL " run.steps=2 run.seed=7 run.out_dir=y && "
+             "%s export x a/init.safetensors && %s export y b/init.safetensors 2>&1",
+             scratch, amp_binary(), AMP_SOURCE_DIR, amp_binary(), AMP_SOURCE_DIR, amp_binary(), amp_binary());
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { " MPI_ENV "timeout -s KILL 120 mpirun --oversubscribe "
+             "-np 1 -wdir %s/a %s run %s/configs/fashion_mlp.yaml " SMALL " run.steps=4 model.init_from=init.safetensors "
+             "run.out_dir=%s/out : -np 1 -wdir %s/b %s run %s/configs/fashion_mlp.yaml " SMALL " run.steps=4 "
+             "model.init_from=init.safetensors run.out_dir=%s/out ; } 2>&1",
+             scratch, scratch, amp_binary(), AMP_SOURCE_DIR, scratch, scratch, amp_binary(), AMP_SOURCE_DIR, scratch);
+    r = shell(cmd);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, "the weights loaded from init.safetensors differ between ranks: fc1/weight on rank 1 "
+                            "differs from rank 0's"),
+              "%s", r.out);
+    cr_assert(!strstr(r.out, "checkpoint:"), "trained anyway:\n%s", r.out);
+    remove_scratch();
+}
+
 Test(dist, bad_setups_get_clear_errors)
 {
     NEED_MPI();
