@@ -40,6 +40,7 @@ struct command {
     const char *usage;
     const char *help;
     enum amp_status (*fn)(int argc, char **argv, struct amp_error *err);
+    bool one_process; /* not data-parallel, and it writes files: under mpirun every rank would write them */
 };
 
 static const char exit_codes[] =
@@ -714,7 +715,7 @@ static const struct command commands[] = {
      "Train the model CONFIG.yaml describes. KEY=VALUE overrides a config key by its dotted path\n"
      "(optim.lr=3e-4, precision.mode=bf16, model.layers.1.out=256); overrides go through the same checks\n"
      "as the file. Writes config.yaml, scale_log.csv and eval.jsonl into run.out_dir.",
-     cmd_run},
+     cmd_run, false},
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every,\n"
@@ -722,18 +723,18 @@ static const struct command commands[] = {
      "when resuming on another number of ranks), and precision.mode (with a warning: the FP32\n"
      "state carries over, the loss scaler starts from its init). Anything else is refused (exit 2).\n"
      "Appends to the run's scale_log.csv. See docs/checkpoint.md.",
-     cmd_resume},
+     cmd_resume, false},
     {"eval", "ampTrain eval CHECKPOINT.h5 [--autocast on|off] [--dtype fp16|bf16] [--split test|train]",
      "Evaluate a checkpoint: loss and accuracy (perplexity for text), printed and appended to eval.jsonl\n"
      "beside the checkpoint. --autocast defaults to the run's precision; with autocast on the run's\n"
      "low-precision dtype is used unless --dtype says otherwise.",
-     cmd_eval},
+     cmd_eval, false},
     {"inspect", "ampTrain inspect CHECKPOINT.h5", "Show step, precision, scaler state and tensors of a checkpoint.",
-     cmd_inspect},
+     cmd_inspect, false},
     {"check", "ampTrain check CONFIG.yaml [KEY=VALUE ...]",
      "Validate a config and its overrides; print the resolved config as YAML (it parses back to the\n"
      "same config) and the autocast policy table.",
-     cmd_check},
+     cmd_check, false},
     {"numerics", "ampTrain numerics CONFIG.yaml|CHECKPOINT.h5 [--steps K] [--underflow F] [KEY=VALUE ...]",
      "What fp16, bf16 and fp8 do to this model: K steps (default 5) run in the configured precision and as\n"
      "an FP32 shadow of the same step; for every activation, activation gradient and weight gradient the\n"
@@ -741,7 +742,7 @@ static const struct command commands[] = {
      "run.out_dir/numerics.csv. Prints headroom per tensor, the fp16 loss-scale window (at most F of the\n"
      "nonzero gradient elements flushed, default 0.001) and a verdict per precision mode. The K steps are\n"
      "trained in memory only. See docs/precision.md.",
-     cmd_numerics},
+     cmd_numerics, true},
     {"export", "ampTrain export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch|hf-gpt2]",
      "Write the checkpoint's model weights and batchnorm running statistics to OUT in the safetensors\n"
      "format (for PyTorch's safetensors.torch.load_file and friends). --dtype (default fp32) converts with\n"
@@ -750,8 +751,8 @@ static const struct command commands[] = {
      "table under both of its names), --names hf-gpt2 the keys and layouts of Hugging Face's GPT2LMHeadModel\n"
      "(a GPT-2 shaped model only: else exit 2). The file is written atomically: on any failure nothing is\n"
      "left at OUT. A corrupt checkpoint is exit 4, a failed write exit 1. See docs/checkpoint.md, \"export\".",
-     cmd_export},
-    {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help},
+     cmd_export, true},
+    {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help, false},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -838,7 +839,16 @@ int main(int argc, char **argv)
     if (st == AMP_OK) {
         st = amp_fail(&err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'", argv[1]);
         for (int i = 0; i < NCOMMANDS; i++)
-            if (strcmp(argv[1], commands[i].name) == 0)
+            if (strcmp(argv[1], commands[i].name) != 0)
+                continue;
+            else if (commands[i].one_process && ranks->world > 1) /* every rank here: said once, by rank 0 */
+                st = comm_agree(ranks,
+                                amp_fail(&err, AMP_ERR_CONFIG, "run it as one process, without mpirun",
+                                         "ampTrain %s is not data-parallel: launched as %d ranks, each would write "
+                                         "its files",
+                                         argv[1], ranks->world),
+                                &err);
+            else
                 st = commands[i].fn(argc - 1, argv + 1, &err);
     }
     fflush(stdout);

@@ -300,6 +300,29 @@ Test(dist, ranks_with_different_init_from_files_are_refused)
     remove_scratch();
 }
 
+/* numerics and export are one process's work: under mpirun every rank wrote the same files (numerics.csv had
+ * each row twice). Refused on every rank with exit 2, nothing written. */
+Test(dist, one_process_commands_under_mpirun_are_refused)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = amp("run " MLP " run.steps=2 run.eval_every=0 run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = mpi(2, NULL, "export %s/a %s/e.safetensors", scratch, scratch);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "ampTrain export is not data-parallel: launched as 2 ranks"), "%s", r.out);
+    cr_assert(!strstr(r.out, "[rank 1]"), "said once, by rank 0:\n%s", r.out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/e.safetensors", scratch);
+    cr_assert(!file_exists(path), "%s was written", path);
+    r = mpi(2, NULL, "numerics %s/a --steps 1", scratch);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "ampTrain numerics is not data-parallel"), "%s", r.out);
+    snprintf(path, sizeof path, "%s/a/numerics.csv", scratch);
+    cr_assert(!file_exists(path), "%s was written", path);
+    remove_scratch();
+}
+
 Test(dist, bad_setups_get_clear_errors)
 {
     NEED_MPI();
