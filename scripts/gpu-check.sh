@@ -7,8 +7,9 @@
 #   OUTDIR/*.log      every build, test, training and benchmark log
 #   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc),
 #                                      PYTHON (python3: the one with PyTorch), BUILD_DIR (build-gpu),
-#                                      PHASES ("build tests bench", and "sanitize": compute-sanitizer
-#                                      memcheck over the op tests, when asked),
+#                                      PHASES ("build tests bench", and when asked "sanitize": compute-sanitizer
+#                                      memcheck over the op tests, "cpu": the host's CPU against PyTorch's,
+#                                      scripts/bench_cpu.sh, fashion_mlp fp32 at 1 and all threads, issue 16),
 #                                      TEST_TIMEOUT (120 s a test binary: the H200 ran each in 1-29 s),
 #                                      RUN_TIMEOUT (90 s a training run; 300 s with DRY=1, where
 #                                      width-768 GPT runs on two CPU cores have passed 90 s: PyTorch
@@ -79,6 +80,9 @@ if [ "$dry" = 1 ]; then note "DRY run: everything on the CPU, no GPU tests (chec
 else nvidia-smi > "$out/nvidia-smi.log" 2>&1 || fail "nvidia-smi did not run (no GPU?)"; fi
 note "commit $commit$(git diff --quiet 2>/dev/null || echo ' (checkout dirty)'), $(date -u +%Y-%m-%dT%H:%MZ)"
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+# the host's CPU (issue 16 asks for a Zen 4 measurement: AMD family 25, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf)
+cpu_line() { lscpu 2>/dev/null | sed -n "s/^$1: *//p" | head -1; }
+note "host CPU: $(cpu_line 'Model name'), $(cpu_line 'Vendor ID') family $(cpu_line 'CPU family') model $(cpu_line 'Model'), $(nproc) CPUs"
 
 # ---- build (sm_90 only: the H200; the default build also makes sm_80 and PTX) ----
 t0=$(date +%s)
@@ -155,6 +159,24 @@ if has_phase sanitize && [ "$dry" != 1 ]; then
     9) fail "compute-sanitizer memcheck found errors (see sanitize.log)" ;;
     *) fail "compute-sanitizer run: rc $rc (see sanitize.log; on gVisor it cannot run)" ;;
   esac
+fi
+
+# ---- optional: the host's CPU against PyTorch on the CPU (PHASES="... cpu"): fashion_mlp fp32 at 1 thread (issue 16's
+# 1.6x on every CPU kind) and at every CPU, against the PyTorch here (a pip one runs its products on MKL/oneDNN,
+# stronger than the Debian PyTorch on OpenBLAS of docs/perf.md's CPU figures) ----
+if has_phase cpu; then
+  t1=$(date +%s)
+  torch_v=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null)
+  PYTHON="$python" AMP_BIN="$bin" MODELS=mlp MODES=fp32 THREADS="1 $(nproc)" ROUNDS="${CPU_ROUNDS:-3}" \
+    timeout "${CPU_TIMEOUT:-150}" scripts/bench_cpu.sh > "$out/cpu-bench.log" 2>&1
+  rc=$?
+  ratios=$(sed -n 's/^mlp fp32: .*median per-round ratio \([0-9.]*x\) .*, \([0-9]*\) thread(s))$/\1 at \2 thread(s)/p' \
+           "$out/cpu-bench.log" | paste -sd ';' | sed 's/;/; /g')
+  if [ $rc = 0 ] && [ -n "$ratios" ]; then
+    note "cpu: fashion_mlp fp32, ampTrain / PyTorch ${torch_v:-?} on this host's CPU: $ratios ($(( $(date +%s) - t1 )) s, cpu-bench.log)"
+  else
+    fail "cpu: bench_cpu.sh rc $rc (see cpu-bench.log)"
+  fi
 fi
 
 if ! has_phase bench; then
