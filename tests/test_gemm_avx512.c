@@ -223,6 +223,12 @@ static const struct gshape CASES[] = {
     { 0, 0, 3, 2085, 9, 1, 0, 1.0f, 0.0f, true, true },     /* two n blocks */
     { 0, 0, 5, 2100, 400, 1, 0, 1.0f, 1.0f, false, false },  /* n and k blocks */
     { 0, 0, 14, 20, 15, 1, 0, 1.0f, 0.0f, true, true },      /* partial 16 x 16 transposes */
+    /* the edge kernels' limits: 4 and 8 rows left (16, 20: 4- and 8-row kernels, exactly full), 16 and 17
+     * columns left (48: the 16-column kernel, exactly full; 49: one column past it, the 32-column kernel) */
+    { 0, 0, 16, 48, 40, 1, 0, 1.0f, 0.0f, false, false },
+    { 0, 0, 20, 49, 40, 1, 0, 1.0f, 0.0f, true, false },
+    { 0, 0, 20, 49, 40, 2, 3, 1.0f, 1.0f, false, false },
+    { 0, 0, 17, 17, 9, 1, 0, 1.0f, 0.0f, false, true },
 };
 
 static void for_each_case(enum dtype in, void (*fn)(const struct gcase *c))

@@ -1188,12 +1188,24 @@ LANES8_TARGET static inline __m256 plane_load8(const void *p, int64_t q, bool bf
     return _mm256_loadu_ps((const float *)p + q);
 }
 
-/* Elements q .. q + 7 of the 8 planes p (fp32, or bf16 read as it is stored) transposed: t[e] lane l = p[l][q + e]. */
-LANES8_TARGET static inline void planes_transpose8(const void *const p[CHAINS], bool bf16, int64_t q, __m256 t[8])
+/* Whether a ReLU passes its input v (its backward keeps the gradient): v > 0 or a NaN; not +0, -0 or negative. */
+LANES8_TARGET static inline __mmask8 relu_passes8(__m256 v)
+{
+    return _mm256_cmp_ps_mask(v, _mm256_setzero_ps(), _CMP_NLE_UQ);
+}
+
+/* Elements q .. q + 7 of the 8 planes p (fp32, or bf16 read as it is stored) transposed: t[e] lane l = p[l][q + e];
+ * with ReLU planes m (p's dtype; else NULL), each element is the ReLU backward's, +0 where m's does not pass (a
+ * NaN gradient is not quieted here: every use widens it to double or computes with it, which quiets it). */
+LANES8_TARGET static inline void planes_transpose8_masked(const void *const p[CHAINS], const void *const m[CHAINS],
+                                                          bool bf16, int64_t q, __m256 t[8])
 {
     __m256 r[8], u[8];
-    for (int l = 0; l < 8; l++)
+    for (int l = 0; l < 8; l++) {
         r[l] = plane_load8(p[l], q, bf16);
+        if (m)
+            r[l] = _mm256_maskz_mov_ps(relu_passes8(plane_load8(m[l], q, bf16)), r[l]);
+    }
     for (int l = 0; l < 8; l += 2) {
         u[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
         u[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
@@ -1208,6 +1220,11 @@ LANES8_TARGET static inline void planes_transpose8(const void *const p[CHAINS], 
         t[e] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x20);
         t[e + 4] = _mm256_permute2f128_ps(r[e], r[e + 4], 0x31);
     }
+}
+
+LANES8_TARGET static inline void planes_transpose8(const void *const p[CHAINS], bool bf16, int64_t q, __m256 t[8])
+{
+    planes_transpose8_masked(p, NULL, bf16, q, t);
 }
 
 /* s[l] += p[l][q] for q < hw, in order (bn_stats' first pass, conv_filter_image's bias sums). */
@@ -1480,17 +1497,27 @@ struct conv_bufs {
     int worker;
 };
 
-/* C (m, n) = op(A) @ op(B) + beta * C [+ row_bias (m) on every column, with beta 0], fp32 C. */
-static void conv_gemm(const struct conv_job *j, const struct conv_bufs *b, bool ta, bool tb, int64_t m, int64_t n,
-                      int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, float beta, float *c,
-                      int64_t ldc, const float *row_bias)
+/* C (m, n) = op(A) @ op(B) + beta * C [+ row_bias (m) on every column, with beta 0]; C fp32, or of the products'
+ * input dtype (c_dt: rounded once in the product's epilogue). */
+static void conv_gemm_to(const struct conv_job *j, const struct conv_bufs *b, bool ta, bool tb, int64_t m,
+                         int64_t n, int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, float beta,
+                         void *c, enum dtype c_dt, int64_t ldc, const float *row_bias)
 {
-    const struct mat_out out = { .p = c, .dt = DT_FP32, .ld = ldc, .row_bias = row_bias };
+    assert(c_dt == DT_FP32 || c_dt == j->dt);
+    const struct mat_out out = { .p = c, .dt = c_dt, .ld = ldc, .row_bias = row_bias };
     if (b->worker < 0)
         gemm_core(j->cb, ta, tb, m, n, k, 1.0f, (struct mat_in){ a, j->dt, lda }, (struct mat_in){ bm, j->dt, ldb },
                   beta, out, NULL);
     else
         worker_gemm(j->cb, b->worker, j->dt, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, out);
+}
+
+/* conv_gemm_to with an fp32 C. */
+static void conv_gemm(const struct conv_job *j, const struct conv_bufs *b, bool ta, bool tb, int64_t m, int64_t n,
+                      int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, float beta, float *c,
+                      int64_t ldc, const float *row_bias)
+{
+    conv_gemm_to(j, b, ta, tb, m, n, k, a, lda, bm, ldb, beta, c, DT_FP32, ldc, row_bias);
 }
 
 /* n values of image data t from element off as the products' input: t's own bf16 bits on the bf16 path,
@@ -1517,11 +1544,18 @@ static void conv_forward_image(const struct conv_job *j, int64_t i, const struct
     const void *xi = conv_load(j, j->in, (size_t)(i * d.chw_in), (size_t)d.chw_in, b->in0);
     if (!pointwise)
         im2col(b->tmp0, xi, a, dtype_size(j->dt));
-    float *yi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), b->tmp1);
+    const void *col = pointwise ? xi : b->tmp0;
     /* the bias per output channel, a row of the product: added in its epilogue, as a C filled with the bias
      * and beta 1 would add it (the same bits), without that fill's pass over y */
-    conv_gemm(j, b, false, false, a->c_out, d.hw, d.ckk, j->w, d.ckk, pointwise ? xi : b->tmp0, d.hw, 0.0f, yi, d.hw,
-              j->bias);
+    if (j->out->dtype == j->dt && j->dt == DT_BF16) {
+        /* bf16 y from bf16 products: rounded in the epilogue, as store_f32 rounds (the same bits), without the
+         * fp32 image and the pass that rounds it */
+        conv_gemm_to(j, b, false, false, a->c_out, d.hw, d.ckk, j->w, d.ckk, col, d.hw, 0.0f,
+                     elem_ptr(j->out->data, DT_BF16, (size_t)(i * d.chw_out)), DT_BF16, d.hw, j->bias);
+        return;
+    }
+    float *yi = out_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), b->tmp1);
+    conv_gemm(j, b, false, false, a->c_out, d.hw, d.ckk, j->w, d.ckk, col, d.hw, 0.0f, yi, d.hw, j->bias);
     store_f32(j->out->data, j->out->dtype, (size_t)(i * d.chw_out), (size_t)d.chw_out, yi);
 }
 
@@ -2291,10 +2325,10 @@ LANES8_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf1
 }
 
 /* sdy[l] += dy, sdyx[l] += (double)dy * ((x - mu[l]) * rs[l]) (the product in fp32) for q < hw, in order
- * (bn_grad_sums). */
-LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS], bool bf16,
-                                         int64_t hw, const float mu[CHAINS], const float rs[CHAINS],
-                                         double sdy[CHAINS], double sdyx[CHAINS])
+ * (bn_grad_sums); with ReLU planes yp (else NULL), dy is the ReLU backward's of it (+0 where y does not pass). */
+LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS],
+                                         const void *const yp[CHAINS], bool bf16, int64_t hw, const float mu[CHAINS],
+                                         const float rs[CHAINS], double sdy[CHAINS], double sdyx[CHAINS])
 {
     __m512d a_dy = _mm512_loadu_pd(sdy), a_dyx = _mm512_loadu_pd(sdyx);
     const __m256 m = _mm256_loadu_ps(mu), r = _mm256_loadu_ps(rs);
@@ -2302,7 +2336,7 @@ LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const
     for (; q + 8 <= hw; q += 8) {
         __m256 tx[8], td[8];
         planes_transpose8(xp, bf16, q, tx);
-        planes_transpose8(dp, bf16, q, td);
+        planes_transpose8_masked(dp, yp, bf16, q, td);
         for (int e = 0; e < 8; e++) {
             __m512d dy = _mm512_cvtps_pd(td[e]);
             __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(tx[e], m), r);
@@ -2315,6 +2349,8 @@ LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const
     for (int l = 0; l < CHAINS; l++)
         for (int64_t e = q; e < hw; e++) {
             float dv = plane_elem(dp[l], e, bf16), xv = plane_elem(xp[l], e, bf16);
+            if (yp && plane_elem(yp[l], e, bf16) <= 0.0f)
+                dv = 0.0f;
             sdy[l] += dv;
             sdyx[l] += (double)dv * ((xv - mu[l]) * rs[l]);
         }
@@ -2383,6 +2419,56 @@ static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
     return (a->c + channels - 1) / channels;
 }
 
+#ifdef HAVE_AVX512_INTRIN
+/* 16 bf16 values widened (exactly), and 16 fp32 values rounded to bf16 as bf16_from_fp32 rounds them (nearest-even,
+ * a NaN quieted): the fused batchnorm planes' loads and stores. */
+__attribute__((target("avx512f,avx512bw"))) static inline __m512 bf16x16_to_fp32(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+__attribute__((target("avx512f,avx512bw"))) static inline __m256i fp32x16_to_bf16(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                  _mm512_set1_epi32(0x7F800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040))));
+}
+
+/* One bf16 plane of the batchnorm's output from a bf16 plane of x: bn_forward_channel's widening, its four fp32
+ * operations in its order (no FMA), the fused ReLU's test (x <= 0 gives +0, a NaN passes) and the rounding of
+ * store_f32 (nearest-even, a NaN quieted), in one pass and in registers, where they were four passes over an fp32
+ * plane (the widening and rounding calls took 4x the arithmetic's time in fashion_cnn's bf16 step). The same bits:
+ * each lane runs the scalar loop's operations; the last hw % 16 elements run that loop itself. */
+__attribute__((target("avx512f,avx512bw"))) static void bn_norm_plane_bf16(uint16_t *y, const uint16_t *x, int64_t hw,
+                                                                           float mu, float rs, float g, float b,
+                                                                           bool relu)
+{
+    const __m512 vmu = _mm512_set1_ps(mu), vrs = _mm512_set1_ps(rs), vg = _mm512_set1_ps(g), vb = _mm512_set1_ps(b);
+    int64_t e = 0;
+    for (; e + 16 <= hw; e += 16) {
+        __m512 t = _mm512_sub_ps(bf16x16_to_fp32(x + e), vmu);
+        t = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(t, vrs), vg), vb);
+        if (relu)
+            t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_NLE_UQ), t);
+        _mm256_storeu_si256((__m256i *)(y + e), fp32x16_to_bf16(t));
+    }
+    for (; e < hw; e++) {
+        float t = (bf16_to_fp32(x[e]) - mu) * rs * g + b;
+        if (relu)
+            t = t <= 0.0f ? 0.0f : t;
+        y[e] = bf16_from_fp32(t);
+    }
+}
+
+static bool bn_fused_bf16_runs(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+#endif
+
 /* Channel ch's outputs; in training, from its sums s and ss (bn_stats). */
 HOT_LOOP static void bn_forward_channel(const struct bn_job *j, int64_t ch, double s, double ss, float *xbuf,
                                         float *ybuf)
@@ -2417,6 +2503,16 @@ HOT_LOOP static void bn_forward_channel(const struct bn_job *j, int64_t ch, doub
     if (j->rstd)
         ((float *)j->rstd->data)[ch] = rs_f;
     float gc = j->gamma ? j->gamma[ch] : 1.0f, bc = j->beta ? j->beta[ch] : 0.0f;
+#ifdef HAVE_AVX512_INTRIN
+    if (x->dtype == DT_BF16 && y->dtype == DT_BF16 && bn_fused_bf16_runs()) {
+        for (int64_t i = 0; i < n; i++) {
+            size_t off = (size_t)((i * c + ch) * hw);
+            bn_norm_plane_bf16((uint16_t *)y->data + off, (const uint16_t *)x->data + off, hw, mu_f, rs_f, gc, bc,
+                               a->relu);
+        }
+        return;
+    }
+#endif
     for (int64_t i = 0; i < n; i++) {
         size_t off = (size_t)((i * c + ch) * hw);
         const float *p = load_f32(x->data, x->dtype, off, (size_t)hw, xbuf);
@@ -2503,6 +2599,19 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
         sdy[l] = sdyx[l] = 0.0;
     }
     for (int64_t i = 0; i < n; i++) {
+#ifdef HAVE_AVX512_INTRIN
+        /* fp32 and bf16 planes are read in place, the ReLU's mask applied as they are read (no staging) */
+        if (planes8_avx512(lanes) && x->dtype == dy->dtype && (dy->dtype == DT_FP32 || dy->dtype == DT_BF16)) {
+            const void *xv[CHAINS], *dv[CHAINS], *yv[CHAINS];
+            const size_t off = (size_t)((i * c + ch0) * hw);
+            bool bf16 = bn_planes(x->data, x->dtype, off, hw, NULL, xv);
+            bn_planes(dy->data, dy->dtype, off, hw, NULL, dv);
+            if (j->y)
+                bn_planes(j->y->data, j->y->dtype, off, hw, NULL, yv);
+            bn_gradsum8_avx512(xv, dv, j->y ? yv : NULL, bf16, hw, mu, rs, sdy, sdyx);
+            continue;
+        }
+#endif
         size_t doff;
         const void *dsrc = bn_dy_planes(j, i, ch0, lanes, mbuf, &doff);
 #ifdef HAVE_AVX512_INTRIN
@@ -2510,7 +2619,7 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
             const void *xv[CHAINS], *dv[CHAINS];
             bool bf16 = bn_planes(x->data, x->dtype, (size_t)((i * c + ch0) * hw), hw, xbuf, xv);
             bn_planes(dsrc, dy->dtype, doff, hw, dybuf, dv);
-            bn_gradsum8_avx512(xv, dv, bf16, hw, mu, rs, sdy, sdyx);
+            bn_gradsum8_avx512(xv, dv, NULL, bf16, hw, mu, rs, sdy, sdyx);
             continue;
         }
 #endif
@@ -2526,6 +2635,43 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
         j->acc_b[ch0 + l] = sdy[l];
     }
 }
+
+#ifdef HAVE_AVX512_INTRIN
+/* One bf16 plane of batchnorm's dx from bf16 planes of dy, x and (a fused ReLU; else NULL) y: bn_backward_channel's
+ * loop in one pass and in registers — dy masked as the ReLU's backward masks it (+0 where y <= 0; a NaN dy is
+ * quieted by the first multiply, as the staged copy quieted it), widened, the formula's fp32 operations in its
+ * order (no FMA), rounded as store_f32 rounds — where it was up to five passes over staged planes (bn_dy_planes'
+ * mask, two widenings, the formula, the rounding). The same bits; the last hw % 16 elements run the same
+ * operations one by one. */
+__attribute__((target("avx512f,avx512bw"))) static void
+bn_dx_plane_bf16(uint16_t *dx, const uint16_t *dy, const uint16_t *x, const uint16_t *y, int64_t hw, bool training,
+                 float mu, float rs, float gc, float m1, float m2)
+{
+    const __m512 vmu = _mm512_set1_ps(mu), vrs = _mm512_set1_ps(rs), vg = _mm512_set1_ps(gc);
+    const __m512 vm1 = _mm512_set1_ps(m1), vm2 = _mm512_set1_ps(m2);
+    int64_t e = 0;
+    for (; e + 16 <= hw; e += 16) {
+        __m512 d = bf16x16_to_fp32((const uint16_t *)dy + e);
+        if (y)
+            d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(bf16x16_to_fp32(y + e), _mm512_setzero_ps(), _CMP_NLE_UQ), d);
+        __m512 q;
+        if (training) {
+            const __m512 xh = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(bf16x16_to_fp32(x + e), vmu), vrs), vm2);
+            q = _mm512_mul_ps(vrs, _mm512_sub_ps(_mm512_sub_ps(_mm512_mul_ps(d, vg), vm1), xh));
+        } else {
+            q = _mm512_mul_ps(_mm512_mul_ps(d, vg), vrs);
+        }
+        _mm256_storeu_si256((__m256i *)(dx + e), fp32x16_to_bf16(q));
+    }
+    for (; e < hw; e++) {
+        float d = bf16_to_fp32(dy[e]);
+        if (y && bf16_to_fp32(y[e]) <= 0.0f)
+            d = 0.0f;
+        const float q = training ? rs * (d * gc - m1 - (bf16_to_fp32(x[e]) - mu) * rs * m2) : d * gc * rs;
+        dx[e] = bf16_from_fp32(q);
+    }
+}
+#endif
 
 /* Channel ch's dx from its sums (bn_grad_sums). */
 HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, float *xbuf, float *dybuf, float *dxbuf,
@@ -2543,6 +2689,17 @@ HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, flo
         return;
     /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
     float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
+#ifdef HAVE_AVX512_INTRIN
+    if (dx->dtype == DT_BF16 && dy->dtype == DT_BF16 && x->dtype == DT_BF16 && bn_fused_bf16_runs()) {
+        for (int64_t i = 0; i < n; i++) {
+            const size_t off = (size_t)((i * c + ch) * hw);
+            bn_dx_plane_bf16((uint16_t *)dx->data + off, (const uint16_t *)dy->data + off,
+                             (const uint16_t *)x->data + off, j->y ? (const uint16_t *)j->y->data + off : NULL, hw,
+                             a->training, mu, rs, gc, m1, m2);
+        }
+        return;
+    }
+#endif
     for (int64_t i = 0; i < n; i++) {
         size_t off = (size_t)((i * c + ch) * hw), doff;
         const void *dsrc = bn_dy_planes(j, i, ch, 1, mbuf, &doff);

@@ -439,44 +439,79 @@ TARGET_AMX static void kernel_amx(int64_t steps, const void *pa, size_t sa, cons
 
 /* ---- microkernels: tile (MR x NR fp32, 64-byte aligned) = packed A panel x packed B panel ---------- */
 
-#define DECL(i) __m512 c##i##_0 = _mm512_setzero_ps(), c##i##_1 = _mm512_setzero_ps()
-#define STORE(i)                                                                                                 \
-    do {                                                                                                         \
-        _mm512_store_ps(tile + (i) * NR, c##i##_0);                                                              \
-        _mm512_store_ps(tile + (i) * NR + 16, c##i##_1);                                                         \
+/* A tile's rows and columns are independent lanes: a kernel that leaves out rows or the second half of the
+ * columns computes the others' sums exactly as the full kernel would. So the edge tiles of C (fewer than MR rows,
+ * or at most 16 columns) run kernels of 4 or 8 rows and of one zmm of columns (the packed panels keep their
+ * MR / NR strides and zero padding; the rows and columns left out are never read by the epilogue): fashion_cnn's
+ * 64-channel products (64 = 5 x 12 + 4 rows) and its 196-pixel planes (6 x 32 + 4 columns) spent a sixth and an
+ * eighth of their FMAs on padding (docs/perf.md, "Edge tiles"). */
+#define DECL2(i) __m512 c##i##_0 = _mm512_setzero_ps(), c##i##_1 = _mm512_setzero_ps()
+#define DECL1(i) __m512 c##i##_0 = _mm512_setzero_ps()
+#define STORE2(i)                                                                                                    \
+    do {                                                                                                             \
+        _mm512_store_ps(tile + (i) * NR, c##i##_0);                                                                  \
+        _mm512_store_ps(tile + (i) * NR + 16, c##i##_1);                                                             \
     } while (0)
-#define TILE_LOOP(ROW)                                                                                           \
-    DECL(0); DECL(1); DECL(2); DECL(3); DECL(4); DECL(5);                                                        \
-    DECL(6); DECL(7); DECL(8); DECL(9); DECL(10); DECL(11);                                                      \
-    for (int64_t q = 0; q < steps; q++, pa += MR, pb += NR) {                                                    \
-        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);                                                          \
-        ROW(6); ROW(7); ROW(8); ROW(9); ROW(10); ROW(11);                                                        \
-    }                                                                                                            \
-    STORE(0); STORE(1); STORE(2); STORE(3); STORE(4); STORE(5);                                                  \
-    STORE(6); STORE(7); STORE(8); STORE(9); STORE(10); STORE(11)
+#define STORE1(i) _mm512_store_ps(tile + (i) * NR, c##i##_0)
+#define ROWS4(X) X(0); X(1); X(2); X(3)
+#define ROWS8(X) ROWS4(X); X(4); X(5); X(6); X(7)
+#define ROWS12(X) ROWS8(X); X(8); X(9); X(10); X(11)
+#define TILE_LOOP(ROWS, DECL, ROW, STORE)                                                                            \
+    ROWS(DECL);                                                                                                      \
+    for (int64_t q = 0; q < steps; q++, pa += MR, pb += NR) {                                                        \
+        ROWS(ROW);                                                                                                   \
+    }                                                                                                                \
+    ROWS(STORE)
 
-#define ROW_F32(i)                                                                                               \
-    do {                                                                                                         \
-        __m512 a_ = _mm512_set1_ps(pa[i]);                                                                       \
-        c##i##_0 = _mm512_fmadd_ps(a_, _mm512_load_ps(pb), c##i##_0);                                            \
-        c##i##_1 = _mm512_fmadd_ps(a_, _mm512_load_ps(pb + 16), c##i##_1);                                       \
+#define ROW2_F32(i)                                                                                                  \
+    do {                                                                                                             \
+        __m512 a_ = _mm512_set1_ps(pa[i]);                                                                           \
+        c##i##_0 = _mm512_fmadd_ps(a_, _mm512_load_ps(pb), c##i##_0);                                                \
+        c##i##_1 = _mm512_fmadd_ps(a_, _mm512_load_ps(pb + 16), c##i##_1);                                           \
     } while (0)
-#define ROW_BF16(i)                                                                                              \
-    do {                                                                                                         \
-        __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)pa[i]);                                                   \
-        c##i##_0 = _mm512_dpbf16_ps(c##i##_0, a_, (__m512bh)_mm512_load_si512(pb));                              \
-        c##i##_1 = _mm512_dpbf16_ps(c##i##_1, a_, (__m512bh)_mm512_load_si512(pb + 16));                         \
+#define ROW1_F32(i) c##i##_0 = _mm512_fmadd_ps(_mm512_set1_ps(pa[i]), _mm512_load_ps(pb), c##i##_0)
+#define ROW2_BF16(i)                                                                                                 \
+    do {                                                                                                             \
+        __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)pa[i]);                                                       \
+        c##i##_0 = _mm512_dpbf16_ps(c##i##_0, a_, (__m512bh)_mm512_load_si512(pb));                                  \
+        c##i##_1 = _mm512_dpbf16_ps(c##i##_1, a_, (__m512bh)_mm512_load_si512(pb + 16));                             \
     } while (0)
+#define ROW1_BF16(i)                                                                                                 \
+    c##i##_0 = _mm512_dpbf16_ps(c##i##_0, (__m512bh)_mm512_set1_epi32((int)pa[i]),                                   \
+                                (__m512bh)_mm512_load_si512(pb))
 
-TARGET_AVX512 static void kernel_f32(int64_t steps, const float *pa, const float *pb, float *tile)
-{
-    TILE_LOOP(ROW_F32);
-}
+/* kernel_f32_R_H / kernel_bf16_R_H: R rows (4, 8, 12) by H zmm of columns (1: 16, 2: 32). */
+#define DEFINE_KERNELS(R)                                                                                            \
+    TARGET_AVX512 static void kernel_f32_##R##_2(int64_t steps, const float *pa, const float *pb, float *tile)       \
+    {                                                                                                                \
+        TILE_LOOP(ROWS##R, DECL2, ROW2_F32, STORE2);                                                                 \
+    }                                                                                                                \
+    TARGET_AVX512 static void kernel_f32_##R##_1(int64_t steps, const float *pa, const float *pb, float *tile)       \
+    {                                                                                                                \
+        TILE_LOOP(ROWS##R, DECL1, ROW1_F32, STORE1);                                                                 \
+    }                                                                                                                \
+    TARGET_BF16 static void kernel_bf16_##R##_2(int64_t steps, const uint32_t *pa, const uint32_t *pb,               \
+                                                float *tile)                                                         \
+    {                                                                                                                \
+        TILE_LOOP(ROWS##R, DECL2, ROW2_BF16, STORE2);                                                                \
+    }                                                                                                                \
+    TARGET_BF16 static void kernel_bf16_##R##_1(int64_t steps, const uint32_t *pa, const uint32_t *pb,               \
+                                                float *tile)                                                         \
+    {                                                                                                                \
+        TILE_LOOP(ROWS##R, DECL1, ROW1_BF16, STORE1);                                                                \
+    }
+DEFINE_KERNELS(4)
+DEFINE_KERNELS(8)
+DEFINE_KERNELS(12)
+#undef DEFINE_KERNELS
 
-TARGET_BF16 static void kernel_bf16(int64_t steps, const uint32_t *pa, const uint32_t *pb, float *tile)
-{
-    TILE_LOOP(ROW_BF16);
-}
+typedef void (*kernel_f32_fn)(int64_t, const float *, const float *, float *);
+typedef void (*kernel_bf16_fn)(int64_t, const uint32_t *, const uint32_t *, float *);
+static const kernel_f32_fn kernels_f32[3][2] = { { kernel_f32_4_1, kernel_f32_4_2 }, { kernel_f32_8_1, kernel_f32_8_2 },
+                                                 { kernel_f32_12_1, kernel_f32_12_2 } };
+static const kernel_bf16_fn kernels_bf16[3][2] = { { kernel_bf16_4_1, kernel_bf16_4_2 },
+                                                   { kernel_bf16_8_1, kernel_bf16_8_2 },
+                                                   { kernel_bf16_12_1, kernel_bf16_12_2 } };
 
 /* ---- epilogue and driver --------------------------------------------------------------------------- */
 
@@ -596,17 +631,19 @@ TARGET_AVX512 static void pack(enum dtype in, uint32_t *dst, const void *src, in
         pack_f32((float *)dst, src, in, ld, contig_k, l0, lines, p0, kc, w);
 }
 
-/* The microkernel for inputs `in` (amx: on_tiles's answer): tile = A panel x B panel over `steps`; an AMX A
- * panel's rows are sa bytes apart (packed: steps pairs). */
+/* The microkernel for inputs `in` (amx: on_tiles's answer): tile = A panel x B panel over `steps`, at least its
+ * first mr rows and nr columns (the edge kernels above); an AMX A panel's rows are sa bytes apart (packed: steps
+ * pairs). */
 TARGET_AVX512 static void kernel(enum dtype in, bool amx, int64_t steps, const uint32_t *ap, size_t sa,
-                                 const uint32_t *bp, float *tile)
+                                 const uint32_t *bp, float *tile, int mr, int nr)
 {
+    const int rows = mr <= 4 ? 0 : mr <= 8 ? 1 : 2, halves = nr <= 16 ? 0 : 1;
     if (amx)
         kernel_amx(steps, ap, sa, bp, tile, NR);
     else if (in == DT_BF16)
-        kernel_bf16(steps, ap, bp, tile);
+        kernels_bf16[rows][halves](steps, ap, bp, tile);
     else
-        kernel_f32(steps, (const float *)ap, (const float *)bp, tile);
+        kernels_f32[rows][halves](steps, (const float *)ap, (const float *)bp, tile);
 }
 
 /* op(A)'s rows [l0, l0 + lines) of one k block into dst: whole panels of mr rows, each row its `steps`. */
@@ -644,8 +681,9 @@ TARGET_AVX512 static void tiles(const struct gemm_avx512_args *g, int64_t steps,
                 kernel_amx(steps, ap, sa, bp, w + (i0 + ir) * ldw + j0 + jr, ldw);
                 continue;
             }
-            kernel(g->in, amx, steps, ap, sa, bp, tile);
-            epilogue(g, tile, i0 + ir, j0 + jr, (int)min64(mr, mc - ir), nr, first, last, w, ldw);
+            const int rows = (int)min64(mr, mc - ir);
+            kernel(g->in, amx, steps, ap, sa, bp, tile, rows, nr);
+            epilogue(g, tile, i0 + ir, j0 + jr, rows, nr, first, last, w, ldw);
         }
     }
 }
