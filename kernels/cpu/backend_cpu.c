@@ -2421,7 +2421,8 @@ static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
 
 #ifdef HAVE_AVX512_INTRIN
 /* 16 bf16 values widened (exactly), and 16 fp32 values rounded to bf16 as bf16_from_fp32 rounds them (nearest-even,
- * a NaN quieted): the fused batchnorm planes' loads and stores. */
+ * a NaN quieted); with ld16 / st16, the fused batchnorm planes' loads and stores of fp32 or bf16 (ld1 / st1: one
+ * element, as the scalar loops load and store_f32 stores it). */
 __attribute__((target("avx512f,avx512bw"))) static inline __m512 bf16x16_to_fp32(const uint16_t *p)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
@@ -2437,35 +2438,73 @@ __attribute__((target("avx512f,avx512bw"))) static inline __m256i fp32x16_to_bf1
     return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040))));
 }
 
-/* One bf16 plane of the batchnorm's output from a bf16 plane of x: bn_forward_channel's widening, its four fp32
- * operations in its order (no FMA), the fused ReLU's test (x <= 0 gives +0, a NaN passes) and the rounding of
- * store_f32 (nearest-even, a NaN quieted), in one pass and in registers, where they were four passes over an fp32
- * plane (the widening and rounding calls took 4x the arithmetic's time in fashion_cnn's bf16 step). The same bits:
- * each lane runs the scalar loop's operations; the last hw % 16 elements run that loop itself. */
-__attribute__((target("avx512f,avx512bw"))) static void bn_norm_plane_bf16(uint16_t *y, const uint16_t *x, int64_t hw,
-                                                                           float mu, float rs, float g, float b,
-                                                                           bool relu)
+__attribute__((target("avx512f,avx512bw"))) static inline __m512 ld16(const void *p, int64_t e, bool bf16)
+{
+    return bf16 ? bf16x16_to_fp32((const uint16_t *)p + e) : _mm512_loadu_ps((const float *)p + e);
+}
+
+__attribute__((target("avx512f,avx512bw"))) static inline void st16(void *p, int64_t e, __m512 v, bool bf16)
+{
+    if (bf16)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + e), fp32x16_to_bf16(v));
+    else
+        _mm512_storeu_ps((float *)p + e, v);
+}
+
+static inline float ld1(const void *p, int64_t e, bool bf16)
+{
+    return bf16 ? bf16_to_fp32(((const uint16_t *)p)[e]) : ((const float *)p)[e];
+}
+
+static inline void st1(void *p, int64_t e, float v, bool bf16)
+{
+    if (bf16)
+        ((uint16_t *)p)[e] = bf16_from_fp32(v);
+    else
+        ((float *)p)[e] = v;
+}
+
+/* One plane of the batchnorm's output from a plane of x, both fp32 or both bf16 (bf16): bn_forward_channel's
+ * widening, its four fp32 operations in its order (no FMA), the fused ReLU's test (x <= 0 gives +0, a NaN passes)
+ * and the rounding of store_f32 (nearest-even, a NaN quieted), in one pass and in registers, where they were up
+ * to four passes over an fp32 plane (for bf16 the widening and rounding calls took 4x the arithmetic's time in
+ * fashion_cnn's step). The same bits: each lane runs the scalar loop's operations; the last hw % 16 elements run
+ * that loop itself. */
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline void
+bn_norm_plane_body(void *y, const void *x, bool bf16, int64_t hw, float mu, float rs, float g, float b, bool relu)
 {
     const __m512 vmu = _mm512_set1_ps(mu), vrs = _mm512_set1_ps(rs), vg = _mm512_set1_ps(g), vb = _mm512_set1_ps(b);
     int64_t e = 0;
     for (; e + 16 <= hw; e += 16) {
-        __m512 t = _mm512_sub_ps(bf16x16_to_fp32(x + e), vmu);
+        __m512 t = _mm512_sub_ps(ld16(x, e, bf16), vmu);
         t = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(t, vrs), vg), vb);
         if (relu)
             t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_NLE_UQ), t);
-        _mm256_storeu_si256((__m256i *)(y + e), fp32x16_to_bf16(t));
+        st16(y, e, t, bf16);
     }
     for (; e < hw; e++) {
-        float t = (bf16_to_fp32(x[e]) - mu) * rs * g + b;
+        float t = (ld1(x, e, bf16) - mu) * rs * g + b;
         if (relu)
             t = t <= 0.0f ? 0.0f : t;
-        y[e] = bf16_from_fp32(t);
+        st1(y, e, t, bf16);
     }
 }
 
-static bool bn_fused_bf16_runs(void)
+/* bn_norm_plane_body compiled once per dtype: no test of it in the loop. */
+__attribute__((target("avx512f,avx512bw"))) static void bn_norm_plane(void *y, const void *x, bool bf16, int64_t hw,
+                                                                      float mu, float rs, float g, float b, bool relu)
 {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    if (bf16)
+        bn_norm_plane_body(y, x, true, hw, mu, rs, g, b, relu);
+    else
+        bn_norm_plane_body(y, x, false, hw, mu, rs, g, b, relu);
+}
+
+/* Whether the fused planes run for these dtypes (all fp32 or all bf16) on this CPU. */
+static bool bn_fused_runs(enum dtype a, enum dtype b, enum dtype c)
+{
+    return a == b && b == c && (a == DT_FP32 || a == DT_BF16) && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw");
 }
 #endif
 
@@ -2504,11 +2543,12 @@ HOT_LOOP static void bn_forward_channel(const struct bn_job *j, int64_t ch, doub
         ((float *)j->rstd->data)[ch] = rs_f;
     float gc = j->gamma ? j->gamma[ch] : 1.0f, bc = j->beta ? j->beta[ch] : 0.0f;
 #ifdef HAVE_AVX512_INTRIN
-    if (x->dtype == DT_BF16 && y->dtype == DT_BF16 && bn_fused_bf16_runs()) {
+    if (bn_fused_runs(x->dtype, y->dtype, y->dtype)) {
+        const bool bf16 = x->dtype == DT_BF16;
         for (int64_t i = 0; i < n; i++) {
-            size_t off = (size_t)((i * c + ch) * hw);
-            bn_norm_plane_bf16((uint16_t *)y->data + off, (const uint16_t *)x->data + off, hw, mu_f, rs_f, gc, bc,
-                               a->relu);
+            const size_t off = (size_t)((i * c + ch) * hw);
+            bn_norm_plane(elem_ptr(y->data, y->dtype, off), elem_ptr(x->data, x->dtype, off), bf16, hw, mu_f, rs_f,
+                          gc, bc, a->relu);
         }
         return;
     }
@@ -2637,39 +2677,51 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
 }
 
 #ifdef HAVE_AVX512_INTRIN
-/* One bf16 plane of batchnorm's dx from bf16 planes of dy, x and (a fused ReLU; else NULL) y: bn_backward_channel's
- * loop in one pass and in registers — dy masked as the ReLU's backward masks it (+0 where y <= 0; a NaN dy is
- * quieted by the first multiply, as the staged copy quieted it), widened, the formula's fp32 operations in its
- * order (no FMA), rounded as store_f32 rounds — where it was up to five passes over staged planes (bn_dy_planes'
- * mask, two widenings, the formula, the rounding). The same bits; the last hw % 16 elements run the same
- * operations one by one. */
-__attribute__((target("avx512f,avx512bw"))) static void
-bn_dx_plane_bf16(uint16_t *dx, const uint16_t *dy, const uint16_t *x, const uint16_t *y, int64_t hw, bool training,
-                 float mu, float rs, float gc, float m1, float m2)
+/* One plane of batchnorm's dx from planes of dy, x and (a fused ReLU; else NULL) y, all fp32 or all bf16 (bf16):
+ * bn_backward_channel's loop in one pass and in registers — dy masked as the ReLU's backward masks it (+0 where
+ * y <= 0; a NaN dy is quieted by the first multiply, as the staged copy quieted it), widened, the formula's fp32
+ * operations in its order (no FMA), rounded as store_f32 rounds — where it was up to five passes over staged planes
+ * (bn_dy_planes' mask, two widenings, the formula, the rounding). The same bits; the last hw % 16 elements run the
+ * same operations one by one. */
+__attribute__((target("avx512f,avx512bw"), always_inline)) static inline void
+bn_dx_plane_body(void *dx, const void *dy, const void *x, const void *y, bool bf16, int64_t hw, bool training, float mu,
+                 float rs, float gc, float m1, float m2)
 {
     const __m512 vmu = _mm512_set1_ps(mu), vrs = _mm512_set1_ps(rs), vg = _mm512_set1_ps(gc);
     const __m512 vm1 = _mm512_set1_ps(m1), vm2 = _mm512_set1_ps(m2);
     int64_t e = 0;
     for (; e + 16 <= hw; e += 16) {
-        __m512 d = bf16x16_to_fp32((const uint16_t *)dy + e);
+        __m512 d = ld16(dy, e, bf16);
         if (y)
-            d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(bf16x16_to_fp32(y + e), _mm512_setzero_ps(), _CMP_NLE_UQ), d);
+            d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(ld16(y, e, bf16), _mm512_setzero_ps(), _CMP_NLE_UQ), d);
         __m512 q;
         if (training) {
-            const __m512 xh = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(bf16x16_to_fp32(x + e), vmu), vrs), vm2);
+            const __m512 xh = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(ld16(x, e, bf16), vmu), vrs), vm2);
             q = _mm512_mul_ps(vrs, _mm512_sub_ps(_mm512_sub_ps(_mm512_mul_ps(d, vg), vm1), xh));
         } else {
             q = _mm512_mul_ps(_mm512_mul_ps(d, vg), vrs);
         }
-        _mm256_storeu_si256((__m256i *)(dx + e), fp32x16_to_bf16(q));
+        st16(dx, e, q, bf16);
     }
     for (; e < hw; e++) {
-        float d = bf16_to_fp32(dy[e]);
-        if (y && bf16_to_fp32(y[e]) <= 0.0f)
+        float d = ld1(dy, e, bf16);
+        if (y && ld1(y, e, bf16) <= 0.0f)
             d = 0.0f;
-        const float q = training ? rs * (d * gc - m1 - (bf16_to_fp32(x[e]) - mu) * rs * m2) : d * gc * rs;
-        dx[e] = bf16_from_fp32(q);
+        const float q = training ? rs * (d * gc - m1 - (ld1(x, e, bf16) - mu) * rs * m2) : d * gc * rs;
+        st1(dx, e, q, bf16);
     }
+}
+
+/* bn_dx_plane_body compiled once per dtype. */
+__attribute__((target("avx512f,avx512bw"))) static void bn_dx_plane(void *dx, const void *dy, const void *x,
+                                                                    const void *y, bool bf16, int64_t hw,
+                                                                    bool training, float mu, float rs, float gc,
+                                                                    float m1, float m2)
+{
+    if (bf16)
+        bn_dx_plane_body(dx, dy, x, y, true, hw, training, mu, rs, gc, m1, m2);
+    else
+        bn_dx_plane_body(dx, dy, x, y, false, hw, training, mu, rs, gc, m1, m2);
 }
 #endif
 
@@ -2690,12 +2742,13 @@ HOT_LOOP static void bn_backward_channel(const struct bn_job *j, int64_t ch, flo
     /* mean(dxhat) = gamma * sdy / count, mean(dxhat * xhat) = gamma * sdyx / count */
     float m1 = (float)(gc * sdy / count), m2 = (float)(gc * sdyx / count);
 #ifdef HAVE_AVX512_INTRIN
-    if (dx->dtype == DT_BF16 && dy->dtype == DT_BF16 && x->dtype == DT_BF16 && bn_fused_bf16_runs()) {
+    if (bn_fused_runs(dx->dtype, dy->dtype, x->dtype)) {
+        const bool bf16 = x->dtype == DT_BF16;
         for (int64_t i = 0; i < n; i++) {
             const size_t off = (size_t)((i * c + ch) * hw);
-            bn_dx_plane_bf16((uint16_t *)dx->data + off, (const uint16_t *)dy->data + off,
-                             (const uint16_t *)x->data + off, j->y ? (const uint16_t *)j->y->data + off : NULL, hw,
-                             a->training, mu, rs, gc, m1, m2);
+            bn_dx_plane(elem_ptr(dx->data, dx->dtype, off), elem_ptr(dy->data, dy->dtype, off),
+                        elem_ptr(x->data, x->dtype, off), j->y ? elem_ptr(j->y->data, j->y->dtype, off) : NULL, bf16,
+                        hw, a->training, mu, rs, gc, m1, m2);
         }
         return;
     }
