@@ -5,6 +5,10 @@
 #   scripts/bench_builds.sh OLD/ampTrain NEW/ampTrain [MODELS="mlp cnn gpt"] [MODES=bf16] [THREADS="1 2"] [ROUNDS=3] [STEPS]
 #   [LABELS="old new"] (the two columns' names; scripts/bench_amx.sh runs one binary two ways through it)
 #   [LAUNCH="mpirun -np 2 --bind-to none"] (each run under that launcher; with THREADS=auto, data parallel's share)
+#   [CLOCK=cpu] samples per CPU second of the whole process (user + system time: start-up, data loading and the final
+#   evaluation included, so it understates the steps' own change), in place of the train line's samples per second
+#   of wall time: on a host that takes a core away now and then, the CPU time moves less (docs/perf.md, "Two cores
+#   that are sometimes one"). Meant for 1 thread: at more, waiting workers spin and count.
 #   (build the old one from a worktree: git worktree add --detach /tmp/old REV; cmake -S /tmp/old -B /tmp/old/b
 #    -DAMP_CUDA=OFF -DAMP_TESTS=OFF -DCMAKE_BUILD_TYPE=Release; cmake --build /tmp/old/b)
 set -euo pipefail
@@ -23,7 +27,19 @@ config_of() { case $1 in mlp) echo configs/fashion_mlp.yaml ;; cnn) echo configs
 steps_of() { case $1 in mlp) echo 300 ;; cnn) echo 40 ;; gpt) echo 60 ;; esac; }
 # LAUNCH: a launcher before each binary, e.g. "mpirun -np 2 --bind-to none" (THREADS=auto: each rank's share)
 read -r -a launch <<< "${LAUNCH:-}"
+clock=${CLOCK:-wall}
+[ "$clock" = wall ] || [ "$clock" = cpu ] || { echo "bench_builds: CLOCK is wall or cpu, not '$clock'" >&2; exit 2; }
 rate() { # BIN MODEL MODE THREADS STEPS OUT
+  local line cpu TIMEFORMAT='%U %S'
+  if [ "$clock" = cpu ]; then
+    # bash's time of the whole command: user and system seconds; samples = steps x the model's batch
+    cpu=$({ time "${launch[@]}" "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu \
+      "run.threads=$4" run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$6" > "$6.log" 2>&1; } 2>&1)
+    line=$(sed -n 's/^train: \([0-9]*\) steps, \([0-9]*\) samples .*/\2/p' "$6.log")
+    [ -n "$line" ] || return 0
+    echo "$cpu" | awk -v n="$line" '{printf "%.1f\n", n / ($1 + $2)}'
+    return 0
+  fi
   "${launch[@]}" "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu "run.threads=$4" \
     run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$6" |
     sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p'
@@ -38,7 +54,7 @@ for model in $models; do
         a0=$(rate "$old" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-old")
         a1=$(rate "$new" "$model" "$mode" "$th" "$steps" "$tmp/$model-$mode-$th-$r-new")
         [ -n "$a0" ] && [ -n "$a1" ] || { echo "bench_builds: a run failed" >&2; exit 1; }
-        echo "round $r $model $mode, $th thread(s): $l0 $a0 samples/s, $l1 $a1 samples/s"
+        echo "round $r $model $mode, $th thread(s): $l0 $a0 samples/s, $l1 $a1 samples/s ($clock)"
         sum0=$(awk -v a="$sum0" -v b="$a0" 'BEGIN{print a+b}'); sum1=$(awk -v a="$sum1" -v b="$a1" 'BEGIN{print a+b}')
         ratios="$ratios $(awk -v a="$a0" -v b="$a1" 'BEGIN{print b/a}')"
       done
@@ -46,9 +62,9 @@ for model in $models; do
       # moves it less than it moves the means
       median=$(echo "$ratios" | median)
       awk -v m="$model" -v md="$mode" -v t="$th" -v a="$sum0" -v b="$sum1" -v r="$rounds" -v s="$steps" \
-          -v l0="$l0" -v l1="$l1" -v med="$median" 'BEGIN{
-        printf "%s %s, %s thread(s): %s %.1f, %s %.1f samples/s (means of %d alternating rounds, %d steps): %s %.2fx; median per-round %.3fx\n",
-               m, md, t, l0, a/r, l1, b/r, r, s, l1, b/a, med}'
+          -v l0="$l0" -v l1="$l1" -v med="$median" -v c="$clock" 'BEGIN{
+        printf "%s %s, %s thread(s): %s %.1f, %s %.1f samples/s (%s; means of %d alternating rounds, %d steps): %s %.2fx; median per-round %.3fx\n",
+               m, md, t, l0, a/r, l1, b/r, c, r, s, l1, b/a, med}'
     done
   done
 done

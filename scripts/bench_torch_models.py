@@ -14,7 +14,10 @@ files the config lists. Prints one line: 'torch MODEL MODE: N samples in S s: X 
 sample is an image, or a window of 64 tokens, as ampTrain counts them).
 
 usage: bench_torch_models.py MODEL STEPS MODE [THREADS]     MODE: fp32 | bf16 (CPU autocast bf16)
+With AMP_TORCH_PROFILE=1 in the environment the timed steps run under torch.profiler and its table (self CPU time
+by operator, over all the timed steps) follows the line: where PyTorch's step goes, beside AMP_POOL_PROFILE's.
 """
+import os
 import gzip
 import math
 import struct
@@ -125,9 +128,17 @@ def step(i):
 model.train()
 for i in range(5):  # warm-up, not timed
     step(i)
+prof = None
+if os.environ.get("AMP_TORCH_PROFILE") == "1":
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    prof.__enter__()
 t0 = time.perf_counter()
 for i in range(steps):
     loss = step(i)
 dt = time.perf_counter() - t0
+if prof is not None:
+    prof.__exit__(None, None, None)
 print(f"torch {model_name} {mode}: {steps * batch} samples in {dt:.2f} s: {steps * batch / dt:.1f} samples/s, "
       f"final loss {loss.item():.4f}")
+if prof is not None:
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
