@@ -1016,25 +1016,29 @@ Test(backend_cpu, maxpool_ties_go_to_the_first_element)
               "avg counts the padding in the divisor");
 }
 
-/* 2x2 / stride 2 windows over rows of every width the vectorised path splits differently (one partial group
- * of 16 windows, one whole, a whole and a partial, several), values drawn from a few (ties everywhere) and
- * NaNs: each window's gradient lands where PyTorch's CPU rule puts the max (the first of equal values in
- * row-major order, or the last NaN), and y holds that value. */
+/* 2x2 / stride 2 windows over rows of every width the vectorised paths split differently (one partial group
+ * of 16 windows, one whole, a whole and a partial, several; 14 and 7 windows as in fashion_cnn), values drawn
+ * from a few (ties everywhere) and NaNs, in fp32 and bf16: each window's gradient lands where PyTorch's CPU rule
+ * puts the max (the first of equal values in row-major order, or the last NaN), as 0 + dy (a -0 gradient gives
+ * +0, as the generic path's add to a zeroed plane gives it; every bit compared), and y holds that value. */
 Test(backend_cpu, maxpool_2x2_on_wide_rows_follows_the_rule_exactly)
 {
     seed(29);
     const float pick[5] = { -1.0f, 0.0f, 1.0f, 2.0f, NAN };
-    const int64_t widths[5] = { 28, 32, 34, 66, 100 };
-    for (int wi = 0; wi < 5; wi++) {
-        struct pool_args a = pool_shape(POOL_MAX, 2, 3, 6, widths[wi], 2, 2, 0);
+    const float grads[4] = { 1.0f, -0.0f, -2.5f, 0.375f };
+    const int64_t widths[7] = { 28, 32, 34, 66, 100, 14, 2 };
+    const enum dtype dts[2] = { DT_FP32, DT_BF16 };
+    for (int d = 0; d < 2; d++)
+    for (int wi = 0; wi < 7; wi++) {
+        struct pool_args a = pool_shape(POOL_MAX, 2, 3, widths[wi] == 2 ? 2 : 6, widths[wi], 2, 2, 0);
         size_t nx = (size_t)(a.n * a.c * a.h_in * a.w_in), ny = (size_t)(a.n * a.c * a.h_out * a.w_out);
         float *hx = falloc(nx), *ones = falloc(ny);
         for (size_t i = 0; i < nx; i++)
             hx[i] = pick[(int)(urand() * 5)];
         for (size_t i = 0; i < ny; i++)
-            ones[i] = 1.0f;
-        struct tensor *x = tfrom(DT_FP32, nx, hx), *y = tnew(DT_FP32, ny), *dx = tnew(DT_FP32, nx);
-        struct tensor *dy = tfrom(DT_FP32, ny, ones);
+            ones[i] = grads[(int)(urand() * 4)];
+        struct tensor *x = tfrom(dts[d], nx, hx), *y = tnew(dts[d], ny), *dx = tnew(dts[d], nx);
+        struct tensor *dy = tfrom(dts[d], ny, ones);
         be->pool2d_forward(be, &a, y, x);
         be->pool2d_backward(be, &a, dx, dy, x, y);
         const float *gy = thost(y), *gdx = thost(dx);
@@ -1053,14 +1057,15 @@ Test(backend_cpu, maxpool_2x2_on_wide_rows_follows_the_rule_exactly)
                                 bi = i;
                             }
                         }
-                    want_dx[bi] += 1.0f;
+                    want_dx[bi] += ones[(pl * a.h_out + oh) * a.w_out + ow];
                     float got = gy[(pl * a.h_out + oh) * a.w_out + ow];
                     cr_assert(isnan(best) ? isnan(got) : got == best, "width %lld, plane %lld, window (%lld, %lld): y %g, want %g",
                               (long long)a.w_in, (long long)pl, (long long)oh, (long long)ow, (double)got, (double)best);
                 }
         for (size_t i = 0; i < nx; i++)
-            cr_assert_eq(gdx[i], want_dx[i], "width %lld: dx[%zu] = %g, want %g (the max's position)", (long long)a.w_in, i,
-                         (double)gdx[i], (double)want_dx[i]);
+            cr_assert_eq(memcmp(&gdx[i], &want_dx[i], sizeof(float)), 0,
+                         "%s width %lld: dx[%zu] = %g, want %g (the max's position, 0 + dy)",
+                         dts[d] == DT_BF16 ? "bf16" : "fp32", (long long)a.w_in, i, (double)gdx[i], (double)want_dx[i]);
     }
 }
 

@@ -1896,6 +1896,69 @@ static inline int32_t window_argmax(const float *plane, int64_t w_in, int64_t h0
 /* window_argmax of the windows 2x2 / stride 2 of one row, 16 at a time (the last group masked): the four
  * candidates of each window (row-major order) deinterleaved from two 32-float loads per row, then taken in
  * window_argmax's order with its rule (larger, or NaN), so the same index. */
+/* 16 bf16 values widened (exactly), and 16 fp32 values rounded to bf16 as bf16_from_fp32 rounds them (nearest-even,
+ * a NaN quieted); with ld16 / st16, the fused batchnorm planes' loads and stores of fp32 or bf16 (ld1 / st1: one
+ * element, as the scalar loops load and store_f32 stores it). */
+__attribute__((target("avx512f,avx512bw"))) static inline __m512 bf16x16_to_fp32(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+__attribute__((target("avx512f,avx512bw"))) static inline __m256i fp32x16_to_bf16(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                  _mm512_set1_epi32(0x7F800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040))));
+}
+
+__attribute__((target("avx512f,avx512bw"))) static inline __m512 ld16(const void *p, int64_t e, bool bf16)
+{
+    return bf16 ? bf16x16_to_fp32((const uint16_t *)p + e) : _mm512_loadu_ps((const float *)p + e);
+}
+
+__attribute__((target("avx512f,avx512bw"))) static inline void st16(void *p, int64_t e, __m512 v, bool bf16)
+{
+    if (bf16)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + e), fp32x16_to_bf16(v));
+    else
+        _mm512_storeu_ps((float *)p + e, v);
+}
+
+/* ld16 / st16 of the lanes in m only (the others load as +0 and are not stored). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 ld16m(const void *p, int64_t e, bool bf16,
+                                                                                __mmask16 m)
+{
+    if (bf16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + e)), 16));
+    return _mm512_maskz_loadu_ps(m, (const float *)p + e);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void st16m(void *p, int64_t e, __m512 v, bool bf16,
+                                                                             __mmask16 m)
+{
+    if (bf16)
+        _mm256_mask_storeu_epi16((uint16_t *)p + e, m, fp32x16_to_bf16(v));
+    else
+        _mm512_mask_storeu_ps((float *)p + e, m, v);
+}
+
+static inline float ld1(const void *p, int64_t e, bool bf16)
+{
+    return bf16 ? bf16_to_fp32(((const uint16_t *)p)[e]) : ((const float *)p)[e];
+}
+
+static inline void st1(void *p, int64_t e, float v, bool bf16)
+{
+    if (bf16)
+        ((uint16_t *)p)[e] = bf16_from_fp32(v);
+    else
+        ((float *)p)[e] = v;
+}
+
 __attribute__((target("avx512f"))) static void maxpool_row_2x2_avx512(const float *plane, int64_t w_in, int64_t h0,
                                                                       int64_t w0, int64_t count, int32_t *arg)
 {
@@ -1923,6 +1986,64 @@ __attribute__((target("avx512f"))) static void maxpool_row_2x2_avx512(const floa
         }
         _mm512_mask_storeu_epi32(arg + o, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), bi);
     }
+}
+
+/* The gradient of a 2x2 / stride-2 max pool without padding over a plane of 2 h_out x 2 w_out (x, dy, dx all fp32
+ * or all bf16), in one pass and 16 windows at a time: each window's max chosen by maxpool_row_2x2_avx512's rule
+ * (the first of equal values, the last NaN), and its four dx values written at once, the window's gradient
+ * 0 + dy at the max (the generic path adds dy to a zeroed plane: -0 becomes +0 there too) and +0 elsewhere,
+ * rounded as store_f32 rounds. Every input is in one window, so this is the generic path's plane, bit for bit,
+ * without its zeroing pass, the argmax array, the scatter and, for bf16, the staging and rounding passes. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void maxpool2x2_backward_plane(void *dx, const void *dy,
+                                                                                          const void *x, bool bf16,
+                                                                                          int64_t h_out, int64_t w_out)
+{
+    const int64_t w_in = 2 * w_out;
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    /* window i's left and right values side by side: outputs 2i and 2i + 1 of the row */
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int64_t oh = 0; oh < h_out; oh++) {
+        const int64_t r0 = 2 * oh * w_in, r1 = r0 + w_in;
+        for (int64_t o = 0; o < w_out; o += 16) {
+            const int64_t n = w_out - o < 16 ? w_out - o : 16, vals = 2 * n; /* windows, and values per row */
+            const __mmask16 mw = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+            const __mmask16 m0 = vals >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << vals) - 1);
+            const __mmask16 m1 = vals >= 32 ? (__mmask16)0xFFFF : vals > 16 ? (__mmask16)((1u << (vals - 16)) - 1) : 0;
+            const __m512 x0 = ld16m(x, r0 + 2 * o, bf16, m0), x1 = ld16m(x, r0 + 2 * o + 16, bf16, m1);
+            const __m512 y0 = ld16m(x, r1 + 2 * o, bf16, m0), y1 = ld16m(x, r1 + 2 * o + 16, bf16, m1);
+            const __m512 v[4] = { _mm512_permutex2var_ps(x0, even, x1), _mm512_permutex2var_ps(x0, odd, x1),
+                                  _mm512_permutex2var_ps(y0, even, y1), _mm512_permutex2var_ps(y0, odd, y1) };
+            __m512 best = v[0];
+            __m512i which = _mm512_setzero_si512();
+            for (int c = 1; c < 4; c++) {
+                const __mmask16 take =
+                    _mm512_cmp_ps_mask(v[c], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v[c], v[c], _CMP_UNORD_Q);
+                best = _mm512_mask_mov_ps(best, take, v[c]);
+                which = _mm512_mask_mov_epi32(which, take, _mm512_set1_epi32(c));
+            }
+            const __m512 g = _mm512_add_ps(_mm512_setzero_ps(), ld16m(dy, oh * w_out + o, bf16, mw));
+            __m512 d[4];
+            for (int c = 0; c < 4; c++)
+                d[c] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(which, _mm512_set1_epi32(c)), g);
+            st16m(dx, r0 + 2 * o, _mm512_permutex2var_ps(d[0], lo, d[1]), bf16, m0);
+            st16m(dx, r0 + 2 * o + 16, _mm512_permutex2var_ps(d[0], hi, d[1]), bf16, m1);
+            st16m(dx, r1 + 2 * o, _mm512_permutex2var_ps(d[2], lo, d[3]), bf16, m0);
+            st16m(dx, r1 + 2 * o + 16, _mm512_permutex2var_ps(d[2], hi, d[3]), bf16, m1);
+        }
+    }
+}
+
+/* Whether a max pool's backward runs maxpool2x2_backward_plane: 2x2, stride 2, no padding, even planes, one dtype
+ * (fp32 or bf16) for x, dy and dx, on a CPU with AVX-512 (BW, VL). */
+static bool maxpool2x2_fused_runs(const struct pool_args *a, const struct tensor *dx, const struct tensor *dy,
+                                  const struct tensor *x)
+{
+    return a->kind == POOL_MAX && a->kernel == 2 && a->stride == 2 && a->padding == 0 && a->h_in == 2 * a->h_out &&
+           a->w_in == 2 * a->w_out && x->dtype == dy->dtype && dy->dtype == dx->dtype &&
+           (x->dtype == DT_FP32 || x->dtype == DT_BF16) && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 #endif
 
@@ -2067,6 +2188,16 @@ static void pool_backward_chunk(void *arg, int64_t chunk, int worker)
     float *dxbuf = wscratch(j->cb, worker, WSCR_TMP0);
     int32_t *arg_max = wscratch(j->cb, worker, WSCR_IDX);
     const int64_t pl0 = chunk * j->planes, pl1 = all - pl0 < j->planes ? all : pl0 + j->planes;
+#ifdef HAVE_AVX512_INTRIN
+    if (is_max && maxpool2x2_fused_runs(a, dx, dy, x)) {
+        for (int64_t pl = pl0; pl < pl1; pl++)
+            maxpool2x2_backward_plane(elem_ptr(dx->data, dx->dtype, (size_t)(pl * hw_in)),
+                                      elem_ptr(dy->data, dy->dtype, (size_t)(pl * hw)),
+                                      elem_ptr(x->data, x->dtype, (size_t)(pl * hw_in)), x->dtype == DT_BF16, a->h_out,
+                                      a->w_out);
+        return;
+    }
+#endif
     for (int64_t pl = pl0; pl < pl1; pl++) {
         float *dplane = out_f32(dx->data, dx->dtype, (size_t)(pl * hw_in), dxbuf);
         const float *g = load_f32(dy->data, dy->dtype, (size_t)(pl * hw), (size_t)hw, dybuf);
@@ -2428,50 +2559,6 @@ static int64_t bn_chunks(const struct norm_args *a, int64_t channels)
 }
 
 #ifdef HAVE_AVX512_INTRIN
-/* 16 bf16 values widened (exactly), and 16 fp32 values rounded to bf16 as bf16_from_fp32 rounds them (nearest-even,
- * a NaN quieted); with ld16 / st16, the fused batchnorm planes' loads and stores of fp32 or bf16 (ld1 / st1: one
- * element, as the scalar loops load and store_f32 stores it). */
-__attribute__((target("avx512f,avx512bw"))) static inline __m512 bf16x16_to_fp32(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-__attribute__((target("avx512f,avx512bw"))) static inline __m256i fp32x16_to_bf16(__m512 v)
-{
-    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                  _mm512_set1_epi32(0x7F800000));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040))));
-}
-
-__attribute__((target("avx512f,avx512bw"))) static inline __m512 ld16(const void *p, int64_t e, bool bf16)
-{
-    return bf16 ? bf16x16_to_fp32((const uint16_t *)p + e) : _mm512_loadu_ps((const float *)p + e);
-}
-
-__attribute__((target("avx512f,avx512bw"))) static inline void st16(void *p, int64_t e, __m512 v, bool bf16)
-{
-    if (bf16)
-        _mm256_storeu_si256((__m256i *)((uint16_t *)p + e), fp32x16_to_bf16(v));
-    else
-        _mm512_storeu_ps((float *)p + e, v);
-}
-
-static inline float ld1(const void *p, int64_t e, bool bf16)
-{
-    return bf16 ? bf16_to_fp32(((const uint16_t *)p)[e]) : ((const float *)p)[e];
-}
-
-static inline void st1(void *p, int64_t e, float v, bool bf16)
-{
-    if (bf16)
-        ((uint16_t *)p)[e] = bf16_from_fp32(v);
-    else
-        ((float *)p)[e] = v;
-}
-
 /* One plane of the batchnorm's output from a plane of x, both fp32 or both bf16 (bf16): bn_forward_channel's
  * widening, its four fp32 operations in its order (no FMA), the fused ReLU's test (x <= 0 gives +0, a NaN passes)
  * and the rounding of store_f32 (nearest-even, a NaN quieted), in one pass and in registers, where they were up
