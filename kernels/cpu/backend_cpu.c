@@ -1897,8 +1897,9 @@ static inline int32_t window_argmax(const float *plane, int64_t w_in, int64_t h0
  * candidates of each window (row-major order) deinterleaved from two 32-float loads per row, then taken in
  * window_argmax's order with its rule (larger, or NaN), so the same index. */
 /* 16 bf16 values widened (exactly), and 16 fp32 values rounded to bf16 as bf16_from_fp32 rounds them (nearest-even,
- * a NaN quieted); with ld16 / st16, the fused batchnorm planes' loads and stores of fp32 or bf16 (ld1 / st1: one
- * element, as the scalar loops load and store_f32 stores it). */
+ * a NaN quieted); with ld16 / st16 (ld16m / st16m: some lanes), the one-pass planes' loads and stores of fp32 or
+ * bf16, the max pool's backward and batchnorm's (ld1 / st1: one element, as the scalar loops load and store_f32
+ * stores it). */
 __attribute__((target("avx512f,avx512bw"))) static inline __m512 bf16x16_to_fp32(const uint16_t *p)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
