@@ -73,6 +73,7 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_AVX512_INTRIN 1
+#include "bf16_lanes.h" /* bf16 lanes widened and rounded, shared with gemm_avx512.c */
 #endif
 
 static const float GELU_TANH_S = 0.7978845608028654f;  /* sqrt(2 / pi) */
@@ -1896,34 +1897,19 @@ static inline int32_t window_argmax(const float *plane, int64_t w_in, int64_t h0
 /* window_argmax of the windows 2x2 / stride 2 of one row, 16 at a time (the last group masked): the four
  * candidates of each window (row-major order) deinterleaved from two 32-float loads per row, then taken in
  * window_argmax's order with its rule (larger, or NaN), so the same index. */
-/* 16 bf16 values widened (exactly), and 16 fp32 values rounded to bf16 as bf16_from_fp32 rounds them (nearest-even,
- * a NaN quieted); with ld16 / st16 (ld16m / st16m: some lanes), the one-pass planes' loads and stores of fp32 or
- * bf16, the max pool's backward and batchnorm's (ld1 / st1: one element, as the scalar loops load and store_f32
- * stores it). */
-__attribute__((target("avx512f,avx512bw"))) static inline __m512 bf16x16_to_fp32(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-__attribute__((target("avx512f,avx512bw"))) static inline __m256i fp32x16_to_bf16(__m512 v)
-{
-    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                  _mm512_set1_epi32(0x7F800000));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040))));
-}
-
+/* ld16 / st16 (ld16m / st16m: some lanes): 16 values of an fp32 or bf16 plane as fp32 lanes and back, bf16 widened
+ * exactly and rounded as store_f32 rounds (bf16_lanes.h); the one-pass planes' loads and stores, the max pool's
+ * backward and batchnorm's (ld1 / st1: one element, as the scalar loops load and store_f32 stores it). */
 __attribute__((target("avx512f,avx512bw"))) static inline __m512 ld16(const void *p, int64_t e, bool bf16)
 {
-    return bf16 ? bf16x16_to_fp32((const uint16_t *)p + e) : _mm512_loadu_ps((const float *)p + e);
+    return bf16 ? bf16_lanes_widen(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + e)))
+                : _mm512_loadu_ps((const float *)p + e);
 }
 
 __attribute__((target("avx512f,avx512bw"))) static inline void st16(void *p, int64_t e, __m512 v, bool bf16)
 {
     if (bf16)
-        _mm256_storeu_si256((__m256i *)((uint16_t *)p + e), fp32x16_to_bf16(v));
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + e), _mm512_cvtepi32_epi16(bf16_lanes_round(v)));
     else
         _mm512_storeu_ps((float *)p + e, v);
 }
@@ -1933,8 +1919,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 ld16m(
                                                                                 __mmask16 m)
 {
     if (bf16)
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + e)), 16));
+        return bf16_lanes_widen(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + e));
     return _mm512_maskz_loadu_ps(m, (const float *)p + e);
 }
 
@@ -1942,7 +1927,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void st16m(vo
                                                                              __mmask16 m)
 {
     if (bf16)
-        _mm256_mask_storeu_epi16((uint16_t *)p + e, m, fp32x16_to_bf16(v));
+        _mm512_mask_cvtepi32_storeu_epi16((uint16_t *)p + e, m, bf16_lanes_round(v));
     else
         _mm512_mask_storeu_ps((float *)p + e, m, v);
 }

@@ -68,6 +68,8 @@
 #define AMP_GEMM_AVX512_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+
+#include "bf16_lanes.h" /* bf16 lanes widened and rounded, shared with backend_cpu.c */
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -515,23 +517,11 @@ static const kernel_bf16_fn kernels_bf16[3][2] = { { kernel_bf16_4_1, kernel_bf1
 
 /* ---- epilogue and driver --------------------------------------------------------------------------- */
 
-/* fp32 -> bf16 bits in the low half of each lane: RNE, NaN quieted (dtype.c's bf16_from_fp32). */
-TARGET_AVX512 static __m512i bf16_round(__m512 v)
-{
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
-    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                            _mm512_set1_epi32(0x7F800000));
-    return _mm512_mask_blend_epi32(nan, rounded, quiet);
-}
-
 /* 16 elements of C (dtype dt) at p as fp32, lanes outside m zero. */
 TARGET_AVX512 static __m512 load_c(const void *p, enum dtype dt, __mmask16 m)
 {
     if (dt == DT_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+        return bf16_lanes_widen(_mm256_maskz_loadu_epi16(m, p));
     return load16(p, dt, 0, m);
 }
 
@@ -539,7 +529,7 @@ TARGET_AVX512 static __m512 load_c(const void *p, enum dtype dt, __mmask16 m)
 TARGET_AVX512 static void store_c(void *p, enum dtype dt, __mmask16 m, __m512 v)
 {
     if (dt == DT_BF16)
-        _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_round(v));
+        _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_lanes_round(v));
     else if (dt == DT_FP16)
         _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     else
