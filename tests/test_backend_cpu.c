@@ -1960,6 +1960,79 @@ Test(backend_cpu, xent_gradient_and_lowp_logits)
     be->free(be, cor);
 }
 
+/* Cross-entropy's formula, one row, with the backend's operations in its order (libm's double exp and log):
+ * the bits the backend must give, whichever way it computes them (kernels/cpu/backend_cpu.c, xent_row_fast). */
+static void xent_formula(const float *x, int64_t K, int32_t label, float g, float *loss, float *d)
+{
+    float mx = x[0];
+    for (int64_t k = 1; k < K; k++)
+        if (x[k] > mx)
+            mx = x[k];
+    double sum = 0.0;
+    for (int64_t k = 0; k < K; k++)
+        sum += exp((double)x[k] - (double)mx);
+    double lse = (double)mx + log(sum);
+    *loss = (float)(lse - (double)x[label]);
+    for (int64_t k = 0; k < K; k++) {
+        float p = (float)exp((double)x[k] - lse);
+        d[k] = (p - (k == label ? 1.0f : 0.0f)) * g;
+    }
+}
+
+/* Rows of every kind, each K around the backend's blocks of 8 and 256: logits of small and huge spread,
+ * around 0 and far from it, the label ahead by a margin (losses near 0: the fast rows' interval is wider
+ * than their fp32 there, so the formula decides; there lse's roundings show in the loss), -Inf logits, a
+ * NaN, on 1 and 2 threads; losses and dlogits must be the formula's bits. */
+Test(backend_cpu, xent_is_its_formula_to_the_bit)
+{
+    seed(22);
+    const int64_t Ks[] = { 1, 2, 3, 7, 8, 9, 255, 256, 257, 600, 1000 };
+    const float spreads[] = { 1e-3f, 0.5f, 4.0f, 30.0f, 300.0f };
+    for (size_t ik = 0; ik < sizeof Ks / sizeof Ks[0]; ik++) {
+        const int64_t K = Ks[ik], N = K >= 255 ? 160 : 2000;
+        const size_t n = (size_t)(N * K);
+        float *hl = falloc(n);
+        int32_t *hlab = malloc((size_t)N * sizeof(int32_t));
+        for (int64_t i = 0; i < N; i++) {
+            const float s = spreads[i % 5];
+            const float base = (float)(i % 7) * 1000.0f - 3000.0f; /* lse far from 0 too */
+            for (int64_t k = 0; k < K; k++)
+                hl[i * K + k] = base + frand(-s, s);
+            hlab[i] = (int32_t)(urand() * (double)K);
+            if (i % 3 == 1) /* the label ahead by 8 to 64: losses from ~K e^-8 to those that round to 0 */
+                hl[i * K + hlab[i]] = (i % 2 ? base : 0.0f) + 8.0f * (float)(1 + i % 8);
+            if (i % 13 == 5 && K > 1)
+                hl[i * K + (hlab[i] + 1) % K] = -INFINITY;
+        }
+        if (K > 2)
+            hl[(N - 1) * K + (hlab[N - 1] + 1) % K] = NAN;
+        int32_t *lab = be->alloc(be, (size_t)N * sizeof(int32_t));
+        be->upload(be, lab, hlab, (size_t)N * sizeof(int32_t));
+        struct tensor *logits = tfrom(DT_FP32, n, hl), *loss = tnew(DT_FP32, (size_t)N), *dl = tnew(DT_FP32, n);
+        const float seed_g = 3.0f, g = (float)((double)seed_g / (double)N);
+        float *wd = falloc((size_t)K);
+        for (int threads = 1; threads <= 2; threads++) {
+            struct amp_error err;
+            cr_assert_eq(backend_set_threads(be, threads, &err), AMP_OK, "%s", err.msg);
+            be->xent_forward_backward(be, loss, NULL, dl, logits, lab, N, K, &seed_g);
+            const float *gl = loss->data, *gd = dl->data;
+            for (int64_t i = 0; i < N; i++) {
+                float wl;
+                xent_formula(hl + i * K, K, hlab[i], g, &wl, wd);
+                cr_assert(memcmp(&gl[i], &wl, sizeof wl) == 0, "K %lld row %lld: loss %a, formula %a", (long long)K,
+                          (long long)i, (double)gl[i], (double)wl);
+                cr_assert(memcmp(gd + i * K, wd, (size_t)K * sizeof(float)) == 0,
+                          "K %lld row %lld: dlogits are not the formula's bits", (long long)K, (long long)i);
+            }
+        }
+        struct amp_error err;
+        cr_assert_eq(backend_set_threads(be, 1, &err), AMP_OK, "%s", err.msg);
+        cr_assert(isnan(((const float *)loss->data)[N - 1]) || K <= 2, "a NaN logit gives a NaN loss");
+        be->free(be, lab);
+        free(hlab);
+    }
+}
+
 Test(backend_cpu, mse_values_and_gradient)
 {
     seed(21);

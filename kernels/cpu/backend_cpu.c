@@ -3328,9 +3328,92 @@ struct loss_job {
     float g;                                /* the gradient's factor */
 };
 
+/*
+ * Cross-entropy's bits are those of its scalar formula (xent_row_libm): libm's double exp over the row,
+ * log of the sum, then each probability as fp32 of exp(x - lse). xent_row_fast gets the same bits in a
+ * fraction of the time, or says it cannot: it sums vectorised exp_f64 (vecmath.h, within EXP_F64_ERR units)
+ * instead of libm's, so its lse is a little off the formula's, by at most
+ *   d_lse = 2u (2K + 80 + 4|L| + 3|lse|),   u = 2^-53, L = log(sum),
+ * twice what these add up to, with libm's exp and log taken within 1 ulp (2u; glibc's are within 0.52):
+ * each sum within (K + 2)u resp. (K + EXP_F64_ERR)u of the exact one (positive terms, any order), so the
+ * logs within about (2K + 66)u of each other, log's rounding 2u|L| in each, lse's own u|lse| in each.
+ * Then the loss (lse - x[label]) is within 2 d_lse + 4u|loss|, and each probability within a relative
+ * 2 (d_lse + 2u|x - lse|) + 140u (exp_f64's 64 and libm's 2, and the ends' roundings): wherever that whole
+ * interval rounds to one fp32 (f32_of_interval) it is the formula's fp32. Where one does not (about one
+ * value in 10^6; losses near 0, whose fp32 is finer than d_lse), or anything is not finite (NaN, +-Inf
+ * reach the check as NaN), the row is recomputed by the formula. Only bits the formula gives are written.
+ */
+
+/* sum of exp(x[k] - m): the exps in blocks of 256 (a vector loop), summed in eight running sums side by side
+ * (padded with +0, which leaves a sum of non-negative terms as it is). */
+HOT_LOOP static double xent_exp_sum(const float *x, float m, int64_t K)
+{
+    double acc[8] = { 0 }, e[256];
+    for (int64_t k0 = 0; k0 < K; k0 += 256) {
+        const int n = K - k0 < 256 ? (int)(K - k0) : 256, n8 = (n + 7) & ~7;
+        for (int l = 0; l < n; l++)
+            e[l] = exp_f64((double)x[k0 + l] - (double)m);
+        for (int l = n; l < n8; l++)
+            e[l] = 0.0;
+        for (int l = 0; l < n8; l += 8)
+            for (int i = 0; i < 8; i++)
+                acc[i] += e[l + i];
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* The gradient row d[k] = (p_k - [k == label]) g from exp_f64, p_k the fp32 that the whole interval of
+ * the formula's exp(x[k] - lse) rounds to; whether every p_k had one. */
+HOT_LOOP static bool xent_fast_grad(float *d, const float *x, double lse, double d_lse, int64_t K, int32_t label,
+                                    float g)
+{
+    const double u = 0x1p-53;
+    int ok = 1;
+    for (int64_t k = 0; k < K; k++) {
+        const double a = (double)x[k] - lse;
+        const double p = exp_f64(a);
+        float pf;
+        ok &= f32_of_interval(p, p * (2.0 * (d_lse + 2.0 * u * fabs(a)) + 140.0 * u), &pf);
+        d[k] = (pf - (k == label ? 1.0f : 0.0f)) * g;
+    }
+    return ok;
+}
+
+/* One row by the formula: the bits every other path must give. */
+static void xent_row_libm(const float *x, float mx, int64_t K, int32_t label, bool ok, float *loss, float *d, float g)
+{
+    double sum = 0.0;
+    for (int64_t k = 0; k < K; k++)
+        sum += exp((double)x[k] - (double)mx);
+    double lse = (double)mx + log(sum);
+    if (loss)
+        *loss = ok ? (float)(lse - (double)x[label]) : NAN;
+    if (d)
+        for (int64_t k = 0; k < K; k++) {
+            float p = (float)exp((double)x[k] - lse);
+            d[k] = (p - (k == label ? 1.0f : 0.0f)) * g;
+        }
+}
+
+/* One row by exp_f64 and the bound above; false (outputs partly written) where the formula must decide. */
+static bool xent_row_fast(const float *x, float mx, int64_t K, int32_t label, float *loss, float *d, float g)
+{
+    const double u = 0x1p-53;
+    const double L = log(xent_exp_sum(x, mx, K));
+    const double lse = (double)mx + L;
+    const double d_lse = 2.0 * u * (2.0 * (double)K + 80.0 + 4.0 * fabs(L) + 3.0 * fabs(lse));
+    const double lv = lse - (double)x[label];
+    float lf;
+    if (!f32_of_interval(lv, 2.0 * d_lse + 4.0 * u * fabs(lv), &lf))
+        return false;
+    if (loss)
+        *loss = lf;
+    return !d || xent_fast_grad(d, x, lse, d_lse, K, label, g);
+}
+
 /* A label outside [0, K) is a programming error (the data module validates labels): debug builds
  * abort; release builds give that sample a NaN loss, correct 0 and no one-hot term, so the non-finite
- * check reports it instead of the backend reading out of bounds. */
+ * check reports it instead of the backend reading out of bounds (by the formula, not the fast row). */
 static void xent_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct loss_job *j = arg;
@@ -3346,25 +3429,17 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
                 mx = x[k];
                 arg_max = k;
             }
-        double sum = 0.0;
-        for (int64_t k = 0; k < K; k++)
-            sum += exp((double)x[k] - (double)mx);
-        double lse = (double)mx + log(sum);
         int32_t label = j->labels[i];
         assert(label >= 0 && label < K);
         bool ok = label >= 0 && label < K;
-        if (j->losses)
-            j->losses[i] = ok ? (float)(lse - (double)x[label]) : NAN;
         if (j->correct)
             j->correct[i] = ok && arg_max == label;
-        if (!dlogits)
-            continue;
-        float *d = out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db);
-        for (int64_t k = 0; k < K; k++) {
-            float p = (float)exp((double)x[k] - lse);
-            d[k] = (p - (k == label ? 1.0f : 0.0f)) * j->g;
-        }
-        store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
+        float *loss = j->losses ? &j->losses[i] : NULL;
+        float *d = dlogits ? out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db) : NULL;
+        if (!ok || !xent_row_fast(x, mx, K, label, loss, d, j->g))
+            xent_row_libm(x, mx, K, label, ok, loss, d, j->g);
+        if (d)
+            store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
     }
 }
 

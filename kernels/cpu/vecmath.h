@@ -1,6 +1,6 @@
 /*
- * vecmath.h — elementary functions in fp32 for the CPU backend's hot loops, written in plain
- * operations (no libm calls, no table lookups) so GCC vectorises the loops that call them.
+ * vecmath.h — elementary functions for the CPU backend's hot loops, written in plain operations (no libm
+ * calls, no table lookups) so GCC vectorises the loops that call them.
  *
  * glibc's tanhf is a scalar call; inside the GELU loops it was 43% of a text_gpt step. These run
  * in every HOT_LOOP clone (backend_cpu.c) in the same order of the same IEEE operations (ISO C mode:
@@ -50,6 +50,61 @@ static inline float tanh_f32(float u)
     memcpy(&two_n, &bits, sizeof two_n);
     const float big = 1.0f - 2.0f / (e * two_n + 1.0f);
     return copysignf(a < 0.55f ? small : big, u); /* odd: computed for |u|, so -0 stays -0 */
+}
+
+
+/*
+ * exp(a) in double for a <= 1 (cross-entropy's exponents, all <= 0 up to rounding), within EXP_F64_ERR
+ * units of 2^-53 relative to the exact value for a in [-708, 1]; 0 below -708 (and for -Inf); NaN gives
+ * NaN; above 1 it is not exp (2^n's exponent would wrap from n = 1024 on). As 2^n exp(r): n = round(a / ln 2) (the 1.5 * 2^52 shift, whose low bits then hold n),
+ * r = a - n ln 2 with ln 2 in two parts (n ln2_hi exact for |n| < 2^20, the subtraction exact by
+ * Sterbenz), exp(r) by its degree-13 Taylor polynomial in Horner form (|r| <= 0.3466: truncation below
+ * 0.08 units); 2^n from its exponent bits, n in [-1022, 1].
+ * The bound: Horner's 26 roundings (no FMA) cost at most 26 units times sum|c_i r^i| / exp(r) <= e^0.7 = 2,
+ * the rounded coefficients 2 units, r's rounding 0.4, the truncation 0.08: under 57, taken as 64.
+ * tests/test_vecmath.c measures the worst over a dense sweep: 2.0 units against libm.
+ * Cross-entropy (backend_cpu.c) uses it with the bound, never for bits of its own: see f32_of_interval.
+ */
+#define EXP_F64_ERR 64.0
+
+static inline double exp_f64(double a)
+{
+    const double shift = 0x1.8p52;
+    const double kd = a * 1.4426950408889634 + shift; /* below -708 what follows is replaced by 0 */
+    uint64_t ki;
+    memcpy(&ki, &kd, sizeof ki);
+    const double n = kd - shift;
+    const double r = (a - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+    double e = 1.0 / 6227020800.0;
+    e = e * r + 1.0 / 479001600.0;
+    e = e * r + 1.0 / 39916800.0;
+    e = e * r + 1.0 / 3628800.0;
+    e = e * r + 1.0 / 362880.0;
+    e = e * r + 1.0 / 40320.0;
+    e = e * r + 1.0 / 5040.0;
+    e = e * r + 1.0 / 720.0;
+    e = e * r + 1.0 / 120.0;
+    e = e * r + 1.0 / 24.0;
+    e = e * r + 1.0 / 6.0;
+    e = e * r + 0.5;
+    e = e * r + 1.0;
+    e = e * r + 1.0;
+    const uint64_t sbits = (ki << 52) + ((uint64_t)1023 << 52); /* ki's low bits: n, two's complement */
+    double scale;
+    memcpy(&scale, &sbits, sizeof scale);
+    return a < -708.0 ? 0.0 : e * scale;
+}
+
+/*
+ * Whether every real within d (>= 0) of v rounds to one fp32: rounding to nearest is monotone, so the ends
+ * v - d and v + d decide; *out gets that fp32 (v's). d must cover the rounding of v - d and v + d (a few
+ * units of 2^-53 of v). NaN, or an infinite d, never passes.
+ */
+static inline int f32_of_interval(double v, double d, float *out)
+{
+    const float lo = (float)(v - d), hi = (float)(v + d);
+    *out = lo;
+    return lo == hi;
 }
 
 #endif
