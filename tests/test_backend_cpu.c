@@ -1233,6 +1233,78 @@ Test(backend_cpu, layernorm_all_equal_row_is_finite)
     }
 }
 
+/* Layernorm's outputs and sums as kernels/cpu/backend_cpu.c documents them, computed here one row at a time: each
+ * row's double sums over its columns in order (mean, then squared deviations; backward: dxhat and dxhat * xhat),
+ * everything else in fp32, compared bit for bit. Rows in groups of 8 and a rest (the backend takes 8 rows as the
+ * lanes of a vector), columns 8k and 8k + 5 (its tail), with gamma/beta and without, fp32 and bf16; every other row
+ * opens with 2^60, seven 200s and -2^60, whose sum depends on the order (batchnorm_sums_in_their_documented_order),
+ * the rest are random throughout (where the huge values would hide a wrong small term). */
+Test(backend_cpu, layernorm_outputs_are_their_formulas_to_the_bit)
+{
+    seed(31);
+    const int64_t rows = 19, colss[2] = { 128, 45 };
+    const enum dtype dts[2] = { DT_FP32, DT_BF16 };
+    for (int ci = 0; ci < 2; ci++)
+        for (int d = 0; d < 2; d++)
+            for (int affine = 0; affine <= 1; affine++) {
+                const int64_t cols = colss[ci];
+                const size_t cnt = (size_t)(rows * cols);
+                float *hx = falloc(cnt), *hdy = falloc(cnt), *hg = falloc((size_t)cols), *hb = falloc((size_t)cols);
+                for (size_t k = 0; k < cnt; k++) {
+                    const int64_t q = (int64_t)(k % (size_t)cols), r = (int64_t)(k / (size_t)cols);
+                    const float v = r % 2 ? frand(-3, 5) : q == 0 ? 0x1p60f : q < 8 ? 200.0f : q == 8 ? -0x1p60f
+                                                                                                     : frand(-3, 5);
+                    hx[k] = v;
+                    hdy[k] = r % 2 == 0 && q < 9 ? v : frand(-7, 9);
+                }
+                for (int64_t q = 0; q < cols; q++) {
+                    hg[q] = frand(0.5f, 1.5f);
+                    hb[q] = frand(-1, 1);
+                }
+                struct norm_args a = { .rows = rows, .cols = cols, .eps = 1e-5f };
+                struct tensor *x = tfrom(dts[d], cnt, hx), *dy = tfrom(dts[d], cnt, hdy);
+                struct tensor *g = affine ? tfrom(DT_FP32, (size_t)cols, hg) : NULL;
+                struct tensor *b = affine ? tfrom(DT_FP32, (size_t)cols, hb) : NULL;
+                struct tensor *y = tnew(DT_FP32, cnt), *dx = tnew(DT_FP32, cnt);
+                struct tensor *mean = tnew(DT_FP32, (size_t)rows), *rstd = tnew(DT_FP32, (size_t)rows);
+                be->layernorm_forward(be, &a, y, mean, rstd, x, g, b);
+                be->layernorm_backward(be, &a, dx, NULL, NULL, dy, x, mean, rstd, g, 0.0f);
+                const float *gy = y->data, *gdx = dx->data, *gm = mean->data, *gr = rstd->data;
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xr = hx + r * cols, *dyr = hdy + r * cols;
+                    double s = 0.0, ss = 0.0, s1 = 0.0, s2 = 0.0;
+                    for (int64_t q = 0; q < cols; q++)
+                        s += xr[q];
+                    const double mu = s / (double)cols;
+                    for (int64_t q = 0; q < cols; q++) {
+                        const double dd = xr[q] - mu;
+                        ss += dd * dd;
+                    }
+                    const float mu_f = (float)mu, rs_f = (float)(1.0 / sqrt(ss / (double)cols + (double)a.eps));
+                    cr_assert(memcmp(&gm[r], &mu_f, sizeof mu_f) == 0 && memcmp(&gr[r], &rs_f, sizeof rs_f) == 0,
+                              "cols %lld %s affine %d row %lld: mean/rstd %a %a, want %a %a", (long long)cols,
+                              dtype_name(dts[d]), affine, (long long)r, (double)gm[r], (double)gr[r], (double)mu_f,
+                              (double)rs_f);
+                    for (int64_t q = 0; q < cols; q++) {
+                        const float xhat = (xr[q] - mu_f) * rs_f, dxhat = dyr[q] * (affine ? hg[q] : 1.0f);
+                        s1 += dxhat;
+                        s2 += (double)dxhat * xhat;
+                    }
+                    const float m1 = (float)(s1 / (double)cols), m2 = (float)(s2 / (double)cols);
+                    for (int64_t q = 0; q < cols; q++) {
+                        const float v = (xr[q] - mu_f) * rs_f, wy = v * (affine ? hg[q] : 1.0f) + (affine ? hb[q] : 0.0f);
+                        const float xhat = (xr[q] - mu_f) * rs_f, dxhat = dyr[q] * (affine ? hg[q] : 1.0f);
+                        const float wdx = rs_f * (dxhat - m1 - xhat * m2);
+                        cr_assert(memcmp(&gy[r * cols + q], &wy, sizeof wy) == 0 &&
+                                      memcmp(&gdx[r * cols + q], &wdx, sizeof wdx) == 0,
+                                  "cols %lld %s affine %d row %lld col %lld: y %a dx %a, want %a %a", (long long)cols,
+                                  dtype_name(dts[d]), affine, (long long)r, (long long)q, (double)gy[r * cols + q],
+                                  (double)gdx[r * cols + q], (double)wy, (double)wdx);
+                    }
+                }
+            }
+}
+
 /* ---- batchnorm --------------------------------------------------------------------------------- */
 
 static void bn_naive(const double *x, const double *g, const double *b, int64_t n, int64_t c, int64_t hw, double eps,

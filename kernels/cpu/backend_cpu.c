@@ -1245,6 +1245,67 @@ LANES8_TARGET static void planes_sum8_avx512(const void *const p[CHAINS], bool b
             s[l] += plane_elem(p[l], r, bf16);
 }
 
+/* ss[l] += (p[l][q] - mu[l])^2 for q < hw, in order (bn_stats' and layernorm's second pass; d in double). */
+LANES8_TARGET static void planes_sumsq8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw,
+                                               const double mu[CHAINS], double ss[CHAINS])
+{
+    __m512d acc = _mm512_loadu_pd(ss);
+    const __m512d m = _mm512_loadu_pd(mu);
+    int64_t q = 0;
+    for (; q + 8 <= hw; q += 8) {
+        __m256 t[8];
+        planes_transpose8(p, bf16, q, t);
+        for (int e = 0; e < 8; e++) {
+            __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(t[e]), m);
+            acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
+        }
+    }
+    _mm512_storeu_pd(ss, acc);
+    for (int l = 0; l < CHAINS; l++)
+        for (int64_t r = q; r < hw; r++) {
+            double d = plane_elem(p[l], r, bf16) - mu[l];
+            ss[l] += d * d;
+        }
+}
+
+/* sdy[l] += dy, sdyx[l] += (double)dy * ((x - mu[l]) * rs[l]) (the product in fp32) for q < hw, in order
+ * (bn_grad_sums, layernorm's backward); with ReLU planes yp (else NULL), dy is the ReLU backward's of it (+0 where
+ * y does not pass); with column factors g (else NULL: none), dy is dy * g[q] (layernorm's dxhat, in fp32). */
+LANES8_TARGET static void planes_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS],
+                                                 const void *const yp[CHAINS], const float *g, bool bf16, int64_t hw,
+                                                 const float mu[CHAINS], const float rs[CHAINS], double sdy[CHAINS],
+                                                 double sdyx[CHAINS])
+{
+    __m512d a_dy = _mm512_loadu_pd(sdy), a_dyx = _mm512_loadu_pd(sdyx);
+    const __m256 m = _mm256_loadu_ps(mu), r = _mm256_loadu_ps(rs);
+    int64_t q = 0;
+    for (; q + 8 <= hw; q += 8) {
+        __m256 tx[8], td[8];
+        planes_transpose8(xp, bf16, q, tx);
+        planes_transpose8_masked(dp, yp, bf16, q, td);
+        for (int e = 0; e < 8; e++) {
+            if (g)
+                td[e] = _mm256_mul_ps(td[e], _mm256_set1_ps(g[q + e]));
+            __m512d dy = _mm512_cvtps_pd(td[e]);
+            __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(tx[e], m), r);
+            a_dy = _mm512_add_pd(a_dy, dy);
+            a_dyx = _mm512_add_pd(a_dyx, _mm512_mul_pd(dy, _mm512_cvtps_pd(xhat)));
+        }
+    }
+    _mm512_storeu_pd(sdy, a_dy);
+    _mm512_storeu_pd(sdyx, a_dyx);
+    for (int l = 0; l < CHAINS; l++)
+        for (int64_t e = q; e < hw; e++) {
+            float dv = plane_elem(dp[l], e, bf16), xv = plane_elem(xp[l], e, bf16);
+            if (yp && plane_elem(yp[l], e, bf16) <= 0.0f)
+                dv = 0.0f;
+            if (g)
+                dv *= g[e];
+            sdy[l] += dv;
+            sdyx[l] += (double)dv * ((xv - mu[l]) * rs[l]);
+        }
+}
+
 static bool planes8_avx512(int64_t lanes)
 {
     return lanes == CHAINS && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
@@ -2271,10 +2332,21 @@ HOT_LOOP static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
         double s[CHAINS] = { 0.0 }, ss[CHAINS] = { 0.0 }, mu[CHAINS];
         for (int64_t l = 0; l < lanes; l++)
             xr[l] = load_f32(x->data, x->dtype, (size_t)((rg + l) * cols), (size_t)cols, xb + l * cols);
-        FOR_CHAINS(lanes, cols, l, k, s[l] += xr[l][k]);
+#ifdef HAVE_AVX512_INTRIN
+        const bool planes = planes8_avx512(lanes); /* the rows as a vector's lanes: the same sums */
+        if (planes)
+            planes_sum8_avx512((const void *const *)xr, false, cols, s);
+        else
+#endif
+            FOR_CHAINS(lanes, cols, l, k, s[l] += xr[l][k]);
         for (int64_t l = 0; l < lanes; l++)
             mu[l] = s[l] / (double)cols;
-        FOR_CHAINS(lanes, cols, l, k, double d = xr[l][k] - mu[l]; ss[l] += d * d);
+#ifdef HAVE_AVX512_INTRIN
+        if (planes)
+            planes_sumsq8_avx512((const void *const *)xr, false, cols, mu, ss);
+        else
+#endif
+            FOR_CHAINS(lanes, cols, l, k, double d = xr[l][k] - mu[l]; ss[l] += d * d);
         for (int64_t l = 0; l < lanes; l++) {
             const int64_t r = rg + l;
             float mu_f = (float)mu[l];
@@ -2329,8 +2401,14 @@ HOT_LOOP static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
             mu[l] = j->mean[rg + l];
             rs[l] = j->rstd[rg + l];
         }
-        FOR_CHAINS(lanes, cols, l, k, float xhat = (xr[l][k] - mu[l]) * rs[l];
-                   float dxhat = dyr[l][k] * (g ? g[k] : 1.0f); s1[l] += dxhat; s2[l] += (double)dxhat * xhat);
+#ifdef HAVE_AVX512_INTRIN
+        if (planes8_avx512(lanes)) /* the rows as a vector's lanes: the same sums (no g: dy * 1 is dy) */
+            planes_gradsum8_avx512((const void *const *)xr, (const void *const *)dyr, NULL, g, false, cols, mu, rs,
+                                   s1, s2);
+        else
+#endif
+            FOR_CHAINS(lanes, cols, l, k, float xhat = (xr[l][k] - mu[l]) * rs[l];
+                       float dxhat = dyr[l][k] * (g ? g[k] : 1.0f); s1[l] += dxhat; s2[l] += (double)dxhat * xhat);
         for (int64_t l = 0; l < lanes; l++) {
             const int64_t r = rg + l;
             float m1 = (float)(s1[l] / (double)cols), m2 = (float)(s2[l] / (double)cols);
@@ -2426,61 +2504,6 @@ static int64_t bn_chunk_channels(const struct norm_args *a)
 }
 
 #ifdef HAVE_AVX512_INTRIN
-/* ss[l] += (p[l][q] - mu[l])^2 for q < hw, in order (bn_stats' second pass; d in double). */
-LANES8_TARGET static void bn_sumsq8_avx512(const void *const p[CHAINS], bool bf16, int64_t hw, const double mu[CHAINS],
-                                       double ss[CHAINS])
-{
-    __m512d acc = _mm512_loadu_pd(ss);
-    const __m512d m = _mm512_loadu_pd(mu);
-    int64_t q = 0;
-    for (; q + 8 <= hw; q += 8) {
-        __m256 t[8];
-        planes_transpose8(p, bf16, q, t);
-        for (int e = 0; e < 8; e++) {
-            __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(t[e]), m);
-            acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
-        }
-    }
-    _mm512_storeu_pd(ss, acc);
-    for (int l = 0; l < CHAINS; l++)
-        for (int64_t r = q; r < hw; r++) {
-            double d = plane_elem(p[l], r, bf16) - mu[l];
-            ss[l] += d * d;
-        }
-}
-
-/* sdy[l] += dy, sdyx[l] += (double)dy * ((x - mu[l]) * rs[l]) (the product in fp32) for q < hw, in order
- * (bn_grad_sums); with ReLU planes yp (else NULL), dy is the ReLU backward's of it (+0 where y does not pass). */
-LANES8_TARGET static void bn_gradsum8_avx512(const void *const xp[CHAINS], const void *const dp[CHAINS],
-                                         const void *const yp[CHAINS], bool bf16, int64_t hw, const float mu[CHAINS],
-                                         const float rs[CHAINS], double sdy[CHAINS], double sdyx[CHAINS])
-{
-    __m512d a_dy = _mm512_loadu_pd(sdy), a_dyx = _mm512_loadu_pd(sdyx);
-    const __m256 m = _mm256_loadu_ps(mu), r = _mm256_loadu_ps(rs);
-    int64_t q = 0;
-    for (; q + 8 <= hw; q += 8) {
-        __m256 tx[8], td[8];
-        planes_transpose8(xp, bf16, q, tx);
-        planes_transpose8_masked(dp, yp, bf16, q, td);
-        for (int e = 0; e < 8; e++) {
-            __m512d dy = _mm512_cvtps_pd(td[e]);
-            __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(tx[e], m), r);
-            a_dy = _mm512_add_pd(a_dy, dy);
-            a_dyx = _mm512_add_pd(a_dyx, _mm512_mul_pd(dy, _mm512_cvtps_pd(xhat)));
-        }
-    }
-    _mm512_storeu_pd(sdy, a_dy);
-    _mm512_storeu_pd(sdyx, a_dyx);
-    for (int l = 0; l < CHAINS; l++)
-        for (int64_t e = q; e < hw; e++) {
-            float dv = plane_elem(dp[l], e, bf16), xv = plane_elem(xp[l], e, bf16);
-            if (yp && plane_elem(yp[l], e, bf16) <= 0.0f)
-                dv = 0.0f;
-            sdy[l] += dv;
-            sdyx[l] += (double)dv * ((xv - mu[l]) * rs[l]);
-        }
-}
-
 /* The 8 planes from element off0 of data (dtype dt: a tensor's, or bn_dy_planes' staging) as the vector kernels
  * read them: bf16 as it is stored, else as fp32 (load_f32: fp16 widened into buf's planes). Whether they are
  * bf16. */
@@ -2529,7 +2552,7 @@ HOT_LOOP static void bn_stats(const struct bn_job *j, int64_t ch0, int64_t lanes
         if (planes8_avx512(lanes)) {
             const void *v[CHAINS];
             bool bf16 = bn_planes(x->data, x->dtype, (size_t)((i * c + ch0) * hw), hw, xbuf, v);
-            bn_sumsq8_avx512(v, bf16, hw, mu, ss);
+            planes_sumsq8_avx512(v, bf16, hw, mu, ss);
             continue;
         }
 #endif
@@ -2729,7 +2752,7 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
             bn_planes(dy->data, dy->dtype, off, hw, NULL, dv);
             if (j->y)
                 bn_planes(j->y->data, j->y->dtype, off, hw, NULL, yv);
-            bn_gradsum8_avx512(xv, dv, j->y ? yv : NULL, bf16, hw, mu, rs, sdy, sdyx);
+            planes_gradsum8_avx512(xv, dv, j->y ? yv : NULL, NULL, bf16, hw, mu, rs, sdy, sdyx);
             continue;
         }
 #endif
@@ -2740,7 +2763,7 @@ HOT_LOOP static void bn_grad_sums(const struct bn_job *j, int64_t ch0, int64_t l
             const void *xv[CHAINS], *dv[CHAINS];
             bool bf16 = bn_planes(x->data, x->dtype, (size_t)((i * c + ch0) * hw), hw, xbuf, xv);
             bn_planes(dsrc, dy->dtype, doff, hw, dybuf, dv);
-            bn_gradsum8_avx512(xv, dv, NULL, bf16, hw, mu, rs, sdy, sdyx);
+            planes_gradsum8_avx512(xv, dv, NULL, NULL, bf16, hw, mu, rs, sdy, sdyx);
             continue;
         }
 #endif
