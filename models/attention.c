@@ -10,7 +10,8 @@
  *   softmax is fp32 inside the backend); y has the proj's dtype.
  *
  * transformer_block (pre-LN, GPT-2): x (N, T, C) -> y (N, T, C).
- *   h1 = ln1(x)                              "NAME/ln1/weight", "NAME/ln1/bias"      fp32 class
+ *   h1 = ln1(x)                              "NAME/ln1/weight", "NAME/ln1/bias"      fp32 class (stored in
+ *                                                                                     qkv's dtype: ln_out_dtype)
  *   r1 = x + attn(h1)                        "NAME/attn/qkv/...", "NAME/attn/proj/..." residual add
  *   h2 = ln2(r1)                             "NAME/ln2/weight", "NAME/ln2/bias"
  *   y  = r1 + proj(gelu(fc(h2)))             "NAME/mlp/fc/..." (rC, C), "NAME/mlp/proj/..." (C, rC)
@@ -339,6 +340,17 @@ static enum amp_status block_tensor(struct layer *l, struct layer_build *b, stru
     return st;
 }
 
+/* The dtype ln1's (ln2's) output is stored in. Its only reader is qkv (fc), which under autocast rounds its input to
+ * its compute dtype before anything else: the layernorm stores it rounded to that dtype instead (the same bits, from
+ * its fp32 values, without a conversion pass or an fp32 tensor; backward, the linear's dx reaches the layernorm in
+ * that dtype, widened exactly as the cast's backward would). Not for an fp8 linear, which casts the fp32 values
+ * themselves (and takes their amax). `ln_dt`: the layernorm's autocast dtype. */
+static enum dtype ln_out_dtype(const struct layer_build *b, enum dtype ln_dt)
+{
+    enum dtype linear_dt = autocast_dtype(b->policy, OP_LINEAR, ln_dt, ln_dt);
+    return b->fp8_layer && linear_dt != DT_FP32 ? ln_dt : linear_dt;
+}
+
 enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
 {
     int64_t C = 0, H = 1;
@@ -364,7 +376,7 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     if ((st = layer_reserve_params(l, b, 12)) != AMP_OK)
         return st;
     /* attention half */
-    enum dtype h1_dt = autocast_dtype(pol, OP_LAYERNORM, x_dt, x_dt);
+    enum dtype h1_dt = ln_out_dtype(b, autocast_dtype(pol, OP_LAYERNORM, x_dt, x_dt));
     if ((st = layernorm_op_setup(&p->ln1, l, b, "ln1/", C, eps, rows)) ||
         (st = block_tensor(l, b, &p->h1, &p->d_h1, h1_dt, C, "ln1 output")) ||
         (st = linear_op_setup(&p->qkv, l, b, "attn/qkv/", C, 3 * C, true, h1_dt, rows, PINIT_LINEAR_WEIGHT, NULL)) ||
@@ -380,7 +392,7 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     p->d_ln2x = scratch_reserve(b, r1_dt, (size_t)(rows * C));
     p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
     /* mlp half */
-    enum dtype h2_dt = autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt);
+    enum dtype h2_dt = ln_out_dtype(b, autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt));
     if ((st = layernorm_op_setup(&p->ln2, l, b, "ln2/", C, eps, rows)) ||
         (st = block_tensor(l, b, &p->h2, &p->d_h2, h2_dt, C, "ln2 output")) ||
         (st = linear_op_setup(&p->fc, l, b, "mlp/fc/", C, hidden, true, h2_dt, rows, PINIT_LINEAR_WEIGHT, NULL)) ||

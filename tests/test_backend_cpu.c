@@ -1236,7 +1236,8 @@ Test(backend_cpu, layernorm_all_equal_row_is_finite)
 /* Layernorm's outputs and sums as kernels/cpu/backend_cpu.c documents them, computed here one row at a time: each
  * row's double sums over its columns in order (mean, then squared deviations; backward: dxhat and dxhat * xhat),
  * everything else in fp32, compared bit for bit. Rows in groups of 8 and a rest (the backend takes 8 rows as the
- * lanes of a vector), columns 8k and 8k + 5 (its tail), with gamma/beta and without, fp32 and bf16; every other row
+ * lanes of a vector), columns 8k and 8k + 5 (its tail), with gamma/beta and without, x and dy fp32 and bf16, y also
+ * bf16 and fp16 (the fp32 y rounded once); every other row
  * opens with 2^60, seven 200s and -2^60, whose sum depends on the order (batchnorm_sums_in_their_documented_order),
  * the rest are random throughout (where the huge values would hide a wrong small term). */
 Test(backend_cpu, layernorm_outputs_are_their_formulas_to_the_bit)
@@ -1267,9 +1268,19 @@ Test(backend_cpu, layernorm_outputs_are_their_formulas_to_the_bit)
                 struct tensor *b = affine ? tfrom(DT_FP32, (size_t)cols, hb) : NULL;
                 struct tensor *y = tnew(DT_FP32, cnt), *dx = tnew(DT_FP32, cnt);
                 struct tensor *mean = tnew(DT_FP32, (size_t)rows), *rstd = tnew(DT_FP32, (size_t)rows);
+                struct tensor *y16 = tnew(DT_BF16, cnt), *yh = tnew(DT_FP16, cnt);
+                be->layernorm_forward(be, &a, y16, mean, rstd, x, g, b);
+                be->layernorm_forward(be, &a, yh, mean, rstd, x, g, b);
                 be->layernorm_forward(be, &a, y, mean, rstd, x, g, b);
                 be->layernorm_backward(be, &a, dx, NULL, NULL, dy, x, mean, rstd, g, 0.0f);
                 const float *gy = y->data, *gdx = dx->data, *gm = mean->data, *gr = rstd->data;
+                /* a 16-bit y is the fp32 one rounded once (the transformer block stores ln1/ln2's output so:
+                 * models/attention.c, ln_out_dtype) */
+                for (size_t k = 0; k < cnt; k++)
+                    cr_assert(((uint16_t *)y16->data)[k] == bf16_from_fp32(gy[k]) &&
+                                  ((uint16_t *)yh->data)[k] == fp16_from_fp32(gy[k]),
+                              "cols %lld %s affine %d element %zu: a 16-bit y is not the fp32 one rounded",
+                              (long long)cols, dtype_name(dts[d]), affine, k);
                 for (int64_t r = 0; r < rows; r++) {
                     const float *xr = hx + r * cols, *dyr = hdy + r * cols;
                     double s = 0.0, ss = 0.0, s1 = 0.0, s2 = 0.0;
