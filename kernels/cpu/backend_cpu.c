@@ -3360,43 +3360,42 @@ struct loss_job {
  * twice what these add up to, with libm's exp and log taken within 1 ulp (2u; glibc's are within 0.52):
  * each sum within (K + 2)u resp. (K + EXP_F64_ERR)u of the exact one (positive terms, any order), so the
  * logs within about (2K + 66)u of each other, log's rounding 2u|L| in each, lse's own u|lse| in each.
- * Then the loss (lse - x[label]) is within 2 d_lse + 4u|loss|, and each probability within a relative
- * 2 (d_lse + 2u|x - lse|) + 140u (exp_f64's 64 and libm's 2, and the ends' roundings): wherever that whole
+ * Then the loss (lse - x[label]) is within 2 d_lse + 4u|loss|. Each probability is taken as the sum's own term
+ * times exp(-L) (libm), e^(x - m) e^-L, against the formula's e^fl(x - fl(m + L)): the exponents differ by the
+ * logs' difference and the roundings of x - m, m + L and x - lse (at most d_lse / 2 + u (|x - m| + |x - lse|)), the
+ * factors by exp_f64's 64u, libm's 2u twice and the product's u, so it is within a relative
+ * 2 (d_lse + 2u (|x - m| + |x - lse|)) + 140u (the ends' roundings in the margin): wherever that whole
  * interval rounds to one fp32 (f32_of_interval) it is the formula's fp32. Where one does not (about one
  * value in 10^6; losses near 0, whose fp32 is finer than d_lse), or anything is not finite (NaN, +-Inf
  * reach the check as NaN), the row is recomputed by the formula. Only bits the formula gives are written.
  */
 
-/* sum of exp(x[k] - m): the exps in blocks of 256 (a vector loop), summed in eight running sums side by side
- * (padded with +0, which leaves a sum of non-negative terms as it is). */
-HOT_LOOP static double xent_exp_sum(const float *x, float m, int64_t K)
+/* e[k] = exp(x[k] - m) (a vector loop) and their sum, in eight running sums side by side. */
+HOT_LOOP static double xent_exp_sum(double *e, const float *x, float m, int64_t K)
 {
-    double acc[8] = { 0 }, e[256];
-    for (int64_t k0 = 0; k0 < K; k0 += 256) {
-        const int n = K - k0 < 256 ? (int)(K - k0) : 256, n8 = (n + 7) & ~7;
-        for (int l = 0; l < n; l++)
-            e[l] = exp_f64((double)x[k0 + l] - (double)m);
-        for (int l = n; l < n8; l++)
-            e[l] = 0.0;
-        for (int l = 0; l < n8; l += 8)
-            for (int i = 0; i < 8; i++)
-                acc[i] += e[l + i];
-    }
+    for (int64_t k = 0; k < K; k++)
+        e[k] = exp_f64((double)x[k] - (double)m);
+    double acc[8] = { 0 };
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int i = 0; i < 8; i++)
+            acc[i] += e[k + i];
+    for (; k < K; k++)
+        acc[k & 7] += e[k];
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-/* The gradient row d[k] = (p_k - [k == label]) g from exp_f64, p_k the fp32 that the whole interval of
- * the formula's exp(x[k] - lse) rounds to; whether every p_k had one. */
-HOT_LOOP static bool xent_fast_grad(float *d, const float *x, double lse, double d_lse, int64_t K, int32_t label,
-                                    float g)
+/* The gradient row d[k] = (p_k - [k == label]) g, p_k the fp32 that the whole interval around e[k] exp(-L) (= exp(x[k]
+ * - m - L)) rounds to; whether every p_k had one. E = exp(-L) from libm. */
+HOT_LOOP static bool xent_fast_grad(float *d, const double *e, const float *x, float m, double lse, double E,
+                                    double d_lse, int64_t K, int32_t label, float g)
 {
     const double u = 0x1p-53;
     int ok = 1;
     for (int64_t k = 0; k < K; k++) {
-        const double a = (double)x[k] - lse;
-        const double p = exp_f64(a);
+        const double p = e[k] * E, a = fabs((double)x[k] - (double)m) + fabs((double)x[k] - lse);
         float pf;
-        ok &= f32_of_interval(p, p * (2.0 * (d_lse + 2.0 * u * fabs(a)) + 140.0 * u), &pf);
+        ok &= f32_of_interval(p, p * (2.0 * (d_lse + 2.0 * u * a) + 140.0 * u), &pf);
         d[k] = (pf - (k == label ? 1.0f : 0.0f)) * g;
     }
     return ok;
@@ -3418,11 +3417,12 @@ static void xent_row_libm(const float *x, float mx, int64_t K, int32_t label, bo
         }
 }
 
-/* One row by exp_f64 and the bound above; false (outputs partly written) where the formula must decide. */
-static bool xent_row_fast(const float *x, float mx, int64_t K, int32_t label, float *loss, float *d, float g)
+/* One row by exp_f64 and the bound above; false (outputs partly written) where the formula must decide. e: K
+ * doubles of scratch. */
+static bool xent_row_fast(double *e, const float *x, float mx, int64_t K, int32_t label, float *loss, float *d, float g)
 {
     const double u = 0x1p-53;
-    const double L = log(xent_exp_sum(x, mx, K));
+    const double L = log(xent_exp_sum(e, x, mx, K));
     const double lse = (double)mx + L;
     const double d_lse = 2.0 * u * (2.0 * (double)K + 80.0 + 4.0 * fabs(L) + 3.0 * fabs(lse));
     const double lv = lse - (double)x[label];
@@ -3431,7 +3431,7 @@ static bool xent_row_fast(const float *x, float mx, int64_t K, int32_t label, fl
         return false;
     if (loss)
         *loss = lf;
-    return !d || xent_fast_grad(d, x, lse, d_lse, K, label, g);
+    return !d || xent_fast_grad(d, e, x, mx, lse, exp(-L), d_lse, K, label, g);
 }
 
 /* A label outside [0, K) is a programming error (the data module validates labels): debug builds
@@ -3442,6 +3442,7 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
     const struct loss_job *j = arg;
     int64_t K = j->K, i0 = chunk * j->rows_per, i1 = i0 + j->rows_per < j->N ? i0 + j->rows_per : j->N;
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *db = wscratch(j->cb, worker, WSCR_TMP1);
+    double *e = (double *)(void *)wscratch(j->cb, worker, WSCR_TMP2);
     struct tensor *dlogits = j->grad;
     for (int64_t i = i0; i < i1; i++) {
         const float *x = load_f32(j->x->data, j->x->dtype, (size_t)(i * K), (size_t)K, xb);
@@ -3459,7 +3460,7 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
             j->correct[i] = ok && arg_max == label;
         float *loss = j->losses ? &j->losses[i] : NULL;
         float *d = dlogits ? out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db) : NULL;
-        if (!ok || !xent_row_fast(x, mx, K, label, loss, d, j->g))
+        if (!ok || !xent_row_fast(e, x, mx, K, label, loss, d, j->g))
             xent_row_libm(x, mx, K, label, ok, loss, d, j->g);
         if (d)
             store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
@@ -3475,7 +3476,8 @@ static void cpu_xent_forward_backward(struct backend *be, struct tensor *losses,
     assert(!losses || (losses->dtype == DT_FP32 && (int64_t)losses->numel >= N));
     assert(!dlogits || (int64_t)dlogits->numel == N * K);
     if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)K * sizeof(float)) ||
-        !wscratch_reserve(cb, WSCR_TMP1, (size_t)K * sizeof(float)))
+        !wscratch_reserve(cb, WSCR_TMP1, (size_t)K * sizeof(float)) ||
+        !wscratch_reserve(cb, WSCR_TMP2, (size_t)K * sizeof(double)))
         return;
     assert(!dlogits || grad_seed);
     struct loss_job j = { .cb = cb, .losses = losses ? (float *)losses->data : NULL, .correct = correct,
