@@ -75,20 +75,13 @@ static inline double exp_f64(double a)
     memcpy(&ki, &kd, sizeof ki);
     const double n = kd - shift;
     const double r = (a - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+    static const double inv_factorial[13] = { /* 1/12!, 1/11!, ..., 1/1!, 1/0!: Horner's coefficients after 1/13! */
+        1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+        1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0
+    };
     double e = 1.0 / 6227020800.0;
-    e = e * r + 1.0 / 479001600.0;
-    e = e * r + 1.0 / 39916800.0;
-    e = e * r + 1.0 / 3628800.0;
-    e = e * r + 1.0 / 362880.0;
-    e = e * r + 1.0 / 40320.0;
-    e = e * r + 1.0 / 5040.0;
-    e = e * r + 1.0 / 720.0;
-    e = e * r + 1.0 / 120.0;
-    e = e * r + 1.0 / 24.0;
-    e = e * r + 1.0 / 6.0;
-    e = e * r + 0.5;
-    e = e * r + 1.0;
-    e = e * r + 1.0;
+    for (int i = 0; i < 13; i++)
+        e = e * r + inv_factorial[i];
     const uint64_t sbits = (ki << 52) + ((uint64_t)1023 << 52); /* ki's low bits: n, two's complement */
     double scale;
     memcpy(&scale, &sbits, sizeof scale);
