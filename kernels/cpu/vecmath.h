@@ -1,6 +1,6 @@
 /*
  * vecmath.h — elementary functions for the CPU backend's hot loops, written in plain operations (no libm
- * calls, no table lookups) so GCC vectorises the loops that call them.
+ * calls, no lookups indexed by the data) so GCC vectorises the loops that call them.
  *
  * glibc's tanhf is a scalar call; inside the GELU loops it was 43% of a text_gpt step. These run
  * in every HOT_LOOP clone (backend_cpu.c) in the same order of the same IEEE operations (ISO C mode:
@@ -52,14 +52,13 @@ static inline float tanh_f32(float u)
     return copysignf(a < 0.55f ? small : big, u); /* odd: computed for |u|, so -0 stays -0 */
 }
 
-
 /*
- * exp(a) in double for a <= 1 (cross-entropy's exponents, all <= 0 up to rounding), within EXP_F64_ERR
- * units of 2^-53 relative to the exact value for a in [-708, 1]; 0 below -708 (and for -Inf); NaN gives
- * NaN; above 1 it is not exp (2^n's exponent would wrap from n = 1024 on). As 2^n exp(r): n = round(a / ln 2) (the 1.5 * 2^52 shift, whose low bits then hold n),
- * r = a - n ln 2 with ln 2 in two parts (n ln2_hi exact for |n| < 2^20, the subtraction exact by
- * Sterbenz), exp(r) by its degree-13 Taylor polynomial in Horner form (|r| <= 0.3466: truncation below
- * 0.08 units); 2^n from its exponent bits, n in [-1022, 1].
+ * exp(a) in double for a <= 1 (cross-entropy's exponents, all <= 0 up to rounding), within EXP_F64_ERR units of
+ * 2^-53 relative to the exact value for a in [-708, 1]; 0 below -708 (and for -Inf); NaN gives NaN; above 1 it is
+ * not exp (2^n's exponent would wrap from n = 1024 on). As 2^n exp(r): n = round(a / ln 2) (the 1.5 * 2^52 shift,
+ * whose low bits then hold n), r = a - n ln 2 with ln 2 in two parts (n ln2_hi exact for |n| < 2^20, the
+ * subtraction exact by Sterbenz), exp(r) by its degree-13 Taylor polynomial in Horner form (|r| <= 0.3466:
+ * truncation below 0.08 units); 2^n from its exponent bits, n in [-1021, 1] (a normal double).
  * The bound: Horner's 26 roundings (no FMA) cost at most 26 units times sum|c_i r^i| / exp(r) <= e^0.7 = 2,
  * the rounded coefficients 2 units, r's rounding 0.4, the truncation 0.08: under 57, taken as 64.
  * tests/test_vecmath.c measures the worst over a dense sweep: 2.0 units against libm.
