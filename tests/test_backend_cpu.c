@@ -2062,17 +2062,18 @@ static void xent_formula(const float *x, int64_t K, int32_t label, float g, floa
     }
 }
 
-/* Rows of every kind, each K around the backend's blocks of 8 and 256: logits of small and huge spread,
+/* Rows of every kind, each K around the backend's blocks of 8 and 256 and GPT-2's 50257 (whose bound sends most
+ * rows to xent_row_settle): logits of small and huge spread,
  * around 0 and far from it, the label ahead by a margin (losses near 0: the fast rows' interval is wider
  * than their fp32 there, so the formula decides; there lse's roundings show in the loss), -Inf logits, a
  * NaN, on 1 and 2 threads; losses and dlogits must be the formula's bits. */
 Test(backend_cpu, xent_is_its_formula_to_the_bit)
 {
     seed(22);
-    const int64_t Ks[] = { 1, 2, 3, 7, 8, 9, 255, 256, 257, 600, 1000 };
+    const int64_t Ks[] = { 1, 2, 3, 7, 8, 9, 255, 256, 257, 600, 1000, 50257 }; /* the last GPT-2's vocabulary */
     const float spreads[] = { 1e-3f, 0.5f, 4.0f, 30.0f, 300.0f };
     for (size_t ik = 0; ik < sizeof Ks / sizeof Ks[0]; ik++) {
-        const int64_t K = Ks[ik], N = K >= 255 ? 160 : 2000;
+        const int64_t K = Ks[ik], N = K > 1000 ? 40 : K >= 255 ? 160 : 2000;
         const size_t n = (size_t)(N * K);
         float *hl = falloc(n);
         int32_t *hlab = malloc((size_t)N * sizeof(int32_t));

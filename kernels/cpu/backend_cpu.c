@@ -3366,8 +3366,9 @@ struct loss_job {
  * factors by exp_f64's 64u, libm's 2u twice and the product's u, so it is within a relative
  * 2 (d_lse + 2u (|x - m| + |x - lse|)) + 140u (the ends' roundings in the margin): wherever that whole
  * interval rounds to one fp32 (f32_of_interval) it is the formula's fp32. Where one does not (about one
- * value in 10^6; losses near 0, whose fp32 is finer than d_lse), or anything is not finite (NaN, +-Inf
- * reach the check as NaN), the row is recomputed by the formula. Only bits the formula gives are written.
+ * value in 10^6 at K = 256, one in 10^3 at K = 50257; losses near 0, whose fp32 is finer than d_lse), or anything
+ * is not finite (NaN, +-Inf reach the check as NaN), xent_row_settle takes the row from the formula's own lse.
+ * Only bits the formula gives are written.
  */
 
 /* e[k] = exp(x[k] - m) (a vector loop) and their sum, in eight running sums side by side. */
@@ -3417,6 +3418,44 @@ static void xent_row_libm(const float *x, float mx, int64_t K, int32_t label, bo
         }
 }
 
+/* The gradient row from the formula's own lse: each p as exp_f64 of the formula's exponent, kept where its interval
+ * (exp_f64's 64u, libm's 2u, the ends) rounds to one fp32; whether every one did. */
+HOT_LOOP static bool xent_exact_grad(float *d, const float *x, double lse, int64_t K, int32_t label, float g)
+{
+    const double u = 0x1p-53;
+    int ok = 1;
+    for (int64_t k = 0; k < K; k++) {
+        const double p = exp_f64((double)x[k] - lse);
+        float pf;
+        ok &= f32_of_interval(p, p * (140.0 * u), &pf);
+        d[k] = (pf - (k == label ? 1.0f : 0.0f)) * g;
+    }
+    return ok;
+}
+
+/* A row the fast path could not settle, by the formula's lse itself (libm's sum: the formula's half that a wide
+ * interval cannot stand in for), then the probabilities through xent_exact_grad, libm's exp only for those whose
+ * interval still straddles a rounding boundary. The formula's bits; for large K (GPT-2's 50257, where the sum's
+ * bound of K roundings makes most rows land here) one libm pass a row instead of two. */
+static void xent_row_settle(const float *x, float mx, int64_t K, int32_t label, float *loss, float *d, float g)
+{
+    const double u = 0x1p-53;
+    double sum = 0.0;
+    for (int64_t k = 0; k < K; k++)
+        sum += exp((double)x[k] - (double)mx);
+    const double lse = (double)mx + log(sum);
+    if (loss)
+        *loss = (float)(lse - (double)x[label]);
+    if (!d || xent_exact_grad(d, x, lse, K, label, g))
+        return;
+    for (int64_t k = 0; k < K; k++) {
+        const double a = (double)x[k] - lse, p = exp_f64(a);
+        float pf;
+        if (!f32_of_interval(p, p * (140.0 * u), &pf))
+            d[k] = ((float)exp(a) - (k == label ? 1.0f : 0.0f)) * g;
+    }
+}
+
 /* One row by exp_f64 and the bound above; false (outputs partly written) where the formula must decide. e: K
  * doubles of scratch. */
 static bool xent_row_fast(double *e, const float *x, float mx, int64_t K, int32_t label, float *loss, float *d, float g)
@@ -3433,6 +3472,11 @@ static bool xent_row_fast(double *e, const float *x, float mx, int64_t K, int32_
         *loss = lf;
     return !d || xent_fast_grad(d, e, x, mx, lse, exp(-L), d_lse, K, label, g);
 }
+
+/* Rows longer than this go straight to xent_row_settle: d_lse grows with K, and from about 8 Ki logits a row
+ * expects one probability or more whose interval straddles a rounding boundary (about K^2 / 2^26 of them), so the
+ * fast attempt would mostly be wasted work. */
+#define XENT_FAST_MAX_K 8192
 
 /* A label outside [0, K) is a programming error (the data module validates labels): debug builds
  * abort; release builds give that sample a NaN loss, correct 0 and no one-hot term, so the non-finite
@@ -3460,8 +3504,10 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
             j->correct[i] = ok && arg_max == label;
         float *loss = j->losses ? &j->losses[i] : NULL;
         float *d = dlogits ? out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db) : NULL;
-        if (!ok || !xent_row_fast(e, x, mx, K, label, loss, d, j->g))
+        if (!ok)
             xent_row_libm(x, mx, K, label, ok, loss, d, j->g);
+        else if (K > XENT_FAST_MAX_K || !xent_row_fast(e, x, mx, K, label, loss, d, j->g))
+            xent_row_settle(x, mx, K, label, loss, d, j->g);
         if (d)
             store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
     }

@@ -69,7 +69,7 @@ static inline float tanh_f32(float u)
 static inline double exp_f64(double a)
 {
     const double shift = 0x1.8p52;
-    const double kd = a * 1.4426950408889634 + shift; /* below -708 what follows is replaced by 0 */
+    const double kd = a * 1.4426950408889634 + shift; /* below -708 what follows is masked to 0 */
     uint64_t ki;
     memcpy(&ki, &kd, sizeof ki);
     const double n = kd - shift;
@@ -82,9 +82,16 @@ static inline double exp_f64(double a)
     for (int i = 0; i < 13; i++)
         e = e * r + inv_factorial[i];
     const uint64_t sbits = (ki << 52) + ((uint64_t)1023 << 52); /* ki's low bits: n, two's complement */
-    double scale;
+    double scale, v;
     memcpy(&scale, &sbits, sizeof scale);
-    return a < -708.0 ? 0.0 : e * scale;
+    v = e * scale;
+    /* below -708 +0 by a mask, not a select: GCC turned the select into a branch around the whole computation in
+     * some callers' loops and left them scalar ("control flow in loop") */
+    uint64_t vb;
+    memcpy(&vb, &v, sizeof vb);
+    vb &= -(uint64_t)!(a < -708.0); /* NaN: kept */
+    memcpy(&v, &vb, sizeof v);
+    return v;
 }
 
 /*
