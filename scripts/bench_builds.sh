@@ -31,17 +31,17 @@ clock=${CLOCK:-wall}
 [ "$clock" = wall ] || [ "$clock" = cpu ] || { echo "bench_builds: CLOCK is wall or cpu, not '$clock'" >&2; exit 2; }
 rate() { # BIN MODEL MODE THREADS STEPS OUT
   local line cpu TIMEFORMAT='%U %S'
+  local cmd=("${launch[@]}" "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu
+             "run.threads=$4" run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$6")
   if [ "$clock" = cpu ]; then
     # bash's time of the whole command: user and system seconds; samples = steps x the model's batch
-    cpu=$({ time "${launch[@]}" "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu \
-      "run.threads=$4" run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$6" > "$6.log" 2>&1; } 2>&1)
+    cpu=$({ time "${cmd[@]}" > "$6.log" 2>&1; } 2>&1)
     line=$(sed -n 's/^train: \([0-9]*\) steps, \([0-9]*\) samples .*/\2/p' "$6.log")
     [ -n "$line" ] || return 0
     echo "$cpu" | awk -v n="$line" '{printf "%.1f\n", n / ($1 + $2)}'
     return 0
   fi
-  "${launch[@]}" "$1" run "$(config_of "$2")" "run.steps=$5" run.epochs=0 "precision.mode=$3" run.device=cpu "run.threads=$4" \
-    run.log_every=100000 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$6" |
+  "${cmd[@]}" |
     sed -n 's/^train: .*: \([0-9.]*\) samples\/s$/\1/p'
 }
 for model in $models; do

@@ -2062,11 +2062,11 @@ static void xent_formula(const float *x, int64_t K, int32_t label, float g, floa
     }
 }
 
-/* Rows of every kind, each K around the backend's blocks of 8 and 256 and GPT-2's 50257 (whose bound sends most
- * rows to xent_row_settle): logits of small and huge spread,
- * around 0 and far from it, the label ahead by a margin (losses near 0: the fast rows' interval is wider
- * than their fp32 there, so the formula decides; there lse's roundings show in the loss), -Inf logits, a
- * NaN, on 1 and 2 threads; losses and dlogits must be the formula's bits. */
+/* Rows of every kind, each K around the backend's blocks of 8 and 256 and GPT-2's 50257 (whose rows go straight to
+ * xent_row_formula): logits of small and huge spread, around 0 and far from it, the label ahead by a margin
+ * (losses near 0: the fast rows' interval is wider than their fp32 there, so the formula decides; there lse's
+ * roundings show in the loss), -Inf logits, a NaN, on 1 and 2 threads; losses and dlogits must be the formula's
+ * bits. */
 Test(backend_cpu, xent_is_its_formula_to_the_bit)
 {
     seed(22);

@@ -1955,9 +1955,6 @@ static inline int32_t window_argmax(const float *plane, int64_t w_in, int64_t h0
 }
 
 #ifdef HAVE_AVX512_INTRIN
-/* window_argmax of the windows 2x2 / stride 2 of one row, 16 at a time (the last group masked): the four
- * candidates of each window (row-major order) deinterleaved from two 32-float loads per row, then taken in
- * window_argmax's order with its rule (larger, or NaN), so the same index. */
 /* ld16 / st16 (ld16m / st16m: some lanes): 16 values of an fp32 or bf16 plane as fp32 lanes and back, bf16 widened
  * exactly and rounded as store_f32 rounds (bf16_lanes.h); the one-pass planes' loads and stores, the max pool's
  * backward and batchnorm's (ld1 / st1: one element, as the scalar loops load and store_f32 stores it). */
@@ -2006,6 +2003,9 @@ static inline void st1(void *p, int64_t e, float v, bool bf16)
         ((float *)p)[e] = v;
 }
 
+/* window_argmax of the windows 2x2 / stride 2 of one row, 16 at a time (the last group masked): the four
+ * candidates of each window (row-major order) deinterleaved from two 32-float loads per row, then taken in
+ * window_argmax's order with its rule (larger, or NaN), so the same index. */
 __attribute__((target("avx512f"))) static void maxpool_row_2x2_avx512(const float *plane, int64_t w_in, int64_t h0,
                                                                       int64_t w0, int64_t count, int32_t *arg)
 {
@@ -3352,7 +3352,7 @@ struct loss_job {
 };
 
 /*
- * Cross-entropy's bits are those of its scalar formula (xent_row_libm): libm's double exp over the row,
+ * Cross-entropy's bits are those of its scalar formula (xent_row_formula): libm's double exp over the row,
  * log of the sum, then each probability as fp32 of exp(x - lse). xent_row_fast gets the same bits in a
  * fraction of the time, or says it cannot: it sums vectorised exp_f64 (vecmath.h, within EXP_F64_ERR units)
  * instead of libm's, so its lse is a little off the formula's, by at most
@@ -3367,7 +3367,7 @@ struct loss_job {
  * 2 (d_lse + 2u (|x - m| + |x - lse|)) + 140u (the ends' roundings in the margin): wherever that whole
  * interval rounds to one fp32 (f32_of_interval) it is the formula's fp32. Where one does not (about one
  * value in 10^6 at K = 256, one in 10^3 at K = 50257; losses near 0, whose fp32 is finer than d_lse), or anything
- * is not finite (NaN, +-Inf reach the check as NaN), xent_row_settle takes the row from the formula's own lse.
+ * is not finite (NaN, +-Inf reach the check as NaN), xent_row_formula takes the row from the formula's own lse.
  * Only bits the formula gives are written.
  */
 
@@ -3402,22 +3402,6 @@ HOT_LOOP static bool xent_fast_grad(float *d, const double *e, const float *x, f
     return ok;
 }
 
-/* One row by the formula: the bits every other path must give. */
-static void xent_row_libm(const float *x, float mx, int64_t K, int32_t label, bool ok, float *loss, float *d, float g)
-{
-    double sum = 0.0;
-    for (int64_t k = 0; k < K; k++)
-        sum += exp((double)x[k] - (double)mx);
-    double lse = (double)mx + log(sum);
-    if (loss)
-        *loss = ok ? (float)(lse - (double)x[label]) : NAN;
-    if (d)
-        for (int64_t k = 0; k < K; k++) {
-            float p = (float)exp((double)x[k] - lse);
-            d[k] = (p - (k == label ? 1.0f : 0.0f)) * g;
-        }
-}
-
 /* The gradient row from the formula's own lse: each p as exp_f64 of the formula's exponent, kept where its interval
  * (exp_f64's 64u, libm's 2u, the ends) rounds to one fp32; whether every one did. */
 HOT_LOOP static bool xent_exact_grad(float *d, const float *x, double lse, int64_t K, int32_t label, float g)
@@ -3433,11 +3417,13 @@ HOT_LOOP static bool xent_exact_grad(float *d, const float *x, double lse, int64
     return ok;
 }
 
-/* A row the fast path could not settle, by the formula's lse itself (libm's sum: the formula's half that a wide
- * interval cannot stand in for), then the probabilities through xent_exact_grad, libm's exp only for those whose
- * interval still straddles a rounding boundary. The formula's bits; for large K (GPT-2's 50257, where the sum's
- * bound of K roundings makes most rows land here) one libm pass a row instead of two. */
-static void xent_row_settle(const float *x, float mx, int64_t K, int32_t label, float *loss, float *d, float g)
+/* One row by the formula, the bits every other path must give: libm's sum and log, so the formula's lse itself, then
+ * the probabilities through xent_exact_grad, libm's exp only for those whose interval still straddles a rounding
+ * boundary. For rows the fast path could not settle, rows of large K (GPT-2's 50257, where the sum's bound of K
+ * roundings would send most rows here: one libm pass a row instead of two) and labels outside [0, K) (ok false: a
+ * NaN loss, no one-hot term). */
+static void xent_row_formula(const float *x, float mx, int64_t K, int32_t label, bool ok, float *loss, float *d,
+                             float g)
 {
     const double u = 0x1p-53;
     double sum = 0.0;
@@ -3445,7 +3431,7 @@ static void xent_row_settle(const float *x, float mx, int64_t K, int32_t label, 
         sum += exp((double)x[k] - (double)mx);
     const double lse = (double)mx + log(sum);
     if (loss)
-        *loss = (float)(lse - (double)x[label]);
+        *loss = ok ? (float)(lse - (double)x[label]) : NAN;
     if (!d || xent_exact_grad(d, x, lse, K, label, g))
         return;
     for (int64_t k = 0; k < K; k++) {
@@ -3473,7 +3459,7 @@ static bool xent_row_fast(double *e, const float *x, float mx, int64_t K, int32_
     return !d || xent_fast_grad(d, e, x, mx, lse, exp(-L), d_lse, K, label, g);
 }
 
-/* Rows longer than this go straight to xent_row_settle: d_lse grows with K, and from about 8 Ki logits a row
+/* Rows longer than this go straight to xent_row_formula: d_lse grows with K, and from about 8 Ki logits a row
  * expects one probability or more whose interval straddles a rounding boundary (about K^2 / 2^26 of them), so the
  * fast attempt would mostly be wasted work. */
 #define XENT_FAST_MAX_K 8192
@@ -3504,10 +3490,8 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
             j->correct[i] = ok && arg_max == label;
         float *loss = j->losses ? &j->losses[i] : NULL;
         float *d = dlogits ? out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db) : NULL;
-        if (!ok)
-            xent_row_libm(x, mx, K, label, ok, loss, d, j->g);
-        else if (K > XENT_FAST_MAX_K || !xent_row_fast(e, x, mx, K, label, loss, d, j->g))
-            xent_row_settle(x, mx, K, label, loss, d, j->g);
+        if (!ok || K > XENT_FAST_MAX_K || !xent_row_fast(e, x, mx, K, label, loss, d, j->g))
+            xent_row_formula(x, mx, K, label, ok, loss, d, j->g);
         if (d)
             store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
     }

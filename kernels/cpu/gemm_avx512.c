@@ -68,11 +68,11 @@
 #define AMP_GEMM_AVX512_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
-
-#include "bf16_lanes.h" /* bf16 lanes widened and rounded, shared with backend_cpu.c */
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "bf16_lanes.h" /* bf16 lanes widened and rounded, shared with backend_cpu.c */
 #endif
 
 #define MR 12
