@@ -4,7 +4,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "runlog.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -41,7 +43,63 @@ static enum amp_status make_dirs(const char *path, struct amp_error *err)
     return AMP_OK;
 }
 
-enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, bool append,
+/* The files a run writes into its run.out_dir (besides .tmp files of a save in progress): a directory that holds
+ * one of them holds a run. `which` gets the first one found. */
+static bool holds_run(const char *dir, char *which, size_t len)
+{
+    static const char *const files[] = {"scale_log.csv", "config.yaml", "latest", "eval.jsonl", "numerics.csv"};
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        found = strncmp(e->d_name, "ckpt-", 5) == 0 && n > 8 && strcmp(e->d_name + n - 3, ".h5") == 0;
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+            found = found || strcmp(e->d_name, files[i]) == 0;
+        if (found)
+            snprintf(which, len, "%s/%s", dir, e->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
+/* Whether `dir` is the directory that holds the checkpoint file `ckpt` (the same directory, however named). */
+static bool is_checkpoint_dir(const char *dir, const char *ckpt)
+{
+    char buf[CFG_STR + 64];
+    snprintf(buf, sizeof buf, "%s", ckpt);
+    struct stat a, b;
+    return stat(dirname(buf), &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* A run writes only into a directory that holds no run, or, resuming, into its checkpoint's own directory:
+ * never over another run's checkpoints, `latest` and config.yaml. */
+static enum amp_status claim_dir(const char *dir, const char *resume, bool *append, struct amp_error *err)
+{
+    char which[CFG_STR + 300];
+    *append = false;
+    if (resume && is_checkpoint_dir(dir, resume)) {
+        snprintf(which, sizeof which, "%s/scale_log.csv", dir);
+        *append = access(which, F_OK) == 0;
+        return AMP_OK;
+    }
+    if (!holds_run(dir, which, sizeof which))
+        return AMP_OK;
+    if (resume)
+        return amp_fail(err, AMP_ERR_CONFIG,
+                        "resume into the checkpoint's own directory (leave run.out_dir as the checkpoint's), or give "
+                        "run.out_dir=NEW for a directory that holds no run",
+                        "resume: run.out_dir '%s' holds another run (%s exists), not the one %s belongs to; refusing "
+                        "to write over it", dir, which, resume);
+    return amp_fail(err, AMP_ERR_CONFIG,
+                    "choose another directory (run.out_dir=...), remove the old run, or continue it with "
+                    "'ampTrain resume'",
+                    "run.out_dir '%s' already holds a run (%s exists); refusing to overwrite it", dir, which);
+}
+
+enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, const char *resume,
                             struct amp_error *err)
 {
     memset(rl, 0, sizeof *rl);
@@ -52,16 +110,14 @@ enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t
     rl->total_steps = total_steps;
     rl->t_start = runlog_now();
 
+    bool append = false;
     enum amp_status st = make_dirs(rl->dir, err);
+    if (st == AMP_OK)
+        st = claim_dir(rl->dir, resume, &append, err);
     if (st != AMP_OK)
         return st;
     char path[CFG_STR + 32];
     snprintf(path, sizeof path, "%s/scale_log.csv", rl->dir);
-    if (!append && access(path, F_OK) == 0)
-        return amp_fail(err, AMP_ERR_CONFIG,
-                        "choose another directory (run.out_dir=...), remove the old run, or continue it with "
-                        "'ampTrain resume'",
-                        "run.out_dir '%s' already holds a run (%s exists); refusing to overwrite it", rl->dir, path);
     rl->scale_csv = fopen(path, append ? "a" : "w");
     if (!rl->scale_csv)
         return amp_fail(err, AMP_ERR_INTERNAL, "check run.out_dir and its permissions", "cannot write %s: %s", path,

@@ -58,9 +58,11 @@ struct runlog {
     double t_start;
 };
 
-/* Create the run directory (refusing one that already holds a run's scale_log.csv unless `append`),
- * write config.yaml, open scale_log.csv. */
-enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, bool append,
+/* Create the run directory, write config.yaml, open scale_log.csv. A directory that already holds a run
+ * (scale_log.csv, config.yaml, latest, eval.jsonl, numerics.csv or a ckpt-*.h5) is refused (exit 2), except,
+ * when `resume` names the checkpoint being continued, the checkpoint's own directory, whose scale_log.csv is
+ * appended to. */
+enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, const char *resume,
                             struct amp_error *err);
 enum amp_status runlog_step(struct runlog *rl, const struct step_record *r, struct amp_error *err);
 

@@ -750,11 +750,8 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         err->agreed = t.world > 1;
     }
     if (st == AMP_OK && comm->rank == 0) {
-        /* Resuming into a directory without a log (run.out_dir changed) starts a fresh log with a header. */
-        char csv[CFG_STR + 32];
-        snprintf(csv, sizeof csv, "%s/scale_log.csv", cfg->run.out_dir);
-        bool append = resume && access(csv, F_OK) == 0;
-        st = runlog_open(&t.log, cfg, t.total_steps, append, err);
+        /* Resuming into a new directory (run.out_dir changed) starts a fresh log with a header. */
+        st = runlog_open(&t.log, cfg, t.total_steps, resume, err);
         if (comm->world > 1) /* mpirun gives ranks a pty whatever its own output is: plain lines */
             t.log.tty = false;
     }

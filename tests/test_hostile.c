@@ -513,8 +513,8 @@ Test(hostile, resuming_into_bf16_refuses_a_value_beyond_bf16s_range)
     cr_assert(strstr(r.out, "tensor /model/fc1/bias holds 3.4e+38 at element 7, beyond bf16's range"), "%s", r.out);
     cr_assert(strstr(r.out, "precision.master_weights=fp32"), "the hint says how to keep it: %s", r.out);
     cr_assert(strstr(r.out, "rounded to nearest bf16 once at load"), "the conversion is announced: %s", r.out);
-    /* kept in fp32, the same file resumes */
-    r = amp("resume %s run.steps=11", p);
+    /* kept in fp32, the same file resumes (into a directory of its own: the copy is not in base's) */
+    r = amp("resume %s run.steps=11 run.out_dir=%s/beyond_bf16_run", p, scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
 }
 
