@@ -119,6 +119,10 @@ struct optim_update_args {
                                * an fp32 master's fp16/bf16 compute copy, or a bf16 master's fp32 copy for the
                                * ops that read weights in fp32 (or NULL) */
     const struct step_scalars *sc; /* backend memory; sc->skip: leave every tensor as it is */
+    int64_t *trial;           /* NULL: update. Else (backend memory, shared by the call's entries) the trial of the
+                               * same update: nothing is stored, and where any element's new weight or moment, as
+                               * it would be stored (bf16 rounding included), is non-finite, *trial becomes at
+                               * most 1 + this entry's index in the call (the smallest such index wins) */
     float weight_decay;       /* this parameter's (0 where it does not decay); adamw applies sc->adam_decay */
     double beta1, beta2;      /* adamw: the config's; the update uses (float)beta and (float)(1 - beta), 1 - beta
                                * computed in double as PyTorch passes it (0.001f for 0.999, not 1.0f - 0.999f) */
@@ -273,6 +277,10 @@ struct backend {
      * elements of tensor t */
     void (*grad_stats)(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
                        int64_t *counts);
+    /* the scalars the step would update with (lib/step_rule.h, step_rule_propose), for the trial updates; it
+     * zeroes check->update_nonfinite */
+    void (*step_propose)(struct backend *be, const struct step_params *p, struct step_state *state,
+                         struct grad_check *check);
     /* the step's tail (lib/step_rule.h, step_rule_finish) on state, check and row in backend memory */
     void (*step_finish)(struct backend *be, const struct step_params *p, struct step_state *state,
                         const struct grad_check *check, struct step_row *row);

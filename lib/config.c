@@ -26,6 +26,7 @@
 #include "weight_names.h" /* weight_names_check: model.init_names against the layers */
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -1640,6 +1641,18 @@ static enum amp_status check_precision(const struct ctx *c, const struct precisi
                         "precision.loss_scale: %s (%s) is larger than %s (%s)", low ? "min" : "init", a,
                         low ? "init" : "max", b);
     }
+    /* inv = 1/scale in fp32 (lib/scaler.h): below fp32's smallest normal number it is Inf, and the update
+     * grad * inv would write NaN into every weight; a scale never goes below min, so min bounds it. */
+    const double scales[3] = {s->init, s->min, s->value};
+    const char *const scale_keys[3] = {"precision.loss_scale.init", "precision.loss_scale.min",
+                                       "precision.loss_scale.value"};
+    for (int i = 0; i < 3; i++)
+        if (scales[i] < FLT_MIN) {
+            format_double(scales[i], a, sizeof a);
+            return fail_key(c, scale_keys[i], "choose a loss scale of at least 1.1754944e-38 (1 is the usual minimum)",
+                            "%s (%s) is below fp32's smallest normal number (1.1754944e-38): 1/scale would be Inf "
+                            "in fp32 and every update non-finite", scale_keys[i], a);
+        }
     const struct autocast_config *ac = &p->autocast;
     const char(*lists[3])[32] = {ac->lowp_ops, ac->fp32_ops, ac->promote_ops};
     const int counts[3] = {ac->nlowp, ac->nfp32, ac->npromote};

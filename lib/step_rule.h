@@ -62,6 +62,9 @@ struct grad_check {
     double sumsq;             /* sum of squares of the finite elements (still scaled) */
     double absmax;            /* max |g| over the finite elements */
     int64_t found_nonfinite;  /* 1 when any element of any tensor is Inf or NaN */
+    int64_t update_nonfinite; /* 0, or 1 + the index of the first parameter whose proposed update would store a
+                               * non-finite weight or moment: set by the trial updates (optim_update_args.trial)
+                               * after step_propose zeroed it */
 };
 
 /* This step's optimizer scalars, read by adamw_update / sgd_update from backend memory. */
@@ -86,6 +89,8 @@ struct step_row {
     double clip_coef;
     double lr;                /* applied; 0 when skipped */
     int64_t found_inf, skipped, skips_total, consecutive_skips;
+    int64_t update_nonfinite; /* skipped because the update would have stored a non-finite weight or moment: 1 +
+                               * the first such parameter's index (grad_check.update_nonfinite), else 0 */
     int64_t grad_zeros;       /* zeros of the sampled activation gradients: count_zeros adds them here (the
                                * trainer zeroes the window's rows first; step_rule_finish leaves it) */
 };
@@ -124,31 +129,62 @@ AMP_HD static inline void step_rule_scalars(struct step_scalars *sc, const struc
     sc->t = t;
 }
 
+/* The unscaled norm, the clip coefficient and the learning rate of a step whose gradients are finite. */
+AMP_HD static inline void step_rule_decide(const struct step_params *p, const struct step_state *st,
+                                           const struct grad_check *gc, float inv, double *norm, double *coef,
+                                           double *lr)
+{
+    double raw = p->inf_norm ? gc->absmax : sqrt(gc->sumsq);
+    *norm = raw * (double)inv;
+    *coef = 1.0;
+    if (p->max_norm > 0)
+        *coef = fmin(1.0, p->max_norm / (*norm + 1e-6));
+    *lr = schedule_lr(&p->schedule, st->opt_step);
+}
+
+/* The scalars step st->step + 1 would update with, into st->sc, committing nothing (skip where the gradients
+ * are not finite): the trial updates run on them and report into gc->update_nonfinite, which this zeroes,
+ * before step_rule_finish decides. A weight or moment is never written non-finite (docs/precision.md). */
+AMP_HD static inline void step_rule_propose(const struct step_params *p, struct step_state *st,
+                                            struct grad_check *gc)
+{
+    float inv = scaler_inv_scale(&st->scaler);
+    double norm, coef, lr;
+    gc->update_nonfinite = 0;
+    if (gc->found_nonfinite) {
+        st->sc.skip = 1;
+        return;
+    }
+    step_rule_decide(p, st, gc, inv, &norm, &coef, &lr);
+    step_rule_scalars(&st->sc, p, (float)lr, st->opt_step + 1, (float)((double)inv * coef));
+}
+
 /* Finish step st->step + 1 (DESIGN.md section 3): inv = 1/scale; norm and clip coefficient from the
- * finite totals; skip when non-finite (the schedule and step count stay), else the scalars for the
- * update; the scale update; the log row; the next step's seed. */
+ * finite totals; skip when non-finite (the schedule and step count stay), or when the trial found that the
+ * update would store a non-finite weight or moment (counted as a skip; the scale stays), else the scalars
+ * for the update; the scale update; the log row; the next step's seed. */
 AMP_HD static inline void step_rule_finish(const struct step_params *p, struct step_state *st,
                                            const struct grad_check *gc, struct step_row *row)
 {
     float inv = scaler_inv_scale(&st->scaler);
     int nonfinite = gc->found_nonfinite != 0;
+    int bad_update = !nonfinite && gc->update_nonfinite != 0;
     double norm = NAN, coef = 1.0, lr = 0.0;
-    if (!nonfinite) {
-        double raw = p->inf_norm ? gc->absmax : sqrt(gc->sumsq);
-        norm = raw * (double)inv;
-        if (p->max_norm > 0)
-            coef = fmin(1.0, p->max_norm / (norm + 1e-6));
-        lr = schedule_lr(&p->schedule, st->opt_step);
+    if (!nonfinite)
+        step_rule_decide(p, st, gc, inv, &norm, &coef, &lr);
+    if (!nonfinite && !bad_update) {
         st->opt_step++;
         step_rule_scalars(&st->sc, p, (float)lr, st->opt_step, (float)((double)inv * coef));
     } else {
         st->sc.skip = 1;
+        lr = 0.0;
     }
     row->step = st->step + 1;
     row->loss = st->loss_acc / (double)p->micro_batches;
     row->scale = st->scaler.scale;
     row->found_inf = nonfinite;
-    row->skipped = scaler_update(&st->scaler, nonfinite, st->step + 1);
+    row->update_nonfinite = bad_update ? gc->update_nonfinite : 0;
+    row->skipped = bad_update ? scaler_skip(&st->scaler) : scaler_update(&st->scaler, nonfinite, st->step + 1);
     row->skips_total = st->scaler.skips_total;
     row->consecutive_skips = st->scaler.consecutive_skips;
     row->scale_next = st->scaler.scale;

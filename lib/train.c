@@ -445,8 +445,11 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         t->after_backward(t, t->hook_user);
     int64_t *counts = t->dev_counts + t->pending * t->ncounts;
     be->grad_stats(be, t->grads, m->nparams, t->dev_check, counts);
+    /* an update that would store a non-finite weight or moment is never applied: its trial first */
+    be->step_propose(be, &t->params, t->dev_state, t->dev_check);
+    optim_step(&t->opt, m, &t->dev_state->sc, &t->dev_check->update_nonfinite);
     be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_rows + t->pending);
-    optim_step(&t->opt, m, &t->dev_state->sc);
+    optim_step(&t->opt, m, &t->dev_state->sc, NULL);
     if (m->has_fp8) {
         /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
          * ranks of this step's rows, so replicas keep one fp8 state and a checkpoint holds it */
@@ -523,6 +526,9 @@ enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
         rec->lr = r->lr;
         if (r->found_inf)
             attribute_overflow(&t->model, t->counts_host + i * nc, rec->overflow_layer, sizeof rec->overflow_layer);
+        else if (r->update_nonfinite > 0 && r->update_nonfinite <= t->model.nparams)
+            snprintf(rec->overflow_layer, sizeof rec->overflow_layer, "the update of %s (non-finite)",
+                     t->model.params[r->update_nonfinite - 1]->name);
         rec->grad_zero_frac = t->pend_zero_total[i] ? (double)r->grad_zeros / (double)t->pend_zero_total[i] : NAN;
         rec->consecutive_skips = r->consecutive_skips;
         rec->scale_next = r->scale_next;
@@ -544,8 +550,8 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
     if (lowp_free && cfg->stability.on_nonfinite == NONFINITE_STOP)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr, set clip.max_norm, or check the data",
-                        "step %lld: non-finite gradients in %s and stability.on_nonfinite is stop",
-                        (long long)rec->step, where);
+                        "step %lld: %s %s and stability.on_nonfinite is stop", (long long)rec->step,
+                        rec->found_inf ? "non-finite gradients in" : "skipped:", where);
     int64_t max = cfg->stability.max_consecutive_skips;
     if (max > 0 && rec->consecutive_skips >= max)
         return amp_fail(err, AMP_ERR_UNSTABLE,

@@ -2772,3 +2772,106 @@ Test(backend_cpu, sgd_bf16_master_small_updates_survive_only_stochastically)
     free(hp);
     free(hg);
 }
+
+/* The trial of an update (optim_update_args.trial) stores nothing and reports, as 1 + its index in the call, the
+ * first parameter with a new weight or moment that would be stored non-finite: a learning rate that overflows
+ * the weight, a gradient whose square overflows v, a finite fp32 value that bf16 storage rounds to Inf (to
+ * nearest and stochastically), SGD's momentum buffer. A clean trial reports 0. (Issue 41: lr 1e38 wrote Inf
+ * weights and an unloadable checkpoint.) */
+struct trial_case {
+    const char *what;
+    float p, g, lr;
+    enum dtype master, state;
+    bool stochastic;
+    int64_t want; /* *trial after the call over entries {clean, this} */
+};
+
+static void run_trial_case(const struct trial_case *c, bool adamw)
+{
+    size_t n = 300;
+    struct tensor *t[2][4]; /* [entry][master, grad, m, v] */
+    struct optim_update_args a[2];
+    struct step_params sp = { .beta1 = 0.9, .beta2 = 0.999 };
+    struct step_scalars sc;
+    step_rule_scalars(&sc, &sp, c->lr, 2, 1.0f);
+    for (int e = 0; e < 2; e++) {
+        float *hp = malloc(n * sizeof *hp), *hg = malloc(n * sizeof *hg), *hz = calloc(n, sizeof *hz);
+        for (size_t i = 0; i < n; i++) {
+            hp[i] = e == 1 && i == 123 ? c->p : 0.5f;
+            hg[i] = e == 1 && i == 123 ? c->g : 0.25f;
+        }
+        t[e][0] = tfrom(c->master, n, hp);
+        t[e][1] = tfrom(DT_FP32, n, hg);
+        t[e][2] = tfrom(c->state, n, hz);
+        t[e][3] = tfrom(c->state, n, hz);
+        a[e] = (struct optim_update_args){ .master = t[e][0], .grad = t[e][1], .m = t[e][2],
+                                           .v = adamw ? t[e][3] : NULL, .sc = &sc, .beta1 = 0.9, .beta2 = 0.999,
+                                           .eps = 1e-8f, .momentum = 0.9f, .stochastic = c->stochastic,
+                                           .sr_seed = sr_seed(7), .sr_param = (uint32_t)e };
+        free(hp);
+        free(hg);
+        free(hz);
+    }
+    void *before[2][4];
+    for (int e = 0; e < 2; e++)
+        for (int k = 0; k < 4; k++) {
+            before[e][k] = malloc(tensor_bytes(t[e][k]));
+            memcpy(before[e][k], t[e][k]->data, tensor_bytes(t[e][k]));
+        }
+    int64_t trial = 0;
+    a[0].trial = a[1].trial = &trial;
+    if (adamw)
+        be->adamw_update(be, a, 2);
+    else
+        be->sgd_update(be, a, 2);
+    cr_assert_eq(trial, c->want, "%s (%s): trial reported %lld, want %lld", c->what, adamw ? "adamw" : "sgd",
+                 (long long)trial, (long long)c->want);
+    for (int e = 0; e < 2; e++)
+        for (int k = 0; k < 4; k++) {
+            cr_assert_eq(memcmp(before[e][k], t[e][k]->data, tensor_bytes(t[e][k])), 0, "%s: the trial wrote", c->what);
+            free(before[e][k]);
+        }
+    /* the update itself, where the trial was clean, leaves everything finite (and did move the weights) */
+    if (c->want == 0) {
+        a[0].trial = a[1].trial = NULL;
+        if (adamw)
+            be->adamw_update(be, a, 2);
+        else
+            be->sgd_update(be, a, 2);
+        float *w = malloc(n * sizeof *w);
+        tensor_to_host_f32(t[1][0], w);
+        for (size_t i = 0; i < n; i++)
+            cr_assert(isfinite(w[i]), "%s: weight %zu is %g after a clean trial", c->what, i, w[i]);
+        cr_assert_neq(w[0], 0.5f, "%s: the update moved nothing", c->what);
+        free(w);
+    }
+}
+
+Test(backend_cpu, an_update_trial_reports_the_first_parameter_that_would_go_non_finite)
+{
+    const struct trial_case adamw_cases[] = {
+        { "clean", 1.0f, 1.0f, 1e-3f, DT_FP32, DT_FP32, false, 0 },
+        { "lr overflows the weight", 3.4e38f, -1.0f, 1e37f, DT_FP32, DT_FP32, false, 2 },
+        /* -lr / (1 - beta1^2) is -Inf in fp32: every weight, and the first entry is named */
+        { "lr overflows every weight", 1.0f, 1.0f, 1e38f, DT_FP32, DT_FP32, false, 1 },
+        { "g^2 overflows v", 1.0f, 1e21f, 1e-3f, DT_FP32, DT_FP32, false, 2 },
+        /* 3.38e38 (bf16: 3.3757e38) + 3e36 x 0.744 (the step's normalised update) = 3.398e38 in bf16 storage, beyond
+         * bf16's rounding boundary 3.3961e38; in fp32 storage 3.4023e38, still finite */
+        { "fp32 master keeps a large weight", 3.38e38f, -1.0f, 3e36f, DT_FP32, DT_FP32, false, 0 },
+        { "bf16 master rounds to Inf", 3.38e38f, -1.0f, 3e36f, DT_BF16, DT_FP32, false, 2 },
+        { "bf16 master rounds to Inf, stochastically", 3.38e38f, -1.0f, 3e36f, DT_BF16, DT_FP32, true, 2 },
+        { "g^2 overflows v in bf16 state", 1.0f, 3.4e38f, 1e-3f, DT_FP32, DT_BF16, false, 2 },
+    };
+    for (size_t i = 0; i < sizeof adamw_cases / sizeof adamw_cases[0]; i++)
+        run_trial_case(&adamw_cases[i], true);
+    const struct trial_case sgd_cases[] = {
+        { "clean", 1.0f, 1.0f, 1e-3f, DT_FP32, DT_FP32, false, 0 },
+        { "lr overflows the weight", 3.4e38f, -1.0f, 1e37f, DT_FP32, DT_FP32, false, 2 },
+        /* 3.2998e38 + 1e37 = 3.3998e38: finite in fp32, beyond bf16's rounding boundary 3.3961e38 */
+        { "bf16 master rounds to Inf", 3.3e38f, -1.0f, 1e37f, DT_BF16, DT_FP32, false, 2 },
+        { "fp32 master keeps it", 3.3e38f, -1.0f, 1e37f, DT_FP32, DT_FP32, false, 0 },
+        { "bf16 momentum rounds to Inf", 1.0f, 3.4e38f, 1e-3f, DT_FP32, DT_BF16, false, 2 },
+    };
+    for (size_t i = 0; i < sizeof sgd_cases / sizeof sgd_cases[0]; i++)
+        run_trial_case(&sgd_cases[i], false);
+}

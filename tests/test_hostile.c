@@ -564,3 +564,91 @@ Test(hostile, fp8_scales_and_amax_histories_are_checked_naming_the_tensor)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "precision.mode changes from fp16-dynamic to fp8 on resume"), "%s", r.out);
 }
+
+/* Issue 41, item 3: a loss scale whose fp32 inverse is Inf is refused before training (1e-45 wrote NaN into every
+ * weight without a skip), and an update that would store a non-finite weight or moment is never applied: the step
+ * is skipped and counted, the weights stay finite, every checkpoint loads (lr 1e38 wrote Inf weights, exit 0, and an
+ * unloadable `latest`). */
+Test(hostile, a_loss_scale_below_fp32s_normal_range_is_refused)
+{
+    const char *cases[] = {"precision.mode=fp16-dynamic precision.loss_scale.init=1e-45 precision.loss_scale.min=1e-45",
+                           "precision.mode=fp16-dynamic precision.loss_scale.min=1e-39",
+                           "precision.mode=fp16-static precision.loss_scale.value=1e-45"};
+    const char *keys[] = {"precision.loss_scale.init", "precision.loss_scale.min", "precision.loss_scale.value"};
+    for (int i = 0; i < 3; i++) {
+        struct result r = amp("check configs/fashion_mlp.yaml %s", cases[i]);
+        cr_assert_eq(r.code, 2, "%s: exit %d\n%s", cases[i], r.code, r.out);
+        cr_assert(strstr(r.out, keys[i]) && strstr(r.out, "below fp32's smallest normal number") &&
+                      strstr(r.out, "hint:"), "%s: %s", cases[i], r.out);
+    }
+    /* the smallest normal scale itself is accepted */
+    struct result r = amp("check configs/fashion_mlp.yaml precision.mode=fp16-static "
+                          "precision.loss_scale.value=1.1754944e-38");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+}
+
+/* The non-finite values of a checkpoint's float tensors (weights, buffers, moments; counted by visit_tensor_pairs
+ * over the file against itself). */
+struct finite_count {
+    int tensors, bad;
+};
+
+static void count_nonfinite(const char *name, const float *a, const float *b, size_t n, void *user)
+{
+    (void)name;
+    (void)b;
+    struct finite_count *c = user;
+    c->tensors++;
+    for (size_t i = 0; i < n; i++)
+        c->bad += !isfinite(a[i]);
+}
+
+static int nonfinite_values(const char *ckpt)
+{
+    struct finite_count c = {0};
+    visit_tensor_pairs(ckpt, ckpt, count_nonfinite, &c);
+    cr_assert(c.tensors >= 6, "%s: %d tensors", ckpt, c.tensors);
+    return c.bad;
+}
+
+Test(hostile, an_update_that_would_be_non_finite_is_skipped_and_every_checkpoint_loads)
+{
+    const char *modes[] = {"fp32", "bf16 precision.master_weights=bf16 optim.state_dtype=bf16", "fp16-dynamic"};
+    for (int i = 0; i < 3; i++) {
+        struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=%s optim.lr=1e38 run.steps=3 "
+                              "run.ckpt_every=1 run.out_dir=%s/lr_huge_%d",
+                              modes[i], scratch, i);
+        cr_assert_eq(r.code, 0, "%s: %s", modes[i], r.out);
+        char p[700];
+        snprintf(p, sizeof p, "%s/lr_huge_%d/scale_log.csv", scratch, i);
+        FILE *f = fopen(p, "r");
+        cr_assert_not_null(f);
+        char line[512];
+        int rows = 0;
+        while (fgets(line, sizeof line, f))
+            if (strncmp(line, "step", 4) != 0) {
+                rows++; /* found_inf 0 (the gradients were finite), skipped 1, the update named */
+                cr_assert(strstr(line, ",0,1,") && strstr(line, "the update of fc1/weight (non-finite)"), "%s: %s",
+                          modes[i], line);
+            }
+        fclose(f);
+        cr_assert_eq(rows, 3);
+        snprintf(p, sizeof p, "%s/lr_huge_%d/ckpt-3.h5", scratch, i);
+        cr_assert_eq(nonfinite_values(p), 0, "%s: non-finite values in %s", modes[i], p);
+        r = amp("eval %s/lr_huge_%d", scratch, i);
+        cr_assert_eq(r.code, 0, "%s: the latest checkpoint loads: %s", modes[i], r.out);
+        r = amp("resume %s/lr_huge_%d run.steps=4", scratch, i);
+        cr_assert_eq(r.code, 0, "%s: and resumes: %s", modes[i], r.out);
+    }
+    /* the fail-fast policy still applies: bf16 with on_nonfinite stop, and max_consecutive_skips */
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=bf16 optim.lr=1e38 run.steps=3 "
+                          "stability.on_nonfinite=stop run.out_dir=%s/lr_stop",
+                          scratch);
+    cr_assert_eq(r.code, 5, "%s", r.out);
+    cr_assert(strstr(r.out, "step 1: skipped: the update of fc1/weight (non-finite)"), "%s", r.out);
+    r = amp("run configs/fashion_mlp.yaml " SMALL " optim.lr=1e38 run.steps=5 stability.max_consecutive_skips=2 "
+            "run.out_dir=%s/lr_skips",
+            scratch);
+    cr_assert_eq(r.code, 5, "%s", r.out);
+    cr_assert(strstr(r.out, "2 skipped steps in a row"), "%s", r.out);
+}

@@ -8,8 +8,11 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
+#include <string.h>
+
 #include "config.h"
 #include "scaler.h"
+#include "step_rule.h" /* step_rule_propose, step_rule_finish: the skip of a non-finite update */
 
 static struct precision_config dyn(double init, int64_t interval, int64_t hyst, double min, double max)
 {
@@ -194,4 +197,58 @@ Test(scaler, static_and_unscaled_modes_never_change_but_count_skips)
         cr_assert_eq(s.skips_total, 4);
         cr_assert_eq(s.last_overflow_step, 10);
     }
+}
+
+/* The step rule's answer to a trial that found a non-finite update (issue 41): the step is skipped and counted,
+ * nothing else moves (the scale, its growth tracker and hysteresis, the optimizer step count, the schedule); and
+ * where the trial is clean, the scalars it ran on are the ones the update gets, to the bit. */
+Test(scaler, a_non_finite_update_is_a_counted_skip_that_moves_nothing_else)
+{
+    struct precision_config pc = dyn(1024, 3, 2, 1, 1e9);
+    struct step_params p = {.micro_batches = 2, .max_norm = 1.0, .beta1 = 0.9, .beta2 = 0.999, .weight_decay = 0.01f,
+                            .schedule = {.kind = SCHEDULE_COSINE, .lr = 1e-3, .min_lr = 1e-5, .warmup_steps = 2,
+                                         .total_steps = 20}};
+    struct step_state st = {.opt_step = 0, .loss_acc = 3.0};
+    scaler_init(&st.scaler, &pc);
+    for (int step = 0; step < 8; step++) {
+        bool bad = step == 2 || step == 5 || step == 6;
+        struct grad_check gc = {.sumsq = 4.0 * (step + 1), .absmax = 1.5, .found_nonfinite = 0, .update_nonfinite = 77};
+        step_rule_propose(&p, &st, &gc);
+        cr_assert_eq(gc.update_nonfinite, 0, "propose zeroes the trial's report");
+        struct step_scalars proposed = st.sc;
+        cr_assert_eq(proposed.skip, 0);
+        gc.update_nonfinite = bad ? 3 : 0;
+        struct step_state before = st;
+        struct step_row row;
+        step_rule_finish(&p, &st, &gc, &row);
+        cr_assert_eq(row.skipped, bad, "step %d", step);
+        cr_assert_eq(row.found_inf, 0, "the gradients were finite");
+        cr_assert_eq(row.update_nonfinite, bad ? 3 : 0);
+        if (bad) {
+            cr_assert_eq(st.sc.skip, 1);
+            cr_assert_eq(st.opt_step, before.opt_step, "the schedule and AdamW's count stay");
+            cr_assert_eq(st.scaler.scale, before.scaler.scale, "the scale stays");
+            cr_assert_eq(st.scaler.growth_tracker, before.scaler.growth_tracker);
+            cr_assert_eq(st.scaler.hysteresis_left, before.scaler.hysteresis_left);
+            cr_assert_eq(st.scaler.last_overflow_step, before.scaler.last_overflow_step);
+            cr_assert_eq(st.scaler.skips_total, before.scaler.skips_total + 1);
+            cr_assert_eq(st.scaler.consecutive_skips, before.scaler.consecutive_skips + 1);
+            cr_assert_eq(row.lr, 0.0);
+        } else {
+            cr_assert_eq(memcmp(&st.sc, &proposed, sizeof proposed), 0, "step %d: the update's scalars are the trial's",
+                         step);
+            cr_assert_eq(st.opt_step, before.opt_step + 1);
+            cr_assert_eq(st.scaler.consecutive_skips, 0);
+        }
+    }
+    cr_assert_eq(st.scaler.skips_total, 3);
+    /* non-finite gradients: propose skips too, and finish counts an overflow as before */
+    struct grad_check gc = {.found_nonfinite = 1};
+    step_rule_propose(&p, &st, &gc);
+    cr_assert_eq(st.sc.skip, 1, "no trial runs on non-finite gradients");
+    struct step_row row;
+    double scale = st.scaler.scale;
+    st.scaler.hysteresis_left = 1;
+    step_rule_finish(&p, &st, &gc, &row);
+    cr_assert(row.found_inf && row.skipped && !row.update_nonfinite && st.scaler.scale == scale * 0.5);
 }

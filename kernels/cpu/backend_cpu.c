@@ -3749,6 +3749,13 @@ static void cpu_grad_stats(struct backend *be, const struct tensor *const *grads
     out->sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
+static void cpu_step_propose(struct backend *be, const struct step_params *p, struct step_state *state,
+                             struct grad_check *check)
+{
+    (void)be;
+    step_rule_propose(p, state, check);
+}
+
 static void cpu_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
                             const struct grad_check *check, struct step_row *row)
 {
@@ -3821,9 +3828,12 @@ static void optim_store_copy(const struct optim_update_args *a, size_t off, size
 }
 
 /* The updates run a block at a time: n elements of a tensor stored in fp32 or bf16, widened into buf (or, for
- * fp32, the tensor's own elements), updated there in fp32, then stored back rounded once (optim_block_store). */
-static float *optim_block_load(void *base, enum dtype dt, size_t off, size_t n, float *buf)
+ * fp32, the tensor's own elements, except in a trial, which must not write them), updated there in fp32, then
+ * stored back rounded once (optim_block_store) or, in a trial, checked (optim_block_trial). */
+static float *optim_block_load(void *base, enum dtype dt, size_t off, size_t n, float *buf, bool trial)
 {
+    if (dt == DT_FP32 && trial)
+        return memcpy(buf, (const float *)base + off, n * sizeof *buf);
     if (dt == DT_FP32)
         return (float *)base + off;
     dtype_convert(buf, DT_FP32, (const uint16_t *)base + off, DT_BF16, n);
@@ -3858,13 +3868,44 @@ static void optim_block_store(void *base, enum dtype dt, size_t off, size_t n, c
         dtype_convert(d, DT_BF16, x, DT_FP32, n);
 }
 
+/* A trial's block: whether any of x[0..n) would be stored non-finite in dt, rounded exactly as optim_block_store
+ * rounds it (a finite fp32 value may round to a bf16 Inf, stochastically too). */
+static bool optim_block_nonfinite(enum dtype dt, size_t off, size_t n, const float *x,
+                                  const struct optim_update_args *a, uint64_t key, int shift)
+{
+    bool bad = false;
+    if (dt == DT_FP32) {
+        for (size_t i = 0; i < n; i++)
+            bad |= !isfinite(x[i]);
+        return bad;
+    }
+    uint16_t h[BLOCK];
+    if (a->stochastic)
+        store_bf16_stochastic(h, x, n, key, off, shift);
+    else
+        dtype_convert(h, DT_BF16, x, DT_FP32, n);
+    for (size_t i = 0; i < n; i++)
+        bad |= (h[i] & 0x7F80u) == 0x7F80u;
+    return bad;
+}
+
+/* A trial found a non-finite value in entry `index` of its call: *trial = min(*trial, index + 1), from any
+ * thread (the smallest index wins, whatever the order). */
+static void optim_trial_report(int64_t *trial, int64_t index)
+{
+    int64_t want = index + 1, cur = __atomic_load_n(trial, __ATOMIC_RELAXED);
+    while ((cur == 0 || cur > want) &&
+           !__atomic_compare_exchange_n(trial, &cur, want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
 /* torch.optim.AdamW (single-tensor, fp32): scalars are computed in double as Python does, then used
  * as fp32 (step_rule_scalars), and the tensor arithmetic runs in fp32 in PyTorch's order:
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;   (1-b as a double rounded to fp32)
  *   p += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   with bc_i = 1 - b_i^step.
  * bf16 weights or moments (precision.master_weights, optim.state_dtype) are widened exactly, updated by the
  * same arithmetic, and stored rounded once. */
-HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, size_t hi)
+HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, size_t hi, int64_t index)
 {
     optim_check(a);
     assert(a->m && a->v);
@@ -3877,12 +3918,13 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
     float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
     float gm = sc->grad_mul, eps = a->eps;
     uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
+    bool trial = a->trial != NULL;
     float pbuf[BLOCK], mbuf[BLOCK], vbuf[BLOCK];
     for (size_t off = lo; off < hi; off += BLOCK) {
         size_t c = hi - off < BLOCK ? hi - off : BLOCK;
-        float *p = optim_block_load(a->master->data, pd, off, c, pbuf);
-        float *m = optim_block_load(a->m->data, md, off, c, mbuf);
-        float *v = optim_block_load(a->v->data, vd, off, c, vbuf);
+        float *p = optim_block_load(a->master->data, pd, off, c, pbuf, trial);
+        float *m = optim_block_load(a->m->data, md, off, c, mbuf, trial);
+        float *v = optim_block_load(a->v->data, vd, off, c, vbuf, trial);
         const float *gb = g + off;
         for (size_t i = 0; i < c; i++) {
             float gi = gb[i] * gm;
@@ -3894,6 +3936,12 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
             m[i] = mi;
             v[i] = vi;
         }
+        if (trial) {
+            if (optim_block_nonfinite(pd, off, c, p, a, key, SR_WEIGHT) ||
+                optim_block_nonfinite(md, off, c, m, a, key, SR_M) || optim_block_nonfinite(vd, off, c, v, a, key, SR_V))
+                optim_trial_report(a->trial, index);
+            continue;
+        }
         optim_block_store(a->master->data, pd, off, c, p, a, key, SR_WEIGHT);
         optim_block_store(a->m->data, md, off, c, m, a, key, SR_M);
         optim_block_store(a->v->data, vd, off, c, v, a, key, SR_V);
@@ -3903,7 +3951,7 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
 
 /* torch.optim.SGD (dampening 0): g = grad*mul + wd*p; buf = first_step ? g : momentum*buf + g;
  * g = nesterov ? g + momentum*buf : buf; p -= lr*g. No momentum when a->m is NULL or momentum 0. */
-HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, size_t hi)
+HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, size_t hi, int64_t index)
 {
     optim_check(a);
     const struct step_scalars *sc = a->sc;
@@ -3915,10 +3963,12 @@ HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, siz
     float gm = sc->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -sc->lr;
     bool first_step = sc->first_step != 0;
     uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
+    bool trial = a->trial != NULL;
     float pbuf[BLOCK], bbuf[BLOCK];
     for (size_t off = lo; off < hi; off += BLOCK) {
         size_t c = hi - off < BLOCK ? hi - off : BLOCK;
-        float *pb = optim_block_load(p, pd, off, c, pbuf), *bb = buf ? optim_block_load(buf, bd, off, c, bbuf) : NULL;
+        float *pb = optim_block_load(p, pd, off, c, pbuf, trial);
+        float *bb = buf ? optim_block_load(buf, bd, off, c, bbuf, trial) : NULL;
         const float *gb = g + off;
         for (size_t i = 0; i < c; i++) {
             float gi = gb[i] * gm;
@@ -3930,6 +3980,12 @@ HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, siz
                 gi = a->nesterov ? gi + mom * bi : bi;
             }
             pb[i] = pb[i] + neg_lr * gi;
+        }
+        if (trial) {
+            if (optim_block_nonfinite(pd, off, c, pb, a, key, SR_WEIGHT) ||
+                (bb && optim_block_nonfinite(bd, off, c, bb, a, key, SR_M)))
+                optim_trial_report(a->trial, index);
+            continue;
         }
         if (bb)
             optim_block_store(buf, bd, off, c, bb, a, key, SR_M);
@@ -3947,6 +4003,7 @@ struct optim_job {
     int n;
     const int64_t *first; /* n + 1 */
     bool adamw;
+    int base;             /* a[0]'s index in the backend call (a trial reports it) */
 };
 
 static void optim_chunk(void *arg, int64_t chunk, int worker)
@@ -3958,25 +4015,25 @@ static void optim_chunk(void *arg, int64_t chunk, int worker)
     size_t n = a->master->numel, off = (size_t)(chunk - j->first[lo]) * EW_CHUNK;
     size_t end = n - off < EW_CHUNK ? n : off + EW_CHUNK;
     if (j->adamw)
-        adamw_range(a, off, end);
+        adamw_range(a, off, end, j->base + lo);
     else
-        sgd_range(a, off, end);
+        sgd_range(a, off, end, j->base + lo);
 }
 
-static void optim_run(struct cpu_backend *cb, const struct optim_update_args *a, int n, bool adamw)
+static void optim_run(struct cpu_backend *cb, const struct optim_update_args *a, int n, bool adamw, int base)
 {
     if (n <= 0)
         return;
     int64_t stack_first[65], *first = n < 65 ? stack_first : malloc(((size_t)n + 1) * sizeof *first);
     if (!first) { /* out of memory for the chunk table: the same updates, one parameter at a time */
         for (int i = 0; i < n; i++)
-            optim_run(cb, &a[i], 1, adamw);
+            optim_run(cb, &a[i], 1, adamw, base + i);
         return;
     }
     first[0] = 0;
     for (int i = 0; i < n; i++)
         first[i + 1] = first[i] + ew_chunks(a[i].master->numel);
-    struct optim_job job = { .a = a, .n = n, .first = first, .adamw = adamw };
+    struct optim_job job = { .a = a, .n = n, .first = first, .adamw = adamw, .base = base };
     parallel_for(cb->pool, first[n], optim_chunk, &job);
     if (first != stack_first)
         free(first);
@@ -3984,12 +4041,12 @@ static void optim_run(struct cpu_backend *cb, const struct optim_update_args *a,
 
 static void cpu_adamw_update(struct backend *be, const struct optim_update_args *a, int n)
 {
-    optim_run(cpu_of(be), a, n, true);
+    optim_run(cpu_of(be), a, n, true, 0);
 }
 
 static void cpu_sgd_update(struct backend *be, const struct optim_update_args *a, int n)
 {
-    optim_run(cpu_of(be), a, n, false);
+    optim_run(cpu_of(be), a, n, false, 0);
 }
 
 /* ---- status and lifetime --------------------------------------------------------------------- */
@@ -4217,6 +4274,7 @@ struct backend *backend_cpu_create(void)
     be->mse_forward_backward = cpu_mse_forward_backward;
     be->loss_sum = cpu_loss_sum;
     be->grad_stats = cpu_grad_stats;
+    be->step_propose = cpu_step_propose;
     be->step_finish = cpu_step_finish;
     be->count_zeros = cpu_count_zeros;
     be->fp8_cast = cpu_fp8_cast;

@@ -373,6 +373,7 @@ static void fill_table(struct backend *be)
     be->mse_forward_backward = cuda_mse_forward_backward;
     be->loss_sum = cuda_loss_sum;
     be->grad_stats = cuda_grad_stats;
+    be->step_propose = cuda_step_propose;
     be->step_finish = cuda_step_finish;
     be->count_zeros = cuda_count_zeros;
     be->fp8_cast = cuda_fp8_cast;

@@ -192,12 +192,13 @@ __device__ __forceinline__ void store_elem(void *p, int dt, size_t i, float v)
 /* v stored as element i of an optimizer tensor (fp32 or bf16): bf16 to nearest even, or stochastically with
  * the 16 bits of `draw` at `shift` (lib/sround.h, the CPU backend's optim_store). Returns the value stored. */
 __device__ __forceinline__ float store_rounded(void *p, int dt, size_t i, float v, bool stochastic, uint64_t draw,
-                                               int shift)
+                                               int shift);
+
+/* What store_rounded stores, as an fp32 value, without storing it (a trial update checks it). */
+__device__ __forceinline__ float value_rounded(int dt, float v, bool stochastic, uint64_t draw, int shift)
 {
-    if (dt != DT_BF16) {
-        static_cast<float *>(p)[i] = v;
+    if (dt != DT_BF16)
         return v;
-    }
     uint16_t h;
     if (stochastic) {
         h = bf16_round_stochastic(v, (uint32_t)(draw >> shift));
@@ -205,8 +206,18 @@ __device__ __forceinline__ float store_rounded(void *p, int dt, size_t i, float 
         __nv_bfloat16 b = __float2bfloat16_rn(v);
         memcpy(&h, &b, sizeof h);
     }
-    static_cast<uint16_t *>(p)[i] = h;
     return __uint_as_float((uint32_t)h << 16);
+}
+
+__device__ __forceinline__ float store_rounded(void *p, int dt, size_t i, float v, bool stochastic, uint64_t draw,
+                                               int shift)
+{
+    float r = value_rounded(dt, v, stochastic, draw, shift);
+    if (dt != DT_BF16)
+        static_cast<float *>(p)[i] = r;
+    else
+        static_cast<uint16_t *>(p)[i] = (uint16_t)(__float_as_uint(r) >> 16);
+    return r;
 }
 
 /* v rounded to dt and back (identity for fp32): what storing and reloading gives. */
@@ -312,6 +323,8 @@ void cuda_mse_forward_backward(struct backend *be, struct tensor *losses, struct
 void cuda_loss_sum(struct backend *be, double *acc, const struct tensor *losses, int64_t n, bool accumulate);
 void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
                      int64_t *counts);
+void cuda_step_propose(struct backend *be, const struct step_params *p, struct step_state *state,
+                       struct grad_check *check);
 void cuda_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
                       const struct grad_check *check, struct step_row *row);
 void cuda_count_zeros(struct backend *be, const struct tensor *t, int64_t *acc);

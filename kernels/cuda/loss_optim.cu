@@ -19,6 +19,7 @@
  * cudaMemcpyAsync stages a pageable source before it returns, so rewriting the copy later can never
  * race a queued upload (a shared pinned buffer could, without a synchronisation per call).
  * step_finish: step_rule_finish (lib/step_rule.h) in a one-thread kernel, on state in device memory.
+ * step_propose: step_rule_propose, the same way: the scalars the trial updates run on.
  * adamw / sgd: ONE launch updates all n parameters of a call (a model's ~30 tensors paid ~30 launches a
  * step before). A table of {master, grad, m, v, copy, their dtypes, numel, weight decay, rounding} per parameter lives
  * in device memory, cached and uploaded as grad_stats' is (struct device_table, scratch slot
@@ -29,6 +30,8 @@
  * lib/sround.h's bits), and the copy written in the same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor, skip) are
  * read from struct step_scalars in device memory, written by step_finish in double as PyTorch and the CPU
  * backend compute them; every thread reads skip first, and a skipped step leaves every tensor untouched.
+ * A trial (optim_update_args.trial) runs the same kernel with its stores replaced by checks of the values they
+ * would store, and reports the first tensor with a non-finite one (atomicCAS to the minimum: deterministic).
  */
 #include "backend_cuda_internal.h"
 
@@ -235,6 +238,12 @@ __global__ void grad_stats_finish_kernel(struct grad_check *out, int64_t *counts
     }
 }
 
+/* The scalars the step would update with, for the trial updates; p travels by value. */
+__global__ void step_propose_kernel(struct step_params p, struct step_state *state, struct grad_check *check)
+{
+    step_rule_propose(&p, state, check);
+}
+
 /* The step's tail on device state; p travels by value as a kernel argument. */
 __global__ void step_finish_kernel(struct step_params p, struct step_state *state, const struct grad_check *check,
                                    struct step_row *row)
@@ -279,8 +288,16 @@ struct adamw_consts {
     float b1, b2, omb1, omb2, eps;
 };
 
-/* Element i of torch.optim.AdamW, in the CPU backend's order (adamw_one). */
-__device__ __forceinline__ void update_element(const struct optim_table_entry &t, size_t i,
+/* Whether any of a trial's values would be stored non-finite (value_rounded: as store_rounded rounds it). */
+__device__ __forceinline__ bool stored_nonfinite(int dt, float v, bool stochastic, uint64_t draw, int shift)
+{
+    return !isfinite(value_rounded(dt, v, stochastic, draw, shift));
+}
+
+/* Element i of torch.optim.AdamW, in the CPU backend's order (adamw_range). Trial: nothing is stored; returns
+ * whether the new weight or a moment would be stored non-finite. */
+template <bool Trial>
+__device__ __forceinline__ bool update_element(const struct optim_table_entry &t, size_t i,
                                                const struct step_scalars &s, const adamw_consts &c)
 {
     float gi = t.grad[i] * s.grad_mul;
@@ -291,11 +308,16 @@ __device__ __forceinline__ void update_element(const struct optim_table_entry &t
     float denom = sqrtf(vi) / s.adam_bc2_sqrt + c.eps;
     float np = pi + s.adam_neg_step * mi / denom;
     uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), (uint64_t)i) : 0;
+    if (Trial)
+        return stored_nonfinite(t.master_dt, np, t.stochastic, draw, SR_WEIGHT) ||
+               stored_nonfinite(t.state_dt, mi, t.stochastic, draw, SR_M) ||
+               stored_nonfinite(t.state_dt, vi, t.stochastic, draw, SR_V);
     float stored = store_rounded(t.master, t.master_dt, i, np, t.stochastic, draw, SR_WEIGHT);
     store_rounded(t.m, t.state_dt, i, mi, t.stochastic, draw, SR_M);
     store_rounded(t.v, t.state_dt, i, vi, t.stochastic, draw, SR_V);
     if (t.copy)
         store_elem(t.copy, t.copy_dt, i, stored);
+    return false;
 }
 
 /* What the SGD launch takes from the host (shared by the call's parameters). */
@@ -304,37 +326,58 @@ struct sgd_consts {
     bool nesterov;
 };
 
-/* Element i of torch.optim.SGD, in the CPU backend's order (sgd_one); t.m NULL: no momentum. */
-__device__ __forceinline__ void update_element(const struct optim_table_entry &t, size_t i,
+/* Element i of torch.optim.SGD, in the CPU backend's order (sgd_range); t.m NULL: no momentum. Trial as AdamW's. */
+template <bool Trial>
+__device__ __forceinline__ bool update_element(const struct optim_table_entry &t, size_t i,
                                                const struct step_scalars &s, const sgd_consts &c)
 {
     float gi = t.grad[i] * s.grad_mul, p0 = load_elem(t.master, t.master_dt, i);
     uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), (uint64_t)i) : 0;
+    bool bad = false;
     if (t.weight_decay != 0.0f)
         gi = gi + t.weight_decay * p0;
     if (t.m) {
         float bi = s.first_step ? gi : c.mom * load_elem(t.m, t.state_dt, i) + gi;
-        store_rounded(t.m, t.state_dt, i, bi, t.stochastic, draw, SR_M);
+        if (Trial)
+            bad = stored_nonfinite(t.state_dt, bi, t.stochastic, draw, SR_M);
+        else
+            store_rounded(t.m, t.state_dt, i, bi, t.stochastic, draw, SR_M);
         gi = c.nesterov ? gi + c.mom * bi : bi;
     }
     float np = p0 + (-s.lr) * gi;
+    if (Trial)
+        return bad || stored_nonfinite(t.master_dt, np, t.stochastic, draw, SR_WEIGHT);
     float stored = store_rounded(t.master, t.master_dt, i, np, t.stochastic, draw, SR_WEIGHT);
     if (t.copy)
         store_elem(t.copy, t.copy_dt, i, stored);
+    return false;
+}
+
+/* *trial = min(*trial, want) where 0 means none yet: the smallest entry index wins, whatever the order. */
+__device__ void trial_report(unsigned long long *trial, unsigned long long want)
+{
+    unsigned long long cur = *trial, prev;
+    while ((cur == 0 || cur > want) && (prev = atomicCAS(trial, cur, want)) != cur)
+        cur = prev;
 }
 
 /* Grid (blocks per tensor, tensors): block row y updates tab[y] with a grid-stride loop over its
  * elements, each by the update's update_element (AdamW's or SGD's, by Consts). Every thread reads the
- * skip flag first: a skipped step writes nothing. */
-template <typename Consts>
-__global__ void optim_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, Consts c)
+ * skip flag first: a skipped step writes nothing. A trial (trial != NULL) stores nothing and reports
+ * 1 + (base + y) for a tensor with a value that would be stored non-finite. */
+template <bool Trial, typename Consts>
+__global__ void optim_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, Consts c,
+                             unsigned long long *trial, int base)
 {
     const struct step_scalars s = *sc;
     if (s.skip)
         return;
     const struct optim_table_entry t = tab[blockIdx.y];
+    bool bad = false;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (size_t)gridDim.x * blockDim.x)
-        update_element(t, i, s, c);
+        bad |= update_element<Trial>(t, i, s, c);
+    if (Trial && bad)
+        trial_report(trial, (unsigned long long)(base + (int)blockIdx.y) + 1ull);
 }
 
 /* The device table of `grads` for grad_stats_partial_kernel, uploaded only when it changed (struct
@@ -485,11 +528,18 @@ void optim_update(struct backend *be, const struct optim_update_args *a, int n, 
     for (int off = 0; off < n; off += kMaxTensorsPerLaunch) {
         int left = n - off;
         dim3 grid(blocks, (unsigned)(left < kMaxTensorsPerLaunch ? left : kMaxTensorsPerLaunch));
+        unsigned long long *trial = reinterpret_cast<unsigned long long *>(a->trial);
         if (adamw) {
-            optim_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c);
+            if (trial)
+                optim_kernel<true><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c, trial, off);
+            else
+                optim_kernel<false><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c, trial, off);
             CB_LAUNCHED(cb, "optim_kernel (adamw)");
         } else {
-            optim_kernel<<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c);
+            if (trial)
+                optim_kernel<true><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c, trial, off);
+            else
+                optim_kernel<false><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c, trial, off);
             CB_LAUNCHED(cb, "optim_kernel (sgd)");
         }
     }
@@ -564,6 +614,14 @@ void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int 
     CB_LAUNCHED(cb, "grad_stats_partial_kernel");
     grad_stats_finish_kernel<<<1, 256, 0, cb->stream>>>(out, counts, part, ntensors);
     CB_LAUNCHED(cb, "grad_stats_finish_kernel");
+}
+
+void cuda_step_propose(struct backend *be, const struct step_params *p, struct step_state *state,
+                       struct grad_check *check)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    step_propose_kernel<<<1, 1, 0, cb->stream>>>(*p, state, check);
+    CB_LAUNCHED(cb, "step_propose_kernel");
 }
 
 void cuda_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,
