@@ -122,7 +122,10 @@ struct optim_update_args {
     int64_t *trial;           /* NULL: update. Else (backend memory, shared by the call's entries) the trial of the
                                * same update: nothing is stored, and where any element's new weight or moment, as
                                * it would be stored (bf16 rounding included), is non-finite, *trial becomes at
-                               * most 1 + this entry's index in the call (the smallest such index wins) */
+                               * most 1 + this entry's index in the call (the smallest such index wins); a trial
+                               * returns at once unless sc->check */
+    struct state_bound *bound;/* or NULL; backend memory, shared by the call's entries: an update raises it to the
+                               * largest |weight|, |m| and v it stores (lib/step_rule.h, step_rule_bounded) */
     float weight_decay;       /* this parameter's (0 where it does not decay); adamw applies sc->adam_decay */
     double beta1, beta2;      /* adamw: the config's; the update uses (float)beta and (float)(1 - beta), 1 - beta
                                * computed in double as PyTorch passes it (0.001f for 0.999, not 1.0f - 0.999f) */

@@ -59,7 +59,7 @@ double optim_lr(const struct optimizer *o)
     return schedule_lr(&p, o->step);
 }
 
-void optim_step(struct optimizer *o, struct model *m, const struct step_scalars *sc, int64_t *trial)
+void optim_step(struct optimizer *o, struct model *m, struct step_state *st, int64_t *trial)
 {
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
@@ -69,8 +69,9 @@ void optim_step(struct optimizer *o, struct model *m, const struct step_scalars 
             .m = o->state[i].m.data ? &o->state[i].m : NULL,
             .v = o->state[i].v.data ? &o->state[i].v : NULL,
             .copy = p->copy.data ? &p->copy : NULL,
-            .sc = sc,
+            .sc = &st->sc,
             .trial = trial,
+            .bound = trial ? NULL : &st->bound,
             .weight_decay = p->decay ? (float)o->cfg.weight_decay : 0.0f,
             .beta1 = o->cfg.betas[0],
             .beta2 = o->cfg.betas[1],

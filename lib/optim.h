@@ -48,11 +48,11 @@ double optim_lr(const struct optimizer *o);
 
 /* Queue one step's update of every parameter, refreshing the low-precision copies in the same pass.
  * The scalars (gradient factor = unscale * clip, learning rate, step count, skip) are read by the
- * backend from `sc` in backend memory (written by step_finish); o->step is the host's mirror of the
- * count and is not touched here. With `trial` (backend memory; step_propose's scalars), the same
- * arithmetic stores nothing and reports whether any weight or moment would be stored non-finite
- * (struct optim_update_args.trial). */
-void optim_step(struct optimizer *o, struct model *m, const struct step_scalars *sc, int64_t *trial);
+ * backend from st->sc in backend memory (written by step_finish), and the update raises st->bound to the
+ * magnitudes it stores; o->step is the host's mirror of the count and is not touched here. With `trial`
+ * (backend memory; step_propose's scalars), the same arithmetic stores nothing and reports whether any
+ * weight or moment would be stored non-finite (struct optim_update_args.trial), where st->sc.check asks. */
+void optim_step(struct optimizer *o, struct model *m, struct step_state *st, int64_t *trial);
 
 void optim_free(struct optimizer *o);
 

@@ -53,7 +53,10 @@ struct step_params {
     double max_norm;          /* clip.max_norm; 0: no clipping */
     int32_t inf_norm;         /* clip.norm_type is inf: the norm is max |g| */
     double beta1, beta2;      /* AdamW's, as the config gives them: bias corrections 1 - beta^t in double, as PyTorch */
-    float weight_decay;       /* AdamW's, as the fp32 value the update uses */
+    float weight_decay;       /* as the fp32 value the update uses (AdamW's and SGD's) */
+    int32_t sgd;              /* the optimizer is SGD (else AdamW): which update step_rule_bounded bounds */
+    float eps, momentum;      /* AdamW's eps, SGD's momentum, as the updates use them */
+    int32_t nesterov;
     struct schedule_params schedule;
 };
 
@@ -70,6 +73,8 @@ struct grad_check {
 /* This step's optimizer scalars, read by adamw_update / sgd_update from backend memory. */
 struct step_scalars {
     int32_t skip;             /* non-finite gradients: the updates leave every tensor as it is */
+    int32_t check;            /* a trial update runs only where this is 1 (step_rule_propose: its bound could not
+                               * rule out a non-finite weight or moment); the update itself ignores it */
     int32_t first_step;       /* sgd: the momentum buffer starts as the gradient (PyTorch) */
     float grad_mul;           /* unscale and clip folded: inv_scale * clip_coef */
     float lr;
@@ -95,6 +100,15 @@ struct step_row {
                                * trainer zeroes the window's rows first; step_rule_finish leaves it) */
 };
 
+/* The largest magnitudes of the optimizer state as the last applied update stored it, in backend memory (+Inf: not
+ * known, as before a run's first step): the updates raise them over every element they store
+ * (optim_update_args.bound) after step_rule_finish zeroed them for a taken step; a skipped step leaves them. */
+struct state_bound {
+    float pmax;               /* max |weight| */
+    float mmax;               /* max |AdamW's first moment| or |SGD's momentum buffer| */
+    float vmax;               /* max of AdamW's second moment */
+};
+
 /* The training state the step rule owns, in backend memory. The host keeps a mirror (trainer.scaler,
  * optimizer.step, trainer.step) that it writes before a log window and reads back after it. */
 struct step_state {
@@ -105,6 +119,7 @@ struct step_state {
                                * the ranks) */
     float seed;               /* the loss gradient's seed for the next step: scale / (accum_steps x world) */
     struct step_scalars sc;   /* the decision of the last finished step */
+    struct state_bound bound; /* the optimizer state's magnitudes, for step_rule_bounded */
 };
 
 /* The loss gradient's seed for a step run at the scaler's current scale. */
@@ -120,6 +135,7 @@ AMP_HD static inline void step_rule_scalars(struct step_scalars *sc, const struc
     double bc1 = 1.0 - pow(p->beta1, (double)t);
     double bc2 = 1.0 - pow(p->beta2, (double)t);
     sc->skip = 0;
+    sc->check = 0;
     sc->first_step = t == 1;
     sc->grad_mul = grad_mul;
     sc->lr = lr;
@@ -142,9 +158,37 @@ AMP_HD static inline void step_rule_decide(const struct step_params *p, const st
     *lr = schedule_lr(&p->schedule, st->opt_step);
 }
 
+/* Whether the update with scalars sc, on finite gradients of max |g| gc->absmax and a state within b, stores only
+ * finite weights and moments, proved from bounds: each value's magnitude bounded term by term in double, with 1%
+ * for fp32's and bf16's roundings, against 3e38 (below fp32's largest value and bf16's largest finite one, so
+ * neither a rounding to nearest nor a stochastic one reaches Inf). AdamW's step is bounded by |m| / eps (its
+ * denominator is at least eps). A bound that is not finite, or eps 0, proves nothing: the trial decides. */
+AMP_HD static inline int step_rule_bounded(const struct step_params *p, const struct step_scalars *sc,
+                                           const struct grad_check *gc, const struct state_bound *b)
+{
+    const double top = 3.0e38, k = 1.01;
+    double P = b->pmax, M = b->mmax, V = b->vmax;
+    double G = gc->absmax * fabs((double)sc->grad_mul) * k;
+    if (p->sgd) {
+        double mom = p->momentum, g = (G + fabs((double)p->weight_decay) * P) * k;
+        double buf = mom != 0 ? (mom * M + g) * k : 0;
+        double d = (p->nesterov ? g + mom * buf : mom != 0 ? buf : g) * k;
+        double np = (P + fabs((double)sc->lr) * d) * k;
+        return G < top && g < top && buf < top && d < top && np < top;
+    }
+    if (!(p->eps > 0))
+        return 0;
+    double m = (p->beta1 * M + (1.0 - p->beta1) * G) * k;
+    double v = (p->beta2 * V + (1.0 - p->beta2) * G * G) * k;
+    double step = fabs((double)sc->adam_neg_step) * m * k;
+    double np = (P * fmax(1.0, fabs((double)sc->adam_decay)) + step / p->eps) * k;
+    return G < top && m < top && v < top && step < top && np < top;
+}
+
 /* The scalars step st->step + 1 would update with, into st->sc, committing nothing (skip where the gradients
- * are not finite): the trial updates run on them and report into gc->update_nonfinite, which this zeroes,
- * before step_rule_finish decides. A weight or moment is never written non-finite (docs/precision.md). */
+ * are not finite), and whether a trial must check them (sc.check: the state's bound does not prove the update
+ * finite): the trial updates run on them and report into gc->update_nonfinite, which this zeroes, before
+ * step_rule_finish decides. A weight or moment is never written non-finite (docs/precision.md). */
 AMP_HD static inline void step_rule_propose(const struct step_params *p, struct step_state *st,
                                             struct grad_check *gc)
 {
@@ -157,6 +201,7 @@ AMP_HD static inline void step_rule_propose(const struct step_params *p, struct 
     }
     step_rule_decide(p, st, gc, inv, &norm, &coef, &lr);
     step_rule_scalars(&st->sc, p, (float)lr, st->opt_step + 1, (float)((double)inv * coef));
+    st->sc.check = !step_rule_bounded(p, &st->sc, gc, &st->bound);
 }
 
 /* Finish step st->step + 1 (DESIGN.md section 3): inv = 1/scale; norm and clip coefficient from the
@@ -175,6 +220,7 @@ AMP_HD static inline void step_rule_finish(const struct step_params *p, struct s
     if (!nonfinite && !bad_update) {
         st->opt_step++;
         step_rule_scalars(&st->sc, p, (float)lr, st->opt_step, (float)((double)inv * coef));
+        st->bound.pmax = st->bound.mmax = st->bound.vmax = 0.0f; /* the updates raise them again */
     } else {
         st->sc.skip = 1;
         lr = 0.0;

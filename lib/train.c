@@ -224,8 +224,14 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
         .beta1 = cfg->optim.betas[0],
         .beta2 = cfg->optim.betas[1],
         .weight_decay = (float)cfg->optim.weight_decay,
+        .sgd = cfg->optim.kind == OPTIM_SGD,
+        .eps = (float)cfg->optim.eps,
+        .momentum = (float)cfg->optim.momentum,
+        .nesterov = cfg->optim.nesterov,
         .schedule = optim_schedule_params(&t->opt),
     };
+    /* the state's magnitudes are not known before a step has stored them: the first step runs its trial */
+    t->bound = (struct state_bound){INFINITY, INFINITY, INFINITY};
     t->window = cfg->run.log_every < TRAIN_MAX_WINDOW ? cfg->run.log_every : TRAIN_MAX_WINDOW;
     size_t w = (size_t)t->window, nc = 2 * (size_t)(t->model.nparams ? t->model.nparams : 1);
     size_t off_check = align256(sizeof(struct step_state));
@@ -372,6 +378,7 @@ static void push_state(struct trainer *t)
         .step = t->step,
         .opt_step = t->opt.step,
         .seed = step_rule_seed(&t->scaler, t->params.micro_batches),
+        .bound = t->bound,
     };
     t->be->upload(t->be, t->dev_state, &st, sizeof st);
     /* the window's rows start at zero: count_zeros adds into them (grad_zeros) */
@@ -447,9 +454,9 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     be->grad_stats(be, t->grads, m->nparams, t->dev_check, counts);
     /* an update that would store a non-finite weight or moment is never applied: its trial first */
     be->step_propose(be, &t->params, t->dev_state, t->dev_check);
-    optim_step(&t->opt, m, &t->dev_state->sc, &t->dev_check->update_nonfinite);
+    optim_step(&t->opt, m, t->dev_state, &t->dev_check->update_nonfinite);
     be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_rows + t->pending);
-    optim_step(&t->opt, m, &t->dev_state->sc, NULL);
+    optim_step(&t->opt, m, t->dev_state, NULL);
     if (m->has_fp8) {
         /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
          * ranks of this step's rows, so replicas keep one fp8 state and a checkpoint holds it */
@@ -510,6 +517,7 @@ enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
     memcpy(&st, t->host, sizeof st);
     t->scaler = st.scaler;
     t->opt.step = st.opt_step;
+    t->bound = st.bound;
     for (int64_t i = 0; i < n; i++) {
         const struct step_row *r = &t->rows_host[i];
         struct step_record *rec = &t->recs[i];

@@ -60,6 +60,7 @@ struct trainer {
     struct model model;
     struct optimizer opt;
     struct scaler scaler;
+    struct state_bound bound;    /* host mirror of the step state's bound (lib/step_rule.h); +Inf until a step */
     struct sampler sampler;
     struct runlog log;
     struct batch_io io;

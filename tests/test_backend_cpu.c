@@ -2794,6 +2794,7 @@ static void run_trial_case(const struct trial_case *c, bool adamw)
     struct step_params sp = { .beta1 = 0.9, .beta2 = 0.999 };
     struct step_scalars sc;
     step_rule_scalars(&sc, &sp, c->lr, 2, 1.0f);
+    sc.check = 1; /* what step_rule_propose asks where its bound proves nothing */
     for (int e = 0; e < 2; e++) {
         float *hp = malloc(n * sizeof *hp), *hg = malloc(n * sizeof *hg), *hz = calloc(n, sizeof *hz);
         for (size_t i = 0; i < n; i++) {
@@ -2820,6 +2821,13 @@ static void run_trial_case(const struct trial_case *c, bool adamw)
         }
     int64_t trial = 0;
     a[0].trial = a[1].trial = &trial;
+    sc.check = 0; /* the step's bound proved it finite: the trial does nothing */
+    if (adamw)
+        be->adamw_update(be, a, 2);
+    else
+        be->sgd_update(be, a, 2);
+    cr_assert_eq(trial, 0, "%s: a trial ran without sc->check", c->what);
+    sc.check = 1;
     if (adamw)
         be->adamw_update(be, a, 2);
     else
@@ -2831,18 +2839,36 @@ static void run_trial_case(const struct trial_case *c, bool adamw)
             cr_assert_eq(memcmp(before[e][k], t[e][k]->data, tensor_bytes(t[e][k])), 0, "%s: the trial wrote", c->what);
             free(before[e][k]);
         }
-    /* the update itself, where the trial was clean, leaves everything finite (and did move the weights) */
+    /* the update itself, where the trial was clean, leaves everything finite (and did move the weights), and
+     * raises the state's bound to the largest |weight|, |m| and v it stored, over both entries */
     if (c->want == 0) {
+        struct state_bound bound = {0};
         a[0].trial = a[1].trial = NULL;
+        a[0].bound = a[1].bound = &bound;
         if (adamw)
             be->adamw_update(be, a, 2);
         else
             be->sgd_update(be, a, 2);
-        float *w = malloc(n * sizeof *w);
-        tensor_to_host_f32(t[1][0], w);
-        for (size_t i = 0; i < n; i++)
-            cr_assert(isfinite(w[i]), "%s: weight %zu is %g after a clean trial", c->what, i, w[i]);
+        float *w = malloc(n * sizeof *w), most[3] = {0, 0, 0};
+        for (int e = 0; e < 2; e++)
+            for (int k = 0; k < 3; k++) {
+                if (k == 2 && !adamw)
+                    continue;
+                int slot = k == 0 ? 0 : k + 1; /* master, m, v */
+                tensor_to_host_f32(t[e][slot], w);
+                for (size_t i = 0; i < n; i++) {
+                    cr_assert(isfinite(w[i]), "%s: tensor %d element %zu is %g after a clean trial", c->what, k, i,
+                              w[i]);
+                    most[k] = fabsf(w[i]) > most[k] ? fabsf(w[i]) : most[k];
+                }
+            }
+        tensor_to_host_f32(t[0][0], w);
         cr_assert_neq(w[0], 0.5f, "%s: the update moved nothing", c->what);
+        /* the bound holds the stored values' maxima (bf16 storage: within its rounding of them) */
+        const float got[3] = {bound.pmax, bound.mmax, bound.vmax};
+        for (int k = 0; k < (adamw ? 3 : 2); k++)
+            cr_assert(got[k] >= most[k] * 0.996f && got[k] <= most[k] * 1.004f, "%s: bound %d is %g, stored max %g",
+                      c->what, k, got[k], most[k]);
         free(w);
     }
 }

@@ -1983,3 +1983,108 @@ Test(cuda_backend, needs_the_cuda_backend)
 
 #endif
 
+
+/* The trial of an update (optim_update_args.trial) and the state's bound on both backends: the same parameter
+ * reported (a weight that lr 1e37 takes past fp32's top, in the second of three tensors; the first entry where
+ * every weight overflows), nothing stored by a trial, no trial without sc->check, and the bound an update raises
+ * equal to the CPU's bit for bit (both take the values before rounding to the stored dtype). */
+Test(cuda_backend, update_trial_and_bound_match_the_cpu, .init = open_both, .fini = close_both)
+{
+    rng_state = 41;
+    int64_t n = 4099;
+    for (int sgd = 0; sgd < 2; sgd++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            struct pair p[3], g[3], m[3], v[3];
+            for (int e = 0; e < 3; e++) {
+                pair_rand(&p[e], bf16 ? DT_BF16 : DT_FP32, 1, &n, -1, 1);
+                pair_rand(&g[e], DT_FP32, 1, &n, -1, 1);
+                pair_rand(&m[e], DT_FP32, 1, &n, -0.1f, 0.1f);
+                pair_rand(&v[e], DT_FP32, 1, &n, 0, 0.1f);
+            }
+            float big = 3.3e38f, neg = -1.0f; /* weight 3.3e38 pushed up by lr 1e37 */
+            for (int side = 0; side < 2; side++) {
+                struct backend *be = side ? gpu : cpu;
+                struct tensor *pt = side ? &p[1].g : &p[1].c, *gt = side ? &g[1].g : &g[1].c;
+                uint16_t hb = bf16_from_fp32(big);
+                be->upload(be, (char *)pt->data + 77 * dtype_size(pt->dtype), bf16 ? (void *)&hb : (void *)&big,
+                           dtype_size(pt->dtype));
+                be->upload(be, (float *)gt->data + 77, &neg, sizeof neg);
+            }
+            struct step_params sp = {.beta1 = 0.9, .beta2 = 0.999};
+            for (int lr_case = 0; lr_case < 3; lr_case++) {
+                const float lrs[3] = {1e-3f, 1e37f, 1e38f};
+                struct step_scalars sc;
+                step_rule_scalars(&sc, &sp, lrs[lr_case], 3, 1.0f);
+                sc.check = 1;
+                int64_t got[2];
+                for (int side = 0; side < 2; side++) {
+                    struct backend *be = side ? gpu : cpu;
+                    struct step_scalars *scd = be_put(be, &sc, sizeof sc);
+                    int64_t zero = 0, *trial = be_put(be, &zero, sizeof zero);
+                    struct optim_update_args a[3];
+                    for (int e = 0; e < 3; e++)
+                        a[e] = (struct optim_update_args){.master = side ? &p[e].g : &p[e].c,
+                                                          .grad = side ? &g[e].g : &g[e].c,
+                                                          .m = side ? &m[e].g : &m[e].c,
+                                                          .v = sgd ? NULL : side ? &v[e].g : &v[e].c, .sc = scd,
+                                                          .trial = trial, .beta1 = 0.9, .beta2 = 0.999,
+                                                          .eps = 1e-8f, .momentum = 0.9f};
+                    if (sgd)
+                        be->sgd_update(be, a, 3);
+                    else
+                        be->adamw_update(be, a, 3);
+                    be->download(be, &got[side], trial, sizeof got[side]);
+                    be->free(be, scd);
+                    be->free(be, trial);
+                }
+                check_gpu();
+                /* lr 1e-3: clean; 1e37: at least the weight at 3.3e38 overflows; AdamW at 1e38: -lr / (1 - 0.9^3) is
+                 * -Inf, every weight, so the first entry is reported */
+                bool ok = lr_case == 0 ? got[0] == 0 : lr_case == 1 || sgd ? got[0] >= 1 && got[0] <= 2 : got[0] == 1;
+                cr_assert(ok, "%s bf16 %d lr %g: CPU trial %lld", sgd ? "sgd" : "adamw", bf16, lrs[lr_case],
+                          (long long)got[0]);
+                cr_assert_eq(got[1], got[0], "%s bf16 %d lr %g: GPU trial %lld, CPU %lld", sgd ? "sgd" : "adamw", bf16,
+                             lrs[lr_case], (long long)got[1], (long long)got[0]);
+            }
+            for (int e = 0; e < 3; e++) { /* the trials stored nothing */
+                pair_expect_bits(&p[e], "master after trials");
+                pair_expect_bits(&m[e], "m after trials");
+            }
+            /* an update with a bound: the same maxima on both */
+            struct step_scalars sc;
+            step_rule_scalars(&sc, &sp, 1e-3f, 3, 1.0f);
+            struct state_bound b[2];
+            for (int side = 0; side < 2; side++) {
+                struct backend *be = side ? gpu : cpu;
+                struct step_scalars *scd = be_put(be, &sc, sizeof sc);
+                struct state_bound zero = {0}, *bound = be_put(be, &zero, sizeof zero);
+                struct optim_update_args a[3];
+                for (int e = 0; e < 3; e++)
+                    a[e] = (struct optim_update_args){.master = side ? &p[e].g : &p[e].c,
+                                                      .grad = side ? &g[e].g : &g[e].c,
+                                                      .m = side ? &m[e].g : &m[e].c,
+                                                      .v = sgd ? NULL : side ? &v[e].g : &v[e].c, .sc = scd,
+                                                      .bound = bound, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8f,
+                                                      .momentum = 0.9f};
+                if (sgd)
+                    be->sgd_update(be, a, 3);
+                else
+                    be->adamw_update(be, a, 3);
+                be->download(be, &b[side], bound, sizeof b[side]);
+                be->free(be, scd);
+                be->free(be, bound);
+            }
+            check_gpu();
+            cr_assert(b[0].pmax > 3e38f && b[0].mmax > 0 && (sgd || b[0].vmax > 0), "CPU bound %g %g %g", b[0].pmax,
+                      b[0].mmax, b[0].vmax);
+            cr_assert_eq(memcmp(&b[0], &b[1], sizeof b[0]), 0, "%s bf16 %d: GPU bound %g %g %g, CPU %g %g %g",
+                         sgd ? "sgd" : "adamw", bf16, b[1].pmax, b[1].mmax, b[1].vmax, b[0].pmax, b[0].mmax,
+                         b[0].vmax);
+            for (int e = 0; e < 3; e++) {
+                pair_free(&p[e]);
+                pair_free(&g[e]);
+                pair_free(&m[e]);
+                pair_free(&v[e]);
+            }
+        }
+}

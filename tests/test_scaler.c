@@ -206,9 +206,10 @@ Test(scaler, a_non_finite_update_is_a_counted_skip_that_moves_nothing_else)
 {
     struct precision_config pc = dyn(1024, 3, 2, 1, 1e9);
     struct step_params p = {.micro_batches = 2, .max_norm = 1.0, .beta1 = 0.9, .beta2 = 0.999, .weight_decay = 0.01f,
+                            .eps = 1e-8f,
                             .schedule = {.kind = SCHEDULE_COSINE, .lr = 1e-3, .min_lr = 1e-5, .warmup_steps = 2,
                                          .total_steps = 20}};
-    struct step_state st = {.opt_step = 0, .loss_acc = 3.0};
+    struct step_state st = {.opt_step = 0, .loss_acc = 3.0, .bound = {INFINITY, INFINITY, INFINITY}};
     scaler_init(&st.scaler, &pc);
     for (int step = 0; step < 8; step++) {
         bool bad = step == 2 || step == 5 || step == 6;
@@ -217,6 +218,10 @@ Test(scaler, a_non_finite_update_is_a_counted_skip_that_moves_nothing_else)
         cr_assert_eq(gc.update_nonfinite, 0, "propose zeroes the trial's report");
         struct step_scalars proposed = st.sc;
         cr_assert_eq(proposed.skip, 0);
+        /* the state's magnitudes are unknown before the first step: a trial; after a taken step they are what the
+         * updates stored (zeroed here, as step_finish leaves them before the updates raise them): no trial */
+        cr_assert_eq(proposed.check, step == 0 || isinf(st.bound.pmax), "step %d", step);
+        proposed.check = 0;
         gc.update_nonfinite = bad ? 3 : 0;
         struct step_state before = st;
         struct step_row row;
@@ -251,4 +256,34 @@ Test(scaler, a_non_finite_update_is_a_counted_skip_that_moves_nothing_else)
     st.scaler.hysteresis_left = 1;
     step_rule_finish(&p, &st, &gc, &row);
     cr_assert(row.found_inf && row.skipped && !row.update_nonfinite && st.scaler.scale == scale * 0.5);
+}
+
+/* step_rule_bounded: the trial is skipped only where the bound proves every stored value finite. */
+Test(scaler, the_trial_is_skipped_only_where_a_bound_proves_the_update_finite)
+{
+    struct step_params adam = {.beta1 = 0.9, .beta2 = 0.999, .weight_decay = 0.01f, .eps = 1e-8f};
+    struct step_params sgd = {.sgd = 1, .momentum = 0.9f, .nesterov = 1, .weight_decay = 0.01f};
+    struct grad_check gc = {.absmax = 10.0};
+    struct state_bound small = {2.0f, 1.0f, 1.0f}, unknown = {INFINITY, INFINITY, INFINITY};
+    struct state_bound near_max = {3.39e38f, 1.0f, 1.0f}, v_near_max = {1.0f, 1.0f, 3.39e38f};
+    const struct step_params *ps[2] = {&adam, &sgd};
+    for (int k = 0; k < 2; k++) {
+        struct step_scalars sc;
+        step_rule_scalars(&sc, ps[k], 1e-3f, 5, 0.5f);
+        cr_assert(step_rule_bounded(ps[k], &sc, &gc, &small), "%d: an ordinary step is proved finite", k);
+        cr_assert(!step_rule_bounded(ps[k], &sc, &gc, &unknown), "%d", k);
+        cr_assert(!step_rule_bounded(ps[k], &sc, &gc, &near_max), "%d: a weight near fp32's top", k);
+        struct grad_check huge = {.absmax = 3.3e38};
+        cr_assert(!step_rule_bounded(ps[k], &sc, &huge, &small), "%d: a gradient near the top", k);
+        step_rule_scalars(&sc, ps[k], 1e38f, 5, 0.5f);
+        cr_assert(!step_rule_bounded(ps[k], &sc, &gc, &small), "%d: lr 1e38", k);
+    }
+    struct step_scalars sc;
+    step_rule_scalars(&sc, &adam, 1e-3f, 5, 0.5f);
+    cr_assert(!step_rule_bounded(&adam, &sc, &gc, &v_near_max), "AdamW's second moment near the top");
+    struct grad_check g_sq = {.absmax = 2e21}; /* (1 - beta2) (0.5 g)^2 = 1e39 overflows v */
+    cr_assert(!step_rule_bounded(&adam, &sc, &g_sq, &small));
+    struct step_params no_eps = adam;
+    no_eps.eps = 0.0f;
+    cr_assert(!step_rule_bounded(&no_eps, &sc, &gc, &small), "eps 0: the step is not bounded by m / eps");
 }

@@ -3889,6 +3889,30 @@ static bool optim_block_nonfinite(enum dtype dt, size_t off, size_t n, const flo
     return bad;
 }
 
+/* The largest |x[i]| of a block as the bits of a non-negative float, which order as unsigned integers: an integer
+ * max, which vectorises (the state's bound, struct state_bound). */
+static uint32_t block_absmax_bits(const float *x, size_t n)
+{
+    uint32_t mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], sizeof b);
+        b &= 0x7FFFFFFFu;
+        mx = b > mx ? b : mx;
+    }
+    return mx;
+}
+
+/* *slot = max(*slot, the float of `bits`), from any thread (the max does not depend on the order). */
+static void bound_raise(float *slot, uint32_t bits)
+{
+    float want, cur;
+    memcpy(&want, &bits, sizeof want);
+    __atomic_load(slot, &cur, __ATOMIC_RELAXED);
+    while (want > cur && !__atomic_compare_exchange(slot, &cur, &want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
 /* A trial found a non-finite value in entry `index` of its call: *trial = min(*trial, index + 1), from any
  * thread (the smallest index wins, whatever the order). */
 static void optim_trial_report(int64_t *trial, int64_t index)
@@ -3910,7 +3934,8 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
     optim_check(a);
     assert(a->m && a->v);
     const struct step_scalars *sc = a->sc;
-    if (sc->skip)
+    bool trial = a->trial != NULL;
+    if (sc->skip || (trial && !sc->check))
         return;
     enum dtype pd = a->master->dtype, md = a->m->dtype, vd = a->v->dtype;
     const float *g = (const float *)a->grad->data;
@@ -3918,7 +3943,7 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
     float b1 = (float)a->beta1, b2 = (float)a->beta2, omb1 = (float)(1.0 - a->beta1), omb2 = (float)(1.0 - a->beta2);
     float gm = sc->grad_mul, eps = a->eps;
     uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
-    bool trial = a->trial != NULL;
+    uint32_t pmax = 0, mmax = 0, vmax = 0;
     float pbuf[BLOCK], mbuf[BLOCK], vbuf[BLOCK];
     for (size_t off = lo; off < hi; off += BLOCK) {
         size_t c = hi - off < BLOCK ? hi - off : BLOCK;
@@ -3942,10 +3967,21 @@ HOT_LOOP static void adamw_range(const struct optim_update_args *a, size_t lo, s
                 optim_trial_report(a->trial, index);
             continue;
         }
+        if (a->bound) {
+            uint32_t bp = block_absmax_bits(p, c), bm = block_absmax_bits(m, c), bv = block_absmax_bits(v, c);
+            pmax = bp > pmax ? bp : pmax;
+            mmax = bm > mmax ? bm : mmax;
+            vmax = bv > vmax ? bv : vmax;
+        }
         optim_block_store(a->master->data, pd, off, c, p, a, key, SR_WEIGHT);
         optim_block_store(a->m->data, md, off, c, m, a, key, SR_M);
         optim_block_store(a->v->data, vd, off, c, v, a, key, SR_V);
         optim_store_copy(a, off, c);
+    }
+    if (a->bound && !trial) {
+        bound_raise(&a->bound->pmax, pmax);
+        bound_raise(&a->bound->mmax, mmax);
+        bound_raise(&a->bound->vmax, vmax);
     }
 }
 
@@ -3955,7 +3991,8 @@ HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, siz
 {
     optim_check(a);
     const struct step_scalars *sc = a->sc;
-    if (sc->skip)
+    bool trial = a->trial != NULL;
+    if (sc->skip || (trial && !sc->check))
         return;
     void *p = a->master->data, *buf = a->m && a->momentum != 0.0f ? a->m->data : NULL;
     enum dtype pd = a->master->dtype, bd = a->m ? a->m->dtype : DT_FP32;
@@ -3963,7 +4000,7 @@ HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, siz
     float gm = sc->grad_mul, wd = a->weight_decay, mom = a->momentum, neg_lr = -sc->lr;
     bool first_step = sc->first_step != 0;
     uint64_t key = a->stochastic ? sr_key(a->sr_seed, sc->t, a->sr_param) : 0;
-    bool trial = a->trial != NULL;
+    uint32_t pmax = 0, bmax = 0;
     float pbuf[BLOCK], bbuf[BLOCK];
     for (size_t off = lo; off < hi; off += BLOCK) {
         size_t c = hi - off < BLOCK ? hi - off : BLOCK;
@@ -3987,10 +4024,19 @@ HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, siz
                 optim_trial_report(a->trial, index);
             continue;
         }
+        if (a->bound) {
+            uint32_t bp = block_absmax_bits(pb, c), bm = bb ? block_absmax_bits(bb, c) : 0;
+            pmax = bp > pmax ? bp : pmax;
+            bmax = bm > bmax ? bm : bmax;
+        }
         if (bb)
             optim_block_store(buf, bd, off, c, bb, a, key, SR_M);
         optim_block_store(p, pd, off, c, pb, a, key, SR_WEIGHT);
         optim_store_copy(a, off, c);
+    }
+    if (a->bound && !trial) {
+        bound_raise(&a->bound->pmax, pmax);
+        bound_raise(&a->bound->mmax, bmax);
     }
 }
 

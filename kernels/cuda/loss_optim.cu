@@ -294,11 +294,24 @@ __device__ __forceinline__ bool stored_nonfinite(int dt, float v, bool stochasti
     return !isfinite(value_rounded(dt, v, stochastic, draw, shift));
 }
 
+/* The running maxima of |weight|, |m| (or the momentum buffer) and v an update stores, before their rounding to the
+ * stored dtype (as the CPU backend takes them; step_rule_bounded allows for it), as float bits (non-negative floats
+ * order as unsigned integers), for the state's bound (struct state_bound). */
+struct stored_max {
+    unsigned p, m, v;
+};
+
+__device__ __forceinline__ void raise_bits(unsigned &mx, float x)
+{
+    unsigned b = __float_as_uint(x) & 0x7FFFFFFFu;
+    mx = b > mx ? b : mx;
+}
+
 /* Element i of torch.optim.AdamW, in the CPU backend's order (adamw_range). Trial: nothing is stored; returns
- * whether the new weight or a moment would be stored non-finite. */
+ * whether the new weight or a moment would be stored non-finite. Else the stored values raise mx. */
 template <bool Trial>
 __device__ __forceinline__ bool update_element(const struct optim_table_entry &t, size_t i,
-                                               const struct step_scalars &s, const adamw_consts &c)
+                                               const struct step_scalars &s, const adamw_consts &c, stored_max &mx)
 {
     float gi = t.grad[i] * s.grad_mul;
     float p0 = load_elem(t.master, t.master_dt, i);
@@ -315,6 +328,9 @@ __device__ __forceinline__ bool update_element(const struct optim_table_entry &t
     float stored = store_rounded(t.master, t.master_dt, i, np, t.stochastic, draw, SR_WEIGHT);
     store_rounded(t.m, t.state_dt, i, mi, t.stochastic, draw, SR_M);
     store_rounded(t.v, t.state_dt, i, vi, t.stochastic, draw, SR_V);
+    raise_bits(mx.p, np);
+    raise_bits(mx.m, mi);
+    raise_bits(mx.v, vi);
     if (t.copy)
         store_elem(t.copy, t.copy_dt, i, stored);
     return false;
@@ -329,7 +345,7 @@ struct sgd_consts {
 /* Element i of torch.optim.SGD, in the CPU backend's order (sgd_range); t.m NULL: no momentum. Trial as AdamW's. */
 template <bool Trial>
 __device__ __forceinline__ bool update_element(const struct optim_table_entry &t, size_t i,
-                                               const struct step_scalars &s, const sgd_consts &c)
+                                               const struct step_scalars &s, const sgd_consts &c, stored_max &mx)
 {
     float gi = t.grad[i] * s.grad_mul, p0 = load_elem(t.master, t.master_dt, i);
     uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), (uint64_t)i) : 0;
@@ -342,15 +358,32 @@ __device__ __forceinline__ bool update_element(const struct optim_table_entry &t
             bad = stored_nonfinite(t.state_dt, bi, t.stochastic, draw, SR_M);
         else
             store_rounded(t.m, t.state_dt, i, bi, t.stochastic, draw, SR_M);
+        raise_bits(mx.m, bi);
         gi = c.nesterov ? gi + c.mom * bi : bi;
     }
     float np = p0 + (-s.lr) * gi;
     if (Trial)
         return bad || stored_nonfinite(t.master_dt, np, t.stochastic, draw, SR_WEIGHT);
     float stored = store_rounded(t.master, t.master_dt, i, np, t.stochastic, draw, SR_WEIGHT);
+    raise_bits(mx.p, np);
     if (t.copy)
         store_elem(t.copy, t.copy_dt, i, stored);
     return false;
+}
+
+/* The warp's maxima into the bound (one atomicMax a warp and value: the max does not depend on the order). */
+__device__ void bound_raise(struct state_bound *bound, stored_max mx)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        mx.p = max(mx.p, __shfl_xor_sync(0xffffffffu, mx.p, o));
+        mx.m = max(mx.m, __shfl_xor_sync(0xffffffffu, mx.m, o));
+        mx.v = max(mx.v, __shfl_xor_sync(0xffffffffu, mx.v, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(reinterpret_cast<unsigned *>(&bound->pmax), mx.p);
+        atomicMax(reinterpret_cast<unsigned *>(&bound->mmax), mx.m);
+        atomicMax(reinterpret_cast<unsigned *>(&bound->vmax), mx.v);
+    }
 }
 
 /* *trial = min(*trial, want) where 0 means none yet: the smallest entry index wins, whatever the order. */
@@ -363,21 +396,25 @@ __device__ void trial_report(unsigned long long *trial, unsigned long long want)
 
 /* Grid (blocks per tensor, tensors): block row y updates tab[y] with a grid-stride loop over its
  * elements, each by the update's update_element (AdamW's or SGD's, by Consts). Every thread reads the
- * skip flag first: a skipped step writes nothing. A trial (trial != NULL) stores nothing and reports
- * 1 + (base + y) for a tensor with a value that would be stored non-finite. */
+ * skip flag first: a skipped step writes nothing. A trial (Trial) runs only where sc->check asks, stores
+ * nothing and reports 1 + (base + y) for a tensor with a value that would be stored non-finite; an update
+ * raises `bound` (or NULL) to the magnitudes it stores. */
 template <bool Trial, typename Consts>
 __global__ void optim_kernel(const struct optim_table_entry *tab, const struct step_scalars *sc, Consts c,
-                             unsigned long long *trial, int base)
+                             unsigned long long *trial, int base, struct state_bound *bound)
 {
     const struct step_scalars s = *sc;
-    if (s.skip)
+    if (s.skip || (Trial && !s.check))
         return;
     const struct optim_table_entry t = tab[blockIdx.y];
     bool bad = false;
+    stored_max mx = {0u, 0u, 0u};
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (size_t)gridDim.x * blockDim.x)
-        bad |= update_element<Trial>(t, i, s, c);
+        bad |= update_element<Trial>(t, i, s, c, mx);
     if (Trial && bad)
         trial_report(trial, (unsigned long long)(base + (int)blockIdx.y) + 1ull);
+    if (!Trial && bound)
+        bound_raise(bound, mx);
 }
 
 /* The device table of `grads` for grad_stats_partial_kernel, uploaded only when it changed (struct
@@ -531,15 +568,15 @@ void optim_update(struct backend *be, const struct optim_update_args *a, int n, 
         unsigned long long *trial = reinterpret_cast<unsigned long long *>(a->trial);
         if (adamw) {
             if (trial)
-                optim_kernel<true><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c, trial, off);
+                optim_kernel<true><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c, trial, off, a->bound);
             else
-                optim_kernel<false><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c, trial, off);
+                optim_kernel<false><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, adam_c, trial, off, a->bound);
             CB_LAUNCHED(cb, "optim_kernel (adamw)");
         } else {
             if (trial)
-                optim_kernel<true><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c, trial, off);
+                optim_kernel<true><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c, trial, off, a->bound);
             else
-                optim_kernel<false><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c, trial, off);
+                optim_kernel<false><<<grid, kOptimThreads, 0, cb->stream>>>(tab + off, a->sc, sgd_c, trial, off, a->bound);
             CB_LAUNCHED(cb, "optim_kernel (sgd)");
         }
     }
