@@ -4,6 +4,7 @@
  * Every subcommand returns an `enum amp_status`; main turns it into the process exit code of
  * DESIGN.md section 1 and prints the error with its hint.
  */
+#define _POSIX_C_SOURCE 200809L /* lstat, O_NOFOLLOW: export's look at OUT */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,8 +26,10 @@
 #include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifndef AMP_VERSION
 #define AMP_VERSION "0.0.0"
@@ -655,12 +658,76 @@ static enum amp_status export_tensors(const struct ckpt_weights *w, const struct
     return st;
 }
 
+/* What `out` is, as a noun phrase for "OUT '...' is ..." (empty when export may write there: absent, or an earlier
+ * export). lstat, so a symbolic link is itself refused (rename would replace the link, not what it names); a FIFO
+ * or a device is never opened, and a regular file is opened without blocking or following a link. */
+static void export_out_kind(const char *out, const struct stat *input, char *what, size_t len)
+{
+    static const char *const run_files[] = {"latest", "config.yaml", "scale_log.csv", "eval.jsonl", "numerics.csv"};
+    struct stat sb;
+    what[0] = '\0';
+    if (lstat(out, &sb) != 0)
+        return; /* absent (or unreachable: the write names the error) */
+    const char *kind = S_ISDIR(sb.st_mode)    ? "a directory"
+                       : S_ISCHR(sb.st_mode)  ? "a character device"
+                       : S_ISBLK(sb.st_mode)  ? "a block device"
+                       : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                       : S_ISSOCK(sb.st_mode) ? "a socket"
+                       : S_ISLNK(sb.st_mode)  ? "a symbolic link"
+                       : NULL;
+    if (kind) {
+        snprintf(what, len, "%s", kind);
+        return;
+    }
+    if (sb.st_dev == input->st_dev && sb.st_ino == input->st_ino) {
+        snprintf(what, len, "the checkpoint being exported");
+        return;
+    }
+    unsigned char head[9] = {0};
+    int fd = open(out, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+    ssize_t got = fd >= 0 ? pread(fd, head, sizeof head, 0) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (got == (ssize_t)sizeof head && safetensors_sniff(head, (size_t)sb.st_size))
+        return;
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    for (size_t i = 0; i < sizeof run_files / sizeof run_files[0]; i++)
+        if (!strcmp(base, run_files[i])) {
+            snprintf(what, len, "a run directory's %s", base);
+            return;
+        }
+    if (got >= 8 && !memcmp(head, CKPT_MAGIC, 8))
+        snprintf(what, len, "an ampTrain checkpoint");
+    else
+        snprintf(what, len, "a regular file that is not a safetensors file");
+}
+
+/* OUT must be absent or an earlier export: export replaces nothing else (docs/checkpoint.md, "export"). Checked
+ * before any work, so a mistyped argument costs nothing. */
+static enum amp_status export_check_out(const char *out, const char *ckpt, struct amp_error *err)
+{
+    struct stat input = {0};
+    if (stat(ckpt, &input) != 0)
+        input.st_ino = (ino_t)-1;
+    char what[96];
+    export_out_kind(out, &input, what, sizeof what);
+    if (!what[0])
+        return AMP_OK;
+    return amp_fail(err, AMP_ERR_CONFIG,
+                    "give OUT a new file name (e.g. model.safetensors); export replaces only a file that is already a "
+                    "safetensors file, an earlier export",
+                    "export: OUT '%s' is %s; export writes a new file or over an earlier export, nothing else", out,
+                    what);
+}
+
 static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
 {
     enum amp_status st = need_ckpt_arg(argc, argv, "export", err);
     struct export_args a;
     if (st == AMP_OK)
         st = parse_export_args(argc, argv, &a, err);
+    if (st == AMP_OK)
+        st = export_check_out(a.out, a.ckpt, err);
     if (st != AMP_OK)
         return st;
     struct config cfg; /* the model's layers give the names */
@@ -750,7 +817,10 @@ static const struct command commands[] = {
      "the state_dict names of the equivalent torch.nn model (LAYER.PARAM; layouts already match; a tied\n"
      "table under both of its names), --names hf-gpt2 the keys and layouts of Hugging Face's GPT2LMHeadModel\n"
      "(a GPT-2 shaped model only: else exit 2). The file is written atomically: on any failure nothing is\n"
-     "left at OUT. A corrupt checkpoint is exit 4, a failed write exit 1. See docs/checkpoint.md, \"export\".",
+     "left at OUT. OUT must not exist or be an earlier export (a safetensors file); anything else (the\n"
+     "checkpoint, a run directory's files, a directory, a device, a FIFO, a symbolic link) is refused with\n"
+     "exit 2 before any work. A corrupt checkpoint is exit 4, a failed write exit 1. See docs/checkpoint.md,\n"
+     "\"export\".",
      cmd_export, true},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help, false},
 };

@@ -237,6 +237,16 @@ enum amp_status safetensors_write(const char *path, const struct safetensor *ten
     return AMP_OK;
 }
 
+bool safetensors_sniff(const unsigned char *head, size_t size)
+{
+    if (size < 9)
+        return false;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | head[i];
+    return n <= size - 8 && head[8] == '{';
+}
+
 /* ---- reading: a strict parser of this format's JSON ------------------------------------------------ */
 
 struct parser {

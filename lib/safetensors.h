@@ -25,6 +25,7 @@
 #ifndef AMP_SAFETENSORS_H
 #define AMP_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,12 @@ struct safetensors_file {
 /* Write `n` tensors (in this order, back to back) and the metadata to `path` atomically. */
 enum amp_status safetensors_write(const char *path, const struct safetensor *tensors, int n,
                                   const struct safetensors_meta *meta, int nmeta, struct amp_error *err);
+
+/* Whether the `size` bytes of a file that begin with `head` (its first min(size, 9) bytes) start as a safetensors
+ * file does: an 8-byte header length n with 8 + n <= size, and the header's first byte '{'. A cheap look, not a
+ * validation: `export` replaces an existing OUT only when this holds (an earlier export), never a checkpoint, a
+ * config or any other file a mistyped argument names. */
+bool safetensors_sniff(const unsigned char *head, size_t size);
 
 /* Read and validate `path`. On success f owns everything (safetensors_free); on failure f is empty. */
 enum amp_status safetensors_read(const char *path, struct safetensors_file *f, struct amp_error *err);
