@@ -819,8 +819,8 @@ static const struct command commands[] = {
      "(a GPT-2 shaped model only: else exit 2). The file is written atomically: on any failure nothing is\n"
      "left at OUT. OUT must not exist or be an earlier export (a safetensors file); anything else (the\n"
      "checkpoint, a run directory's files, a directory, a device, a FIFO, a symbolic link) is refused with\n"
-     "exit 2 before any work. A corrupt checkpoint is exit 4, a failed write exit 1. See docs/checkpoint.md,\n"
-     "\"export\".",
+     "exit 2 before any work. A corrupt checkpoint is exit 4, a failed write exit 1; SIGINT or SIGTERM\n"
+     "during the write removes the temporary file and exits 130 / 143. See docs/checkpoint.md, \"export\".",
      cmd_export, true},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help, false},
 };

@@ -12,9 +12,11 @@
  * (huggingface/safetensors, README "Format").
  *
  * Rules of this module:
- *   - Writing is atomic, as checkpoints are: a temporary file beside OUT, fsync, rename, fsync of the
- *     directory. On any failure nothing new is left at OUT (an existing OUT is untouched) and the error,
- *     AMP_ERR_INTERNAL, names OUT.
+ *   - Writing is atomic, as checkpoints are: a temporary file beside OUT (.ampTrain-export-XXXXXX, short
+ *     whatever OUT's name), fsync, rename, fsync of the directory; the file gets 0666 & ~umask. On any failure
+ *     nothing new is left at OUT (an existing OUT is untouched) and the error, AMP_ERR_INTERNAL, names OUT.
+ *     SIGINT and SIGTERM are held during the write: one that arrives removes the temporary file and is
+ *     returned as AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM (the signal itself is taken off, not delivered).
  *   - Reading trusts nothing: the header length against the file and a 100 MB cap (the reference's), the
  *     JSON by a strict parser of just this format (objects, arrays, strings with escapes, unsigned
  *     integers), every dtype, shape and offset, duplicate names. Every failure is AMP_ERR_CKPT naming the

@@ -490,6 +490,69 @@ Test(export, out_may_only_be_new_or_an_earlier_export)
     cr_assert(strstr(r.out, "OUT must not exist or be an earlier export"), "the help states the rule: %s", r.out);
 }
 
+/* ---- the temporary file and the final file's mode (issue 41 item 10) ------------------------------------ */
+
+/* The file gets 0666 & ~umask, as any file a program creates (and as checkpoints do): 0640 under umask 027, not
+ * the 0644 it was forced to. */
+Test(export, the_file_honours_the_umask)
+{
+    char out[600], cmd[2000];
+    snprintf(out, sizeof out, "%s/umask.safetensors", scratch);
+    snprintf(cmd, sizeof cmd, "cd %s && umask 027 && %s export %s %s 2>&1", AMP_SOURCE_DIR, amp_binary(), ckpt, out);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    struct stat sb;
+    cr_assert_eq(stat(out, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0640, "mode %o under umask 027", (unsigned)(sb.st_mode & 0777));
+    snprintf(cmd, sizeof cmd, "cd %s && umask 002 && %s export %s %s 2>&1", AMP_SOURCE_DIR, amp_binary(), ckpt, out);
+    cr_assert_eq(shell(cmd).code, 0);
+    cr_assert_eq(stat(out, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0664, "mode %o under umask 002", (unsigned)(sb.st_mode & 0777));
+}
+
+/* A valid OUT name of 250 bytes (NAME_MAX is 255) exports: the temporary name is short and fixed, not OUT's name
+ * plus a suffix. */
+Test(export, an_out_name_of_250_bytes_exports)
+{
+    char name[251], out[900];
+    memset(name, 'w', 238);
+    snprintf(name + 238, sizeof name - 238, ".safetensors");
+    cr_assert_eq(strlen(name), 250);
+    snprintf(out, sizeof out, "%s/%s", scratch, name);
+    struct result r = amp("export %s %s", ckpt, out);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    struct safetensors_file f;
+    struct amp_error err = {0};
+    cr_assert_eq(safetensors_read(out, &f, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(f.ntensors, 6);
+    safetensors_free(&f);
+    cr_assert_eq(tmp_files_in(scratch), 0);
+}
+
+/* SIGTERM in the middle of the write (AMPTRAIN_TEST_RAISE=export_write raises it after the first tensor's bytes)
+ * is exit 143 naming OUT; the temporary file is removed, a new OUT is not created and an earlier one is untouched. */
+Test(export, a_signal_during_the_write_removes_the_temporary_file)
+{
+    char dir[400], out[600], cmd[2000];
+    snprintf(dir, sizeof dir, "%s/sig", scratch);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(out, sizeof out, "%s/new.safetensors", dir);
+    snprintf(cmd, sizeof cmd, "cd %s && AMPTRAIN_TEST_RAISE=export_write %s export %s %s 2>&1", AMP_SOURCE_DIR,
+             amp_binary(), ckpt, out);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 143, "exit %d: %s", r.code, r.out);
+    cr_assert(strstr(r.out, "SIGTERM") && strstr(r.out, out) && strstr(r.out, "hint:"), "%s", r.out);
+    cr_assert(!file_exists(out), "%s was left", out);
+    cr_assert_eq(tmp_files_in(dir), 0, "a temporary file was left in %s", dir);
+    size_t n;
+    unsigned char *kept = earlier_export(out, &n);
+    r = shell(cmd);
+    cr_assert_eq(r.code, 143, "exit %d: %s", r.code, r.out);
+    assert_bytes(out, kept, n);
+    free(kept);
+    cr_assert_eq(tmp_files_in(dir), 0, "a temporary file was left in %s", dir);
+}
+
 /* ---- arguments ------------------------------------------------------------------------------------------- */
 
 Test(export, bad_arguments_are_exit_2_with_their_message)
