@@ -621,40 +621,86 @@ static enum amp_status export_one(struct safetensor *s, const char *name, const 
     return AMP_OK;
 }
 
-static int by_name(const void *a, const void *b)
+/* One tensor of the file before conversion: its outside name and the checkpoint tensor it holds; `alias` for a
+ * tied table written again under its tying layer's state_dict name. */
+struct export_entry {
+    struct outside_name o;
+    const struct ckpt_tensor *t;
+    bool alias;
+};
+
+static int by_outside_name(const void *a, const void *b)
 {
-    return strcmp(((const struct safetensor *)a)->name, ((const struct safetensor *)b)->name);
+    return strcmp(((const struct export_entry *)a)->o.name, ((const struct export_entry *)b)->o.name);
 }
 
-/* The checkpoint's fp32 tensors converted to `dt` and named for the file (docs/checkpoint.md, "export"), in name
- * order; --names pytorch adds each tied table again under its tying layer's state_dict name. */
-static enum amp_status export_tensors(const struct ckpt_weights *w, const struct model_config *mc,
-                                      const struct export_args *a, struct safetensor *out, int *n, size_t *bytes,
-                                      struct amp_error *err)
+/* Every tensor's name for the file (docs/checkpoint.md, "export"), and with --names pytorch each tied table again
+ * under its tying layer's state_dict name; in name order. `e` holds w->n + 8 entries. */
+static enum amp_status export_plan(const struct ckpt_weights *w, const struct model_config *mc,
+                                   const struct export_args *a, struct export_entry *e, int *n, struct amp_error *err)
 {
-    *bytes = 0;
     *n = 0;
-    enum amp_status st = AMP_OK;
-    for (int i = 0; i < w->n && st == AMP_OK; i++) {
-        struct outside_name o;
-        if (!weight_name_outside(mc, a->names, w->tensors[i].name, &o))
+    for (int i = 0; i < w->n; i++) {
+        if (!weight_name_outside(mc, a->names, w->tensors[i].name, &e[*n].o))
             return amp_fail(err, AMP_ERR_CKPT, "the checkpoint's tensors do not belong to its config's model",
                             "export: %s: tensor /model/%s has no %s name", a->ckpt, w->tensors[i].name,
                             weight_names_names[a->names]);
-        st = export_one(&out[(*n)++], o.name, &w->tensors[i], a->dtype, o.transpose, err);
+        e[*n].t = &w->tensors[i];
+        e[(*n)++].alias = false;
     }
     struct weight_alias al[8];
     int na = a->names == NAMES_PYTORCH ? weight_names_aliases(mc, a->names, al, 8) : 0;
-    for (int k = 0; k < na && k < 8 && st == AMP_OK; k++)
+    for (int k = 0; k < na && k < 8; k++)
         for (int i = 0; i < w->n; i++)
             if (!strcmp(w->tensors[i].name, al[k].target)) {
-                st = export_one(&out[(*n)++], al[k].alias, &w->tensors[i], a->dtype, false, err);
+                e[*n] = (struct export_entry){.t = &w->tensors[i], .alias = true};
+                _Static_assert(sizeof e->o.name == sizeof al[k].alias, "one name length");
+                memcpy(e[(*n)++].o.name, al[k].alias, sizeof al[k].alias);
                 break;
             }
-    for (int i = 0; i < *n; i++)
+    qsort(e, (size_t)*n, sizeof *e, by_outside_name);
+    return AMP_OK;
+}
+
+/* An entry as a message names it: "/model/NAME (layer 'LAYER')", or the tied copy of a table. */
+static void export_entry_describe(const struct export_entry *e, char *buf, size_t len)
+{
+    if (e->alias)
+        snprintf(buf, len, "the tied copy of /model/%s", e->t->name);
+    else
+        snprintf(buf, len, "/model/%s (layer '%.*s')", e->t->name, (int)strcspn(e->t->name, "/"), e->t->name);
+}
+
+/* Two tensors under one name would make a file with a duplicate key, which readers (ours too) refuse: dotted
+ * layer names (allowed) can meet nested ones when --names pytorch turns '/' into '.'. */
+static enum amp_status export_check_unique(const struct export_entry *e, int n, const struct export_args *a,
+                                           struct amp_error *err)
+{
+    for (int i = 1; i < n; i++) {
+        if (strcmp(e[i - 1].o.name, e[i].o.name) != 0)
+            continue;
+        char x[400], y[400];
+        export_entry_describe(&e[i - 1], x, sizeof x);
+        export_entry_describe(&e[i], y, sizeof y);
+        return amp_fail(err, AMP_ERR_CONFIG,
+                        "export with --names ampTrain (the checkpoint's own names, always unique); in later configs "
+                        "give layers names without dots",
+                        "export --names %s: %s and %s both become '%s': a safetensors file cannot hold two tensors "
+                        "under one name", weight_names_names[a->names], x, y, e[i].o.name);
+    }
+    return AMP_OK;
+}
+
+/* The planned entries converted to `dt` into out[0..n). */
+static enum amp_status export_tensors(const struct export_entry *e, int n, enum dtype dt, struct safetensor *out,
+                                      size_t *bytes, struct amp_error *err)
+{
+    *bytes = 0;
+    enum amp_status st = AMP_OK;
+    for (int i = 0; i < n && st == AMP_OK; i++) {
+        st = export_one(&out[i], e[i].o.name, e[i].t, dt, e[i].o.transpose, err);
         *bytes += out[i].nbytes;
-    if (st == AMP_OK)
-        qsort(out, (size_t)*n, sizeof *out, by_name);
+    }
     return st;
 }
 
@@ -743,10 +789,15 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
         return st;
     }
     struct safetensor *tensors = calloc((size_t)w.n + 8, sizeof *tensors);
+    struct export_entry *plan = calloc((size_t)w.n + 8, sizeof *plan);
     size_t bytes = 0;
     int n = 0;
-    st = tensors ? export_tensors(&w, &cfg.model, &a, tensors, &n, &bytes, err)
-                 : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    st = tensors && plan ? export_plan(&w, &cfg.model, &a, plan, &n, err)
+                         : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    if (st == AMP_OK)
+        st = export_check_unique(plan, n, &a, err);
+    if (st == AMP_OK)
+        st = export_tensors(plan, n, a.dtype, tensors, &bytes, err);
     const char *names = weight_names_names[a.names];
     if (st == AMP_OK) {
         const char *base = strrchr(a.ckpt, '/') ? strrchr(a.ckpt, '/') + 1 : a.ckpt;
@@ -770,6 +821,7 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
         free((void *)tensors[i].data);
     }
     free(tensors);
+    free(plan);
     ckpt_weights_free(&w);
     config_free(&cfg);
     return st;

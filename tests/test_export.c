@@ -490,6 +490,34 @@ Test(export, out_may_only_be_new_or_an_earlier_export)
     cr_assert(strstr(r.out, "OUT must not exist or be an earlier export"), "the help states the rule: %s", r.out);
 }
 
+/* Dotted layer names are allowed, so two tensors can meet under --names pytorch ('/' becomes '.'): a layernorm
+ * named block0.ln1 beside transformer_block block0 (whose ln1 is block0/ln1). Export wrote both as
+ * block0.ln1.weight (exit 0) and ampTrain's own reader refused the file; it is now exit 2 naming both tensors and
+ * their layers and the key, before anything is written (issue 41 item 7). ampTrain names stay unique. */
+Test(export, layer_names_that_collide_under_pytorch_names_are_refused)
+{
+    struct result r = amp("run configs/text_gpt.yaml data.batch_size=2 run.device=cpu run.steps=1 run.ckpt_every=1 "
+                          "run.log_every=1000 model.layers.3.name=block0.ln1 run.out_dir=%s/dots", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char out[600];
+    snprintf(out, sizeof out, "%s/dots.safetensors", scratch);
+    r = amp("export %s/dots %s --names pytorch", scratch, out);
+    cr_assert_eq(r.code, 2, "exit %d: %s", r.code, r.out);
+    cr_assert(strstr(r.out, "/model/block0/ln1/bias (layer 'block0')") &&
+              strstr(r.out, "/model/block0.ln1/bias (layer 'block0.ln1')") &&
+              strstr(r.out, "both become 'block0.ln1.bias'") && strstr(r.out, "hint:"), "%s", r.out);
+    cr_assert(!file_exists(out), "%s was written", out);
+    cr_assert_eq(tmp_files_in(scratch), 0);
+    r = amp("export %s/dots %s", scratch, out);
+    cr_assert_eq(r.code, 0, "ampTrain names do not collide: %s", r.out);
+    struct safetensors_file f;
+    struct amp_error err = {0};
+    cr_assert_eq(safetensors_read(out, &f, &err), AMP_OK, "%s", err.msg);
+    cr_assert_not_null(safetensors_find(&f, "block0.ln1/bias"));
+    cr_assert_not_null(safetensors_find(&f, "block0/ln1/bias"));
+    safetensors_free(&f);
+}
+
 /* ---- the temporary file and the final file's mode (issue 41 item 10) ------------------------------------ */
 
 /* The file gets 0666 & ~umask, as any file a program creates (and as checkpoints do): 0640 under umask 027, not
