@@ -704,6 +704,63 @@ static enum amp_status export_tensors(const struct export_entry *e, int n, enum 
     return st;
 }
 
+/* A tensor of the checkpoint that the built model does not have (eval would ignore it, but export would write it as
+ * if it were the model's): AMP_ERR_CKPT naming it. ckpt_load_model has found every tensor of the model. */
+static enum amp_status export_check_no_extra(const char *ckpt, const struct model *m, const struct ckpt_weights *w,
+                                             struct amp_error *err)
+{
+    for (int i = 0; i < w->n; i++) {
+        bool known = false;
+        for (int k = 0; k < m->nparams && !known; k++)
+            known = !strcmp(w->tensors[i].name, m->params[k]->name);
+        for (int k = 0; k < m->nbuffers && !known; k++)
+            known = !strcmp(w->tensors[i].name, m->buffers[k]->name);
+        if (!known)
+            return amp_fail(err, AMP_ERR_CKPT,
+                            "the checkpoint was edited or damaged after it was written: export an unedited one",
+                            "export: %s: tensor /model/%s is not a tensor of the model its config describes", ckpt,
+                            w->tensors[i].name);
+    }
+    return AMP_OK;
+}
+
+/* The checkpoint's tensors must be exactly the model's its config builds (names and shapes), as eval requires, or
+ * a crafted shape would be written as the model's (a 3-D qkv weight exported uninitialised heap under hf-gpt2).
+ * The model is built for one sample on the CPU backend and loaded with ckpt_load_model, the one check eval and
+ * resume make (a missing tensor or another shape is AMP_ERR_CKPT naming it and both shapes); then no tensor may be
+ * left over. A text or token model's input comes from the config; idx and hdf5 data is loaded, as eval loads it,
+ * for its sample shape and classes. */
+static enum amp_status export_check_model(const char *ckpt, const struct config *cfg, const struct ckpt_weights *w,
+                                          struct amp_error *err)
+{
+    struct backend *be = backend_cpu_create();
+    struct dataset ds;
+    struct model m;
+    struct data_spec spec;
+    struct autocast_policy fp32; /* shapes do not depend on the precision */
+    memset(&ds, 0, sizeof ds);
+    memset(&m, 0, sizeof m);
+    enum amp_status st = be ? AMP_OK : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    if (st == AMP_OK && !data_spec_from_config(&cfg->data, &spec)) {
+        st = data_load(&ds, &cfg->data, 1, err);
+        spec = ds.spec;
+    }
+    if (st == AMP_OK)
+        st = autocast_from_config(&fp32, PREC_FP32, &cfg->precision.autocast, err);
+    if (st == AMP_OK)
+        st = model_build(&m, cfg, &spec, be, &fp32, 1, err);
+    if (st == AMP_OK) {
+        st = ckpt_load_model(ckpt, &m, err);
+        if (st == AMP_OK)
+            st = export_check_no_extra(ckpt, &m, w, err);
+        model_free(&m);
+    }
+    data_free(&ds);
+    if (be)
+        backend_close(be);
+    return st;
+}
+
 /* What `out` is, as a noun phrase for "OUT '...' is ..." (empty when export may write there: absent, or an earlier
  * export). lstat, so a symbolic link is itself refused (rename would replace the link, not what it names); a FIFO
  * or a device is never opened, and a regular file is opened without blocking or following a link. */
@@ -785,6 +842,11 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
     }
     struct ckpt_weights w;
     if ((st = ckpt_read_weights(a.ckpt, &w, err)) != AMP_OK) {
+        config_free(&cfg);
+        return st;
+    }
+    if ((st = export_check_model(a.ckpt, &cfg, &w, err)) != AMP_OK) {
+        ckpt_weights_free(&w);
         config_free(&cfg);
         return st;
     }
@@ -871,8 +933,10 @@ static const struct command commands[] = {
      "(a GPT-2 shaped model only: else exit 2). The file is written atomically: on any failure nothing is\n"
      "left at OUT. OUT must not exist or be an earlier export (a safetensors file); anything else (the\n"
      "checkpoint, a run directory's files, a directory, a device, a FIFO, a symbolic link) is refused with\n"
-     "exit 2 before any work. A corrupt checkpoint is exit 4, a failed write exit 1; SIGINT or SIGTERM\n"
-     "during the write removes the temporary file and exits 130 / 143. See docs/checkpoint.md, \"export\".",
+     "exit 2 before any work. The checkpoint's tensors must be exactly its config's model's, names and\n"
+     "shapes, as eval checks them (idx and hdf5 models load their dataset for its shape). A corrupt or\n"
+     "mismatched checkpoint is exit 4, a failed write exit 1; SIGINT or SIGTERM during the write removes\n"
+     "the temporary file and exits 130 / 143. See docs/checkpoint.md, \"export\".",
      cmd_export, true},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help, false},
 };

@@ -382,6 +382,40 @@ Test(export, a_crafted_tensor_is_exit_4_naming_it)
     cr_assert(!file_exists(out));
 }
 
+/* The checkpoint's tensors must be exactly its config's model's, as eval requires (issue 41 item 6): a tensor the
+ * model does not have, one it has that is missing, one of another shape are each exit 4 naming the tensor (and
+ * both shapes), and nothing is written. Export wrote all three with exit 0. */
+Test(export, tensors_that_are_not_the_models_are_exit_4_naming_them)
+{
+    static const struct {
+        const char *file, *tensor;
+        int ndim;
+        hsize_t dims[2];
+        const char *want;
+    } cases[] = {
+        {"extra.h5", "fc1/extra", 1, {5}, "tensor /model/fc1/extra is not a tensor of the model"},
+        {"missing.h5", "head/bias", 0, {0}, "tensor /model/head/bias is missing"},
+        {"shape.h5", "fc2/bias", 1, {31}, "tensor /model/fc2/bias has shape (31) in the checkpoint but (32) in the "
+                                          "config's model"},
+        {"rank.h5", "fc1/weight", 1, {25088}, "tensor /model/fc1/weight has shape (25088) in the checkpoint but (32, "
+                                              "784) in the config's model"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char p[600], out[600];
+        snprintf(p, sizeof p, "%s/%s", scratch, cases[k].file);
+        snprintf(out, sizeof out, "%s/%s.safetensors", scratch, cases[k].file);
+        craft_tensor(ckpt, p, cases[k].tensor, cases[k].ndim, cases[k].dims);
+        for (int names = 0; names < 2; names++) {
+            struct result r = amp("export %s %s --names %s", p, out, names ? "pytorch" : "ampTrain");
+            cr_assert_eq(r.code, 4, "%s: exit %d: %s", cases[k].file, r.code, r.out);
+            cr_assert(strstr(r.out, cases[k].want) && strstr(r.out, p) && strstr(r.out, "hint:"), "want '%s' in: %s",
+                      cases[k].want, r.out);
+            cr_assert(!file_exists(out), "%s was written", out);
+        }
+    }
+    cr_assert_eq(tmp_files_in(scratch), 0);
+}
+
 Test(export, a_failed_write_is_exit_1_naming_out_and_leaves_an_existing_out_untouched)
 {
     char out[600];
