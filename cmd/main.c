@@ -4,6 +4,7 @@
  * Every subcommand returns an `enum amp_status`; main turns it into the process exit code of
  * DESIGN.md section 1 and prints the error with its hint.
  */
+#define _POSIX_C_SOURCE 200809L /* lstat, O_NOFOLLOW: export's look at OUT */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,8 +26,10 @@
 #include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifndef AMP_VERSION
 #define AMP_VERSION "0.0.0"
@@ -618,41 +621,206 @@ static enum amp_status export_one(struct safetensor *s, const char *name, const 
     return AMP_OK;
 }
 
-static int by_name(const void *a, const void *b)
+/* One tensor of the file before conversion: its outside name and the checkpoint tensor it holds; `alias` for a
+ * tied table written again under its tying layer's state_dict name. */
+struct export_entry {
+    struct outside_name o;
+    const struct ckpt_tensor *t;
+    bool alias;
+};
+
+static int by_outside_name(const void *a, const void *b)
 {
-    return strcmp(((const struct safetensor *)a)->name, ((const struct safetensor *)b)->name);
+    return strcmp(((const struct export_entry *)a)->o.name, ((const struct export_entry *)b)->o.name);
 }
 
-/* The checkpoint's fp32 tensors converted to `dt` and named for the file (docs/checkpoint.md, "export"), in name
- * order; --names pytorch adds each tied table again under its tying layer's state_dict name. */
-static enum amp_status export_tensors(const struct ckpt_weights *w, const struct model_config *mc,
-                                      const struct export_args *a, struct safetensor *out, int *n, size_t *bytes,
-                                      struct amp_error *err)
+/* Every tensor's name for the file (docs/checkpoint.md, "export"), and with --names pytorch each tied table again
+ * under its tying layer's state_dict name; in name order. `e` holds w->n + 8 entries. */
+static enum amp_status export_plan(const struct ckpt_weights *w, const struct model_config *mc,
+                                   const struct export_args *a, struct export_entry *e, int *n, struct amp_error *err)
 {
-    *bytes = 0;
     *n = 0;
-    enum amp_status st = AMP_OK;
-    for (int i = 0; i < w->n && st == AMP_OK; i++) {
-        struct outside_name o;
-        if (!weight_name_outside(mc, a->names, w->tensors[i].name, &o))
+    for (int i = 0; i < w->n; i++) {
+        if (!weight_name_outside(mc, a->names, w->tensors[i].name, &e[*n].o))
             return amp_fail(err, AMP_ERR_CKPT, "the checkpoint's tensors do not belong to its config's model",
                             "export: %s: tensor /model/%s has no %s name", a->ckpt, w->tensors[i].name,
                             weight_names_names[a->names]);
-        st = export_one(&out[(*n)++], o.name, &w->tensors[i], a->dtype, o.transpose, err);
+        e[*n].t = &w->tensors[i];
+        e[(*n)++].alias = false;
     }
     struct weight_alias al[8];
     int na = a->names == NAMES_PYTORCH ? weight_names_aliases(mc, a->names, al, 8) : 0;
-    for (int k = 0; k < na && k < 8 && st == AMP_OK; k++)
+    for (int k = 0; k < na && k < 8; k++)
         for (int i = 0; i < w->n; i++)
             if (!strcmp(w->tensors[i].name, al[k].target)) {
-                st = export_one(&out[(*n)++], al[k].alias, &w->tensors[i], a->dtype, false, err);
+                e[*n] = (struct export_entry){.t = &w->tensors[i], .alias = true};
+                _Static_assert(sizeof e->o.name == sizeof al[k].alias, "one name length");
+                memcpy(e[(*n)++].o.name, al[k].alias, sizeof al[k].alias);
                 break;
             }
-    for (int i = 0; i < *n; i++)
+    qsort(e, (size_t)*n, sizeof *e, by_outside_name);
+    return AMP_OK;
+}
+
+/* An entry as a message names it: "/model/NAME (layer 'LAYER')", or the tied copy of a table. */
+static void export_entry_describe(const struct export_entry *e, char *buf, size_t len)
+{
+    if (e->alias)
+        snprintf(buf, len, "the tied copy of /model/%s", e->t->name);
+    else
+        snprintf(buf, len, "/model/%s (layer '%.*s')", e->t->name, (int)strcspn(e->t->name, "/"), e->t->name);
+}
+
+/* Two tensors under one name would make a file with a duplicate key, which readers (ours too) refuse: dotted
+ * layer names (allowed) can meet nested ones when --names pytorch turns '/' into '.'. */
+static enum amp_status export_check_unique(const struct export_entry *e, int n, const struct export_args *a,
+                                           struct amp_error *err)
+{
+    for (int i = 1; i < n; i++) {
+        if (strcmp(e[i - 1].o.name, e[i].o.name) != 0)
+            continue;
+        char x[400], y[400];
+        export_entry_describe(&e[i - 1], x, sizeof x);
+        export_entry_describe(&e[i], y, sizeof y);
+        return amp_fail(err, AMP_ERR_CONFIG,
+                        "export with --names ampTrain (the checkpoint's own names, always unique); in later configs "
+                        "give layers names without dots",
+                        "export --names %s: %s and %s both become '%s': a safetensors file cannot hold two tensors "
+                        "under one name", weight_names_names[a->names], x, y, e[i].o.name);
+    }
+    return AMP_OK;
+}
+
+/* The planned entries converted to `dt` into out[0..n). */
+static enum amp_status export_tensors(const struct export_entry *e, int n, enum dtype dt, struct safetensor *out,
+                                      size_t *bytes, struct amp_error *err)
+{
+    *bytes = 0;
+    enum amp_status st = AMP_OK;
+    for (int i = 0; i < n && st == AMP_OK; i++) {
+        st = export_one(&out[i], e[i].o.name, e[i].t, dt, e[i].o.transpose, err);
         *bytes += out[i].nbytes;
-    if (st == AMP_OK)
-        qsort(out, (size_t)*n, sizeof *out, by_name);
+    }
     return st;
+}
+
+/* A tensor of the checkpoint that the built model does not have (eval would ignore it, but export would write it as
+ * if it were the model's): AMP_ERR_CKPT naming it. ckpt_load_model has found every tensor of the model. */
+static enum amp_status export_check_no_extra(const char *ckpt, const struct model *m, const struct ckpt_weights *w,
+                                             struct amp_error *err)
+{
+    for (int i = 0; i < w->n; i++) {
+        bool known = false;
+        for (int k = 0; k < m->nparams && !known; k++)
+            known = !strcmp(w->tensors[i].name, m->params[k]->name);
+        for (int k = 0; k < m->nbuffers && !known; k++)
+            known = !strcmp(w->tensors[i].name, m->buffers[k]->name);
+        if (!known)
+            return amp_fail(err, AMP_ERR_CKPT,
+                            "the checkpoint was edited or damaged after it was written: export an unedited one",
+                            "export: %s: tensor /model/%s is not a tensor of the model its config describes", ckpt,
+                            w->tensors[i].name);
+    }
+    return AMP_OK;
+}
+
+/* The checkpoint's tensors must be exactly the model's its config builds (names and shapes), as eval requires, or
+ * a crafted shape would be written as the model's (a 3-D qkv weight exported uninitialised heap under hf-gpt2).
+ * The model is built for one sample on the CPU backend and loaded with ckpt_load_model, the one check eval and
+ * resume make (a missing tensor or another shape is AMP_ERR_CKPT naming it and both shapes); then no tensor may be
+ * left over. A text or token model's input comes from the config; idx and hdf5 data is loaded, as eval loads it,
+ * for its sample shape and classes. */
+static enum amp_status export_check_model(const char *ckpt, const struct config *cfg, const struct ckpt_weights *w,
+                                          struct amp_error *err)
+{
+    struct backend *be = backend_cpu_create();
+    struct dataset ds;
+    struct model m;
+    struct data_spec spec;
+    struct autocast_policy fp32; /* shapes do not depend on the precision */
+    memset(&ds, 0, sizeof ds);
+    memset(&m, 0, sizeof m);
+    enum amp_status st = be ? AMP_OK : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    if (st == AMP_OK && !data_spec_from_config(&cfg->data, &spec)) {
+        st = data_load(&ds, &cfg->data, 1, err);
+        spec = ds.spec;
+    }
+    if (st == AMP_OK)
+        st = autocast_from_config(&fp32, PREC_FP32, &cfg->precision.autocast, err);
+    if (st == AMP_OK)
+        st = model_build(&m, cfg, &spec, be, &fp32, 1, err);
+    if (st == AMP_OK) {
+        st = ckpt_load_model(ckpt, &m, err);
+        if (st == AMP_OK)
+            st = export_check_no_extra(ckpt, &m, w, err);
+        model_free(&m);
+    }
+    data_free(&ds);
+    if (be)
+        backend_close(be);
+    return st;
+}
+
+/* What `out` is, as a noun phrase for "OUT '...' is ..." (empty when export may write there: absent, or an earlier
+ * export). lstat, so a symbolic link is itself refused (rename would replace the link, not what it names); a FIFO
+ * or a device is never opened, and a regular file is opened without blocking or following a link. */
+static void export_out_kind(const char *out, const struct stat *input, char *what, size_t len)
+{
+    static const char *const run_files[] = {"latest", "config.yaml", "scale_log.csv", "eval.jsonl", "numerics.csv"};
+    struct stat sb;
+    what[0] = '\0';
+    if (lstat(out, &sb) != 0)
+        return; /* absent (or unreachable: the write names the error) */
+    const char *kind = S_ISDIR(sb.st_mode)    ? "a directory"
+                       : S_ISCHR(sb.st_mode)  ? "a character device"
+                       : S_ISBLK(sb.st_mode)  ? "a block device"
+                       : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                       : S_ISSOCK(sb.st_mode) ? "a socket"
+                       : S_ISLNK(sb.st_mode)  ? "a symbolic link"
+                       : NULL;
+    if (kind) {
+        snprintf(what, len, "%s", kind);
+        return;
+    }
+    if (sb.st_dev == input->st_dev && sb.st_ino == input->st_ino) {
+        snprintf(what, len, "the checkpoint being exported");
+        return;
+    }
+    unsigned char head[9] = {0};
+    int fd = open(out, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+    ssize_t got = fd >= 0 ? pread(fd, head, sizeof head, 0) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (got == (ssize_t)sizeof head && safetensors_sniff(head, (size_t)sb.st_size))
+        return;
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    for (size_t i = 0; i < sizeof run_files / sizeof run_files[0]; i++)
+        if (!strcmp(base, run_files[i])) {
+            snprintf(what, len, "a run directory's %s", base);
+            return;
+        }
+    if (got >= 8 && !memcmp(head, CKPT_MAGIC, 8))
+        snprintf(what, len, "an ampTrain checkpoint");
+    else
+        snprintf(what, len, "a regular file that is not a safetensors file");
+}
+
+/* OUT must be absent or an earlier export: export replaces nothing else (docs/checkpoint.md, "export"). Checked
+ * before any work, so a mistyped argument costs nothing. */
+static enum amp_status export_check_out(const char *out, const char *ckpt, struct amp_error *err)
+{
+    struct stat input = {0};
+    if (stat(ckpt, &input) != 0)
+        input.st_ino = (ino_t)-1;
+    char what[96];
+    export_out_kind(out, &input, what, sizeof what);
+    if (!what[0])
+        return AMP_OK;
+    return amp_fail(err, AMP_ERR_CONFIG,
+                    "give OUT a new file name (e.g. model.safetensors); export replaces only a file that is already a "
+                    "safetensors file, an earlier export",
+                    "export: OUT '%s' is %s; export writes a new file or over an earlier export, nothing else", out,
+                    what);
 }
 
 static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
@@ -661,6 +829,8 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
     struct export_args a;
     if (st == AMP_OK)
         st = parse_export_args(argc, argv, &a, err);
+    if (st == AMP_OK)
+        st = export_check_out(a.out, a.ckpt, err);
     if (st != AMP_OK)
         return st;
     struct config cfg; /* the model's layers give the names */
@@ -675,11 +845,21 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
         config_free(&cfg);
         return st;
     }
+    if ((st = export_check_model(a.ckpt, &cfg, &w, err)) != AMP_OK) {
+        ckpt_weights_free(&w);
+        config_free(&cfg);
+        return st;
+    }
     struct safetensor *tensors = calloc((size_t)w.n + 8, sizeof *tensors);
+    struct export_entry *plan = calloc((size_t)w.n + 8, sizeof *plan);
     size_t bytes = 0;
     int n = 0;
-    st = tensors ? export_tensors(&w, &cfg.model, &a, tensors, &n, &bytes, err)
-                 : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    st = tensors && plan ? export_plan(&w, &cfg.model, &a, plan, &n, err)
+                         : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    if (st == AMP_OK)
+        st = export_check_unique(plan, n, &a, err);
+    if (st == AMP_OK)
+        st = export_tensors(plan, n, a.dtype, tensors, &bytes, err);
     const char *names = weight_names_names[a.names];
     if (st == AMP_OK) {
         const char *base = strrchr(a.ckpt, '/') ? strrchr(a.ckpt, '/') + 1 : a.ckpt;
@@ -703,6 +883,7 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
         free((void *)tensors[i].data);
     }
     free(tensors);
+    free(plan);
     ckpt_weights_free(&w);
     config_free(&cfg);
     return st;
@@ -750,7 +931,12 @@ static const struct command commands[] = {
      "the state_dict names of the equivalent torch.nn model (LAYER.PARAM; layouts already match; a tied\n"
      "table under both of its names), --names hf-gpt2 the keys and layouts of Hugging Face's GPT2LMHeadModel\n"
      "(a GPT-2 shaped model only: else exit 2). The file is written atomically: on any failure nothing is\n"
-     "left at OUT. A corrupt checkpoint is exit 4, a failed write exit 1. See docs/checkpoint.md, \"export\".",
+     "left at OUT. OUT must not exist or be an earlier export (a safetensors file); anything else (the\n"
+     "checkpoint, a run directory's files, a directory, a device, a FIFO, a symbolic link) is refused with\n"
+     "exit 2 before any work. The checkpoint's tensors must be exactly its config's model's, names and\n"
+     "shapes, as eval checks them (idx and hdf5 models load their dataset for its shape). A corrupt or\n"
+     "mismatched checkpoint is exit 4, a failed write exit 1; SIGINT or SIGTERM during the write removes\n"
+     "the temporary file and exits 130 / 143. See docs/checkpoint.md, \"export\".",
      cmd_export, true},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help, false},
 };

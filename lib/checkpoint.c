@@ -32,7 +32,7 @@
 #include "trial.h"   /* trial_run: HDF5 parses a file in a child first */
 
 #define USERBLOCK 512
-#define MAGIC "AMPTCKPT"
+#define MAGIC CKPT_MAGIC
 #define HINT_CORRUPT "the file is damaged: resume from an older checkpoint in the same directory (ls ckpt-*.h5)"
 
 #ifndef AMP_VERSION

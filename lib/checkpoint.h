@@ -32,6 +32,7 @@
 
 #define CKPT_FORMAT "ampTrain-checkpoint"
 #define CKPT_FORMAT_VERSION 1
+#define CKPT_MAGIC "AMPTCKPT" /* the first 8 bytes of every checkpoint (its user block) */
 
 /* What /state and /scaler hold, as read back (for inspect and resume). */
 struct ckpt_info {

@@ -186,6 +186,16 @@ uint64_t data_fingerprint(const struct dataset *ds)
     return h;
 }
 
+bool data_spec_from_config(const struct data_config *cfg, struct data_spec *spec)
+{
+    if (cfg->format != DATA_TEXT && cfg->format != DATA_TOKENS)
+        return false;
+    /* as data_text.c and data_tokens.c set it */
+    *spec = (struct data_spec){.sample_ndim = 1, .sample_shape = {cfg->seq_len, 1, 1}, .is_tokens = true,
+                               .num_classes = cfg->format == DATA_TEXT ? 256 : cfg->vocab};
+    return true;
+}
+
 void data_free(struct dataset *ds)
 {
     if (!ds)

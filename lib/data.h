@@ -60,6 +60,11 @@ enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int
                           struct amp_error *err);
 void data_free(struct dataset *ds);
 
+/* The spec data_load would give, where the config alone determines it: text (seq_len bytes, 256 classes) and
+ * token files (seq_len tokens, data.vocab classes). false for idx and hdf5, whose sample shape and classes are the
+ * files' (data_load them). `export` builds a text model this way without reading its data. */
+bool data_spec_from_config(const struct data_config *cfg, struct data_spec *spec);
+
 /* A digest of what the ranks of a job must share (lib/dist.h, dist_check_data): the sample shape, the classes,
  * each split's size, and the contents of DATA_FINGERPRINT_SAMPLES samples of each split spread evenly over it,
  * the first and the last among them (for text and tokens: their windows' bytes). Cheap for any size (token files

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -175,6 +176,111 @@ static void dir_of(const char *path, char *dir, size_t len)
         snprintf(dir, len, ".");
 }
 
+/* SIGINT and SIGTERM are blocked while the temporary file exists and looked for between chunks of the write: a
+ * pending one ends the write, the temporary file is removed, and the status names the signal (cmd/ exits 130 or
+ * 143). Killed by the default action instead, the process would leave the file behind, with nothing to remove
+ * it. SIGXFSZ is ignored meanwhile: a file-size limit (ulimit -f) is then a write error naming OUT. */
+struct write_guard {
+    sigset_t stop, old_mask;
+    struct sigaction old_xfsz;
+};
+
+static void guard_begin(struct write_guard *g)
+{
+    struct sigaction ignore = {.sa_handler = SIG_IGN};
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGXFSZ, &ignore, &g->old_xfsz);
+    sigemptyset(&g->stop);
+    sigaddset(&g->stop, SIGINT);
+    sigaddset(&g->stop, SIGTERM);
+    sigprocmask(SIG_BLOCK, &g->stop, &g->old_mask);
+}
+
+/* The stop signal waiting to be delivered, or 0. */
+static int guard_pending(void)
+{
+    sigset_t p;
+    if (sigpending(&p) != 0)
+        return 0;
+    return sigismember(&p, SIGINT) == 1 ? SIGINT : sigismember(&p, SIGTERM) == 1 ? SIGTERM : 0;
+}
+
+/* Restore the mask; a signal the write reported is taken off first (the caller exits with its status), one that
+ * came after the rename is delivered as usual (OUT is complete). */
+static void guard_end(struct write_guard *g, bool consume)
+{
+    struct timespec now = {0};
+    while (consume && sigtimedwait(&g->stop, NULL, &now) > 0)
+        ;
+    sigprocmask(SIG_SETMASK, &g->old_mask, NULL);
+    sigaction(SIGXFSZ, &g->old_xfsz, NULL);
+}
+
+/* Test-only (docs/checkpoint.md, "export"): AMPTRAIN_TEST_RAISE=export_write sends this process SIGTERM after the
+ * first tensor's bytes are written, so a test can place a signal in the middle of the write without timing. */
+static void test_raise_mid_write(void)
+{
+    const char *v = getenv("AMPTRAIN_TEST_RAISE");
+    if (v && strcmp(v, "export_write") == 0)
+        raise(SIGTERM);
+}
+
+#define WRITE_CHUNK ((size_t)8 << 20) /* bytes between looks for a signal: a few ms of disk */
+
+/* n bytes in chunks; false on a write error or (with *sig set) a pending stop signal. */
+static bool write_chunks(int fd, const void *buf, size_t n, int *sig)
+{
+    const unsigned char *p = buf;
+    size_t off = 0;
+    do {
+        if ((*sig = guard_pending()) != 0)
+            return false;
+        size_t len = n - off < WRITE_CHUNK ? n - off : WRITE_CHUNK;
+        if (len && !write_all(fd, p + off, len))
+            return false;
+        off += len;
+    } while (off < n);
+    return true;
+}
+
+/* The file's bytes into fd (the length, the header, each tensor) and fsync. */
+static bool write_contents(int fd, const char *header, size_t hlen, const struct safetensor *tensors, int n, int *sig)
+{
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    bool ok = write_chunks(fd, len8, 8, sig) && write_chunks(fd, header, hlen, sig);
+    for (int i = 0; ok && i < n; i++) {
+        ok = write_chunks(fd, tensors[i].data, numel_of(&tensors[i]) * dtype_size(tensors[i].dtype), sig);
+        if (i == 0)
+            test_raise_mid_write();
+    }
+    return ok && fsync(fd) == 0 && (*sig = guard_pending()) == 0;
+}
+
+/* A temporary name beside `path` of fixed length, so that any valid OUT name (up to NAME_MAX) has one. */
+static char *temp_name_beside(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
+    static const char pattern[] = ".ampTrain-export-XXXXXX";
+    char *tmp = malloc(dir_len + sizeof pattern);
+    if (tmp) {
+        memcpy(tmp, path, dir_len);
+        memcpy(tmp + dir_len, pattern, sizeof pattern);
+    }
+    return tmp;
+}
+
+/* The mode open(O_CREAT, 0666) would give: mkstemp makes 0600, and the umask can only be read by setting it
+ * (export is one thread at this point). */
+static mode_t created_mode(void)
+{
+    mode_t mask = umask(0);
+    umask(mask);
+    return 0666 & ~mask;
+}
+
 enum amp_status safetensors_write(const char *path, const struct safetensor *tensors, int n,
                                   const struct safetensors_meta *meta, int nmeta, struct amp_error *err)
 {
@@ -184,31 +290,17 @@ enum amp_status safetensors_write(const char *path, const struct safetensor *ten
                             tensors[i].name, tensors[i].ndim);
     size_t hlen = 0;
     char *header = build_header(tensors, n, meta, nmeta, &hlen);
-    if (!header)
-        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "cannot write %s: out of memory for its header", path);
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
+    char *tmp = header ? temp_name_beside(path) : NULL;
     if (!tmp) {
         free(header);
-        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "cannot write %s: out of memory", path);
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "cannot write %s: out of memory for its header", path);
     }
-    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
-    /* A file-size limit (ulimit -f) must be a write error naming OUT, not SIGXFSZ killing the process. */
-    struct sigaction ignore = {.sa_handler = SIG_IGN}, old_xfsz;
-    sigemptyset(&ignore.sa_mask);
-    sigaction(SIGXFSZ, &ignore, &old_xfsz);
-    int fd = mkstemp(tmp);
+    struct write_guard g;
+    guard_begin(&g);
+    int fd = mkstemp(tmp), sig = 0;
     bool ok = fd >= 0, made = ok;
     int e = errno;
-    if (ok)
-        ok = fchmod(fd, 0644) == 0;
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    ok = ok && write_all(fd, len8, 8) && write_all(fd, header, hlen);
-    for (int i = 0; ok && i < n; i++)
-        ok = write_all(fd, tensors[i].data, numel_of(&tensors[i]) * dtype_size(tensors[i].dtype));
-    ok = ok && fsync(fd) == 0;
+    ok = ok && fchmod(fd, created_mode()) == 0 && write_contents(fd, header, hlen, tensors, n, &sig);
     if (!ok)
         e = errno;
     if (fd >= 0 && close(fd) != 0 && ok) {
@@ -221,9 +313,13 @@ enum amp_status safetensors_write(const char *path, const struct safetensor *ten
     }
     if (!ok && made)
         unlink(tmp);
-    sigaction(SIGXFSZ, &old_xfsz, NULL);
+    guard_end(&g, sig != 0);
     free(tmp);
     free(header);
+    if (sig)
+        return amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM, "run the export again to write it",
+                        "stopped by %s while writing %s: its temporary file was removed and nothing new was written "
+                        "there", sig == SIGINT ? "SIGINT" : "SIGTERM", path);
     if (!ok)
         return amp_fail(err, AMP_ERR_INTERNAL, HINT_WRITE, "cannot write %s: %s (nothing was written there)", path,
                         strerror(e ? e : EIO));
@@ -235,6 +331,16 @@ enum amp_status safetensors_write(const char *path, const struct safetensor *ten
         close(dfd);
     }
     return AMP_OK;
+}
+
+bool safetensors_sniff(const unsigned char *head, size_t size)
+{
+    if (size < 9)
+        return false;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | head[i];
+    return n <= size - 8 && head[8] == '{';
 }
 
 /* ---- reading: a strict parser of this format's JSON ------------------------------------------------ */

@@ -12,9 +12,11 @@
  * (huggingface/safetensors, README "Format").
  *
  * Rules of this module:
- *   - Writing is atomic, as checkpoints are: a temporary file beside OUT, fsync, rename, fsync of the
- *     directory. On any failure nothing new is left at OUT (an existing OUT is untouched) and the error,
- *     AMP_ERR_INTERNAL, names OUT.
+ *   - Writing is atomic, as checkpoints are: a temporary file beside OUT (.ampTrain-export-XXXXXX, short
+ *     whatever OUT's name), fsync, rename, fsync of the directory; the file gets 0666 & ~umask. On any failure
+ *     nothing new is left at OUT (an existing OUT is untouched) and the error, AMP_ERR_INTERNAL, names OUT.
+ *     SIGINT and SIGTERM are held during the write: one that arrives removes the temporary file and is
+ *     returned as AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM (the signal itself is taken off, not delivered).
  *   - Reading trusts nothing: the header length against the file and a 100 MB cap (the reference's), the
  *     JSON by a strict parser of just this format (objects, arrays, strings with escapes, unsigned
  *     integers), every dtype, shape and offset, duplicate names. Every failure is AMP_ERR_CKPT naming the
@@ -25,6 +27,7 @@
 #ifndef AMP_SAFETENSORS_H
 #define AMP_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +64,12 @@ struct safetensors_file {
 /* Write `n` tensors (in this order, back to back) and the metadata to `path` atomically. */
 enum amp_status safetensors_write(const char *path, const struct safetensor *tensors, int n,
                                   const struct safetensors_meta *meta, int nmeta, struct amp_error *err);
+
+/* Whether the `size` bytes of a file that begin with `head` (its first min(size, 9) bytes) start as a safetensors
+ * file does: an 8-byte header length n with 8 + n <= size, and the header's first byte '{'. A cheap look, not a
+ * validation: `export` replaces an existing OUT only when this holds (an earlier export), never a checkpoint, a
+ * config or any other file a mistyped argument names. */
+bool safetensors_sniff(const unsigned char *head, size_t size);
 
 /* Read and validate `path`. On success f owns everything (safetensors_free); on failure f is empty. */
 enum amp_status safetensors_read(const char *path, struct safetensors_file *f, struct amp_error *err);

@@ -187,6 +187,40 @@ static inline void reseal(const char *path)
     free(buf);
 }
 
+/* Copy checkpoint `from` to `to` with /model/NAME replaced by a float32 tensor of `ndim` dims (0.01 * index, finite),
+ * or added where it was not there, or (ndim 0) removed; re-sealed, so only the check of names and shapes can
+ * tell. */
+static inline void craft_tensor(const char *from, const char *to, const char *name, int ndim, const hsize_t *dims)
+{
+    copy_file(from, to);
+    char path[300];
+    snprintf(path, sizeof path, "model/%s", name);
+    hid_t f = H5Fopen(to, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0, "cannot open %s", to);
+    if (H5Lexists(f, path, H5P_DEFAULT) > 0)
+        cr_assert(H5Ldelete(f, path, H5P_DEFAULT) >= 0);
+    if (ndim > 0) {
+        size_t n = 1;
+        for (int i = 0; i < ndim; i++)
+            n *= (size_t)dims[i];
+        float *v = malloc((n ? n : 1) * sizeof *v);
+        for (size_t i = 0; i < n; i++)
+            v[i] = 0.01f * (float)(i % 100);
+        hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+        H5Pset_create_intermediate_group(lcpl, 1);
+        hid_t sp = H5Screate_simple(ndim, dims, NULL);
+        hid_t d = H5Dcreate2(f, path, H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+        cr_assert(d >= 0, "cannot create %s in %s", path, to);
+        cr_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
+        H5Dclose(d);
+        H5Sclose(sp);
+        H5Pclose(lcpl);
+        free(v);
+    }
+    H5Fclose(f);
+    reseal(to);
+}
+
 static inline void flip_bit(const char *path, long offset, int bit)
 {
     int fd = open(path, O_RDWR);

@@ -286,7 +286,7 @@ static int tmp_files_in(const char *dir)
     cr_assert_not_null(d);
     int n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += strstr(e->d_name, ".tmp-") != NULL;
+        n += strstr(e->d_name, ".tmp-") != NULL || strncmp(e->d_name, ".ampTrain-export-", 17) == 0;
     closedir(d);
     return n;
 }
@@ -299,11 +299,19 @@ static void write_text(const char *path, const char *text)
     fclose(f);
 }
 
-static void assert_text(const char *path, const char *text)
+/* An earlier export at `path` (the only kind of file export replaces); returns its bytes for assert_bytes. */
+static unsigned char *earlier_export(const char *path, size_t *size)
+{
+    struct result r = amp("export %s %s --dtype fp16", ckpt, path);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    return slurp(path, size);
+}
+
+static void assert_bytes(const char *path, const unsigned char *want, size_t size)
 {
     size_t n;
     unsigned char *b = slurp(path, &n);
-    cr_assert(n == strlen(text) && !memcmp(b, text, n), "%s was changed", path);
+    cr_assert(n == size && !memcmp(b, want, n), "%s was changed", path);
     free(b);
 }
 
@@ -321,10 +329,12 @@ Test(export, a_corrupt_checkpoint_is_exit_4_and_leaves_nothing_at_out)
     cr_assert(strstr(r.out, bad) && strstr(r.out, "CRC-32"), "%s", r.out);
     cr_assert(!file_exists(out));
     snprintf(kept, sizeof kept, "%s/kept.safetensors", dir);
-    write_text(kept, "precious");
+    size_t kept_size;
+    unsigned char *kept_bytes = earlier_export(kept, &kept_size);
     r = amp("export %s %s", bad, kept);
     cr_assert_eq(r.code, 4, "%s", r.out);
-    assert_text(kept, "precious");
+    assert_bytes(kept, kept_bytes, kept_size);
+    free(kept_bytes);
     cr_assert_eq(tmp_files_in(dir), 0);
     r = amp("export %s/missing.h5 %s", dir, out);
     cr_assert_eq(r.code, 4, "%s", r.out);
@@ -372,6 +382,40 @@ Test(export, a_crafted_tensor_is_exit_4_naming_it)
     cr_assert(!file_exists(out));
 }
 
+/* The checkpoint's tensors must be exactly its config's model's, as eval requires (issue 41 item 6): a tensor the
+ * model does not have, one it has that is missing, one of another shape are each exit 4 naming the tensor (and
+ * both shapes), and nothing is written. Export wrote all three with exit 0. */
+Test(export, tensors_that_are_not_the_models_are_exit_4_naming_them)
+{
+    static const struct {
+        const char *file, *tensor;
+        int ndim;
+        hsize_t dims[2];
+        const char *want;
+    } cases[] = {
+        {"extra.h5", "fc1/extra", 1, {5}, "tensor /model/fc1/extra is not a tensor of the model"},
+        {"missing.h5", "head/bias", 0, {0}, "tensor /model/head/bias is missing"},
+        {"shape.h5", "fc2/bias", 1, {31}, "tensor /model/fc2/bias has shape (31) in the checkpoint but (32) in the "
+                                          "config's model"},
+        {"rank.h5", "fc1/weight", 1, {25088}, "tensor /model/fc1/weight has shape (25088) in the checkpoint but (32, "
+                                              "784) in the config's model"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char p[600], out[600];
+        snprintf(p, sizeof p, "%s/%s", scratch, cases[k].file);
+        snprintf(out, sizeof out, "%s/%s.safetensors", scratch, cases[k].file);
+        craft_tensor(ckpt, p, cases[k].tensor, cases[k].ndim, cases[k].dims);
+        for (int names = 0; names < 2; names++) {
+            struct result r = amp("export %s %s --names %s", p, out, names ? "pytorch" : "ampTrain");
+            cr_assert_eq(r.code, 4, "%s: exit %d: %s", cases[k].file, r.code, r.out);
+            cr_assert(strstr(r.out, cases[k].want) && strstr(r.out, p) && strstr(r.out, "hint:"), "want '%s' in: %s",
+                      cases[k].want, r.out);
+            cr_assert(!file_exists(out), "%s was written", out);
+        }
+    }
+    cr_assert_eq(tmp_files_in(scratch), 0);
+}
+
 Test(export, a_failed_write_is_exit_1_naming_out_and_leaves_an_existing_out_untouched)
 {
     char out[600];
@@ -385,7 +429,8 @@ Test(export, a_failed_write_is_exit_1_naming_out_and_leaves_an_existing_out_unto
     snprintf(dir, sizeof dir, "%s/full", scratch);
     cr_assert_eq(mkdir(dir, 0755), 0);
     snprintf(out, sizeof out, "%s/w.safetensors", dir);
-    write_text(out, "precious");
+    size_t kept_size;
+    unsigned char *kept_bytes = earlier_export(out, &kept_size);
     snprintf(err_path, sizeof err_path, "%s/full.err", scratch);
     pid_t pid = fork();
     cr_assert(pid >= 0);
@@ -405,8 +450,169 @@ Test(export, a_failed_write_is_exit_1_naming_out_and_leaves_an_existing_out_unto
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d: %s", status, msg);
     cr_assert(strstr(msg, "cannot write") && strstr(msg, out), "%s", msg);
     free(msg);
-    assert_text(out, "precious");
+    assert_bytes(out, kept_bytes, kept_size);
+    free(kept_bytes);
     cr_assert_eq(tmp_files_in(dir), 0);
+}
+
+/* ---- what OUT may be (issue 41 item 2) ------------------------------------------------------------------- */
+
+/* `export CKPT OUT` (under timeout: a FIFO must not be waited on) is exit 2 naming OUT and saying `what` it is,
+ * with a hint, and OUT is still there, the same kind of file, the same inode, the same bytes. */
+static void expect_out_refused(const char *out, const char *what)
+{
+    struct stat before, after;
+    cr_assert_eq(lstat(out, &before), 0, "%s missing", out);
+    size_t n0 = 0;
+    unsigned char *b0 = S_ISREG(before.st_mode) ? slurp(out, &n0) : NULL;
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "cd %s && timeout 20 %s export %s %s 2>&1", AMP_SOURCE_DIR, amp_binary(), ckpt, out);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 2, "export over %s (%s): exit %d: %s", out, what, r.code, r.out);
+    cr_assert(strstr(r.out, out) && strstr(r.out, what) && strstr(r.out, "hint:"), "want '%s' naming %s in: %s",
+              what, out, r.out);
+    cr_assert_eq(lstat(out, &after), 0, "%s is gone", out);
+    cr_assert_eq(after.st_mode & S_IFMT, before.st_mode & S_IFMT, "%s changed kind", out);
+    cr_assert_eq(after.st_ino, before.st_ino, "%s was replaced", out);
+    if (b0) {
+        assert_bytes(out, b0, n0);
+        free(b0);
+    }
+}
+
+Test(export, out_may_only_be_new_or_an_earlier_export)
+{
+    char p[700], link[600], base[400];
+    snprintf(base, sizeof base, "%s/base", scratch);
+    expect_out_refused(ckpt, "is the checkpoint being exported");
+    snprintf(p, sizeof p, "%s/latest", base);
+    expect_out_refused(p, "is a run directory's latest");
+    snprintf(p, sizeof p, "%s/config.yaml", base);
+    expect_out_refused(p, "is a run directory's config.yaml");
+    snprintf(p, sizeof p, "%s/scale_log.csv", base);
+    expect_out_refused(p, "is a run directory's scale_log.csv");
+    snprintf(p, sizeof p, "%s/other.h5", scratch);
+    copy_file(ckpt, p);
+    expect_out_refused(p, "is an ampTrain checkpoint");
+    snprintf(p, sizeof p, "%s/notes.safetensors", scratch);
+    write_text(p, "precious");
+    expect_out_refused(p, "is a regular file that is not a safetensors file");
+    snprintf(p, sizeof p, "%s/adir", scratch);
+    cr_assert_eq(mkdir(p, 0755), 0);
+    expect_out_refused(p, "is a directory");
+    snprintf(p, sizeof p, "%s/fifo", scratch);
+    cr_assert_eq(mkfifo(p, 0644), 0);
+    expect_out_refused(p, "is a FIFO");
+    expect_out_refused("/dev/null", "is a character device");
+    snprintf(link, sizeof link, "%s/link.safetensors", scratch);
+    cr_assert_eq(symlink(ckpt, link), 0);
+    expect_out_refused(link, "is a symbolic link");
+    cr_assert_eq(tmp_files_in(scratch), 0);
+    cr_assert_eq(tmp_files_in(base), 0);
+    /* an earlier export is replaced: the second file is bf16 */
+    snprintf(p, sizeof p, "%s/again.safetensors", scratch);
+    size_t n;
+    free(earlier_export(p, &n));
+    struct result r = amp("export %s %s --dtype bf16", ckpt, p);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    struct safetensors_file f;
+    struct amp_error err = {0};
+    cr_assert_eq(safetensors_read(p, &f, &err), AMP_OK, "%s", err.msg);
+    cr_assert_str_eq(meta_value(&f, "dtype"), "bf16");
+    safetensors_free(&f);
+    r = amp("help export");
+    cr_assert(strstr(r.out, "OUT must not exist or be an earlier export"), "the help states the rule: %s", r.out);
+}
+
+/* Dotted layer names are allowed, so two tensors can meet under --names pytorch ('/' becomes '.'): a layernorm
+ * named block0.ln1 beside transformer_block block0 (whose ln1 is block0/ln1). Export wrote both as
+ * block0.ln1.weight (exit 0) and ampTrain's own reader refused the file; it is now exit 2 naming both tensors and
+ * their layers and the key, before anything is written (issue 41 item 7). ampTrain names stay unique. */
+Test(export, layer_names_that_collide_under_pytorch_names_are_refused)
+{
+    struct result r = amp("run configs/text_gpt.yaml data.batch_size=2 run.device=cpu run.steps=1 run.ckpt_every=1 "
+                          "run.log_every=1000 model.layers.3.name=block0.ln1 run.out_dir=%s/dots", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char out[600];
+    snprintf(out, sizeof out, "%s/dots.safetensors", scratch);
+    r = amp("export %s/dots %s --names pytorch", scratch, out);
+    cr_assert_eq(r.code, 2, "exit %d: %s", r.code, r.out);
+    cr_assert(strstr(r.out, "/model/block0/ln1/bias (layer 'block0')") &&
+              strstr(r.out, "/model/block0.ln1/bias (layer 'block0.ln1')") &&
+              strstr(r.out, "both become 'block0.ln1.bias'") && strstr(r.out, "hint:"), "%s", r.out);
+    cr_assert(!file_exists(out), "%s was written", out);
+    cr_assert_eq(tmp_files_in(scratch), 0);
+    r = amp("export %s/dots %s", scratch, out);
+    cr_assert_eq(r.code, 0, "ampTrain names do not collide: %s", r.out);
+    struct safetensors_file f;
+    struct amp_error err = {0};
+    cr_assert_eq(safetensors_read(out, &f, &err), AMP_OK, "%s", err.msg);
+    cr_assert_not_null(safetensors_find(&f, "block0.ln1/bias"));
+    cr_assert_not_null(safetensors_find(&f, "block0/ln1/bias"));
+    safetensors_free(&f);
+}
+
+/* ---- the temporary file and the final file's mode (issue 41 item 10) ------------------------------------ */
+
+/* The file gets 0666 & ~umask, as any file a program creates (and as checkpoints do): 0640 under umask 027, not
+ * the 0644 it was forced to. */
+Test(export, the_file_honours_the_umask)
+{
+    char out[600], cmd[2000];
+    snprintf(out, sizeof out, "%s/umask.safetensors", scratch);
+    snprintf(cmd, sizeof cmd, "cd %s && umask 027 && %s export %s %s 2>&1", AMP_SOURCE_DIR, amp_binary(), ckpt, out);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    struct stat sb;
+    cr_assert_eq(stat(out, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0640, "mode %o under umask 027", (unsigned)(sb.st_mode & 0777));
+    snprintf(cmd, sizeof cmd, "cd %s && umask 002 && %s export %s %s 2>&1", AMP_SOURCE_DIR, amp_binary(), ckpt, out);
+    cr_assert_eq(shell(cmd).code, 0);
+    cr_assert_eq(stat(out, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0664, "mode %o under umask 002", (unsigned)(sb.st_mode & 0777));
+}
+
+/* A valid OUT name of 250 bytes (NAME_MAX is 255) exports: the temporary name is short and fixed, not OUT's name
+ * plus a suffix. */
+Test(export, an_out_name_of_250_bytes_exports)
+{
+    char name[251], out[900];
+    memset(name, 'w', 238);
+    snprintf(name + 238, sizeof name - 238, ".safetensors");
+    cr_assert_eq(strlen(name), 250);
+    snprintf(out, sizeof out, "%s/%s", scratch, name);
+    struct result r = amp("export %s %s", ckpt, out);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    struct safetensors_file f;
+    struct amp_error err = {0};
+    cr_assert_eq(safetensors_read(out, &f, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(f.ntensors, 6);
+    safetensors_free(&f);
+    cr_assert_eq(tmp_files_in(scratch), 0);
+}
+
+/* SIGTERM in the middle of the write (AMPTRAIN_TEST_RAISE=export_write raises it after the first tensor's bytes)
+ * is exit 143 naming OUT; the temporary file is removed, a new OUT is not created and an earlier one is untouched. */
+Test(export, a_signal_during_the_write_removes_the_temporary_file)
+{
+    char dir[400], out[600], cmd[2000];
+    snprintf(dir, sizeof dir, "%s/sig", scratch);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(out, sizeof out, "%s/new.safetensors", dir);
+    snprintf(cmd, sizeof cmd, "cd %s && AMPTRAIN_TEST_RAISE=export_write %s export %s %s 2>&1", AMP_SOURCE_DIR,
+             amp_binary(), ckpt, out);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 143, "exit %d: %s", r.code, r.out);
+    cr_assert(strstr(r.out, "SIGTERM") && strstr(r.out, out) && strstr(r.out, "hint:"), "%s", r.out);
+    cr_assert(!file_exists(out), "%s was left", out);
+    cr_assert_eq(tmp_files_in(dir), 0, "a temporary file was left in %s", dir);
+    size_t n;
+    unsigned char *kept = earlier_export(out, &n);
+    r = shell(cmd);
+    cr_assert_eq(r.code, 143, "exit %d: %s", r.code, r.out);
+    assert_bytes(out, kept, n);
+    free(kept);
+    cr_assert_eq(tmp_files_in(dir), 0, "a temporary file was left in %s", dir);
 }
 
 /* ---- arguments ------------------------------------------------------------------------------------------- */

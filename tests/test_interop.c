@@ -63,6 +63,33 @@ Test(interop, the_tied_table_is_stored_once)
     ckpt_weights_free(&w);
 }
 
+/* A crafted qkv weight of another shape (issue 41 item 6): 3-D, hf-gpt2's transpose read (96, 32) of it and
+ * exported 2,976 of its 3,072 values from uninitialised heap, exit 0; 1-D, it exported as shape [0]. Now both are
+ * exit 4 naming the tensor and both shapes, under every name set, and nothing is written. */
+Test(interop, a_qkv_weight_of_another_shape_is_exit_4_not_exported)
+{
+    static const struct {
+        int ndim;
+        hsize_t dims[3];
+        const char *got;
+    } cases[] = {{3, {3, 32, 32}, "(3, 32, 32)"}, {1, {3072}, "(3072)"}};
+    static const char *const names[] = {"hf-gpt2", "pytorch", "ampTrain"};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char p[600], out[600], want[300];
+        snprintf(p, sizeof p, "%s/qkv%zu.h5", scratch, k);
+        snprintf(out, sizeof out, "%s/qkv%zu.safetensors", scratch, k);
+        craft_tensor(ckpt, p, "h0/attn/qkv/weight", cases[k].ndim, cases[k].dims);
+        snprintf(want, sizeof want, "tensor /model/h0/attn/qkv/weight has shape %s in the checkpoint but (96, 32) in "
+                 "the config's model", cases[k].got);
+        for (int n = 0; n < 3; n++) {
+            struct result r = amp("export %s %s --names %s", p, out, names[n]);
+            cr_assert_eq(r.code, 4, "%s --names %s: exit %d: %s", p, names[n], r.code, r.out);
+            cr_assert(strstr(r.out, want) && strstr(r.out, "hint:"), "want '%s' in: %s", want, r.out);
+            cr_assert(!file_exists(out), "%s was written", out);
+        }
+    }
+}
+
 /* Every hf-gpt2 key with its layout: Conv1D weights are the checkpoint's transposed, the rest equal. */
 Test(interop, hf_gpt2_names_and_layouts)
 {
