@@ -4,9 +4,11 @@
  * The writer builds the header text in memory, then streams header and tensors into a temporary file beside
  * the output (mkstemp), fsyncs, renames and fsyncs the directory, as lib/checkpoint.c does for checkpoints.
  *
- * The reader holds the whole file in memory and parses the header with a small strict JSON parser that knows
- * this format's shape only: a top-level object whose values are tensor entries (objects with exactly the keys
- * dtype, shape and data_offsets) or the __metadata__ object of strings. It has no recursion beyond that fixed
+ * The reader checks the 8-byte header length (against a cap and the file) before it reads the header, and the
+ * header before it reads the data, so that a large file of another kind is refused without being read. It holds
+ * the whole file in memory and parses the header with a small strict JSON parser that knows this format's shape
+ * only: a top-level object whose values are tensor entries (objects with exactly the keys dtype, shape and
+ * data_offsets) or the __metadata__ object of strings. It has no recursion beyond that fixed
  * depth, so no input can exhaust the stack. After parsing, the entries are checked against each other: unique
  * names, byte counts that match dtype and shape, offsets that tile the data section exactly.
  */
@@ -705,6 +707,31 @@ static enum amp_status check_entries(struct entry *es, int n, uint64_t data_len,
     return st;
 }
 
+/* The first 9 bytes of a file of `size` (fewer when the file is shorter): the header length, against the cap and
+ * the file, and the header's '{'. Enough to refuse a file that is not safetensors before reading the rest. */
+static enum amp_status check_prefix(const unsigned char *head, size_t size, const char *name, uint64_t *len,
+                                    struct amp_error *err)
+{
+    uint64_t n = 0;
+    for (int i = 7; size >= 8 && i >= 0; i--)
+        n = n << 8 | head[i];
+    *len = n;
+    if (size < 8)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: %zu bytes, too short for a safetensors file (8-byte header "
+                                                     "length)", name, size);
+    if (n > SAFETENSORS_MAX_HEADER)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header length is %llu bytes, beyond the %u-byte limit",
+                        name, (unsigned long long)n, SAFETENSORS_MAX_HEADER);
+    if (n > size - 8)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD,
+                        "%s: the header length is %llu bytes but the file has only %zu after it (truncated, or not a "
+                        "safetensors file)", name, (unsigned long long)n, size - 8);
+    if (n == 0 || head[8] != '{')
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header does not start with '{' (not a safetensors file)",
+                        name);
+    return AMP_OK;
+}
+
 /* Validate the file's bytes, taking ownership of `bytes` (freed on failure). */
 static enum amp_status parse_owned(unsigned char *bytes, size_t size, const char *name, struct safetensors_file *f,
                                    struct amp_error *err)
@@ -712,23 +739,8 @@ static enum amp_status parse_owned(unsigned char *bytes, size_t size, const char
     memset(f, 0, sizeof *f);
     f->bytes = bytes;
     f->size = size;
-    enum amp_status st = AMP_OK;
     uint64_t n = 0;
-    for (int i = 7; size >= 8 && i >= 0; i--)
-        n = n << 8 | bytes[i];
-    if (size < 8)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: %zu bytes, too short for a safetensors file (8-byte header "
-                                                   "length)", name, size);
-    else if (n > SAFETENSORS_MAX_HEADER)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header length is %llu bytes, beyond the %u-byte limit",
-                      name, (unsigned long long)n, SAFETENSORS_MAX_HEADER);
-    else if (n > size - 8)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD,
-                      "%s: the header length is %llu bytes but the file has only %zu after it (truncated, or not a "
-                      "safetensors file)", name, (unsigned long long)n, size - 8);
-    else if (n == 0 || bytes[8] != '{')
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header does not start with '{' (not a safetensors file)",
-                      name);
+    enum amp_status st = check_prefix(bytes, size, name, &n, err);
     if (st != AMP_OK) {
         safetensors_free(f);
         return st;
@@ -775,6 +787,63 @@ enum amp_status safetensors_parse(const unsigned char *bytes, size_t size, const
     return parse_owned(copy, size, name, f, err);
 }
 
+/* Exactly n bytes at off; false with errno set (EIO for a file that ends early). */
+static bool read_at(int fd, unsigned char *buf, size_t n, size_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                errno = EIO;
+            return false;
+        }
+        got += (size_t)r;
+    }
+    return true;
+}
+
+static enum amp_status read_failed(const char *path, int e, struct amp_error *err)
+{
+    return amp_fail(err, AMP_ERR_CKPT, "check the disk and the file, and retry", "cannot read %s: %s", path,
+                    strerror(e ? e : EIO));
+}
+
+/* The file in three reads, each only once the one before has passed its checks: the 9 bytes of check_prefix, the
+ * header (parsed and checked against the file's size), then the data. A large file that is not safetensors is
+ * refused after reading 9 bytes, not all of it. */
+static enum amp_status read_checked(int fd, size_t size, const char *path, struct safetensors_file *f,
+                                    struct amp_error *err)
+{
+    unsigned char head[9] = {0};
+    uint64_t n = 0;
+    size_t nhead = size < sizeof head ? size : sizeof head;
+    if (!read_at(fd, head, nhead, 0))
+        return read_failed(path, errno, err);
+    enum amp_status st = check_prefix(head, size, path, &n, err);
+    if (st != AMP_OK)
+        return st;
+    unsigned char *buf = malloc(size); /* pages of the data are touched only once the header has passed */
+    if (!buf)
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry", "out of memory reading %s (%zu bytes)",
+                        path, size);
+    if (!read_at(fd, buf, 8 + (size_t)n, 0)) {
+        int e = errno;
+        free(buf);
+        return read_failed(path, e, err);
+    }
+    if ((st = parse_owned(buf, size, path, f, err)) != AMP_OK)
+        return st;
+    if (!read_at(fd, f->bytes + f->data_start, size - f->data_start, f->data_start)) {
+        int e = errno;
+        safetensors_free(f);
+        return read_failed(path, e, err);
+    }
+    return AMP_OK;
+}
+
 enum amp_status safetensors_read(const char *path, struct safetensors_file *f, struct amp_error *err)
 {
     memset(f, 0, sizeof *f);
@@ -783,29 +852,13 @@ enum amp_status safetensors_read(const char *path, struct safetensors_file *f, s
         return amp_fail(err, AMP_ERR_CKPT, "give the path of a .safetensors file", "cannot open %s: %s", path,
                         strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return amp_fail(err, AMP_ERR_CKPT, "give the path of a .safetensors file", "%s is not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    size_t got = 0;
-    while (buf && got < size) {
-        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    int e = errno;
+    enum amp_status st;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        st = amp_fail(err, AMP_ERR_CKPT, "give the path of a .safetensors file", "%s is not a regular file", path);
+    else
+        st = read_checked(fd, (size_t)sb.st_size, path, f, err);
     close(fd);
-    if (!buf || got != size) {
-        free(buf);
-        return amp_fail(err, buf ? AMP_ERR_CKPT : AMP_ERR_INTERNAL, NULL, "cannot read %s: %s", path,
-                        buf ? strerror(e ? e : EIO) : "out of memory");
-    }
-    return parse_owned(buf, size, path, f, err);
+    return st;
 }
 
 const struct safetensor *safetensors_find(const struct safetensors_file *f, const char *name)

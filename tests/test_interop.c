@@ -10,6 +10,7 @@
 #include "ckpt_testlib.h"
 
 #include <math.h>
+#include <sys/resource.h> /* getrusage: a child's peak memory */
 
 #include "checkpoint.h"  /* ckpt_read_weights: the reference values */
 #include "dtype.h"       /* dtype_convert */
@@ -437,4 +438,74 @@ Test(interop, hub_layout_and_bf16_masters)
                                "optim.stochastic_rounding=true");
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "init_from: 28 of 28 tensors"), "%s", r.out);
+}
+
+/* ---- init_from's reading of files that are not what they claim (issue 41) ------------------------------- */
+
+TestSuite(init_from_files, .init = make_scratch, .fini = remove_scratch);
+
+/* A file of `size` bytes (sparse: ftruncate) that begins with `head`. */
+static void write_sparse(const char *path, const void *head, size_t len, off_t size)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, head, len), (ssize_t)len);
+    cr_assert_eq(ftruncate(fd, size), 0);
+    cr_assert_eq(close(fd), 0);
+}
+
+/* safetensors_read of `path` in a child; its status, and the peak resident memory (KiB) of this process's
+ * children so far, which is the child's when it is the first. */
+static long read_in_child(const char *path, int *status)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        struct safetensors_file f;
+        struct amp_error e = {0};
+        _exit((int)safetensors_read(path, &f, &e));
+    }
+    int ws = 0;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
+    return ru.ru_maxrss;
+}
+
+/* init_from read the whole file before its first check: a wrong 6 GB file took 6.3 GB of memory (issue 41 item 9).
+ * The header length is checked after 8 bytes, the header before the data is read. */
+static void refused_without_reading(const char *name, const void *head, size_t len, const char *why)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", scratch, name);
+    write_sparse(path, head, len, (off_t)2 << 30);
+    int status = 0;
+    long kib = read_in_child(path, &status);
+    cr_assert_eq(status, AMP_ERR_CKPT, "%s: refused as a checkpoint error", name);
+    cr_assert_lt(kib, 256 * 1024, "%s: a 2 GiB file refused with a peak of %ld KiB resident", name, kib);
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.out_dir=%s/out model.init_from=%s",
+                          scratch, path);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, path) && strstr(r.out, why) && strstr(r.out, "hint: "), "%s", r.out);
+}
+
+Test(init_from_files, a_large_wrong_file_is_refused_from_its_header)
+{
+    const unsigned char beyond[8] = {0, 0, 0, 0, 0, 1, 0, 0}; /* 2^40 */
+    refused_without_reading("beyond.safetensors", beyond, sizeof beyond, "beyond the 104857600-byte limit");
+}
+
+Test(init_from_files, a_large_file_without_a_json_header_is_refused_from_its_first_bytes)
+{
+    const unsigned char nojson[9] = {16, 0, 0, 0, 0, 0, 0, 0, '['};
+    refused_without_reading("nojson.safetensors", nojson, sizeof nojson, "does not start with '{'");
+}
+
+Test(init_from_files, a_large_file_whose_header_does_not_cover_its_data_is_refused_before_the_data)
+{
+    const char json[] = "{\"__metadata__\": {}}    ";
+    unsigned char head[8 + sizeof json - 1] = {sizeof json - 1};
+    memcpy(head + 8, json, sizeof json - 1);
+    refused_without_reading("uncovered.safetensors", head, sizeof head, "the tensors cover 0 bytes of data");
 }
