@@ -707,6 +707,82 @@ static enum amp_status check_entries(struct entry *es, int n, uint64_t data_len,
     return st;
 }
 
+/* ---- reading: naming a file of another format --------------------------------------------------------- */
+
+/* A file being read, in memory (bytes) or open (fd), for looking at a few bytes anywhere in it. */
+struct peek {
+    const unsigned char *bytes;
+    int fd;
+    size_t size;
+};
+
+static bool peek_at(const struct peek *p, size_t off, void *buf, size_t n)
+{
+    if (off > p->size || n > p->size - off)
+        return false;
+    if (p->bytes) {
+        memcpy(buf, p->bytes + off, n);
+        return true;
+    }
+    return pread(p->fd, buf, n, (off_t)off) == (ssize_t)n;
+}
+
+#define HINT_TORCH "convert it in Python: safetensors.torch.save_file(torch.load(PATH, map_location='cpu'), " \
+                   "'model.safetensors') (a state_dict; for a whole model, its .state_dict())"
+
+/* Formats people hand to model.init_from instead of safetensors, by their magic bytes at offset 0. A pickle's
+ * two bytes are followed by an opcode, never 0: the bytes 80 02 00 of a (truncated) safetensors file whose header
+ * is 640 bytes long are not a pickle. */
+static const struct foreign {
+    const char *magic;
+    size_t len;
+    const char *what, *hint;
+} foreign_formats[] = {
+    {"AMPTCKPT", 8, "an ampTrain checkpoint",
+     "model.init_from reads checkpoints as they are; to make a safetensors file: ampTrain export CKPT OUT.safetensors"},
+    {"PK\x03\x04", 4, "a ZIP archive (PyTorch's torch.save format: .bin, .pt, .pth)", HINT_TORCH},
+    {"\x80\x02", 2, "a Python pickle, protocol 2 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"\x80\x03", 2, "a Python pickle, protocol 3 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"\x80\x04", 2, "a Python pickle, protocol 4 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"\x80\x05", 2, "a Python pickle, protocol 5 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"GGUF", 4, "a GGUF file (llama.cpp)",
+     "convert it to safetensors first (the gguf Python package reads it; safetensors.numpy.save_file writes)"},
+};
+
+#define HDF5_MAGIC "\x89HDF\r\n\x1a\n"
+
+/* HDF5 puts its signature at 0, or after a user block at 512, 1024, 2048, ... bytes. */
+static bool looks_hdf5(const struct peek *p)
+{
+    unsigned char sig[8];
+    for (size_t off = 0; off <= p->size - sizeof sig && off < ((size_t)1 << 62); off = off ? 2 * off : 512)
+        if (peek_at(p, off, sig, sizeof sig) && !memcmp(sig, HDF5_MAGIC, sizeof sig))
+            return true;
+    return false;
+}
+
+/* Replace a refusal of the file's first bytes by the format they show, where one is recognised. */
+static void name_foreign_format(const struct peek *p, const char *name, struct amp_error *err)
+{
+    unsigned char head[8] = {0};
+    size_t n = p->size < sizeof head ? p->size : sizeof head;
+    if (!peek_at(p, 0, head, n))
+        return;
+    for (size_t i = 0; i < sizeof foreign_formats / sizeof foreign_formats[0]; i++) {
+        const struct foreign *f = &foreign_formats[i];
+        bool pickle = f->magic[0] == '\x80';
+        if (n >= f->len + pickle && !memcmp(head, f->magic, f->len) && (!pickle || head[2] != 0)) {
+            amp_fail(err, AMP_ERR_CKPT, f->hint, "%s is %s, not a safetensors file", name, f->what);
+            return;
+        }
+    }
+    if (p->size >= 8 && looks_hdf5(p))
+        amp_fail(err, AMP_ERR_CKPT,
+                 "convert the weights in Python: safetensors.numpy.save_file({name: array, ...}, 'model.safetensors') "
+                 "(Keras: model.load_weights, then each layer's get_weights())",
+                 "%s is an HDF5 file (Keras .h5, h5py), not a safetensors file", name);
+}
+
 /* The first 9 bytes of a file of `size` (fewer when the file is shorter): the header length, against the cap and
  * the file, and the header's '{'. Enough to refuse a file that is not safetensors before reading the rest. */
 static enum amp_status check_prefix(const unsigned char *head, size_t size, const char *name, uint64_t *len,
@@ -732,6 +808,20 @@ static enum amp_status check_prefix(const unsigned char *head, size_t size, cons
     return AMP_OK;
 }
 
+/* check_prefix on the file's first bytes; a refusal names the file's format where its magic bytes show one. */
+static enum amp_status check_start(const struct peek *p, const char *name, uint64_t *len, struct amp_error *err)
+{
+    unsigned char head[9] = {0};
+    size_t n = p->size < sizeof head ? p->size : sizeof head;
+    if (!peek_at(p, 0, head, n))
+        return amp_fail(err, AMP_ERR_CKPT, "check the disk and the file, and retry", "cannot read %s: %s", name,
+                        strerror(errno ? errno : EIO));
+    enum amp_status st = check_prefix(head, p->size, name, len, err);
+    if (st != AMP_OK)
+        name_foreign_format(p, name, err);
+    return st;
+}
+
 /* Validate the file's bytes, taking ownership of `bytes` (freed on failure). */
 static enum amp_status parse_owned(unsigned char *bytes, size_t size, const char *name, struct safetensors_file *f,
                                    struct amp_error *err)
@@ -740,7 +830,7 @@ static enum amp_status parse_owned(unsigned char *bytes, size_t size, const char
     f->bytes = bytes;
     f->size = size;
     uint64_t n = 0;
-    enum amp_status st = check_prefix(bytes, size, name, &n, err);
+    enum amp_status st = check_start(&(struct peek){.bytes = bytes, .fd = -1, .size = size}, name, &n, err);
     if (st != AMP_OK) {
         safetensors_free(f);
         return st;
@@ -817,12 +907,8 @@ static enum amp_status read_failed(const char *path, int e, struct amp_error *er
 static enum amp_status read_checked(int fd, size_t size, const char *path, struct safetensors_file *f,
                                     struct amp_error *err)
 {
-    unsigned char head[9] = {0};
     uint64_t n = 0;
-    size_t nhead = size < sizeof head ? size : sizeof head;
-    if (!read_at(fd, head, nhead, 0))
-        return read_failed(path, errno, err);
-    enum amp_status st = check_prefix(head, size, path, &n, err);
+    enum amp_status st = check_start(&(struct peek){.fd = fd, .size = size}, path, &n, err);
     if (st != AMP_OK)
         return st;
     unsigned char *buf = malloc(size); /* pages of the data are touched only once the header has passed */

@@ -509,3 +509,93 @@ Test(init_from_files, a_large_file_whose_header_does_not_cover_its_data_is_refus
     memcpy(head + 8, json, sizeof json - 1);
     refused_without_reading("uncovered.safetensors", head, sizeof head, "the tensors cover 0 bytes of data");
 }
+
+/* A file of `len` bytes of `head` and zeros after them up to 4096. */
+static void write_headed(const char *path, const char *head, size_t len)
+{
+    char buf[4096] = {0};
+    memcpy(buf, head, len);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(buf, 1, sizeof buf, f), sizeof buf);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* An HDF5 file of one dataset, as Keras's save_weights writes them (h5py), with a user block of `userblock` bytes
+ * before HDF5's signature (0: none). */
+static void write_h5(const char *path, hsize_t userblock)
+{
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    cr_assert(fcpl >= 0 && H5Pset_userblock(fcpl, userblock) >= 0);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    hsize_t dims[2] = {4, 3};
+    float w[12] = {0};
+    hid_t space = H5Screate_simple(2, dims, NULL);
+    hid_t d = H5Dcreate2(f, "dense_kernel", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert(d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w) >= 0);
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Fclose(f);
+    H5Pclose(fcpl);
+}
+
+static void assert_named(const char *name, const char *what, const char *hint)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", scratch, name);
+    struct safetensors_file f;
+    struct amp_error e = {0};
+    cr_assert_eq(safetensors_read(path, &f, &e), AMP_ERR_CKPT, "%s", name);
+    cr_assert(strstr(e.msg, path) && strstr(e.msg, what) && strstr(e.msg, "not a safetensors file"), "%s: %s", name,
+              e.msg);
+    cr_assert(strstr(e.hint, hint), "%s: hint: %s", name, e.hint);
+}
+
+/* init_from on a Keras .h5 or a PyTorch .bin said "the header length is ... beyond the limit": the format its magic
+ * bytes show is named, with how to convert it (issue 41 item 13). */
+Test(init_from_files, files_of_other_formats_are_named_with_a_hint)
+{
+    static const struct {
+        const char *name, *head;
+        size_t len;
+        const char *what, *hint;
+    } cases[] = {
+        {"torch.bin", "PK\x03\x04\x00\x00\x08\x00\x00\x00", 10, "a ZIP archive (PyTorch's torch.save format",
+         "safetensors.torch.save_file(torch.load("},
+        {"legacy.bin", "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20", 10, "a Python pickle, protocol 2",
+         "safetensors.torch.save_file("},
+        {"p3.pt", "\x80\x03}q\x00(X", 7, "a Python pickle, protocol 3", "safetensors.torch.save_file("},
+        {"p4.pt", "\x80\x04\x95\x10\x00\x00\x00\x00", 8, "a Python pickle, protocol 4", "safetensors.torch.save_file("},
+        {"p5.pt", "\x80\x05\x95\x10\x00\x00\x00\x00", 8, "a Python pickle, protocol 5", "safetensors.torch.save_file("},
+        {"model.gguf", "GGUF\x03\x00\x00\x00\x02", 9, "a GGUF file (llama.cpp)", "gguf"},
+        {"ckpt-9.h5", "AMPTCKPT\x01", 9, "an ampTrain checkpoint", "ampTrain export"},
+    };
+    char path[600];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", scratch, cases[i].name);
+        write_headed(path, cases[i].head, cases[i].len);
+        assert_named(cases[i].name, cases[i].what, cases[i].hint);
+    }
+    snprintf(path, sizeof path, "%s/keras.h5", scratch);
+    write_h5(path, 0);
+    assert_named("keras.h5", "an HDF5 file (Keras .h5, h5py)", "safetensors.numpy.save_file");
+    snprintf(path, sizeof path, "%s/userblock.h5", scratch);
+    write_h5(path, 1024);
+    assert_named("userblock.h5", "an HDF5 file (Keras .h5, h5py)", "safetensors.numpy.save_file");
+    /* a pickle's opcode is never 0: a cut safetensors file with a 640-byte header is not called one */
+    struct safetensors_file f;
+    struct amp_error e = {0};
+    cr_assert_eq(safetensors_parse((const unsigned char *)"\x80\x02\x00\x00\x00\x00\x00\x00{}", 10, "cut", &f, &e),
+                 AMP_ERR_CKPT);
+    cr_assert(strstr(e.msg, "cut: the header length is 640 bytes but the file has only 2 after it"), "%s", e.msg);
+    /* and through the program: exit 4 naming the file and its format */
+    const char *cli[][2] = {{"keras.h5", "is an HDF5 file (Keras .h5, h5py)"}, {"torch.bin", "is a ZIP archive"},
+                            {"legacy.bin", "is a Python pickle"}};
+    for (int i = 0; i < 3; i++) {
+        struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.out_dir=%s/out "
+                              "model.init_from=%s/%s", scratch, scratch, cli[i][0]);
+        cr_assert_eq(r.code, 4, "%s", r.out);
+        cr_assert(strstr(r.out, cli[i][0]) && strstr(r.out, cli[i][1]) && strstr(r.out, "hint: "), "%s", r.out);
+    }
+}
