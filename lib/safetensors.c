@@ -481,6 +481,27 @@ static bool parse_entry(struct parser *ps, struct entry *e)
     return true;
 }
 
+/* Room for one more metadata entry. The arrays double: growing them by one entry at a time copied them at each
+ * entry wherever realloc cannot grow a block in place (under ASan always), quadratic in the number of entries. */
+static bool metadata_reserve(struct safetensors_file *f, int *cap)
+{
+    if (f->nmeta < *cap)
+        return true;
+    if (*cap > INT32_MAX / 2)
+        return false;
+    int ncap = *cap ? 2 * *cap : 16;
+    char **k = realloc(f->meta_keys, (size_t)ncap * sizeof *k);
+    if (k)
+        f->meta_keys = k;
+    char **v = k ? realloc(f->meta_values, (size_t)ncap * sizeof *v) : NULL;
+    if (v)
+        f->meta_values = v;
+    if (!k || !v)
+        return false;
+    *cap = ncap;
+    return true;
+}
+
 /* {"key": "value", ...} into f's metadata. */
 static bool parse_metadata(struct parser *ps, struct safetensors_file *f)
 {
@@ -491,6 +512,7 @@ static bool parse_metadata(struct parser *ps, struct safetensors_file *f)
         ps->p++;
         return true;
     }
+    int cap = f->nmeta;
     for (;;) {
         char *key = parse_string(ps), *value = NULL;
         if (key && expect(ps, ':')) {
@@ -504,13 +526,7 @@ static bool parse_metadata(struct parser *ps, struct safetensors_file *f)
             free(key);
             return false;
         }
-        char **k = realloc(f->meta_keys, (size_t)(f->nmeta + 1) * sizeof *k);
-        if (k)
-            f->meta_keys = k;
-        char **v = k ? realloc(f->meta_values, (size_t)(f->nmeta + 1) * sizeof *v) : NULL;
-        if (v)
-            f->meta_values = v;
-        if (!k || !v) {
+        if (!metadata_reserve(f, &cap)) {
             free(key);
             free(value);
             return bad(ps, "out of memory");
