@@ -639,3 +639,87 @@ Test(safetensors_reader, many_metadata_entries_parse_in_linear_time, .timeout = 
     safetensors_free(&f);
     free(b);
 }
+
+/* ---- init_from: tensors at any alignment ------------------------------------------------------------------ */
+
+/* `from` with its header one space longer (the format allows any header length): the data then starts at an
+ * odd offset, and every F16/BF16 element at an odd address. */
+static void reheader_odd(const char *from, const char *to)
+{
+    FILE *f = fopen(from, "rb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    size_t size = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *b = malloc(size + 1);
+    cr_assert(b && fread(b, 1, size, f) == size);
+    fclose(f);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | b[i];
+    memmove(b + 8 + n + 1, b + 8 + n, size - 8 - n);
+    b[8 + n] = ' ';
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((n + 1) >> (8 * i));
+    f = fopen(to, "wb");
+    cr_assert(f && fwrite(b, 1, size + 1, f) == size + 1);
+    cr_assert_eq(fclose(f), 0);
+    free(b);
+}
+
+/* The line of the final evaluation, which depends on every weight. */
+static const char *eval_line(const struct result *r, char *out, size_t len)
+{
+    const char *e = strstr(r->out, "eval step");
+    cr_assert_not_null(e, "%s", r->out);
+    snprintf(out, len, "%.*s", (int)strcspn(e, "\n"), e);
+    return out;
+}
+
+/* Under UBSan init_from of an F16/BF16 file whose header length is not a multiple of 8 stopped at a misaligned
+ * uint16_t load (dtype_simd.c's tails; dtype.c's loop with AMP_DTYPE_PORTABLE=1), exit 1 (issue 41 item 5). */
+Test(init_from_files, fp16_and_bf16_tensors_at_odd_offsets_load_as_aligned_ones)
+{
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.ckpt_every=1 run.out_dir=%s/base",
+                          scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *dtypes[] = {"fp16", "bf16"};
+    for (int k = 0; k < 2; k++) {
+        char aligned[600], odd[600], want[256], got[256];
+        snprintf(aligned, sizeof aligned, "%s/%s.safetensors", scratch, dtypes[k]);
+        snprintf(odd, sizeof odd, "%s/%s_odd.safetensors", scratch, dtypes[k]);
+        r = amp("export %s/base/ckpt-1.h5 %s --dtype %s", scratch, aligned, dtypes[k]);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        reheader_odd(aligned, odd);
+        struct safetensors_file a, b;
+        struct amp_error e = {0};
+        cr_assert_eq(safetensors_read(aligned, &a, &e), AMP_OK, "%s", e.msg);
+        cr_assert_eq(safetensors_read(odd, &b, &e), AMP_OK, "%s", e.msg);
+        cr_assert_eq(b.data_start % 2, 1, "the data start at an odd offset");
+        cr_assert_eq(b.ntensors, a.ntensors);
+        for (int i = 0; i < a.ntensors; i++) {
+            size_t n = a.tensors[i].nbytes / 2;
+            float *va = malloc(n * sizeof *va), *vb = malloc(n * sizeof *vb);
+            cr_assert(va && vb);
+            dtype_convert(va, DT_FP32, a.tensors[i].data, a.tensors[i].dtype, n);
+            dtype_convert(vb, DT_FP32, b.tensors[i].data, b.tensors[i].dtype, n);
+            cr_assert_eq(memcmp(va, vb, n * sizeof *va), 0, "%s: the same values", a.tensors[i].name);
+            free(va);
+            free(vb);
+        }
+        safetensors_free(&a);
+        safetensors_free(&b);
+        const char *run = "run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.out_dir=%s/%s_%d model.init_from=%s";
+        r = amp(run, scratch, dtypes[k], 0, aligned);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        eval_line(&r, want, sizeof want);
+        for (int portable = 0; portable < 2; portable++) {
+            setenv("AMP_DTYPE_PORTABLE", portable ? "1" : "0", 1);
+            r = amp(run, scratch, dtypes[k], 1 + portable, odd);
+            cr_assert_eq(r.code, 0, "%s (AMP_DTYPE_PORTABLE=%d): %s", odd, portable, r.out);
+            cr_assert(strstr(r.out, "init_from: 6 of 6 tensors"), "%s", r.out);
+            cr_assert_str_eq(eval_line(&r, got, sizeof got), want, "the odd file trains as the aligned one");
+        }
+        unsetenv("AMP_DTYPE_PORTABLE");
+    }
+}
