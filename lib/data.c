@@ -15,6 +15,7 @@
 #include "data.h"
 
 #include <errno.h>
+#include <fcntl.h> /* open: O_NONBLOCK */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,20 +40,30 @@ enum amp_status data_check_file(const char *path, const char *key, const char *m
 {
     if (!path || !path[0])
         return amp_fail(err, AMP_ERR_CONFIG, missing_hint, "%s is not set", key);
-    struct stat st;
-    if (stat(path, &st) != 0) {
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer for ever (fstat refuses it below) */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
         if (errno == ENOENT || errno == ENOTDIR)
             return amp_fail(err, AMP_ERR_DATA, missing_hint, "%s: no such file (%s)", path, key);
+        if (errno == EACCES)
+            return amp_fail(err, AMP_ERR_DATA, "check the file's permissions", "%s: cannot read (%s): %s", path, key,
+                            strerror(errno));
         return amp_fail(err, AMP_ERR_DATA, "check the path and its permissions", "%s: cannot open (%s): %s", path,
                         key, strerror(errno));
     }
+    struct stat st;
+    int stat_errno = fstat(fd, &st) == 0 ? 0 : errno;
+    close(fd);
+    if (stat_errno)
+        return amp_fail(err, AMP_ERR_DATA, "check the path and its permissions", "%s: cannot open (%s): %s", path,
+                        key, strerror(stat_errno));
     if (S_ISDIR(st.st_mode))
         return amp_fail(err, AMP_ERR_DATA, "name a file, not a directory", "%s: is a directory, not a file (%s)",
                         path, key);
-    if (access(path, R_OK) != 0)
-        return amp_fail(err, AMP_ERR_DATA, "check the file's permissions", "%s: cannot read (%s): %s", path, key,
-                        strerror(errno));
-    if (S_ISREG(st.st_mode) && st.st_size == 0)
+    if (!S_ISREG(st.st_mode))
+        return amp_fail(err, AMP_ERR_DATA, "name a data file on disk, not a pipe, FIFO, device or socket",
+                        "%s: not a regular file (%s)", path, key);
+    if (st.st_size == 0)
         return amp_fail(err, AMP_ERR_DATA, "the file is empty: re-download or reinstall it, or fix the path",
                         "%s: empty file (0 bytes) (%s)", path, key);
     if (size)

@@ -127,19 +127,24 @@ static enum amp_status idx_read_payload(gzFile gz, struct idx_file *f, int64_t f
         cap = file_size > 0 ? file_size : 1; /* a plain file cannot hold more than its size */
     else if (f->gzipped && cap > (int64_t)IDX_CHUNK * 4)
         cap = (int64_t)IDX_CHUNK * 4;
-    f->data = data_alloc((uint64_t)cap, 1, f->path, "the IDX payload", err);
+    /* One byte beyond the payload: the last read asks for it, so that zlib goes on past the data to the gzip
+     * trailer within that read. A read that ends exactly with the data can leave zlib holding a cut trailer's
+     * bytes at the end of the file, and every later gzread then reports a clean end of file. */
+    f->data = data_alloc((uint64_t)cap + 1, 1, f->path, "the IDX payload", err);
     if (!f->data)
         return err ? err->code : AMP_ERR_INTERNAL;
     int64_t got = 0;
     for (;;) {
-        int64_t r = gz_read_full(gz, f, f->data + got, cap - got, err);
+        int64_t r = gz_read_full(gz, f, f->data + got, cap - got + (cap == f->count), err);
         if (r < 0)
             return err ? err->code : AMP_ERR_DATA;
         got += r;
+        if (got > f->count)
+            got = f->count; /* bytes after the payload are ignored */
         if (got < cap || cap == f->count)
             break;
         int64_t ncap = cap * 2 < f->count ? cap * 2 : f->count; /* full so far: grow and read on */
-        uint8_t *p = realloc(f->data, (size_t)ncap);
+        uint8_t *p = realloc(f->data, (size_t)ncap + 1);
         if (!p)
             return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry", "%s: out of memory reading %lld bytes",
                             f->path, (long long)ncap);

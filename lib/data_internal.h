@@ -24,7 +24,8 @@ void data_gather_tokens(const struct data_split *sp, int64_t T, const int64_t *i
 
 /* Check that `path` (named by config key `key`) is a readable, non-empty regular file before any
  * library touches it, so the common mistakes get our messages: missing (with `missing_hint`), a
- * directory, unreadable, empty. On success stores the file size in *size (may be NULL). */
+ * directory, a FIFO, device or socket (a reader would wait on it for ever or read it without end), unreadable,
+ * empty. On success stores the file size in *size (may be NULL). */
 enum amp_status data_check_file(const char *path, const char *key, const char *missing_hint, int64_t *size,
                                 struct amp_error *err);
 

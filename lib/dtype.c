@@ -226,30 +226,31 @@ static void fp8_table_fill(void)
     }
 }
 
+/* src and dst may lie at any address (dtype_simd.h's loads and stores). */
 static float load_as_fp32(const void *src, enum dtype dt, size_t i)
 {
     switch (dt) {
-    case DT_FP16: return fp16_to_fp32(((const uint16_t *)src)[i]);
-    case DT_BF16: return bf16_to_fp32(((const uint16_t *)src)[i]);
+    case DT_FP16: return fp16_to_fp32(dtype_ld_u16(src, i));
+    case DT_BF16: return bf16_to_fp32(dtype_ld_u16(src, i));
     case DT_FP8_E4M3: return fp8_table[0][((const uint8_t *)src)[i]];
     case DT_FP8_E5M2: return fp8_table[1][((const uint8_t *)src)[i]];
     case DT_FP32:
     case DT_COUNT: break;
     }
-    return ((const float *)src)[i];
+    return dtype_ld_f32(src, i);
 }
 
 static void store_from_fp32(void *dst, enum dtype dt, size_t i, float x)
 {
     switch (dt) {
-    case DT_FP16: ((uint16_t *)dst)[i] = fp16_from_fp32(x); return;
-    case DT_BF16: ((uint16_t *)dst)[i] = bf16_from_fp32(x); return;
+    case DT_FP16: dtype_st_u16(dst, i, fp16_from_fp32(x)); return;
+    case DT_BF16: dtype_st_u16(dst, i, bf16_from_fp32(x)); return;
     case DT_FP8_E4M3: ((uint8_t *)dst)[i] = fp8_from_fp32(x, FP8_E4M3, 1); return;
     case DT_FP8_E5M2: ((uint8_t *)dst)[i] = fp8_from_fp32(x, FP8_E5M2, 1); return;
     case DT_FP32:
     case DT_COUNT: break;
     }
-    ((float *)dst)[i] = x;
+    dtype_st_f32(dst, i, x);
 }
 
 void dtype_convert_portable(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)

@@ -16,7 +16,8 @@
  * The fp16 instructions agree with the portable functions on every input, NaNs included, because the
  * portable functions were defined to match them (see dtype.c). The immediate rounding mode is used,
  * so MXCSR's rounding mode does not matter. Tails shorter than a vector go through the scalar
- * functions, which give the same bits.
+ * functions, which give the same bits. Source and destination may lie at any address (a safetensors tensor after a
+ * header of odd length): the vectors use unaligned loads and stores, the tails dtype_simd.h's memcpy-based ones.
  */
 #include "dtype_simd.h"
 
@@ -68,7 +69,7 @@ TARGET_F16C static void fp32_to_fp16_f16c(void *dst, const void *src, size_t n)
         _mm_storeu_si128((__m128i *)(d + i), h);
     }
     for (; i < n; i++)
-        d[i] = fp16_from_fp32(s[i]);
+        dtype_st_u16(dst, i, fp16_from_fp32(dtype_ld_f32(src, i)));
 }
 
 TARGET_F16C static void fp16_to_fp32_f16c(void *dst, const void *src, size_t n)
@@ -79,7 +80,7 @@ TARGET_F16C static void fp16_to_fp32_f16c(void *dst, const void *src, size_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
     for (; i < n; i++)
-        d[i] = fp16_to_fp32(s[i]);
+        dtype_st_f32(dst, i, fp16_to_fp32(dtype_ld_u16(src, i)));
 }
 
 TARGET_F16C static void fp32_to_bf16_f16c(void *dst, const void *src, size_t n)
@@ -93,7 +94,7 @@ TARGET_F16C static void fp32_to_bf16_f16c(void *dst, const void *src, size_t n)
         _mm256_storeu_si256((__m256i *)(d + i), pack_bf16_avx2(lo, hi));
     }
     for (; i < n; i++)
-        d[i] = bf16_from_fp32(s[i]);
+        dtype_st_u16(dst, i, bf16_from_fp32(dtype_ld_f32(src, i)));
 }
 
 TARGET_F16C static void bf16_to_fp32_f16c(void *dst, const void *src, size_t n)
@@ -106,7 +107,7 @@ TARGET_F16C static void bf16_to_fp32_f16c(void *dst, const void *src, size_t n)
         _mm256_storeu_si256((__m256i *)(d + i), _mm256_slli_epi32(w, 16));
     }
     for (; i < n; i++)
-        d[i] = bf16_to_fp32(s[i]);
+        dtype_st_f32(dst, i, bf16_to_fp32(dtype_ld_u16(src, i)));
 }
 
 TARGET_F16C static void fp16_to_bf16_f16c(void *dst, const void *src, size_t n)
@@ -122,7 +123,7 @@ TARGET_F16C static void fp16_to_bf16_f16c(void *dst, const void *src, size_t n)
         _mm256_storeu_si256((__m256i *)(d + i), packed);
     }
     for (; i < n; i++)
-        d[i] = bf16_from_fp32(fp16_to_fp32(s[i]));
+        dtype_st_u16(dst, i, bf16_from_fp32(fp16_to_fp32(dtype_ld_u16(src, i))));
 }
 
 TARGET_F16C static void bf16_to_fp16_f16c(void *dst, const void *src, size_t n)
@@ -136,7 +137,7 @@ TARGET_F16C static void bf16_to_fp16_f16c(void *dst, const void *src, size_t n)
         _mm_storeu_si128((__m128i *)(d + i), h);
     }
     for (; i < n; i++)
-        d[i] = fp16_from_fp32(bf16_to_fp32(s[i]));
+        dtype_st_u16(dst, i, fp16_from_fp32(bf16_to_fp32(dtype_ld_u16(src, i))));
 }
 
 /* ---- "avx512": AVX-512F, 16 lanes ---------------------------------------------------------------- */
@@ -167,7 +168,7 @@ TARGET_AVX512 static void fp32_to_fp16_avx512(void *dst, const void *src, size_t
         _mm256_storeu_si256((__m256i *)(d + i), h);
     }
     for (; i < n; i++)
-        d[i] = fp16_from_fp32(s[i]);
+        dtype_st_u16(dst, i, fp16_from_fp32(dtype_ld_f32(src, i)));
 }
 
 TARGET_AVX512 static void fp16_to_fp32_avx512(void *dst, const void *src, size_t n)
@@ -178,7 +179,7 @@ TARGET_AVX512 static void fp16_to_fp32_avx512(void *dst, const void *src, size_t
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
     for (; i < n; i++)
-        d[i] = fp16_to_fp32(s[i]);
+        dtype_st_f32(dst, i, fp16_to_fp32(dtype_ld_u16(src, i)));
 }
 
 TARGET_AVX512 static void fp32_to_bf16_avx512(void *dst, const void *src, size_t n)
@@ -191,7 +192,7 @@ TARGET_AVX512 static void fp32_to_bf16_avx512(void *dst, const void *src, size_t
         _mm256_storeu_si256((__m256i *)(d + i), h);
     }
     for (; i < n; i++)
-        d[i] = bf16_from_fp32(s[i]);
+        dtype_st_u16(dst, i, bf16_from_fp32(dtype_ld_f32(src, i)));
 }
 
 TARGET_AVX512 static void bf16_to_fp32_avx512(void *dst, const void *src, size_t n)
@@ -202,7 +203,7 @@ TARGET_AVX512 static void bf16_to_fp32_avx512(void *dst, const void *src, size_t
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(d + i, fp32_from_bf16_avx512(_mm256_loadu_si256((const __m256i *)(s + i))));
     for (; i < n; i++)
-        d[i] = bf16_to_fp32(s[i]);
+        dtype_st_f32(dst, i, bf16_to_fp32(dtype_ld_u16(src, i)));
 }
 
 TARGET_AVX512 static void fp16_to_bf16_avx512(void *dst, const void *src, size_t n)
@@ -215,7 +216,7 @@ TARGET_AVX512 static void fp16_to_bf16_avx512(void *dst, const void *src, size_t
         _mm256_storeu_si256((__m256i *)(d + i), bf16_from_bits_avx512(_mm512_castps_si512(f)));
     }
     for (; i < n; i++)
-        d[i] = bf16_from_fp32(fp16_to_fp32(s[i]));
+        dtype_st_u16(dst, i, bf16_from_fp32(fp16_to_fp32(dtype_ld_u16(src, i))));
 }
 
 TARGET_AVX512 static void bf16_to_fp16_avx512(void *dst, const void *src, size_t n)
@@ -228,7 +229,7 @@ TARGET_AVX512 static void bf16_to_fp16_avx512(void *dst, const void *src, size_t
         _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
     }
     for (; i < n; i++)
-        d[i] = fp16_from_fp32(bf16_to_fp32(s[i]));
+        dtype_st_u16(dst, i, fp16_from_fp32(bf16_to_fp32(dtype_ld_u16(src, i))));
 }
 
 static const struct dtype_simd_table table_f16c = {

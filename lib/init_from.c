@@ -11,11 +11,13 @@
 #define _POSIX_C_SOURCE 200809L
 #include "init_from.h"
 
+#include <fcntl.h> /* open: O_NONBLOCK */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h> /* pread, close */
 
 #include "checkpoint.h"   /* ckpt_resolve, ckpt_read_weights */
 #include "dtype.h"        /* dtype_convert, dtype_round */
@@ -81,18 +83,25 @@ static void listing_end(struct listing *l)
     }
 }
 
-/* Is `path` (or the directory's latest) an ampTrain checkpoint? Its user block starts "AMPTCKPT". */
-static bool is_checkpoint(const char *path)
+/* Is `path` (or the directory's latest) an ampTrain checkpoint? Its user block starts "AMPTCKPT". Anything but a
+ * directory or a regular file is refused here: opened without O_NONBLOCK, a FIFO waits for a writer for ever. A
+ * path that cannot be opened is left to the safetensors reader, which names the reason. */
+static enum amp_status is_checkpoint(const char *path, bool *yes, struct amp_error *err)
 {
+    *yes = false;
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0)
+        return AMP_OK;
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return true;
-    FILE *f = fopen(path, "rb");
     char magic[8] = {0};
-    bool yes = f && fread(magic, 1, sizeof magic, f) == sizeof magic && !memcmp(magic, "AMPTCKPT", 8);
-    if (f)
-        fclose(f);
-    return yes;
+    bool regular = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode), dir = !regular && S_ISDIR(sb.st_mode);
+    *yes = dir || (regular && pread(fd, magic, sizeof magic, 0) == (ssize_t)sizeof magic &&
+                   !memcmp(magic, "AMPTCKPT", 8));
+    close(fd);
+    if (!regular && !dir)
+        return amp_fail(err, AMP_ERR_CKPT, "give the path of a .safetensors file or of an ampTrain checkpoint",
+                        "model.init_from: %s is not a regular file (a FIFO, device or socket is not read)", path);
+    return AMP_OK;
 }
 
 static void sources_free(struct sources *s)
@@ -106,8 +115,11 @@ static enum amp_status sources_read(struct sources *s, const struct model_config
 {
     memset(s, 0, sizeof *s);
     const char *path = mc->init_from;
-    enum amp_status st;
-    if (is_checkpoint(path)) {
+    bool checkpoint = false;
+    enum amp_status st = is_checkpoint(path, &checkpoint, err);
+    if (st != AMP_OK)
+        return st;
+    if (checkpoint) {
         if (mc->init_names != NAMES_AMPTRAIN)
             return amp_fail(err, AMP_ERR_CONFIG, "leave out model.init_names (or set it to ampTrain) for a checkpoint",
                             "model.init_from: %s is an ampTrain checkpoint, whose tensors have ampTrain names, but "

@@ -4,9 +4,11 @@
  * The writer builds the header text in memory, then streams header and tensors into a temporary file beside
  * the output (mkstemp), fsyncs, renames and fsyncs the directory, as lib/checkpoint.c does for checkpoints.
  *
- * The reader holds the whole file in memory and parses the header with a small strict JSON parser that knows
- * this format's shape only: a top-level object whose values are tensor entries (objects with exactly the keys
- * dtype, shape and data_offsets) or the __metadata__ object of strings. It has no recursion beyond that fixed
+ * The reader checks the 8-byte header length (against a cap and the file) before it reads the header, and the
+ * header before it reads the data, so that a large file of another kind is refused without being read. It holds
+ * the whole file in memory and parses the header with a small strict JSON parser that knows this format's shape
+ * only: a top-level object whose values are tensor entries (objects with exactly the keys dtype, shape and
+ * data_offsets) or the __metadata__ object of strings. It has no recursion beyond that fixed
  * depth, so no input can exhaust the stack. After parsing, the entries are checked against each other: unique
  * names, byte counts that match dtype and shape, offsets that tile the data section exactly.
  */
@@ -585,6 +587,27 @@ static bool parse_entry(struct parser *ps, struct entry *e)
     return true;
 }
 
+/* Room for one more metadata entry. The arrays double: growing them by one entry at a time copied them at each
+ * entry wherever realloc cannot grow a block in place (under ASan always), quadratic in the number of entries. */
+static bool metadata_reserve(struct safetensors_file *f, int *cap)
+{
+    if (f->nmeta < *cap)
+        return true;
+    if (*cap > INT32_MAX / 2)
+        return false;
+    int ncap = *cap ? 2 * *cap : 16;
+    char **k = realloc(f->meta_keys, (size_t)ncap * sizeof *k);
+    if (k)
+        f->meta_keys = k;
+    char **v = k ? realloc(f->meta_values, (size_t)ncap * sizeof *v) : NULL;
+    if (v)
+        f->meta_values = v;
+    if (!k || !v)
+        return false;
+    *cap = ncap;
+    return true;
+}
+
 /* {"key": "value", ...} into f's metadata. */
 static bool parse_metadata(struct parser *ps, struct safetensors_file *f)
 {
@@ -595,6 +618,7 @@ static bool parse_metadata(struct parser *ps, struct safetensors_file *f)
         ps->p++;
         return true;
     }
+    int cap = f->nmeta;
     for (;;) {
         char *key = parse_string(ps), *value = NULL;
         if (key && expect(ps, ':')) {
@@ -608,13 +632,7 @@ static bool parse_metadata(struct parser *ps, struct safetensors_file *f)
             free(key);
             return false;
         }
-        char **k = realloc(f->meta_keys, (size_t)(f->nmeta + 1) * sizeof *k);
-        if (k)
-            f->meta_keys = k;
-        char **v = k ? realloc(f->meta_values, (size_t)(f->nmeta + 1) * sizeof *v) : NULL;
-        if (v)
-            f->meta_values = v;
-        if (!k || !v) {
+        if (!metadata_reserve(f, &cap)) {
             free(key);
             free(value);
             return bad(ps, "out of memory");
@@ -811,6 +829,121 @@ static enum amp_status check_entries(struct entry *es, int n, uint64_t data_len,
     return st;
 }
 
+/* ---- reading: naming a file of another format --------------------------------------------------------- */
+
+/* A file being read, in memory (bytes) or open (fd), for looking at a few bytes anywhere in it. */
+struct peek {
+    const unsigned char *bytes;
+    int fd;
+    size_t size;
+};
+
+static bool peek_at(const struct peek *p, size_t off, void *buf, size_t n)
+{
+    if (off > p->size || n > p->size - off)
+        return false;
+    if (p->bytes) {
+        memcpy(buf, p->bytes + off, n);
+        return true;
+    }
+    return pread(p->fd, buf, n, (off_t)off) == (ssize_t)n;
+}
+
+#define HINT_TORCH "convert it in Python: safetensors.torch.save_file(torch.load(PATH, map_location='cpu'), " \
+                   "'model.safetensors') (a state_dict; for a whole model, its .state_dict())"
+
+/* Formats people hand to model.init_from instead of safetensors, by their magic bytes at offset 0. A pickle's
+ * two bytes are followed by an opcode, never 0: the bytes 80 02 00 of a (truncated) safetensors file whose header
+ * is 640 bytes long are not a pickle. */
+static const struct foreign {
+    const char *magic;
+    size_t len;
+    const char *what, *hint;
+} foreign_formats[] = {
+    {"AMPTCKPT", 8, "an ampTrain checkpoint",
+     "model.init_from reads checkpoints as they are; to make a safetensors file: ampTrain export CKPT OUT.safetensors"},
+    {"PK\x03\x04", 4, "a ZIP archive (PyTorch's torch.save format: .bin, .pt, .pth)", HINT_TORCH},
+    {"\x80\x02", 2, "a Python pickle, protocol 2 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"\x80\x03", 2, "a Python pickle, protocol 3 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"\x80\x04", 2, "a Python pickle, protocol 4 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"\x80\x05", 2, "a Python pickle, protocol 5 (PyTorch's legacy torch.save format: .bin, .pt)", HINT_TORCH},
+    {"GGUF", 4, "a GGUF file (llama.cpp)",
+     "convert it to safetensors first (the gguf Python package reads it; safetensors.numpy.save_file writes)"},
+};
+
+#define HDF5_MAGIC "\x89HDF\r\n\x1a\n"
+
+/* HDF5 puts its signature at 0, or after a user block at 512, 1024, 2048, ... bytes. */
+static bool looks_hdf5(const struct peek *p)
+{
+    unsigned char sig[8];
+    for (size_t off = 0; off <= p->size - sizeof sig && off < ((size_t)1 << 62); off = off ? 2 * off : 512)
+        if (peek_at(p, off, sig, sizeof sig) && !memcmp(sig, HDF5_MAGIC, sizeof sig))
+            return true;
+    return false;
+}
+
+/* Replace a refusal of the file's first bytes by the format they show, where one is recognised. */
+static void name_foreign_format(const struct peek *p, const char *name, struct amp_error *err)
+{
+    unsigned char head[8] = {0};
+    size_t n = p->size < sizeof head ? p->size : sizeof head;
+    if (!peek_at(p, 0, head, n))
+        return;
+    for (size_t i = 0; i < sizeof foreign_formats / sizeof foreign_formats[0]; i++) {
+        const struct foreign *f = &foreign_formats[i];
+        bool pickle = f->magic[0] == '\x80';
+        if (n >= f->len + pickle && !memcmp(head, f->magic, f->len) && (!pickle || head[2] != 0)) {
+            amp_fail(err, AMP_ERR_CKPT, f->hint, "%s is %s, not a safetensors file", name, f->what);
+            return;
+        }
+    }
+    if (p->size >= 8 && looks_hdf5(p))
+        amp_fail(err, AMP_ERR_CKPT,
+                 "convert the weights in Python: safetensors.numpy.save_file({name: array, ...}, 'model.safetensors') "
+                 "(Keras: model.load_weights, then each layer's get_weights())",
+                 "%s is an HDF5 file (Keras .h5, h5py), not a safetensors file", name);
+}
+
+/* The first 9 bytes of a file of `size` (fewer when the file is shorter): the header length, against the cap and
+ * the file, and the header's '{'. Enough to refuse a file that is not safetensors before reading the rest. */
+static enum amp_status check_prefix(const unsigned char *head, size_t size, const char *name, uint64_t *len,
+                                    struct amp_error *err)
+{
+    uint64_t n = 0;
+    for (int i = 7; size >= 8 && i >= 0; i--)
+        n = n << 8 | head[i];
+    *len = n;
+    if (size < 8)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: %zu bytes, too short for a safetensors file (8-byte header "
+                                                     "length)", name, size);
+    if (n > SAFETENSORS_MAX_HEADER)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header length is %llu bytes, beyond the %u-byte limit",
+                        name, (unsigned long long)n, SAFETENSORS_MAX_HEADER);
+    if (n > size - 8)
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD,
+                        "%s: the header length is %llu bytes but the file has only %zu after it (truncated, or not a "
+                        "safetensors file)", name, (unsigned long long)n, size - 8);
+    if (n == 0 || head[8] != '{')
+        return amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header does not start with '{' (not a safetensors file)",
+                        name);
+    return AMP_OK;
+}
+
+/* check_prefix on the file's first bytes; a refusal names the file's format where its magic bytes show one. */
+static enum amp_status check_start(const struct peek *p, const char *name, uint64_t *len, struct amp_error *err)
+{
+    unsigned char head[9] = {0};
+    size_t n = p->size < sizeof head ? p->size : sizeof head;
+    if (!peek_at(p, 0, head, n))
+        return amp_fail(err, AMP_ERR_CKPT, "check the disk and the file, and retry", "cannot read %s: %s", name,
+                        strerror(errno ? errno : EIO));
+    enum amp_status st = check_prefix(head, p->size, name, len, err);
+    if (st != AMP_OK)
+        name_foreign_format(p, name, err);
+    return st;
+}
+
 /* Validate the file's bytes, taking ownership of `bytes` (freed on failure). */
 static enum amp_status parse_owned(unsigned char *bytes, size_t size, const char *name, struct safetensors_file *f,
                                    struct amp_error *err)
@@ -818,23 +951,8 @@ static enum amp_status parse_owned(unsigned char *bytes, size_t size, const char
     memset(f, 0, sizeof *f);
     f->bytes = bytes;
     f->size = size;
-    enum amp_status st = AMP_OK;
     uint64_t n = 0;
-    for (int i = 7; size >= 8 && i >= 0; i--)
-        n = n << 8 | bytes[i];
-    if (size < 8)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: %zu bytes, too short for a safetensors file (8-byte header "
-                                                   "length)", name, size);
-    else if (n > SAFETENSORS_MAX_HEADER)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header length is %llu bytes, beyond the %u-byte limit",
-                      name, (unsigned long long)n, SAFETENSORS_MAX_HEADER);
-    else if (n > size - 8)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD,
-                      "%s: the header length is %llu bytes but the file has only %zu after it (truncated, or not a "
-                      "safetensors file)", name, (unsigned long long)n, size - 8);
-    else if (n == 0 || bytes[8] != '{')
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_BAD, "%s: the header does not start with '{' (not a safetensors file)",
-                      name);
+    enum amp_status st = check_start(&(struct peek){.bytes = bytes, .fd = -1, .size = size}, name, &n, err);
     if (st != AMP_OK) {
         safetensors_free(f);
         return st;
@@ -881,6 +999,59 @@ enum amp_status safetensors_parse(const unsigned char *bytes, size_t size, const
     return parse_owned(copy, size, name, f, err);
 }
 
+/* Exactly n bytes at off; false with errno set (EIO for a file that ends early). */
+static bool read_at(int fd, unsigned char *buf, size_t n, size_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                errno = EIO;
+            return false;
+        }
+        got += (size_t)r;
+    }
+    return true;
+}
+
+static enum amp_status read_failed(const char *path, int e, struct amp_error *err)
+{
+    return amp_fail(err, AMP_ERR_CKPT, "check the disk and the file, and retry", "cannot read %s: %s", path,
+                    strerror(e ? e : EIO));
+}
+
+/* The file in three reads, each only once the one before has passed its checks: the 9 bytes of check_prefix, the
+ * header (parsed and checked against the file's size), then the data. A large file that is not safetensors is
+ * refused after reading 9 bytes, not all of it. */
+static enum amp_status read_checked(int fd, size_t size, const char *path, struct safetensors_file *f,
+                                    struct amp_error *err)
+{
+    uint64_t n = 0;
+    enum amp_status st = check_start(&(struct peek){.fd = fd, .size = size}, path, &n, err);
+    if (st != AMP_OK)
+        return st;
+    unsigned char *buf = malloc(size); /* pages of the data are touched only once the header has passed */
+    if (!buf)
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry", "out of memory reading %s (%zu bytes)",
+                        path, size);
+    if (!read_at(fd, buf, 8 + (size_t)n, 0)) {
+        int e = errno;
+        free(buf);
+        return read_failed(path, e, err);
+    }
+    if ((st = parse_owned(buf, size, path, f, err)) != AMP_OK)
+        return st;
+    if (!read_at(fd, f->bytes + f->data_start, size - f->data_start, f->data_start)) {
+        int e = errno;
+        safetensors_free(f);
+        return read_failed(path, e, err);
+    }
+    return AMP_OK;
+}
+
 enum amp_status safetensors_read(const char *path, struct safetensors_file *f, struct amp_error *err)
 {
     memset(f, 0, sizeof *f);
@@ -889,29 +1060,13 @@ enum amp_status safetensors_read(const char *path, struct safetensors_file *f, s
         return amp_fail(err, AMP_ERR_CKPT, "give the path of a .safetensors file", "cannot open %s: %s", path,
                         strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return amp_fail(err, AMP_ERR_CKPT, "give the path of a .safetensors file", "%s is not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    size_t got = 0;
-    while (buf && got < size) {
-        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    int e = errno;
+    enum amp_status st;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        st = amp_fail(err, AMP_ERR_CKPT, "give the path of a .safetensors file", "%s is not a regular file", path);
+    else
+        st = read_checked(fd, (size_t)sb.st_size, path, f, err);
     close(fd);
-    if (!buf || got != size) {
-        free(buf);
-        return amp_fail(err, buf ? AMP_ERR_CKPT : AMP_ERR_INTERNAL, NULL, "cannot read %s: %s", path,
-                        buf ? strerror(e ? e : EIO) : "out of memory");
-    }
-    return parse_owned(buf, size, path, f, err);
+    return st;
 }
 
 const struct safetensor *safetensors_find(const struct safetensors_file *f, const char *name)

@@ -48,6 +48,35 @@ Test(cli, a_fifo_given_as_config_or_checkpoint_is_refused_not_waited_on) /* each
     cr_assert(strstr(r.out, "not a regular file"), "%s", r.out);
 }
 
+/* A FIFO as any data file or as model.init_from waited for a writer for ever (and SIGTERM then ended the wait as
+ * exit 3, "Interrupted system call"): each is refused at once, naming the file and its key (issue 41 item 8). */
+Test(cli, a_fifo_as_data_or_init_from_is_refused_not_waited_on) /* each run under timeout 10 */
+{
+    static const struct {
+        const char *args, *key;
+        int code;
+    } cases[] = {
+        {"configs/fashion_mlp.yaml data.train_images=$f", "(data.train_images)", 3},
+        {"configs/fashion_mlp.yaml data.format=hdf5 data.path=$f", "(data.path)", 3},
+        {"configs/text_gpt.yaml data.files=[$f]", "(data.files)", 3},
+        {"configs/tokens_gpt.yaml data.train_bin=$f", "(data.train_bin)", 3},
+        {"configs/fashion_mlp.yaml model.init_from=$f", "model.init_from: ", 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "cd %s && f=/tmp/amp_cli_fifo_$$ && mkfifo $f && { timeout 10 %s run %s run.device=cpu "
+                 "run.steps=1 run.out_dir=$f.out; echo \"rc $?\"; } 2>&1; rm -rf $f $f.out", AMP_SOURCE_DIR,
+                 amp_binary(), cases[i].args);
+        struct result r = shell(cmd);
+        char want[16];
+        snprintf(want, sizeof want, "rc %d\n", cases[i].code);
+        cr_assert(strstr(r.out, want), "%s: exit %d, not a hang (124):\n%s", cases[i].args, cases[i].code, r.out);
+        cr_assert(strstr(r.out, "/tmp/amp_cli_fifo_") && strstr(r.out, "not a regular file"), "%s", r.out);
+        cr_assert(strstr(r.out, cases[i].key), "%s", r.out);
+        cr_assert(strstr(r.out, "hint: "), "%s", r.out);
+    }
+}
+
 Test(cli, a_missing_argument_hint_names_the_command)
 {
     struct result r = run("run");

@@ -535,6 +535,66 @@ Test(data_idx, gzip_without_its_trailer_is_refused)
     assert_contains(e.msg, "incorrect data check");
 }
 
+/* A file copied in pieces, cut `cut` bytes short of its end. */
+static void copy_cut(const char *from, const char *to, long cut)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    cr_assert(in && out);
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        cr_assert_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    cr_assert_eq(fclose(out), 0);
+    cr_assert_eq(truncate(to, file_size(to) - cut), 0);
+}
+
+/* Over about 1 MB the payload's last read ends exactly where the data does: zlib had taken the cut trailer's bytes
+ * and reached the end of the file inside that read, so the one-byte read after it saw end-of-file without an
+ * error, and both real Fashion-MNIST image files were accepted cut (issue 41 item 11). The payload is random, so
+ * that the gzip file is as large as the data. */
+Test(data_idx, a_large_gzip_without_its_trailer_is_refused)
+{
+    enum { N = 1 << 18 }; /* 2x3 images: 1.5 MB of pixels */
+    uint8_t *pix = malloc((size_t)N * IMG_H * IMG_W), *lab = malloc(N);
+    cr_assert(pix && lab);
+    for (size_t i = 0; i < (size_t)N * IMG_H * IMG_W; i++)
+        pix[i] = (uint8_t)rng_bits(41, 11, i);
+    for (int i = 0; i < N; i++)
+        lab[i] = (uint8_t)(i % TR_N);
+    struct idx_set s = write_idx_set(true);
+    const char *whole = fx("big.gz");
+    uint32_t dims[3] = {N, IMG_H, IMG_W}, n = N;
+    write_idx(whole, 0x803, dims, 3, pix, (size_t)N * IMG_H * IMG_W, true, -1);
+    write_idx(s.trl, 0x801, &n, 1, lab, N, true, -1);
+    cr_assert_gt(file_size(whole), 1 << 20, "the gzip file holds the random payload");
+    struct data_config c = idx_config(s);
+    snprintf(c.train_images, sizeof c.train_images, "%s", whole);
+    struct dataset ds;
+    struct amp_error err = {0};
+    cr_assert_eq(data_load(&ds, &c, 1, &err), AMP_OK, "the whole file loads: %s", err.msg);
+    cr_assert_eq(ds.split[SPLIT_TRAIN].n, N);
+    cr_assert_eq(ds.split[SPLIT_TRAIN].x[N * IMG_H * IMG_W - 1], idx_norm(pix[N * IMG_H * IMG_W - 1], 0.0, 1.0));
+    data_free(&ds);
+    snprintf(c.train_images, sizeof c.train_images, "%s", s.tri);
+    for (long cut = 1; cut <= 8; cut++) {
+        copy_cut(whole, s.tri, cut);
+        struct amp_error e = load_fails(&c, 1);
+        assert_contains(e.msg, s.tri);
+        assert_contains(e.msg, "the gzip stream does not end properly after the pixel data (data.train_images)");
+    }
+    free(pix);
+    free(lab);
+    const char *real = FASHION_DIR "/train-images-idx3-ubyte.gz";
+    if (access(real, R_OK) != 0)
+        return;
+    copy_cut(real, s.tri, 4);
+    c = idx_config((struct idx_set){s.tri, FASHION_DIR "/train-labels-idx1-ubyte.gz",
+                                    FASHION_DIR "/t10k-images-idx3-ubyte.gz", FASHION_DIR "/t10k-labels-idx1-ubyte.gz"});
+    struct amp_error e = load_fails(&c, 1);
+    assert_contains(e.msg, "the gzip stream does not end properly after the pixel data (data.train_images)");
+}
+
 Test(data_idx, corrupt_gzip)
 {
     struct idx_set s = write_idx_set(true);

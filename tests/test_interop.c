@@ -10,6 +10,7 @@
 #include "ckpt_testlib.h"
 
 #include <math.h>
+#include <sys/resource.h> /* getrusage: a child's peak memory */
 
 #include "checkpoint.h"  /* ckpt_read_weights: the reference values */
 #include "dtype.h"       /* dtype_convert */
@@ -464,4 +465,290 @@ Test(interop, hub_layout_and_bf16_masters)
                                "optim.stochastic_rounding=true");
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "init_from: 28 of 28 tensors"), "%s", r.out);
+}
+
+/* ---- init_from's reading of files that are not what they claim (issue 41) ------------------------------- */
+
+TestSuite(init_from_files, .init = make_scratch, .fini = remove_scratch);
+
+/* A file of `size` bytes (sparse: ftruncate) that begins with `head`. */
+static void write_sparse(const char *path, const void *head, size_t len, off_t size)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, head, len), (ssize_t)len);
+    cr_assert_eq(ftruncate(fd, size), 0);
+    cr_assert_eq(close(fd), 0);
+}
+
+/* safetensors_read of `path` in a child; its status, and the peak resident memory (KiB) of this process's
+ * children so far, which is the child's when it is the first. */
+static long read_in_child(const char *path, int *status)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        struct safetensors_file f;
+        struct amp_error e = {0};
+        _exit((int)safetensors_read(path, &f, &e));
+    }
+    int ws = 0;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_CHILDREN, &ru), 0);
+    return ru.ru_maxrss;
+}
+
+/* init_from read the whole file before its first check: a wrong 6 GB file took 6.3 GB of memory (issue 41 item 9).
+ * The header length is checked after 8 bytes, the header before the data is read. */
+static void refused_without_reading(const char *name, const void *head, size_t len, const char *why)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", scratch, name);
+    write_sparse(path, head, len, (off_t)2 << 30);
+    int status = 0;
+    long kib = read_in_child(path, &status);
+    cr_log_info("%s: peak %ld KiB", name, kib);
+    cr_assert_eq(status, AMP_ERR_CKPT, "%s: refused as a checkpoint error", name);
+    /* 512 MiB: the ASan build's allocator writes the shadow of a buffer allocated for the file (an eighth of it) */
+    cr_assert_lt(kib, 512 * 1024, "%s: a 2 GiB file refused with a peak of %ld KiB resident", name, kib);
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.out_dir=%s/out model.init_from=%s",
+                          scratch, path);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, path) && strstr(r.out, why) && strstr(r.out, "hint: "), "%s", r.out);
+}
+
+Test(init_from_files, a_large_wrong_file_is_refused_from_its_header)
+{
+    const unsigned char beyond[8] = {0, 0, 0, 0, 0, 1, 0, 0}; /* 2^40 */
+    refused_without_reading("beyond.safetensors", beyond, sizeof beyond, "beyond the 104857600-byte limit");
+}
+
+Test(init_from_files, a_large_file_without_a_json_header_is_refused_from_its_first_bytes)
+{
+    const unsigned char nojson[9] = {16, 0, 0, 0, 0, 0, 0, 0, '['};
+    refused_without_reading("nojson.safetensors", nojson, sizeof nojson, "does not start with '{'");
+}
+
+Test(init_from_files, a_large_file_whose_header_does_not_cover_its_data_is_refused_before_the_data)
+{
+    const char json[] = "{\"__metadata__\": {}}    ";
+    unsigned char head[8 + sizeof json - 1] = {sizeof json - 1};
+    memcpy(head + 8, json, sizeof json - 1);
+    refused_without_reading("uncovered.safetensors", head, sizeof head, "the tensors cover 0 bytes of data");
+}
+
+/* A file of `len` bytes of `head` and zeros after them up to 4096. */
+static void write_headed(const char *path, const char *head, size_t len)
+{
+    char buf[4096] = {0};
+    memcpy(buf, head, len);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(buf, 1, sizeof buf, f), sizeof buf);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* An HDF5 file of one dataset, as Keras's save_weights writes them (h5py), with a user block of `userblock` bytes
+ * before HDF5's signature (0: none). */
+static void write_h5(const char *path, hsize_t userblock)
+{
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    cr_assert(fcpl >= 0 && H5Pset_userblock(fcpl, userblock) >= 0);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    hsize_t dims[2] = {4, 3};
+    float w[12] = {0};
+    hid_t space = H5Screate_simple(2, dims, NULL);
+    hid_t d = H5Dcreate2(f, "dense_kernel", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert(d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w) >= 0);
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Fclose(f);
+    H5Pclose(fcpl);
+}
+
+static void assert_named(const char *name, const char *what, const char *hint)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", scratch, name);
+    struct safetensors_file f;
+    struct amp_error e = {0};
+    cr_assert_eq(safetensors_read(path, &f, &e), AMP_ERR_CKPT, "%s", name);
+    cr_assert(strstr(e.msg, path) && strstr(e.msg, what) && strstr(e.msg, "not a safetensors file"), "%s: %s", name,
+              e.msg);
+    cr_assert(strstr(e.hint, hint), "%s: hint: %s", name, e.hint);
+}
+
+/* init_from on a Keras .h5 or a PyTorch .bin said "the header length is ... beyond the limit": the format its magic
+ * bytes show is named, with how to convert it (issue 41 item 13). */
+Test(init_from_files, files_of_other_formats_are_named_with_a_hint)
+{
+    static const struct {
+        const char *name, *head;
+        size_t len;
+        const char *what, *hint;
+    } cases[] = {
+        {"torch.bin", "PK\x03\x04\x00\x00\x08\x00\x00\x00", 10, "a ZIP archive (PyTorch's torch.save format",
+         "safetensors.torch.save_file(torch.load("},
+        {"legacy.bin", "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20", 10, "a Python pickle, protocol 2",
+         "safetensors.torch.save_file("},
+        {"p3.pt", "\x80\x03}q\x00(X", 7, "a Python pickle, protocol 3", "safetensors.torch.save_file("},
+        {"p4.pt", "\x80\x04\x95\x10\x00\x00\x00\x00", 8, "a Python pickle, protocol 4", "safetensors.torch.save_file("},
+        {"p5.pt", "\x80\x05\x95\x10\x00\x00\x00\x00", 8, "a Python pickle, protocol 5", "safetensors.torch.save_file("},
+        {"model.gguf", "GGUF\x03\x00\x00\x00\x02", 9, "a GGUF file (llama.cpp)", "gguf"},
+        {"ckpt-9.h5", "AMPTCKPT\x01", 9, "an ampTrain checkpoint", "ampTrain export"},
+    };
+    char path[600];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", scratch, cases[i].name);
+        write_headed(path, cases[i].head, cases[i].len);
+        assert_named(cases[i].name, cases[i].what, cases[i].hint);
+    }
+    snprintf(path, sizeof path, "%s/keras.h5", scratch);
+    write_h5(path, 0);
+    assert_named("keras.h5", "an HDF5 file (Keras .h5, h5py)", "safetensors.numpy.save_file");
+    snprintf(path, sizeof path, "%s/userblock.h5", scratch);
+    write_h5(path, 1024);
+    assert_named("userblock.h5", "an HDF5 file (Keras .h5, h5py)", "safetensors.numpy.save_file");
+    /* a pickle's opcode is never 0: a cut safetensors file with a 640-byte header is not called one */
+    struct safetensors_file f;
+    struct amp_error e = {0};
+    cr_assert_eq(safetensors_parse((const unsigned char *)"\x80\x02\x00\x00\x00\x00\x00\x00{}", 10, "cut", &f, &e),
+                 AMP_ERR_CKPT);
+    cr_assert(strstr(e.msg, "cut: the header length is 640 bytes but the file has only 2 after it"), "%s", e.msg);
+    /* and through the program: exit 4 naming the file and its format */
+    const char *cli[][2] = {{"keras.h5", "is an HDF5 file (Keras .h5, h5py)"}, {"torch.bin", "is a ZIP archive"},
+                            {"legacy.bin", "is a Python pickle"}};
+    for (int i = 0; i < 3; i++) {
+        struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.out_dir=%s/out "
+                              "model.init_from=%s/%s", scratch, scratch, cli[i][0]);
+        cr_assert_eq(r.code, 4, "%s", r.out);
+        cr_assert(strstr(r.out, cli[i][0]) && strstr(r.out, cli[i][1]) && strstr(r.out, "hint: "), "%s", r.out);
+    }
+}
+
+/* ---- the reader's __metadata__ ------------------------------------------------------------------------------- */
+
+/* A safetensors file (8-byte length, header, no data) whose __metadata__ holds n entries "kI": "vI". */
+static unsigned char *metadata_file(int n, size_t *size)
+{
+    size_t cap = 64 + (size_t)n * 32, len = 8;
+    unsigned char *b = malloc(cap);
+    cr_assert_not_null(b);
+    len += (size_t)snprintf((char *)b + len, cap - len, "{\"__metadata__\": {");
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf((char *)b + len, cap - len, "%s\"k%d\": \"v%d\"", i ? ", " : "", i, i);
+    len += (size_t)snprintf((char *)b + len, cap - len, "}}");
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)(len - 8) >> (8 * i));
+    *size = len;
+    return b;
+}
+
+/* 50,000 metadata entries took 14-25 s under ASan: each entry grew two arrays by one element (issue 41 item 12). */
+Test(safetensors_reader, many_metadata_entries_parse_in_linear_time, .timeout = 10)
+{
+    enum { N = 200000 };
+    size_t size;
+    unsigned char *b = metadata_file(N, &size);
+    struct safetensors_file f;
+    struct amp_error e = {0};
+    cr_assert_eq(safetensors_parse(b, size, "meta.safetensors", &f, &e), AMP_OK, "%s", e.msg);
+    cr_assert_eq(f.nmeta, N);
+    char want[32];
+    for (int i = 0; i < N; i += 997) {
+        snprintf(want, sizeof want, "k%d", i);
+        cr_assert_str_eq(f.meta_keys[i], want);
+        snprintf(want, sizeof want, "v%d", i);
+        cr_assert_str_eq(f.meta_values[i], want);
+    }
+    cr_assert_str_eq(f.meta_values[N - 1], "v199999");
+    safetensors_free(&f);
+    free(b);
+}
+
+/* ---- init_from: tensors at any alignment ------------------------------------------------------------------ */
+
+/* `from` with its header one space longer (the format allows any header length): the data then starts at an
+ * odd offset, and every F16/BF16 element at an odd address. */
+static void reheader_odd(const char *from, const char *to)
+{
+    FILE *f = fopen(from, "rb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    size_t size = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *b = malloc(size + 1);
+    cr_assert(b && fread(b, 1, size, f) == size);
+    fclose(f);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | b[i];
+    memmove(b + 8 + n + 1, b + 8 + n, size - 8 - n);
+    b[8 + n] = ' ';
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((n + 1) >> (8 * i));
+    f = fopen(to, "wb");
+    cr_assert(f && fwrite(b, 1, size + 1, f) == size + 1);
+    cr_assert_eq(fclose(f), 0);
+    free(b);
+}
+
+/* The line of the final evaluation, which depends on every weight. */
+static const char *eval_line(const struct result *r, char *out, size_t len)
+{
+    const char *e = strstr(r->out, "eval step");
+    cr_assert_not_null(e, "%s", r->out);
+    snprintf(out, len, "%.*s", (int)strcspn(e, "\n"), e);
+    return out;
+}
+
+/* Under UBSan init_from of an F16/BF16 file whose header length is not a multiple of 8 stopped at a misaligned
+ * uint16_t load (dtype_simd.c's tails; dtype.c's loop with AMP_DTYPE_PORTABLE=1), exit 1 (issue 41 item 5). */
+Test(init_from_files, fp16_and_bf16_tensors_at_odd_offsets_load_as_aligned_ones)
+{
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.ckpt_every=1 run.out_dir=%s/base",
+                          scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *dtypes[] = {"fp16", "bf16"};
+    for (int k = 0; k < 2; k++) {
+        char aligned[600], odd[600], want[256], got[256];
+        snprintf(aligned, sizeof aligned, "%s/%s.safetensors", scratch, dtypes[k]);
+        snprintf(odd, sizeof odd, "%s/%s_odd.safetensors", scratch, dtypes[k]);
+        r = amp("export %s/base/ckpt-1.h5 %s --dtype %s", scratch, aligned, dtypes[k]);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        reheader_odd(aligned, odd);
+        struct safetensors_file a, b;
+        struct amp_error e = {0};
+        cr_assert_eq(safetensors_read(aligned, &a, &e), AMP_OK, "%s", e.msg);
+        cr_assert_eq(safetensors_read(odd, &b, &e), AMP_OK, "%s", e.msg);
+        cr_assert_eq(b.data_start % 2, 1, "the data start at an odd offset");
+        cr_assert_eq(b.ntensors, a.ntensors);
+        for (int i = 0; i < a.ntensors; i++) {
+            size_t n = a.tensors[i].nbytes / 2;
+            float *va = malloc(n * sizeof *va), *vb = malloc(n * sizeof *vb);
+            cr_assert(va && vb);
+            dtype_convert(va, DT_FP32, a.tensors[i].data, a.tensors[i].dtype, n);
+            dtype_convert(vb, DT_FP32, b.tensors[i].data, b.tensors[i].dtype, n);
+            cr_assert_eq(memcmp(va, vb, n * sizeof *va), 0, "%s: the same values", a.tensors[i].name);
+            free(va);
+            free(vb);
+        }
+        safetensors_free(&a);
+        safetensors_free(&b);
+        const char *run = "run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.out_dir=%s/%s_%d model.init_from=%s";
+        r = amp(run, scratch, dtypes[k], 0, aligned);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        eval_line(&r, want, sizeof want);
+        for (int portable = 0; portable < 2; portable++) {
+            setenv("AMP_DTYPE_PORTABLE", portable ? "1" : "0", 1);
+            r = amp(run, scratch, dtypes[k], 1 + portable, odd);
+            cr_assert_eq(r.code, 0, "%s (AMP_DTYPE_PORTABLE=%d): %s", odd, portable, r.out);
+            cr_assert(strstr(r.out, "init_from: 6 of 6 tensors"), "%s", r.out);
+            cr_assert_str_eq(eval_line(&r, got, sizeof got), want, "the odd file trains as the aligned one");
+        }
+        unsetenv("AMP_DTYPE_PORTABLE");
+    }
 }
