@@ -995,8 +995,9 @@ static char *read_config_text(const struct reader *r)
     return text;
 }
 
-/* What a tensor's values must be. */
-enum values { ANY_FINITE, NONNEG_FINITE, POSITIVE_FINITE };
+/* What a tensor's values must be. AMAX: an fp8 amax history, >= 0 or +Inf (the amax of a step whose gradients
+ * overflowed is recorded as it is, as Transformer Engine records it; the scale update ignores it), never NaN. */
+enum values { ANY_FINITE, NONNEG_FINITE, POSITIVE_FINITE, AMAX };
 
 /* A dataset's shape as read_checked finds it. */
 struct tensor_shape {
@@ -1081,12 +1082,15 @@ static enum amp_status read_checked(const struct reader *r, const char *name, co
                         r->path, name);
     }
     for (size_t i = 0; i < got->numel; i++) {
-        if (isfinite(host[i]) && (want == ANY_FINITE || host[i] > 0.0f || (want == NONNEG_FINITE && host[i] == 0.0f)))
+        if (want == AMAX ? host[i] >= 0.0f
+                         : isfinite(host[i]) && (want == ANY_FINITE || host[i] > 0.0f ||
+                                                 (want == NONNEG_FINITE && host[i] == 0.0f)))
             continue;
         enum amp_status st = amp_fail(r->err, AMP_ERR_CKPT, HINT_CORRUPT, "%s: tensor /%s holds %g at element %zu; %s",
                                       r->path, name, (double)host[i], i,
                                       want == ANY_FINITE      ? "every value must be finite"
                                       : want == NONNEG_FINITE ? "every value must be finite and >= 0"
+                                      : want == AMAX          ? "every amax must be >= 0 or +Inf"
                                                               : "every value must be finite and > 0");
         free(host);
         return st;
@@ -1166,7 +1170,7 @@ static enum amp_status load_fp8(const struct reader *r, struct model *m)
             struct tensor h = { .data = fg->history, .dtype = DT_FP32, .ndim = 2, .shape = {m->fp8.len, fg->n, 1, 1},
                                 .numel = (size_t)m->fp8.len * (size_t)fg->n, .be = m->be };
             snprintf(name, sizeof name, "fp8/%s/amax_history", names[i]);
-            st = read_tensor(r, name, &h, NONNEG_FINITE, m->be);
+            st = read_tensor(r, name, &h, AMAX, m->be);
         }
     }
     return st;
