@@ -113,7 +113,15 @@ static enum amp_status need_config_arg(int argc, char **argv, const char *cmd, s
 {
     if (argc < 2 || argv[1][0] == '-' || strchr(argv[1], '='))
         return missing_arg(cmd, "CONFIG.yaml", err);
-    return AMP_OK;
+    if (!ckpt_sniff(argv[1]))
+        return AMP_OK;
+    /* the config reader would only see binary bytes */
+    struct stat sb;
+    char hint[2 * CFG_STR];
+    snprintf(hint, sizeof hint, "'ampTrain resume %s' continues its run; 'ampTrain inspect %s' prints its config",
+             argv[1], argv[1]);
+    return amp_fail(err, AMP_ERR_CONFIG, hint, "%s: %s is %s, not a config", cmd, argv[1],
+                    stat(argv[1], &sb) == 0 && S_ISDIR(sb.st_mode) ? "a run directory" : "an ampTrain checkpoint");
 }
 
 /* How the parameters and the optimizer state are stored (docs/precision.md, "bf16 master weights"). */

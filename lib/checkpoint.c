@@ -613,6 +613,24 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
 
 /* ---- verifying and reading ------------------------------------------------------------------------- */
 
+bool ckpt_sniff(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return false;
+    if (S_ISDIR(sb.st_mode)) {
+        char latest[CFG_STR + 16];
+        snprintf(latest, sizeof latest, "%s/latest", path);
+        return access(latest, F_OK) == 0;
+    }
+    char head[8];
+    int fd = S_ISREG(sb.st_mode) ? open(path, O_RDONLY | O_NONBLOCK) : -1;
+    bool ours = fd >= 0 && pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head && !memcmp(head, CKPT_MAGIC, 8);
+    if (fd >= 0)
+        close(fd);
+    return ours;
+}
+
 enum amp_status ckpt_resolve(const char *arg, char *path, size_t len, struct amp_error *err)
 {
     struct stat sb;

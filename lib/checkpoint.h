@@ -51,6 +51,11 @@ struct ckpt_info {
 enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, int64_t protect, char *path_out,
                           size_t path_len, struct amp_error *err);
 
+/* Whether `path` is an ampTrain checkpoint (a regular file that starts with CKPT_MAGIC) or a run directory (one
+ * with a `latest` file): what `run` and `check` name when given one in place of a config. Opens nothing that
+ * could block (a FIFO). */
+bool ckpt_sniff(const char *path);
+
 /* A CHECKPOINT argument: a ckpt-STEP.h5 path is taken as it is; a run directory stands for the file
  * its `latest` names. AMP_ERR_CKPT when the directory has no `latest` or it names a missing file. */
 enum amp_status ckpt_resolve(const char *arg, char *path, size_t len, struct amp_error *err);

@@ -1749,6 +1749,10 @@ static enum amp_status check_tabs(const struct ctx *c, const char *text, size_t 
     size_t line = 1, col = 1;
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)text[i];
+        /* a control byte YAML never holds: a binary file (a checkpoint, an image, a tensor file), not a config */
+        if (ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r')
+            return amp_fail(c->err, AMP_ERR_CONFIG, "give the YAML config file (configs/ has examples)",
+                            "%s is not a YAML text file: byte %zu is 0x%02x, a binary file's", c->file, i, ch);
         if (ch == '\t') {
             yaml_mark_t m = {.index = i, .line = line - 1, .column = col - 1};
             return fail_at(c, &m, "YAML forbids tabs for indentation; use spaces", "tab character (YAML forbids tabs)");

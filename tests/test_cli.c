@@ -340,3 +340,29 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     cr_assert(strstr(out, "Targets (text_gpt width 768): bf16 / fp32 = "), "%s", out);
     cr_assert(strstr(out, "fp8 / bf16 = "), "%s", out);
 }
+
+/* Issue 41, item 13: `run` or `check` given a checkpoint or a run directory names it as such (it said "tab
+ * character (YAML forbids tabs)"); any other binary file is "not a YAML text file". Exit 2, nothing trained. */
+Test(cli, a_checkpoint_or_binary_file_given_as_config_is_named, .timeout = 300)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && A=%s && d=/tmp/amp_cli_ckcfg_$$ && { $A run configs/fashion_mlp.yaml run.device=cpu run.steps=1 "
+             "model.layers.1.out=16 run.out_dir=$d > /dev/null; echo \"rc $?\"; for c in check run; do for p in "
+             "$d/ckpt-1.h5 $d; do echo \"== $c $p\"; $A $c $p; echo \"rc $?\"; done; done; head -c 3000 "
+             "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz > $d.yaml; $A check $d.yaml; "
+             "echo \"rc $?\"; } 2>&1; rm -rf $d $d.yaml",
+             AMP_SOURCE_DIR, amp_binary());
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "rc 0\n== check"), "%s", r.out);
+    const char *want[] = {"check: /tmp/amp_cli_ckcfg_", "ckpt-1.h5 is an ampTrain checkpoint, not a config",
+                          "is a run directory, not a config", "run: /tmp/amp_cli_ckcfg_",
+                          "hint: 'ampTrain resume /tmp/amp_cli_ckcfg_", "is not a YAML text file: byte 0 is 0x1f"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(r.out, want[i]), "missing '%s':\n%s", want[i], r.out);
+    cr_assert_null(strstr(r.out, "tab character"), "%s", r.out);
+    int twos = 0;
+    for (const char *p = r.out; (p = strstr(p, "rc 2\n")); p++)
+        twos++;
+    cr_assert_eq(twos, 5, "four checkpoint arguments and one binary file, each exit 2:\n%s", r.out);
+}
