@@ -928,9 +928,10 @@ static const struct command commands[] = {
      "What fp16, bf16 and fp8 do to this model: K steps (default 5) run in the configured precision and as\n"
      "an FP32 shadow of the same step; for every activation, activation gradient and weight gradient the\n"
      "fractions that would overflow, flush to zero or go subnormal in fp16, bf16, E4M3 and E5M2 go to\n"
-     "run.out_dir/numerics.csv. Prints headroom per tensor, the fp16 loss-scale window (at most F of the\n"
-     "nonzero gradient elements flushed, default 0.001) and a verdict per precision mode. The K steps are\n"
-     "trained in memory only. See docs/precision.md.",
+     "run.out_dir/numerics-from-step-N.csv (N: the step measured from). Prints headroom per tensor, the\n"
+     "fp16 loss-scale window (at most F of the nonzero gradient elements flushed, default 0.001) and a\n"
+     "verdict per precision mode. The K steps are trained in memory only; the run's own numerics.csv\n"
+     "(run.numerics_every) is never written. See docs/precision.md.",
      cmd_numerics, true},
     {"export", "ampTrain export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch|hf-gpt2]",
      "Write the checkpoint's model weights and batchnorm running statistics to OUT in the safetensors\n"

@@ -231,7 +231,8 @@ static const char *fp8_name(const struct model *m, int i)
     return i < m->fp8.fwd.n ? m->fp8.fwd.names[i] : m->fp8.bwd.names[i - m->fp8.fwd.n];
 }
 
-enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char *dir, struct amp_error *err)
+enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char *dir, const char *name, bool fresh,
+                              struct amp_error *err)
 {
     memset(nm, 0, sizeof *nm);
     const struct config *cfg = t->cfg;
@@ -284,13 +285,13 @@ enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char
             memcpy(nm->fp8_names[i], fp8_name(&t->model, i), sizeof nm->fp8_names[i]);
     }
     if (dir) {
-        char path[CFG_STR + 32];
-        snprintf(path, sizeof path, "%s/numerics.csv", dir);
+        char path[CFG_STR + 64];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
         if (mkdir(dir, 0755) != 0 && errno != EEXIST)
             return amp_fail(err, AMP_ERR_INTERNAL, "check the permissions of run.out_dir", "cannot create %s: %s", dir,
                             strerror(errno));
-        bool fresh = access(path, F_OK) != 0;
-        if (!(nm->csv = fopen(path, "a")))
+        fresh = fresh || access(path, F_OK) != 0;
+        if (!(nm->csv = fopen(path, fresh ? "w" : "a")))
             return amp_fail(err, AMP_ERR_INTERNAL, "check the permissions of run.out_dir", "cannot write %s: %s", path,
                             strerror(errno));
         if (fresh)
@@ -696,11 +697,15 @@ enum amp_status numerics_run(const struct config *cfg, const char *checkpoint, i
     else if (st == AMP_OK && cfg->model.init_from[0]) /* a CONFIG measures the run it starts: from init_from */
         st = init_from_load(&t.model, &cfg->model, stdout, err);
     struct numerics nm = {0};
+    /* a file of its own, named by the step it starts from: never the run's numerics.csv, whose rows are steps
+     * that were trained (run.numerics_every); these steps are trained in memory only */
+    char name[64];
+    snprintf(name, sizeof name, "numerics-from-step-%lld.csv", st == AMP_OK ? (long long)t.step : 0LL);
     if (st == AMP_OK)
-        st = numerics_open(&nm, &t, cfg->run.out_dir, err);
+        st = numerics_open(&nm, &t, cfg->run.out_dir, name, true, err);
     if (st == AMP_OK)
-        printf("numerics: measuring %lld step%s from step %lld (they are trained in memory; nothing but %s/numerics.csv "
-               "is written)\n", (long long)steps, steps == 1 ? "" : "s", (long long)t.step, cfg->run.out_dir);
+        printf("numerics: measuring %lld step%s from step %lld (they are trained in memory; nothing but %s/%s is "
+               "written)\n", (long long)steps, steps == 1 ? "" : "s", (long long)t.step, cfg->run.out_dir, name);
     for (int64_t k = 0; k < steps && st == AMP_OK; k++) {
         st = numerics_step(&nm, &t, err);
         if (st == AMP_OK)

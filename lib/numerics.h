@@ -85,9 +85,11 @@ struct numerics {
     int fp8_nfwd;              /* the first fp8_nfwd are E4M3 (forward), the rest E5M2 */
 };
 
-/* Build the shadow of t's model (FP32 policy, the same layers) and open DIR/numerics.csv (append when it
- * exists; dir NULL: no file). */
-enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char *dir, struct amp_error *err);
+/* Build the shadow of t's model (FP32 policy, the same layers) and open DIR/NAME: a run's numerics.csv
+ * (run.numerics_every) is appended to when it exists; the `numerics` command's own file (fresh) is written
+ * anew. dir NULL: no file. */
+enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char *dir, const char *name, bool fresh,
+                              struct amp_error *err);
 
 /* trainer_step, measuring the step's first micro-batch against the shadow on the way: the step itself runs
  * as it would without (the shadow has its own tensors), so the run stays bit-identical. */

@@ -778,7 +778,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     struct numerics nm = {0};
     int64_t measure_every = cfg->run.numerics_every;
     if (st == AMP_OK && measure_every > 0 && comm->rank == 0)
-        st = numerics_open(&nm, &t, cfg->run.out_dir, err);
+        st = numerics_open(&nm, &t, cfg->run.out_dir, "numerics.csv", false, err);
     st = comm_agree(comm, st, err);
     while (st == AMP_OK && t.step < t.total_steps && !sig) {
         double t0 = runlog_now();

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Draw RUN_DIR/numerics.csv (ampTrain numerics, run.numerics_every): each tensor's dynamic range, from its smallest
+# Draw RUN_DIR/numerics.csv (run.numerics_every) or a CSV file given by path (`ampTrain numerics` writes
+# RUN_DIR/numerics-from-step-N.csv): each tensor's dynamic range, from its smallest
 # nonzero magnitude to its absmax over the steps measured, as a bar on a log2 axis against the representable
 # ranges of fp16, bf16, E4M3 and E5M2 (smallest subnormal to largest finite); and a heat map of the fractions
 # that overflow or flush to zero, tensors x formats.
-#   scripts/plot_numerics.sh RUN_DIR [OUT_PREFIX]   writes OUT_PREFIX-range.png and OUT_PREFIX-fractions.png
-#                                                  (default RUN_DIR/numerics; needs gnuplot-nox)
+#   scripts/plot_numerics.sh RUN_DIR|FILE.csv [OUT_PREFIX]   writes OUT_PREFIX-range.png and OUT_PREFIX-fractions.png
+#                                                  (default RUN_DIR/numerics or FILE; needs gnuplot-nox)
 set -euo pipefail
-[ $# -ge 1 ] || { echo "usage: scripts/plot_numerics.sh RUN_DIR [OUT_PREFIX]" >&2; exit 2; }
-dir=$1
-out=${2:-$dir/numerics}
-csv=$dir/numerics.csv
+[ $# -ge 1 ] || { echo "usage: scripts/plot_numerics.sh RUN_DIR|FILE.csv [OUT_PREFIX]" >&2; exit 2; }
+if [ -f "$1" ]; then
+  csv=$1
+  out=${2:-${1%.csv}}
+else
+  csv=$1/numerics.csv
+  out=${2:-$1/numerics}
+fi
 [ -f "$csv" ] || { echo "plot_numerics: $csv not found" >&2; echo "hint: run 'ampTrain numerics CONFIG' first" >&2; exit 2; }
 command -v gnuplot >/dev/null || { echo "plot_numerics: gnuplot not found" >&2; echo "hint: apt-get install gnuplot-nox (or scripts/install-deps.sh --test)" >&2; exit 1; }
 tmp=$(mktemp -d)
@@ -48,7 +53,7 @@ n=$(cat "$tmp/count")
 [ "$n" -gt 0 ] || { echo "plot_numerics: no activation rows in $csv" >&2; exit 1; }
 ytics=$(cat "$tmp/ytics")
 height=$(( 160 + 22 * n ))
-title=$(basename "$dir")
+title=$(basename "$(dirname "$csv")")/$(basename "$csv")
 gnuplot <<GP
 set terminal pngcairo size 1100,$height noenhanced font ",10"
 set output "$out-range.png"

@@ -122,8 +122,8 @@ Test(numerics, the_underflow_config_shows_where_it_underflows_and_the_scale_that
 {
     struct result r = amp("numerics configs/fashion_underflow.yaml precision.mode=fp16-static "
                           "precision.loss_scale.value=1 run.device=cpu run.out_dir=/tmp/amp_numerics_u_$$ --steps 1; "
-                          "head -1 /tmp/amp_numerics_u_$$/numerics.csv; grep -c ',fc1,act_grad,fp16,' "
-                          "/tmp/amp_numerics_u_$$/numerics.csv; rm -rf /tmp/amp_numerics_u_$$");
+                          "head -1 /tmp/amp_numerics_u_$$/numerics-from-step-0.csv; grep -c ',fc1,act_grad,fp16,' "
+                          "/tmp/amp_numerics_u_$$/numerics-from-step-0.csv; rm -rf /tmp/amp_numerics_u_$$");
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "verdict fp16-static at 2^0: underflows"), "%s", r.out);
     cr_assert(strstr(r.out, "% in fc1 (activation gradient;"), "the first layer, nearest the input:\n%s", r.out);
@@ -181,7 +181,7 @@ static void train_steps(int steps, bool measure, float **out, size_t *n)
     cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
     struct numerics nm;
     if (measure)
-        cr_assert_eq(numerics_open(&nm, &t, NULL, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(numerics_open(&nm, &t, NULL, NULL, false, &err), AMP_OK, "%s", err.msg);
     for (int k = 0; k < steps; k++) {
         if (measure)
             cr_assert_eq(numerics_step(&nm, &t, &err), AMP_OK, "%s", err.msg);
@@ -224,17 +224,27 @@ Test(numerics, measuring_leaves_the_run_bit_identical)
     free(b);
 }
 
+/* A checkpoint (here its run directory) is measured from its state. The measured steps are trained in memory only,
+ * so their rows go to a file of the command's own, never into the run's numerics.csv, whose rows are steps that
+ * were trained (issue 41, item 14: `numerics RUN_DIR` appended a step 4 the run never trained to it). */
 Test(numerics, a_checkpoint_is_measured_from_its_state)
 {
     struct result r = amp("run configs/fashion_mlp.yaml precision.mode=fp16-dynamic " SMALL_MLP
-                          " run.steps=3 run.out_dir=/tmp/amp_numerics_c_$$ > /dev/null && numerics_out=$("
+                          " run.steps=3 run.numerics_every=2 run.out_dir=/tmp/amp_numerics_c_$$ > /dev/null && "
+                          "cp /tmp/amp_numerics_c_$$/numerics.csv /tmp/amp_numerics_c_$$.before && numerics_out=$("
                           AMP_BINARY " numerics /tmp/amp_numerics_c_$$ --steps 1 2>&1); echo \"rc $?\"; "
-                          "echo \"$numerics_out\"; ls /tmp/amp_numerics_c_$$; rm -rf /tmp/amp_numerics_c_$$");
+                          "echo \"$numerics_out\"; ls /tmp/amp_numerics_c_$$; cmp /tmp/amp_numerics_c_$$.before "
+                          "/tmp/amp_numerics_c_$$/numerics.csv && echo 'run csv unchanged'; cut -d, -f1 "
+                          "/tmp/amp_numerics_c_$$/numerics-from-step-3.csv | sort -u | tr '\\n' ' '; "
+                          "rm -rf /tmp/amp_numerics_c_$$ /tmp/amp_numerics_c_$$.before");
     cr_assert(strstr(r.out, "rc 0"), "%s", r.out);
     cr_assert(strstr(r.out, "measuring 1 step from step 3"), "%s", r.out);
     cr_assert(strstr(r.out, "step 4 | loss"), "%s", r.out);
-    cr_assert(strstr(r.out, "numerics.csv"), "%s", r.out);
-    cr_assert(!strstr(r.out, "ckpt-4.h5"), "nothing but numerics.csv is written:\n%s", r.out);
+    cr_assert(strstr(r.out, "nothing but /tmp/amp_numerics_c_") && strstr(r.out, "/numerics-from-step-3.csv is written"),
+              "%s", r.out);
+    cr_assert(!strstr(r.out, "ckpt-4.h5"), "nothing but the measurement's file is written:\n%s", r.out);
+    cr_assert(strstr(r.out, "run csv unchanged"), "the run's numerics.csv (steps 1 and 3) is untouched:\n%s", r.out);
+    cr_assert(strstr(r.out, "4 step "), "the measurement's file holds step 4 and its header:\n%s", r.out);
 }
 
 /* run.numerics_every during a run: scale_log.csv and every checkpoint tensor as without it. */
