@@ -146,6 +146,8 @@ struct field {
     const char *const *names;  /* FT_ENUM: the values; FT_STRLIST: the allowed items (NULL: any) */
     const struct section *sub; /* FT_SECTION */
     unsigned kinds;            /* layer keys: bit (1 << kind) for each kind that has the key */
+    unsigned formats;          /* data keys: bit (1 << format) for each data.format that reads the key (0: all);
+                                * set to another value than its default under another format: a warning */
     unsigned required;         /* layer keys: kinds for which the key must be set (> 0) */
     unsigned explicit_bit;     /* recorded in explicit_keys when written */
     const char *(*check_str)(const char *s); /* NULL, or why the string is not acceptable */
@@ -166,9 +168,9 @@ struct section {
 #define STR_(S, m, d, ...) {FIELD(S, m, FT_STRING), .size = sizeof(((S *)0)->m), .def_str = (d), __VA_ARGS__}
 #define ENUM_(S, m, nm, d, ...) {FIELD(S, m, FT_ENUM), .names = (nm), .def = (d), __VA_ARGS__}
 #define PAIR_(S, m, d0, d1, ...) {FIELD(S, m, FT_PAIR), .def = (d0), .def2 = (d1), __VA_ARGS__}
-#define LIST_(S, m, n, nm)                                                                                             \
+#define LIST_(S, m, n, nm, ...)                                                                                        \
     {FIELD(S, m, FT_STRLIST), .size = sizeof(((S *)0)->m[0]), .count_off = offsetof(S, n),                          \
-     .max_count = (int)(sizeof(((S *)0)->m) / sizeof(((S *)0)->m[0])), .names = (nm)}
+     .max_count = (int)(sizeof(((S *)0)->m) / sizeof(((S *)0)->m[0])), .names = (nm), __VA_ARGS__}
 #define SECT_(S, m, sec) {FIELD(S, m, FT_SECTION), .sub = &(sec)}
 
 #define GE(x) .flags = F_MIN, .lo = (x)
@@ -203,28 +205,36 @@ static const struct field run_fields[] = {
 static const struct section run_section = {"run", run_fields, ARRAY_LEN(run_fields)};
 
 #define S struct data_config
+#define IDX (1u << DATA_IDX)
+#define HDF5 (1u << DATA_HDF5)
+#define TEXT (1u << DATA_TEXT)
+#define TOKENS (1u << DATA_TOKENS)
 static const struct field data_fields[] = {
     ENUM_(S, format, data_format_names, DATA_IDX),
-    STR_(S, train_images, ""),
-    STR_(S, train_labels, ""),
-    STR_(S, test_images, ""),
-    STR_(S, test_labels, ""),
-    STR_(S, path, ""),
-    STR_(S, x_key, "x", .flags = F_NONEMPTY),
-    STR_(S, y_key, "y", .flags = F_NONEMPTY),
-    LIST_(S, files, nfiles, NULL),
-    STR_(S, train_bin, ""),
-    STR_(S, val_bin, "", .def_text = "none: no evaluation"),
-    INT_(S, vocab, 0, IN_CC(0, CFG_MAX_SIZE), .def_text = "none: required for tokens"),
-    ENUM_(S, sampling, data_sampling_names, SAMPLING_RANDOM),
-    INT_(S, val_windows, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "0: every window of data.val_bin"),
-    INT_(S, seq_len, 64, IN_CC(1, CFG_MAX_SIZE)),
-    DBL_(S, val_fraction, 0.1, IN_CO(0, 1)),
+    STR_(S, train_images, "", .formats = IDX),
+    STR_(S, train_labels, "", .formats = IDX),
+    STR_(S, test_images, "", .formats = IDX),
+    STR_(S, test_labels, "", .formats = IDX),
+    STR_(S, path, "", .formats = HDF5),
+    STR_(S, x_key, "x", .flags = F_NONEMPTY, .formats = HDF5),
+    STR_(S, y_key, "y", .flags = F_NONEMPTY, .formats = HDF5),
+    LIST_(S, files, nfiles, NULL, .formats = TEXT),
+    STR_(S, train_bin, "", .formats = TOKENS),
+    STR_(S, val_bin, "", .def_text = "none: no evaluation", .formats = TOKENS),
+    INT_(S, vocab, 0, IN_CC(0, CFG_MAX_SIZE), .def_text = "none: required for tokens", .formats = TOKENS),
+    ENUM_(S, sampling, data_sampling_names, SAMPLING_RANDOM, .formats = TOKENS),
+    INT_(S, val_windows, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "0: every window of data.val_bin", .formats = TOKENS),
+    INT_(S, seq_len, 64, IN_CC(1, CFG_MAX_SIZE), .formats = TEXT | TOKENS),
+    DBL_(S, val_fraction, 0.1, IN_CO(0, 1), .formats = HDF5 | TEXT),
     INT_(S, batch_size, 64, IN_CC(1, CFG_MAX_SIZE)),
-    BOOL_(S, shuffle, true),
-    DBL_(S, mean, 0),
-    DBL_(S, std, 1, GT(0)),
+    BOOL_(S, shuffle, true, .formats = IDX | HDF5 | TEXT), /* tokens: data.sampling decides the order */
+    DBL_(S, mean, 0, .formats = IDX | HDF5),
+    DBL_(S, std, 1, GT(0), .formats = IDX | HDF5),
 };
+#undef IDX
+#undef HDF5
+#undef TEXT
+#undef TOKENS
 #undef S
 static const struct section data_section = {"data", data_fields, ARRAY_LEN(data_fields)};
 
@@ -2349,6 +2359,16 @@ int config_print_warnings(const struct config *cfg, FILE *out)
         fprintf(out, "ampTrain: warning: %s: run.threads is %d but this process may run on %d CPUs; the threads will "
                 "share them (results are the same, only slower)\n", cfg->source, threads, cpus);
         n++;
+    }
+    for (size_t i = 0; i < ARRAY_LEN(data_fields); i++) { /* a data key the chosen format does not read */
+        const struct field *f = &data_fields[i];
+        if (f->formats && !(f->formats & (1u << cfg->data.format)) && !field_equal(f, &cfg->data, &d.data)) {
+            fprintf(out, "ampTrain: warning: %s: data.%s is set but data.format %s does not read it%s\n", cfg->source,
+                    f->key, data_format_names[cfg->data.format],
+                    cfg->data.format == DATA_TOKENS && !strcmp(f->key, "shuffle")
+                        ? " (data.sampling: random | sequential sets a token run's order)" : "");
+            n++;
+        }
     }
     enum precision_mode eff = cfg->precision.mode; /* fp8's loss scale behaves as the fp16 mode it names */
     if (eff == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_STATIC)

@@ -121,6 +121,12 @@ enum amp_status train_evaluate(struct model *m, const struct dataset *ds, enum s
     if (!comm)
         comm = comm_single();
     int64_t total = ds->split[s].n;
+    if (total == 0) /* a loss of nothing, "null" in eval.jsonl, is no evaluation */
+        return amp_fail(err, AMP_ERR_DATA,
+                        s == SPLIT_TEST ? "set data.val_bin to a token file to evaluate on, or use --split train"
+                                        : "check the data files",
+                        "no %s samples to evaluate%s", s == SPLIT_TEST ? "test (validation)" : "training",
+                        s == SPLIT_TEST && ds->spec.is_tokens ? ": data.val_bin is not set" : "");
     int64_t nb = (total + m->max_batch - 1) / m->max_batch;
     /* per batch: its loss sum, and its correct count (exact in a double) */
     double *sums = calloc((size_t)(2 * nb + 1), sizeof *sums);
@@ -190,6 +196,11 @@ static enum amp_status run_eval(struct trainer *t, int64_t step, struct amp_erro
     const struct config *cfg = t->cfg;
     const struct dataset *ds = &t->ds;
     struct eval_result r;
+    if (ds->split[SPLIT_TEST].n == 0) { /* a token run without data.val_bin: nothing to record */
+        if (t->rank == 0 && step == t->total_steps)
+            printf("eval: none (no validation data: data.val_bin is not set)\n");
+        return AMP_OK;
+    }
     dist_broadcast_buffers(&t->dist, m);
     enum amp_status st = train_evaluate(m, ds, SPLIT_TEST, t->dist.comm, &r, err);
     if (st != AMP_OK || t->rank != 0)

@@ -754,6 +754,36 @@ Test(tokens_errors, cli_exit_codes)
     free(ids);
 }
 
+/* Issue 41, item 15: a token run without data.val_bin recorded a 0-sample evaluation (loss null) and `eval` exited 0;
+ * now the run records none (and says so), `eval` of its test split is a data error naming data.val_bin, the train
+ * split still evaluates; a key the format does not read (data.shuffle, data.mean under tokens) draws a warning. */
+Test(tokens_errors, a_run_without_val_bin_records_no_evaluation, .timeout = 300)
+{
+    uint32_t *ids = random_ids(4000, 256, 17);
+    write_raw16("train.bin", ids, 4000);
+    struct result r = amp("run configs/tokens_gpt.yaml run.device=cpu run.steps=2 run.eval_every=1 "
+                          "run.out_dir=%s/noval data.train_bin=%s data.val_bin='\"\"'; ls %s/noval",
+                          scratch, fx("train.bin"), scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    assert_contains(r.out, "eval: none (no validation data: data.val_bin is not set)");
+    cr_assert_null(strstr(r.out, "eval.jsonl"), "no evaluation recorded:\n%s", r.out);
+    r = amp("eval %s/noval", scratch);
+    cr_assert_eq(r.code, 3, "%s", r.out);
+    assert_contains(r.out, "no test (validation) samples to evaluate: data.val_bin is not set");
+    assert_contains(r.out, "hint:");
+    r = amp("eval %s/noval --split train", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    assert_contains(r.out, "| train |");
+    r = amp("check configs/tokens_gpt.yaml data.shuffle=false data.mean=0.5 > /dev/null");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    assert_contains(r.out, "warning: configs/tokens_gpt.yaml: data.shuffle is set but data.format tokens does not read "
+                           "it (data.sampling");
+    assert_contains(r.out, "data.mean is set but data.format tokens does not read it");
+    r = amp("check configs/fashion_mlp.yaml data.seq_len=128 > /dev/null");
+    assert_contains(r.out, "data.seq_len is set but data.format idx does not read it");
+    free(ids);
+}
+
 /* ---- resume through the program --------------------------------------------------------------------- */
 
 TestSuite(tokens_resume, .init = make_scratch, .fini = remove_scratch);
