@@ -3711,6 +3711,7 @@ static void cpu_grad_stats(struct backend *be, const struct tensor *const *grads
     double lanes[8] = { 0 };
     out->absmax = 0.0;
     out->found_nonfinite = 0;
+    out->update_nonfinite = 0; /* the whole struct is this pass's (step_propose zeroes it again for its trial) */
     for (int t = 0; t < 2 * ntensors; t++)
         counts[t] = 0;
     int64_t stack_first[65], *first = ntensors < 65 ? stack_first : malloc(((size_t)ntensors + 1) * sizeof *first);

@@ -235,6 +235,7 @@ __global__ void grad_stats_finish_kernel(struct grad_check *out, int64_t *counts
         out->sumsq = sq;
         out->absmax = mx;
         out->found_nonfinite = bad != 0;
+        out->update_nonfinite = 0; /* the whole struct is this pass's, as on the CPU */
     }
 }
 
