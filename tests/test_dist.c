@@ -319,7 +319,7 @@ Test(dist, one_process_commands_under_mpirun_are_refused)
     r = mpi(2, NULL, "numerics %s/a --steps 1", scratch);
     cr_assert_eq(r.code, 2, "%s", r.out);
     cr_assert(strstr(r.out, "ampTrain numerics is not data-parallel"), "%s", r.out);
-    snprintf(path, sizeof path, "%s/a/numerics.csv", scratch);
+    snprintf(path, sizeof path, "%s/a/numerics-from-step-2.csv", scratch);
     cr_assert(!file_exists(path), "%s was written", path);
     remove_scratch();
 }

@@ -460,7 +460,7 @@ Test(fp8, numerics_reports_the_casts_at_the_runs_scales)
         cr_assert_gt(scale, 0.0);
     }
     char csv[512];
-    snprintf(csv, sizeof csv, "%s/n/numerics.csv", scratch);
+    snprintf(csv, sizeof csv, "%s/n/numerics-from-step-0.csv", scratch);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "grep -c ',fp8_cast,' %s", csv);
     struct result g = shell(cmd);
