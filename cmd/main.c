@@ -220,6 +220,7 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
 /* Keys `resume` may change, and why the others may not (DESIGN.md section 6: resume continues the same run). */
 static const char *const resume_allowed[] = {
     "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
+    "run.recompute", /* the same bits, less memory */
     "run.out_dir", "run.device", "run.threads", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
     /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
@@ -261,7 +262,8 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
     if (!eq || !ok)
         return amp_fail(err, AMP_ERR_CONFIG,
                         "resume accepts run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every, "
-                        "run.keep_ckpts, run.numerics_every, run.out_dir, run.device, run.threads, precision.mode, "
+                        "run.keep_ckpts, run.numerics_every, run.recompute, run.out_dir, run.device, run.threads, "
+                        "precision.mode, "
                         "precision.master_weights, optim.state_dtype, optim.stochastic_rounding, stability.*, dist.* and "
                         "accum_steps; start a new run "
                         "with 'ampTrain run' to change anything else",

@@ -63,6 +63,7 @@ static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
 const char *const weight_names_names[] = {"ampTrain", "pytorch", "hf-gpt2", NULL};
 static const char *const gelu_approx_names[] = {"tanh", "none", NULL};
 static const char *const dist_backend_names[] = {"auto", "none", "mpi", "nccl", NULL};
+static const char *const recompute_names[] = {"none", "gelu", "attention", "block", NULL};
 /* Op kinds that precision.autocast lists may name (the autocast policy table's rows). */
 static const char *const op_kind_names[] = {
     "linear",      "conv2d", "attention_matmul", "softmax",   "log_softmax", "layernorm",    "batchnorm2d", "cross_entropy",
@@ -200,6 +201,7 @@ static const struct field run_fields[] = {
     INT_(S, ckpt_every, 0, GE(0), .def_text = "0: only at the end"),
     INT_(S, keep_ckpts, 3, GE(1)),
     INT_(S, numerics_every, 0, GE(0), .def_text = "0: off"),
+    ENUM_(S, recompute, recompute_names, RECOMPUTE_NONE),
 };
 #undef S
 static const struct section run_section = {"run", run_fields, ARRAY_LEN(run_fields)};

@@ -43,6 +43,8 @@ enum fp8_amax_compute { FP8_AMAX_MAX, FP8_AMAX_MOST_RECENT };
 enum fp8_loss_scale { FP8_LS_NONE, FP8_LS_STATIC, FP8_LS_DYNAMIC };
 /* How master weights or optimizer moments are stored (precision.master_weights, optim.state_dtype). */
 enum store_dtype { STORE_FP32, STORE_BF16 };
+/* run.recompute: what a transformer block recomputes in backward instead of keeping from its forward */
+enum recompute { RECOMPUTE_NONE, RECOMPUTE_GELU, RECOMPUTE_ATTENTION, RECOMPUTE_BLOCK };
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
 enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
 /* How tensors are named outside ampTrain (export --names, model.init_names; lib/weight_names.h). */
@@ -108,6 +110,8 @@ struct run_config {
     int64_t ckpt_every;   /* optimizer steps between checkpoints; 0 = only at the end (default 0) */
     int64_t keep_ckpts;   /* checkpoints kept (default 3, >= 1) */
     int64_t numerics_every; /* steps between numerics measurements (lib/numerics.h); 0 = off (default) */
+    enum recompute recompute; /* none (default) | gelu | attention | block: activations recomputed in backward
+                               * (models/attention.c); the results are the same bits */
 };
 
 struct data_config {

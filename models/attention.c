@@ -22,6 +22,12 @@
  *   gradients of r1 (through the add and through ln2) and of x are summed in those tensors' dtypes.
  *   Gradients on their way through the block live in the model's shared workspace (layers.h).
  *
+ * run.recompute (llm.c's -r, Megatron's selective recomputation) keeps activations in the model's shared workspace
+ * instead of the layer, and backward computes them again with the same ops on the same inputs, so every result is
+ * the same bits: `attention` the probabilities (N, H, T, T) (attention layers too), `gelu` the block's GELU output
+ * (N, T, rC), by the fc product and its epilogue again, `block` all of a block's activations, by its whole forward
+ * again (only the block's input and output stay). The workspace grows by one layer's share; the layers shrink.
+ *
  * dim 0 means "the input's last dimension"; a given dim must equal it, and be divisible by heads.
  * The attention proj and the block's mlp proj are residual projections: gpt2 init scales them by
  * 1/sqrt(2 * number of attention / transformer_block layers).
@@ -34,7 +40,8 @@
 /* ---- the attention core -------------------------------------------------------------------------- */
 
 enum amp_status attention_core_setup(struct attention_core *op, struct layer *l, struct layer_build *b,
-                                     int64_t T, int64_t C, int64_t H, enum dtype in_dtype, int64_t max_B)
+                                     int64_t T, int64_t C, int64_t H, enum dtype in_dtype, int64_t max_B,
+                                     bool recompute)
 {
     op->T = T;
     op->C = C;
@@ -42,7 +49,12 @@ enum amp_status attention_core_setup(struct attention_core *op, struct layer *l,
     op->in_dtype = in_dtype;
     op->d = autocast_dtype(b->policy, OP_ATTENTION_MATMUL, in_dtype, in_dtype);
     op->workspace = b->workspace;
-    enum amp_status st = layer_alloc(l, b, &op->probs, op->d, 4, (int64_t[]){max_B, H, T, T}, "attention probs");
+    op->recompute = recompute;
+    enum amp_status st = AMP_OK;
+    if (recompute)
+        op->probs_off = scratch_reserve(b, op->d, (size_t)(max_B * H * T * T));
+    else
+        st = layer_alloc(l, b, &op->probs, op->d, 4, (int64_t[]){max_B, H, T, T}, "attention probs");
     if (st != AMP_OK || op->d == in_dtype)
         return st;
     int64_t shape[3] = {max_B, T, 3 * C};
@@ -51,10 +63,18 @@ enum amp_status attention_core_setup(struct attention_core *op, struct layer *l,
     return st;
 }
 
+/* The probabilities of a batch of B: the core's own, or its share of the workspace. */
+static struct tensor core_probs(const struct attention_core *op, int64_t B)
+{
+    if (!op->recompute)
+        return batch_view(&op->probs, B);
+    return scratch_view(op->workspace, op->probs_off, op->d, 4, (int64_t[]){B, op->H, op->T, op->T});
+}
+
 void attention_core_forward(struct backend *be, struct attention_core *op, struct tensor *out,
                             const struct tensor *qkv, int64_t B)
 {
-    struct tensor probs = batch_view(&op->probs, B);
+    struct tensor probs = core_probs(op, B);
     struct tensor qkvc;
     const struct tensor *in = qkv;
     if (op->qkvc.data) {
@@ -68,7 +88,7 @@ void attention_core_forward(struct backend *be, struct attention_core *op, struc
 void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,
                              const struct tensor *dout, const struct tensor *qkv, int64_t B)
 {
-    struct tensor probs = batch_view(&op->probs, B);
+    struct tensor probs = core_probs(op, B);
     if (!op->qkvc.data) {
         be->attention_backward(be, dqkv, dout, qkv, &probs, B, op->T, op->C, op->H);
         return;
@@ -155,6 +175,8 @@ static void attention_backward(struct layer *l, const struct step_ctx *ctx, cons
     struct tensor datt = scratch_view(p->workspace, p->datt_off, att.dtype, 3, (int64_t[]){B, T, C});
     struct tensor dqkv = scratch_view(p->workspace, p->dqkv_off, qkv.dtype, 3, (int64_t[]){B, T, 3 * C});
     linear_op_backward(ctx, &p->proj, &datt, dy, &att, rows, beta);
+    if (p->core.recompute) /* the probabilities again (att gets the same bits again) */
+        attention_core_forward(be, &p->core, &att, &qkv, B);
     attention_core_backward(be, &p->core, &dqkv, &datt, &qkv, B);
     struct tensor *dx = NULL;
     if (l->needs_dx) {
@@ -196,7 +218,7 @@ enum amp_status attention_setup(struct layer *l, struct layer_build *b)
     if ((st = layer_reserve_params(l, b, 4)) != AMP_OK ||
         (st = linear_op_setup(&p->qkv, l, b, "qkv/", C, 3 * C, true, b->in_dtype, rows, PINIT_LINEAR_WEIGHT, NULL)) ||
         (st = layer_alloc(l, b, &p->qkv_y, p->qkv.d, 3, (int64_t[]){N, T, 3 * C}, "qkv")) ||
-        (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N)) ||
+        (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N, b->recompute >= RECOMPUTE_ATTENTION)) ||
         (st = layer_alloc(l, b, &p->att, p->core.d, 3, (int64_t[]){N, T, C}, "attention output")) ||
         (st = linear_op_setup(&p->proj, l, b, "proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT, NULL)))
         return st;
@@ -208,17 +230,47 @@ enum amp_status attention_setup(struct layer *l, struct layer_build *b)
 
 /* ---- the transformer block ----------------------------------------------------------------------- */
 
+/* A saved activation (max N, T, width): the layer's own tensor, or, where run.recompute computes it again in
+ * backward, a share of the workspace at `off` (t then holds only its dtype and shape). */
+struct saved {
+    struct tensor t;
+    size_t off;
+    bool scratch;
+};
+
 struct block_layer {
     struct layernorm_op ln1, ln2;
     struct linear_op qkv, proj, fc, fc2;
     struct attention_core core;
     enum act_kind act;
-    /* saved activations, each (max N, T, width) in its op's dtype */
-    struct tensor h1, qkv_y, att, proj_y, r1, h2, fc_y, g, fc2_y;
+    enum recompute recompute;
+    /* the activations backward reads, each in its op's dtype */
+    struct saved h1, qkv_y, att, proj_y, r1, h2, fc_y, g, fc2_y;
     /* scratch offsets of the gradients, each shaped and typed like the tensor it is the gradient of */
     size_t d_fc2_y, d_g, d_fc_y, d_h2, d_ln2x, d_r1, d_proj_y, d_att, d_qkv_y, d_h1, d_ln1x;
     const struct tensor *workspace;
 };
+
+/* The views of one batch of B: every activation the block's forward writes and its backward reads. */
+struct block_views {
+    struct tensor h1, qkv, att, proj, r1, h2, fc, g, fc2;
+};
+
+static struct tensor saved_view(const struct block_layer *p, const struct saved *s, int64_t B)
+{
+    if (!s->scratch)
+        return batch_view(&s->t, B);
+    return scratch_view(p->workspace, s->off, s->t.dtype, 3, (int64_t[]){B, s->t.shape[1], s->t.shape[2]});
+}
+
+static struct block_views block_views_of(const struct block_layer *p, int64_t B)
+{
+    return (struct block_views){
+        .h1 = saved_view(p, &p->h1, B), .qkv = saved_view(p, &p->qkv_y, B), .att = saved_view(p, &p->att, B),
+        .proj = saved_view(p, &p->proj_y, B), .r1 = saved_view(p, &p->r1, B), .h2 = saved_view(p, &p->h2, B),
+        .fc = saved_view(p, &p->fc_y, B), .g = saved_view(p, &p->g, B), .fc2 = saved_view(p, &p->fc2_y, B),
+    };
+}
 
 /* The gradient of `like` (a batch view of a saved activation) in the workspace. */
 static struct tensor grad_of(const struct block_layer *p, size_t off, const struct tensor *like)
@@ -238,27 +290,44 @@ static struct tensor grad_cast(struct backend *be, const struct block_layer *p, 
     return t;
 }
 
+/* Everything of the forward but the last residual add, into v: what backward reads. */
+static void block_forward_to(const struct step_ctx *ctx, struct block_layer *p, const struct tensor *x, int64_t B,
+                             struct block_views *v)
+{
+    struct backend *be = ctx->be;
+    int64_t rows = B * p->core.T;
+    layernorm_op_forward(be, &p->ln1, &v->h1, x, rows);
+    linear_op_forward(ctx, &p->qkv, &v->qkv, &v->h1, rows);
+    attention_core_forward(be, &p->core, &v->att, &v->qkv, B);
+    linear_op_forward(ctx, &p->proj, &v->proj, &v->att, rows);
+    be->add(be, &v->r1, x, &v->proj);
+    layernorm_op_forward(be, &p->ln2, &v->h2, &v->r1, rows);
+    linear_op_forward_act(ctx, &p->fc, p->act, &v->g, &v->fc, &v->h2, rows);
+    linear_op_forward(ctx, &p->fc2, &v->fc2, &v->g, rows);
+}
+
 static void block_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
                           const struct batch *b)
 {
     (void)b;
     struct block_layer *p = l->priv;
-    struct backend *be = ctx->be;
-    int64_t B = x->shape[0], rows = B * p->core.T;
-    struct tensor h1 = batch_view(&p->h1, B), qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B),
-                  proj = batch_view(&p->proj_y, B), r1 = batch_view(&p->r1, B), h2 = batch_view(&p->h2, B),
-                  fc = batch_view(&p->fc_y, B), g = batch_view(&p->g, B), fc2 = batch_view(&p->fc2_y, B);
+    int64_t B = x->shape[0];
+    struct block_views v = block_views_of(p, B);
     l->y = batch_view(&l->y, B);
+    block_forward_to(ctx, p, x, B, &v);
+    ctx->be->add(ctx->be, &l->y, &v.r1, &v.fc2);
+}
 
-    layernorm_op_forward(be, &p->ln1, &h1, x, rows);
-    linear_op_forward(ctx, &p->qkv, &qkv, &h1, rows);
-    attention_core_forward(be, &p->core, &att, &qkv, B);
-    linear_op_forward(ctx, &p->proj, &proj, &att, rows);
-    be->add(be, &r1, x, &proj);
-    layernorm_op_forward(be, &p->ln2, &h2, &r1, rows);
-    linear_op_forward_act(ctx, &p->fc, p->act, &g, &fc, &h2, rows);
-    linear_op_forward(ctx, &p->fc2, &fc2, &g, rows);
-    be->add(be, &l->y, &r1, &fc2);
+/* run.recompute: what the forward did not keep, computed again by the same ops from the same inputs. */
+static void block_recompute(const struct step_ctx *ctx, struct block_layer *p, const struct tensor *x, int64_t B,
+                            struct block_views *v)
+{
+    if (p->recompute == RECOMPUTE_BLOCK)
+        block_forward_to(ctx, p, x, B, v);
+    else if (p->recompute == RECOMPUTE_ATTENTION)
+        attention_core_forward(ctx->be, &p->core, &v->att, &v->qkv, B);
+    else if (p->recompute == RECOMPUTE_GELU)
+        linear_op_forward_act(ctx, &p->fc, p->act, &v->g, &v->fc, &v->h2, B * p->core.T);
 }
 
 static void block_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -269,35 +338,34 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     struct backend *be = ctx->be;
     float beta = ctx->accumulate ? 1.0f : 0.0f;
     int64_t B = x->shape[0], rows = B * p->core.T;
-    struct tensor h1 = batch_view(&p->h1, B), qkv = batch_view(&p->qkv_y, B), att = batch_view(&p->att, B),
-                  proj = batch_view(&p->proj_y, B), r1 = batch_view(&p->r1, B), h2 = batch_view(&p->h2, B),
-                  fc = batch_view(&p->fc_y, B), g = batch_view(&p->g, B), fc2 = batch_view(&p->fc2_y, B);
+    struct block_views v = block_views_of(p, B);
+    block_recompute(ctx, p, x, B, &v);
 
     /* y = r1 + fc2(gelu(fc(ln2(r1)))) */
-    struct tensor d_fc2 = grad_cast(be, p, p->d_fc2_y, dy, &fc2);
-    struct tensor d_g = grad_of(p, p->d_g, &g);
-    linear_op_backward(ctx, &p->fc2, &d_g, &d_fc2, &g, rows, beta);
-    struct tensor d_fc = grad_of(p, p->d_fc_y, &fc);
-    be->act_backward(be, p->act, &d_fc, &d_g, &fc);
-    struct tensor d_h2 = grad_of(p, p->d_h2, &h2);
-    linear_op_backward(ctx, &p->fc, &d_h2, &d_fc, &h2, rows, beta);
+    struct tensor d_fc2 = grad_cast(be, p, p->d_fc2_y, dy, &v.fc2);
+    struct tensor d_g = grad_of(p, p->d_g, &v.g);
+    linear_op_backward(ctx, &p->fc2, &d_g, &d_fc2, &v.g, rows, beta);
+    struct tensor d_fc = grad_of(p, p->d_fc_y, &v.fc);
+    be->act_backward(be, p->act, &d_fc, &d_g, &v.fc);
+    struct tensor d_h2 = grad_of(p, p->d_h2, &v.h2);
+    linear_op_backward(ctx, &p->fc, &d_h2, &d_fc, &v.h2, rows, beta);
     count_grad_zeros(ctx, &d_fc2, false);
     count_grad_zeros(ctx, &d_g, false);
     count_grad_zeros(ctx, &d_fc, false);
     count_grad_zeros(ctx, &d_h2, p->fc.d != DT_FP32);
-    struct tensor d_ln2x = grad_of(p, p->d_ln2x, &r1);
-    layernorm_op_backward(be, &p->ln2, &d_ln2x, &d_h2, &r1, rows, beta);
-    struct tensor d_r1 = grad_of(p, p->d_r1, &r1);
+    struct tensor d_ln2x = grad_of(p, p->d_ln2x, &v.r1);
+    layernorm_op_backward(be, &p->ln2, &d_ln2x, &d_h2, &v.r1, rows, beta);
+    struct tensor d_r1 = grad_of(p, p->d_r1, &v.r1);
     be->add(be, &d_r1, dy, &d_ln2x);
 
     /* r1 = x + proj(attn(qkv(ln1(x)))) */
-    struct tensor d_proj = grad_cast(be, p, p->d_proj_y, &d_r1, &proj);
-    struct tensor d_att = grad_of(p, p->d_att, &att);
-    linear_op_backward(ctx, &p->proj, &d_att, &d_proj, &att, rows, beta);
-    struct tensor d_qkv = grad_of(p, p->d_qkv_y, &qkv);
-    attention_core_backward(be, &p->core, &d_qkv, &d_att, &qkv, B);
-    struct tensor d_h1 = grad_of(p, p->d_h1, &h1);
-    linear_op_backward(ctx, &p->qkv, &d_h1, &d_qkv, &h1, rows, beta);
+    struct tensor d_proj = grad_cast(be, p, p->d_proj_y, &d_r1, &v.proj);
+    struct tensor d_att = grad_of(p, p->d_att, &v.att);
+    linear_op_backward(ctx, &p->proj, &d_att, &d_proj, &v.att, rows, beta);
+    struct tensor d_qkv = grad_of(p, p->d_qkv_y, &v.qkv);
+    attention_core_backward(be, &p->core, &d_qkv, &d_att, &v.qkv, B);
+    struct tensor d_h1 = grad_of(p, p->d_h1, &v.h1);
+    linear_op_backward(ctx, &p->qkv, &d_h1, &d_qkv, &v.h1, rows, beta);
     count_grad_zeros(ctx, &d_proj, false);
     count_grad_zeros(ctx, &d_att, false);
     count_grad_zeros(ctx, &d_qkv, false);
@@ -322,21 +390,30 @@ static void block_free(struct layer *l)
     linear_op_free(&p->fc);
     linear_op_free(&p->fc2);
     attention_core_free(&p->core);
-    struct tensor *saved[] = {&p->h1, &p->qkv_y, &p->att, &p->proj_y, &p->r1, &p->h2, &p->fc_y, &p->g, &p->fc2_y};
+    struct saved *saved[] = {&p->h1, &p->qkv_y, &p->att, &p->proj_y, &p->r1, &p->h2, &p->fc_y, &p->g, &p->fc2_y};
     for (size_t i = 0; i < sizeof saved / sizeof *saved; i++)
-        tensor_free(saved[i]);
+        tensor_free(&saved[i]->t);
 }
 
 static const struct layer_ops block_ops = {block_forward, block_backward, block_free};
 
-/* Allocate saved activation `t` (N, T, width) and reserve the scratch for its gradient. */
-static enum amp_status block_tensor(struct layer *l, struct layer_build *b, struct tensor *t, size_t *grad_off,
-                                    enum dtype dt, int64_t width, const char *what)
+/* Set up saved activation `s` (N, T, width): the layer's own tensor, or, when `recomputed`, a share of the workspace;
+ * and reserve the scratch for its gradient. */
+static enum amp_status block_tensor(struct layer *l, struct layer_build *b, struct saved *s, bool recomputed,
+                                    size_t *grad_off, enum dtype dt, int64_t width, const char *what)
 {
     int64_t shape[3] = {b->in_shape[0], b->in_shape[1], width};
-    enum amp_status st = layer_alloc(l, b, t, dt, 3, shape, what);
+    enum amp_status st = AMP_OK;
+    s->scratch = recomputed;
+    if (recomputed) {
+        s->t = (struct tensor){.dtype = dt, .ndim = 3, .shape = {shape[0], shape[1], shape[2]},
+                               .numel = (size_t)(shape[0] * shape[1] * shape[2])};
+        s->off = scratch_reserve(b, dt, s->t.numel);
+    } else {
+        st = layer_alloc(l, b, &s->t, dt, 3, shape, what);
+    }
     if (st == AMP_OK && grad_off)
-        *grad_off = scratch_reserve(b, dt, t->numel);
+        *grad_off = scratch_reserve(b, dt, s->t.numel);
     return st;
 }
 
@@ -368,6 +445,8 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     l->op = OP_LINEAR;
     p->workspace = b->workspace;
     p->act = l->cfg.approximate == GELU_ERF ? ACT_GELU_ERF : ACT_GELU_TANH;
+    p->recompute = b->recompute;
+    bool all = p->recompute == RECOMPUTE_BLOCK; /* every activation the block saves lives in the workspace */
     const struct autocast_policy *pol = b->policy;
     int64_t N = b->in_shape[0], T = b->in_shape[1], rows = N * T, hidden = ratio * C;
     float eps = (float)l->cfg.eps;
@@ -378,30 +457,30 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     /* attention half */
     enum dtype h1_dt = ln_out_dtype(b, autocast_dtype(pol, OP_LAYERNORM, x_dt, x_dt));
     if ((st = layernorm_op_setup(&p->ln1, l, b, "ln1/", C, eps, rows)) ||
-        (st = block_tensor(l, b, &p->h1, &p->d_h1, h1_dt, C, "ln1 output")) ||
+        (st = block_tensor(l, b, &p->h1, all, &p->d_h1, h1_dt, C, "ln1 output")) ||
         (st = linear_op_setup(&p->qkv, l, b, "attn/qkv/", C, 3 * C, true, h1_dt, rows, PINIT_LINEAR_WEIGHT, NULL)) ||
-        (st = block_tensor(l, b, &p->qkv_y, &p->d_qkv_y, p->qkv.d, 3 * C, "qkv")) ||
-        (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N)) ||
-        (st = block_tensor(l, b, &p->att, &p->d_att, p->core.d, C, "attention output")) ||
+        (st = block_tensor(l, b, &p->qkv_y, all, &p->d_qkv_y, p->qkv.d, 3 * C, "qkv")) ||
+        (st = attention_core_setup(&p->core, l, b, T, C, H, p->qkv.d, N, p->recompute >= RECOMPUTE_ATTENTION)) ||
+        (st = block_tensor(l, b, &p->att, all, &p->d_att, p->core.d, C, "attention output")) ||
         (st = linear_op_setup(&p->proj, l, b, "attn/proj/", C, C, true, p->core.d, rows, PINIT_RESIDUAL_WEIGHT, NULL)) ||
-        (st = block_tensor(l, b, &p->proj_y, &p->d_proj_y, p->proj.d, C, "attention proj")))
+        (st = block_tensor(l, b, &p->proj_y, all, &p->d_proj_y, p->proj.d, C, "attention proj")))
         return st;
     enum dtype r1_dt = autocast_dtype(pol, OP_RESIDUAL_ADD, x_dt, p->proj.d);
-    if ((st = block_tensor(l, b, &p->r1, &p->d_r1, r1_dt, C, "first residual")))
+    if ((st = block_tensor(l, b, &p->r1, all, &p->d_r1, r1_dt, C, "first residual")))
         return st;
     p->d_ln2x = scratch_reserve(b, r1_dt, (size_t)(rows * C));
     p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
     /* mlp half */
     enum dtype h2_dt = ln_out_dtype(b, autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt));
     if ((st = layernorm_op_setup(&p->ln2, l, b, "ln2/", C, eps, rows)) ||
-        (st = block_tensor(l, b, &p->h2, &p->d_h2, h2_dt, C, "ln2 output")) ||
+        (st = block_tensor(l, b, &p->h2, all, &p->d_h2, h2_dt, C, "ln2 output")) ||
         (st = linear_op_setup(&p->fc, l, b, "mlp/fc/", C, hidden, true, h2_dt, rows, PINIT_LINEAR_WEIGHT, NULL)) ||
-        (st = block_tensor(l, b, &p->fc_y, &p->d_fc_y, p->fc.d, hidden, "mlp fc")))
+        (st = block_tensor(l, b, &p->fc_y, all, &p->d_fc_y, p->fc.d, hidden, "mlp fc")))
         return st;
     enum dtype g_dt = autocast_dtype(pol, OP_GELU, p->fc.d, p->fc.d);
-    if ((st = block_tensor(l, b, &p->g, &p->d_g, g_dt, hidden, "mlp gelu")) ||
+    if ((st = block_tensor(l, b, &p->g, all || p->recompute == RECOMPUTE_GELU, &p->d_g, g_dt, hidden, "mlp gelu")) ||
         (st = linear_op_setup(&p->fc2, l, b, "mlp/proj/", hidden, C, true, g_dt, rows, PINIT_RESIDUAL_WEIGHT, NULL)) ||
-        (st = block_tensor(l, b, &p->fc2_y, &p->d_fc2_y, p->fc2.d, C, "mlp proj")))
+        (st = block_tensor(l, b, &p->fc2_y, all, &p->d_fc2_y, p->fc2.d, C, "mlp proj")))
         return st;
     copy_shape_out(l, b, autocast_dtype(pol, OP_RESIDUAL_ADD, r1_dt, p->fc2.d));
     return AMP_OK;

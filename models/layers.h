@@ -52,6 +52,8 @@ struct layer_build {
     bool fuse;                            /* a relu right after a batchnorm2d or a linear layer runs inside it
                                            * (backend.h, norm_args.relu, GEMM_EPI_RELU); off where the numerics
                                            * report measures every layer's own output (run.numerics_every) */
+    enum recompute recompute;             /* run.recompute: what transformer blocks (and, for attention, attention
+                                           * layers) keep in the shared workspace and recompute in backward */
     int nbuilt;
     struct amp_error *err;
 };
@@ -205,13 +207,18 @@ struct attention_core {
     int64_t T, C, H;
     enum dtype in_dtype, d;
     struct tensor qkvc;     /* (max_B, T, 3C) in d, empty when qkv is already d */
-    struct tensor probs;    /* (max_B, H, T, T) in d */
+    struct tensor probs;    /* (max_B, H, T, T) in d; empty when recomputed (run.recompute attention or block) */
+    size_t probs_off;       /* then: scratch for them, filled by the forward and again in backward */
+    bool recompute;
     size_t dqkvc_off;       /* scratch (max_B, T, 3C) in d, when qkv is not d */
     const struct tensor *workspace;
 };
 
+/* `recompute`: the probabilities live in the shared workspace, and the layer calls attention_core_forward again in
+ * its backward, before attention_core_backward (the same kernels on the same inputs: the same bits). */
 enum amp_status attention_core_setup(struct attention_core *op, struct layer *l, struct layer_build *b,
-                                     int64_t T, int64_t C, int64_t H, enum dtype in_dtype, int64_t max_B);
+                                     int64_t T, int64_t C, int64_t H, enum dtype in_dtype, int64_t max_B,
+                                     bool recompute);
 void attention_core_forward(struct backend *be, struct attention_core *op, struct tensor *out,
                             const struct tensor *qkv, int64_t B);
 void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,

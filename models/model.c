@@ -238,6 +238,7 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
         .spec = spec, .max_batch = max_batch, .seq_len = cfg->data.seq_len,
         .workspace = m->workspace, .accumulates = cfg->accum_steps > 1, .fp8 = &m->fp8, .err = err,
         .fuse = cfg->run.numerics_every == 0,
+        .recompute = cfg->run.recompute,
     };
     m->has_fp8 = m->policy.enabled && m->policy.fp8;
     const struct fp8_config *f8 = &cfg->precision.fp8;

@@ -1787,6 +1787,35 @@ Test(cuda_backend, resume_is_bit_exact_on_the_gpu, .timeout = 900)
     }
 }
 
+/* run.recompute on the GPU: the byte GPT with every recompute mode gives the bits of none (tests/test_recompute.c's
+ * comparison, on cuda:0), in bf16 and fp16-dynamic, with accumulation. */
+Test(cuda_backend, recompute_is_the_same_bits_on_the_gpu, .timeout = 900)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: GPU recompute was not run");
+    const char *modes[] = {"bf16", "fp16-dynamic"}, *kinds[] = {"none", "gelu", "attention", "block"};
+    for (int i = 0; i < 2; i++) {
+        make_scratch();
+        for (int k = 0; k < 4; k++) {
+            struct result r = amp("run configs/text_gpt.yaml run.device=cuda run.steps=3 run.log_every=1 accum_steps=2 "
+                                  "precision.mode=%s run.recompute=%s run.out_dir=%s/%s",
+                                  modes[i], kinds[k], scratch, kinds[k]);
+            cr_assert_eq(r.code, 0, "%s %s:\n%s", modes[i], kinds[k], r.out);
+            cr_assert(strstr(r.out, "device: cuda:0"), "not on the GPU:\n%s", r.out);
+        }
+        for (int k = 1; k < 4; k++) {
+            char a[512], b[512];
+            snprintf(a, sizeof a, "%s/none/ckpt-3.h5", scratch);
+            snprintf(b, sizeof b, "%s/%s/ckpt-3.h5", scratch, kinds[k]);
+            assert_same_tensors(a, b);
+            snprintf(a, sizeof a, "%s/none/scale_log.csv", scratch);
+            snprintf(b, sizeof b, "%s/%s/scale_log.csv", scratch, kinds[k]);
+            assert_same_logs(a, b);
+        }
+        remove_scratch();
+    }
+}
+
 /* ---- the binary the end-to-end tests run (no GPU needed) -------------------------------------------- */
 
 /* amp() runs $AMPTRAIN_BIN where set: on a GPU machine the bundle's binary lies away from the build path
