@@ -10,12 +10,16 @@
 #          (cudart, cuBLAS, cuBLASLt, cuDNN come from the GPU machine)
 #   data/  Fashion-MNIST and the fortunes corpus, for /usr/share/datasets and /usr/share/games there
 #   COMMIT the commit built (gpu-check.sh warns when the checkout differs)
+#   llmc/  with LLMC=DIR (a checkout or snapshot of karpathy/llm.c, e.g. the search tool's `fetch` mirror): its
+#          train_gpt2cu built here for sm_90 in bf16 without cuDNN, MPI or NCCL, the benchmark input of
+#          scripts/bench_gpt2.sh (gpu-check's gpt2 phase); its source is never part of this repository. CUDA 13's
+#          cudaMemAdvise takes a cudaMemLocation where llm.c passes cudaCpuDeviceId: patched in the copy.
 # Run it here (the development machine), then on the GPU machine:
 #   BUNDLE=.gpu-bundle/bundle.tar.gz PHASES="tests" scripts/gpu-check.sh OUT      (carry: .gpu-bundle)
 # The test binaries have this checkout's path compiled in (AMP_SOURCE_DIR); gpu-check.sh links that path
 # to the checkout there when they differ. Glibc is backward compatible, so binaries built on this Debian 12
 # (glibc 2.36) run on a newer glibc there; if they do not, build there instead (docs/perf.md, GPU figures).
-#   scripts/gpu-bundle.sh              env: BUILD_DIR (build-gpu-bundle), JOBS (nproc)
+#   scripts/gpu-bundle.sh              env: BUILD_DIR (build-gpu-bundle), JOBS (nproc), LLMC (none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
@@ -51,6 +55,22 @@ LD_LIBRARY_PATH="$(dirname "$netlib")" ldd "${bins[@]}" | awk '$2 == "=>" && $3 
       *) cp -L "$path" "$stage/lib/$soname" ;;
     esac
   done
+if [ -n "${LLMC:-}" ]; then
+  mkdir -p "$stage/llmc-src" "$stage/llmc"
+  if [ -d "$LLMC/.git" ] || git -C "$LLMC" rev-parse --git-dir > /dev/null 2>&1; then
+    git -C "$LLMC" archive HEAD | tar -x -C "$stage/llmc-src"
+    git -C "$LLMC" rev-parse HEAD > "$stage/llmc/COMMIT"
+  else
+    cp -r "$LLMC/." "$stage/llmc-src"
+  fi
+  sed -i 's/cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' \
+    "$stage/llmc-src/llmc/cuda_utils.cuh"
+  make -C "$stage/llmc-src" train_gpt2cu GPU_COMPUTE_CAPABILITY=90 NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 PRECISION=BF16 \
+    NVCC_LDFLAGS="-lcublas -lcublasLt" > "$stage/llmc/build.log" 2>&1 ||
+    { echo "gpu-bundle: llm.c's train_gpt2cu did not build (see its build log):" >&2; tail -n 5 "$stage/llmc/build.log" >&2; exit 1; }
+  cp "$stage/llmc-src/train_gpt2cu" "$stage/llmc/"
+  rm -rf "$stage/llmc-src"
+fi
 cp -r "$fashion" "$stage/data/fashion-mnist"
 cp -r "$fortunes" "$stage/data/fortunes"
 git rev-parse HEAD > "$stage/COMMIT"

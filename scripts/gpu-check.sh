@@ -7,7 +7,9 @@
 #   OUTDIR/*.log      every build, test, training and benchmark log
 #   scripts/gpu-check.sh OUTDIR        env: STEPS (default 300), WIDE_STEPS (100), JOBS (nproc),
 #                                      PYTHON (python3: the one with PyTorch), BUILD_DIR (build-gpu),
-#                                      PHASES ("build tests bench", and when asked "sanitize": compute-sanitizer
+#                                      PHASES ("build gpt2 tests bench"; gpt2: scripts/bench_gpt2.sh, GPT-2 124M at
+#                                      T = 1024 against PyTorch and llm.c, first after the build, table in
+#                                      OUTDIR/gpt2.md, about 5 minutes; and when asked "sanitize": compute-sanitizer
 #                                      memcheck over the op tests, "cpu": the host's CPU against PyTorch's,
 #                                      scripts/bench_cpu.sh, fashion_mlp fp32 at 1 and all threads, issue 16),
 #                                      TEST_TIMEOUT (120 s a test binary: the H200 ran each in 1-29 s),
@@ -35,7 +37,7 @@ run_timeout=${RUN_TIMEOUT:-90}
 [ "$dry" = 1 ] && { steps=${STEPS:-3}; wide_steps=${WIDE_STEPS:-2}; run_timeout=${RUN_TIMEOUT:-300}; }
 device=cuda; torch_device=cuda
 [ "$dry" = 1 ] && { device=cpu; torch_device=cpu; }
-build=${BUILD_DIR:-build-gpu}; phases=" ${PHASES:-build tests bench} "
+build=${BUILD_DIR:-build-gpu}; phases=" ${PHASES:-build gpt2 tests bench} "
 has_phase() { case $phases in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 status=0
 note() { echo "gpu-check: $*" | tee -a "$out/summary.log"; }
@@ -103,6 +105,20 @@ note "versions: $("$bin" --version 2>&1 | tr '\n' ';' | sed 's/;$//')"
 # the CUDA backend is a module the binary loads (lib/device_module.h): say at once if it cannot be
 "$bin" --version 2>&1 | grep -q "CUDA: not loaded" && [ "$dry" != 1 ] &&
   { fail "the CUDA backend module did not load: $("$bin" --version 2>&1 | grep 'CUDA: not loaded')"; exit 1; }
+
+# ---- GPT-2 124M against PyTorch and llm.c (scripts/bench_gpt2.sh; the bundle's train_gpt2cu where it has one):
+# first, so that a call cut short still has it ----
+if has_phase gpt2; then
+  t1=$(date +%s)
+  llmc=""
+  [ -n "${BUNDLE:-}" ] && [ -x "$root/llmc/train_gpt2cu" ] && llmc="$root/llmc/train_gpt2cu"
+  DRY=$dry PYTHON="$python" AMP_BIN="$bin" LLMC="${LLMC:-$llmc}" timeout "${GPT2_TIMEOUT:-420}" scripts/bench_gpt2.sh "$out" \
+    > "$out/gpt2.log" 2>&1
+  rc=$?
+  agreement=$(sed -n 's/^bench_gpt2: loss agreement: //p' "$out/gpt2.log")
+  if [ $rc = 0 ]; then note "gpt2: ok ($(( $(date +%s) - t1 )) s, gpt2.md): loss agreement ${agreement:-?}"
+  else fail "gpt2: rc $rc ($(( $(date +%s) - t1 )) s; gpt2.log, gpt2.md)"; fi
+fi
 
 # ---- GPU tests: on a GPU machine a skip is a failure ----
 export OPENBLAS_NUM_THREADS=1

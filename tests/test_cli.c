@@ -309,11 +309,15 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "cd %s && out=$(mktemp -d /tmp/amp_gpucheck.XXXXXX) && DRY=1 PYTHON=/usr/bin/python3 STEPS=2 "
-             "WIDE_STEPS=1 PHASES=bench RUN_TIMEOUT=300 BUILD_DIR=%s OPENBLAS_NUM_THREADS=1 scripts/gpu-check.sh \"$out\" "
-             ">/dev/null 2>&1; echo \"rc $?\"; cat \"$out/table.md\" \"$out/summary.log\"; rm -rf \"$out\"",
+             "WIDE_STEPS=1 PHASES='gpt2 bench' RUN_TIMEOUT=300 BUILD_DIR=%s OPENBLAS_NUM_THREADS=1 scripts/gpu-check.sh "
+             "\"$out\" >/dev/null 2>&1; echo \"rc $?\"; cat \"$out/table.md\" \"$out/summary.log\"; echo '=== gpt2.md'; cat \"$out/gpt2.md\"; "
+             "rm -rf \"$out\"",
              AMP_SOURCE_DIR, build);
     static struct result r;
     r = shell(cmd);
+    char *gpt2 = strstr(r.out, "=== gpt2.md");
+    cr_assert_not_null(gpt2, "%s", r.out);
+    *gpt2++ = '\0'; /* the gpu-check table and summary before, gpt2.md after */
     const char *out = r.out;
     cr_assert(strstr(out, "rc 0\n"), "%s", out);
     cr_assert_null(strstr(out, "FAIL"), "%s", out);
@@ -339,6 +343,17 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     cr_assert(strstr(out, "| text_gpt768 | fp8 | "), "%s", out);
     cr_assert(strstr(out, "Targets (text_gpt width 768): bf16 / fp32 = "), "%s", out);
     cr_assert(strstr(out, "fp8 / bf16 = "), "%s", out);
+    /* the gpt2 phase (scripts/bench_gpt2.sh): a row for each of ampTrain's three modes and PyTorch, each with a
+     * figure, and the loss agreement checked (on the CPU, bf16 emulated against PyTorch's bf16 autocast) */
+    const char *gpt2_rows[] = {"| 2 | amp-bf16 | ", "| 2 | amp-fp16-dynamic | ", "| 2 | amp-fp8 | ", "| 2 | torch | "};
+    for (size_t i = 0; i < sizeof gpt2_rows / sizeof gpt2_rows[0]; i++) {
+        const char *row = strstr(gpt2, gpt2_rows[i]);
+        cr_assert_not_null(row, "no gpt2 row '%s'\n%s", gpt2_rows[i], gpt2);
+        char c = row[strlen(gpt2_rows[i])];
+        cr_assert(c >= '1' && c <= '9', "gpt2 row '%s' without a figure\n%s", gpt2_rows[i], gpt2);
+    }
+    cr_assert(strstr(out, "gpu-check: gpt2: ok"), "%s", out);
+    cr_assert(strstr(gpt2, "Loss agreement (ampTrain bf16 against PyTorch") && strstr(gpt2, ": PASS"), "%s", gpt2);
 }
 
 /* Issue 41, item 13: `run` or `check` given a checkpoint or a run directory names it as such (it said "tab
