@@ -52,7 +52,7 @@ static const char *const layer_kind_names[] = {
 static const char *const data_format_names[] = {"idx", "hdf5", "text", "tokens", NULL};
 static const char *const data_sampling_names[] = {"random", "sequential", NULL};
 static const char *const optim_kind_names[] = {"sgd", "adamw", NULL};
-static const char *const sched_kind_names[] = {"constant", "step", "cosine", NULL};
+static const char *const sched_kind_names[] = {"constant", "step", "cosine", "linear", "wsd", "inverse_sqrt", NULL};
 static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", "fp8", NULL};
 static const char *const fp8_recipe_names[] = {"delayed", "current", NULL};
 static const char *const fp8_amax_compute_names[] = {"max", "most_recent", NULL};
@@ -289,6 +289,8 @@ static const struct field schedule_fields[] = {
     INT_(S, step_size, 1000, GE(1)),
     DBL_(S, gamma, 0.1, IN_OC(0, 1)),
     DBL_(S, min_lr, 0, GE(0)),
+    INT_(S, decay_steps, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "0: run.steps"),
+    DBL_(S, decay_fraction, 0.2, IN_OC(0, 1)),
 };
 #undef S
 static const struct section schedule_section = {"optim.schedule", schedule_fields, ARRAY_LEN(schedule_fields)};
@@ -1727,7 +1729,13 @@ static enum amp_status finalize(struct ctx *c, struct config *cfg)
     if (cfg->optim.nesterov && cfg->optim.momentum <= 0)
         return fail_key(c, "optim.nesterov", "set optim.momentum > 0 (e.g. 0.9) or nesterov: false",
                         "optim.nesterov needs optim.momentum > 0 (momentum is %g)", cfg->optim.momentum);
-    if (cfg->optim.schedule.kind == SCHED_COSINE && cfg->optim.schedule.min_lr > cfg->optim.lr)
+    const struct schedule_config *sc = &cfg->optim.schedule;
+    bool decays = sc->kind == SCHED_COSINE || sc->kind == SCHED_LINEAR || sc->kind == SCHED_WSD;
+    if (decays && sc->decay_steps > 0 && sc->decay_steps <= sc->warmup_steps)
+        return fail_key(c, "optim.schedule.decay_steps", "choose decay_steps beyond warmup_steps (0: run.steps)",
+                        "optim.schedule.decay_steps (%lld) ends the decay before the warmup (%lld steps) ends",
+                        (long long)sc->decay_steps, (long long)sc->warmup_steps);
+    if (decays && cfg->optim.schedule.min_lr > cfg->optim.lr)
         return fail_key(c, "optim.schedule.min_lr", "choose min_lr <= lr",
                         "optim.schedule.min_lr (%g) is larger than optim.lr (%g)", cfg->optim.schedule.min_lr,
                         cfg->optim.lr);

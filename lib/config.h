@@ -36,7 +36,7 @@
 enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT, DATA_TOKENS };
 enum data_sampling { SAMPLING_RANDOM, SAMPLING_SEQUENTIAL }; /* tokens: windows at random offsets | consecutive */
 enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };
-enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE };
+enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE, SCHED_LINEAR, SCHED_WSD, SCHED_INVERSE_SQRT };
 enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16, PREC_FP8 };
 enum fp8_recipe_kind { FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT };
 enum fp8_amax_compute { FP8_AMAX_MAX, FP8_AMAX_MOST_RECENT };
@@ -151,7 +151,9 @@ struct schedule_config {
     int64_t warmup_steps;   /* linear warmup from 0 (default 0) */
     int64_t step_size;      /* step: decay every step_size steps (default 1000) */
     double gamma;           /* step: factor (default 0.1) */
-    double min_lr;          /* cosine: floor (default 0) */
+    double min_lr;          /* cosine, linear, wsd: floor (default 0) */
+    int64_t decay_steps;    /* cosine, linear, wsd: the step the decay ends at (0: run.steps, the default) */
+    double decay_fraction;  /* wsd: the share of the steps after warmup spent decaying (default 0.2) */
 };
 
 struct optim_config {

@@ -41,14 +41,19 @@ enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg
 struct schedule_params optim_schedule_params(const struct optimizer *o)
 {
     const struct schedule_config *s = &o->cfg.schedule;
+    static const int32_t kinds[] = {[SCHED_CONSTANT] = SCHEDULE_CONSTANT, [SCHED_STEP] = SCHEDULE_STEP,
+                                    [SCHED_COSINE] = SCHEDULE_COSINE, [SCHED_LINEAR] = SCHEDULE_LINEAR,
+                                    [SCHED_WSD] = SCHEDULE_WSD, [SCHED_INVERSE_SQRT] = SCHEDULE_INVERSE_SQRT};
     struct schedule_params p = {
-        .kind = s->kind == SCHED_STEP ? SCHEDULE_STEP : s->kind == SCHED_COSINE ? SCHEDULE_COSINE : SCHEDULE_CONSTANT,
+        .kind = kinds[s->kind],
         .lr = o->cfg.lr,
         .gamma = s->gamma,
         .min_lr = s->min_lr,
         .warmup_steps = s->warmup_steps,
         .step_size = s->step_size,
         .total_steps = o->total_steps,
+        .decay_steps = s->decay_steps,
+        .decay_fraction = s->decay_fraction,
     };
     return p;
 }

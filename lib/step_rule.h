@@ -23,12 +23,27 @@
 #include "scaler.h" /* struct scaler, scaler_update, AMP_HD */
 
 /* The learning-rate schedule (lib/optim.h gives the formulas), as plain data. */
-enum { SCHEDULE_CONSTANT, SCHEDULE_STEP, SCHEDULE_COSINE };
+enum { SCHEDULE_CONSTANT, SCHEDULE_STEP, SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_WSD, SCHEDULE_INVERSE_SQRT };
 struct schedule_params {
     int32_t kind;
     double lr, gamma, min_lr;
     int64_t warmup_steps, step_size, total_steps;
+    int64_t decay_steps;      /* the step the decay ends at (optim.schedule.decay_steps); 0: total_steps */
+    double decay_fraction;    /* wsd: the share of decay_steps - warmup_steps spent decaying */
 };
+
+/* The step the decay ends at. */
+AMP_HD static inline int64_t schedule_end(const struct schedule_params *s)
+{
+    return s->decay_steps > 0 ? s->decay_steps : s->total_steps;
+}
+
+/* Where step t is in a decay from step `from` to the end: 0 at its start, 1 at its end and after. */
+AMP_HD static inline double schedule_frac(const struct schedule_params *s, int64_t t, int64_t from)
+{
+    double span = (double)(schedule_end(s) - from);
+    return span > 0 ? fmin(1.0, fmax(0.0, (double)(t - from) / span)) : 1.0;
+}
 
 /* Learning rate of the optimizer step that follows `t` steps taken. */
 AMP_HD static inline double schedule_lr(const struct schedule_params *s, int64_t t)
@@ -39,11 +54,17 @@ AMP_HD static inline double schedule_lr(const struct schedule_params *s, int64_t
         return lr * (double)(t + 1) / (double)w;
     if (s->kind == SCHEDULE_STEP)
         return lr * pow(s->gamma, (double)((t - w) / s->step_size));
-    if (s->kind == SCHEDULE_COSINE) {
-        double span = (double)(s->total_steps - w);
-        double frac = span > 0 ? fmin(1.0, (double)(t - w) / span) : 1.0;
-        return s->min_lr + (lr - s->min_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * frac));
+    if (s->kind == SCHEDULE_COSINE)
+        return s->min_lr + (lr - s->min_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * schedule_frac(s, t, w)));
+    if (s->kind == SCHEDULE_LINEAR)
+        return s->min_lr + (lr - s->min_lr) * (1.0 - schedule_frac(s, t, w));
+    if (s->kind == SCHEDULE_WSD) { /* warmup, stable at lr, then linear to min_lr over the last decay_fraction */
+        int64_t decay_len = (int64_t)(s->decay_fraction * (double)(schedule_end(s) - w) + 0.5);
+        int64_t from = schedule_end(s) - decay_len;
+        return t < from ? lr : s->min_lr + (lr - s->min_lr) * (1.0 - schedule_frac(s, t, from));
     }
+    if (s->kind == SCHEDULE_INVERSE_SQRT) /* fairseq's: lr at the warmup's last step, then lr sqrt(w / step) */
+        return lr * sqrt((double)(w > 0 ? w : 1) / (double)(t + 1));
     return lr;
 }
 

@@ -381,3 +381,18 @@ Test(cli, a_checkpoint_or_binary_file_given_as_config_is_named, .timeout = 300)
         twos++;
     cr_assert_eq(twos, 5, "four checkpoint arguments and one binary file, each exit 2:\n%s", r.out);
 }
+
+/* optim.schedule's decay keys (issue 43, item 5): a decay that ends before the warmup, a wsd fraction of 0. */
+Test(cli, schedule_decay_keys_are_checked)
+{
+    struct result r = run("check configs/fashion_mlp.yaml optim.schedule.kind=wsd optim.schedule.warmup_steps=100 "
+                          "optim.schedule.decay_steps=50");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "optim.schedule.decay_steps (50) ends the decay before the warmup (100 steps) ends") &&
+                  strstr(r.out, "hint:"), "%s", r.out);
+    r = run("check configs/fashion_mlp.yaml optim.schedule.kind=wsd optim.schedule.decay_fraction=0");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "decay_fraction"), "%s", r.out);
+    r = run("check configs/fashion_mlp.yaml optim.schedule.kind=linear optim.schedule.decay_steps=300 > /dev/null");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+}

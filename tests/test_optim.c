@@ -70,3 +70,58 @@ Test(optim, cosine_goes_from_lr_to_min_lr_over_the_remaining_steps)
     cr_assert_float_eq(lr_at(&o, 500), 1e-5, 1e-15, "stays at min_lr past the end");
     cr_assert_float_eq(lr_at(&o, 4), 5e-4, 1e-15, "warmup first");
 }
+
+/* Issue 43, item 5: linear, wsd and inverse_sqrt, and decay_steps apart from run.steps (nanoGPT's lr_decay_iters),
+ * against the formulas written out here (PyTorch LambdaLR lambdas). */
+static double want_linear(int t, int w, int end, double lr, double min_lr)
+{
+    double frac = t < w ? 0 : fmin(1.0, (double)(t - w) / (end - w));
+    return t < w ? lr * (t + 1) / w : min_lr + (lr - min_lr) * (1 - frac);
+}
+
+Test(optim, linear_decays_to_min_lr_at_decay_steps_and_stays)
+{
+    struct optimizer o = make(SCHED_LINEAR, 1e-3, 10, 1000);
+    o.cfg.schedule.decay_steps = 110; /* ends long before run.steps */
+    for (int t = 0; t <= 200; t += 3)
+        cr_assert_float_eq(lr_at(&o, t), want_linear(t, 10, 110, 1e-3, 1e-5), 1e-15, "step %d", t);
+    cr_assert_float_eq(lr_at(&o, 60), (1e-3 + 1e-5) / 2, 1e-15);
+    cr_assert_float_eq(lr_at(&o, 110), 1e-5, 1e-15);
+    cr_assert_float_eq(lr_at(&o, 999), 1e-5, 1e-15);
+    o.cfg.schedule.decay_steps = 0; /* 0: the run's steps */
+    cr_assert_float_eq(lr_at(&o, 505), want_linear(505, 10, 1000, 1e-3, 1e-5), 1e-15);
+}
+
+Test(optim, cosine_takes_decay_steps_too)
+{
+    struct optimizer o = make(SCHED_COSINE, 1e-3, 10, 1000);
+    o.cfg.schedule.decay_steps = 110;
+    cr_assert_float_eq(lr_at(&o, 60), (1e-3 + 1e-5) / 2, 1e-15);
+    cr_assert_float_eq(lr_at(&o, 110), 1e-5, 1e-15);
+    cr_assert_float_eq(lr_at(&o, 900), 1e-5, 1e-15);
+}
+
+Test(optim, wsd_is_warmup_stable_then_a_linear_decay_over_its_fraction)
+{
+    struct optimizer o = make(SCHED_WSD, 1e-3, 10, 110);
+    o.cfg.schedule.decay_fraction = 0.2; /* the last 20 of the 100 steps after warmup */
+    cr_assert_float_eq(lr_at(&o, 4), 5e-4, 1e-15, "warmup");
+    for (int t = 10; t < 90; t += 7)
+        cr_assert_eq(lr_at(&o, t), 1e-3, "stable at step %d", t);
+    for (int t = 90; t <= 120; t++) {
+        double frac = fmin(1.0, (t - 90) / 20.0);
+        cr_assert_float_eq(lr_at(&o, t), 1e-5 + (1e-3 - 1e-5) * (1 - frac), 1e-15, "decay at step %d", t);
+    }
+    cr_assert_float_eq(lr_at(&o, 100), (1e-3 + 1e-5) / 2, 1e-15);
+}
+
+Test(optim, inverse_sqrt_is_fairseqs)
+{
+    struct optimizer o = make(SCHED_INVERSE_SQRT, 1e-3, 16, 1000);
+    cr_assert_float_eq(lr_at(&o, 15), 1e-3, 1e-15, "the warmup's last step reaches lr");
+    for (int t = 15; t < 1000; t += 37) /* fairseq: lr * sqrt(warmup) / sqrt(num_updates), num_updates = t + 1 */
+        cr_assert_float_eq(lr_at(&o, t), 1e-3 * sqrt(16.0) / sqrt(t + 1.0), 1e-15, "step %d", t);
+    o.cfg.schedule.warmup_steps = 0;
+    cr_assert_float_eq(lr_at(&o, 0), 1e-3, 1e-15);
+    cr_assert_float_eq(lr_at(&o, 3), 1e-3 / 2, 1e-15);
+}
