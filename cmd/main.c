@@ -259,16 +259,15 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
         if (st != AMP_OK)
             return st;
     }
-    if (!eq || !ok)
-        return amp_fail(err, AMP_ERR_CONFIG,
-                        "resume accepts run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every, "
-                        "run.keep_ckpts, run.numerics_every, run.recompute, run.out_dir, run.device, run.threads, "
-                        "precision.mode, "
-                        "precision.master_weights, optim.state_dtype, optim.stochastic_rounding, stability.*, dist.* and "
-                        "accum_steps; start a new run "
-                        "with 'ampTrain run' to change anything else",
-                        "resume: override '%s' refused: %s", ov,
+    if (!eq || !ok) {
+        char hint[1024] = "resume accepts "; /* the list is the table's: one list for the hint and the docs */
+        for (size_t i = 0; i < sizeof resume_allowed / sizeof resume_allowed[0]; i++)
+            snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "%s%s", i ? ", " : "", resume_allowed[i]);
+        snprintf(hint + strlen(hint), sizeof hint - strlen(hint),
+                 "; start a new run with 'ampTrain run' to change anything else");
+        return amp_fail(err, AMP_ERR_CONFIG, hint, "resume: override '%s' refused: %s", ov,
                         eq ? resume_refusal(key) : "expected KEY=VALUE");
+    }
     enum precision_mode before = cfg->precision.mode;
     /* Run length is steps or epochs: one override replaces the checkpoint's choice, both are refused as
      * 'run' refuses them (config_apply_override and config_finalize). */
@@ -909,10 +908,13 @@ static const struct command commands[] = {
      cmd_run, false},
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
-     "Overrides allowed: run.steps, run.epochs, run.log_every, run.eval_every, run.ckpt_every,\n"
-     "run.keep_ckpts, run.out_dir, run.device, stability.*, dist.*, accum_steps (to keep the step's batch\n"
-     "when resuming on another number of ranks), and precision.mode (with a warning: the FP32\n"
-     "state carries over, the loss scaler starts from its init). Anything else is refused (exit 2).\n"
+     "Overrides allowed: how long and how it logs and saves (run.steps, run.epochs, run.log_every,\n"
+     "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.out_dir), where and how\n"
+     "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
+     "step's batch on another number of ranks), how weights and moments are stored\n"
+     "(precision.master_weights, optim.state_dtype, optim.stochastic_rounding) and precision.mode\n"
+     "(with a warning: the FP32 state carries over, the loss scaler starts from its init). Anything\n"
+     "else is refused (exit 2), and the refusal lists them.\n"
      "Appends to the run's scale_log.csv. See docs/checkpoint.md.",
      cmd_resume, false},
     {"eval", "ampTrain eval CHECKPOINT.h5 [--autocast on|off] [--dtype fp16|bf16] [--split test|train]",
