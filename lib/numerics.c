@@ -17,6 +17,7 @@
 #include "autocast.h" /* autocast_from_config: the shadow's FP32 policy */
 #include "checkpoint.h" /* ckpt_load_trainer: numerics of a checkpoint */
 #include "init_from.h"  /* init_from_load: numerics of a CONFIG that starts from a file */
+#include "runlog.h"     /* runlog_make_dirs: the report's directory and its parents */
 #include "backend.h"
 #include "dtype.h"    /* dtype_convert, double_to_text */
 
@@ -287,9 +288,9 @@ enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char
     if (dir) {
         char path[CFG_STR + 64];
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            return amp_fail(err, AMP_ERR_INTERNAL, "check the permissions of run.out_dir", "cannot create %s: %s", dir,
-                            strerror(errno));
+        enum amp_status made = runlog_make_dirs(dir, err); /* and its parents, as `run` makes them */
+        if (made != AMP_OK)
+            return made;
         fresh = fresh || access(path, F_OK) != 0;
         if (!(nm->csv = fopen(path, fresh ? "w" : "a")))
             return amp_fail(err, AMP_ERR_INTERNAL, "check the permissions of run.out_dir", "cannot write %s: %s", path,

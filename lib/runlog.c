@@ -22,8 +22,7 @@ double runlog_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* mkdir -p */
-static enum amp_status make_dirs(const char *path, struct amp_error *err)
+enum amp_status runlog_make_dirs(const char *path, struct amp_error *err)
 {
     char buf[CFG_STR];
     snprintf(buf, sizeof buf, "%s", path);
@@ -111,7 +110,7 @@ enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t
     rl->t_start = runlog_now();
 
     bool append = false;
-    enum amp_status st = make_dirs(rl->dir, err);
+    enum amp_status st = runlog_make_dirs(rl->dir, err);
     if (st == AMP_OK)
         st = claim_dir(rl->dir, resume, &append, err);
     if (st != AMP_OK)

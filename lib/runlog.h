@@ -75,6 +75,9 @@ void runlog_close(struct runlog *rl);
 
 double runlog_now(void); /* monotonic seconds */
 
+/* mkdir -p PATH: a run directory and its missing parents (AMP_ERR_INTERNAL naming the one that cannot be made). */
+enum amp_status runlog_make_dirs(const char *path, struct amp_error *err);
+
 /* One CSV field with quotes where needed (exposed for tests). */
 void runlog_csv_field(FILE *f, const char *s);
 

@@ -272,3 +272,13 @@ Test(numerics, a_run_that_measures_is_bit_identical_to_one_that_does_not)
     cr_assert(file_exists(b));
     remove_scratch();
 }
+
+/* Issue 43, item 6: numerics made run.out_dir without its parents (exit 1 where `run` creates them), so the example in
+ * docs/precision.md failed in a fresh checkout. */
+Test(numerics, run_out_dir_is_made_with_its_parents)
+{
+    struct result r = amp("numerics configs/fashion_mlp.yaml " SMALL_MLP " run.out_dir=/tmp/amp_numerics_p_$$/a/b "
+                          "--steps 1 > /dev/null; echo \"rc $?\"; ls /tmp/amp_numerics_p_$$/a/b; "
+                          "rm -rf /tmp/amp_numerics_p_$$");
+    cr_assert(strstr(r.out, "rc 0\nnumerics-from-step-0.csv"), "%s", r.out);
+}
