@@ -2013,6 +2013,24 @@ Test(cuda_backend, needs_the_cuda_backend)
 #endif
 
 
+/* One update call over the three parameters p[e] (with g, m and v) on the CPU (side 0) or the GPU (side 1): a trial
+ * into `trial`, or an update raising `bound`. */
+static void three_updates(int side, bool sgd, struct pair *p, struct pair *g, struct pair *m, struct pair *v,
+                          const struct step_scalars *scd, int64_t *trial, struct state_bound *bound)
+{
+    struct backend *be = side ? gpu : cpu;
+    struct optim_update_args a[3];
+    for (int e = 0; e < 3; e++)
+        a[e] = (struct optim_update_args){.master = side ? &p[e].g : &p[e].c, .grad = side ? &g[e].g : &g[e].c,
+                                          .m = side ? &m[e].g : &m[e].c, .v = sgd ? NULL : side ? &v[e].g : &v[e].c,
+                                          .sc = scd, .trial = trial, .bound = bound, .beta1 = 0.9, .beta2 = 0.999,
+                                          .eps = 1e-8f, .momentum = 0.9f};
+    if (sgd)
+        be->sgd_update(be, a, 3);
+    else
+        be->adamw_update(be, a, 3);
+}
+
 /* The trial of an update (optim_update_args.trial) and the state's bound on both backends: the same parameter
  * reported (a weight that lr 1e37 takes past fp32's top, in the second of three tensors; the first entry where
  * every weight overflows), nothing stored by a trial, no trial without sc->check, and the bound an update raises
@@ -2050,18 +2068,7 @@ Test(cuda_backend, update_trial_and_bound_match_the_cpu, .init = open_both, .fin
                     struct backend *be = side ? gpu : cpu;
                     struct step_scalars *scd = be_put(be, &sc, sizeof sc);
                     int64_t zero = 0, *trial = be_put(be, &zero, sizeof zero);
-                    struct optim_update_args a[3];
-                    for (int e = 0; e < 3; e++)
-                        a[e] = (struct optim_update_args){.master = side ? &p[e].g : &p[e].c,
-                                                          .grad = side ? &g[e].g : &g[e].c,
-                                                          .m = side ? &m[e].g : &m[e].c,
-                                                          .v = sgd ? NULL : side ? &v[e].g : &v[e].c, .sc = scd,
-                                                          .trial = trial, .beta1 = 0.9, .beta2 = 0.999,
-                                                          .eps = 1e-8f, .momentum = 0.9f};
-                    if (sgd)
-                        be->sgd_update(be, a, 3);
-                    else
-                        be->adamw_update(be, a, 3);
+                    three_updates(side, sgd, p, g, m, v, scd, trial, NULL);
                     be->download(be, &got[side], trial, sizeof got[side]);
                     be->free(be, scd);
                     be->free(be, trial);
@@ -2087,18 +2094,7 @@ Test(cuda_backend, update_trial_and_bound_match_the_cpu, .init = open_both, .fin
                 struct backend *be = side ? gpu : cpu;
                 struct step_scalars *scd = be_put(be, &sc, sizeof sc);
                 struct state_bound zero = {0}, *bound = be_put(be, &zero, sizeof zero);
-                struct optim_update_args a[3];
-                for (int e = 0; e < 3; e++)
-                    a[e] = (struct optim_update_args){.master = side ? &p[e].g : &p[e].c,
-                                                      .grad = side ? &g[e].g : &g[e].c,
-                                                      .m = side ? &m[e].g : &m[e].c,
-                                                      .v = sgd ? NULL : side ? &v[e].g : &v[e].c, .sc = scd,
-                                                      .bound = bound, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8f,
-                                                      .momentum = 0.9f};
-                if (sgd)
-                    be->sgd_update(be, a, 3);
-                else
-                    be->adamw_update(be, a, 3);
+                three_updates(side, sgd, p, g, m, v, scd, NULL, bound);
                 be->download(be, &b[side], bound, sizeof b[side]);
                 be->free(be, scd);
                 be->free(be, bound);
