@@ -737,8 +737,8 @@ static enum amp_status export_check_no_extra(const char *ckpt, const struct mode
  * a crafted shape would be written as the model's (a 3-D qkv weight exported uninitialised heap under hf-gpt2).
  * The model is built for one sample on the CPU backend and loaded with ckpt_load_model, the one check eval and
  * resume make (a missing tensor or another shape is AMP_ERR_CKPT naming it and both shapes); then no tensor may be
- * left over. A text or token model's input comes from the config; idx and hdf5 data is loaded, as eval loads it,
- * for its sample shape and classes. */
+ * left over. A text or token model's input comes from the config; an idx or hdf5 model's sample shape and classes
+ * from the checkpoint's /data (written since 2026-12-05), else from its data set, loaded as eval loads it. */
 static enum amp_status export_check_model(const char *ckpt, const struct config *cfg, const struct ckpt_weights *w,
                                           struct amp_error *err)
 {
@@ -750,7 +750,13 @@ static enum amp_status export_check_model(const char *ckpt, const struct config 
     memset(&ds, 0, sizeof ds);
     memset(&m, 0, sizeof m);
     enum amp_status st = be ? AMP_OK : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
-    if (st == AMP_OK && !data_spec_from_config(&cfg->data, &spec)) {
+    if (st == AMP_OK && !data_spec_from_config(&cfg->data, &spec) && w->info.sample_ndim > 0) {
+        memset(&spec, 0, sizeof spec);
+        spec.sample_ndim = w->info.sample_ndim;
+        memcpy(spec.sample_shape, w->info.sample_shape, sizeof spec.sample_shape);
+        spec.num_classes = w->info.num_classes;
+        spec.is_tokens = w->info.is_tokens;
+    } else if (st == AMP_OK && !data_spec_from_config(&cfg->data, &spec)) {
         st = data_load(&ds, &cfg->data, 1, err);
         spec = ds.spec;
     }
@@ -947,7 +953,7 @@ static const struct command commands[] = {
      "left at OUT. OUT must not exist or be an earlier export (a safetensors file); anything else (the\n"
      "checkpoint, a run directory's files, a directory, a device, a FIFO, a symbolic link) is refused with\n"
      "exit 2 before any work. The checkpoint's tensors must be exactly its config's model's, names and\n"
-     "shapes, as eval checks them (idx and hdf5 models load their dataset for its shape). A corrupt or\n"
+     "shapes, as eval checks them (the model built from the config and the checkpoint's sample shape). A corrupt or\n"
      "mismatched checkpoint is exit 4, a failed write exit 1; SIGINT or SIGTERM during the write removes\n"
      "the temporary file and exits 130 / 143. See docs/checkpoint.md, \"export\".",
      cmd_export, true},

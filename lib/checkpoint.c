@@ -343,6 +343,16 @@ static void write_contents(struct writer *w, const struct trainer *t)
         rc |= attr_i64(g, "cursor", t->sampler.cursor);
         rc |= attr_i64(g, "seed", (int64_t)t->sampler.seed);
         rc |= attr_i64(g, "shuffle", t->sampler.shuffle);
+        /* the sample's shape and the classes: what building the model needs from the data (export) */
+        const struct data_spec *spec = &t->ds.spec;
+        rc |= attr_i64(g, "sample_ndim", spec->sample_ndim);
+        for (int i = 0; i < 3; i++) {
+            char name[24];
+            snprintf(name, sizeof name, "sample_dim%d", i);
+            rc |= attr_i64(g, name, spec->sample_shape[i]);
+        }
+        rc |= attr_i64(g, "num_classes", spec->num_classes);
+        rc |= attr_i64(g, "tokens", spec->is_tokens);
         write_attrs_ok(w, rc, "writing /data");
         h5_close_id(g);
     }
@@ -944,6 +954,32 @@ static enum amp_status read_state(const struct reader *r, struct ckpt_info *info
     return st;
 }
 
+/* /data's sample shape and classes into info, each attribute checked as every other; informational (a file without
+ * them, or with one out of range, leaves info->sample_ndim 0: the data gives them). */
+static void read_data_spec(const struct reader *quiet, struct ckpt_info *info)
+{
+    hid_t g = H5Lexists(quiet->file, "data", H5P_DEFAULT) > 0 ? H5Gopen2(quiet->file, "data", H5P_DEFAULT) : -1;
+    if (g < 0)
+        return;
+    int64_t ndim = 0, dims[3] = {0}, classes = 0, tokens = 0;
+    bool ok = get_i64(quiet, g, "/data", "sample_ndim", 1, 3, &ndim) == AMP_OK &&
+              get_i64(quiet, g, "/data", "num_classes", 1, INT32_MAX, &classes) == AMP_OK &&
+              get_i64(quiet, g, "/data", "tokens", 0, 1, &tokens) == AMP_OK;
+    for (int i = 0; i < 3 && ok; i++) {
+        char name[24];
+        snprintf(name, sizeof name, "sample_dim%d", i);
+        ok = get_i64(quiet, g, "/data", name, i < ndim ? 1 : 0, INT32_MAX, &dims[i]) == AMP_OK;
+    }
+    h5_close_id(g);
+    if (!ok)
+        return;
+    info->sample_ndim = (int)ndim;
+    for (int i = 0; i < 3; i++)
+        info->sample_shape[i] = dims[i];
+    info->num_classes = classes;
+    info->is_tokens = tokens != 0;
+}
+
 /* Open a file that check_file verified with HDF5 and read the root attributes and /state. Returns the file
  * id, or -1 with err filled. */
 static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_error *err)
@@ -990,6 +1026,8 @@ static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_e
         snprintf(info->amptrain_version, sizeof info->amptrain_version, "?");
     if (st == AMP_OK)
         st = read_state(&r, info);
+    if (st == AMP_OK)
+        read_data_spec(&quiet, info);
     if (st != AMP_OK) {
         H5Fclose(f);
         return -1;

@@ -42,6 +42,12 @@ struct ckpt_info {
     char precision_mode[32];
     char created[64];
     char amptrain_version[32];
+    /* the data's sample shape and classes (vocabulary), from /data's attributes, so that the model can be built
+     * without the data (export); sample_ndim 0 in files written before they were */
+    int sample_ndim;
+    int64_t sample_shape[3];
+    int64_t num_classes;
+    bool is_tokens;
 };
 
 /* Write t's full state to DIR/ckpt-STEP.h5 crash-safely, update DIR/latest, keep the newest `keep`

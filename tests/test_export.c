@@ -873,3 +873,33 @@ Test(export, writer_round_trip_and_error)
     cr_assert_eq(safetensors_write(out, ts, 4, meta, 2, &err), AMP_ERR_INTERNAL);
     cr_assert(strstr(err.msg, out) && strstr(err.msg, "No such file"), "%s", err.msg);
 }
+
+/* An idx model exports where its data set is not: the checkpoint's /data holds the sample shape and classes the
+ * model is built from. A checkpoint without them (written before) falls back to loading the data, and names it
+ * when it is missing (exit 3). */
+Test(export, an_image_model_exports_without_its_data)
+{
+    char p[700], cmd[2400];
+    snprintf(p, sizeof p, "%s/moved.h5", scratch);
+    copy_file(ckpt, p);
+    /* the config's data paths now name files that do not exist (the checkpoint moved to another machine) */
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c \"import h5py; f = h5py.File('%s', 'r+'); c = f['config'][()]; "
+             "c = c.decode() if isinstance(c, bytes) else c; del f['config']; "
+             "f['config'] = c.replace('/usr/share/datasets/fashion-mnist', '/nonexistent/fashion-mnist')\"",
+             p);
+    cr_assert_eq(system(cmd), 0);
+    reseal(p);
+    struct result r = amp("export %s %s/moved.safetensors", p, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "exported 6 tensors"), "%s", r.out);
+    /* without /data's sample attributes: the data set is read, and it is not there */
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c \"import h5py; f = h5py.File('%s', 'r+'); d = f['data'].attrs; del d['sample_ndim']\"",
+             p);
+    cr_assert_eq(system(cmd), 0);
+    reseal(p);
+    r = amp("export %s %s/old.safetensors", p, scratch);
+    cr_assert_eq(r.code, 3, "%s", r.out);
+    cr_assert(strstr(r.out, "/nonexistent/fashion-mnist"), "%s", r.out);
+}
