@@ -98,6 +98,15 @@ struct norm_args {
                                * dy, dx and the parameter gradients have the bits of the ReLU's backward then
                                * batchnorm's. y and dy share a dtype. One pass over the activations fewer each
                                * way, and no tensor between the two. */
+    /* layernorm: the residual add before it, fused (a transformer block's r1 = x + proj, h2 = ln2(r1)). Forward,
+     * with `addend`: the op first writes sum = x + addend in sum's dtype (the bits of backend->add(sum, x, addend))
+     * and normalises sum as stored: mean, rstd and y are sum's layernorm. Backward, with `dsum`: dx = dsum + the
+     * layernorm's dx (that rounded to dx's dtype first, then the sum rounded once: the bits of layernorm_backward
+     * into dx, then backend->add(dx, dx, dsum); IEEE addition commutes). x, addend, sum, dsum: (rows, cols), any
+     * dtype. */
+    const struct tensor *addend;
+    struct tensor *sum;
+    const struct tensor *dsum;
 };
 
 /* Key of a counter-based random stream: dropout masks are a pure function of (seed, layer, step, micro)

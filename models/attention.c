@@ -13,7 +13,9 @@
  *   h1 = ln1(x)                              "NAME/ln1/weight", "NAME/ln1/bias"      fp32 class (stored in
  *                                                                                     qkv's dtype: ln_out_dtype)
  *   r1 = x + attn(h1)                        "NAME/attn/qkv/...", "NAME/attn/proj/..." residual add
- *   h2 = ln2(r1)                             "NAME/ln2/weight", "NAME/ln2/bias"
+ *   h2 = ln2(r1)                             "NAME/ln2/weight", "NAME/ln2/bias"   (the add and ln2 one op:
+ *                                                                                  layernorm_op_forward_add;
+ *                                                                                  backward the same)
  *   y  = r1 + proj(gelu(fc(h2)))             "NAME/mlp/fc/..." (rC, C), "NAME/mlp/proj/..." (C, rC)
  *   with r = mlp_ratio (default 4) and gelu's `approximate` (tanh by default). The residual adds
  *   promote: x fp32 plus a bf16 branch gives fp32, so the residual stream stays fp32 as in PyTorch
@@ -247,7 +249,7 @@ struct block_layer {
     /* the activations backward reads, each in its op's dtype */
     struct saved h1, qkv_y, att, proj_y, r1, h2, fc_y, g, fc2_y;
     /* scratch offsets of the gradients, each shaped and typed like the tensor it is the gradient of */
-    size_t d_fc2_y, d_g, d_fc_y, d_h2, d_ln2x, d_r1, d_proj_y, d_att, d_qkv_y, d_h1, d_ln1x;
+    size_t d_fc2_y, d_g, d_fc_y, d_h2, d_r1, d_proj_y, d_att, d_qkv_y, d_h1, d_ln1x;
     const struct tensor *workspace;
 };
 
@@ -300,8 +302,7 @@ static void block_forward_to(const struct step_ctx *ctx, struct block_layer *p, 
     linear_op_forward(ctx, &p->qkv, &v->qkv, &v->h1, rows);
     attention_core_forward(be, &p->core, &v->att, &v->qkv, B);
     linear_op_forward(ctx, &p->proj, &v->proj, &v->att, rows);
-    be->add(be, &v->r1, x, &v->proj);
-    layernorm_op_forward(be, &p->ln2, &v->h2, &v->r1, rows);
+    layernorm_op_forward_add(be, &p->ln2, &v->h2, &v->r1, x, &v->proj, rows); /* r1 = x + proj, h2 = ln2(r1) */
     linear_op_forward_act(ctx, &p->fc, p->act, &v->g, &v->fc, &v->h2, rows);
     linear_op_forward(ctx, &p->fc2, &v->fc2, &v->g, rows);
 }
@@ -353,10 +354,8 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     count_grad_zeros(ctx, &d_g, false);
     count_grad_zeros(ctx, &d_fc, false);
     count_grad_zeros(ctx, &d_h2, p->fc.d != DT_FP32);
-    struct tensor d_ln2x = grad_of(p, p->d_ln2x, &v.r1);
-    layernorm_op_backward(be, &p->ln2, &d_ln2x, &d_h2, &v.r1, rows, beta);
-    struct tensor d_r1 = grad_of(p, p->d_r1, &v.r1);
-    be->add(be, &d_r1, dy, &d_ln2x);
+    struct tensor d_r1 = grad_of(p, p->d_r1, &v.r1); /* dy through the residual plus ln2's dx, in one pass */
+    layernorm_op_backward_add(be, &p->ln2, &d_r1, &d_h2, &v.r1, dy, rows, beta);
 
     /* r1 = x + proj(attn(qkv(ln1(x)))) */
     struct tensor d_proj = grad_cast(be, p, p->d_proj_y, &d_r1, &v.proj);
@@ -468,7 +467,6 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     enum dtype r1_dt = autocast_dtype(pol, OP_RESIDUAL_ADD, x_dt, p->proj.d);
     if ((st = block_tensor(l, b, &p->r1, all, &p->d_r1, r1_dt, C, "first residual")))
         return st;
-    p->d_ln2x = scratch_reserve(b, r1_dt, (size_t)(rows * C));
     p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
     /* mlp half */
     enum dtype h2_dt = ln_out_dtype(b, autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt));

@@ -198,6 +198,12 @@ void layernorm_op_forward(struct backend *be, struct layernorm_op *op, struct te
                           int64_t rows);
 void layernorm_op_backward(struct backend *be, struct layernorm_op *op, struct tensor *dx, const struct tensor *dy,
                            const struct tensor *x, int64_t rows, float beta);
+/* The same with the residual add before the layernorm fused in (norm_args.addend, dsum): forward writes
+ * sum = x + addend and y = layernorm(sum); backward dx = dsum + the layernorm's dx (x: the sum). */
+void layernorm_op_forward_add(struct backend *be, struct layernorm_op *op, struct tensor *y, struct tensor *sum,
+                              const struct tensor *x, const struct tensor *addend, int64_t rows);
+void layernorm_op_backward_add(struct backend *be, struct layernorm_op *op, struct tensor *dx, const struct tensor *dy,
+                               const struct tensor *x, const struct tensor *dsum, int64_t rows, float beta);
 void layernorm_op_free(struct layernorm_op *op);
 
 /* Causal multi-head self-attention core on qkv (B, T, 3C): out (B, T, C) in d = autocast(attention_matmul,

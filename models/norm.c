@@ -41,21 +41,33 @@ enum amp_status layernorm_op_setup(struct layernorm_op *op, struct layer *l, str
     return layer_alloc(l, b, &op->rstd, DT_FP32, 1, &max_rows, name);
 }
 
+void layernorm_op_forward_add(struct backend *be, struct layernorm_op *op, struct tensor *y, struct tensor *sum,
+                              const struct tensor *x, const struct tensor *addend, int64_t rows)
+{
+    struct norm_args a = {.rows = rows, .cols = op->cols, .eps = op->eps, .addend = addend, .sum = sum};
+    struct tensor mean = batch_view(&op->mean, rows), rstd = batch_view(&op->rstd, rows);
+    be->layernorm_forward(be, &a, y, &mean, &rstd, x, param_value(op->gain), param_value(op->shift));
+}
+
 void layernorm_op_forward(struct backend *be, struct layernorm_op *op, struct tensor *y, const struct tensor *x,
                           int64_t rows)
 {
-    struct norm_args a = {.rows = rows, .cols = op->cols, .eps = op->eps};
+    layernorm_op_forward_add(be, op, y, NULL, x, NULL, rows);
+}
+
+void layernorm_op_backward_add(struct backend *be, struct layernorm_op *op, struct tensor *dx, const struct tensor *dy,
+                               const struct tensor *x, const struct tensor *dsum, int64_t rows, float beta)
+{
+    struct norm_args a = {.rows = rows, .cols = op->cols, .eps = op->eps, .dsum = dsum};
     struct tensor mean = batch_view(&op->mean, rows), rstd = batch_view(&op->rstd, rows);
-    be->layernorm_forward(be, &a, y, &mean, &rstd, x, param_value(op->gain), param_value(op->shift));
+    be->layernorm_backward(be, &a, dx, &op->gain->grad, &op->shift->grad, dy, x, &mean, &rstd, param_value(op->gain),
+                           beta);
 }
 
 void layernorm_op_backward(struct backend *be, struct layernorm_op *op, struct tensor *dx, const struct tensor *dy,
                            const struct tensor *x, int64_t rows, float beta)
 {
-    struct norm_args a = {.rows = rows, .cols = op->cols, .eps = op->eps};
-    struct tensor mean = batch_view(&op->mean, rows), rstd = batch_view(&op->rstd, rows);
-    be->layernorm_backward(be, &a, dx, &op->gain->grad, &op->shift->grad, dy, x, &mean, &rstd, param_value(op->gain),
-                           beta);
+    layernorm_op_backward_add(be, op, dx, dy, x, NULL, rows, beta);
 }
 
 void layernorm_op_free(struct layernorm_op *op)

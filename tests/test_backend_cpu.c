@@ -2901,3 +2901,52 @@ Test(backend_cpu, an_update_trial_reports_the_first_parameter_that_would_go_non_
     for (size_t i = 0; i < sizeof sgd_cases / sizeof sgd_cases[0]; i++)
         run_trial_case(&sgd_cases[i], false);
 }
+
+/* The residual add fused into layernorm (norm_args.addend, dsum: a transformer block's r1 = x + proj, h2 =
+ * ln2(r1), and backward's dy + ln2's dx) gives the bits of the two ops one after the other, in every dtype the
+ * block meets: an fp32 residual stream with a 16-bit branch, and 16-bit all through. Rows of odd length and more
+ * rows than one chunk. */
+Test(backend_cpu, layernorm_with_its_residual_add_is_the_two_ops_to_the_bit)
+{
+    seed(71);
+    const enum dtype cases[][3] = { /* x (and sum, dx), addend (and dy), dsum */
+        { DT_FP32, DT_BF16, DT_FP32 }, { DT_FP32, DT_FP16, DT_FP32 }, { DT_BF16, DT_BF16, DT_BF16 },
+        { DT_FP32, DT_FP32, DT_BF16 },
+    };
+    int64_t rows = 333, cols = 77;
+    size_t n = (size_t)(rows * cols);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        enum dtype xd = cases[c][0], ad = cases[c][1], sd = cases[c][2];
+        struct tensor *x = trand(xd, n, -2, 2, NULL), *add = trand(ad, n, -1, 1, NULL);
+        struct tensor *g = trand(DT_FP32, (size_t)cols, 0.5f, 1.5f, NULL), *bt = trand(DT_FP32, (size_t)cols, -1, 1, NULL);
+        struct tensor *dy = trand(ad, n, -1, 1, NULL), *dsum = trand(sd, n, -1, 1, NULL);
+        struct tensor *sum[2], *y[2], *mean[2], *rstd[2], *dx[2], *dg[2], *db[2];
+        for (int k = 0; k < 2; k++) {
+            sum[k] = tnew(xd, n);
+            y[k] = tnew(ad, n);
+            mean[k] = tnew(DT_FP32, (size_t)rows);
+            rstd[k] = tnew(DT_FP32, (size_t)rows);
+            dx[k] = tnew(xd, n);
+            dg[k] = tnew(DT_FP32, (size_t)cols);
+            db[k] = tnew(DT_FP32, (size_t)cols);
+        }
+        struct norm_args a = { .rows = rows, .cols = cols, .eps = 1e-5f };
+        be->add(be, sum[0], x, add); /* the two ops */
+        be->layernorm_forward(be, &a, y[0], mean[0], rstd[0], sum[0], g, bt);
+        be->layernorm_backward(be, &a, dx[0], dg[0], db[0], dy, sum[0], mean[0], rstd[0], g, 0.0f);
+        be->add(be, dx[0], dsum, dx[0]);
+        struct norm_args f = a; /* fused */
+        f.addend = add;
+        f.sum = sum[1];
+        be->layernorm_forward(be, &f, y[1], mean[1], rstd[1], x, g, bt);
+        struct norm_args fb = a;
+        fb.dsum = dsum;
+        be->layernorm_backward(be, &fb, dx[1], dg[1], db[1], dy, sum[1], mean[1], rstd[1], g, 0.0f);
+        struct tensor *pairs[][2] = { { sum[0], sum[1] }, { y[0], y[1] }, { mean[0], mean[1] }, { rstd[0], rstd[1] },
+                                      { dx[0], dx[1] }, { dg[0], dg[1] }, { db[0], db[1] } };
+        const char *names[] = { "sum", "y", "mean", "rstd", "dx", "dgamma", "dbeta" };
+        for (int k = 0; k < 7; k++)
+            cr_assert_eq(memcmp(pairs[k][0]->data, pairs[k][1]->data, tensor_bytes(pairs[k][0])), 0,
+                         "case %zu: %s differs from the two ops'", c, names[k]);
+    }
+}

@@ -845,6 +845,51 @@ Test(cuda_backend, layernorm, .init = open_both, .fini = close_both)
     }
 }
 
+/* The residual add fused into layernorm (norm_args.addend, dsum) against the CPU's: the sum bit for bit (one
+ * addition, rounded once on both), the rest as the plain layernorm's tolerances. fp32 residual with a bf16 branch,
+ * and bf16 all through. */
+Test(cuda_backend, layernorm_with_its_residual_add, .init = open_both, .fini = close_both)
+{
+    rng_state = 81;
+    int64_t rows = 300, cols = 130, s[] = {300, 130};
+    const enum dtype cases[][2] = {{DT_FP32, DT_BF16}, {DT_BF16, DT_BF16}};
+    for (int c = 0; c < 2; c++) {
+        enum dtype xd = cases[c][0], ad = cases[c][1];
+        struct pair x, add, g, b, sum, y, mean, rstd, dy, dsum, dx, dg, db;
+        pair_rand(&x, xd, 2, s, -2, 3);
+        pair_rand(&add, ad, 2, s, -1, 1);
+        pair_rand(&g, DT_FP32, 1, &cols, 0.5f, 1.5f);
+        pair_rand(&b, DT_FP32, 1, &cols, -1, 1);
+        pair_rand(&dy, ad, 2, s, -1, 1);
+        pair_rand(&dsum, xd, 2, s, -1, 1);
+        pair_out(&sum, xd, 2, s);
+        pair_out(&y, ad, 2, s);
+        pair_out(&dx, xd, 2, s);
+        pair_out(&mean, DT_FP32, 1, &rows);
+        pair_out(&rstd, DT_FP32, 1, &rows);
+        pair_acc(&dg, 1, &cols);
+        pair_acc(&db, 1, &cols);
+        struct norm_args fc = {.rows = rows, .cols = cols, .eps = 1e-5f, .addend = &add.c, .sum = &sum.c};
+        struct norm_args fg = {.rows = rows, .cols = cols, .eps = 1e-5f, .addend = &add.g, .sum = &sum.g};
+        cpu->layernorm_forward(cpu, &fc, &y.c, &mean.c, &rstd.c, &x.c, &g.c, &b.c);
+        gpu->layernorm_forward(gpu, &fg, &y.g, &mean.g, &rstd.g, &x.g, &g.g, &b.g);
+        pair_expect_bits(&sum, "fused residual sum");
+        pair_expect(&y, tol_of(ad), "fused layernorm y");
+        pair_expect(&mean, 1e-6, "fused layernorm mean");
+        pair_expect(&rstd, 1e-6, "fused layernorm rstd");
+        struct norm_args bc = {.rows = rows, .cols = cols, .eps = 1e-5f, .dsum = &dsum.c};
+        struct norm_args bg = {.rows = rows, .cols = cols, .eps = 1e-5f, .dsum = &dsum.g};
+        cpu->layernorm_backward(cpu, &bc, &dx.c, &dg.c, &db.c, &dy.c, &sum.c, &mean.c, &rstd.c, &g.c, 1.0f);
+        gpu->layernorm_backward(gpu, &bg, &dx.g, &dg.g, &db.g, &dy.g, &sum.g, &mean.g, &rstd.g, &g.g, 1.0f);
+        pair_expect(&dx, tol_of(xd), "fused layernorm dx + dsum");
+        pair_expect(&dg, 1e-5, "fused layernorm dgamma");
+        pair_expect(&db, 1e-5, "fused layernorm dbeta");
+        struct pair *all[] = {&x, &add, &g, &b, &sum, &y, &mean, &rstd, &dy, &dsum, &dx, &dg, &db};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            pair_free(all[i]);
+    }
+}
+
 /* pair_expect with the case's context after the op's name */
 static void expect_in(const struct pair *p, double tol, const char *what, const char *ctx)
 {

@@ -2307,7 +2307,8 @@ struct ln_job {
     float *mean_out, *rstd_out;            /* (rows) forward's statistics */
     const float *mean, *rstd;              /* (rows) the same, read backward */
     struct tensor *dgamma, *dbeta;         /* (cols) fp32 */
-    const struct tensor *x, *dy;           /* (rows, cols) */
+    const struct tensor *x, *dy;           /* (rows, cols); forward with an addend: x is a->sum */
+    const struct tensor *x1;               /* forward with an addend: the add's first input */
     const float *g, *bt;                   /* gamma, beta (cols) fp32, or NULL */
     double *acc_g, *acc_b;                 /* (cols) the gradients' sums */
     float beta_acc;
@@ -2326,6 +2327,8 @@ HOT_LOOP static void ln_forward_chunk(void *arg, int64_t chunk, int worker)
     int64_t r1 = r0 + j->rows_per < j->a->rows ? r0 + j->rows_per : j->a->rows;
     const float *g = j->g, *bt = j->bt;
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *yb = wscratch(j->cb, worker, WSCR_TMP1);
+    if (j->a->addend) /* the fused residual add: the chunk's rows of sum first, read back below as stored */
+        add_range(j->a->sum, j->x1, j->a->addend, (size_t)(r0 * cols), (size_t)(r1 * cols));
     for (int64_t rg = r0; rg < r1; rg += CHAINS) {
         const int64_t lanes = r1 - rg < CHAINS ? r1 - rg : CHAINS;
         const float *xr[CHAINS];
@@ -2374,7 +2377,9 @@ static void cpu_layernorm_forward(struct backend *be, const struct norm_args *a,
     if (!wscratch_reserve(cb, WSCR_TMP0, (size_t)(CHAINS * cols) * sizeof(float)) ||
         !wscratch_reserve(cb, WSCR_TMP1, (size_t)cols * sizeof(float)))
         return;
-    struct ln_job j = { .cb = cb, .a = a, .y = y, .mean_out = mean->data, .rstd_out = rstd->data, .x = x,
+    assert(!a->addend || (a->sum && a->addend->numel == x->numel && a->sum->numel == x->numel));
+    struct ln_job j = { .cb = cb, .a = a, .y = y, .mean_out = mean->data, .rstd_out = rstd->data,
+                        .x = a->addend ? a->sum : x, .x1 = x,
                         .g = gamma ? (const float *)gamma->data : NULL, .bt = beta ? (const float *)beta->data : NULL,
                         .rows_per = rows_per_chunk(cols) };
     parallel_for(cb->pool, div_up(rows, j.rows_per), ln_forward_chunk, &j);
@@ -2421,6 +2426,8 @@ HOT_LOOP static void ln_backward_dx_chunk(void *arg, int64_t chunk, int worker)
             store_f32(j->dx->data, j->dx->dtype, (size_t)(r * cols), (size_t)cols, dxr);
         }
     }
+    if (j->a->dsum) /* the fused residual's gradient: dx (as stored) + dsum, rounded once, the chunk's rows */
+        add_range(j->dx, j->dx, j->a->dsum, (size_t)(r0 * cols), (size_t)(r1 * cols));
 }
 
 /* dgamma and dbeta for columns [c0, c1): each summed over all rows in row order. */

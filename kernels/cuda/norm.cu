@@ -42,11 +42,21 @@ __device__ double block_sum(double v, double *shared)
     return s;
 }
 
+/* With `sum` (the fused residual add, norm_args.addend): each thread first writes its elements of the row's
+ * sum = x + addend, rounded to sum's dtype as the add kernel rounds it, and the layernorm then reads sum: every
+ * element it reads is one this thread wrote, so no barrier is needed before. */
 __global__ void layernorm_forward_kernel(void *y, int y_dt, float *mean, float *rstd, const void *x, int x_dt,
-                                         const float *gamma, const float *beta, int64_t cols, float eps)
+                                         const float *gamma, const float *beta, int64_t cols, float eps,
+                                         void *sum, int sum_dt, const void *addend, int addend_dt)
 {
     __shared__ double red[32];
     size_t base = (size_t)blockIdx.x * (size_t)cols;
+    if (sum) {
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+            store_elem(sum, sum_dt, base + j, load_elem(x, x_dt, base + j) + load_elem(addend, addend_dt, base + j));
+        x = sum;
+        x_dt = sum_dt;
+    }
     double s = 0.0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
         s += load_elem(x, x_dt, base + j);
@@ -69,8 +79,10 @@ __global__ void layernorm_forward_kernel(void *y, int y_dt, float *mean, float *
     }
 }
 
+/* With `dsum` (norm_args.dsum): dx = dsum + the layernorm's dx rounded to dx's dtype, rounded once more. */
 __global__ void layernorm_backward_dx_kernel(void *dx, int dx_dt, const void *dy, int dy_dt, const void *x, int x_dt,
-                                             const float *mean, const float *rstd, const float *gamma, int64_t cols)
+                                             const float *mean, const float *rstd, const float *gamma, int64_t cols,
+                                             const void *dsum, int dsum_dt)
 {
     __shared__ double red[32];
     size_t base = (size_t)blockIdx.x * (size_t)cols;
@@ -88,7 +100,10 @@ __global__ void layernorm_backward_dx_kernel(void *dx, int dx_dt, const void *dy
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
         float xhat = (load_elem(x, x_dt, base + j) - mu) * rs;
         float dxhat = load_elem(dy, dy_dt, base + j) * (gamma ? gamma[j] : 1.0f);
-        store_elem(dx, dx_dt, base + j, rs * (dxhat - m1 - xhat * m2));
+        float v = rs * (dxhat - m1 - xhat * m2);
+        if (dsum)
+            v = round_to(v, dx_dt) + load_elem(dsum, dsum_dt, base + j);
+        store_elem(dx, dx_dt, base + j, v);
     }
 }
 
@@ -339,7 +354,8 @@ void cuda_layernorm_forward(struct backend *be, const struct norm_args *a, struc
         return;
     layernorm_forward_kernel<<<(unsigned)a->rows, kRowThreads, 0, cb->stream>>>(
         y->data, y->dtype, f32_or_null(mean), f32_or_null(rstd), x->data, x->dtype, f32_or_null(gamma),
-        f32_or_null(beta), a->cols, a->eps);
+        f32_or_null(beta), a->cols, a->eps, a->addend ? a->sum->data : NULL, a->addend ? a->sum->dtype : 0,
+        a->addend ? a->addend->data : NULL, a->addend ? a->addend->dtype : 0);
     CB_LAUNCHED(cb, "layernorm_forward_kernel");
 }
 
@@ -353,7 +369,7 @@ void cuda_layernorm_backward(struct backend *be, const struct norm_args *a, stru
     if (dx && rows > 0) {
         layernorm_backward_dx_kernel<<<(unsigned)rows, kRowThreads, 0, cb->stream>>>(
             dx->data, dx->dtype, dy->data, dy->dtype, x->data, x->dtype, f32_or_null(mean), f32_or_null(rstd),
-            f32_or_null(gamma), cols);
+            f32_or_null(gamma), cols, a->dsum ? a->dsum->data : NULL, a->dsum ? a->dsum->dtype : 0);
         CB_LAUNCHED(cb, "layernorm_backward_dx_kernel");
     }
     if ((!dgamma && !dbeta) || cols <= 0)
