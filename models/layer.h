@@ -141,6 +141,8 @@ struct layer {
                                 gradient goes further back, unless data_spec.input_grad asks for it */
     bool is_view;            /* y and dx are views of x and dy, nothing computed: flatten; a relu fused into
                                 the batchnorm2d or linear layer before it (layer_build.fuse) */
+    bool dx_is_input;        /* dx is written over x, the layer before's y (cross_entropy's dlogits over the logits):
+                                a view, not the layer's own tensor */
     void *priv;              /* layer-private saved tensors (masks, statistics, attention probabilities) */
 };
 

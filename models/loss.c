@@ -17,6 +17,11 @@
  * in the dtype of the logits, as autograd's backward of the fp32 cast gives it. Where the trainer says
  * backward follows (ctx->loss_in_backward), forward leaves the losses to backward: the softmax runs once
  * a step instead of twice (its exps were a fifth of text_gpt's CPU step).
+ * cross_entropy writes dx over the logits themselves (l->dx_is_input) where the layer before is a linear layer,
+ * whose backward reads its input and dy but not its output, and no numerics report reads the outputs after
+ * backward (layer_build.fuse): at a GPT-2 vocabulary that is one (B*T, V) tensor less (1.6 GB in bf16 at 16 x
+ * 1024 tokens). The backends read a row whole before they write its gradient (xent_forward_backward may be given
+ * dlogits == logits).
  */
 #include <stdlib.h>
 
@@ -58,7 +63,10 @@ static void loss_backward(struct layer *l, const struct step_ctx *ctx, const str
     int64_t rows = x->shape[0] * p->rows_per_sample;
     l->y = loss_rows_view(l, p, x->shape[0]);
     struct tensor dx;
-    if (l->needs_dx) {
+    if (l->dx_is_input) {
+        l->dx = batch_view_like(x, x); /* the logits, overwritten by their gradient */
+        dx = l->dx;
+    } else if (l->needs_dx) {
         l->dx = batch_view_like(&l->dx, x);
         dx = l->dx;
     } else {
@@ -113,6 +121,8 @@ enum amp_status loss_setup(struct layer *l, struct layer_build *b)
     p->rows_per_sample = want_ndim == 3 ? b->in_shape[1] : 1;
     p->classes = K;
     p->workspace = b->workspace;
+    const struct layer *before = b->nbuilt > 0 ? &b->built[b->nbuilt - 1] : NULL;
+    l->dx_is_input = xent && l->needs_dx && b->fuse && before && before->cfg.kind == LAYER_LINEAR && !before->is_view;
     if (!l->needs_dx)
         p->dx_off = scratch_reserve(b, b->in_dtype, (size_t)(b->in_shape[0] * shape_inner(b->in_ndim, b->in_shape)));
     l->ndim_out = 1;

@@ -111,7 +111,7 @@ static enum amp_status build_layer(struct model *m, struct layer *l, struct laye
         return st;
     if (!b->y_is_view) {
         st = layer_alloc(l, b, &l->y, l->out_dtype, l->ndim_out, l->out_shape, "output");
-        if (st == AMP_OK && l->needs_dx)
+        if (st == AMP_OK && l->needs_dx && !l->dx_is_input)
             st = layer_alloc(l, b, &l->dx, b->in_dtype, b->in_ndim, b->in_shape, "input gradient");
         if (st != AMP_OK)
             return st;
@@ -463,7 +463,8 @@ static void layer_free(struct layer *l, const float *grad_flat)
     free(l->buffers);
     if (!l->is_view) { /* a view's y and dx are its neighbours' */
         tensor_free(&l->y);
-        tensor_free(&l->dx);
+        if (!l->dx_is_input)
+            tensor_free(&l->dx);
     }
 }
 

@@ -2950,3 +2950,42 @@ Test(backend_cpu, layernorm_with_its_residual_add_is_the_two_ops_to_the_bit)
                          "case %zu: %s differs from the two ops'", c, names[k]);
     }
 }
+
+/* Cross-entropy given dlogits == logits (models/loss.c writes the gradient over the logits): the same losses, marks
+ * and gradient bits as into a tensor of its own, in fp32 (read in place: the row is copied first) and bf16; K 1000
+ * (the fast path: among 2000 rows some fall back to the formula after the fast gradient has written the row, which
+ * fails without the copy) and 9000 (the formula directly). */
+Test(backend_cpu, xent_in_place_is_xent_into_another_tensor)
+{
+    seed(73);
+    const enum dtype dts[] = { DT_FP32, DT_BF16 };
+    const int64_t Ks[] = { 1000, 9000 };
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 2; k++) {
+            int64_t N = 2000, K = Ks[k];
+            size_t n = (size_t)(N * K);
+            float *h;
+            struct tensor *x = trand(dts[d], n, -8, 8, &h);
+            for (int64_t i = 0; i < N; i += 5) /* rows the fast path cannot settle */
+                h[i * K + 3] = 250.0f;
+            tensor_from_host_f32(x, h);
+            struct tensor *copy = tnew(dts[d], n), *dl = tnew(dts[d], n);
+            memcpy(copy->data, x->data, tensor_bytes(x));
+            int32_t *labels = malloc((size_t)N * sizeof *labels), *c0 = malloc((size_t)N * sizeof *c0);
+            int32_t *c1 = malloc((size_t)N * sizeof *c1);
+            for (int64_t i = 0; i < N; i++)
+                labels[i] = (int32_t)((i * 7919) % K);
+            struct tensor *l0 = tnew(DT_FP32, (size_t)N), *l1 = tnew(DT_FP32, (size_t)N);
+            float seed_v = 2.0f;
+            be->xent_forward_backward(be, l0, c0, dl, x, labels, N, K, &seed_v);
+            be->xent_forward_backward(be, l1, c1, copy, copy, labels, N, K, &seed_v);
+            cr_assert_eq(memcmp(dl->data, copy->data, tensor_bytes(dl)), 0, "dtype %d K %lld: dlogits differ", d,
+                         (long long)K);
+            cr_assert_eq(memcmp(l0->data, l1->data, tensor_bytes(l0)), 0, "losses differ");
+            cr_assert_eq(memcmp(c0, c1, (size_t)N * sizeof *c0), 0, "marks differ");
+            free(labels);
+            free(c0);
+            free(c1);
+            free(h);
+        }
+}

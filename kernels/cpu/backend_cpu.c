@@ -3481,8 +3481,12 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *db = wscratch(j->cb, worker, WSCR_TMP1);
     double *e = (double *)(void *)wscratch(j->cb, worker, WSCR_TMP2);
     struct tensor *dlogits = j->grad;
+    /* dlogits over the logits (models/loss.c): an fp32 row is read in place, so it is copied first (a 16-bit one is
+     * widened into xb anyway, and its gradient staged in db) */
+    bool in_place = dlogits && dlogits->data == j->x->data && j->x->dtype == DT_FP32;
     for (int64_t i = i0; i < i1; i++) {
-        const float *x = load_f32(j->x->data, j->x->dtype, (size_t)(i * K), (size_t)K, xb);
+        const float *x = in_place ? memcpy(xb, (const float *)j->x->data + i * K, (size_t)K * sizeof *xb)
+                                  : load_f32(j->x->data, j->x->dtype, (size_t)(i * K), (size_t)K, xb);
         float mx = x[0];
         int64_t arg_max = 0;
         for (int64_t k = 1; k < K; k++)

@@ -103,16 +103,19 @@ __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int 
         mi = 0;
         mv = x0;
     }
+    int32_t label = labels[blockIdx.x];
+    bool ok = label >= 0 && label < K;
+    /* read before block_sum_d's barriers: dlogits may be the logits themselves (models/loss.c), and after them the
+     * thread that owns element `label` may already have written its gradient there */
+    float x_label = ok && threadIdx.x == 0 ? load_elem(logits, x_dt, base + label) : 0.0f;
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < K; j += blockDim.x)
         sum += exp((double)load_elem(logits, x_dt, base + j) - (double)mv);
     sum = block_sum_d(sum, red);
     double lse = (double)mv + log(sum);
-    int32_t label = labels[blockIdx.x];
-    bool ok = label >= 0 && label < K;
     if (threadIdx.x == 0) {
         if (losses)
-            losses[blockIdx.x] = ok ? (float)(lse - (double)load_elem(logits, x_dt, base + label)) : NAN;
+            losses[blockIdx.x] = ok ? (float)(lse - (double)x_label) : NAN;
         if (correct)
             correct[blockIdx.x] = ok && mi == label;
     }
