@@ -2047,17 +2047,6 @@ Test(cuda_backend, upload_rows_puts_every_row_in_its_place, .init = open_both, .
     free(back);
 }
 
-#else /* built without the CUDA backend */
-
-Test(cuda_backend, needs_the_cuda_backend)
-{
-    cr_skip_test("the CUDA backend is not built (no nvcc or cuDNN found, or -DAMP_CUDA=OFF): kernels/ was not "
-                 "tested");
-}
-
-#endif
-
-
 /* One update call over the three parameters p[e] (with g, m and v) on the CPU (side 0) or the GPU (side 1): a trial
  * into `trial`, or an update raising `bound`. */
 static void three_updates(int side, bool sgd, struct pair *p, struct pair *g, struct pair *m, struct pair *v,
@@ -2158,3 +2147,13 @@ Test(cuda_backend, update_trial_and_bound_match_the_cpu, .init = open_both, .fin
             }
         }
 }
+
+#else /* built without the CUDA backend */
+
+Test(cuda_backend, needs_the_cuda_backend)
+{
+    cr_skip_test("the CUDA backend is not built (no nvcc or cuDNN found, or -DAMP_CUDA=OFF): kernels/ was not "
+                 "tested");
+}
+
+#endif
