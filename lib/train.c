@@ -345,9 +345,13 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if ((st = step_buffers_init(t, err)) != AMP_OK)
         return st;
 
-    printf("model: %d layers, %d parameter tensors; data: %lld train / %lld test samples; %lld steps "
+    int64_t nweights = 0; /* a tied table is one parameter, counted once */
+    for (int i = 0; i < n; i++)
+        nweights += (int64_t)t->model.params[i]->master.numel;
+    printf("model: %d layers, %d parameter tensors (%lld parameters); data: %lld train / %lld test samples; %lld steps "
            "(batch %lld x accum %lld), precision %s\n",
-           t->model.nlayers, n, (long long)t->ds.split[SPLIT_TRAIN].n, (long long)t->ds.split[SPLIT_TEST].n,
+           t->model.nlayers, n, (long long)nweights, (long long)t->ds.split[SPLIT_TRAIN].n,
+           (long long)t->ds.split[SPLIT_TEST].n,
            (long long)t->total_steps, (long long)micro, (long long)cfg->accum_steps,
            precision_mode_name(cfg->precision.mode));
     if (t->world > 1)

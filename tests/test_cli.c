@@ -396,3 +396,14 @@ Test(cli, schedule_decay_keys_are_checked)
     r = run("check configs/fashion_mlp.yaml optim.schedule.kind=linear optim.schedule.decay_steps=300 > /dev/null");
     cr_assert_eq(r.code, 0, "%s", r.out);
 }
+
+/* Issue 43, item 6: the run says how many parameters the model has (a tied table once): fashion_mlp's 784-512-512-10
+ * is 784*512+512 + 512*512+512 + 512*10+10. */
+Test(cli, run_prints_the_parameter_count, .timeout = 120)
+{
+    struct result r = run("run configs/fashion_mlp.yaml run.device=cpu run.steps=1 run.out_dir=/tmp/amp_cli_params_$$; "
+                          "rm -rf /tmp/amp_cli_params_$$");
+    char want[64];
+    snprintf(want, sizeof want, "6 parameter tensors (%d parameters)", 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10);
+    cr_assert(strstr(r.out, want), "want '%s':\n%s", want, r.out);
+}
