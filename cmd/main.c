@@ -987,6 +987,23 @@ static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err)
                     "help: unknown command '%s'", argv[1]);
 }
 
+/* The words other trainers use for ours (and near misses), for a did-you-mean. */
+static enum amp_status unknown_command(const char *cmd, struct amp_error *err)
+{
+    static const char *const alias[][2] = {{"train", "run"}, {"fit", "run"}, {"start", "run"}, {"continue", "resume"},
+                                           {"restart", "resume"}, {"evaluate", "eval"}, {"test", "eval"},
+                                           {"validate", "check"}, {"show", "inspect"}, {"info", "inspect"},
+                                           {"convert", "export"}, {"save", "export"}, {"numeric", "numerics"}};
+    const char *close = NULL;
+    for (size_t i = 0; i < sizeof alias / sizeof alias[0] && !close; i++)
+        if (strcmp(cmd, alias[i][0]) == 0)
+            close = alias[i][1];
+    char dym[64] = "";
+    if (close)
+        snprintf(dym, sizeof dym, " (did you mean '%s'?)", close);
+    return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'%s", cmd, dym);
+}
+
 static void print_version(void)
 {
 #ifdef AMP_HAVE_CUDA
@@ -1027,6 +1044,14 @@ int main(int argc, char **argv)
         print_version();
         return AMP_OK;
     }
+    /* `ampTrain COMMAND --help` is `ampTrain help COMMAND` */
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            enum amp_status hs = cmd_help(2, (char *[]){"help", argv[1], NULL}, &err);
+            if (hs != AMP_OK)
+                amp_error_print(&err, stderr);
+            return (int)hs;
+        }
     enum amp_status st = comm_open(&ranks, &argc, &argv, &err);
     if (st != AMP_OK) {
         amp_error_print(&err, stderr);
@@ -1042,7 +1067,7 @@ int main(int argc, char **argv)
                                     "launch every rank with the same ampTrain command", &err),
                     &err);
     if (st == AMP_OK) {
-        st = amp_fail(&err, AMP_ERR_CONFIG, "run 'ampTrain --help' for the commands", "unknown command '%s'", argv[1]);
+        st = unknown_command(argv[1], &err);
         for (int i = 0; i < NCOMMANDS; i++)
             if (strcmp(argv[1], commands[i].name) != 0)
                 continue;

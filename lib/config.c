@@ -1039,6 +1039,12 @@ static enum amp_status read_name(const struct ctx *c, const yaml_node_t *n, cons
     const char *close = suggest(s, names, count_names(names));
     if (close)
         snprintf(dym, sizeof dym, " (did you mean '%s'?)", close);
+    for (int k = 0; !close && *s && names[k]; k++) /* a prefix of some names: fp16 for fp16-static, fp16-dynamic */
+        if (!strncmp(names[k], s, strlen(s)))
+            snprintf(dym + strlen(dym), sizeof dym - strlen(dym), "%s'%s'", dym[0] ? " or " : " (did you mean ",
+                     names[k]);
+    if (!close && dym[0])
+        snprintf(dym + strlen(dym), sizeof dym - strlen(dym), "?)");
     return fail_value(c, n, path, hint, "unknown value '%s'%s", show(s, shown, sizeof shown), dym);
 }
 
@@ -1254,15 +1260,32 @@ static enum amp_status apply_field(struct ctx *c, const struct field *f, void *b
     return apply_field_kind(c, f, base, node, path, -1);
 }
 
+/* The dotted path of a key named `key` in section s or below it (batch_size: data.batch_size), for a did-you-mean
+ * across sections; layers' keys are left out (they need an index). */
+static bool key_elsewhere(const struct section *s, const char *key, char *out, size_t len)
+{
+    for (size_t i = 0; i < s->nfields; i++) {
+        const struct field *f = &s->fields[i];
+        if (f->type == FT_SECTION ? key_elsewhere(f->sub, key, out, len) : strcmp(f->key, key) == 0) {
+            if (f->type != FT_SECTION)
+                snprintf(out, len, "%s%s%s", s->path, s->path[0] ? "." : "", key);
+            return true;
+        }
+    }
+    return false;
+}
+
 static enum amp_status unknown_key(const struct ctx *c, const yaml_mark_t *mark, const struct section *s,
                                    const char *key)
 {
     const char *keys[64];
-    char hint[1024], place[128], shown[96], dym[96] = "";
+    char hint[1024], place[128], shown[96], dym[200] = "", there[160];
     size_t n = collect_keys(s, -1, keys, ARRAY_LEN(keys));
     const char *close = suggest(key, keys, n);
     if (close)
         snprintf(dym, sizeof dym, " (did you mean '%s'?)", close);
+    else if (key_elsewhere(&root_section, key, there, sizeof there))
+        snprintf(dym, sizeof dym, " (did you mean '%s'?)", there);
     section_place(s, place, sizeof place);
     snprintf(hint, sizeof hint, "valid keys %s: ", place);
     list_keys(s, -1, hint, sizeof hint);

@@ -407,3 +407,29 @@ Test(cli, run_prints_the_parameter_count, .timeout = 120)
     snprintf(want, sizeof want, "6 parameter tensors (%d parameters)", 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10);
     cr_assert(strstr(r.out, want), "want '%s':\n%s", want, r.out);
 }
+
+/* Issue 43, item 6: a did-you-mean across sections and for a value that is the start of several, the words other
+ * trainers use for our commands, and `ampTrain COMMAND --help` (it was an error). */
+Test(cli, suggestions_reach_across_sections_and_commands)
+{
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"check configs/fashion_mlp.yaml batch_size=64", "unknown key 'batch_size' at the top level (did you mean 'data.batch_size'?)"},
+        {"check configs/fashion_mlp.yaml lr=1e-3", "(did you mean 'optim.lr'?)"},
+        {"check configs/fashion_mlp.yaml run.lr=1e-3", "unknown key 'lr' in run (did you mean 'optim.lr'?)"},
+        {"check configs/fashion_mlp.yaml precision.mode=fp16", "unknown value 'fp16' (did you mean 'fp16-static' or 'fp16-dynamic'?)"},
+        {"train configs/fashion_mlp.yaml", "unknown command 'train' (did you mean 'run'?)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct result r = run(cases[i].args);
+        cr_assert_eq(r.code, 2, "%s: %s", cases[i].args, r.out);
+        cr_assert(strstr(r.out, cases[i].want), "%s: want '%s':\n%s", cases[i].args, cases[i].want, r.out);
+    }
+    struct result r = run("run --help");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "usage: ampTrain run CONFIG.yaml"), "%s", r.out);
+    r = run("export ckpt.h5 out.safetensors -h");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "usage: ampTrain export"), "%s", r.out);
+}
