@@ -4,6 +4,7 @@
 #include "error.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <string.h>
 
 enum amp_status amp_fail(struct amp_error *err, enum amp_status code, const char *hint, const char *fmt, ...)
@@ -22,7 +23,9 @@ enum amp_status amp_fail(struct amp_error *err, enum amp_status code, const char
 
 void amp_error_print(const struct amp_error *err, FILE *out)
 {
-    fprintf(out, "ampTrain: error: %s\n", err->msg);
+    /* a stop the user asked for (SIGINT, SIGTERM) is not an error: its message says what stopped and where */
+    bool asked = err->code == AMP_EXIT_SIGINT || err->code == AMP_EXIT_SIGTERM;
+    fprintf(out, "ampTrain: %s%s\n", asked ? "" : "error: ", err->msg);
     if (err->hint[0])
         fprintf(out, "hint: %s\n", err->hint);
 }

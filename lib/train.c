@@ -829,9 +829,12 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         st = drain(&t, &lm, err); /* a signal that landed after the last flush check */
         if (st == AMP_OK && lm.saved_step != t.step)
             st = checkpoint_now(&t, &lm, err);
+        char again[CFG_STR + 160], launcher[32] = "";
+        if (t.world > 1) /* the same world continues it exactly (docs/distributed.md) */
+            snprintf(launcher, sizeof launcher, "mpirun -np %d ", t.world);
+        snprintf(again, sizeof again, "continue with '%sampTrain resume %s'", launcher, lm.saved);
         if (st == AMP_OK)
-            st = amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM,
-                          "continue with 'ampTrain resume CHECKPOINT.h5'",
+            st = amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM, again,
                           "stopped by %s after step %lld; checkpoint written: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
                           (long long)t.step, lm.saved);
         err->agreed = t.world > 1; /* every rank stops here alike: rank 0 says so */
