@@ -212,7 +212,7 @@ enum amp_status runlog_step(struct runlog *rl, const struct step_record *r, stru
     int k = (int)lround(log2(r->scale));
     char line[512];
     snprintf(line, sizeof line, "epoch %lld | step %lld/%lld | loss %.4f | scale 2^%d | skips %lld | %.0f samples/s | ETA %s%s%s",
-             (long long)r->epoch + 1, (long long)r->step, (long long)rl->total_steps, r->loss, k,
+             (long long)r->epoch, (long long)r->step, (long long)rl->total_steps, r->loss, k, /* 0-based, as everywhere */
              (long long)r->skips_total, r->samples_per_s, eta, r->skipped ? " | skipped: " : "",
              r->skipped ? (r->overflow_layer[0] ? r->overflow_layer : "non-finite gradients") : "");
     if (rl->tty) {

@@ -437,3 +437,21 @@ Test(cli, suggestions_reach_across_sections_and_commands)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "usage: ampTrain export"), "%s", r.out);
 }
+
+/* Issue 43, item 6: one numbering of epochs, from 0: the progress line said "epoch 1" where scale_log.csv and resume
+ * said 0. */
+Test(cli, epochs_count_from_zero_everywhere, .timeout = 120)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && A=%s && d=/tmp/amp_cli_epoch_$$ && { OPENBLAS_NUM_THREADS=1 $A run configs/fashion_mlp.yaml "
+             "run.device=cpu model.layers.1.out=16 model.layers.3.out=16 run.steps=2 run.log_every=1 run.out_dir=$d; "
+             "echo \"csv epoch $(sed -n 2p $d/scale_log.csv | cut -d, -f2)\"; OPENBLAS_NUM_THREADS=1 $A resume $d "
+             "run.steps=3; } 2>&1; rm -rf $d",
+             AMP_SOURCE_DIR, amp_binary());
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "epoch 0 | step 1/2 |"), "%s", r.out);
+    cr_assert(strstr(r.out, "csv epoch 0\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "at step 2 (epoch 0)"), "%s", r.out);
+    cr_assert_null(strstr(r.out, "epoch 1 |"), "%s", r.out);
+}
