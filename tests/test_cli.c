@@ -455,3 +455,12 @@ Test(cli, epochs_count_from_zero_everywhere, .timeout = 120)
     cr_assert(strstr(r.out, "at step 2 (epoch 0)"), "%s", r.out);
     cr_assert_null(strstr(r.out, "epoch 1 |"), "%s", r.out);
 }
+
+/* Issue 43, item 6: each shipped config's "# Run:" line names the config itself (the precision variants named their
+ * base config). */
+Test(cli, every_config_says_how_to_run_itself)
+{
+    struct result r = shell("cd " AMP_SOURCE_DIR " && for f in configs/*.yaml; do l=$(grep '^# Run: ' \"$f\" | head -1); "
+                            "[ -z \"$l\" ] || case $l in *\" $f\"*) ;; *) echo \"MISMATCH $f: $l\";; esac; done; echo done");
+    cr_assert(strstr(r.out, "done") && !strstr(r.out, "MISMATCH"), "%s", r.out);
+}
