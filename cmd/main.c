@@ -963,7 +963,7 @@ static const struct command commands[] = {
 
 static void print_usage(FILE *out)
 {
-    fprintf(out, "ampTrain %s — mixed-precision training driver (fp32, fp16-static, fp16-dynamic, bf16)\n\n"
+    fprintf(out, "ampTrain %s — mixed-precision training driver (fp32, fp16-static, fp16-dynamic, bf16, fp8)\n\n"
                  "usage:\n", AMP_VERSION);
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %s\n", commands[i].usage);

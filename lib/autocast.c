@@ -118,7 +118,8 @@ enum dtype autocast_dtype(const struct autocast_policy *p, enum op_kind op, enum
 
 void autocast_print(const struct autocast_policy *p, FILE *out)
 {
-    fprintf(out, "autocast policy (%s):\n", p->enabled ? dtype_name(p->lowp) : "disabled: every op runs in fp32");
+    fprintf(out, "autocast policy (%s%s):\n", p->enabled ? dtype_name(p->lowp) : "disabled: every op runs in fp32",
+            p->enabled && p->fp8 ? "; linear products in fp8, see below" : "");
     fprintf(out, "  %-18s %-8s %s\n", "op", "class", "runs in");
     for (int i = 0; i < OP_KIND_COUNT; i++) {
         const char *runs;

@@ -322,11 +322,15 @@ enum amp_status safetensors_write(const char *path, const struct safetensor *ten
         return amp_fail(err, sig == SIGINT ? AMP_EXIT_SIGINT : AMP_EXIT_SIGTERM, "run the export again to write it",
                         "stopped by %s while writing %s: its temporary file was removed and nothing new was written "
                         "there", sig == SIGINT ? "SIGINT" : "SIGTERM", path);
-    if (!ok)
-        return amp_fail(err, AMP_ERR_INTERNAL, HINT_WRITE, "cannot write %s: %s (nothing was written there)", path,
-                        strerror(e ? e : EIO));
     char dir[4096];
     dir_of(path, dir, sizeof dir);
+    if (!ok && (e == ENOENT || e == ENOTDIR)) /* not a full disk: say what is missing */
+        return amp_fail(err, AMP_ERR_INTERNAL, "create the directory first, or give OUT in one that exists",
+                        "cannot write %s: the directory %s does not exist (nothing was written there)", path, dir);
+    if (!ok)
+        return amp_fail(err, AMP_ERR_INTERNAL, e == EACCES || e == EPERM || e == EROFS ?
+                        "check the permissions of the output's directory" : HINT_WRITE,
+                        "cannot write %s: %s (nothing was written there)", path, strerror(e ? e : EIO));
     int dfd = open(dir, O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
         fsync(dfd);

@@ -464,3 +464,13 @@ Test(cli, every_config_says_how_to_run_itself)
                             "[ -z \"$l\" ] || case $l in *\" $f\"*) ;; *) echo \"MISMATCH $f: $l\";; esac; done; echo done");
     cr_assert(strstr(r.out, "done") && !strstr(r.out, "MISMATCH"), "%s", r.out);
 }
+
+/* Issue 43, item 6: --help names fp8 among the modes, and check's policy heading says fp8 runs the linear products. */
+Test(cli, fp8_is_named_in_help_and_check)
+{
+    struct result r = run("--help");
+    cr_assert(strstr(r.out, "fp16-dynamic, bf16, fp8)"), "%s", r.out);
+    r = run("check configs/fashion_mlp.yaml precision.mode=fp8");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "autocast policy (bf16; linear products in fp8, see below):"), "%s", r.out);
+}

@@ -903,3 +903,13 @@ Test(export, an_image_model_exports_without_its_data)
     cr_assert_eq(r.code, 3, "%s", r.out);
     cr_assert(strstr(r.out, "/nonexistent/fashion-mnist"), "%s", r.out);
 }
+
+/* Issue 43, item 6: an OUT in a directory that does not exist is named as such (it blamed disk space and quotas). */
+Test(export, a_missing_directory_is_named)
+{
+    struct result r = amp("export %s %s/no/such/dir/out.safetensors", ckpt, scratch);
+    cr_assert_eq(r.code, 1, "%s", r.out);
+    cr_assert(strstr(r.out, "/no/such/dir does not exist") && strstr(r.out, "hint: create the directory first"), "%s",
+              r.out);
+    cr_assert_null(strstr(r.out, "disk space"), "%s", r.out);
+}
