@@ -111,6 +111,25 @@ static void sources_free(struct sources *s)
     ckpt_weights_free(&s->ck);
 }
 
+/* What to do when the file does not match: where only shapes differ, the names are right and the model is not the
+ * file's; where the file's metadata names its naming (an ampTrain export writes "names") and model.init_names says
+ * another, set that; else the general advice. */
+static void init_from_hint(const struct sources *s, const struct model_config *mc, bool shapes_only, char *hint,
+                           size_t len)
+{
+    const char *names = NULL;
+    for (int i = 0; i < s->st.nmeta; i++)
+        if (!strcmp(s->st.meta_keys[i], "names"))
+            names = s->st.meta_values[i];
+    if (shapes_only)
+        snprintf(hint, len, "the names match but the shapes do not: the file holds another model; make model.layers "
+                            "the file's (widths, heads, vocabulary, max_len)");
+    else if (names && strcmp(names, weight_names_names[mc->init_names]) != 0)
+        snprintf(hint, len, "the file says its names are %.64s: set model.init_names=%.64s", names, names);
+    else
+        snprintf(hint, len, "%s", HINT_NAMES);
+}
+
 static enum amp_status sources_read(struct sources *s, const struct model_config *mc, struct amp_error *err)
 {
     memset(s, 0, sizeof *s);
@@ -338,10 +357,12 @@ enum amp_status init_from_load(struct model *m, const struct model_config *mc, F
              missing.count && (unexpected.count || shapes.count) ? "; " : "", unexpected.count ? "unexpected keys: " : "",
              unexpected.text, unexpected.count && shapes.count ? "; " : "", shapes.count ? "mismatches: " : "",
              shapes.text, "");
-    if (!clean && mc->init_strict)
-        st = amp_fail(err, AMP_ERR_CKPT, HINT_NAMES,
-                      "model.init_from: %s does not match the model (%s names, strict): %s", path,
-                      weight_names_names[mc->init_names], summary);
+    if (!clean && mc->init_strict) {
+        char hint[512];
+        init_from_hint(&src, mc, !missing.count && !unexpected.count, hint, sizeof hint);
+        st = amp_fail(err, AMP_ERR_CKPT, hint, "model.init_from: %s does not match the model (%s names, strict): %s",
+                      path, weight_names_names[mc->init_names], summary);
+    }
     int loaded = 0;
     for (int i = 0; i < nt && st == AMP_OK; i++) {
         if (!tg[i].src)
