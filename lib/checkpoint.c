@@ -293,6 +293,7 @@ static void write_contents(struct writer *w, const struct trainer *t)
         rc |= attr_i64(g, "cursor", t->sampler.cursor);
         rc |= attr_i64(g, "samples_seen", t->samples_seen);
         rc |= attr_i64(g, "world_size", t->world); /* data-parallel ranks that wrote it (docs/distributed.md) */
+        rc |= attr_i64(g, "accum_steps", cfg->accum_steps); /* with world_size: the step's batch it trained with */
         rc |= attr_i64(g, "skips_total", t->scaler.skips_total);
         rc |= attr_i64(g, "total_steps", t->total_steps);
         rc |= attr_str(g, "precision_mode", precision_mode_name(cfg->precision.mode));
@@ -950,6 +951,9 @@ static enum amp_status read_state(const struct reader *r, struct ckpt_info *info
     info->world_size = 1; /* written before data parallel: one rank */
     if (st == AMP_OK && H5Aexists(g, "world_size") > 0)
         st = get_i64(r, g, "/state", "world_size", 1, MAX_WORLD, &info->world_size);
+    info->accum_steps = 0; /* written before it was recorded: not known */
+    if (st == AMP_OK && H5Aexists(g, "accum_steps") > 0)
+        st = get_i64(r, g, "/state", "accum_steps", 1, MAX_COUNT, &info->accum_steps);
     h5_close_id(g);
     return st;
 }
@@ -1323,6 +1327,7 @@ static enum amp_status load_trainer_from(const struct reader *r, const struct ck
         t->scaler.skips_total = s.skips_total;
     sampler_seek(&t->sampler, epoch, cursor);
     t->ckpt_world = info->world_size;
+    t->ckpt_accum = info->accum_steps;
     t->step = info->step;
     t->samples_seen = info->samples_seen;
     return AMP_OK;

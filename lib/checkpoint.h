@@ -39,6 +39,7 @@ struct ckpt_info {
     int64_t format_version;
     int64_t step, epoch, cursor, samples_seen, skips_total;
     int64_t world_size;    /* data-parallel ranks that wrote it (1 for checkpoints from before data parallel) */
+    int64_t accum_steps;   /* the accum_steps it trained with (0 in files from before it was recorded) */
     char precision_mode[32];
     char created[64];
     char amptrain_version[32];

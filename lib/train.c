@@ -726,6 +726,29 @@ static enum amp_status checkpoint_now(struct trainer *t, struct loop_marks *lm, 
     return st;
 }
 
+/* A resume on another number of ranks: the step's batch then, now, and the accum_steps that keeps it, from the
+ * checkpoint's own accum_steps (a resume override may have changed cfg's). */
+static void note_world_change(const struct trainer *t, const char *resume)
+{
+    const struct config *cfg = t->cfg;
+    int64_t b = cfg->data.batch_size, old_accum = t->ckpt_accum > 0 ? t->ckpt_accum : cfg->accum_steps;
+    int64_t before = b * old_accum * t->ckpt_world, now = b * cfg->accum_steps * t->world;
+    char advice[160];
+    if (now == before)
+        snprintf(advice, sizeof advice, "the same as before");
+    else if ((old_accum * t->ckpt_world) % t->world == 0)
+        snprintf(advice, sizeof advice, "instead of %lld; resume with accum_steps=%lld to keep it", (long long)before,
+                 (long long)(old_accum * t->ckpt_world / t->world));
+    else
+        snprintf(advice, sizeof advice, "instead of %lld; no accum_steps keeps it on %d ranks", (long long)before,
+                 t->world);
+    printf("note: %s was written by %lld rank%s (accum_steps %lld%s) and resumes on %d: a step takes %lld samples "
+           "(batch %lld x accum %lld x %d ranks), %s\n",
+           resume, (long long)t->ckpt_world, t->ckpt_world == 1 ? "" : "s", (long long)old_accum,
+           t->ckpt_accum > 0 ? "" : ", as resumed: the file does not record its own", t->world, (long long)now,
+           (long long)b, (long long)cfg->accum_steps, t->world, advice);
+}
+
 /* Train from scratch (resume == NULL) or from the checkpoint `resume`. */
 static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler, struct comm *comm,
                                 struct amp_error *err)
@@ -754,14 +777,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                    t.step == t.total_steps ? "; it is the run's last step: nothing to train, only the final "
                                              "evaluation (raise run.steps to train further)" : "");
         if (st == AMP_OK && t.ckpt_world != t.world)
-            printf("note: %s was written by %lld rank%s and resumes on %d: a step now takes %lld samples (batch %lld "
-                   "x accum %lld x %d ranks) instead of %lld; to keep the step's batch, resume with accum_steps=K such "
-                   "that K x %d = %lld x the old world size\n",
-                   resume, (long long)t.ckpt_world, t.ckpt_world == 1 ? "" : "s", t.world,
-                   (long long)(cfg->data.batch_size * cfg->accum_steps * t.world), (long long)cfg->data.batch_size,
-                   (long long)cfg->accum_steps, t.world,
-                   (long long)(cfg->data.batch_size * cfg->accum_steps * t.ckpt_world), t.world,
-                   (long long)cfg->accum_steps);
+            note_world_change(&t, resume);
     }
     st = comm_agree(comm, st, err);
     if (st == AMP_OK) /* every rank's samples from the same data */

@@ -100,6 +100,7 @@ struct trainer {
      * tensor, the forward group's first (backend memory; backend.h fp8_cast_args) */
     int64_t *fp8_counts;
     int64_t ckpt_world;          /* ckpt_load_trainer: the data-parallel ranks that wrote the checkpoint (0: none loaded) */
+    int64_t ckpt_accum;          /* ... and the accum_steps it trained with (0: not recorded) */
 };
 
 /* Open the backend, load data, build and initialise the model, optimizer, scaler and sampler. On

@@ -400,13 +400,21 @@ Test(dist, resume_two_one_two_says_how_the_batch_changes)
     cr_assert_eq(r.code, 0, "%s", r.out);
     r = amp("resume %s/a/ckpt-6.h5 run.steps=12", scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
-    cr_assert(strstr(r.out, "was written by 2 ranks and resumes on 1: a step now takes 32 samples"), "%s", r.out);
+    cr_assert(strstr(r.out, "was written by 2 ranks (accum_steps 1) and resumes on 1: a step takes 32 samples (batch "
+                            "32 x accum 1 x 1 ranks), instead of 64; resume with accum_steps=2 to keep it"), "%s", r.out);
+    /* with that override: the note says the batch is kept, from the checkpoint's own accum_steps (issue 43, item 6: it
+     * used the override's and advised accum_steps=0.5) */
+    struct result k = amp("resume %s/a/ckpt-6.h5 run.steps=7 accum_steps=2 run.out_dir=%s/kept", scratch, scratch);
+    cr_assert_eq(k.code, 0, "%s", k.out);
+    cr_assert(strstr(k.out, "(accum_steps 1) and resumes on 1: a step takes 64 samples (batch 32 x accum 2 x 1 ranks), "
+                            "the same as before"), "%s", k.out);
     r = amp("inspect %s/a/ckpt-12.h5", scratch);
     cr_assert(strstr(r.out, "world_size: 1"), "%s", r.out);
     /* back to two, keeping the step's batch with accum_steps: the same samples per step as one rank with 2 */
     r = mpi(2, NULL, "resume %s/a/ckpt-12.h5 run.steps=20", scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
-    cr_assert(strstr(r.out, "resumes on 2: a step now takes 64 samples"), "%s", r.out);
+    cr_assert(strstr(r.out, "resumes on 2: a step takes 64 samples (batch 32 x accum 1 x 2 ranks), instead of 32; no "
+                            "accum_steps keeps it on 2 ranks"), "%s", r.out);
     r = amp("inspect %s/a/ckpt-20.h5", scratch);
     /* 6 x 64 + 6 x 32 + 8 x 64 samples, and the global data cursor with them */
     cr_assert(strstr(r.out, "cursor: 1088  samples_seen: 1088"), "%s", r.out);
