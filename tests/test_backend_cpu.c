@@ -2986,6 +2986,5 @@ Test(backend_cpu, xent_in_place_is_xent_into_another_tensor)
             free(labels);
             free(c0);
             free(c1);
-            free(h);
         }
 }
