@@ -362,7 +362,7 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
 
 /* Issue 41, item 13: `run` or `check` given a checkpoint or a run directory names it as such (it said "tab
  * character (YAML forbids tabs)"); any other binary file is "not a YAML text file". Exit 2, nothing trained. */
-Test(cli, a_checkpoint_or_binary_file_given_as_config_is_named, .timeout = 300)
+Test(cli, a_checkpoint_or_binary_file_given_as_config_is_named)
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
@@ -403,7 +403,7 @@ Test(cli, schedule_decay_keys_are_checked)
 
 /* Issue 43, item 6: the run says how many parameters the model has (a tied table once): fashion_mlp's 784-512-512-10
  * is 784*512+512 + 512*512+512 + 512*10+10. */
-Test(cli, run_prints_the_parameter_count, .timeout = 120)
+Test(cli, run_prints_the_parameter_count)
 {
     struct result r = run("run configs/fashion_mlp.yaml run.device=cpu run.steps=1 run.out_dir=/tmp/amp_cli_params_$$; "
                           "rm -rf /tmp/amp_cli_params_$$");
@@ -440,7 +440,7 @@ Test(cli, suggestions_reach_across_sections_and_commands)
 
 /* Issue 43, item 6: one numbering of epochs, from 0: the progress line said "epoch 1" where scale_log.csv and resume
  * said 0. */
-Test(cli, epochs_count_from_zero_everywhere, .timeout = 120)
+Test(cli, epochs_count_from_zero_everywhere)
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
