@@ -13,7 +13,7 @@
 #include "backend.h"    /* backend_open, backend_close */
 #include "checkpoint.h" /* ckpt_resolve, ckpt_read_config, ckpt_verify, ckpt_load_model, ckpt_inspect */
 #include "data.h"       /* data_load */
-#include "runlog.h"     /* runlog_eval */
+#include "runlog.h"     /* runlog_eval, runlog_is_run_file */
 #include "comm.h"     /* comm_open, comm_close: the ranks of a data-parallel job */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
 #include "digest.h"   /* digest_str: the command */
@@ -781,7 +781,6 @@ static enum amp_status export_check_model(const char *ckpt, const struct config 
  * or a device is never opened, and a regular file is opened without blocking or following a link. */
 static void export_out_kind(const char *out, const struct stat *input, char *what, size_t len)
 {
-    static const char *const run_files[] = {"latest", "config.yaml", "scale_log.csv", "eval.jsonl", "numerics.csv"};
     struct stat sb;
     what[0] = '\0';
     if (lstat(out, &sb) != 0)
@@ -809,11 +808,10 @@ static void export_out_kind(const char *out, const struct stat *input, char *wha
     if (got == (ssize_t)sizeof head && safetensors_sniff(head, (size_t)sb.st_size))
         return;
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-    for (size_t i = 0; i < sizeof run_files / sizeof run_files[0]; i++)
-        if (!strcmp(base, run_files[i])) {
-            snprintf(what, len, "a run directory's %s", base);
-            return;
-        }
+    if (runlog_is_run_file(base)) {
+        snprintf(what, len, "a run directory's %s", base);
+        return;
+    }
     if (got >= 8 && !memcmp(head, CKPT_MAGIC, 8))
         snprintf(what, len, "an ampTrain checkpoint");
     else

@@ -42,21 +42,26 @@ enum amp_status runlog_make_dirs(const char *path, struct amp_error *err)
     return AMP_OK;
 }
 
-/* The files a run writes into its run.out_dir (besides .tmp files of a save in progress): a directory that holds
- * one of them holds a run. `which` gets the first one found. */
-static bool holds_run(const char *dir, char *which, size_t len)
+bool runlog_is_run_file(const char *name)
 {
     static const char *const files[] = {"scale_log.csv", "config.yaml", "latest", "eval.jsonl", "numerics.csv"};
+    size_t n = strlen(name);
+    bool found = strncmp(name, "ckpt-", 5) == 0 && n > 8 && strcmp(name + n - 3, ".h5") == 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        found = found || strcmp(name, files[i]) == 0;
+    return found;
+}
+
+/* Whether `dir` holds a run (one of its run files); `which` gets the first one found. */
+static bool holds_run(const char *dir, char *which, size_t len)
+{
     DIR *d = opendir(dir);
     if (!d)
         return false;
     bool found = false;
     struct dirent *e;
     while (!found && (e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        found = strncmp(e->d_name, "ckpt-", 5) == 0 && n > 8 && strcmp(e->d_name + n - 3, ".h5") == 0;
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-            found = found || strcmp(e->d_name, files[i]) == 0;
+        found = runlog_is_run_file(e->d_name);
         if (found)
             snprintf(which, len, "%s/%s", dir, e->d_name);
     }
