@@ -6,7 +6,9 @@
 #                                    scripts/quickstart.sh installs this set only.
 #   scripts/install-deps.sh --test   the run set plus what the tests, the fuzz harnesses and the comparison and
 #                                    benchmark scripts need (Criterion, PyTorch, numpy, h5py, gnuplot, clang with
-#                                    libFuzzer, llvm). scripts/test.sh installs this set. PyTorch alone brings
+#                                    libFuzzer, llvm), and from PyPI the two references Debian does not package:
+#                                    Hugging Face's `tokenizers` (the BPE tests) and `tensorboard` (the event-file
+#                                    test). scripts/test.sh installs this set. PyTorch alone brings
 #                                    some 150 packages on a fresh machine: that is why it is not in the run set.
 # Idempotent: installs only what is missing. Needs root (or sudo) on a Debian/Ubuntu machine.
 # The CUDA toolkit is not a Debian package here: where nvcc is on PATH (or /usr/local/cuda), the
@@ -32,7 +34,7 @@ run_packages=(
 )
 test_packages=(
   libcriterion-dev
-  python3-numpy python3-h5py python3-torch
+  python3-numpy python3-h5py python3-torch python3-pip
   gnuplot-nox
   clang libclang-rt-14-dev llvm
 )
@@ -49,14 +51,29 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages of the $set_name set present"
-  exit 0
-fi
-
-echo "install-deps: installing (${set_name} set) ${missing[*]}"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages of the $set_name set present"
+else
+  echo "install-deps: installing (${set_name} set) ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The test set's PyPI references, for Debian's python3 (the one the tests run). pip installs them under
+# /usr/local beside Debian's packages (PEP 668's marker is overridden for these two only; Debian's numpy and
+# torch are already new enough for them, so pip replaces none of Debian's packages).
+if [ "$with_test" -eq 1 ]; then
+  pip_missing=()
+  for m in tokenizers tensorboard; do
+    /usr/bin/python3 -c "import $m" 2>/dev/null || pip_missing+=("$m")
+  done
+  if [ ${#pip_missing[@]} -eq 0 ]; then
+    echo "install-deps: the PyPI references (tokenizers, tensorboard) present"
+  else
+    echo "install-deps: installing from PyPI ${pip_missing[*]}"
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "${pip_missing[@]}"
+  fi
+fi
