@@ -160,6 +160,25 @@ static inline unsigned grid_for(size_t n, unsigned threads = kThreads)
     return (unsigned)(b ? b : 1);
 }
 
+/* ---- block reductions ---- */
+
+/* The sum of every thread's v over the block, in double, the same value on every thread: a butterfly within each
+ * warp, then warp 0's lanes' order over the warps' partials, so the order is fixed by blockDim alone (results do
+ * not depend on timing). `shared` holds blockDim.x / 32 doubles; every thread of the block must call it. */
+__device__ __forceinline__ double block_sum(double v, double *shared)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* shared may still be read by the previous call */
+    if ((threadIdx.x & 31) == 0)
+        shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+        s += shared[w];
+    return s;
+}
+
 /* ---- element access by run-time dtype ---- */
 
 __device__ __forceinline__ float load_elem(const void *p, int dt, size_t i)

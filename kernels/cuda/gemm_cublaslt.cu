@@ -641,21 +641,6 @@ __global__ void merge_heads_kernel(void *dst, int dst_dt, int64_t row, int64_t c
     }
 }
 
-__device__ double block_sum_double(double v, double *shared)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0)
-        shared[warp] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-        s += shared[w];
-    return s;
-}
-
 __device__ float block_max_float(float v, float *shared)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -694,7 +679,7 @@ __global__ void softmax_causal_kernel(void *s, int s_dt, int d, void *probs, int
         row[j] = e;
         sum += e;
     }
-    sum = block_sum_double(sum, red_d);
+    sum = block_sum(sum, red_d);
     float inv = (float)(1.0 / sum);
     for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
         float p = j <= t ? row[j] * inv : 0.0f;
@@ -714,7 +699,7 @@ __global__ void softmax_causal_backward_kernel(void *ds, int ds_dt, int d, const
     double dot = 0.0;
     for (int64_t j = threadIdx.x; j <= t; j += blockDim.x)
         dot += (double)load_elem(probs, probs_dt, base + j) * (double)round_to(load_elem(ds, ds_dt, base + j), d);
-    dot = block_sum_double(dot, red_d);
+    dot = block_sum(dot, red_d);
     float dot_f = (float)dot;
     __syncthreads(); /* every thread has read its dP before any is overwritten (same thread owns j) */
     for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {

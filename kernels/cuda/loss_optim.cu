@@ -50,20 +50,6 @@ constexpr unsigned kOptimPerThread = 4;    /* elements a thread at least, over t
 constexpr unsigned kOptimMaxBlocks = 512;  /* blocks per tensor at most; beyond, the threads grid-stride */
 constexpr int kMaxTensorsPerLaunch = 65535; /* gridDim.y */
 
-__device__ double block_sum_d(double v, double *shared)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0)
-        shared[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-        s += shared[w];
-    return s;
-}
-
 /* (value, index) max with the CPU's tie rule: the first index wins. */
 __device__ void argmax_merge(float &v, int64_t &i, float v2, int64_t i2)
 {
@@ -105,13 +91,13 @@ __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int 
     }
     int32_t label = labels[blockIdx.x];
     bool ok = label >= 0 && label < K;
-    /* read before block_sum_d's barriers: dlogits may be the logits themselves (models/loss.c), and after them the
+    /* read before block_sum's barriers: dlogits may be the logits themselves (models/loss.c), and after them the
      * thread that owns element `label` may already have written its gradient there */
     float x_label = ok && threadIdx.x == 0 ? load_elem(logits, x_dt, base + label) : 0.0f;
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < K; j += blockDim.x)
         sum += exp((double)load_elem(logits, x_dt, base + j) - (double)mv);
-    sum = block_sum_d(sum, red);
+    sum = block_sum(sum, red);
     double lse = (double)mv + log(sum);
     if (threadIdx.x == 0) {
         if (losses)
@@ -138,7 +124,7 @@ __global__ void mse_kernel(float *losses, void *dy, int dy_dt, const void *y, in
         double e = (double)load_elem(y, y_dt, base + j) - (double)load_elem(t, t_dt, base + j);
         s += e * e;
     }
-    s = block_sum_d(s, red);
+    s = block_sum(s, red);
     if (threadIdx.x == 0 && losses)
         losses[blockIdx.x] = (float)(s / (double)K);
     if (!dy)
@@ -155,7 +141,7 @@ __global__ void loss_sum_kernel(double *acc, const float *losses, int64_t n, boo
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         s += (double)losses[i];
-    s = block_sum_d(s, red);
+    s = block_sum(s, red);
     if (threadIdx.x == 0)
         *acc = (accumulate ? *acc : 0.0) + s / (double)n;
 }

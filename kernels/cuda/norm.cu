@@ -28,20 +28,6 @@ constexpr int64_t kLnChunk = 128; /* rows per partial of the dgamma/dbeta column
 constexpr int64_t kChanChunk = 4096; /* elements of one channel per partial of the channel sums */
 constexpr unsigned kChanThreads = 256; /* block size of the channel sums: part of their fixed order */
 
-__device__ double block_sum(double v, double *shared)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads(); /* shared may still be read by the previous call */
-    if ((threadIdx.x & 31) == 0)
-        shared[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-        s += shared[w];
-    return s;
-}
-
 /* With `sum` (the fused residual add, norm_args.addend): each thread first writes its elements of the row's
  * sum = x + addend, rounded to sum's dtype as the add kernel rounds it, and the layernorm then reads sum: every
  * element it reads is one this thread wrote, so no barrier is needed before. */
