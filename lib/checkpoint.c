@@ -28,6 +28,7 @@
 #include "backend.h" /* download, upload */
 #include "digest.h"  /* digest_u64: ckpt_fingerprint */
 #include "dtype.h"   /* double_to_text */
+#include "h5compat.h" /* amp_h5l_info: HDF5 1.10 and 1.12+ alike */
 #include "scaler.h"  /* scaler_init: the settings that bound a loaded state */
 #include "trial.h"   /* trial_run: HDF5 parses a file in a child first */
 
@@ -1340,11 +1341,7 @@ struct visit {
     hid_t file;
 };
 
-#if H5_VERSION_GE(1, 12, 0)
-static herr_t visit_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
-#else
-static herr_t visit_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
-#endif
+static herr_t visit_cb(hid_t g, const char *name, const amp_h5l_info *info, void *data)
 {
     (void)info;
     struct visit *v = data;
@@ -1466,11 +1463,7 @@ static int read_one_weight(struct weights_visit *v, const char *name)
     return 0;
 }
 
-#if H5_VERSION_GE(1, 12, 0)
-static herr_t weights_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
-#else
-static herr_t weights_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
-#endif
+static herr_t weights_cb(hid_t g, const char *name, const amp_h5l_info *info, void *data)
 {
     (void)info;
     struct weights_visit *v = data;

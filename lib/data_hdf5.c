@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "data_internal.h" /* data_check_file, data_alloc, data_mul_ok */
+#include "h5compat.h"      /* amp_h5l_info, amp_h5_is_hdf5: HDF5 1.10 and 1.12+ alike */
 #include "trial.h"         /* trial_run: libhdf5 parses the file in a child first */
 
 #define H5_MISSING_HINT "fix data.path: it must name an HDF5 file holding the datasets data.x_key and data.y_key"
@@ -37,7 +38,7 @@ struct name_list {
     int count;
 };
 
-static herr_t collect_name(hid_t group, const char *name, const H5L_info_t *info, void *data)
+static herr_t collect_name(hid_t group, const char *name, const amp_h5l_info *info, void *data)
 {
     (void)group;
     (void)info;
@@ -340,11 +341,7 @@ static enum amp_status load_here(struct dataset *ds, const struct data_config *c
     H5Eget_auto2(H5E_DEFAULT, &old_func, &old_data);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     struct h5_ctx c = {.path = cfg->path, .cfg = cfg, .file = -1, .err = err};
-#if H5_VERSION_GE(1, 12, 0)
-    htri_t is_h5 = H5Fis_accessible(cfg->path, H5P_DEFAULT);
-#else
-    htri_t is_h5 = H5Fis_hdf5(cfg->path);
-#endif
+    htri_t is_h5 = amp_h5_is_hdf5(cfg->path);
     if (is_h5 <= 0) {
         st = amp_fail(err, AMP_ERR_DATA, "data.path must name an HDF5 file (h5py, HDF5 C API, ...)",
                       "%s: not an HDF5 file (data.path)", cfg->path);

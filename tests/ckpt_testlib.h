@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "h5compat.h" /* amp_h5l_info: HDF5 1.10 and 1.12+ alike */
 #include "testrun.h" /* struct result, amp: run the binary */
 
 static char scratch[256];
@@ -68,11 +69,7 @@ struct pair_visit {
     void *user;
 };
 
-#if H5_VERSION_GE(1, 12, 0)
-static herr_t pair_cb(hid_t g, const char *name, const H5L_info2_t *info, void *data)
-#else
-static herr_t pair_cb(hid_t g, const char *name, const H5L_info_t *info, void *data)
-#endif
+static herr_t pair_cb(hid_t g, const char *name, const amp_h5l_info *info, void *data)
 {
     (void)info;
     struct pair_visit *v = data;

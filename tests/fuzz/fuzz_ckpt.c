@@ -49,6 +49,7 @@
 #include "checkpoint.h" /* ckpt_save, ckpt_verify, ckpt_read_config, ckpt_inspect, ckpt_load_model, ckpt_load_trainer */
 #include "config.h"     /* config_parse_string, config_print_yaml, config_free */
 #include "fuzz_common.h"
+#include "h5compat.h" /* amp_h5l_info, amp_h5_object_info */
 #include "train.h" /* trainer_setup, trainer_step, trainer_flush, trainer_check_stability */
 
 /* tests/ckpt_testlib.h is a Criterion helper: its cr_assert* become aborts here, and Criterion itself is
@@ -306,11 +307,7 @@ struct object {
 static struct object objects[MAX_OBJECTS];
 static int nobjects;
 
-#if H5_VERSION_GE(1, 12, 0)
-static herr_t list_cb(hid_t loc, const char *name, const H5L_info2_t *info, void *data)
-#else
-static herr_t list_cb(hid_t loc, const char *name, const H5L_info_t *info, void *data)
-#endif
+static herr_t list_cb(hid_t loc, const char *name, const amp_h5l_info *info, void *data)
 {
     (void)info;
     (void)data;
@@ -319,11 +316,7 @@ static herr_t list_cb(hid_t loc, const char *name, const H5L_info_t *info, void 
     struct object *o = &objects[nobjects];
     snprintf(o->name, sizeof o->name, "%s", name);
     H5O_info_t oi;
-#if H5_VERSION_GE(1, 12, 0)
-    if (H5Oget_info_by_name3(loc, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
-#else
-    if (H5Oget_info_by_name2(loc, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
-#endif
+    if (amp_h5_object_info(loc, name, &oi) < 0)
         return 0;
     o->dataset = oi.type == H5O_TYPE_DATASET;
     o->numel = 1;

@@ -36,6 +36,7 @@
 
 #include "data.h" /* data_load, data_gather, data_free */
 #include "fuzz_common.h"
+#include "h5compat.h" /* amp_h5_is_hdf5 */
 
 #define SEP "#--#"
 #define SEP_LEN 4
@@ -155,11 +156,7 @@ static hsize_t extent(const hsize_t *dims, int rank)
  * build_dataset); such an input is skipped. */
 static bool declares_huge_data(const char *path)
 {
-#if H5_VERSION_GE(1, 12, 0)
-    htri_t is_h5 = H5Fis_accessible(path, H5P_DEFAULT);
-#else
-    htri_t is_h5 = H5Fis_hdf5(path);
-#endif
+    htri_t is_h5 = amp_h5_is_hdf5(path);
     hid_t f = is_h5 > 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     bool huge = false;
     for (int k = 0; f >= 0 && k < 2 && !huge; k++) {
