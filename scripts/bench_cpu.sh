@@ -13,7 +13,7 @@
 #     environment's OPENBLAS_CORETYPE as it is
 #     TORCH_OPENBLAS_THREADS=1: OPENBLAS_NUM_THREADS of the PyTorch runs ("threads": THREADS'). One by default: with
 #     2 on 2 cores OpenBLAS's own pool fought torch's OpenMP threads and PyTorch's fp32 ran slower (docs/perf.md,
-#     "Zen 5").
+#     "PyTorch's OpenBLAS kernel and threads").
 #     PROBE=1 (with several THREADS, on an AVX-512 CPU): before and after each round's runs, one round of
 #     scripts/probe_cores.c (what the machine gives a second process); the summary then gives ampTrain's median
 #     speed-up also over the rounds where both probes read >= PROBE_MIN (1.9): where the machine had two cores.
