@@ -2,7 +2,7 @@
  * main.c — the ampTrain command line: argument parsing and the subcommands, nothing else.
  *
  * Every subcommand returns an `enum amp_status`; main turns it into the process exit code of
- * DESIGN.md section 1 and prints the error with its hint.
+ * README.md's "Commands" and prints the error with its hint.
  */
 #define _POSIX_C_SOURCE 200809L /* lstat, O_NOFOLLOW: export's look at OUT */
 #include <math.h>
@@ -217,7 +217,7 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
     return st;
 }
 
-/* Keys `resume` may change, and why the others may not (DESIGN.md section 6: resume continues the same run). */
+/* Keys `resume` may change, and why the others may not (docs/checkpoint.md, "Resume": it continues the same run). */
 static const char *const resume_allowed[] = {
     "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
     "run.recompute", /* the same bits, less memory */

@@ -1,5 +1,6 @@
 /*
- * autocast.h — the autocast policy: which dtype each op kind runs in (DESIGN.md section 3).
+ * autocast.h — the autocast policy: which dtype each op kind runs in (docs/precision.md,
+ * "Autocast policy").
  *
  * Each op kind has a class, mirroring PyTorch's CUDA autocast lists for the ops we have:
  *   lowp    — runs in the run's fp16/bf16: inputs cast down, FP32 accumulation, lowp output

@@ -5,7 +5,7 @@
  * training loop call only these; the CPU backend (kernels/cpu/backend_cpu.c) is the reference, the CUDA
  * backend (kernels/cuda/) implements the same table and must agree with it within per-dtype tolerances.
  *
- * Dtype rules every operation follows (DESIGN.md section 3):
+ * Dtype rules every operation follows (docs/backend.md, "Dtype rules"):
  *  - An op "runs in" the dtype of its output activation. It reads inputs of any dtype, computes in
  *    FP32 (double where noted for determinism), and rounds once, to nearest-even, when it stores.
  *    So a bf16 op on the CPU gives the bits the GPU would, up to summation order.

@@ -1,5 +1,5 @@
 /*
- * checkpoint.h — FP32 HDF5 checkpoints (DESIGN.md section 6; docs/checkpoint.md has the layout and an
+ * checkpoint.h — FP32 HDF5 checkpoints (docs/checkpoint.md has the layout and an
  * h5py snippet).
  *
  * Layout of one file:

@@ -1,5 +1,5 @@
 /*
- * comm.h — the one seam between ranks: the communicator of data-parallel training (DESIGN.md section 10).
+ * comm.h — the one seam between ranks: the communicator of data-parallel training (docs/distributed.md).
  *
  * ampTrain runs as N ranks launched by MPI (`mpirun -np N ampTrain run ...`), one per device. The engine
  * (lib/train.c, lib/dist.c) talks to the other ranks only through this table; it never calls MPI or

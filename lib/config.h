@@ -1,5 +1,5 @@
 /*
- * config.h — the typed configuration of a run (DESIGN.md section 2) and its strict YAML reader.
+ * config.h — the typed configuration of a run (docs/config.md) and its strict YAML reader.
  *
  * The whole schema lives here as plain structs; config.c holds one descriptor table per section
  * that maps YAML keys onto these fields with their type, range and default. That table drives
@@ -224,7 +224,7 @@ struct stability_config {
     int64_t max_consecutive_skips;  /* default 100; 0 = never stop */
 };
 
-/* Data parallel (DESIGN.md section 10, docs/distributed.md). */
+/* Data parallel (docs/distributed.md). */
 struct dist_config {
     enum dist_backend backend; /* auto (default: nccl on CUDA where built, else mpi) | none | mpi | nccl */
     int64_t check_every;       /* steps between replica checksum comparisons; 0 (default): every log flush */

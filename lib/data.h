@@ -1,7 +1,7 @@
 /*
  * data.h — datasets in host memory and the deterministic, resumable sampler.
  *
- * Formats (DESIGN.md section 5): IDX (gzip or not; MNIST-style images and labels), HDF5 (float
+ * Formats (docs/data.md): IDX (gzip or not; MNIST-style images and labels), HDF5 (float
  * array x (N, ...) and integer labels y (N)), byte-level text (files concatenated; samples are
  * non-overlapping windows of seq_len+1 bytes: inputs are the first seq_len, labels the next-byte
  * targets), and token files (nanoGPT's raw uint16 / llm.c's headered .bin, memory-mapped, never held

@@ -1,6 +1,6 @@
 /*
- * dist.h — what a data-parallel step needs besides one rank's step (DESIGN.md section 10,
- * docs/distributed.md): reducing backend buffers over the communicator, agreeing on errors and stop
+ * dist.h — what a data-parallel step needs besides one rank's step
+ * (docs/distributed.md): reducing backend buffers over the communicator, agreeing on errors and stop
  * signals, comparing replicas, sharding evaluation, and checking that every rank runs one config.
  *
  * It knows the communicator (comm.h) and the backend (backend.h) only through their tables. Where the

@@ -1,5 +1,5 @@
 /*
- * error.h — the one error type of ampTrain and the exit-code table of DESIGN.md section 1.
+ * error.h — the one error type of ampTrain and the exit-code table of README.md's "Commands".
  *
  * Functions that can fail return an `enum amp_status` and fill a `struct amp_error` supplied by the
  * caller. Only cmd/ turns a status into a process exit code. Every message names the file, key or

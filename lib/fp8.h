@@ -1,5 +1,5 @@
 /*
- * fp8.h — per-tensor scaling for precision.mode fp8 (Transformer Engine's HYBRID recipe, DESIGN.md section 10).
+ * fp8.h — per-tensor scaling for precision.mode fp8 (Transformer Engine's HYBRID recipe, docs/precision.md).
  *
  * Every fp8 tensor of a layer (its input and weight in E4M3, the gradient of its output in E5M2) is a slot of
  * the model's fp8 state: a scale (codes = saturate(round(value * scale))), its reciprocal scale_inv (what a

@@ -1,5 +1,5 @@
 /*
- * runlog.h — what a run writes besides checkpoints (DESIGN.md section 7): the resolved config, the
+ * runlog.h — what a run writes besides checkpoints (README.md, "What a run writes"): the resolved config, the
  * per-step scale_log.csv, eval.jsonl, and the progress line (a single rewritten line on a terminal,
  * a plain line every log_every steps otherwise).
  */

@@ -1,5 +1,6 @@
 /*
- * scaler.h — the loss scaler (DESIGN.md section 3): static, dynamic with hysteresis and clamps, or none.
+ * scaler.h — the loss scaler (docs/precision.md, "Dynamic loss scale"): static, dynamic with hysteresis
+ * and clamps, or none.
  *
  * fp16-dynamic follows PyTorch's GradScaler (_amp_update_scale_) at hysteresis 1 and Megatron's
  * DynamicGradScaler at hysteresis > 1, with our min/max clamps:

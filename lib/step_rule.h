@@ -3,7 +3,7 @@
  *
  * After the last micro-batch's backward, backend->grad_stats writes the fused pass's result (struct
  * grad_check and per-tensor non-finite counts) into backend memory, and backend->step_finish runs
- * step_rule_finish on it, also in backend memory: it decides skip or step (DESIGN.md section 3), the
+ * step_rule_finish on it, also in backend memory: it decides skip or step (docs/precision.md), the
  * unscale-and-clip factor and the learning rate, writes the scalars the optimizer updates read (struct
  * step_scalars), updates the loss scaler (scaler_update) and writes the step's log row. The CPU backend
  * calls it directly; the CUDA backend runs it in a one-thread kernel. Nothing in a step needs the
@@ -225,7 +225,7 @@ AMP_HD static inline void step_rule_propose(const struct step_params *p, struct 
     st->sc.check = !step_rule_bounded(p, &st->sc, gc, &st->bound);
 }
 
-/* Finish step st->step + 1 (DESIGN.md section 3): inv = 1/scale; norm and clip coefficient from the
+/* Finish step st->step + 1 (docs/precision.md, "One optimizer step"): inv = 1/scale; norm and clip coefficient from the
  * finite totals; skip when non-finite (the schedule and step count stay), or when the trial found that the
  * update would store a non-finite weight or moment (counted as a skip; the scale stays), else the scalars
  * for the update; the scale update; the log row; the next step's seed. */

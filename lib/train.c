@@ -561,7 +561,7 @@ enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
     return AMP_OK;
 }
 
-/* Fail-fast checks after a step (DESIGN.md section 3). */
+/* Fail-fast checks after a step (docs/precision.md, "Failing fast"). */
 enum amp_status trainer_check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err)
 {
     const struct config *cfg = t->cfg;

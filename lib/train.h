@@ -1,7 +1,7 @@
 /*
  * train.h — the training loop (`ampTrain run`) and evaluation.
  *
- * One optimizer step (DESIGN.md sections 3 and 10):
+ * One optimizer step (docs/precision.md, "One optimizer step"; docs/distributed.md):
  *   for each of accum_steps micro-batches: forward, backward seeded with scale/(accum_steps x world)
  *     (weight gradients accumulate in FP32, each micro-batch's summed apart and then added)
  *   reduce:   data parallel: the flat FP32 gradient buffer and the step's loss summed over the ranks, once
@@ -117,7 +117,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err);
  * queued it sets nrecs to 0. */
 enum amp_status trainer_flush(struct trainer *t, struct amp_error *err);
 
-/* Fail-fast policy after a step (DESIGN.md section 3): AMP_ERR_UNSTABLE with the reason. */
+/* Fail-fast policy after a step (docs/precision.md, "Failing fast"): AMP_ERR_UNSTABLE with the reason. */
 enum amp_status trainer_check_stability(const struct trainer *t, const struct step_record *rec, struct amp_error *err);
 
 void trainer_teardown(struct trainer *t);

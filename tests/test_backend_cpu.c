@@ -1202,7 +1202,7 @@ Test(backend_cpu, layernorm_forward_backward)
 
 Test(backend_cpu, layernorm_all_equal_row_is_finite)
 {
-    /* REFERENCE.md: an all-zero (or constant) LayerNorm input must not give NaN: var 0, eps keeps rstd finite */
+    /* docs/backend.md: an all-zero (or constant) LayerNorm input must not give NaN: var 0, eps keeps rstd finite */
     int64_t rows = 2, cols = 8;
     float hx[16] = { 0 };
     for (int j = 0; j < 8; j++)

@@ -1,5 +1,5 @@
 /*
- * test_dist.c — data parallel (issue 11, DESIGN.md section 10, docs/distributed.md), end to end with
+ * test_dist.c — data parallel (docs/distributed.md), end to end with
  * `mpirun -np N ampTrain`, and in process with a counting communicator.
  *
  * The main test: on the CPU, 2 ranks with batch B train exactly as 1 rank with batch B and accum_steps 2

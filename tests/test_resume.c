@@ -1,5 +1,5 @@
 /*
- * test_resume.c — bit-exact resume (DESIGN.md section 6, issue 5 item 5): N steps straight, and k steps
+ * test_resume.c — bit-exact resume (docs/checkpoint.md, "Resume"): N steps straight, and k steps
  * then `ampTrain resume` for the remaining N-k, give byte-identical tensors in the final checkpoints and
  * identical scale_log.csv rows (samples_per_s aside), in every precision mode, with accum_steps > 1, and
  * from a checkpoint taken right after a skipped step. Also SIGTERM mid-training, then resume.

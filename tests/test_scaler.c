@@ -2,7 +2,8 @@
  * test_scaler.c — the loss-scale state machine against the PyTorch rule (hysteresis 1) and the
  * Megatron rule (hysteresis > 1), on scripted overflow sequences, with every counter checked.
  *
- * The reference implementations below are transcriptions of the published rules (REFERENCE.md):
+ * The reference implementations below are transcriptions of the published rules (docs/precision.md,
+ * "Dynamic loss scale"):
  * PyTorch's _amp_update_scale_ (no clamps) and Megatron's DynamicGradScaler.update.
  */
 #include <criterion/criterion.h>

@@ -426,7 +426,7 @@ static void check_sampler_resume(enum data_sampling sampling)
 Test(tokens_sampling, resume_from_epoch_and_cursor_random) { check_sampler_resume(SAMPLING_RANDOM); }
 Test(tokens_sampling, resume_from_epoch_and_cursor_sequential) { check_sampler_resume(SAMPLING_SEQUENTIAL); }
 
-/* train.c's split between ranks (DESIGN.md section 10): per micro-batch every rank draws `world` batches
+/* train.c's split between ranks (docs/distributed.md, step 1): per micro-batch every rank draws `world` batches
  * from the one global order and keeps its own, so rank r's batches are global batches world * m + r. */
 static void check_rank_split(enum data_sampling sampling)
 {
