@@ -713,7 +713,8 @@ static enum amp_status check_file(const char *path, struct amp_error *err)
 
 /* ---- reading: every object checked before a byte of it is read ------------------------------------ */
 
-/* A checkpoint that verified is still only bytes someone may have edited and re-sealed (issue 12): each
+/* A checkpoint that verified is still only bytes someone may have edited and re-sealed (docs/checkpoint.md,
+ * "What a verified file may still say"): each
  * attribute and dataset is checked for its type class, rank and size before it is read, and each value
  * for its range after; a failure is AMP_ERR_CKPT naming the file and the object. */
 struct reader {

@@ -16,7 +16,7 @@
 #   scripts/bench_memory.sh                     AMP_BIN (default build/ampTrain), BATCH=1024, STEPS=3
 #   BATCH=2048 STEPS=2 scripts/bench_memory.sh
 #
-# PARAMS=1: the parameters' side instead (issue 14: bf16 master weights). A text_gpt wide enough that the
+# PARAMS=1: the parameters' side instead (bf16 master weights, docs/precision.md). A text_gpt wide enough that the
 # parameters dominate (WIDTH=512, BLOCKS=8: 25.5 M parameters; BATCH=2, so that activations stay small) in bf16
 # mixed precision (fp32 master, fp32 m and v, fp32 gradient, bf16 copy: 18 bytes a parameter) against
 # precision.master_weights=bf16 with optim.state_dtype=bf16 (10 bytes); target: peak RSS at least 40% lower

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of measuring numerics (issue 13): STEPS steps of CONFIG (default 10 of configs/text_gpt.yaml, bf16)
+# The cost of measuring numerics (docs/perf.md): STEPS steps of CONFIG (default 10 of configs/text_gpt.yaml, bf16)
 # plain, then the same with run.numerics_every=1 (every step measured against its FP32 shadow), alternating
 # ROUNDS times. Prints each round's training seconds (the run's own "train: ... in X s" line, which includes the
 # measuring: it happens inside the steps), the part of it spent measuring (the numerics report's "measured in

@@ -1,7 +1,7 @@
 /*
  * bench_optim.c — the CPU backend's step tail per parameter, side by side in alternating rounds: the AdamW update
  * with fp32 master and moments (with the bf16 copy mixed bf16 keeps), with bf16 master and moments rounded to
- * nearest or stochastically (issue 14), and the gradient check (grad_stats) that precedes every update. Built and
+ * nearest or stochastically, and the gradient check (grad_stats) that precedes every update. Built and
  * run by scripts/bench_optim.sh against BUILD_DIR/libamp.a.
  *
  *   bench_optim [THREADS...]     environment: PARAMS, the tensors' sizes (default 1048576: one tensor of 1 M);

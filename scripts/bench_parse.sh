@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time `ampTrain check` on the configs that were quadratic (issue 12 item 5): deep flow nesting, many layers,
+# Time `ampTrain check` on the configs that were quadratic (docs/reliability.md): deep flow nesting, many layers,
 # many keys in one mapping (clip:), each at N items (default 40000 and 400000; the 16 MiB cap allows about that).
 #   scripts/bench_parse.sh                       # build/ampTrain
 #   BASE=/path/to/old/ampTrain scripts/bench_parse.sh   # the same inputs through an older binary, side by side

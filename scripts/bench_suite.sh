@@ -2,7 +2,7 @@
 # The test suite's wall time in two builds, side by side: ctest in BUILD_A, then in BUILD_B (the order swapped each
 # round), the same tests, nothing else running. Prints each suite's seconds in both and the totals.
 #   scripts/bench_suite.sh BUILD_A BUILD_B [ROUNDS=1] [CTEST_ARGS="-E test_cli"]
-# Made for issue 16 item 5 (what the CPU backend's threads save the suite): BUILD_A the tree as it is, BUILD_B the
+# Made to measure what the CPU backend's threads save the suite: BUILD_A the tree as it is, BUILD_B the
 # same tree with run.threads defaulting to 1 instead of auto (docs/perf.md, "The test suite and the threads").
 set -euo pipefail
 cd "$(dirname "$0")/.."

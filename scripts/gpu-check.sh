@@ -11,7 +11,7 @@
 #                                      T = 1024 against PyTorch and llm.c, first after the build, table in
 #                                      OUTDIR/gpt2.md, about 5 minutes; and when asked "sanitize": compute-sanitizer
 #                                      memcheck over the op tests, "cpu": the host's CPU against PyTorch's,
-#                                      scripts/bench_cpu.sh, fashion_mlp fp32 at 1 and all threads, issue 16),
+#                                      scripts/bench_cpu.sh, fashion_mlp fp32 at 1 and all threads),
 #                                      TEST_TIMEOUT (120 s a test binary: the H200 ran each in 1-29 s),
 #                                      RUN_TIMEOUT (90 s a training run; 300 s with DRY=1, where
 #                                      width-768 GPT runs on two CPU cores have passed 90 s: PyTorch
@@ -82,7 +82,7 @@ if [ "$dry" = 1 ]; then note "DRY run: everything on the CPU, no GPU tests (chec
 else nvidia-smi > "$out/nvidia-smi.log" 2>&1 || fail "nvidia-smi did not run (no GPU?)"; fi
 note "commit $commit$(git diff --quiet 2>/dev/null || echo ' (checkout dirty)'), $(date -u +%Y-%m-%dT%H:%MZ)"
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
-# the host's CPU (issue 16 asks for a Zen 4 measurement: AMD family 25, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf)
+# the host's CPU (a Zen 4 is AMD family 25, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf)
 cpu_line() { lscpu 2>/dev/null | sed -n "s/^$1: *//p" | head -1; }
 note "host CPU: $(cpu_line 'Model name'), $(cpu_line 'Vendor ID') family $(cpu_line 'CPU family') model $(cpu_line 'Model'), $(nproc) CPUs"
 
@@ -177,8 +177,8 @@ if has_phase sanitize && [ "$dry" != 1 ]; then
   esac
 fi
 
-# ---- optional: the host's CPU against PyTorch on the CPU (PHASES="... cpu"): fashion_mlp fp32 at 1 thread (issue 16's
-# 1.6x on every CPU kind) and at every CPU, against the PyTorch here (a pip one runs its products on MKL/oneDNN,
+# ---- optional: the host's CPU against PyTorch on the CPU (PHASES="... cpu"): fashion_mlp fp32 at 1 thread (the aim:
+# 1.6x PyTorch on every CPU kind) and at every CPU, against the PyTorch here (a pip one runs its products on MKL/oneDNN,
 # stronger than the Debian PyTorch on OpenBLAS of docs/perf.md's CPU figures) ----
 if has_phase cpu; then
   t1=$(date +%s)

@@ -2343,7 +2343,7 @@ Test(backend_cpu, adamw_subnormal_moments_have_the_fp32_formulas_bits)
 }
 
 /* 1 - beta is computed in double and then rounded, as PyTorch passes the Python float 1 - beta2 to
- * addcmul_: for beta2 = 0.999 the factor is 0.001f, not 1.0f - 0.999f = 0.00099998713 (issue 12 item 12).
+ * addcmul_: for beta2 = 0.999 the factor is 0.001f, not 1.0f - 0.999f = 0.00099998713.
  * One step from v = 0 with g = 1 makes v exactly that factor. */
 Test(backend_cpu, adamw_one_minus_beta_is_rounded_from_double_as_pytorch_does)
 {
@@ -2600,7 +2600,7 @@ static bool maps_file(const char *name)
     return found;
 }
 
-/* A CPU run of a CUDA-enabled build maps none of cuBLASLt, cuDNN, NCCL or the module (issue 16 item 4): run.device
+/* A CPU run of a CUDA-enabled build maps none of cuBLASLt, cuDNN, NCCL or the module: run.device
  * cpu never loads it, and auto does not where the NVIDIA driver is absent. */
 Test(backend_cpu, cpu_run_maps_no_cuda_library)
 {
@@ -2776,7 +2776,7 @@ Test(backend_cpu, sgd_bf16_master_small_updates_survive_only_stochastically)
 /* The trial of an update (optim_update_args.trial) stores nothing and reports, as 1 + its index in the call, the
  * first parameter with a new weight or moment that would be stored non-finite: a learning rate that overflows
  * the weight, a gradient whose square overflows v, a finite fp32 value that bf16 storage rounds to Inf (to
- * nearest and stochastically), SGD's momentum buffer. A clean trial reports 0. (Issue 41: lr 1e38 wrote Inf
+ * nearest and stochastically), SGD's momentum buffer. A clean trial reports 0. (Before, lr 1e38 wrote Inf
  * weights and an unloadable checkpoint.) */
 struct trial_case {
     const char *what;

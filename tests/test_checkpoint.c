@@ -1,5 +1,5 @@
 /*
- * test_checkpoint.c — the checkpoint module and the resume / eval / inspect commands (issue 5):
+ * test_checkpoint.c — the checkpoint module and the resume / eval / inspect commands (docs/checkpoint.md):
  * layout and inspect, verified loading of damaged files (truncated, empty, flipped bits, foreign HDF5,
  * future format_version, missing tensor or scaler group, another model's shapes), crash safety
  * (kill -9 during saves, disk full via RLIMIT_FSIZE, read-only directory, stale .tmp), resume overrides.

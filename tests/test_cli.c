@@ -37,7 +37,7 @@ Test(cli, version_says_whether_cuda_was_built)
     cr_assert(strstr(r.out, "NCCL: "), "%s", r.out);
 }
 
-/* Hostile inputs (issue 12, items 1, 6, 9): each of these hung, crashed, lost data or printed a raw '%s'. */
+/* Hostile inputs: each of these hung, crashed, lost data or printed a raw '%s'. */
 Test(cli, a_fifo_given_as_config_or_checkpoint_is_refused_not_waited_on) /* each call under timeout 20 */
 {
     struct result r = shell("f=/tmp/amp_cli_fifo_$$; mkfifo $f && { timeout 20 " AMP_BINARY " check $f; echo \"check $?\"; "
@@ -49,7 +49,7 @@ Test(cli, a_fifo_given_as_config_or_checkpoint_is_refused_not_waited_on) /* each
 }
 
 /* A FIFO as any data file or as model.init_from waited for a writer for ever (and SIGTERM then ended the wait as
- * exit 3, "Interrupted system call"): each is refused at once, naming the file and its key (issue 41 item 8). */
+ * exit 3, "Interrupted system call"): each is refused at once, naming the file and its key. */
 Test(cli, a_fifo_as_data_or_init_from_is_refused_not_waited_on) /* each run under timeout 10 */
 {
     static const struct {
@@ -255,7 +255,7 @@ Test(cli, sigint_finishes_the_step_writes_a_checkpoint_and_exits_130, .timeout =
                           "echo \"latest: $(cat /tmp/amp_cli_sigint_$$/latest)\"; "
                           "rm -rf /tmp/amp_cli_sigint_$$ /tmp/amp_cli_sigint_$$.out");
     cr_assert(strstr(r.out, "code 130"), "%s", r.out);
-    /* a stop the user asked for is no error, and its hint is the command to continue (issue 43, item 6: it said
+    /* a stop the user asked for is no error, and its hint is the command to continue (before, it said
      * "error:" and showed a placeholder) */
     cr_assert(strstr(r.out, "ampTrain: stopped by SIGINT after step"), "%s", r.out);
     cr_assert(strstr(r.out, "hint: continue with 'ampTrain resume /tmp/amp_cli_sigint_") &&
@@ -360,7 +360,7 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     cr_assert(strstr(gpt2, "Loss agreement (ampTrain bf16 against PyTorch") && strstr(gpt2, ": PASS"), "%s", gpt2);
 }
 
-/* Issue 41, item 13: `run` or `check` given a checkpoint or a run directory names it as such (it said "tab
+/* `run` or `check` given a checkpoint or a run directory names it as such (it said "tab
  * character (YAML forbids tabs)"); any other binary file is "not a YAML text file". Exit 2, nothing trained. */
 Test(cli, a_checkpoint_or_binary_file_given_as_config_is_named)
 {
@@ -386,7 +386,7 @@ Test(cli, a_checkpoint_or_binary_file_given_as_config_is_named)
     cr_assert_eq(twos, 5, "four checkpoint arguments and one binary file, each exit 2:\n%s", r.out);
 }
 
-/* optim.schedule's decay keys (issue 43, item 5): a decay that ends before the warmup, a wsd fraction of 0. */
+/* optim.schedule's decay keys (docs/config.md, `optim`): a decay that ends before the warmup, a wsd fraction of 0. */
 Test(cli, schedule_decay_keys_are_checked)
 {
     struct result r = run("check configs/fashion_mlp.yaml optim.schedule.kind=wsd optim.schedule.warmup_steps=100 "
@@ -401,7 +401,7 @@ Test(cli, schedule_decay_keys_are_checked)
     cr_assert_eq(r.code, 0, "%s", r.out);
 }
 
-/* Issue 43, item 6: the run says how many parameters the model has (a tied table once): fashion_mlp's 784-512-512-10
+/* The run says how many parameters the model has (a tied table once): fashion_mlp's 784-512-512-10
  * is 784*512+512 + 512*512+512 + 512*10+10. */
 Test(cli, run_prints_the_parameter_count)
 {
@@ -412,7 +412,7 @@ Test(cli, run_prints_the_parameter_count)
     cr_assert(strstr(r.out, want), "want '%s':\n%s", want, r.out);
 }
 
-/* Issue 43, item 6: a did-you-mean across sections and for a value that is the start of several, the words other
+/* A did-you-mean across sections and for a value that is the start of several, the words other
  * trainers use for our commands, and `ampTrain COMMAND --help` (it was an error). */
 Test(cli, suggestions_reach_across_sections_and_commands)
 {
@@ -438,7 +438,7 @@ Test(cli, suggestions_reach_across_sections_and_commands)
     cr_assert(strstr(r.out, "usage: ampTrain export"), "%s", r.out);
 }
 
-/* Issue 43, item 6: one numbering of epochs, from 0: the progress line said "epoch 1" where scale_log.csv and resume
+/* One numbering of epochs, from 0: the progress line said "epoch 1" where scale_log.csv and resume
  * said 0. */
 Test(cli, epochs_count_from_zero_everywhere)
 {
@@ -456,7 +456,7 @@ Test(cli, epochs_count_from_zero_everywhere)
     cr_assert_null(strstr(r.out, "epoch 1 |"), "%s", r.out);
 }
 
-/* Issue 43, item 6: each shipped config's "# Run:" line names the config itself (the precision variants named their
+/* Each shipped config's "# Run:" line names the config itself (the precision variants named their
  * base config). */
 Test(cli, every_config_says_how_to_run_itself)
 {
@@ -465,7 +465,7 @@ Test(cli, every_config_says_how_to_run_itself)
     cr_assert(strstr(r.out, "done") && !strstr(r.out, "MISMATCH"), "%s", r.out);
 }
 
-/* Issue 43, item 6: --help names fp8 among the modes, and check's policy heading says fp8 runs the linear products. */
+/* --help names fp8 among the modes, and check's policy heading says fp8 runs the linear products. */
 Test(cli, fp8_is_named_in_help_and_check)
 {
     struct result r = run("--help");

@@ -1488,7 +1488,7 @@ Test(overrides, finalize_catches_cross_key_errors_after_overrides)
     config_free(&c);
 }
 
-/* ---- hostile sizes (issue 12 items 4, 5, 11) ----------------------------------------------------- */
+/* ---- hostile sizes (docs/reliability.md, "Bounded parsing") -------------------------------------- */
 
 /* A growing buffer for generated configs. */
 static char *gen(size_t cap) { char *s = calloc(cap, 1); cr_assert_not_null(s); return s; }

@@ -1,5 +1,5 @@
 /*
- * test_cuda_dist.c — data parallel on GPUs (issue 11 item 7, docs/distributed.md): NCCL on one GPU (a
+ * test_cuda_dist.c — data parallel on GPUs (docs/distributed.md, "GPUs: NCCL"): NCCL on one GPU (a
  * one-rank communicator: every step reduces through ncclAllReduce) and, where two GPUs exist, two ranks
  * with NCCL against one GPU with accum_steps 2. Skips without a GPU (the suite then reports Skipped).
  */

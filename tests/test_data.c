@@ -506,7 +506,7 @@ Test(data_idx, truncated_gzip_stream)
 }
 
 /* A gzip file cut inside its 8-byte trailer (CRC-32 and length) still holds all the data: zlib only
- * checks the trailer when a read reaches the stream's end. Before (issue 12 item 8) it was accepted. */
+ * checks the trailer when a read reaches the stream's end. Before, it was accepted. */
 Test(data_idx, gzip_without_its_trailer_is_refused)
 {
     for (int cut = 1; cut <= 8; cut += 7) {
@@ -551,7 +551,7 @@ static void copy_cut(const char *from, const char *to, long cut)
 
 /* Over about 1 MB the payload's last read ends exactly where the data does: zlib had taken the cut trailer's bytes
  * and reached the end of the file inside that read, so the one-byte read after it saw end-of-file without an
- * error, and both real Fashion-MNIST image files were accepted cut (issue 41 item 11). The payload is random, so
+ * error, and both real Fashion-MNIST image files were accepted cut. The payload is random, so
  * that the gzip file is as large as the data. */
 Test(data_idx, a_large_gzip_without_its_trailer_is_refused)
 {

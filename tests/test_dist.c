@@ -402,7 +402,7 @@ Test(dist, resume_two_one_two_says_how_the_batch_changes)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "was written by 2 ranks (accum_steps 1) and resumes on 1: a step takes 32 samples (batch "
                             "32 x accum 1 x 1 ranks), instead of 64; resume with accum_steps=2 to keep it"), "%s", r.out);
-    /* with that override: the note says the batch is kept, from the checkpoint's own accum_steps (issue 43, item 6: it
+    /* with that override: the note says the batch is kept, from the checkpoint's own accum_steps (before, it
      * used the override's and advised accum_steps=0.5) */
     struct result k = amp("resume %s/a/ckpt-6.h5 run.steps=7 accum_steps=2 run.out_dir=%s/kept", scratch, scratch);
     cr_assert_eq(k.code, 0, "%s", k.out);

@@ -615,7 +615,7 @@ Test(dtype, bulk_portable_agrees_with_the_scalar_functions)
 }
 
 /* A safetensors file whose header length is not a multiple of 8 (the format allows it) puts its F16/BF16 data at
- * odd addresses; the scalar tails loaded them as uint16_t, which UBSan reports as misaligned (issue 41 item 5).
+ * odd addresses; the scalar tails loaded them as uint16_t, which UBSan reports as misaligned.
  * Every path, every pair, source and destination one byte off alignment, against the aligned conversion. */
 Test(dtype, misaligned_source_and_destination_give_the_aligned_bits)
 {
@@ -688,7 +688,7 @@ Test(dtype, env_var_forces_the_portable_path)
 }
 
 /* Values a user compares (scale_log.csv, messages) print so that they read back exactly: 2^30 was
- * 1.07374182e+09 with %.9g (issue 12 item 12). */
+ * 1.07374182e+09 with %.9g. */
 Test(dtype, double_to_text_is_the_shortest_exact_decimal)
 {
     char buf[40];

@@ -1,5 +1,5 @@
 /*
- * test_export.c — `ampTrain export` and lib/safetensors (issue 15 item 3): a small trained fashion_mlp checkpoint
+ * test_export.c — `ampTrain export` and lib/safetensors (docs/checkpoint.md): a small trained fashion_mlp checkpoint
  * exported in fp32, bf16 and fp16 with both name sets and read back with our reader (fp32 bit-exact, bf16/fp16
  * equal to dtype_convert of the fp32 values); the file's bytes against the format (header length, 8-byte
  * alignment, contiguous offsets, space padding); scripts/safetensors_check.py and, where /usr/bin/python3 has
@@ -382,7 +382,7 @@ Test(export, a_crafted_tensor_is_exit_4_naming_it)
     cr_assert(!file_exists(out));
 }
 
-/* The checkpoint's tensors must be exactly its config's model's, as eval requires (issue 41 item 6): a tensor the
+/* The checkpoint's tensors must be exactly its config's model's, as eval requires: a tensor the
  * model does not have, one it has that is missing, one of another shape are each exit 4 naming the tensor (and
  * both shapes), and nothing is written. Export wrote all three with exit 0. */
 Test(export, tensors_that_are_not_the_models_are_exit_4_naming_them)
@@ -455,7 +455,7 @@ Test(export, a_failed_write_is_exit_1_naming_out_and_leaves_an_existing_out_unto
     cr_assert_eq(tmp_files_in(dir), 0);
 }
 
-/* ---- what OUT may be (issue 41 item 2) ------------------------------------------------------------------- */
+/* ---- what OUT may be ------------------------------------------------------------------------------------- */
 
 /* `export CKPT OUT` (under timeout: a FIFO must not be waited on) is exit 2 naming OUT and saying `what` it is,
  * with a hint, and OUT is still there, the same kind of file, the same inode, the same bytes. */
@@ -527,7 +527,7 @@ Test(export, out_may_only_be_new_or_an_earlier_export)
 /* Dotted layer names are allowed, so two tensors can meet under --names pytorch ('/' becomes '.'): a layernorm
  * named block0.ln1 beside transformer_block block0 (whose ln1 is block0/ln1). Export wrote both as
  * block0.ln1.weight (exit 0) and ampTrain's own reader refused the file; it is now exit 2 naming both tensors and
- * their layers and the key, before anything is written (issue 41 item 7). ampTrain names stay unique. */
+ * their layers and the key, before anything is written. ampTrain names stay unique. */
 Test(export, layer_names_that_collide_under_pytorch_names_are_refused)
 {
     struct result r = amp("run configs/text_gpt.yaml data.batch_size=2 run.device=cpu run.steps=1 run.ckpt_every=1 "
@@ -552,7 +552,7 @@ Test(export, layer_names_that_collide_under_pytorch_names_are_refused)
     safetensors_free(&f);
 }
 
-/* ---- the temporary file and the final file's mode (issue 41 item 10) ------------------------------------ */
+/* ---- the temporary file and the final file's mode ------------------------------------------------------- */
 
 /* The file gets 0666 & ~umask, as any file a program creates (and as checkpoints do): 0640 under umask 027, not
  * the 0644 it was forced to. */
@@ -904,7 +904,7 @@ Test(export, an_image_model_exports_without_its_data)
     cr_assert(strstr(r.out, "/nonexistent/fashion-mnist"), "%s", r.out);
 }
 
-/* Issue 43, item 6: an OUT in a directory that does not exist is named as such (it blamed disk space and quotas). */
+/* An OUT in a directory that does not exist is named as such (it blamed disk space and quotas). */
 Test(export, a_missing_directory_is_named)
 {
     struct result r = amp("export %s %s/no/such/dir/out.safetensors", ckpt, scratch);

@@ -1,6 +1,6 @@
 /*
  * test_hostile.c — checkpoints edited through HDF5 and re-sealed (so the whole-file CRC passes and only
- * the reader's own checks stand between the file and the trainer), issue 12 items 2, 3 and 11:
+ * the reader's own checks stand between the file and the trainer; docs/reliability.md, "Validated contents"):
  * attributes and datasets of the wrong class, rank or size, values out of range, non-finite tensors,
  * and the string encodings h5py writes, which must load.
  * Every case is a refusal with exit 4 naming the object, never a crash (the ASan build runs these too).
@@ -388,7 +388,7 @@ Test(hostile, tensor_storage_beyond_the_tensor_or_the_file_is_refused)
 
 }
 
-/* ---- the commands around a checkpoint (issue 12 items 10, 11) --------------------------------------- */
+/* ---- the commands around a checkpoint --------------------------------------------------------------- */
 
 Test(hostile, resume_override_typo_gets_a_did_you_mean)
 {
@@ -565,7 +565,7 @@ Test(hostile, fp8_scales_and_amax_histories_are_checked_naming_the_tensor)
     cr_assert(strstr(r.out, "precision.mode changes from fp16-dynamic to fp8 on resume"), "%s", r.out);
 }
 
-/* Issue 41, item 3: a loss scale whose fp32 inverse is Inf is refused before training (1e-45 wrote NaN into every
+/* A loss scale whose fp32 inverse is Inf is refused before training (1e-45 wrote NaN into every
  * weight without a skip), and an update that would store a non-finite weight or moment is never applied: the step
  * is skipped and counted, the weights stay finite, every checkpoint loads (lr 1e38 wrote Inf weights, exit 0, and an
  * unloadable `latest`). */
@@ -653,7 +653,7 @@ Test(hostile, an_update_that_would_be_non_finite_is_skipped_and_every_checkpoint
     cr_assert(strstr(r.out, "2 skipped steps in a row"), "%s", r.out);
 }
 
-/* Issue 41, item 4: an fp8 run with a dynamic loss scale records the amax of an overflowing step's gradients, +Inf,
+/* An fp8 run with a dynamic loss scale records the amax of an overflowing step's gradients, +Inf,
  * in /fp8/bwd/amax_history (as Transformer Engine does; the scale update ignores it). The loader refused every
  * checkpoint holding such an entry (exit 4), while inspect accepted it: writer, loader and inspect now agree. */
 Test(hostile, an_fp8_checkpoint_with_an_overflow_in_its_amax_history_loads)
@@ -695,7 +695,7 @@ Test(hostile, an_fp8_checkpoint_with_an_overflow_in_its_amax_history_loads)
     cr_assert(infs > 0, "no +Inf in /fp8/bwd/amax_history");
 }
 
-/* Issue 43, item 6: the keys resume accepts are one list: the refusal's hint prints cmd/main.c's table, and
+/* The keys resume accepts are one list: the refusal's hint prints cmd/main.c's table, and
  * docs/checkpoint.md and `help resume` name every key of it (they disagreed: run.threads, dist.* and the storage keys
  * were missing from some). */
 Test(hostile, resume_overrides_are_one_list)

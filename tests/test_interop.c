@@ -1,5 +1,5 @@
 /*
- * test_interop.c — GPT-2 interop (issue 15 items 2-4): a tiny GPT-2 (configs/gpt2_tiny.yaml, lm_head tied to
+ * test_interop.c — GPT-2 interop (docs/checkpoint.md): a tiny GPT-2 (configs/gpt2_tiny.yaml, lm_head tied to
  * the token table) trained a few steps; `export --names hf-gpt2` (Hugging Face's keys, Conv1D weights
  * transposed, lm_head.weight left out as save_pretrained leaves it) and `--names pytorch` (the tied table under
  * both state_dict names); `model.init_from` from a checkpoint and from each export, strict and not strict;
@@ -64,7 +64,7 @@ Test(interop, the_tied_table_is_stored_once)
     ckpt_weights_free(&w);
 }
 
-/* A crafted qkv weight of another shape (issue 41 item 6): 3-D, hf-gpt2's transpose read (96, 32) of it and
+/* A crafted qkv weight of another shape: 3-D, hf-gpt2's transpose read (96, 32) of it and
  * exported 2,976 of its 3,072 values from uninitialised heap, exit 0; 1-D, it exported as shape [0]. Now both are
  * exit 4 naming the tensor and both shapes, under every name set, and nothing is written. */
 Test(interop, a_qkv_weight_of_another_shape_is_exit_4_not_exported)
@@ -233,7 +233,7 @@ Test(interop, strict_lists_every_mismatch_and_not_strict_warns)
     cr_assert(strstr(r.out, want), "%s", r.out);
     cr_assert(strstr(r.out, "unexpected keys: "), "%s", r.out);
     cr_assert(strstr(r.out, "and 17 more"), "29 unexpected, 12 listed: %s", r.out);
-    /* the export's metadata says its naming: the hint names the setting (issue 43, item 6) */
+    /* the export's metadata says its naming: the hint names the setting */
     cr_assert(strstr(r.out, "hint: the file says its names are pytorch: set model.init_names=pytorch"), "%s", r.out);
     r = amp("run " TINY " run.steps=1 run.out_dir=%s/s2 model.init_from=%s/pt3.safetensors model.init_strict=false",
             scratch, scratch, scratch, scratch);
@@ -468,7 +468,7 @@ Test(interop, hub_layout_and_bf16_masters)
     cr_assert(strstr(r.out, "init_from: 28 of 28 tensors"), "%s", r.out);
 }
 
-/* ---- init_from's reading of files that are not what they claim (issue 41) ------------------------------- */
+/* ---- init_from's reading of files that are not what they claim (docs/reliability.md) -------------------- */
 
 TestSuite(init_from_files, .init = make_scratch, .fini = remove_scratch);
 
@@ -501,7 +501,7 @@ static long read_in_child(const char *path, int *status)
     return ru.ru_maxrss;
 }
 
-/* init_from read the whole file before its first check: a wrong 6 GB file took 6.3 GB of memory (issue 41 item 9).
+/* init_from read the whole file before its first check: a wrong 6 GB file took 6.3 GB of memory.
  * The header length is checked after 8 bytes, the header before the data is read. */
 static void refused_without_reading(const char *name, const void *head, size_t len, const char *why)
 {
@@ -583,7 +583,7 @@ static void assert_named(const char *name, const char *what, const char *hint)
 }
 
 /* init_from on a Keras .h5 or a PyTorch .bin said "the header length is ... beyond the limit": the format its magic
- * bytes show is named, with how to convert it (issue 41 item 13). */
+ * bytes show is named, with how to convert it. */
 Test(init_from_files, files_of_other_formats_are_named_with_a_hint)
 {
     static const struct {
@@ -648,7 +648,7 @@ static unsigned char *metadata_file(int n, size_t *size)
     return b;
 }
 
-/* 50,000 metadata entries took 14-25 s under ASan: each entry grew two arrays by one element (issue 41 item 12). */
+/* 50,000 metadata entries took 14-25 s under ASan: each entry grew two arrays by one element. */
 Test(safetensors_reader, many_metadata_entries_parse_in_linear_time, .timeout = 10)
 {
     enum { N = 200000 };
@@ -707,7 +707,7 @@ static const char *eval_line(const struct result *r, char *out, size_t len)
 }
 
 /* Under UBSan init_from of an F16/BF16 file whose header length is not a multiple of 8 stopped at a misaligned
- * uint16_t load (dtype_simd.c's tails; dtype.c's loop with AMP_DTYPE_PORTABLE=1), exit 1 (issue 41 item 5). */
+ * uint16_t load (dtype_simd.c's tails; dtype.c's loop with AMP_DTYPE_PORTABLE=1), exit 1. */
 Test(init_from_files, fp16_and_bf16_tensors_at_odd_offsets_load_as_aligned_ones)
 {
     struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.ckpt_every=1 run.out_dir=%s/base",
@@ -754,7 +754,7 @@ Test(init_from_files, fp16_and_bf16_tensors_at_odd_offsets_load_as_aligned_ones)
     }
 }
 
-/* Issue 43, item 6: a file whose names match but whose shapes do not gets a hint about the model, not about names. */
+/* A file whose names match but whose shapes do not gets a hint about the model, not about names. */
 Test(interop, shapes_alone_get_a_hint_about_the_model)
 {
     cr_assert_eq(export_to("hf_shapes.safetensors", "hf-gpt2").code, 0);

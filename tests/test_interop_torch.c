@@ -1,5 +1,5 @@
 /*
- * test_interop_torch.c — ampTrain's GPT-2 against PyTorch (issue 15 item 5), with scripts/gpt2_torch.py (a
+ * test_interop_torch.c — ampTrain's GPT-2 against PyTorch (docs/checkpoint.md), with scripts/gpt2_torch.py (a
  * torch.nn GPT-2 in nanoGPT's layout with Hugging Face's key names; no transformers or safetensors package):
  *   - a tiny GPT-2 (configs/gpt2_tiny.yaml, lm_head tied) trained 20 steps in fp32, exported with
  *     `--names hf-gpt2`, gives in torch the logits ampTrain computes for fixed tokens: max|diff| <= 1e-5 max|logit|;

@@ -169,7 +169,7 @@ Test(build_errors, wrong_num_classes_names_the_loss_and_the_linear)
 }
 
 /* One out-of-range label (a byte 255 in a 10-class IDX file) used to read as a config error with no file
- * named (issue 12 item 7): with the labels' source known it is a data error naming it, the index and the
+ * named: with the labels' source known it is a data error naming it, the index and the
  * label. */
 Test(build_errors, a_label_beyond_the_models_classes_is_a_data_error_naming_the_file)
 {

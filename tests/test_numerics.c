@@ -1,5 +1,5 @@
 /*
- * test_numerics.c — `ampTrain numerics` (issue 13): the format arithmetic against the exact conversions,
+ * test_numerics.c — `ampTrain numerics` (docs/precision.md): the format arithmetic against the exact conversions,
  * exact fractions at each format's boundaries, the loss-scale window, the verdicts on real models, and
  * that measuring leaves the run bit-identical.
  */
@@ -226,7 +226,7 @@ Test(numerics, measuring_leaves_the_run_bit_identical)
 
 /* A checkpoint (here its run directory) is measured from its state. The measured steps are trained in memory only,
  * so their rows go to a file of the command's own, never into the run's numerics.csv, whose rows are steps that
- * were trained (issue 41, item 14: `numerics RUN_DIR` appended a step 4 the run never trained to it). */
+ * were trained (before, `numerics RUN_DIR` appended a step 4 the run never trained to it). */
 Test(numerics, a_checkpoint_is_measured_from_its_state)
 {
     struct result r = amp("run configs/fashion_mlp.yaml precision.mode=fp16-dynamic " SMALL_MLP
@@ -273,7 +273,7 @@ Test(numerics, a_run_that_measures_is_bit_identical_to_one_that_does_not)
     remove_scratch();
 }
 
-/* Issue 43, item 6: numerics made run.out_dir without its parents (exit 1 where `run` creates them), so the example in
+/* `numerics` made run.out_dir without its parents (exit 1 where `run` creates them), so the example in
  * docs/precision.md failed in a fresh checkout. */
 Test(numerics, run_out_dir_is_made_with_its_parents)
 {

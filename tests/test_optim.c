@@ -71,7 +71,7 @@ Test(optim, cosine_goes_from_lr_to_min_lr_over_the_remaining_steps)
     cr_assert_float_eq(lr_at(&o, 4), 5e-4, 1e-15, "warmup first");
 }
 
-/* Issue 43, item 5: linear, wsd and inverse_sqrt, and decay_steps apart from run.steps (nanoGPT's lr_decay_iters),
+/* The schedules linear, wsd and inverse_sqrt, and decay_steps apart from run.steps (nanoGPT's lr_decay_iters),
  * against the formulas written out here (PyTorch LambdaLR lambdas). */
 static double want_linear(int t, int w, int end, double lr, double min_lr)
 {

@@ -200,7 +200,8 @@ Test(scaler, static_and_unscaled_modes_never_change_but_count_skips)
     }
 }
 
-/* The step rule's answer to a trial that found a non-finite update (issue 41): the step is skipped and counted,
+/* The step rule's answer to a trial that found a non-finite update (docs/precision.md,
+ * "One optimizer step"): the step is skipped and counted,
  * nothing else moves (the scale, its growth tracker and hysteresis, the optimizer step count, the schedule); and
  * where the trial is clean, the scalars it ran on are the ones the update gets, to the bit. */
 Test(scaler, a_non_finite_update_is_a_counted_skip_that_moves_nothing_else)

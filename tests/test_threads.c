@@ -1,5 +1,5 @@
 /*
- * test_threads.c — the CPU backend's threads (run.threads, issue 16 item 2): results are bit-identical for
+ * test_threads.c — the CPU backend's threads (run.threads, docs/backend.md, "Threads"): results are bit-identical for
  * any thread count.
  *
  *  - The pool (lib/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for

@@ -1,5 +1,5 @@
 /*
- * test_tokens.c — token files (data.format: tokens, lib/data_tokens.c; issue 15 item 1): nanoGPT's raw
+ * test_tokens.c — token files (data.format: tokens, lib/data_tokens.c; docs/data.md, "Tokens"): nanoGPT's raw
  * uint16 and llm.c's headered layouts read back the ids written, windows of seq_len + 1 tokens with shifted
  * targets, random and sequential sampling from run.seed, the sampler's resume and per-rank split, a file
  * larger than 2^31 tokens without per-window memory, every bad input (exit 3 naming the file and the
@@ -754,7 +754,7 @@ Test(tokens_errors, cli_exit_codes)
     free(ids);
 }
 
-/* Issue 41, item 15: a token run without data.val_bin recorded a 0-sample evaluation (loss null) and `eval` exited 0;
+/* A token run without data.val_bin recorded a 0-sample evaluation (loss null) and `eval` exited 0;
  * now the run records none (and says so), `eval` of its test split is a data error naming data.val_bin, the train
  * split still evaluates; a key the format does not read (data.shuffle, data.mean under tokens) draws a warning. */
 Test(tokens_errors, a_run_without_val_bin_records_no_evaluation, .timeout = 300)
