@@ -13,7 +13,8 @@
  * Why home ranges: consecutive jobs of a step mostly cut their data the same way (the optimizer's chunks, the
  * gradient check's, a product's bands or columns, the elementwise ops'), so a thread that wrote the first
  * half of a tensor in one job tends to read it in the next, from its own core's cache rather than the other
- * core's. On fashion_mlp bf16 at 2 threads that ran 1.07x faster than one shared claim word (docs/perf.md).
+ * core's. On fashion_mlp bf16 at 2 threads that ran 1.07x faster than one shared claim word
+ * (`git show 99ca90b:docs/perf.md`, "Home ranges").
  * Stealing keeps what the shared word gave: uneven chunks still balance, and a thread that is not scheduled in
  * time delays nobody (the others take its range). The results cannot depend on who ran what, since callers make
  * chunks independent (threadpool.h).

@@ -446,7 +446,7 @@ TARGET_AMX static void kernel_amx(int64_t steps, const void *pa, size_t sa, cons
  * or at most 16 columns) run kernels of 4 or 8 rows and of one zmm of columns (the packed panels keep their
  * MR / NR strides and zero padding; the rows and columns left out are never read by the epilogue): fashion_cnn's
  * 64-channel products (64 = 5 x 12 + 4 rows) and its 196-pixel planes (6 x 32 + 4 columns) spent a sixth and an
- * eighth of their FMAs on padding (docs/perf.md, "Edge tiles"). */
+ * eighth of their FMAs on padding (`git show 5225666:docs/perf.md`, "Zen 4, twelfth session"). */
 #define DECL2(i) __m512 c##i##_0 = _mm512_setzero_ps(), c##i##_1 = _mm512_setzero_ps()
 #define DECL1(i) __m512 c##i##_0 = _mm512_setzero_ps()
 #define STORE2(i)                                                                                                    \
@@ -736,7 +736,8 @@ TARGET_AVX512 void gemm_avx512(const struct gemm_avx512_args *g, void *pack_a, v
  *    other thread (in the other core's cache). On AMX more than MC rows are banded: a thread then writes whole
  *    rows of C, which is how the jobs after a weight gradient (the gradient check, the optimizer) cut it, so
  *    they find their rows in their own core's cache. fashion_mlp's two 512-row weight gradients ran slower
- *    banded alone (bench_gemm) but the step 1.05x faster at 2 threads (docs/perf.md, "Home ranges").
+ *    banded alone (bench_gemm) but the step 1.05x faster at 2 threads
+ *    (`git show 99ca90b:docs/perf.md`, "Home ranges").
  *  - GEMM_SPLIT_BANDS_WHOLE_B, several k blocks and op(B) small (n at most NC, packed at most
  *    WHOLE_B_BYTES): every thread packs all of op(B), every k block, once into its own buffer, and bands of
  *    rows each run every k block. One pool job where the bands below take two a k block.
@@ -765,8 +766,8 @@ static int64_t row_band(enum dtype in, bool amx, int64_t m)
 /* Panels of columns a chunk of GEMM_SPLIT_COLUMNS: COL_PANELS; on the FMA kernel (fp32, fp16) half of n's
  * panels (rounded up) where n has fewer than 2 COL_PANELS, so that a product of few columns is still two
  * chunks (fashion_cnn's fc1 forward, 128 x 128 x 3136 fp32: `MODEL=cnn DTYPE=fp32 scripts/bench_gemm.sh`,
- * docs/perf.md). Not for bf16, whose products are fast enough that packing all of op(A) twice cost more than the
- * split saved when this was tried. Fixed by the shape and dtype. */
+ * `git show 0392743:docs/perf.md`). Not for bf16, whose products are fast enough that packing all of op(A)
+ * twice cost more than the split saved when this was tried. Fixed by the shape and dtype. */
 static int64_t col_panels(enum dtype in, int64_t n)
 {
     const int64_t panels = (n + NR - 1) / NR;
