@@ -458,3 +458,16 @@ Test(tokenizer, files_and_exit_codes)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* data.tokenizer: a path in the config schema (tokens format), printed by check; another format warns it is unused. */
+Test(tokenizer, config_key)
+{
+    struct result r = amp("check configs/tokens_gpt.yaml data.tokenizer=tok/tokenizer.json");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "  tokenizer: \"tok/tokenizer.json\"\n"), "%s", r.out);
+    r = amp("check configs/tokens_gpt.yaml data.format=text data.files=[a.txt] data.tokenizer=t.json");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "data.tokenizer is set but data.format text does not read it"), "%s", r.out);
+    r = amp("check configs/tokens_gpt.yaml data.tokenizer=[a]");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+}
