@@ -471,3 +471,36 @@ Test(tokenizer, config_key)
     r = amp("check configs/tokens_gpt.yaml data.tokenizer=[a]");
     cr_assert_eq(r.code, 2, "%s", r.out);
 }
+
+/* make_tokens.py --tokenizer: the token files hold the library's ids of the text (through `ampTrain tokenize`). */
+Test(tokenizer, make_tokens_with_a_tokenizer)
+{
+    const char *dir = reference_dir();
+    char cmd[3000];
+    const char *layouts[] = {"nanogpt", "llmc"};
+    for (int l = 0; l < 2; l++) {
+        snprintf(cmd, sizeof cmd,
+                 "cd %s && /usr/bin/python3 scripts/make_tokens.py --tokenizer %s/vocab.json --amptrain %s --format %s "
+                 "--val-fraction 0.25 -o %s/train.bin " FORTUNES "/cookie " FORTUNES "/computers 2>&1 && "
+                 "/usr/bin/python3 -c \"import tokenizers, numpy as np; t=tokenizers.Tokenizer.from_file('%s/tokenizer.json');"
+                 "text=open('" FORTUNES "/cookie', encoding='utf-8').read()+open('" FORTUNES "/computers', encoding='utf-8').read();"
+                 "want=t.encode(text).ids; skip=%d;"
+                 "got=np.concatenate([np.fromfile('%s/train.bin', dtype='<u2')[skip:], np.fromfile('%s/val.bin', dtype='<u2')[skip:]]);"
+                 "print('same' if got.tolist()==want else 'differ', len(want))\"",
+                 AMP_SOURCE_DIR, dir, amp_binary(), layouts[l], dir, dir, l == 1 ? 512 : 0, dir, dir);
+        struct result r = shell(cmd);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        cr_assert(strstr(r.out, "make_tokens: set data.vocab: 1500 and data.tokenizer: "), "%s", r.out);
+        cr_assert(strstr(r.out, "\nsame "), "%s", r.out);
+    }
+    snprintf(cmd, sizeof cmd,
+             "cd %s && /usr/bin/python3 scripts/make_tokens.py --tokenizer %s/none.json --amptrain %s -o %s/t.bin "
+             FORTUNES "/cookie 2>&1; echo rc=$?; ls %s/t.bin 2>&1",
+             AMP_SOURCE_DIR, dir, amp_binary(), dir, dir);
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "none.json: no such file or directory\nhint: "), "%s", r.out);
+    cr_assert(strstr(r.out, "rc=2\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "No such file"), "a token file was written: %s", r.out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
