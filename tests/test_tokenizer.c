@@ -270,8 +270,10 @@ Test(tokenizer, empty_text)
 
 Test(tokenizer, invalid_utf8_bytes_round_trip)
 {
-    struct tokenizer *t = tiny(", \"ab\": 256", "\"a b\"", "");
-    /* an invalid byte is a character of the [^\s\p{L}\p{N}] class: it splits "ab" from "ab" */
+    /* "b" + byte 0xff's symbol (U+00FF) merges before "a b": only if 0xff joined the letters' piece */
+    struct tokenizer *t = tiny(", \"ab\": 256, \"b\\u00FF\": 257", "\"b \\u00FF\", \"a b\"", "");
+    /* an invalid byte is a character of the [^\s\p{L}\p{N}] class: a piece of its own, after "ab" */
+    expect_ids(t, "ab\xff", 3, (int32_t[]){256, 0xff}, 2);
     expect_ids(t, "ab\xff" "ab", 5, (int32_t[]){256, 0xff, 256}, 3);
     expect_ids(t, "\xc3", 1, (int32_t[]){0xc3}, 1);                  /* a cut-short sequence */
     expect_ids(t, "\xed\xa0\x80", 3, (int32_t[]){0xed, 0xa0, 0x80}, 3); /* an encoded surrogate */
@@ -334,6 +336,15 @@ Test(tokenizer, truncated_json)
     char msg[256];
     snprintf(msg, sizeof msg, "t.json: byte %zu: the file ends inside an object", n);
     expect_refusal(cut, "t.json", AMP_ERR_DATA, msg);
+    /* every cut is refused, at a byte offset within the file */
+    for (size_t k = 0; k + 1 < strlen(json); k++) { /* (the last byte is a newline) */
+        struct tokenizer *t = NULL;
+        struct amp_error err = {0};
+        cr_assert_eq(tokenizer_load_memory(json, k, NULL, 0, "t.json", &t, &err), AMP_ERR_DATA, "cut at %zu: %s", k, err.msg);
+        size_t at = (size_t)-1;
+        cr_assert(sscanf(err.msg, "t.json: byte %zu: ", &at) == 1 && at <= k, "cut at %zu: %s", k, err.msg);
+        cr_assert_null(t);
+    }
     expect_refusal("{\"model\": \"BP", "t.json", AMP_ERR_DATA,
                    "t.json: byte 10: a string that never ends (the file is cut short?)");
     expect_refusal("", "t.json", AMP_ERR_DATA, "t.json: byte 0: the file ends where a value should be");
