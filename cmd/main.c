@@ -980,10 +980,12 @@ static enum amp_status cmd_tokenize(int argc, char **argv, struct amp_error *err
             path = argv[++i];
         else if (!strcmp(argv[i], "--decode"))
             decode = true;
+        else if (!strcmp(argv[i], "--tokenizer"))
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help tokenize' for usage",
+                            "tokenize: --tokenizer needs a FILE");
         else
             return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help tokenize' for usage",
-                            "tokenize: unexpected argument '%s'%s", argv[i],
-                            !strcmp(argv[i], "--tokenizer") ? " (it needs a FILE)" : "");
+                            "tokenize: unexpected argument '%s'", argv[i]);
     }
     if (!path)
         return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help tokenize' for usage",

@@ -465,6 +465,12 @@ Test(tokenizer, files_and_exit_codes)
     r = amp("tokenize < /dev/null");
     cr_assert_eq(r.code, 2, "%s", r.out);
     cr_assert(strstr(r.out, "tokenize: missing --tokenizer FILE"), "%s", r.out);
+    r = amp("tokenize --tokenizer < /dev/null");
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "ampTrain: error: tokenize: --tokenizer needs a FILE\nhint: "), "%s", r.out);
+    r = amp("tokenize --tokenizer %s/vocab.json --encode < /dev/null", dir);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "ampTrain: error: tokenize: unexpected argument '--encode'\nhint: "), "%s", r.out);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
