@@ -671,7 +671,7 @@ static enum amp_status load_merges_txt(struct tokenizer *t, const char *name, co
     return st;
 }
 
-/* A setting that must have one of the values HF's GPT-2 uses: `ok_null` null/absent, or the boolean `want`. */
+/* A boolean setting that must be as GPT-2's: absent, null, or `want`. */
 static enum amp_status want_bool(const struct tokenizer *t, const struct jnode *v, const char *key, bool want,
                                  struct amp_error *err)
 {
