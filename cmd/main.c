@@ -23,6 +23,7 @@
 #include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
 #include "numerics.h" /* numerics_run */
 #include "safetensors.h" /* safetensors_write */
+#include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: the tokenize command */
 #include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
 
 #include <errno.h>
@@ -902,6 +903,125 @@ static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
     return st;
 }
 
+/* All of stdin, for tokenize (malloc'd, NUL-terminated). */
+static enum amp_status read_stdin(char **out, size_t *n, struct amp_error *err)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, stdin);
+        if (len < cap)
+            break;
+        char *more = realloc(buf, 2 * cap + 1);
+        if (!more)
+            free(buf);
+        buf = more;
+        cap *= 2;
+    }
+    if (!buf)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "tokenize: out of memory reading stdin");
+    if (ferror(stdin)) {
+        free(buf);
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "tokenize: reading stdin: %s", strerror(errno));
+    }
+    buf[len] = '\0';
+    *out = buf;
+    *n = len;
+    return AMP_OK;
+}
+
+static bool is_sep(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* tokenize --decode: ids separated by whitespace (at most `len` of them in `text`) into *ids. */
+static enum amp_status parse_ids(const char *text, size_t len, int32_t **ids, size_t *n, struct amp_error *err)
+{
+    *n = 0;
+    *ids = malloc((len / 2 + 1) * sizeof **ids); /* an id takes a digit and a separator */
+    if (!*ids)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "tokenize: out of memory");
+    for (size_t pos = 0; pos < len;) {
+        if (is_sep(text[pos])) {
+            pos++;
+            continue;
+        }
+        size_t end = pos;
+        long long v = 0;
+        while (end < len && text[end] >= '0' && text[end] <= '9' && end - pos < 10)
+            v = v * 10 + (text[end++] - '0');
+        if (end == pos || (end < len && !is_sep(text[end])) || v > INT32_MAX) {
+            size_t show = 0;
+            while (pos + show < len && show < 40 && !is_sep(text[pos + show]))
+                show++;
+            free(*ids);
+            *ids = NULL;
+            return amp_fail(err, AMP_ERR_DATA, "give --decode ids (non-negative integers) separated by spaces or newlines",
+                            "tokenize --decode: stdin: '%.*s' (byte %zu, id %zu) is not an id", (int)show, text + pos,
+                            pos, *n + 1);
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        pos = end;
+    }
+    return AMP_OK;
+}
+
+static enum amp_status write_stdout(const void *data, size_t n, struct amp_error *err)
+{
+    if (fwrite(data, 1, n, stdout) != n || fflush(stdout) != 0)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "tokenize: writing stdout: %s", strerror(errno));
+    return AMP_OK;
+}
+
+static enum amp_status cmd_tokenize(int argc, char **argv, struct amp_error *err)
+{
+    const char *path = NULL;
+    bool decode = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
+            path = argv[++i];
+        else if (!strcmp(argv[i], "--decode"))
+            decode = true;
+        else if (!strcmp(argv[i], "--tokenizer"))
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help tokenize' for usage",
+                            "tokenize: --tokenizer needs a FILE");
+        else
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help tokenize' for usage",
+                            "tokenize: unexpected argument '%s'", argv[i]);
+    }
+    if (!path)
+        return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help tokenize' for usage",
+                        "tokenize: missing --tokenizer FILE (a tokenizer.json, a vocab.json or their directory)");
+    struct tokenizer *tok = NULL;
+    enum amp_status st = tokenizer_load(path, &tok, err);
+    char *in = NULL, *text = NULL;
+    size_t in_len = 0, text_len = 0, n = 0;
+    int32_t *ids = NULL;
+    if (st == AMP_OK)
+        st = read_stdin(&in, &in_len, err);
+    if (st == AMP_OK && decode) {
+        st = parse_ids(in, in_len, &ids, &n, err);
+        if (st == AMP_OK)
+            st = tokenizer_decode(tok, ids, n, &text, &text_len, err);
+        if (st == AMP_OK)
+            st = write_stdout(text, text_len, err);
+    } else if (st == AMP_OK) {
+        st = tokenizer_encode(tok, in, in_len, &ids, &n, err);
+        for (size_t i = 0; i < n && st == AMP_OK; i++)
+            if (printf("%d\n", (int)ids[i]) < 0)
+                st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "tokenize: writing stdout: %s", strerror(errno));
+        if (st == AMP_OK)
+            st = write_stdout("", 0, err);
+    }
+    if (st == AMP_OK)
+        fprintf(stderr, "tokenize: %s: %zu %s -> %zu %s (vocab %d)\n", path, decode ? n : in_len,
+                decode ? "ids" : "bytes", decode ? text_len : n, decode ? "bytes" : "ids",
+                (int)tokenizer_vocab_size(tok));
+    free(in);
+    free(text);
+    free(ids);
+    tokenizer_free(tok);
+    return st;
+}
+
 static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err);
 
 static const struct command commands[] = {
@@ -955,6 +1075,13 @@ static const struct command commands[] = {
      "mismatched checkpoint is exit 4, a failed write exit 1; SIGINT or SIGTERM during the write removes\n"
      "the temporary file and exits 130 / 143. See docs/checkpoint.md, \"export\".",
      cmd_export, true},
+    {"tokenize", "ampTrain tokenize --tokenizer FILE [--decode] < IN > OUT",
+     "Encode stdin's bytes with a Hugging Face byte-level BPE (GPT-2's: a tokenizer.json, a vocab.json with\n"
+     "merges.txt beside it, or their directory) and write the ids to stdout, one per line; with --decode,\n"
+     "read ids (separated by spaces or newlines) and write the bytes they stand for. A summary goes to\n"
+     "stderr. A missing tokenizer is exit 2; a malformed or unsupported one (not byte-level BPE), an id\n"
+     "that is not the tokenizer's, or input that is not ids is exit 3. See docs/data.md, \"Tokenizers\".",
+     cmd_tokenize, false},
     {"help", "ampTrain help COMMAND", "Show the usage of COMMAND.", cmd_help, false},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
@@ -981,7 +1108,7 @@ static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err)
             printf("usage: %s\n\n%s\n\n%s", commands[i].usage, commands[i].help, exit_codes);
             return AMP_OK;
         }
-    return amp_fail(err, AMP_ERR_CONFIG, "commands: run, resume, eval, inspect, check, numerics, export, help",
+    return amp_fail(err, AMP_ERR_CONFIG, "commands: run, resume, eval, inspect, check, numerics, export, tokenize, help",
                     "help: unknown command '%s'", argv[1]);
 }
 

@@ -224,6 +224,7 @@ static const struct field data_fields[] = {
     STR_(S, train_bin, "", .formats = TOKENS),
     STR_(S, val_bin, "", .def_text = "none: no evaluation", .formats = TOKENS),
     INT_(S, vocab, 0, IN_CC(0, CFG_MAX_SIZE), .def_text = "none: required for tokens", .formats = TOKENS),
+    STR_(S, tokenizer, "", .def_text = "none: ids only", .formats = TOKENS),
     ENUM_(S, sampling, data_sampling_names, SAMPLING_RANDOM, .formats = TOKENS),
     INT_(S, val_windows, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "0: every window of data.val_bin", .formats = TOKENS),
     INT_(S, seq_len, 64, IN_CC(1, CFG_MAX_SIZE), .formats = TEXT | TOKENS),

@@ -128,6 +128,8 @@ struct data_config {
     /* tokens: nanoGPT's raw uint16 or llm.c's headered token files (docs/data.md), memory-mapped */
     char train_bin[CFG_STR], val_bin[CFG_STR]; /* val_bin "" = no test split */
     int64_t vocab;        /* tokens: ids must be < vocab (required for tokens; 0 = not set) */
+    char tokenizer[CFG_STR]; /* tokens: the byte-level BPE that made the ids (lib/tokenizer.h: a tokenizer.json, a
+                              * vocab.json with merges.txt, or their directory); "" = none (default) */
     enum data_sampling sampling; /* tokens: random (default, nanoGPT) | sequential (llm.c) */
     int64_t val_windows;  /* tokens: evaluate on the first N windows of val_bin; 0 (default) = all */
     int64_t seq_len;      /* text, tokens: tokens per sample (default 64) */

@@ -39,7 +39,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 build="build-fuzz"
 all_harnesses=(fuzz_config fuzz_ckpt_raw fuzz_ckpt_resealed fuzz_ckpt_guarded fuzz_ckpt_edit fuzz_ckpt_fp8 fuzz_data
-               fuzz_safetensors)
+               fuzz_safetensors fuzz_tokenizer)
 
 # ---- per harness: seed corpus, dictionary, longest input -------------------------------------------
 corpus_of() { case $1 in fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded) echo ckpt_raw ;; *) echo "${1#fuzz_}" ;; esac; }
@@ -50,6 +50,7 @@ dict_of() {
     fuzz_ckpt_raw | fuzz_ckpt_resealed | fuzz_ckpt_guarded | fuzz_ckpt_fp8) echo tests/fuzz/ckpt.dict ;;
     fuzz_data) echo tests/fuzz/data.dict ;;
     fuzz_safetensors) echo tests/fuzz/safetensors.dict ;;
+    fuzz_tokenizer) echo tests/fuzz/tokenizer.dict ;;
   esac
 }
 max_len_of() {
@@ -59,6 +60,7 @@ max_len_of() {
     fuzz_ckpt_edit) echo 4096 ;;
     fuzz_data) echo 16384 ;;
     fuzz_safetensors) echo 8192 ;;
+    fuzz_tokenizer) echo 16384 ;; # the seed tokenizer.json is 6 KB
   esac
 }
 
