@@ -15,6 +15,7 @@
 #include "gemm_avx512.h" /* gemm_avx512_supported: whether the full forward's products sum as attention_decode does */
 #include "model.h"   /* model_build, model_decode */
 #include "rng.h"     /* rng_bits: seeded tokens */
+#include "sample.h"  /* sample_pick, sample_generate */
 
 /* ---- a tiny GPT ---------------------------------------------------------------------------------- */
 
@@ -153,4 +154,109 @@ Test(cache, bf16_logits_match_the_full_forward)
     double worst = cache_vs_full(DT_BF16, 3, &bits);
     cr_log_info("bf16: largest |cache - full| %.3g, bit-equal %d\n", worst, bits);
     cr_assert(worst < 2e-2, "cache path differs from the full forward by %g", worst);
+}
+
+/* ---- the sampling rule --------------------------------------------------------------------------- */
+
+Test(rule, greedy_top_k_and_top_p)
+{
+    const float logits[4] = {0.5f, 2.0f, 2.0f, -1.0f};
+    struct sample_rank k[4];
+    struct sample_opts greedy = {.temperature = 0.0, .top_p = 1.0};
+    cr_assert_eq(sample_pick(logits, 4, &greedy, 0.99f, k), 1, "the first of equal maxima");
+    struct sample_opts top1 = {.temperature = 1.0, .top_k = 1, .top_p = 1.0};
+    struct sample_opts nucleus = {.temperature = 1.0, .top_p = 0.1};
+    for (float u = 0.0f; u < 1.0f; u += 0.125f) {
+        cr_assert_eq(sample_pick(logits, 4, &top1, u, k), 1);
+        cr_assert_eq(sample_pick(logits, 4, &nucleus, u, k), 1);
+    }
+}
+
+/* weights 1 and 3 (logits 0 and ln 3): token 1 for u < 3/4, token 0 from there; temperature 2 flattens them to 1 and
+ * sqrt(3); top_k 1 keeps token 1 alone */
+Test(rule, draws_split_the_weights_in_order)
+{
+    const float logits[2] = {0.0f, logf(3.0f)};
+    struct sample_rank k[2];
+    struct sample_opts o = {.temperature = 1.0, .top_p = 1.0};
+    cr_assert_eq(sample_pick(logits, 2, &o, 0.70f, k), 1);
+    cr_assert_eq(sample_pick(logits, 2, &o, 0.80f, k), 0);
+    o.temperature = 2.0;
+    double split = sqrt(3.0) / (1.0 + sqrt(3.0)); /* 0.634 */
+    cr_assert_eq(sample_pick(logits, 2, &o, (float)(split - 0.01), k), 1);
+    cr_assert_eq(sample_pick(logits, 2, &o, (float)(split + 0.01), k), 0);
+    o.top_k = 1;
+    cr_assert_eq(sample_pick(logits, 2, &o, 0.99f, k), 1);
+    /* top_p 0.8 of {0.75, 0.25}: 0.75 falls short, so both stay */
+    o = (struct sample_opts){.temperature = 1.0, .top_p = 0.8};
+    cr_assert_eq(sample_pick(logits, 2, &o, 0.80f, k), 0);
+    o.top_p = 0.75;
+    cr_assert_eq(sample_pick(logits, 2, &o, 0.80f, k), 1);
+}
+
+/* ---- determinism --------------------------------------------------------------------------------- */
+
+static void generate(struct gpt *g, uint64_t seed, int32_t *out, int64_t *n)
+{
+    int64_t context = 0;
+    struct amp_error err = {0};
+    cr_assert_eq(model_decode_begin(&g->m, &context, &err), AMP_OK, "%s", err.msg);
+    const int32_t prompt[3] = {1, 2, 3};
+    struct sample_opts o = {.tokens = 100, .temperature = 1.0, .top_k = 40, .top_p = 0.95, .seed = seed};
+    struct sample_result r;
+    cr_assert_eq(sample_generate(&g->m, context, prompt, 3, &o, &r, &err), AMP_OK, "%s", err.msg);
+    cr_assert(r.stopped_at_context && r.n == context, "100 tokens stop at the context of %lld", (long long)context);
+    cr_assert_eq(memcmp(r.tokens, prompt, sizeof prompt), 0, "the prompt comes first");
+    memcpy(out, r.tokens, (size_t)r.n * sizeof *out);
+    *n = r.n;
+    sample_result_free(&r);
+}
+
+Test(determinism, a_seed_gives_the_same_tokens_and_another_seed_others)
+{
+    struct gpt g;
+    gpt_build(&g, 24, 64, DT_FP32);
+    int32_t a[24], b[24], c[24];
+    int64_t na, nb, nc;
+    generate(&g, 7, a, &na);
+    generate(&g, 7, b, &nb); /* the cache is written over from position 0 again */
+    generate(&g, 8, c, &nc);
+    cr_assert(na == 24 && nb == 24 && nc == 24);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "seed 7 twice gave different tokens");
+    cr_assert_neq(memcmp(a, c, sizeof a), 0, "seeds 7 and 8 gave the same tokens");
+    struct amp_error err = {0};
+    int32_t too_long[24] = {0};
+    struct sample_result r;
+    struct sample_opts o = {.tokens = 1, .temperature = 1.0, .top_p = 1.0};
+    cr_assert_eq(sample_generate(&g.m, 24, too_long, 24, &o, &r, &err), AMP_ERR_CONFIG);
+    cr_assert(strstr(err.msg, "the prompt has 24 tokens, but the model's context is 24 positions"), "%s", err.msg);
+    int32_t bad[2] = {5, 64};
+    cr_assert_eq(sample_generate(&g.m, 24, bad, 2, &o, &r, &err), AMP_ERR_CONFIG);
+    cr_assert(strstr(err.msg, "prompt token 1 is 64, outside the model's vocabulary of 64"), "%s", err.msg);
+    gpt_free(&g);
+}
+
+/* A model that cannot generate says which layer: an mlp (no embedding), before anything is allocated. */
+Test(determinism, a_model_without_an_embedding_is_refused)
+{
+    struct backend *be = backend_cpu_create();
+    struct config cfg;
+    config_defaults(&cfg);
+    struct layer_config layers[] = {lc(LAYER_LINEAR, "fc"), lc(LAYER_CROSS_ENTROPY, "loss")};
+    layers[0].out = 4;
+    cfg.model.layers = malloc(sizeof layers);
+    memcpy(cfg.model.layers, layers, sizeof layers);
+    cfg.model.nlayers = 2;
+    struct autocast_policy pol;
+    autocast_default(&pol, DT_FP32);
+    struct data_spec spec = {.sample_ndim = 1, .sample_shape = {8}, .num_classes = 4};
+    struct model m;
+    struct amp_error err = {0};
+    cr_assert_eq(model_build(&m, &cfg, &spec, be, &pol, 1, &err), AMP_OK, "%s", err.msg);
+    int64_t context = 0;
+    cr_assert_eq(model_decode_begin(&m, &context, &err), AMP_ERR_CONFIG);
+    cr_assert(strstr(err.msg, "its first layer is 'fc' (linear)"), "%s", err.msg);
+    model_free(&m);
+    config_free(&cfg);
+    be->destroy(be);
 }
