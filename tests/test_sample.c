@@ -3,7 +3,11 @@
  * model's full forward, the sampling rule, determinism, and the `ampTrain sample` command's errors.
  * CPU backend; the models are tiny GPTs built in code.
  */
+#define _POSIX_C_SOURCE 200809L
+#include "ckpt_testlib.h" /* make_scratch, remove_scratch, amp: the binary end to end */
+
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,4 +263,128 @@ Test(determinism, a_model_without_an_embedding_is_refused)
     model_free(&m);
     config_free(&cfg);
     be->destroy(be);
+}
+
+/* ---- ampTrain sample ----------------------------------------------------------------------------- */
+
+/* A byte-level text GPT (configs/text_gpt.yaml made small: width 32, context 32), trained 20 steps. */
+#define TINY_TEXT "run configs/text_gpt.yaml data.batch_size=4 data.seq_len=32 model.layers.0.dim=32 run.device=cpu " \
+                  "run.steps=20 run.ckpt_every=20 run.log_every=1000 run.eval_every=0"
+
+static char ckpt[512];
+
+static void setup_cli(void)
+{
+    make_scratch();
+    struct result r = amp(TINY_TEXT " run.out_dir=%s/gpt", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(ckpt, sizeof ckpt, "%s/gpt/ckpt-20.h5", scratch);
+}
+
+TestSuite(cli, .init = setup_cli, .fini = remove_scratch);
+
+#define assert_exit(r, want, text)                                                                           \
+    do {                                                                                                     \
+        cr_assert_eq((r).code, (want), "exit %d, not %d: %s", (r).code, (want), (r).out);                    \
+        cr_assert(strstr((r).out, (text)), "output lacks \"%s\": %s", (text), (r).out);                      \
+    } while (0)
+
+Test(cli, the_same_seed_prints_the_same_text)
+{
+    char first[4096];
+    struct result r = amp("sample %s --prompt 'The ' --tokens 12 --seed 5 --top-k 50 --top-p 0.9", ckpt);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert_eq(strncmp(r.out, "The ", 4), 0, "the prompt comes first: %s", r.out);
+    cr_assert_eq(strlen(r.out), 4 + 12 + 1, "prompt, 12 bytes and a newline: %zu bytes", strlen(r.out));
+    snprintf(first, sizeof first, "%s", r.out);
+    r = amp("sample %s --prompt 'The ' --tokens 12 --seed 5 --top-k 50 --top-p 0.9", ckpt);
+    cr_assert_str_eq(r.out, first);
+    r = amp("sample %s --prompt 'The ' --tokens 12 --seed 6 --top-k 50 --top-p 0.9", ckpt);
+    cr_assert_str_neq(r.out, first);
+    /* an empty prompt starts from a newline; the context (32) ends generation, said on stderr */
+    r = amp("sample %s --prompt '' --tokens 100 --temperature 0 2>/dev/null | wc -c", ckpt);
+    cr_assert_eq(atoi(r.out), 32 + 1, "%s", r.out);
+    r = amp("sample %s --tokens 100 --temperature 0 >/dev/null", ckpt);
+    assert_exit(r, 0, "stopped at the model's context of 32 positions (data.seq_len): 31 of 100 tokens generated");
+    /* a prompt file gives what the same --prompt gives */
+    r = amp("sample %s --prompt 'ab' --tokens 5 --seed 1", ckpt);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(first, sizeof first, "%s", r.out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/p.txt", scratch);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("ab", f);
+    fclose(f);
+    r = amp("sample %s --prompt-file %s --tokens 5 --seed 1", ckpt, path);
+    cr_assert_str_eq(r.out, first);
+}
+
+Test(cli, bad_arguments_are_exit_2_naming_them)
+{
+    struct result r = amp("sample %s --tokens -1", ckpt);
+    assert_exit(r, 2, "sample: bad value for --tokens: '-1' (expected a whole number from 0 to 1048576)");
+    r = amp("sample %s --temperature nan", ckpt);
+    assert_exit(r, 2, "bad value for --temperature: 'nan'");
+    r = amp("sample %s --top-k 2.5", ckpt);
+    assert_exit(r, 2, "bad value for --top-k: '2.5'");
+    r = amp("sample %s --top-p 1.5", ckpt);
+    assert_exit(r, 2, "bad value for --top-p: '1.5' (expected a number in (0, 1]");
+    r = amp("sample %s --seed x", ckpt);
+    assert_exit(r, 2, "bad value for --seed: 'x'");
+    r = amp("sample %s --device tpu", ckpt);
+    assert_exit(r, 2, "bad value for --device: 'tpu' (expected cpu or cuda)");
+    r = amp("sample %s --tokens", ckpt);
+    assert_exit(r, 2, "bad value for --tokens: '' (expected a value after it)");
+    r = amp("sample %s --temp 1", ckpt);
+    assert_exit(r, 2, "sample: unknown option '--temp'");
+    r = amp("sample %s --prompt a --prompt-file b", ckpt);
+    assert_exit(r, 2, "--prompt and --prompt-file given together");
+    r = amp("sample");
+    assert_exit(r, 2, "sample: missing CHECKPOINT.h5 argument");
+    r = amp("sample %s/none.h5", scratch);
+    cr_assert_eq(r.code, 4, "a missing checkpoint: %s", r.out);
+    r = amp("sample %s --prompt '%0*d'", ckpt, 40, 0);
+    assert_exit(r, 2, "the prompt has 40 tokens, but the model's context is 32 positions");
+    r = amp("sample %s --tokenizer %s/gpt/config.yaml", ckpt, scratch);
+    assert_exit(r, 2, "--tokenizer");
+}
+
+Test(cli, prompt_files_that_are_not_text_files_are_exit_2_naming_them)
+{
+    struct result r = amp("sample %s --prompt-file %s/missing.txt", ckpt, scratch);
+    assert_exit(r, 2, "cannot open --prompt-file");
+    cr_assert(strstr(r.out, "/missing.txt': No such file or directory"), "%s", r.out);
+    r = amp("sample %s --prompt-file %s", ckpt, scratch);
+    assert_exit(r, 2, "' is a directory");
+    char path[600];
+    snprintf(path, sizeof path, "%s/fifo", scratch);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    r = amp("sample %s --prompt-file %s", ckpt, path); /* opened without blocking: no writer needed */
+    assert_exit(r, 2, "/fifo' is not a regular file");
+    snprintf(path, sizeof path, "%s/big.txt", scratch);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, (2 << 20) - 1, SEEK_SET), 0);
+    fputc('x', f);
+    fclose(f);
+    r = amp("sample %s --prompt-file %s", ckpt, path);
+    assert_exit(r, 2, "/big.txt' has 2097152 bytes, more than 1048576");
+}
+
+/* A vocabulary other than the 256 bytes needs a tokenizer: exit 2 before generating. configs/gpt2_tiny.yaml (vocab
+ * 320) on byte-level token files. */
+Test(cli, a_model_of_another_vocabulary_needs_a_tokenizer)
+{
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
+             "%s/train.bin /usr/share/games/fortunes/cookie >/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
+    cr_assert_eq(shell(cmd).code, 0, "make_tokens.py failed");
+    struct result r = amp("run configs/gpt2_tiny.yaml run.device=cpu run.log_every=1000 run.eval_every=0 run.steps=1 "
+                          "run.ckpt_every=1 data.train_bin=%s/train.bin data.val_bin=%s/val.bin run.out_dir=%s/v320",
+                          scratch, scratch, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("sample %s/v320/ckpt-1.h5 --prompt hi", scratch);
+    assert_exit(r, 2, "the model's vocabulary has 320 tokens, not the 256 bytes");
+    cr_assert(strstr(r.out, "--tokenizer FILE"), "%s", r.out);
 }
