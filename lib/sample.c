@@ -94,6 +94,9 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
     if (!r->tokens || !logits || !raw || !order || !dev)
         st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory generating %lld tokens", (long long)context);
     struct step_ctx ctx = {.be = be, .policy = &m->policy, .training = false};
+    if (st == AMP_OK && o->keep_logits && !(r->logits = malloc((size_t)(context * V) * sizeof *r->logits)))
+        st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory keeping the logits of %lld tokens", (long long)context);
+    r->vocab = V;
     if (st == AMP_OK) {
         memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
         r->n = r->n_prompt = n_prompt;
@@ -108,6 +111,8 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
         st = be->status(be, err);
         if (st != AMP_OK)
             break;
+        if (r->logits)
+            memcpy(r->logits + (r->n - n_prompt) * V, logits, (size_t)V * sizeof *logits);
         int32_t next = sample_pick(logits, V, o, rng_uniform(o->seed, SAMPLE_STREAM, (uint64_t)(r->n - n_prompt)),
                                    order);
         r->tokens[r->n++] = next;
@@ -126,6 +131,7 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
 
 void sample_result_free(struct sample_result *r)
 {
+    free(r->logits);
     free(r->tokens);
     memset(r, 0, sizeof *r);
 }

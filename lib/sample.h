@@ -35,6 +35,7 @@ struct sample_opts {
     int64_t top_k;     /* 0: every token */
     double top_p;      /* in (0, 1]; 1: every token */
     uint64_t seed;
+    bool keep_logits;  /* sample_result.logits: what each token was drawn from (the reference test) */
 };
 
 /* A token and its weight: sample_pick's scratch, V of them. */
@@ -50,6 +51,9 @@ struct sample_result {
     int32_t *tokens;        /* malloc'd: the prompt's tokens, then the generated ones (sample_result_free) */
     int64_t n, n_prompt;
     bool stopped_at_context;/* fewer than o->tokens generated: the sequence filled the context */
+    float *logits;          /* o->keep_logits: malloc'd (n - n_prompt, vocab) fp32, row k the logits generated token
+                             * k was drawn from; else NULL */
+    int64_t vocab;
 };
 
 /* Generate after prompt (n_prompt >= 1 tokens, each in [0, vocab)) with model m, built for generation
