@@ -222,6 +222,7 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
 static const char *const resume_allowed[] = {
     "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
     "run.recompute", /* the same bits, less memory */
+    "run.sample_every", "run.sample_prompt", /* samples never change the run */
     "run.out_dir", "run.device", "run.threads", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
     /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
@@ -651,31 +652,15 @@ static enum amp_status read_prompt_file(const char *path, char **out, size_t *le
     return AMP_OK;
 }
 
-/* The prompt's tokens (malloc'd): for a byte-level model (vocabulary 256) its bytes; an empty prompt is one newline
- * (byte 10), so that generation has a position to start from. A tokenizer file encodes it otherwise (lib/tokenizer.h,
- * wired in here). */
+/* The prompt's tokens (malloc'd): a byte-level model's are its bytes (sample_encode_bytes: an empty prompt is one
+ * newline). A tokenizer file encodes them otherwise (lib/tokenizer.h, to be wired in here). */
 static enum amp_status prompt_encode(const char *text, size_t len, int64_t vocab, const char *tokenizer,
                                      int32_t **tokens, int64_t *n, struct amp_error *err)
 {
     if (tokenizer)
         return amp_fail(err, AMP_ERR_CONFIG, "sample a byte-level model (vocabulary 256) without --tokenizer",
                         "sample: --tokenizer '%s': this build cannot read tokenizer files yet", tokenizer);
-    if (vocab != 256)
-        return amp_fail(err, AMP_ERR_CONFIG, "give the tokenizer the model was trained with: --tokenizer FILE",
-                        "sample: the model's vocabulary has %lld tokens, not the 256 bytes sample reads and writes "
-                        "without a tokenizer", (long long)vocab);
-    static const char newline = '\n';
-    if (len == 0) {
-        text = &newline;
-        len = 1;
-    }
-    *tokens = malloc(len * sizeof **tokens);
-    if (!*tokens)
-        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "sample: out of memory for a prompt of %zu bytes", len);
-    for (size_t i = 0; i < len; i++)
-        (*tokens)[i] = (unsigned char)text[i];
-    *n = (int64_t)len;
-    return AMP_OK;
+    return sample_encode_bytes(text, len, vocab, "sample", tokens, n, err);
 }
 
 /* Tokens written as text to out: a byte-level model's tokens are the bytes themselves, written as they are. */
@@ -1153,7 +1138,8 @@ static const struct command commands[] = {
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: how long and how it logs and saves (run.steps, run.epochs, run.log_every,\n"
-     "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.out_dir), where and how\n"
+     "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.sample_every,\n"
+     "run.sample_prompt, run.out_dir), where and how\n"
      "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
      "step's batch on another number of ranks), how weights and moments are stored\n"
      "(precision.master_weights, optim.state_dtype, optim.stochastic_rounding) and precision.mode\n"

@@ -6,12 +6,14 @@
 #include "sample.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dtype.h" /* dtype_convert, dtype_size */
 #include "model.h" /* model_decode, struct decode_step */
 #include "rng.h"   /* rng_uniform */
+#include "runlog.h" /* runlog_sample: samples.jsonl */
 
 /* weight descending, the lower token first among equals */
 static int by_weight_desc(const void *a, const void *b)
@@ -127,6 +129,87 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
     if (st != AMP_OK)
         sample_result_free(r);
     return st;
+}
+
+enum amp_status sample_encode_bytes(const char *text, size_t len, int64_t vocab, const char *who, int32_t **tokens,
+                                    int64_t *n, struct amp_error *err)
+{
+    *tokens = NULL;
+    if (vocab != 256)
+        return amp_fail(err, AMP_ERR_CONFIG, "give the tokenizer the model was trained with: --tokenizer FILE",
+                        "%s: the model's vocabulary has %lld tokens, not the 256 bytes read and written without a "
+                        "tokenizer", who, (long long)vocab);
+    static const char newline = '\n';
+    if (len == 0) {
+        text = &newline;
+        len = 1;
+    }
+    *tokens = malloc(len * sizeof **tokens);
+    if (!*tokens)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "%s: out of memory for a prompt of %zu bytes", who, len);
+    for (size_t i = 0; i < len; i++)
+        (*tokens)[i] = (unsigned char)text[i];
+    *n = (int64_t)len;
+    return AMP_OK;
+}
+
+#define RUN_SAMPLE_TOKENS 64
+
+enum amp_status run_sampler_open(struct run_sampler *s, struct model *m, const struct config *cfg,
+                                 struct amp_error *err)
+{
+    memset(s, 0, sizeof *s);
+    if (cfg->precision.mode == PREC_FP8) /* its casts would write the scales the next step's current recipe reads */
+        return amp_fail(err, AMP_ERR_CONFIG, "sample an fp8 run's checkpoint with ampTrain sample instead",
+                        "run.sample_every: precision.mode fp8 runs do not sample while training");
+    enum amp_status st = model_decode_begin(m, &s->context, err);
+    if (st != AMP_OK) {
+        char msg[sizeof err->msg];
+        memcpy(msg, err->msg, sizeof msg);
+        msg[sizeof msg - 32] = '\0'; /* room for the prefix */
+        snprintf(err->msg, sizeof err->msg, "run.sample_every: %.2000s", msg);
+        return st;
+    }
+    const struct layer *head = &m->layers[m->nlayers - 2];
+    const char *p = cfg->run.sample_prompt;
+    st = sample_encode_bytes(p, strlen(p), head->out_shape[head->ndim_out - 1], "run.sample_every", &s->prompt,
+                             &s->n_prompt, err);
+    if (st == AMP_OK && s->n_prompt >= s->context)
+        st = amp_fail(err, AMP_ERR_CONFIG, "shorten run.sample_prompt",
+                      "run.sample_prompt has %lld bytes, but the model's context is %lld positions (data.seq_len) and "
+                      "one must be left to generate", (long long)s->n_prompt, (long long)s->context);
+    if (st != AMP_OK)
+        run_sampler_free(s);
+    return st;
+}
+
+enum amp_status run_sampler_sample(struct run_sampler *s, struct model *m, const struct config *cfg, int64_t step,
+                                   struct amp_error *err)
+{
+    struct sample_opts o = {.tokens = RUN_SAMPLE_TOKENS, .temperature = 1.0, .top_p = 1.0,
+                            .seed = cfg->run.seed + (uint64_t)step};
+    struct sample_result r;
+    enum amp_status st = sample_generate(m, s->context, s->prompt, s->n_prompt, &o, &r, err);
+    if (st != AMP_OK)
+        return st;
+    char *text = malloc((size_t)r.n);
+    if (!text) {
+        sample_result_free(&r);
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory writing a sample");
+    }
+    for (int64_t i = 0; i < r.n; i++)
+        text[i] = (char)r.tokens[i];
+    st = runlog_sample(cfg->run.out_dir, stdout, step, text, (size_t)r.n_prompt, text + r.n_prompt,
+                       (size_t)(r.n - r.n_prompt), err);
+    free(text);
+    sample_result_free(&r);
+    return st;
+}
+
+void run_sampler_free(struct run_sampler *s)
+{
+    free(s->prompt);
+    memset(s, 0, sizeof *s);
 }
 
 void sample_result_free(struct sample_result *r)

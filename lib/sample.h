@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "config.h" /* struct config */
 #include "error.h" /* enum amp_status, struct amp_error */
 
 struct model;
@@ -63,5 +64,25 @@ struct sample_result {
 enum amp_status sample_generate(struct model *m, int64_t context, const int32_t *prompt, int64_t n_prompt,
                                 const struct sample_opts *o, struct sample_result *r, struct amp_error *err);
 void sample_result_free(struct sample_result *r);
+
+/* A byte-level model's tokens for text: its bytes (malloc'd, *n of them); an empty text is one newline (byte 10), so
+ * that generation has a position to start from. AMP_ERR_CONFIG, the message starting with `who`, where the model's
+ * vocabulary is not the 256 bytes (such a model needs a tokenizer). */
+enum amp_status sample_encode_bytes(const char *text, size_t len, int64_t vocab, const char *who, int32_t **tokens,
+                                    int64_t *n, struct amp_error *err);
+
+/* run.sample_every: the prompt, checked and encoded once before the first step. */
+struct run_sampler {
+    int32_t *prompt;
+    int64_t n_prompt, context;
+};
+/* Check that m can generate from run.sample_prompt (AMP_ERR_CONFIG naming the key: a model that cannot generate,
+ * a vocabulary other than 256, a prompt that leaves no position, precision.mode fp8) and allocate its caches. */
+enum amp_status run_sampler_open(struct run_sampler *s, struct model *m, const struct config *cfg,
+                                 struct amp_error *err);
+/* Generate up to 64 tokens (temperature 1, seed run.seed + step) and append them to run.out_dir/samples.jsonl. */
+enum amp_status run_sampler_sample(struct run_sampler *s, struct model *m, const struct config *cfg, int64_t step,
+                                   struct amp_error *err);
+void run_sampler_free(struct run_sampler *s);
 
 #endif

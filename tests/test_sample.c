@@ -21,6 +21,7 @@
 #include "gemm_avx512.h" /* gemm_avx512_supported: whether the full forward's products sum as attention_decode does */
 #include "model.h"   /* model_build, model_decode */
 #include "rng.h"     /* rng_bits: seeded tokens */
+#include "runlog.h"  /* runlog_json_bytes */
 #include "sample.h"  /* sample_pick, sample_generate */
 
 /* ---- a tiny GPT ---------------------------------------------------------------------------------- */
@@ -477,4 +478,73 @@ Test(reference, greedy_and_plain_sampling_match_torch)
     reference_case("--temperature 0", (struct sample_opts){.tokens = 11, .temperature = 0.0, .top_p = 1.0});
     reference_case("--temperature 1.5 --seed 3",
                    (struct sample_opts){.tokens = 11, .temperature = 1.5, .top_p = 1.0, .seed = 3});
+}
+
+/* ---- during training: run.sample_every --------------------------------------------------------------- */
+
+TestSuite(training, .init = make_scratch, .fini = remove_scratch);
+
+/* A run that samples every 2 steps is the same run as one that does not: every scale_log.csv column, eval.jsonl and
+ * every checkpoint tensor (weights and moments), fp32 and bf16; and samples.jsonl has a line per sample that
+ * json.loads reads back to the prompt and 64 bytes of text. */
+static void same_run(const char *mode)
+{
+    static const char *const extra[] = {"", "run.sample_every=2 'run.sample_prompt=\"Q: \\\"x\\\"\"'"};
+    for (int k = 0; k < 2; k++) {
+        struct result r = amp("run configs/text_gpt.yaml data.batch_size=4 data.seq_len=96 model.layers.0.dim=32 "
+                              "run.device=cpu run.steps=6 run.log_every=1 run.eval_every=3 run.ckpt_every=3 "
+                              "precision.mode=%s %s run.out_dir=%s/%s-%d", mode, extra[k], scratch, mode, k);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        cr_assert_eq(strstr(r.out, "sample step 2 | Q: \"x\"") != NULL, k == 1, "%s", r.out);
+    }
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/%s-0/scale_log.csv", scratch, mode);
+    snprintf(b, sizeof b, "%s/%s-1/scale_log.csv", scratch, mode);
+    assert_same_logs(a, b);
+    for (int step = 3; step <= 6; step += 3) {
+        snprintf(a, sizeof a, "%s/%s-0/ckpt-%d.h5", scratch, mode, step);
+        snprintf(b, sizeof b, "%s/%s-1/ckpt-%d.h5", scratch, mode, step);
+        cr_assert_gt(assert_same_tensors(a, b), 20, "%s step %d: the weights and moments", mode, step);
+    }
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "cmp %s/%s-0/eval.jsonl %s/%s-1/eval.jsonl", scratch, mode, scratch, mode);
+    cr_assert_eq(system(cmd), 0, "%s: eval.jsonl differs", mode);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 -c \"import json,sys\n"
+             "rows = [json.loads(l) for l in open('%s/%s-1/samples.jsonl')]\n"
+             "assert [r['step'] for r in rows] == [2, 4, 6], rows\n"
+             "assert all(r['prompt'] == 'Q: \\\"x\\\"' for r in rows), rows\n"
+             "assert all(len(r['text'].encode('utf-8', 'surrogateescape')) == 64 for r in rows), rows\n"
+             "print('ok')\" 2>&1", scratch, mode);
+    struct result r = shell(cmd);
+    cr_assert(r.code == 0 && strstr(r.out, "ok"), "samples.jsonl: %s", r.out);
+    snprintf(a, sizeof a, "%s/%s-0/samples.jsonl", scratch, mode);
+    cr_assert(!file_exists(a), "a run without run.sample_every wrote %s", a);
+}
+
+Test(training, sampling_leaves_an_fp32_run_the_same_bits) { same_run("fp32"); }
+Test(training, sampling_leaves_a_bf16_run_the_same_bits) { same_run("bf16"); }
+
+Test(training, what_cannot_be_sampled_is_exit_2_before_the_first_step)
+{
+    struct result r = amp(TINY_TEXT " run.sample_every=5 run.sample_prompt=%0*d run.out_dir=%s/long", 40, 0, scratch);
+    assert_exit(r, 2, "run.sample_prompt has 40 bytes, but the model's context is 32 positions");
+    r = amp(TINY_TEXT " run.sample_every=5 precision.mode=fp8 run.out_dir=%s/fp8", scratch);
+    assert_exit(r, 2, "run.sample_every: precision.mode fp8 runs do not sample while training");
+    cr_assert(!strstr(r.out, "step 1"), "%s", r.out);
+}
+
+/* JSON strings of bytes: quotes, backslashes and control characters escaped, valid UTF-8 as it is, each byte of an
+ * invalid sequence as \udcXX (an overlong '/', a lone continuation byte, a truncated sequence, a surrogate) */
+Test(training, json_strings_of_any_bytes)
+{
+    static const char in[] = "a\"\\\n\x01\x7f" "\xc3\xa9" "\xe2\x82\xac" "\xc0\xaf" "\x80" "\xe2\x82" "\xed\xa0\x80";
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    runlog_json_bytes(f, in, sizeof in - 1);
+    fclose(f);
+    cr_assert_str_eq(buf, "\"a\\\"\\\\\\u000a\\u0001\\u007f\xc3\xa9\xe2\x82\xac\\udcc0\\udcaf\\udc80\\udce2\\udc82"
+                          "\\udced\\udca0\\udc80\"");
+    free(buf);
 }
