@@ -345,6 +345,10 @@ Test(cli, bad_arguments_are_exit_2_naming_them)
     assert_exit(r, 2, "--prompt and --prompt-file given together");
     r = amp("sample");
     assert_exit(r, 2, "sample: missing CHECKPOINT.h5 argument");
+    r = amp("sample %s --help", ckpt);
+    assert_exit(r, 0, "usage: ampTrain sample CHECKPOINT.h5 [--prompt TEXT | --prompt-file F] [--tokens N]");
+    r = amp("generate %s", ckpt);
+    assert_exit(r, 2, "unknown command 'generate' (did you mean 'sample'?)");
     r = amp("sample %s/none.h5", scratch);
     cr_assert_eq(r.code, 4, "a missing checkpoint: %s", r.out);
     r = amp("sample %s --prompt '%0*d'", ckpt, 40, 0);
