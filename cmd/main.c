@@ -23,7 +23,8 @@
 #include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
 #include "numerics.h" /* numerics_run */
 #include "safetensors.h" /* safetensors_write */
-#include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: the tokenize command */
+#include "sample.h"   /* sample_generate: ampTrain sample */
+#include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: tokenize and sample */
 #include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
 
 #include <errno.h>
@@ -222,6 +223,7 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
 static const char *const resume_allowed[] = {
     "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
     "run.recompute", /* the same bits, less memory */
+    "run.sample_every", "run.sample_prompt", /* samples never change the run */
     "run.out_dir", "run.device", "run.threads", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
     /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
@@ -343,6 +345,41 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
         st = train_resume(&cfg, argv[1], mode_changed && cfg.precision.mode != old_mode, ranks, err);
     }
     config_free(&cfg);
+    return st;
+}
+
+/* The model a checkpoint's config describes, built on `be` for max_batch samples under precision mode `mode` and
+ * loaded from the checkpoint (ckpt_load_model: a missing tensor or another shape is AMP_ERR_CKPT naming it). A text
+ * or token model's input comes from the config; an idx or hdf5 model's sample shape and classes from the
+ * checkpoint's /data (`info`, written since 2026-12-05), else from its data set, loaded for it. export and sample
+ * open their models here. */
+static enum amp_status ckpt_model_open(const char *ckpt, const struct config *cfg, const struct ckpt_info *info,
+                                       struct backend *be, enum precision_mode mode, int64_t max_batch,
+                                       struct model *m, struct amp_error *err)
+{
+    struct dataset ds;
+    struct data_spec spec;
+    struct autocast_policy policy;
+    memset(&ds, 0, sizeof ds);
+    memset(m, 0, sizeof *m);
+    enum amp_status st = AMP_OK;
+    if (!data_spec_from_config(&cfg->data, &spec) && info->sample_ndim > 0) {
+        memset(&spec, 0, sizeof spec);
+        spec.sample_ndim = info->sample_ndim;
+        memcpy(spec.sample_shape, info->sample_shape, sizeof spec.sample_shape);
+        spec.num_classes = info->num_classes;
+        spec.is_tokens = info->is_tokens;
+    } else if (!data_spec_from_config(&cfg->data, &spec)) {
+        st = data_load(&ds, &cfg->data, 1, err);
+        spec = ds.spec;
+    }
+    if (st == AMP_OK)
+        st = autocast_from_config(&policy, mode, &cfg->precision.autocast, err);
+    if (st == AMP_OK && (st = model_build(m, cfg, &spec, be, &policy, max_batch, err)) != AMP_OK)
+        memset(m, 0, sizeof *m); /* model_build freed what it built: model_free has nothing to do */
+    if (st == AMP_OK)
+        st = ckpt_load_model(ckpt, m, err);
+    data_free(&ds);
     return st;
 }
 
@@ -487,6 +524,214 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
     if (be)
         backend_close(be);
     config_free(&cfg);
+    return st;
+}
+
+/* ---- sample ---------------------------------------------------------------------------------------- */
+
+#define SAMPLE_PROMPT_MAX (1 << 20) /* bytes of a --prompt-file: far beyond any model's context */
+
+struct sample_args {
+    const char *ckpt;
+    const char *prompt;      /* --prompt TEXT, or NULL */
+    const char *prompt_file; /* --prompt-file F, or NULL */
+    const char *tokenizer;   /* --tokenizer FILE, or NULL */
+    const char *device;      /* --device cpu|cuda, or NULL: the checkpoint's run.device */
+    struct sample_opts o;
+};
+
+/* A whole number in [lo, hi] or a finite real in [lo, hi] from an option's value; false when it is not. */
+static bool parse_count(const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return false;
+    *out = x;
+    return true;
+}
+
+static bool parse_real(const char *v, double lo, double hi, bool lo_open, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+        return false;
+    *out = x;
+    return true;
+}
+
+static enum amp_status parse_sample_args(int argc, char **argv, struct sample_args *a, struct amp_error *err)
+{
+    *a = (struct sample_args){.ckpt = argv[1], .o = {.tokens = 256, .temperature = 1.0, .top_p = 1.0}};
+    for (int i = 2; i < argc; i++) {
+        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *expect = NULL; /* what the value should have been */
+        int64_t n = 0;
+        if (!val) {
+            expect = "a value after it";
+        } else if (!strcmp(opt, "--prompt") || !strcmp(opt, "--prompt-file")) {
+            if (a->prompt || a->prompt_file)
+                return amp_fail(err, AMP_ERR_CONFIG, "give the prompt once, as text or as a file",
+                                "sample: --prompt and --prompt-file given together, or one of them twice");
+            *(opt[8] ? &a->prompt_file : &a->prompt) = val;
+        } else if (!strcmp(opt, "--tokens")) {
+            expect = parse_count(val, 0, 1 << 20, &a->o.tokens) ? NULL : "a whole number from 0 to 1048576";
+        } else if (!strcmp(opt, "--temperature")) {
+            expect = parse_real(val, 0.0, 1e6, false, &a->o.temperature) ? NULL : "a number >= 0 (0: greedy)";
+        } else if (!strcmp(opt, "--top-k")) {
+            expect = parse_count(val, 0, INT32_MAX, &a->o.top_k) ? NULL : "a whole number >= 0 (0: every token)";
+        } else if (!strcmp(opt, "--top-p")) {
+            expect = parse_real(val, 0.0, 1.0, true, &a->o.top_p) ? NULL : "a number in (0, 1] (1: every token)";
+        } else if (!strcmp(opt, "--seed")) {
+            expect = parse_count(val, 0, INT64_MAX, &n) ? NULL : "a whole number >= 0";
+            a->o.seed = (uint64_t)n;
+        } else if (!strcmp(opt, "--tokenizer")) {
+            a->tokenizer = val;
+        } else if (!strcmp(opt, "--device")) {
+            expect = !strcmp(val, "cpu") || !strcmp(val, "cuda") ? NULL : "cpu or cuda";
+            a->device = val;
+        } else {
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help sample' for usage",
+                            "sample: unknown option '%s' (expected --prompt, --prompt-file, --tokens, --temperature, "
+                            "--top-k, --top-p, --seed, --tokenizer, --device)", opt);
+        }
+        if (expect)
+            return amp_fail(err, AMP_ERR_CONFIG, "run 'ampTrain help sample' for usage",
+                            "sample: bad value for %s: '%s' (expected %s)", opt, val ? val : "", expect);
+        i++;
+    }
+    return AMP_OK;
+}
+
+/* The bytes of a --prompt-file (malloc'd, *len of them): a regular file of at most SAMPLE_PROMPT_MAX bytes, opened
+ * without blocking (a FIFO or a device is refused before anything is read). AMP_ERR_CONFIG naming the file. */
+static enum amp_status read_prompt_file(const char *path, char **out, size_t *len, struct amp_error *err)
+{
+    const char *hint = "--prompt-file names a text file of at most 1 MiB";
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return amp_fail(err, AMP_ERR_CONFIG, hint, "sample: cannot open --prompt-file '%s': %s", path, strerror(e));
+    }
+    const char *kind = S_ISDIR(sb.st_mode) ? "a directory" : !S_ISREG(sb.st_mode) ? "not a regular file" : NULL;
+    if (kind || sb.st_size > SAMPLE_PROMPT_MAX) {
+        close(fd);
+        if (kind)
+            return amp_fail(err, AMP_ERR_CONFIG, hint, "sample: --prompt-file '%s' is %s", path, kind);
+        return amp_fail(err, AMP_ERR_CONFIG, hint, "sample: --prompt-file '%s' has %lld bytes, more than %d", path,
+                        (long long)sb.st_size, SAMPLE_PROMPT_MAX);
+    }
+    char *buf = malloc((size_t)sb.st_size + 1);
+    size_t got = 0;
+    ssize_t r = 1;
+    while (buf && r > 0 && got <= (size_t)sb.st_size) { /* reads one byte past st_size: a file that grew is seen */
+        r = read(fd, buf + got, (size_t)sb.st_size + 1 - got);
+        got += r > 0 ? (size_t)r : 0;
+        if (r < 0 && errno == EINTR)
+            r = 1;
+    }
+    int e = errno;
+    close(fd);
+    if (!buf || r < 0 || got > (size_t)sb.st_size) {
+        free(buf);
+        if (!buf)
+            return amp_fail(err, AMP_ERR_INTERNAL, NULL, "sample: out of memory reading '%s'", path);
+        if (r < 0)
+            return amp_fail(err, AMP_ERR_CONFIG, hint, "sample: cannot read --prompt-file '%s': %s", path,
+                            strerror(e));
+        return amp_fail(err, AMP_ERR_CONFIG, hint, "sample: --prompt-file '%s' grew while it was read", path);
+    }
+    *out = buf;
+    *len = got;
+    return AMP_OK;
+}
+
+/* The prompt's tokens (malloc'd): a byte-level model's are its bytes (sample_encode_bytes: an empty prompt is one
+ * newline). A tokenizer file encodes them otherwise (lib/tokenizer.h, to be wired in here). */
+static enum amp_status prompt_encode(const char *text, size_t len, int64_t vocab, const char *tokenizer,
+                                     int32_t **tokens, int64_t *n, struct amp_error *err)
+{
+    if (tokenizer)
+        return amp_fail(err, AMP_ERR_CONFIG, "sample a byte-level model (vocabulary 256) without --tokenizer",
+                        "sample: --tokenizer '%s': this build cannot read tokenizer files yet", tokenizer);
+    return sample_encode_bytes(text, len, vocab, "sample", tokens, n, err);
+}
+
+/* Tokens written as text to out: a byte-level model's tokens are the bytes themselves, written as they are. */
+static void tokens_write(FILE *out, const int32_t *tokens, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        fputc(tokens[i], out);
+}
+
+static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
+{
+    enum amp_status st = need_ckpt_arg(argc, argv, "sample", err);
+    struct sample_args a;
+    if (st == AMP_OK)
+        st = parse_sample_args(argc, argv, &a, err);
+    if (st != AMP_OK)
+        return st;
+    char *file_text = NULL;
+    size_t file_len = 0;
+    if (a.prompt_file && (st = read_prompt_file(a.prompt_file, &file_text, &file_len, err)) != AMP_OK)
+        return st;
+    struct config cfg;
+    if ((st = ckpt_read_config(a.ckpt, &cfg, err)) != AMP_OK) {
+        free(file_text);
+        return st;
+    }
+    struct ckpt_info info;
+    struct backend *be = NULL;
+    struct model m;
+    memset(&m, 0, sizeof m);
+    enum precision_mode mode = PREC_FP32;
+    struct eval_args as_eval = {.ckpt = a.ckpt, .autocast = -1};
+    char chosen[160];
+    int64_t context = 0, n_prompt = 0;
+    int32_t *prompt = NULL;
+    struct sample_result r = {0};
+    st = ckpt_verify(a.ckpt, &info, err);
+    if (st == AMP_OK) /* the model runs as eval runs it: the run's own precision */
+        st = eval_mode(&as_eval, cfg.precision.mode, &mode, err);
+    if (st == AMP_OK)
+        st = backend_open(&be, a.device ? a.device : cfg.run.device, chosen, sizeof chosen, err);
+    if (st == AMP_OK)
+        st = backend_set_threads(be, config_threads(&cfg.run), err);
+    if (st == AMP_OK)
+        st = ckpt_model_open(a.ckpt, &cfg, &info, be, mode, 1, &m, err);
+    if (st == AMP_OK)
+        st = model_decode_begin(&m, &context, err);
+    if (st == AMP_OK) {
+        const struct layer *head = &m.layers[m.nlayers - 2];
+        const char *text = a.prompt_file ? file_text : a.prompt ? a.prompt : "";
+        size_t len = a.prompt_file ? file_len : strlen(text);
+        st = prompt_encode(text, len, head->out_shape[head->ndim_out - 1], a.tokenizer, &prompt, &n_prompt, err);
+    }
+    if (st == AMP_OK)
+        st = sample_generate(&m, context, prompt, n_prompt, &a.o, &r, err);
+    if (st == AMP_OK) {
+        tokens_write(stdout, r.tokens, r.n);
+        fputc('\n', stdout);
+        if (r.stopped_at_context)
+            fprintf(stderr, "ampTrain: sample: stopped at the model's context of %lld positions (data.seq_len): "
+                            "%lld of %lld tokens generated\n",
+                    (long long)context, (long long)(r.n - r.n_prompt), (long long)a.o.tokens);
+    }
+    sample_result_free(&r);
+    free(prompt);
+    model_free(&m);
+    if (be)
+        backend_close(be);
+    config_free(&cfg);
+    free(file_text);
     return st;
 }
 
@@ -744,34 +989,14 @@ static enum amp_status export_check_model(const char *ckpt, const struct config 
                                           struct amp_error *err)
 {
     struct backend *be = backend_cpu_create();
-    struct dataset ds;
     struct model m;
-    struct data_spec spec;
-    struct autocast_policy fp32; /* shapes do not depend on the precision */
-    memset(&ds, 0, sizeof ds);
     memset(&m, 0, sizeof m);
     enum amp_status st = be ? AMP_OK : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
-    if (st == AMP_OK && !data_spec_from_config(&cfg->data, &spec) && w->info.sample_ndim > 0) {
-        memset(&spec, 0, sizeof spec);
-        spec.sample_ndim = w->info.sample_ndim;
-        memcpy(spec.sample_shape, w->info.sample_shape, sizeof spec.sample_shape);
-        spec.num_classes = w->info.num_classes;
-        spec.is_tokens = w->info.is_tokens;
-    } else if (st == AMP_OK && !data_spec_from_config(&cfg->data, &spec)) {
-        st = data_load(&ds, &cfg->data, 1, err);
-        spec = ds.spec;
-    }
+    if (st == AMP_OK) /* shapes do not depend on the precision */
+        st = ckpt_model_open(ckpt, cfg, &w->info, be, PREC_FP32, 1, &m, err);
     if (st == AMP_OK)
-        st = autocast_from_config(&fp32, PREC_FP32, &cfg->precision.autocast, err);
-    if (st == AMP_OK)
-        st = model_build(&m, cfg, &spec, be, &fp32, 1, err);
-    if (st == AMP_OK) {
-        st = ckpt_load_model(ckpt, &m, err);
-        if (st == AMP_OK)
-            st = export_check_no_extra(ckpt, &m, w, err);
-        model_free(&m);
-    }
-    data_free(&ds);
+        st = export_check_no_extra(ckpt, &m, w, err);
+    model_free(&m);
     if (be)
         backend_close(be);
     return st;
@@ -1033,7 +1258,8 @@ static const struct command commands[] = {
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: how long and how it logs and saves (run.steps, run.epochs, run.log_every,\n"
-     "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.out_dir), where and how\n"
+     "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.sample_every,\n"
+     "run.sample_prompt, run.out_dir), where and how\n"
      "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
      "step's batch on another number of ranks), how weights and moments are stored\n"
      "(precision.master_weights, optim.state_dtype, optim.stochastic_rounding) and precision.mode\n"
@@ -1046,6 +1272,19 @@ static const struct command commands[] = {
      "beside the checkpoint. --autocast defaults to the run's precision; with autocast on the run's\n"
      "low-precision dtype is used unless --dtype says otherwise.",
      cmd_eval, false},
+    {"sample", "ampTrain sample CHECKPOINT.h5 [--prompt TEXT | --prompt-file F] [--tokens N] [--temperature T] "
+               "[--top-k K] [--top-p P] [--seed S] [--tokenizer FILE] [--device cpu|cuda]",
+     "Generate text from a checkpoint of a text model: prints the prompt and its continuation of N tokens\n"
+     "(default 256) to stdout. A byte-level model (vocabulary 256) reads and writes bytes as they are; another\n"
+     "vocabulary needs --tokenizer. The prompt runs through the model once, then each new token alone, with\n"
+     "the attention's keys and values kept on the device; the model runs in the run's precision, on --device\n"
+     "(default: the checkpoint's run.device). Generation stops at the model's context (data.seq_len), saying\n"
+     "so on stderr. An empty or absent prompt starts from a newline. --temperature (default 1; 0 is greedy),\n"
+     "--top-k (default 0: every token), --top-p (default 1) shape the draw; --seed (default 0) fixes it: the\n"
+     "same checkpoint, prompt and options give the same text. --prompt-file: a regular file of at most\n"
+     "1 MiB. Bad options, prompt files and prompts longer than the context are exit 2. See docs/model.md,\n"
+     "\"Sampling\".",
+     cmd_sample, true},
     {"inspect", "ampTrain inspect CHECKPOINT.h5", "Show step, precision, scaler state and tensors of a checkpoint.",
      cmd_inspect, false},
     {"check", "ampTrain check CONFIG.yaml [KEY=VALUE ...]",
@@ -1108,7 +1347,8 @@ static enum amp_status cmd_help(int argc, char **argv, struct amp_error *err)
             printf("usage: %s\n\n%s\n\n%s", commands[i].usage, commands[i].help, exit_codes);
             return AMP_OK;
         }
-    return amp_fail(err, AMP_ERR_CONFIG, "commands: run, resume, eval, inspect, check, numerics, export, tokenize, help",
+    return amp_fail(err, AMP_ERR_CONFIG,
+                    "commands: run, resume, eval, sample, inspect, check, numerics, export, tokenize, help",
                     "help: unknown command '%s'", argv[1]);
 }
 
@@ -1118,7 +1358,8 @@ static enum amp_status unknown_command(const char *cmd, struct amp_error *err)
     static const char *const alias[][2] = {{"train", "run"}, {"fit", "run"}, {"start", "run"}, {"continue", "resume"},
                                            {"restart", "resume"}, {"evaluate", "eval"}, {"test", "eval"},
                                            {"validate", "check"}, {"show", "inspect"}, {"info", "inspect"},
-                                           {"convert", "export"}, {"save", "export"}, {"numeric", "numerics"}};
+                                           {"convert", "export"}, {"save", "export"}, {"numeric", "numerics"},
+                                           {"generate", "sample"}};
     const char *close = NULL;
     for (size_t i = 0; i < sizeof alias / sizeof alias[0] && !close; i++)
         if (strcmp(cmd, alias[i][0]) == 0)

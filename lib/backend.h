@@ -269,6 +269,17 @@ struct backend {
                                const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T, int64_t C,
                                int64_t H);
 
+    /* causal attention over a key/value cache, for generating one sequence a few positions at a time (sampling).
+     * qkv (n, 3C) in d holds positions pos..pos+n-1 (pos + n <= max_T); their K and V are first stored, in d, into
+     * cache (2, H, max_T, D), D = C/H: [0] keys, [1] values, position-major per head. Then row i of out (n, C) in d
+     * is, per head h, the causal attention of query i over cache positions 0..pos+i with the arithmetic of
+     * attention_forward: scores q.k * (1/sqrt(D)) summed in fp32 and rounded to d, the softmax in fp32 (max, expf,
+     * the sum in double, one reciprocal), probabilities rounded to d, out = sum_j p_j v_j in fp32 rounded once to
+     * out's dtype. The positions of a sequence get the results a full attention_forward over it gives, up to the
+     * order in which the two sum their dot products. */
+    void (*attention_decode)(struct backend *be, struct tensor *out, struct tensor *cache, const struct tensor *qkv,
+                             int64_t pos, int64_t n, int64_t C, int64_t H);
+
     /* losses, FP32. softmax cross-entropy over logits (N, K) of any dtype with int32 labels (N):
      * losses (N) fp32 per sample; dlogits (N, K) in its dtype = (softmax - onehot) * seed / N with
      * seed = *grad_seed, one fp32 in backend memory (the loss scale lives there; NULL when dlogits is);

@@ -201,6 +201,8 @@ static const struct field run_fields[] = {
     INT_(S, ckpt_every, 0, GE(0), .def_text = "0: only at the end"),
     INT_(S, keep_ckpts, 3, GE(1)),
     INT_(S, numerics_every, 0, GE(0), .def_text = "0: off"),
+    INT_(S, sample_every, 0, GE(0), .def_text = "0: off"),
+    STR_(S, sample_prompt, ""),
     ENUM_(S, recompute, recompute_names, RECOMPUTE_NONE),
 };
 #undef S

@@ -110,6 +110,8 @@ struct run_config {
     int64_t ckpt_every;   /* optimizer steps between checkpoints; 0 = only at the end (default 0) */
     int64_t keep_ckpts;   /* checkpoints kept (default 3, >= 1) */
     int64_t numerics_every; /* steps between numerics measurements (lib/numerics.h); 0 = off (default) */
+    int64_t sample_every; /* steps between text samples (lib/sample.h) into samples.jsonl; 0 = off (default) */
+    char sample_prompt[CFG_STR]; /* their prompt; default "" (a newline) */
     enum recompute recompute; /* none (default) | gelu | attention | block: activations recomputed in backward
                                * (models/attention.c); the results are the same bits */
 };

@@ -44,7 +44,8 @@ enum amp_status runlog_make_dirs(const char *path, struct amp_error *err)
 
 bool runlog_is_run_file(const char *name)
 {
-    static const char *const files[] = {"scale_log.csv", "config.yaml", "latest", "eval.jsonl", "numerics.csv"};
+    static const char *const files[] = {"scale_log.csv", "config.yaml", "latest", "eval.jsonl", "numerics.csv",
+                                        "samples.jsonl"};
     size_t n = strlen(name);
     bool found = strncmp(name, "ckpt-", 5) == 0 && n > 8 && strcmp(name + n - 3, ".h5") == 0;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
@@ -273,6 +274,75 @@ enum amp_status runlog_eval(const char *dir, FILE *out, const struct eval_record
         if (!isnan(r->perplexity))
             fprintf(out, " | perplexity %.3f", r->perplexity);
         fprintf(out, " | %lld samples\n", (long long)r->samples);
+        fflush(out);
+    }
+    return AMP_OK;
+}
+
+/* The length of the valid UTF-8 sequence at s (n bytes left), or 0 where none starts there (overlong forms,
+ * surrogates and code points beyond U+10FFFF are invalid). */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || len > n)
+        return 0;
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3F);
+    }
+    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return len;
+}
+
+void runlog_json_bytes(FILE *f, const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    fputc('"', f);
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8_len(p + i, len - i);
+        if (n == 0) {
+            fprintf(f, "\\udc%02x", p[i]);
+            i++;
+        } else if (n == 1 && (p[i] == '"' || p[i] == '\\')) {
+            fprintf(f, "\\%c", p[i]);
+            i++;
+        } else if (n == 1 && (p[i] < 0x20 || p[i] == 0x7F)) {
+            fprintf(f, "\\u%04x", p[i]);
+            i++;
+        } else {
+            fwrite(p + i, 1, n, f);
+            i += n;
+        }
+    }
+    fputc('"', f);
+}
+
+enum amp_status runlog_sample(const char *dir, FILE *out, int64_t step, const char *prompt, size_t prompt_len,
+                              const char *text, size_t text_len, struct amp_error *err)
+{
+    char path[CFG_STR + 32];
+    snprintf(path, sizeof path, "%s/samples.jsonl", dir);
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return amp_fail(err, AMP_ERR_INTERNAL, "check the run directory's permissions", "cannot append to %s: %s",
+                        path, strerror(errno));
+    fprintf(f, "{\"step\": %lld, \"prompt\": ", (long long)step);
+    runlog_json_bytes(f, prompt, prompt_len);
+    fputs(", \"text\": ", f);
+    runlog_json_bytes(f, text, text_len);
+    fputs("}\n", f);
+    if (fclose(f) != 0)
+        return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space", "cannot write %s", path);
+    if (out) {
+        fprintf(out, "sample step %lld | ", (long long)step);
+        fwrite(prompt, 1, prompt_len, out);
+        fwrite(text, 1, text_len, out);
+        fputc('\n', out);
         fflush(out);
     }
     return AMP_OK;

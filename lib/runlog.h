@@ -73,10 +73,19 @@ enum amp_status runlog_flush(struct runlog *rl, struct amp_error *err);
 enum amp_status runlog_eval(const char *dir, FILE *out, const struct eval_record *r, struct amp_error *err);
 void runlog_close(struct runlog *rl);
 
+/* Append {"step": STEP, "prompt": ..., "text": ...} to DIR/samples.jsonl (run.sample_every) and print the sample.
+ * The two strings are bytes: valid UTF-8 is written as it is (", \ and control characters escaped), and each byte
+ * of an invalid sequence as \udcXX (XX its value), Python's surrogateescape: json.loads(line)["text"]
+ * .encode("utf-8", "surrogateescape") gives the bytes back. */
+enum amp_status runlog_sample(const char *dir, FILE *out, int64_t step, const char *prompt, size_t prompt_len,
+                              const char *text, size_t text_len, struct amp_error *err);
+/* One JSON string of those rules, quotes included (exposed for tests). */
+void runlog_json_bytes(FILE *f, const char *s, size_t len);
+
 double runlog_now(void); /* monotonic seconds */
 
 /* Whether a file of this name (no directory) is one a run writes into its run.out_dir: scale_log.csv, config.yaml,
- * latest, eval.jsonl, numerics.csv, ckpt-*.h5. A directory holding one holds a run (runlog_open refuses it unless
+ * latest, eval.jsonl, numerics.csv, samples.jsonl, ckpt-*.h5. A directory holding one holds a run (runlog_open refuses it unless
  * resuming its own checkpoint); export never writes over one. */
 bool runlog_is_run_file(const char *name);
 

@@ -18,6 +18,7 @@
 #include "numerics.h"   /* run.numerics_every */
 #include "optim.h"    /* optimizer, schedule */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
+#include "sample.h"   /* run.sample_every */
 #include "scaler.h"   /* loss scaler */
 
 static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, const struct dataset *ds, int64_t max_n,
@@ -810,6 +811,12 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     int64_t measure_every = cfg->run.numerics_every;
     if (st == AMP_OK && measure_every > 0 && comm->rank == 0)
         st = numerics_open(&nm, &t, cfg->run.out_dir, "numerics.csv", false, err);
+    /* run.sample_every: rank 0 generates from the model between steps (lib/sample.h); it reads the weights and writes
+     * only activations the next forward writes again, and draws from its own random stream */
+    struct run_sampler sampler = {0};
+    int64_t sample_every = cfg->run.sample_every;
+    if (st == AMP_OK && sample_every > 0 && comm->rank == 0)
+        st = run_sampler_open(&sampler, &t.model, cfg, err);
     st = comm_agree(comm, st, err);
     while (st == AMP_OK && t.step < t.total_steps && !sig) {
         double t0 = runlog_now();
@@ -836,7 +843,13 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             st = comm_agree(comm, run_eval(&t, t.step, err), err);
             lm.t_window = runlog_now();
         }
+        if (st == AMP_OK && sample_every > 0 && t.step % sample_every == 0 && !sig) {
+            st = comm_agree(comm, comm->rank == 0 ? run_sampler_sample(&sampler, &t.model, cfg, t.step, err) : AMP_OK,
+                            err);
+            lm.t_window = runlog_now();
+        }
     }
+    run_sampler_free(&sampler);
     if (st == AMP_OK && !sig) { /* a signal that landed after the last step */
         sig = stop_signal;
         st = comm_agree_stop(comm, st, &sig, err);

@@ -101,8 +101,29 @@ void attention_core_backward(struct backend *be, struct attention_core *op, stru
     be->convert(be, dqkv, &dqkvc);
 }
 
+enum amp_status attention_core_cache_alloc(struct attention_core *op, struct backend *be, struct amp_error *err)
+{
+    if (op->kv.data)
+        return AMP_OK;
+    return tensor_alloc(&op->kv, be, op->d, 4, (int64_t[]){2, op->H, op->T, op->C / op->H}, "key/value cache", err);
+}
+
+void attention_core_decode(struct backend *be, struct attention_core *op, struct tensor *out,
+                           const struct tensor *qkv, const struct decode_step *d)
+{
+    struct tensor qkvc;
+    const struct tensor *in = qkv;
+    if (op->qkvc.data) {
+        qkvc = seq_view(&op->qkvc, d->n);
+        be->convert(be, &qkvc, qkv);
+        in = &qkvc;
+    }
+    be->attention_decode(be, out, &op->kv, in, d->pos, d->n, op->C, op->H);
+}
+
 void attention_core_free(struct attention_core *op)
 {
+    tensor_free(&op->kv);
     tensor_free(&op->qkvc);
     tensor_free(&op->probs);
 }
@@ -200,7 +221,25 @@ static void attention_free(struct layer *l)
     tensor_free(&p->att);
 }
 
-static const struct layer_ops attention_ops = {attention_forward, attention_backward, attention_free};
+static void attention_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                             const struct decode_step *d)
+{
+    struct attention_layer *p = l->priv;
+    struct tensor qkv = seq_view(&p->qkv_y, d->n), att = seq_view(&p->att, d->n);
+    l->y = seq_view(&l->y, d->n);
+    linear_op_forward(ctx, &p->qkv, &qkv, x, d->n);
+    attention_core_decode(ctx->be, &p->core, &att, &qkv, d);
+    linear_op_forward(ctx, &p->proj, &l->y, &att, d->n);
+}
+
+static enum amp_status attention_cache_alloc(struct layer *l, struct backend *be, struct amp_error *err)
+{
+    struct attention_layer *p = l->priv;
+    return attention_core_cache_alloc(&p->core, be, err);
+}
+
+static const struct layer_ops attention_ops = {attention_forward, attention_backward, attention_free,
+                                               attention_decode, attention_cache_alloc};
 
 enum amp_status attention_setup(struct layer *l, struct layer_build *b)
 {
@@ -265,6 +304,14 @@ static struct tensor saved_view(const struct block_layer *p, const struct saved 
     return scratch_view(p->workspace, s->off, s->t.dtype, 3, (int64_t[]){B, s->t.shape[1], s->t.shape[2]});
 }
 
+/* The same as one sequence of n positions (1, n, width): generation. */
+static struct tensor saved_seq(const struct block_layer *p, const struct saved *s, int64_t n)
+{
+    if (!s->scratch)
+        return seq_view(&s->t, n);
+    return scratch_view(p->workspace, s->off, s->t.dtype, 3, (int64_t[]){1, n, s->t.shape[2]});
+}
+
 static struct block_views block_views_of(const struct block_layer *p, int64_t B)
 {
     return (struct block_views){
@@ -292,15 +339,19 @@ static struct tensor grad_cast(struct backend *be, const struct block_layer *p, 
     return t;
 }
 
-/* Everything of the forward but the last residual add, into v: what backward reads. */
+/* Everything of the forward but the last residual add, into v: what backward reads. With `d` (generation), x and
+ * v are d's positions of one sequence and the attention goes through the cache. */
 static void block_forward_to(const struct step_ctx *ctx, struct block_layer *p, const struct tensor *x, int64_t B,
-                             struct block_views *v)
+                             struct block_views *v, const struct decode_step *d)
 {
     struct backend *be = ctx->be;
-    int64_t rows = B * p->core.T;
+    int64_t rows = d ? d->n : B * p->core.T;
     layernorm_op_forward(be, &p->ln1, &v->h1, x, rows);
     linear_op_forward(ctx, &p->qkv, &v->qkv, &v->h1, rows);
-    attention_core_forward(be, &p->core, &v->att, &v->qkv, B);
+    if (d)
+        attention_core_decode(be, &p->core, &v->att, &v->qkv, d);
+    else
+        attention_core_forward(be, &p->core, &v->att, &v->qkv, B);
     linear_op_forward(ctx, &p->proj, &v->proj, &v->att, rows);
     layernorm_op_forward_add(be, &p->ln2, &v->h2, &v->r1, x, &v->proj, rows); /* r1 = x + proj, h2 = ln2(r1) */
     linear_op_forward_act(ctx, &p->fc, p->act, &v->g, &v->fc, &v->h2, rows);
@@ -315,8 +366,28 @@ static void block_forward(struct layer *l, const struct step_ctx *ctx, const str
     int64_t B = x->shape[0];
     struct block_views v = block_views_of(p, B);
     l->y = batch_view(&l->y, B);
-    block_forward_to(ctx, p, x, B, &v);
+    block_forward_to(ctx, p, x, B, &v, NULL);
     ctx->be->add(ctx->be, &l->y, &v.r1, &v.fc2);
+}
+
+static void block_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                         const struct decode_step *d)
+{
+    struct block_layer *p = l->priv;
+    struct block_views v = {
+        .h1 = saved_seq(p, &p->h1, d->n), .qkv = saved_seq(p, &p->qkv_y, d->n), .att = saved_seq(p, &p->att, d->n),
+        .proj = saved_seq(p, &p->proj_y, d->n), .r1 = saved_seq(p, &p->r1, d->n), .h2 = saved_seq(p, &p->h2, d->n),
+        .fc = saved_seq(p, &p->fc_y, d->n), .g = saved_seq(p, &p->g, d->n), .fc2 = saved_seq(p, &p->fc2_y, d->n),
+    };
+    l->y = seq_view(&l->y, d->n);
+    block_forward_to(ctx, p, x, 1, &v, d);
+    ctx->be->add(ctx->be, &l->y, &v.r1, &v.fc2);
+}
+
+static enum amp_status block_cache_alloc(struct layer *l, struct backend *be, struct amp_error *err)
+{
+    struct block_layer *p = l->priv;
+    return attention_core_cache_alloc(&p->core, be, err);
 }
 
 /* run.recompute: what the forward did not keep, computed again by the same ops from the same inputs. */
@@ -324,7 +395,7 @@ static void block_recompute(const struct step_ctx *ctx, struct block_layer *p, c
                             struct block_views *v)
 {
     if (p->recompute == RECOMPUTE_BLOCK)
-        block_forward_to(ctx, p, x, B, v);
+        block_forward_to(ctx, p, x, B, v, NULL);
     else if (p->recompute == RECOMPUTE_ATTENTION)
         attention_core_forward(ctx->be, &p->core, &v->att, &v->qkv, B);
     else if (p->recompute == RECOMPUTE_GELU)
@@ -394,7 +465,7 @@ static void block_free(struct layer *l)
         tensor_free(&saved[i]->t);
 }
 
-static const struct layer_ops block_ops = {block_forward, block_backward, block_free};
+static const struct layer_ops block_ops = {block_forward, block_backward, block_free, block_decode, block_cache_alloc};
 
 /* Set up saved activation `s` (N, T, width): the layer's own tensor, or, when `recomputed`, a share of the workspace;
  * and reserve the scratch for its gradient. */

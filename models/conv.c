@@ -107,7 +107,7 @@ static void conv2d_free(struct layer *l)
         tensor_free(&p->xc);
 }
 
-static const struct layer_ops conv2d_ops = {conv2d_forward, conv2d_backward, conv2d_free};
+static const struct layer_ops conv2d_ops = {conv2d_forward, conv2d_backward, conv2d_free, NULL, NULL};
 
 enum amp_status conv2d_setup(struct layer *l, struct layer_build *b)
 {
@@ -198,7 +198,7 @@ static void pool2d_backward(struct layer *l, const struct step_ctx *ctx, const s
     ctx->be->pool2d_backward(ctx->be, &a, &l->dx, dy, x, &l->y);
 }
 
-static const struct layer_ops pool2d_ops = {pool2d_forward, pool2d_backward, NULL};
+static const struct layer_ops pool2d_ops = {pool2d_forward, pool2d_backward, NULL, NULL, NULL};
 
 enum amp_status pool2d_setup(struct layer *l, struct layer_build *b)
 {
@@ -259,7 +259,7 @@ static void flatten_backward(struct layer *l, const struct step_ctx *ctx, const 
         l->dx = tensor_reshape(dy, x->ndim, x->shape);
 }
 
-static const struct layer_ops flatten_ops = {flatten_forward, flatten_backward, NULL};
+static const struct layer_ops flatten_ops = {flatten_forward, flatten_backward, NULL, NULL, NULL};
 
 enum amp_status flatten_setup(struct layer *l, struct layer_build *b)
 {

@@ -57,7 +57,15 @@ static void activation_backward(struct layer *l, const struct step_ctx *ctx, con
     ctx->be->act_backward(ctx->be, activation_kind(l), &l->dx, dy, x);
 }
 
-static const struct layer_ops activation_ops = {activation_forward, activation_backward, NULL};
+static void activation_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                              const struct decode_step *d)
+{
+    l->y = seq_view(&l->y, d->n);
+    ctx->be->act_forward(ctx->be, activation_kind(l), &l->y, x);
+}
+
+static const struct layer_ops activation_ops = {activation_forward, activation_backward, NULL, activation_decode,
+                                                NULL};
 
 /* A relu fused into the layer before it (a batchnorm2d: norm_args.relu; a linear layer: GEMM_EPI_RELU): that
  * layer's y is already this one's output, and y and dx are views. The mask is applied elsewhere: by the
@@ -92,7 +100,15 @@ static void fused_relu_backward(struct layer *l, const struct step_ctx *ctx, con
         count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
 }
 
-static const struct layer_ops fused_relu_ops = {fused_relu_forward, fused_relu_backward, NULL};
+static void fused_relu_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                              const struct decode_step *d)
+{
+    (void)ctx, (void)d;
+    l->y = tensor_reshape(x, x->ndim, x->shape);
+}
+
+static const struct layer_ops fused_relu_ops = {fused_relu_forward, fused_relu_backward, NULL, fused_relu_decode,
+                                                NULL};
 
 bool relu_fused_into_linear(const struct layer *relu)
 {
@@ -178,7 +194,15 @@ static void dropout_backward(struct layer *l, const struct step_ctx *ctx, const 
         ctx->be->dropout_backward(ctx->be, &l->dx, dy, p, dropout_key(l, ctx));
 }
 
-static const struct layer_ops dropout_ops = {dropout_forward, dropout_backward, NULL};
+/* generation is never training: the identity */
+static void dropout_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                           const struct decode_step *d)
+{
+    l->y = seq_view(&l->y, d->n);
+    ctx->be->convert(ctx->be, &l->y, x);
+}
+
+static const struct layer_ops dropout_ops = {dropout_forward, dropout_backward, NULL, dropout_decode, NULL};
 
 enum amp_status dropout_setup(struct layer *l, struct layer_build *b)
 {

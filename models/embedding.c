@@ -46,7 +46,20 @@ static void embedding_backward(struct layer *l, const struct step_ctx *ctx, cons
         ctx->be->add(ctx->be, &p->wte->grad, &p->wte->grad, dwte);
 }
 
-static const struct layer_ops embedding_ops = {embedding_forward, embedding_backward, NULL};
+/* wpe's rows from d->pos on: the position embedding of the new positions */
+static void embedding_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                             const struct decode_step *d)
+{
+    (void)x;
+    struct embedding_layer *p = l->priv;
+    struct tensor wpe = *param_value_as(p->wpe, DT_FP32);
+    wpe.data = (float *)wpe.data + d->pos * p->C;
+    wpe = tensor_reshape(&wpe, 2, (int64_t[]){d->n, p->C});
+    l->y = seq_view(&l->y, d->n);
+    ctx->be->embedding_forward(ctx->be, &l->y, d->tokens, param_value_as(p->wte, DT_FP32), &wpe, 1, d->n, p->C);
+}
+
+static const struct layer_ops embedding_ops = {embedding_forward, embedding_backward, NULL, embedding_decode, NULL};
 
 enum amp_status embedding_setup(struct layer *l, struct layer_build *b)
 {

@@ -108,6 +108,13 @@ struct batch {
     struct tensor target; /* fp32 regression targets (n, K) for mse */
 };
 
+/* One call of generation (model_decode): n new positions pos..pos+n-1 of one sequence (a prompt's prefill, then
+ * one position at a time). */
+struct decode_step {
+    int64_t pos, n;
+    const int32_t *tokens; /* int32 (n) in backend memory: the new positions' token ids */
+};
+
 struct layer;
 
 struct layer_ops {
@@ -118,6 +125,12 @@ struct layer_ops {
     void (*backward)(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy, const struct tensor *x,
                      const struct batch *b);
     void (*free_priv)(struct layer *l);
+    /* generation, not training: the forward of d's positions alone, x and y (1, n, ...) views; a layer with
+     * attention attends to the positions before them through its key/value cache, and stores theirs there.
+     * NULL where the kind cannot generate (model_decode_begin says which). */
+    void (*decode)(struct layer *l, const struct step_ctx *ctx, const struct tensor *x, const struct decode_step *d);
+    /* a layer with attention: allocate its key/value cache (once; freed with the layer). NULL for the others. */
+    enum amp_status (*cache_alloc)(struct layer *l, struct backend *be, struct amp_error *err);
 };
 
 struct layer {

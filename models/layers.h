@@ -131,6 +131,9 @@ struct tensor batch_view_like(const struct tensor *t, const struct tensor *like)
 /* `t` seen as a matrix (rows, cols). */
 struct tensor matrix_view(const struct tensor *t, int64_t rows, int64_t cols);
 
+/* `t` as one sequence of n positions: (1, n, its last dimension). */
+struct tensor seq_view(const struct tensor *t, int64_t n);
+
 /* Element count of one sample of a shape (everything but the batch dimension). */
 int64_t shape_inner(int ndim, const int64_t *shape);
 
@@ -217,6 +220,8 @@ struct attention_core {
     size_t probs_off;       /* then: scratch for them, filled by the forward and again in backward */
     bool recompute;
     size_t dqkvc_off;       /* scratch (max_B, T, 3C) in d, when qkv is not d */
+    struct tensor kv;       /* generation: the key/value cache (2, H, T, C/H) in d (backend.h attention_decode);
+                             * empty until attention_core_cache_alloc */
     const struct tensor *workspace;
 };
 
@@ -230,5 +235,9 @@ void attention_core_forward(struct backend *be, struct attention_core *op, struc
 void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,
                              const struct tensor *dout, const struct tensor *qkv, int64_t B);
 void attention_core_free(struct attention_core *op);
+/* Generation: the cache (once), and the core over d's positions, qkv and out (1, n, ...), through the cache. */
+enum amp_status attention_core_cache_alloc(struct attention_core *op, struct backend *be, struct amp_error *err);
+void attention_core_decode(struct backend *be, struct attention_core *op, struct tensor *out,
+                           const struct tensor *qkv, const struct decode_step *d);
 
 #endif

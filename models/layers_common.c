@@ -105,6 +105,11 @@ struct tensor batch_view(const struct tensor *t, int64_t rows)
     return tensor_reshape(t, t->ndim, shape);
 }
 
+struct tensor seq_view(const struct tensor *t, int64_t n)
+{
+    return tensor_reshape(t, 3, (int64_t[]){1, n, t->shape[t->ndim - 1]});
+}
+
 struct tensor batch_view_like(const struct tensor *t, const struct tensor *like)
 {
     return tensor_reshape(t, like->ndim, like->shape);

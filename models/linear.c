@@ -278,7 +278,15 @@ static void linear_free(struct layer *l)
         linear_op_free(&p->op);
 }
 
-static const struct layer_ops linear_ops = {linear_forward, linear_backward, linear_free};
+static void linear_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                          const struct decode_step *d)
+{
+    struct linear_layer *p = l->priv;
+    l->y = seq_view(&l->y, d->n);
+    linear_op_forward(ctx, &p->op, &l->y, x, d->n);
+}
+
+static const struct layer_ops linear_ops = {linear_forward, linear_backward, linear_free, linear_decode, NULL};
 
 /* The parameter `tie` names: an earlier embedding's wte of shape (out, in). NULL (and AMP_OK) without a tie. */
 static enum amp_status tied_weight(struct layer *l, struct layer_build *b, int64_t out, int64_t in,

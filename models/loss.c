@@ -79,7 +79,7 @@ static void loss_backward(struct layer *l, const struct step_ctx *ctx, const str
         ctx->be->mse_forward_backward(ctx->be, &l->y, &dx, x, &b->target, rows, p->classes, ctx->grad_seed);
 }
 
-static const struct layer_ops loss_ops = {loss_forward, loss_backward, NULL};
+static const struct layer_ops loss_ops = {loss_forward, loss_backward, NULL, NULL, NULL};
 
 enum amp_status loss_setup(struct layer *l, struct layer_build *b)
 {

@@ -14,6 +14,7 @@
  */
 #include "model.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,6 +436,44 @@ void model_backward(struct model *m, const struct step_ctx *ctx, const struct ba
         /* a view's dx (flatten's, a fused relu's) is its neighbour's gradient: counted there */
         if (l->needs_dx && !l->is_view)
             count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
+    }
+}
+
+enum amp_status model_decode_begin(struct model *m, int64_t *context, struct amp_error *err)
+{
+    const struct layer *first = &m->layers[0], *loss = &m->layers[m->nlayers - 1];
+    if (first->cfg.kind != LAYER_EMBEDDING || loss->cfg.kind != LAYER_CROSS_ENTROPY || m->nlayers < 3)
+        return amp_fail(err, AMP_ERR_CONFIG, "sample a text or token model: an embedding first, cross_entropy last",
+                        "the model cannot generate text: its first layer is '%s' (%s) and its last '%s' (%s)",
+                        first->cfg.name, layer_kind_name(first->cfg.kind), loss->cfg.name,
+                        layer_kind_name(loss->cfg.kind));
+    for (int i = 0; i < m->nlayers - 1; i++) {
+        struct layer *l = &m->layers[i];
+        if (!l->ops->decode)
+            return amp_fail(err, AMP_ERR_CONFIG, "generation runs embedding, transformer_block, attention, "
+                            "layernorm, linear, dropout, relu and gelu layers",
+                            "model.layers[%d] '%s' (%s) cannot generate", i, l->cfg.name,
+                            layer_kind_name(l->cfg.kind));
+        enum amp_status st = l->ops->cache_alloc ? l->ops->cache_alloc(l, m->be, err) : AMP_OK;
+        if (st != AMP_OK)
+            return st;
+    }
+    *context = first->out_shape[1];
+    return AMP_OK;
+}
+
+void model_decode(struct model *m, const struct step_ctx *ctx, const struct decode_step *d, struct tensor *logits)
+{
+    assert(!ctx->training && d->n >= 1 && d->pos + d->n <= m->layers[0].out_shape[1]);
+    for (int i = 0; i < m->nlayers - 1; i++) {
+        struct layer *l = &m->layers[i];
+        l->ops->decode(l, ctx, i == 0 ? NULL : &m->layers[i - 1].y, d);
+    }
+    *logits = m->layers[m->nlayers - 2].y;
+    /* the layers' outputs back to their full shapes: the forward's batch views keep their trailing dimensions */
+    for (int i = 0; i < m->nlayers - 1; i++) {
+        struct layer *l = &m->layers[i];
+        l->y = tensor_reshape(&l->y, l->ndim_out, l->out_shape);
     }
 }
 

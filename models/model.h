@@ -75,6 +75,21 @@ void model_forward(struct model *m, const struct step_ctx *ctx, const struct bat
  * overwrite or accumulate per ctx->accumulate. */
 void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b);
 
+/* ---- generation (ampTrain sample) ----
+ * A token model (an embedding first, a cross_entropy last) generates one sequence with a key/value cache: the
+ * prompt's positions in one model_decode call (the prefill), then one position per call, each attending to the
+ * cached keys and values of the positions before it. The context is the model's sequence length T (data.seq_len):
+ * positions 0..T-1. */
+
+/* Check that every layer can generate (AMP_ERR_CONFIG naming the first that cannot), allocate the attention
+ * layers' caches (AMP_ERR_INTERNAL when out of memory), and give the context length T. */
+enum amp_status model_decode_begin(struct model *m, int64_t *context, struct amp_error *err);
+
+/* The forward of positions d->pos .. d->pos + d->n - 1 (d->pos + d->n <= T; every position before d->pos given by
+ * earlier calls): *logits becomes a view (1, n, vocab) of the last layer before the loss, in its dtype, valid until
+ * the next pass. ctx->training must be false. */
+void model_decode(struct model *m, const struct step_ctx *ctx, const struct decode_step *d, struct tensor *logits);
+
 /* Number of loss rows of a batch of n samples (n, or n*T for text). */
 int64_t model_loss_rows(const struct model *m, int64_t n);
 

@@ -129,7 +129,16 @@ static void layernorm_free(struct layer *l)
         layernorm_op_free(&p->op);
 }
 
-static const struct layer_ops layernorm_ops = {layernorm_forward, layernorm_backward, layernorm_free};
+static void layernorm_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
+                             const struct decode_step *d)
+{
+    struct layernorm_layer *p = l->priv;
+    l->y = seq_view(&l->y, d->n);
+    layernorm_op_forward(ctx->be, &p->op, &l->y, x, d->n);
+}
+
+static const struct layer_ops layernorm_ops = {layernorm_forward, layernorm_backward, layernorm_free,
+                                               layernorm_decode, NULL};
 
 enum amp_status layernorm_setup(struct layer *l, struct layer_build *b)
 {
@@ -215,7 +224,8 @@ static void batchnorm2d_free(struct layer *l)
     }
 }
 
-static const struct layer_ops batchnorm2d_ops = {batchnorm2d_forward, batchnorm2d_backward, batchnorm2d_free};
+static const struct layer_ops batchnorm2d_ops = {batchnorm2d_forward, batchnorm2d_backward, batchnorm2d_free, NULL,
+                                                 NULL};
 
 enum amp_status batchnorm2d_setup(struct layer *l, struct layer_build *b)
 {

@@ -2148,6 +2148,40 @@ Test(cuda_backend, update_trial_and_bound_match_the_cpu, .init = open_both, .fin
         }
 }
 
+/* Rows r0 .. r0+n-1 of a (rows, w) tensor, as a tensor (n, w). */
+static struct tensor rows_view(const struct tensor *t, int64_t r0, int64_t n, int64_t w)
+{
+    struct tensor v = *t;
+    v.data = (char *)t->data + (size_t)(r0 * w) * dtype_size(t->dtype);
+    return tensor_reshape(&v, 2, (int64_t[]){n, w});
+}
+
+/* attention_decode (generation's key/value cache): a prefill of 5 positions, then one position per call up to T, on
+ * both backends; the outputs and the whole cache (every position written by then) agree. */
+Test(cuda_backend, attention_decode, .init = open_both, .fini = close_both)
+{
+    rng_state = 12;
+    int64_t T = 33, C = 48, H = 3, D = C / H;
+    for (int d = 0; d < 3; d++) {
+        enum dtype dt = all_dtypes[d];
+        struct pair qkv, out, cache;
+        pair_rand(&qkv, dt, 2, (int64_t[]){T, 3 * C}, -1, 1);
+        pair_out(&out, dt, 2, (int64_t[]){T, C});
+        pair_out(&cache, dt, 4, (int64_t[]){2, H, T, D});
+        for (int64_t pos = 0, n = 5; pos < T; pos += n, n = 1) {
+            struct tensor qc = rows_view(&qkv.c, pos, n, 3 * C), qg = rows_view(&qkv.g, pos, n, 3 * C);
+            struct tensor oc = rows_view(&out.c, pos, n, C), og = rows_view(&out.g, pos, n, C);
+            cpu->attention_decode(cpu, &oc, &cache.c, &qc, pos, n, C, H);
+            gpu->attention_decode(gpu, &og, &cache.g, &qg, pos, n, C, H);
+        }
+        pair_expect(&cache, 0.0, "attention_decode cache (copies)");
+        pair_expect(&out, tol_of(dt), "attention_decode out");
+        struct pair *all[] = {&qkv, &out, &cache};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            pair_free(all[i]);
+    }
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)

@@ -3343,6 +3343,84 @@ static void cpu_attention_backward(struct backend *be, struct tensor *dqkv, cons
     parallel_for(j.par ? cb->pool : NULL, B * H, att_backward_chunk, &j);
 }
 
+/* ---- attention over a key/value cache (sampling) ---------------------------------------------------
+ * The reference of backend.h's attention_decode, as plain loops: the new rows' K and V go into the cache,
+ * then each (row, head) makes three passes over the cached positions 0..pos+i (the scores' max, the sum of
+ * their exponentials, the weighted values), recomputing a score q.k in each rather than keeping a row of
+ * them: the CUDA kernel does the same, one thread block per (row, head). Decoding runs one position at a
+ * time, so this is at most a few thousand dot products per layer. */
+
+static float elem_f32(const void *base, enum dtype dt, size_t i)
+{
+    float v;
+    dtype_convert(&v, DT_FP32, elem_ptr(base, dt, i), dt, 1);
+    return v;
+}
+
+/* score j of query q (D fp32) against cached key j of head h: the dot product in fp32, times scale, rounded to
+ * d as attention_forward stores its scores */
+static float decode_score(const float *q, const struct tensor *cache, int64_t h, int64_t j, int64_t max_T, int64_t D,
+                          float scale, enum dtype d)
+{
+    size_t k0 = (size_t)((h * max_T + j) * D);
+    float dot = 0.0f;
+    for (int64_t e = 0; e < D; e++)
+        dot = fmaf(q[e], elem_f32(cache->data, cache->dtype, k0 + (size_t)e), dot);
+    return dtype_round(scale * dot, d);
+}
+
+static void cpu_attention_decode(struct backend *be, struct tensor *out, struct tensor *cache, const struct tensor *qkv,
+                                 int64_t pos, int64_t n, int64_t C, int64_t H)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    assert(H >= 1 && C % H == 0 && pos >= 0 && n >= 1);
+    int64_t D = C / H, max_T = cache->shape[2];
+    assert(cache->ndim == 4 && cache->shape[0] == 2 && cache->shape[1] == H && cache->shape[3] == D);
+    assert(pos + n <= max_T && (int64_t)qkv->numel == n * 3 * C && (int64_t)out->numel == n * C);
+    enum dtype d = qkv->dtype;
+    size_t values = (size_t)(H * max_T * D); /* cache[1] starts here */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t e = 0; e < D; e++) {
+                size_t at = (size_t)((h * max_T + pos + i) * D + e);
+                float k = elem_f32(qkv->data, d, (size_t)(i * 3 * C + C + h * D + e));
+                float v = elem_f32(qkv->data, d, (size_t)(i * 3 * C + 2 * C + h * D + e));
+                dtype_convert(elem_ptr(cache->data, cache->dtype, at), cache->dtype, &k, DT_FP32, 1);
+                dtype_convert(elem_ptr(cache->data, cache->dtype, values + at), cache->dtype, &v, DT_FP32, 1);
+            }
+    float *q = scratch_get(cb, SCR_TMP0, (size_t)D * 2 * sizeof(float)); /* query, then the weighted sum */
+    if (!q)
+        return;
+    float *acc = q + D;
+    float scale = 1.0f / sqrtf((float)D);
+    const void *vals = elem_ptr(cache->data, cache->dtype, values);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t last = pos + i;
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t e = 0; e < D; e++)
+                q[e] = elem_f32(qkv->data, d, (size_t)(i * 3 * C + h * D + e));
+            float mx = -INFINITY;
+            for (int64_t j = 0; j <= last; j++) {
+                float s = decode_score(q, cache, h, j, max_T, D, scale, d);
+                mx = s > mx ? s : mx;
+            }
+            double sum = 0.0;
+            for (int64_t j = 0; j <= last; j++)
+                sum += expf(decode_score(q, cache, h, j, max_T, D, scale, d) - mx);
+            float inv = (float)(1.0 / sum);
+            for (int64_t e = 0; e < D; e++)
+                acc[e] = 0.0f;
+            for (int64_t j = 0; j <= last; j++) {
+                float p = dtype_round(expf(decode_score(q, cache, h, j, max_T, D, scale, d) - mx) * inv, d);
+                for (int64_t e = 0; e < D; e++)
+                    acc[e] = fmaf(p, elem_f32(vals, cache->dtype, (size_t)((h * max_T + j) * D + e)), acc[e]);
+            }
+            dtype_convert(elem_ptr(out->data, out->dtype, (size_t)(i * C + h * D)), out->dtype, acc, DT_FP32,
+                          (size_t)D);
+        }
+    }
+}
+
 /* ---- losses ---------------------------------------------------------------------------------- */
 
 /* Both losses are threaded by rows (rows_per_chunk samples a chunk): a sample's loss, prediction and
@@ -4328,6 +4406,7 @@ struct backend *backend_cpu_create(void)
     be->embedding_backward = cpu_embedding_backward;
     be->attention_forward = cpu_attention_forward;
     be->attention_backward = cpu_attention_backward;
+    be->attention_decode = cpu_attention_decode;
     be->xent_forward_backward = cpu_xent_forward_backward;
     be->mse_forward_backward = cpu_mse_forward_backward;
     be->loss_sum = cpu_loss_sum;

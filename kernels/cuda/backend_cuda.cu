@@ -369,6 +369,7 @@ static void fill_table(struct backend *be)
     be->embedding_backward = cuda_embedding_backward;
     be->attention_forward = cuda_attention_forward;
     be->attention_backward = cuda_attention_backward;
+    be->attention_decode = cuda_attention_decode;
     be->xent_forward_backward = cuda_xent_forward_backward;
     be->mse_forward_backward = cuda_mse_forward_backward;
     be->loss_sum = cuda_loss_sum;

@@ -276,6 +276,9 @@ void cuda_attention_backward(struct backend *be, struct tensor *dqkv, const stru
                              const struct tensor *qkv, const struct tensor *probs, int64_t B, int64_t T, int64_t C,
                              int64_t H);
 
+void cuda_attention_decode(struct backend *be, struct tensor *out, struct tensor *cache, const struct tensor *qkv,
+                           int64_t pos, int64_t n, int64_t C, int64_t H);
+
 /* fp8.cu: the scaled cast, the delayed recipe's update, and products of fp8 operands (cuda_gemm sends them) */
 void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a);
 void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a);

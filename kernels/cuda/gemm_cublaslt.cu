@@ -846,3 +846,78 @@ void cuda_attention_backward(struct backend *be, struct tensor *dqkv, const stru
     merge_heads_kernel<<<g, kThreads, 0, cb->stream>>>(dqkv->data, dqkv->dtype, 3 * C, 2 * C, dv, g_dt, B, T, H, D);
     CB_LAUNCHED(cb, "merge_heads_kernel");
 }
+
+/* ---- attention over a key/value cache (sampling) -------------------------------------------------
+ * backend.h's attention_decode. cache_store_kernel writes the new rows' K and V into the cache
+ * (2, H, max_T, D); attention_decode_kernel then runs one block per (row i, head h): the scores of
+ * positions 0..pos+i in shared memory (each thread its j's, the dot product in fp32 in order of e, rounded
+ * to d), the fp32 softmax as softmax_causal_kernel computes it (max, expf, the sum in double), the
+ * probabilities rounded to d, and each thread one output column e, summed over j in order. */
+
+__global__ void cache_store_kernel(void *cache, int cache_dt, const void *qkv, int qkv_dt, int64_t pos, int64_t n,
+                                   int64_t C, int64_t H, int64_t max_T)
+{
+    int64_t D = C / H, total = n * C;
+    size_t values = (size_t)(H * max_T * D);
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < total; x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = x / C, h = (x % C) / D, e = x % D;
+        size_t at = (size_t)((h * max_T + pos + i) * D + e);
+        store_elem(cache, cache_dt, at, load_elem(qkv, qkv_dt, (size_t)(i * 3 * C + C + h * D + e)));
+        store_elem(cache, cache_dt, values + at, load_elem(qkv, qkv_dt, (size_t)(i * 3 * C + 2 * C + h * D + e)));
+    }
+}
+
+__global__ void attention_decode_kernel(void *out, int out_dt, const void *cache, int cache_dt, const void *qkv,
+                                        int d, int64_t pos, int64_t C, int64_t H, int64_t max_T, float scale)
+{
+    extern __shared__ float sh[]; /* q (D), then the scores (max_T) */
+    __shared__ double red_d[32];
+    __shared__ float red_f[32];
+    int64_t i = blockIdx.x / H, h = blockIdx.x % H, D = C / H, last = pos + i;
+    float *q = sh, *s = sh + D;
+    size_t values = (size_t)(H * max_T * D);
+    for (int64_t e = threadIdx.x; e < D; e += blockDim.x)
+        q[e] = load_elem(qkv, d, (size_t)(i * 3 * C + h * D + e));
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) {
+        size_t k0 = (size_t)((h * max_T + j) * D);
+        float dot = 0.0f;
+        for (int64_t e = 0; e < D; e++)
+            dot += q[e] * load_elem(cache, cache_dt, k0 + (size_t)e);
+        s[j] = round_to(scale * dot, d);
+        mx = fmaxf(mx, s[j]);
+    }
+    mx = block_max_float(mx, red_f);
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x)
+        sum += expf(s[j] - mx);
+    sum = block_sum_double(sum, red_d);
+    float inv = (float)(1.0 / sum);
+    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x)
+        s[j] = round_to(expf(s[j] - mx) * inv, d);
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < D; e += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j <= last; j++)
+            acc += s[j] * load_elem(cache, cache_dt, values + (size_t)((h * max_T + j) * D + e));
+        store_elem(out, out_dt, (size_t)(i * C + h * D + e), acc);
+    }
+}
+
+void cuda_attention_decode(struct backend *be, struct tensor *out, struct tensor *cache, const struct tensor *qkv,
+                           int64_t pos, int64_t n, int64_t C, int64_t H)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    int64_t max_T = cache->shape[2];
+    if (!att_shapes_ok(cb, n, max_T + C / H, C, H)) /* shared memory: the query and a row of max_T scores */
+        return;
+    int64_t D = C / H;
+    cache_store_kernel<<<grid_for((size_t)(n * C)), kThreads, 0, cb->stream>>>(cache->data, cache->dtype, qkv->data,
+                                                                              qkv->dtype, pos, n, C, H, max_T);
+    CB_LAUNCHED(cb, "cache_store_kernel");
+    attention_decode_kernel<<<(unsigned)(n * H), row_threads(max_T), (size_t)(D + max_T) * sizeof(float),
+                              cb->stream>>>(out->data, out->dtype, cache->data, cache->dtype, qkv->data, qkv->dtype,
+                                            pos, C, H, max_T, 1.0f / sqrtf((float)D));
+    CB_LAUNCHED(cb, "attention_decode_kernel");
+}
