@@ -112,6 +112,7 @@ struct run_config {
     int64_t numerics_every; /* steps between numerics measurements (lib/numerics.h); 0 = off (default) */
     enum recompute recompute; /* none (default) | gelu | attention | block: activations recomputed in backward
                                * (models/attention.c); the results are the same bits */
+    bool tensorboard;     /* rank 0 writes a TensorBoard event file into out_dir (default true; lib/tboard.h) */
 };
 
 struct data_config {
