@@ -8,10 +8,12 @@
         value must equal the CSV's or JSON's number rounded to float32 (NaN equals NaN; a JSON null, which
         ampTrain writes for a non-finite value, equals any non-finite value). Where a step appears twice in a
         log (a resume after a kill trains some steps again), the last row counts, as TensorBoard keeps the
-        last writer's events. Without --killed, every step of the logs must also be in the event files, and
-        every tag must be one ampTrain writes. --killed (a run killed with kill -9): the logs may hold steps the
-        event files lack (their last rows were not yet flushed) and end in a partial line, but every event read
-        must still equal its row. --files N: the directory must hold exactly N event files.
+        last writer's events (an evaluation at a step that a later resume trained again without evaluating
+        it is one TensorBoard drops, so it may be missing). Without --killed, every step of the logs must
+        also be in the event files, and every tag must be one ampTrain writes. --killed (a run killed with
+        kill -9): the logs may hold steps the event files lack (their last rows were not yet flushed) and end
+        in a partial line, but every event read must still equal its row. --files N: the directory must hold
+        exactly N event files.
         Exit 0 when all match (prints a summary), 1 naming the first difference, 2 on bad usage.
 
     /usr/bin/python3 scripts/tb_check.py --text DIR TAG
