@@ -12,7 +12,8 @@
         it is one TensorBoard drops, so it may be missing). Without --killed, every step of the logs must
         also be in the event files, and every tag must be one ampTrain writes. --killed (a run killed with
         kill -9): the logs may hold steps the event files lack (their last rows were not yet flushed) and end
-        in a partial line, but every event read must still equal its row. --files N: the directory must hold
+        in a partial line, but every event read must still equal its row; it says how many steps of the CSV
+        the event files lack. --files N: the directory must hold
         exactly N event files.
         Exit 0 when all match (prints a summary), 1 naming the first difference, 2 on bad usage.
 
@@ -166,7 +167,8 @@ def check(run_dir, killed, files):
     unknown = sorted(tags - expected_tags)
     if unknown:
         raise Mismatch(f"tag {unknown[0]} is not one ampTrain writes for this run")
-    return len(names), counted
+    loss_steps = {e.step for e in acc.Scalars("train/loss")} if "train/loss" in tags else set()
+    return len(names), counted, len(set(rows) - loss_steps)
 
 
 def dump_text(run_dir, tag):
@@ -195,11 +197,12 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        nfiles, counted = check(args[0], killed, files)
+        nfiles, counted, unflushed = check(args[0], killed, files)
     except Mismatch as e:
         print(f"tb_check: {args[0]}: {e}", file=sys.stderr)
         return 1
-    print(f"tb_check: {args[0]}: {counted} scalars in {nfiles} event file(s) equal the run's logs")
+    print(f"tb_check: {args[0]}: {counted} scalars in {nfiles} event file(s) equal the run's logs" +
+          (f"; {unflushed} steps of scale_log.csv are not in them" if killed else ""))
     return 0
 
 
