@@ -14,7 +14,8 @@
         kill -9): the logs may hold steps the event files lack (their last rows were not yet flushed) and end
         in a partial line, but every event read must still equal its row; it says how many steps of the CSV
         the event files lack. --files N: the directory must hold
-        exactly N event files.
+        exactly N event files. eval.jsonl must hold only the run's own evaluations: the records `ampTrain eval`
+        appends are not in the event files.
         Exit 0 when all match (prints a summary), 1 naming the first difference, 2 on bad usage.
 
     /usr/bin/python3 scripts/tb_check.py --text DIR TAG
