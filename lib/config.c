@@ -204,6 +204,7 @@ static const struct field run_fields[] = {
     INT_(S, sample_every, 0, GE(0), .def_text = "0: off"),
     STR_(S, sample_prompt, ""),
     ENUM_(S, recompute, recompute_names, RECOMPUTE_NONE),
+    BOOL_(S, tensorboard, true),
 };
 #undef S
 static const struct section run_section = {"run", run_fields, ARRAY_LEN(run_fields)};

@@ -114,6 +114,7 @@ struct run_config {
     char sample_prompt[CFG_STR]; /* their prompt; default "" (a newline) */
     enum recompute recompute; /* none (default) | gelu | attention | block: activations recomputed in backward
                                * (models/attention.c); the results are the same bits */
+    bool tensorboard;     /* rank 0 writes a TensorBoard event file into out_dir (default true; lib/tboard.h) */
 };
 
 struct data_config {

@@ -1,5 +1,5 @@
 /*
- * runlog.c — run directory, scale_log.csv, eval.jsonl, progress line. See runlog.h.
+ * runlog.c — run directory, scale_log.csv, eval.jsonl, TensorBoard event file, progress line. See runlog.h.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "runlog.h"
@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
+#include <stdlib.h> /* strtod */
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -48,6 +49,7 @@ bool runlog_is_run_file(const char *name)
                                         "samples.jsonl"};
     size_t n = strlen(name);
     bool found = strncmp(name, "ckpt-", 5) == 0 && n > 8 && strcmp(name + n - 3, ".h5") == 0;
+    found = found || strncmp(name, TBOARD_PREFIX, strlen(TBOARD_PREFIX)) == 0;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         found = found || strcmp(name, files[i]) == 0;
     return found;
@@ -104,8 +106,8 @@ static enum amp_status claim_dir(const char *dir, const char *resume, bool *appe
                     "run.out_dir '%s' already holds a run (%s exists); refusing to overwrite it", dir, which);
 }
 
-enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, const char *resume,
-                            struct amp_error *err)
+enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, int64_t step,
+                            const char *resume, struct amp_error *err)
 {
     memset(rl, 0, sizeof *rl);
     snprintf(rl->dir, sizeof rl->dir, "%s", cfg->run.out_dir);
@@ -114,6 +116,8 @@ enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t
     rl->log_every = cfg->run.log_every;
     rl->total_steps = total_steps;
     rl->t_start = runlog_now();
+    bool tokens = cfg->data.format == DATA_TEXT || cfg->data.format == DATA_TOKENS;
+    rl->tokens_per_sample = tokens ? cfg->data.seq_len : 0;
 
     bool append = false;
     enum amp_status st = runlog_make_dirs(rl->dir, err);
@@ -138,7 +142,7 @@ enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t
     config_print_yaml(cfg, f);
     if (fclose(f) != 0)
         return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space", "cannot write %s: %s", path, strerror(errno));
-    return AMP_OK;
+    return cfg->run.tensorboard ? tboard_open(&rl->tb, rl->dir, step + 1, err) : AMP_OK;
 }
 
 void runlog_csv_field(FILE *f, const char *s)
@@ -170,6 +174,32 @@ static void csv_num(FILE *f, double v, bool nan_empty)
         double_to_text(v, text, sizeof text);
         fputs(text, f);
     }
+}
+
+/* The row's numeric columns as scalars (runlog.h lists the tags). `rate` is samples_per_s as the CSV has it. */
+static void step_scalars(struct runlog *rl, const struct step_record *r, double rate)
+{
+    const struct {
+        const char *tag;
+        double value;
+    } cols[] = {
+        {"train/epoch", (double)r->epoch},
+        {"train/loss", r->loss},
+        {"train/loss_scale", r->scale},
+        {"train/found_inf", r->found_inf},
+        {"train/skipped", r->skipped},
+        {"train/skips_total", (double)r->skips_total},
+        {"train/grad_norm", r->grad_norm},
+        {"train/clip_coef", r->clip_coef},
+        {"train/lr", r->lr},
+        {"train/grad_zero_frac", r->grad_zero_frac},
+        {"train/samples_per_s", rate},
+    };
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
+        if (!(isnan(cols[i].value) && !strcmp(cols[i].tag, "train/grad_zero_frac"))) /* not sampled this step */
+            tboard_scalar(rl->tb, r->step, cols[i].tag, cols[i].value);
+    if (rl->tokens_per_sample > 0)
+        tboard_scalar(rl->tb, r->step, "train/tokens_per_s", rate * (double)rl->tokens_per_sample);
 }
 
 static void format_eta(char *buf, size_t len, double seconds)
@@ -205,9 +235,13 @@ enum amp_status runlog_step(struct runlog *rl, const struct step_record *r, stru
     fputc(',', f);
     csv_num(f, r->grad_zero_frac, true);
     fputc(',', f);
-    fprintf(f, "%.1f\n", r->samples_per_s);
+    char rate[48];
+    snprintf(rate, sizeof rate, "%.1f", r->samples_per_s);
+    fprintf(f, "%s\n", rate);
     if (ferror(f))
         return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space", "cannot write %s/scale_log.csv", rl->dir);
+    if (rl->tb)
+        step_scalars(rl, r, strtod(rate, NULL));
 
     bool log_line = rl->log_every > 0 && (r->step % rl->log_every == 0 || r->step == rl->total_steps);
     if (!rl->tty && !log_line && !r->skipped)
@@ -236,7 +270,7 @@ enum amp_status runlog_flush(struct runlog *rl, struct amp_error *err)
 {
     if (rl->scale_csv && fflush(rl->scale_csv) != 0)
         return amp_fail(err, AMP_ERR_INTERNAL, "check free disk space", "cannot write %s/scale_log.csv", rl->dir);
-    return AMP_OK;
+    return rl->tb ? tboard_flush(rl->tb, err) : AMP_OK;
 }
 
 static void json_num(FILE *f, double v)
@@ -348,9 +382,25 @@ enum amp_status runlog_sample(const char *dir, FILE *out, int64_t step, const ch
     return AMP_OK;
 }
 
+enum amp_status runlog_eval_tboard(struct runlog *rl, const struct eval_record *r, struct amp_error *err)
+{
+    if (!rl->tb)
+        return AMP_OK;
+    tboard_scalar(rl->tb, r->step, "eval/loss", r->loss);
+    if (!isnan(r->accuracy))
+        tboard_scalar(rl->tb, r->step, "eval/accuracy", r->accuracy);
+    if (!isnan(r->perplexity))
+        tboard_scalar(rl->tb, r->step, "eval/perplexity", r->perplexity);
+    return tboard_flush(rl->tb, err);
+}
+
 void runlog_close(struct runlog *rl)
 {
     if (rl->scale_csv)
         fclose(rl->scale_csv);
     rl->scale_csv = NULL;
+    struct amp_error err = {0};
+    if (tboard_close(rl->tb, &err) != AMP_OK)
+        fprintf(stderr, "ampTrain: warning: %s\n", err.msg);
+    rl->tb = NULL;
 }

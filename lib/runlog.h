@@ -1,7 +1,8 @@
 /*
  * runlog.h — what a run writes besides checkpoints (README.md, "What a run writes"): the resolved config, the
- * per-step scale_log.csv, eval.jsonl, and the progress line (a single rewritten line on a terminal,
- * a plain line every log_every steps otherwise).
+ * per-step scale_log.csv, eval.jsonl, a TensorBoard event file with the same numbers (run.tensorboard;
+ * lib/tboard.h), and the progress line (a single rewritten line on a terminal, a plain line every log_every
+ * steps otherwise).
  */
 #ifndef AMP_RUNLOG_H
 #define AMP_RUNLOG_H
@@ -12,6 +13,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "tboard.h" /* struct tboard: the event file */
 
 #define SCALE_LOG_HEADER \
     "step,epoch,loss,scale,found_inf,skipped,skips_total,grad_norm,clip_coef,lr,overflow_layer,grad_zero_frac," \
@@ -51,6 +53,8 @@ struct eval_record {
 struct runlog {
     char dir[CFG_STR];
     FILE *scale_csv;
+    struct tboard *tb;       /* NULL when run.tensorboard is false */
+    int64_t tokens_per_sample; /* data.seq_len for token models (train/tokens_per_s), else 0 */
     FILE *out;               /* progress output (stdout) */
     bool tty;
     int64_t log_every;
@@ -58,19 +62,30 @@ struct runlog {
     double t_start;
 };
 
-/* Create the run directory, write config.yaml, open scale_log.csv. A directory that already holds a run
- * (scale_log.csv, config.yaml, latest, eval.jsonl, numerics.csv or a ckpt-*.h5) is refused (exit 2), except,
- * when `resume` names the checkpoint being continued, the checkpoint's own directory, whose scale_log.csv is
- * appended to. */
-enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, const char *resume,
-                            struct amp_error *err);
+/* Create the run directory, write config.yaml, open scale_log.csv and, with run.tensorboard, a new event file.
+ * A directory that already holds a run (any of runlog_is_run_file's files) is refused (exit 2), except, when
+ * `resume` names the checkpoint being continued, the checkpoint's own directory, whose scale_log.csv is
+ * appended to (and which gets a new event file beside the earlier ones). `step` is the step the run continues
+ * from (0 for a new run): TensorBoard drops what an earlier event file logged past it. */
+enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, int64_t step,
+                            const char *resume, struct amp_error *err);
+
+/* One scale_log.csv row, its scalars for TensorBoard (buffered until runlog_flush), and the progress line.
+ * Scalar tags: train/epoch, train/loss, train/loss_scale, train/found_inf, train/skipped, train/skips_total,
+ * train/grad_norm, train/clip_coef, train/lr, train/grad_zero_frac (the steps it was sampled),
+ * train/samples_per_s (the CSV's rounded value) and, for token models, train/tokens_per_s (samples_per_s x
+ * data.seq_len). */
 enum amp_status runlog_step(struct runlog *rl, const struct step_record *r, struct amp_error *err);
 
 /* Hand the rows written so far to the file system (the trainer calls it after each log window, so a
- * checkpoint is never ahead of its log, whatever kills the process next). */
+ * checkpoint is never ahead of its log, whatever kills the process next): scale_log.csv, then the event file. */
 enum amp_status runlog_flush(struct runlog *rl, struct amp_error *err);
 /* Append to DIR/eval.jsonl and print a line. */
 enum amp_status runlog_eval(const char *dir, FILE *out, const struct eval_record *r, struct amp_error *err);
+/* The same record's metrics to the event file, written at once: eval/loss, eval/accuracy (classifiers),
+ * eval/perplexity (token models). Nothing when run.tensorboard is false. */
+enum amp_status runlog_eval_tboard(struct runlog *rl, const struct eval_record *r, struct amp_error *err);
+/* Close the files; an event file that cannot be written to the end gets a warning on stderr. */
 void runlog_close(struct runlog *rl);
 
 /* Append {"step": STEP, "prompt": ..., "text": ...} to DIR/samples.jsonl (run.sample_every) and print the sample.
@@ -85,8 +100,8 @@ void runlog_json_bytes(FILE *f, const char *s, size_t len);
 double runlog_now(void); /* monotonic seconds */
 
 /* Whether a file of this name (no directory) is one a run writes into its run.out_dir: scale_log.csv, config.yaml,
- * latest, eval.jsonl, numerics.csv, samples.jsonl, ckpt-*.h5. A directory holding one holds a run (runlog_open refuses it unless
- * resuming its own checkpoint); export never writes over one. */
+ * latest, eval.jsonl, numerics.csv, samples.jsonl, ckpt-*.h5, events.out.tfevents.*. A directory holding one holds a
+ * run (runlog_open refuses it unless resuming its own checkpoint); export never writes over one. */
 bool runlog_is_run_file(const char *name);
 
 /* mkdir -p PATH: a run directory and its missing parents (AMP_ERR_INTERNAL naming the one that cannot be made). */

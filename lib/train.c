@@ -190,7 +190,7 @@ static void attribute_overflow(const struct model *m, const int64_t *counts, cha
     }
 }
 
-/* Evaluate on the test split (every rank, sharded); rank 0 writes eval.jsonl. */
+/* Evaluate on the test split (every rank, sharded); rank 0 writes eval.jsonl and the event file's eval/ scalars. */
 static enum amp_status run_eval(struct trainer *t, int64_t step, struct amp_error *err)
 {
     struct model *m = &t->model;
@@ -216,7 +216,8 @@ static enum amp_status run_eval(struct trainer *t, int64_t step, struct amp_erro
         .perplexity = ds->spec.is_tokens ? exp(r.loss) : NAN,
         .samples = r.samples,
     };
-    return runlog_eval(cfg->run.out_dir, stdout, &rec, err);
+    st = runlog_eval(cfg->run.out_dir, stdout, &rec, err);
+    return st == AMP_OK ? runlog_eval_tboard(&t->log, &rec, err) : st;
 }
 
 static size_t align256(size_t n)
@@ -797,7 +798,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     }
     if (st == AMP_OK && comm->rank == 0) {
         /* Resuming into a new directory (run.out_dir changed) starts a fresh log with a header. */
-        st = runlog_open(&t.log, cfg, t.total_steps, resume, err);
+        st = runlog_open(&t.log, cfg, t.total_steps, t.step, resume, err);
         if (comm->world > 1) /* mpirun gives ranks a pty whatever its own output is: plain lines */
             t.log.tty = false;
     }
