@@ -653,24 +653,6 @@ static enum amp_status read_prompt_file(const char *path, char **out, size_t *le
     return AMP_OK;
 }
 
-/* The prompt's tokens (malloc'd): a byte-level model's are its bytes (sample_encode_bytes: an empty prompt is one
- * newline). A tokenizer file encodes them otherwise (lib/tokenizer.h, to be wired in here). */
-static enum amp_status prompt_encode(const char *text, size_t len, int64_t vocab, const char *tokenizer,
-                                     int32_t **tokens, int64_t *n, struct amp_error *err)
-{
-    if (tokenizer)
-        return amp_fail(err, AMP_ERR_CONFIG, "sample a byte-level model (vocabulary 256) without --tokenizer",
-                        "sample: --tokenizer '%s': this build cannot read tokenizer files yet", tokenizer);
-    return sample_encode_bytes(text, len, vocab, "sample", tokens, n, err);
-}
-
-/* Tokens written as text to out: a byte-level model's tokens are the bytes themselves, written as they are. */
-static void tokens_write(FILE *out, const int32_t *tokens, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        fputc(tokens[i], out);
-}
-
 static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
 {
     enum amp_status st = need_ckpt_arg(argc, argv, "sample", err);
@@ -698,6 +680,9 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
     int64_t context = 0, n_prompt = 0;
     int32_t *prompt = NULL;
     struct sample_result r = {0};
+    struct sample_codec codec = {0};
+    char *out_text = NULL;
+    size_t out_len = 0;
     st = ckpt_verify(a.ckpt, &info, err);
     if (st == AMP_OK) /* the model runs as eval runs it: the run's own precision */
         st = eval_mode(&as_eval, cfg.precision.mode, &mode, err);
@@ -713,12 +698,19 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
         const struct layer *head = &m.layers[m.nlayers - 2];
         const char *text = a.prompt_file ? file_text : a.prompt ? a.prompt : "";
         size_t len = a.prompt_file ? file_len : strlen(text);
-        st = prompt_encode(text, len, head->out_shape[head->ndim_out - 1], a.tokenizer, &prompt, &n_prompt, err);
+        /* --tokenizer, else the run's own data.tokenizer, else bytes */
+        st = sample_codec_open(&codec, a.tokenizer ? a.tokenizer : cfg.data.tokenizer,
+                               head->out_shape[head->ndim_out - 1], "sample", err);
+        if (st == AMP_OK)
+            st = sample_codec_encode(&codec, text, len, "sample", &prompt, &n_prompt, err);
     }
+    a.o.draw_below = sample_codec_draw_below(&codec);
     if (st == AMP_OK)
         st = sample_generate(&m, context, prompt, n_prompt, &a.o, &r, err);
+    if (st == AMP_OK)
+        st = sample_codec_decode(&codec, r.tokens, r.n, &out_text, &out_len, err);
     if (st == AMP_OK) {
-        tokens_write(stdout, r.tokens, r.n);
+        fwrite(out_text, 1, out_len, stdout);
         fputc('\n', stdout);
         if (r.stopped_at_context)
             fprintf(stderr, "ampTrain: sample: stopped at the model's context of %lld positions (data.seq_len): "
@@ -726,6 +718,8 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
                     (long long)context, (long long)(r.n - r.n_prompt), (long long)a.o.tokens);
     }
     sample_result_free(&r);
+    free(out_text);
+    sample_codec_free(&codec);
     free(prompt);
     model_free(&m);
     if (be)
@@ -1276,7 +1270,8 @@ static const struct command commands[] = {
                "[--top-k K] [--top-p P] [--seed S] [--tokenizer FILE] [--device cpu|cuda]",
      "Generate text from a checkpoint of a text model: prints the prompt and its continuation of N tokens\n"
      "(default 256) to stdout. A byte-level model (vocabulary 256) reads and writes bytes as they are; another\n"
-     "vocabulary needs --tokenizer. The prompt runs through the model once, then each new token alone, with\n"
+     "vocabulary needs its tokenizer: --tokenizer FILE (a Hugging Face tokenizer.json, or vocab.json with\n"
+     "merges.txt), else the run's data.tokenizer. The prompt runs through the model once, then each new token alone, with\n"
      "the attention's keys and values kept on the device; the model runs in the run's precision, on --device\n"
      "(default: the checkpoint's run.device). Generation stops at the model's context (data.seq_len), saying\n"
      "so on stderr. An empty or absent prompt starts from a newline. --temperature (default 1; 0 is greedy),\n"

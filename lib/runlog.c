@@ -356,11 +356,48 @@ void runlog_json_bytes(FILE *f, const char *s, size_t len)
     fputc('"', f);
 }
 
-enum amp_status runlog_sample(const char *dir, FILE *out, int64_t step, const char *prompt, size_t prompt_len,
+/* The sample as TensorBoard's text plugin shows it (UTF-8, Markdown): the prompt in bold, then the text; bytes that
+ * are not valid UTF-8, and NULs, as U+FFFD. malloc'd, or NULL when out of memory. */
+static char *sample_markdown(const char *prompt, size_t prompt_len, const char *text, size_t text_len)
+{
+    size_t cap = 3 * (prompt_len + text_len) + 8; /* each byte at most U+FFFD's three */
+    char *md = malloc(cap), *o = md;
+    if (!md)
+        return NULL;
+    const char *part[2] = {prompt, text};
+    size_t plen[2] = {prompt_len, text_len};
+    for (int k = 0; k < 2; k++) {
+        const unsigned char *p = (const unsigned char *)part[k];
+        if (k == 0) {
+            memcpy(o, "**", 2);
+            o += 2;
+        }
+        for (size_t i = 0; i < plen[k];) {
+            size_t n = utf8_len(p + i, plen[k] - i);
+            if (n == 0 || p[i] == 0) {
+                memcpy(o, "\xEF\xBF\xBD", 3);
+                o += 3;
+                i++;
+            } else {
+                memcpy(o, p + i, n);
+                o += n;
+                i += n;
+            }
+        }
+        if (k == 0) {
+            memcpy(o, "**", 2);
+            o += 2;
+        }
+    }
+    *o = '\0';
+    return md;
+}
+
+enum amp_status runlog_sample(struct runlog *rl, FILE *out, int64_t step, const char *prompt, size_t prompt_len,
                               const char *text, size_t text_len, struct amp_error *err)
 {
     char path[CFG_STR + 32];
-    snprintf(path, sizeof path, "%s/samples.jsonl", dir);
+    snprintf(path, sizeof path, "%s/samples.jsonl", rl->dir);
     FILE *f = fopen(path, "a");
     if (!f)
         return amp_fail(err, AMP_ERR_INTERNAL, "check the run directory's permissions", "cannot append to %s: %s",
@@ -379,7 +416,14 @@ enum amp_status runlog_sample(const char *dir, FILE *out, int64_t step, const ch
         fputc('\n', out);
         fflush(out);
     }
-    return AMP_OK;
+    if (!rl->tb)
+        return AMP_OK;
+    char *md = sample_markdown(prompt, prompt_len, text, text_len);
+    if (!md)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory logging a sample to %s", tboard_path(rl->tb));
+    tboard_text(rl->tb, step, "samples", md);
+    free(md);
+    return tboard_flush(rl->tb, err);
 }
 
 enum amp_status runlog_eval_tboard(struct runlog *rl, const struct eval_record *r, struct amp_error *err)

@@ -88,11 +88,12 @@ enum amp_status runlog_eval_tboard(struct runlog *rl, const struct eval_record *
 /* Close the files; an event file that cannot be written to the end gets a warning on stderr. */
 void runlog_close(struct runlog *rl);
 
-/* Append {"step": STEP, "prompt": ..., "text": ...} to DIR/samples.jsonl (run.sample_every) and print the sample.
- * The two strings are bytes: valid UTF-8 is written as it is (", \ and control characters escaped), and each byte
- * of an invalid sequence as \udcXX (XX its value), Python's surrogateescape: json.loads(line)["text"]
- * .encode("utf-8", "surrogateescape") gives the bytes back. */
-enum amp_status runlog_sample(const char *dir, FILE *out, int64_t step, const char *prompt, size_t prompt_len,
+/* Append {"step": STEP, "prompt": ..., "text": ...} to the run directory's samples.jsonl (run.sample_every), print
+ * the sample to `out` (when not NULL) and, with run.tensorboard, log it as text (tag `samples`: the prompt in bold,
+ * then the text; invalid UTF-8 shown as U+FFFD). The two strings are bytes: in samples.jsonl valid UTF-8 is written
+ * as it is (", \ and control characters escaped), and each byte of an invalid sequence as \udcXX (XX its value),
+ * Python's surrogateescape: json.loads(line)["text"].encode("utf-8", "surrogateescape") gives the bytes back. */
+enum amp_status runlog_sample(struct runlog *rl, FILE *out, int64_t step, const char *prompt, size_t prompt_len,
                               const char *text, size_t text_len, struct amp_error *err);
 /* One JSON string of those rules, quotes included (exposed for tests). */
 void runlog_json_bytes(FILE *f, const char *s, size_t len);

@@ -14,6 +14,7 @@
 #include "model.h" /* model_decode, struct decode_step */
 #include "rng.h"   /* rng_uniform */
 #include "runlog.h" /* runlog_sample: samples.jsonl */
+#include "tokenizer.h" /* tokenizer_load, tokenizer_encode, tokenizer_decode: sample_codec */
 
 /* weight descending, the lower token first among equals */
 static int by_weight_desc(const void *a, const void *b)
@@ -99,6 +100,7 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
     if (st == AMP_OK && o->keep_logits && !(r->logits = malloc((size_t)(context * V) * sizeof *r->logits)))
         st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory keeping the logits of %lld tokens", (long long)context);
     r->vocab = V;
+    int64_t drawn = o->draw_below > 0 && o->draw_below < V ? o->draw_below : V; /* the tokens that can be drawn */
     if (st == AMP_OK) {
         memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
         r->n = r->n_prompt = n_prompt;
@@ -115,7 +117,7 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
             break;
         if (r->logits)
             memcpy(r->logits + (r->n - n_prompt) * V, logits, (size_t)V * sizeof *logits);
-        int32_t next = sample_pick(logits, V, o, rng_uniform(o->seed, SAMPLE_STREAM, (uint64_t)(r->n - n_prompt)),
+        int32_t next = sample_pick(logits, drawn, o, rng_uniform(o->seed, SAMPLE_STREAM, (uint64_t)(r->n - n_prompt)),
                                    order);
         r->tokens[r->n++] = next;
         be->upload(be, dev + r->n - 1, &next, sizeof next);
@@ -131,18 +133,43 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
     return st;
 }
 
-enum amp_status sample_encode_bytes(const char *text, size_t len, int64_t vocab, const char *who, int32_t **tokens,
-                                    int64_t *n, struct amp_error *err)
+enum amp_status sample_codec_open(struct sample_codec *c, const char *path, int64_t vocab, const char *who,
+                                  struct amp_error *err)
+{
+    c->tok = NULL;
+    c->vocab = vocab;
+    if (!path || !path[0]) {
+        if (vocab != 256)
+            return amp_fail(err, AMP_ERR_CONFIG,
+                            "give the tokenizer the model was trained with: data.tokenizer, or sample's --tokenizer FILE",
+                            "%s: the model's vocabulary has %lld tokens, not the 256 bytes read and written without a "
+                            "tokenizer", who, (long long)vocab);
+        return AMP_OK;
+    }
+    enum amp_status st = tokenizer_load(path, &c->tok, err);
+    if (st == AMP_OK && tokenizer_vocab_size(c->tok) > vocab) {
+        st = amp_fail(err, AMP_ERR_CONFIG, "give the tokenizer the model was trained with",
+                      "%s: the tokenizer '%s' has %lld ids, more than the model's vocabulary of %lld", who, path,
+                      (long long)tokenizer_vocab_size(c->tok), (long long)vocab);
+        sample_codec_free(c);
+    }
+    return st;
+}
+
+enum amp_status sample_codec_encode(const struct sample_codec *c, const char *text, size_t len, const char *who,
+                                    int32_t **tokens, int64_t *n, struct amp_error *err)
 {
     *tokens = NULL;
-    if (vocab != 256)
-        return amp_fail(err, AMP_ERR_CONFIG, "give the tokenizer the model was trained with: --tokenizer FILE",
-                        "%s: the model's vocabulary has %lld tokens, not the 256 bytes read and written without a "
-                        "tokenizer", who, (long long)vocab);
     static const char newline = '\n';
     if (len == 0) {
         text = &newline;
         len = 1;
+    }
+    if (c->tok) {
+        size_t k = 0;
+        enum amp_status st = tokenizer_encode(c->tok, text, len, tokens, &k, err);
+        *n = (int64_t)k;
+        return st;
     }
     *tokens = malloc(len * sizeof **tokens);
     if (!*tokens)
@@ -151,6 +178,32 @@ enum amp_status sample_encode_bytes(const char *text, size_t len, int64_t vocab,
         (*tokens)[i] = (unsigned char)text[i];
     *n = (int64_t)len;
     return AMP_OK;
+}
+
+enum amp_status sample_codec_decode(const struct sample_codec *c, const int32_t *tokens, int64_t n, char **text,
+                                    size_t *len, struct amp_error *err)
+{
+    if (c->tok)
+        return tokenizer_decode(c->tok, tokens, (size_t)n, text, len, err);
+    *text = malloc((size_t)n + 1);
+    if (!*text)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory decoding %lld tokens", (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        (*text)[i] = (char)tokens[i];
+    (*text)[n] = '\0';
+    *len = (size_t)n;
+    return AMP_OK;
+}
+
+int64_t sample_codec_draw_below(const struct sample_codec *c)
+{
+    return c->tok ? tokenizer_vocab_size(c->tok) : 0;
+}
+
+void sample_codec_free(struct sample_codec *c)
+{
+    tokenizer_free(c->tok);
+    c->tok = NULL;
 }
 
 #define RUN_SAMPLE_TOKENS 64
@@ -172,8 +225,10 @@ enum amp_status run_sampler_open(struct run_sampler *s, struct model *m, const s
     }
     const struct layer *head = &m->layers[m->nlayers - 2];
     const char *p = cfg->run.sample_prompt;
-    st = sample_encode_bytes(p, strlen(p), head->out_shape[head->ndim_out - 1], "run.sample_every", &s->prompt,
-                             &s->n_prompt, err);
+    st = sample_codec_open(&s->codec, cfg->data.tokenizer, head->out_shape[head->ndim_out - 1], "run.sample_every",
+                           err);
+    if (st == AMP_OK)
+        st = sample_codec_encode(&s->codec, p, strlen(p), "run.sample_prompt", &s->prompt, &s->n_prompt, err);
     if (st == AMP_OK && s->n_prompt >= s->context)
         st = amp_fail(err, AMP_ERR_CONFIG, "shorten run.sample_prompt",
                       "run.sample_prompt has %lld bytes, but the model's context is %lld positions (data.seq_len) and "
@@ -183,24 +238,23 @@ enum amp_status run_sampler_open(struct run_sampler *s, struct model *m, const s
     return st;
 }
 
-enum amp_status run_sampler_sample(struct run_sampler *s, struct model *m, const struct config *cfg, int64_t step,
-                                   struct amp_error *err)
+enum amp_status run_sampler_sample(struct run_sampler *s, struct model *m, struct runlog *log, const struct config *cfg,
+                                   int64_t step, struct amp_error *err)
 {
     struct sample_opts o = {.tokens = RUN_SAMPLE_TOKENS, .temperature = 1.0, .top_p = 1.0,
-                            .seed = cfg->run.seed + (uint64_t)step};
+                            .seed = cfg->run.seed + (uint64_t)step, .draw_below = sample_codec_draw_below(&s->codec)};
     struct sample_result r;
     enum amp_status st = sample_generate(m, s->context, s->prompt, s->n_prompt, &o, &r, err);
     if (st != AMP_OK)
         return st;
-    char *text = malloc((size_t)r.n);
-    if (!text) {
-        sample_result_free(&r);
-        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory writing a sample");
-    }
-    for (int64_t i = 0; i < r.n; i++)
-        text[i] = (char)r.tokens[i];
-    st = runlog_sample(cfg->run.out_dir, stdout, step, text, (size_t)r.n_prompt, text + r.n_prompt,
-                       (size_t)(r.n - r.n_prompt), err);
+    char *prompt = NULL, *text = NULL;
+    size_t prompt_len = 0, text_len = 0;
+    st = sample_codec_decode(&s->codec, r.tokens, r.n_prompt, &prompt, &prompt_len, err);
+    if (st == AMP_OK)
+        st = sample_codec_decode(&s->codec, r.tokens + r.n_prompt, r.n - r.n_prompt, &text, &text_len, err);
+    if (st == AMP_OK)
+        st = runlog_sample(log, stdout, step, prompt, prompt_len, text, text_len, err);
+    free(prompt);
     free(text);
     sample_result_free(&r);
     return st;
@@ -208,6 +262,7 @@ enum amp_status run_sampler_sample(struct run_sampler *s, struct model *m, const
 
 void run_sampler_free(struct run_sampler *s)
 {
+    sample_codec_free(&s->codec);
     free(s->prompt);
     memset(s, 0, sizeof *s);
 }

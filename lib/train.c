@@ -845,7 +845,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             lm.t_window = runlog_now();
         }
         if (st == AMP_OK && sample_every > 0 && t.step % sample_every == 0 && !sig) {
-            st = comm_agree(comm, comm->rank == 0 ? run_sampler_sample(&sampler, &t.model, cfg, t.step, err) : AMP_OK,
+            st = comm_agree(comm, comm->rank == 0 ? run_sampler_sample(&sampler, &t.model, &t.log, cfg, t.step, err) : AMP_OK,
                             err);
             lm.t_window = runlog_now();
         }

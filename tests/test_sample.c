@@ -353,8 +353,8 @@ Test(cli, bad_arguments_are_exit_2_naming_them)
     cr_assert_eq(r.code, 4, "a missing checkpoint: %s", r.out);
     r = amp("sample %s --prompt '%0*d'", ckpt, 40, 0);
     assert_exit(r, 2, "the prompt has 40 tokens, but the model's context is 32 positions");
-    r = amp("sample %s --tokenizer %s/gpt/config.yaml", ckpt, scratch);
-    assert_exit(r, 2, "--tokenizer");
+    r = amp("sample %s --tokenizer %s/gpt/config.yaml", ckpt, scratch); /* not a tokenizer file: data, exit 3 */
+    assert_exit(r, 3, "/gpt/config.yaml: byte 0: an unexpected character where a value should be");
 }
 
 Test(cli, prompt_files_that_are_not_text_files_are_exit_2_naming_them)
@@ -379,11 +379,15 @@ Test(cli, prompt_files_that_are_not_text_files_are_exit_2_naming_them)
     assert_exit(r, 2, "/big.txt' has 2097152 bytes, more than 1048576");
 }
 
-/* A vocabulary other than the 256 bytes needs a tokenizer: exit 2 before generating. configs/gpt2_tiny.yaml (vocab
- * 320) on byte-level token files. */
-Test(cli, a_model_of_another_vocabulary_needs_a_tokenizer)
+/* A vocabulary other than the 256 bytes needs a tokenizer: exit 2 before generating without one. With one (a BPE
+ * of 300 ids trained on the fortunes by Hugging Face's tokenizers, scripts/bpe_reference.py, and token files made
+ * with it), `sample` reads the run's data.tokenizer or --tokenizer: the prompt goes in as the tokenizer's ids and
+ * the text comes out decoded, and the 20 ids the model has beyond the tokenizer's 300 are never drawn (their
+ * decoding would be an error). run.sample_every samples through the same tokenizer. configs/gpt2_tiny.yaml
+ * (vocab 320). */
+Test(cli, a_model_of_another_vocabulary_samples_through_its_tokenizer)
 {
-    char cmd[1400];
+    char cmd[2400];
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
              "%s/train.bin /usr/share/games/fortunes/cookie >/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
     cr_assert_eq(shell(cmd).code, 0, "make_tokens.py failed");
@@ -394,6 +398,60 @@ Test(cli, a_model_of_another_vocabulary_needs_a_tokenizer)
     r = amp("sample %s/v320/ckpt-1.h5 --prompt hi", scratch);
     assert_exit(r, 2, "the model's vocabulary has 320 tokens, not the 256 bytes");
     cr_assert(strstr(r.out, "--tokenizer FILE"), "%s", r.out);
+
+    /* a BPE of 300 ids, and token files of its ids */
+    snprintf(cmd, sizeof cmd,
+             "cd %s && /usr/bin/python3 scripts/bpe_reference.py --vocab 300 %s/bpe /usr/share/games/fortunes/cookie "
+             ">/dev/null 2>&1 && /usr/bin/python3 scripts/make_tokens.py --tokenizer %s/bpe/tokenizer.json --amptrain %s "
+             "--format nanogpt --val-fraction 0.1 -o %s/bpe_train.bin /usr/share/games/fortunes/cookie 2>&1",
+             AMP_SOURCE_DIR, scratch, scratch, amp_binary(), scratch);
+    r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("run configs/gpt2_tiny.yaml run.device=cpu run.log_every=1000 run.eval_every=0 run.steps=4 "
+            "run.ckpt_every=4 data.train_bin=%s/bpe_train.bin data.val_bin=%s/bpe_val.bin data.tokenizer=%s/bpe/"
+            "tokenizer.json run.sample_every=2 run.sample_prompt='The fortune' run.out_dir=%s/bpe_run",
+            scratch, scratch, scratch, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "sample step 2 | The fortune"), "%s", r.out);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 -c \"import json; rows=[json.loads(l) for l in open('%s/bpe_run/"
+             "samples.jsonl')]; print([(r['step'], r['prompt']) for r in rows])\"", scratch);
+    r = shell(cmd);
+    cr_assert(strstr(r.out, "[(2, 'The fortune'), (4, 'The fortune')]"), "%s", r.out);
+    /* the samples in the event file as text (the prompt in bold), its scalars still those of scale_log.csv */
+    snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 scripts/tb_check.py --text %s/bpe_run samples && "
+             "/usr/bin/python3 scripts/tb_check.py %s/bpe_run", AMP_SOURCE_DIR, scratch, scratch);
+    r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "[[2, \"**The fortune**"), "%s", r.out);
+    cr_assert(strstr(r.out, "[4, \"**The fortune**"), "%s", r.out);
+
+    /* no generated token: the prompt through encode and decode, from the run's data.tokenizer and from --tokenizer */
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/bpe_run/ckpt-4.h5", scratch);
+    r = amp("sample %s --prompt 'Hello, you.' --tokens 0", ck);
+    assert_exit(r, 0, "Hello, you.\n");
+    r = amp("sample %s --prompt 'Hello, you.' --tokens 0 --tokenizer %s/bpe/vocab.json", ck, scratch);
+    assert_exit(r, 0, "Hello, you.\n");
+    /* an untrained model at a high temperature, to the context's end (15 tokens) for 12 seeds: without the limit,
+     * ids 300-319 would be drawn about 6% of the time (an exit 3: the tokenizer cannot decode them), so in 180
+     * draws almost surely */
+    static char first[sizeof r.out];
+    for (int seed = 1; seed <= 12; seed++) {
+        r = amp("sample %s --prompt 'The' --tokens 200 --temperature 3 --seed %d", ck, seed);
+        assert_exit(r, 0, "The");
+        if (seed == 7)
+            snprintf(first, sizeof first, "%s", r.out);
+    }
+    r = amp("sample %s --prompt 'The' --tokens 200 --temperature 3 --seed 7 --tokenizer %s/bpe", ck, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert_str_eq(r.out, first);
+    /* a tokenizer with more ids than the model's vocabulary: exit 2 naming both */
+    snprintf(cmd, sizeof cmd,
+             "cd %s && /usr/bin/python3 scripts/bpe_reference.py --vocab 400 %s/bpe400 /usr/share/games/fortunes/cookie "
+             ">/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
+    cr_assert_eq(shell(cmd).code, 0, "bpe_reference.py failed");
+    r = amp("sample %s --tokenizer %s/bpe400/tokenizer.json", ck, scratch);
+    assert_exit(r, 2, "/bpe400/tokenizer.json' has 400 ids, more than the model's vocabulary of 320");
 }
 
 /* ---- against a Python reference ------------------------------------------------------------------ */
