@@ -892,7 +892,7 @@ __global__ void attention_decode_kernel(void *out, int out_dt, const void *cache
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j <= last; j += blockDim.x)
         sum += expf(s[j] - mx);
-    sum = block_sum_double(sum, red_d);
+    sum = block_sum(sum, red_d);
     float inv = (float)(1.0 / sum);
     for (int64_t j = threadIdx.x; j <= last; j += blockDim.x)
         s[j] = round_to(expf(s[j] - mx) * inv, d);
