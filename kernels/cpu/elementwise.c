@@ -157,7 +157,7 @@ struct ew_job {
 /* ReLU and its gradient where every tensor of the call is bf16, or every one fp16: the bits that widening,
  * cpu_act_apply / cpu_act_grad_apply in fp32 and rounding back give, without the two conversions. A 16-bit value
  * is exact in fp32, so what passes comes back unchanged, except a NaN, whose rounding sets its quiet bit; a value <= 0
- * (either zero, any negative) gives +0. test_backend_cpu checks every one of the 65536 inputs in both formats. */
+ * (either zero, any negative) gives +0. test_cpu_elementwise checks every one of the 65536 inputs in both formats. */
 bool cpu_half_format(enum dtype dt, uint16_t *inf, uint16_t *quiet)
 {
     if (dt != DT_BF16 && dt != DT_FP16)
