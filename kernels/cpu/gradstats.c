@@ -13,38 +13,17 @@ static bool bits_nonfinite(uint32_t u)
     return (u & 0x7F800000u) == 0x7F800000u;
 }
 
-#ifdef HAVE_AVX512_INTRIN
-/* The main loop of grad_stats_one with AVX-512: lane l of `sq` gets the same double products added in
- * the same order as the portable loop (element i goes to lane i % 8; multiply, then add: no FMA), and
- * max does not depend on order, so the results are bit-identical. Returns elements consumed. */
-__attribute__((target("avx512f,avx512vl"))) static size_t grad_stats_avx512(const float *g, size_t n, double sq[8],
-                                                                   double *mx, int64_t *bad)
-{
-    __m512d acc = _mm512_loadu_pd(sq), vmax = _mm512_set1_pd(*mx);
-    const __m256i expo = _mm256_set1_epi32(0x7F800000);
-    int64_t nb = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i bits = _mm256_loadu_si256((const __m256i *)(const void *)(g + i));
-        __mmask8 nf = _mm256_cmpeq_epi32_mask(_mm256_and_si256(bits, expo), expo);
-        __m512d v = _mm512_maskz_cvtps_pd((__mmask8)~nf, _mm256_castsi256_ps(bits));
-        acc = _mm512_add_pd(acc, _mm512_mul_pd(v, v));
-        vmax = _mm512_max_pd(vmax, _mm512_abs_pd(v));
-        nb += __builtin_popcount((unsigned)nf);
-    }
-    _mm512_storeu_pd(sq, acc);
-    *mx = _mm512_reduce_max_pd(vmax);
-    *bad += nb;
-    return i;
-}
-#endif
-
 /* One chunk's statistics (struct gs_part): sumsq into 8 lanes (element i of the chunk to lane i % 8), absmax,
  * the non-finite elements counted, and told apart only when present. */
 struct gs_part {
     double lanes[8], absmax;
     int64_t n_inf, n_nan;
 };
+
+#ifdef HAVE_AVX512_INTRIN
+__attribute__((target("avx512f,avx512vl"))) static size_t grad_stats_avx512(const float *g, size_t n, double sq[8],
+                                                                   double *mx, int64_t *bad);
+#endif
 
 HOT_LOOP static void grad_stats_one(const float *g, size_t n, struct gs_part *out)
 {
@@ -89,6 +68,32 @@ HOT_LOOP static void grad_stats_one(const float *g, size_t n, struct gs_part *ou
                 out->n_nan++;
         }
 }
+
+#ifdef HAVE_AVX512_INTRIN
+/* The main loop of grad_stats_one with AVX-512: lane l of `sq` gets the same double products added in
+ * the same order as the portable loop (element i goes to lane i % 8; multiply, then add: no FMA), and
+ * max does not depend on order, so the results are bit-identical. Returns elements consumed. */
+__attribute__((target("avx512f,avx512vl"))) static size_t grad_stats_avx512(const float *g, size_t n, double sq[8],
+                                                                   double *mx, int64_t *bad)
+{
+    __m512d acc = _mm512_loadu_pd(sq), vmax = _mm512_set1_pd(*mx);
+    const __m256i expo = _mm256_set1_epi32(0x7F800000);
+    int64_t nb = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i bits = _mm256_loadu_si256((const __m256i *)(const void *)(g + i));
+        __mmask8 nf = _mm256_cmpeq_epi32_mask(_mm256_and_si256(bits, expo), expo);
+        __m512d v = _mm512_maskz_cvtps_pd((__mmask8)~nf, _mm256_castsi256_ps(bits));
+        acc = _mm512_add_pd(acc, _mm512_mul_pd(v, v));
+        vmax = _mm512_max_pd(vmax, _mm512_abs_pd(v));
+        nb += __builtin_popcount((unsigned)nf);
+    }
+    _mm512_storeu_pd(sq, acc);
+    *mx = _mm512_reduce_max_pd(vmax);
+    *bad += nb;
+    return i;
+}
+#endif
 
 /* The gradients in EW_CHUNK-element chunks, numbered on from tensor to tensor (first[t] is tensor t's first),
  * as optim_run's; part[c] is chunk c's statistics. */
