@@ -46,7 +46,7 @@ Test(cpu_elementwise, act_known_values)
 }
 
 /* GELU (tanh) over a dense sweep of [-12, 12] and special values, against the formula in double:
- * the backend's own tanh (kernels/cpu/backend_cpu.c, tanh_f32) must be as good as libm's. Bound per element:
+ * the backend's own tanh (kernels/cpu/vecmath.h, tanh_f32) must be as good as libm's. Bound per element:
  * 0.5 |x| (4 ulp of 1) for tanh and the 1 + t, plus 2 ulp of the result. */
 Test(cpu_elementwise, gelu_tanh_dense_sweep)
 {

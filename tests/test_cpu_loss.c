@@ -100,7 +100,7 @@ Test(cpu_loss, xent_gradient_and_lowp_logits)
 }
 
 /* Cross-entropy's formula, one row, with the backend's operations in its order (libm's double exp and log):
- * the bits the backend must give, whichever way it computes them (kernels/cpu/backend_cpu.c, xent_row_fast). */
+ * the bits the backend must give, whichever way it computes them (kernels/cpu/loss.c, xent_row_fast). */
 static void xent_formula(const float *x, int64_t K, int32_t label, float g, float *loss, float *d)
 {
     float mx = x[0];

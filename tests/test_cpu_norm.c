@@ -148,7 +148,7 @@ Test(cpu_norm, layernorm_all_equal_row_is_finite)
     }
 }
 
-/* Layernorm's outputs and sums as kernels/cpu/backend_cpu.c documents them, computed here one row at a time: each
+/* Layernorm's outputs and sums as kernels/cpu/norm.c documents them, computed here one row at a time: each
  * row's double sums over its columns in order (mean, then squared deviations; backward: dxhat and dxhat * xhat),
  * everything else in fp32, compared bit for bit. Rows in groups of 8 and a rest (the backend takes 8 rows as the
  * lanes of a vector), columns 8k and 8k + 5 (its tail), with gamma/beta and without, x and dy fp32 and bf16, y also
