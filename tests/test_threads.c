@@ -465,7 +465,7 @@ Test(ops, optimizer_bit_identical_for_any_thread_count)
 
 /* ---- conv, pooling, batchnorm, bias_grad ---- */
 
-/* The chunking these shapes must exceed, as kernels/cpu/backend_cpu.c sets it (CONV_PAR_MACS, then one
+/* The chunking these shapes must exceed, as kernels/cpu/ sets it (conv.c's CONV_PAR_MACS, then one
  * image a chunk; EW_CHUNK elements for pooling, batchnorm and bias_grad, whose chunks are at least that
  * big): a "big" shape below
  * is checked to give several chunks, so a race between chunks, or a chunk summing in another order, shows
@@ -849,7 +849,7 @@ Test(threads, bad_counts_are_refused_naming_the_key)
 
 /* Each op on shapes of several chunks (and one of a single chunk, which runs inline) in fp32 and the 16-bit
  * dtypes, at 2, 3 and 7 threads against 1: every output byte-identical. The chunk counts in the comments
- * are the backend's (backend_cpu.c): rows_per_chunk(cols) = 16384 / cols rows, LN_COLS = 32 columns,
+ * are the backend's (kernels/cpu/): rows_per_chunk(cols) = 16384 / cols rows, LN_COLS = 32 columns,
  * EMB_TABLE_ELEMS = 4096 table elements, ATT_PAR_MACS = 2^20. loss_sum stays on the calling thread (its one
  * ordered double sum of a few values a sample), so it has nothing here. */
 

@@ -80,7 +80,7 @@ static double rel_u(double got, double want)
 /* Every 1000 * 2^-22 from -708 to 1 (about 3 million points, each shifted by a different multiple of 2^-40
  * so they do not share low bits) and the points around each multiple of ln2 / 2, where n changes. The
  * worst measured is 2.0 units of 2^-53 against libm's exp (itself within 0.52 ulp: about 1 unit); the bound
- * backend_cpu.c relies on is EXP_F64_ERR (64); asserting 3 here also catches what that loose bound would
+ * loss.c relies on is EXP_F64_ERR (64); asserting 3 here also catches what that loose bound would
  * let through (without its degree-13 term the polynomial is 4.2 units off). */
 Test(vecmath, exp_f64_within_its_bound)
 {

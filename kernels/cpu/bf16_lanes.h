@@ -1,6 +1,6 @@
 /*
  * bf16_lanes.h — 16 bf16 values as fp32 lanes and back, for the CPU backend's AVX-512 code (gemm_avx512.c's
- * epilogue, backend_cpu.c's one-pass planes): one copy of the rounding both must give bit for bit.
+ * epilogue, norm.c's one-pass planes, pool.c's 2x2 backward): one copy of the rounding all must give bit for bit.
  *
  * Include only where <immintrin.h> is available (x86-64 GCC or clang); the functions carry their own target
  * attributes, so callers compiled for the baseline can still call them from their AVX-512 functions.

@@ -1,9 +1,9 @@
 /*
  * gemm_avx512.c — the CPU backend's AVX-512 matrix products: fp32 and fp16 inputs with FMA, bf16
- * inputs with AVX512-BF16 (vdpbf16ps), fp32 accumulation in all three, for backend_cpu.c.
+ * inputs with AVX512-BF16 (vdpbf16ps), fp32 accumulation in all three, for gemm.c.
  *
  * Compiled with per-function target attributes (as dtype_simd.c), so the rest of the build needs no
- * -m flags and the binary still runs on CPUs without these instructions; backend_cpu.c calls in only
+ * -m flags and the binary still runs on CPUs without these instructions; gemm.c calls in only
  * when gemm_avx512_supported() says the CPU has them. Why not OpenBLAS for fp32: Debian's OpenBLAS
  * picks its kernel by CPU model, and on CPUs it does not know (or where OPENBLAS_CORETYPE names an
  * older core) it runs AVX2 code at half the AVX-512 width; this file runs the same blocking at
@@ -72,7 +72,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "bf16_lanes.h" /* bf16 lanes widened and rounded, shared with backend_cpu.c */
+#include "bf16_lanes.h" /* bf16 lanes widened and rounded, shared with pool.c and norm.c */
 #endif
 
 #define MR 12

@@ -1,5 +1,6 @@
 /*
- * gemm_avx512.h — private to backend_cpu.c: the AVX-512 matrix products of gemm_avx512.c.
+ * gemm_avx512.h — private to the CPU backend (gemm.c, conv.c, attention.c): the AVX-512 matrix products of
+ * gemm_avx512.c.
  *
  * C (m, n) = alpha * op(A) @ op(B) + beta * C [+ bias (n) on every row, or + row_bias (m) on every column],
  * A and B row-major and of one

@@ -3,7 +3,7 @@
  * calls, no lookups indexed by the data) so GCC vectorises the loops that call them.
  *
  * glibc's tanhf is a scalar call; inside the GELU loops it was 43% of a text_gpt step. These run
- * in every HOT_LOOP clone (backend_cpu.c) in the same order of the same IEEE operations (ISO C mode:
+ * in every HOT_LOOP clone (cpu_internal.h) in the same order of the same IEEE operations (ISO C mode:
  * no contraction into FMA), so every clone, and the scalar build, gives the same bits.
  */
 #ifndef AMP_VECMATH_H
@@ -62,7 +62,7 @@ static inline float tanh_f32(float u)
  * The bound: Horner's 26 roundings (no FMA) cost at most 26 units times sum|c_i r^i| / exp(r) <= e^0.7 = 2,
  * the rounded coefficients 2 units, r's rounding 0.4, the truncation 0.08: under 57, taken as 64.
  * tests/test_vecmath.c measures the worst over a dense sweep: 2.0 units against libm.
- * Cross-entropy (backend_cpu.c) uses it with the bound, never for bits of its own: see f32_of_interval.
+ * Cross-entropy (loss.c) uses it with the bound, never for bits of its own: see f32_of_interval.
  */
 #define EXP_F64_ERR 64.0
 

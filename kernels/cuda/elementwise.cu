@@ -1,7 +1,7 @@
 /*
  * elementwise.cu — activations, residual add, dropout, pooling, embeddings and bias sums on the GPU.
  *
- * Each kernel is the CPU reference (kernels/cpu/backend_cpu.c) with its loop body moved to one thread: inputs
+ * Each kernel is the CPU reference (kernels/cpu/elementwise.c) with its loop body moved to one thread: inputs
  * read as fp32 via load_elem, the same fp32 formula, one rounding on store. Grid-stride loops cover any
  * size. Nothing here uses floating-point atomics:
  *  - bias_grad: column sums in two passes (double partials per row chunk, then a fixed-order sum).
@@ -83,7 +83,7 @@ __device__ __forceinline__ float rng_uniform_dev(uint64_t seed, uint64_t stream,
 }
 
 /* y = x * (kept ? 1/(1-p) : 0); element i kept iff rng_uniform(seed, (stream << 20) + (counter >> 32),
- * (counter << 32) | i) >= p (backend_cpu.c, dropout_apply). */
+ * (counter << 32) | i) >= p (kernels/cpu/elementwise.c, dropout_apply). */
 __global__ void dropout_kernel(void *y, int y_dt, const void *x, int x_dt, size_t n, float p, float scale,
                                uint64_t seed, uint64_t stream, uint64_t counter_hi)
 {
@@ -365,7 +365,7 @@ static void dropout_apply(struct cuda_backend *cb, struct tensor *y, const struc
         return;
     }
     if ((uint64_t)x->numel > 0x100000000ULL || key.stream >= (1ULL << 44) || key.counter >= (1ULL << 52)) {
-        cuda_record(cb, "this is a bug in the caller (see dropout_apply in kernels/cpu/backend_cpu.c)",
+        cuda_record(cb, "this is a bug in the caller (see dropout_apply in kernels/cpu/elementwise.c)",
                     "dropout: tensor of %zu elements or key (stream %llu, counter %llu) out of the mask's range",
                     x->numel, (unsigned long long)key.stream, (unsigned long long)key.counter);
         return;
