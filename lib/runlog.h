@@ -59,7 +59,7 @@ struct runlog {
 };
 
 /* Create the run directory, write config.yaml, open scale_log.csv. A directory that already holds a run
- * (scale_log.csv, config.yaml, latest, eval.jsonl, numerics.csv or a ckpt-*.h5) is refused (exit 2), except,
+ * (scale_log.csv, config.yaml, latest, best, eval.jsonl, numerics.csv or a ckpt-*.h5) is refused (exit 2), except,
  * when `resume` names the checkpoint being continued, the checkpoint's own directory, whose scale_log.csv is
  * appended to. */
 enum amp_status runlog_open(struct runlog *rl, const struct config *cfg, int64_t total_steps, const char *resume,
@@ -76,7 +76,7 @@ void runlog_close(struct runlog *rl);
 double runlog_now(void); /* monotonic seconds */
 
 /* Whether a file of this name (no directory) is one a run writes into its run.out_dir: scale_log.csv, config.yaml,
- * latest, eval.jsonl, numerics.csv, ckpt-*.h5. A directory holding one holds a run (runlog_open refuses it unless
+ * latest, best, eval.jsonl, numerics.csv, ckpt-*.h5. A directory holding one holds a run (runlog_open refuses it unless
  * resuming its own checkpoint); export never writes over one. */
 bool runlog_is_run_file(const char *name);
 
