@@ -364,6 +364,12 @@ static enum amp_status parse_eval_args(int argc, char **argv, struct eval_args *
             ok = strcmp(val, "on") == 0 || strcmp(val, "off") == 0;
             a->autocast = strcmp(val, "on") == 0;
         } else if (ok && strcmp(opt, "--dtype") == 0) {
+            if (strcmp(val, "fp8") == 0)
+                return amp_fail(err, AMP_ERR_CONFIG,
+                                "leave --dtype out (an fp8 run's checkpoint evaluates in bf16), or give --dtype bf16",
+                                "eval: --dtype fp8 is not offered: evaluation runs fp8 runs under bf16 autocast (fp8's "
+                                "delayed scales follow training steps' amaxes, which an evaluation does not take; see "
+                                "docs/precision.md, \"fp8\")");
             ok = strcmp(val, "fp16") == 0 || strcmp(val, "bf16") == 0;
             a->dtype = val;
         } else if (ok && strcmp(opt, "--split") == 0) {
@@ -459,6 +465,9 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
     st = comm_agree(ranks, st, err);
     if (st == AMP_OK) /* one dataset, as the checkpoint and the options */
         st = comm_agree(ranks, dist_check_data(ranks, &ds, a.ckpt, err), err);
+    if (st == AMP_OK && ranks->rank == 0 && mode == PREC_FP8)
+        printf("eval: note: %s is an fp8 run's checkpoint; it evaluates under bf16 autocast (docs/precision.md, "
+               "\"fp8\")\n", a.ckpt);
     if (st == AMP_OK) /* sharded over the ranks; every rank gets the one-rank result */
         st = train_evaluate(&m, &ds, a.split, ranks, &r, err);
     if (st == AMP_OK && ranks->rank == 0) {
@@ -927,7 +936,8 @@ static const struct command commands[] = {
     {"eval", "ampTrain eval CHECKPOINT.h5 [--autocast on|off] [--dtype fp16|bf16] [--split test|train]",
      "Evaluate a checkpoint: loss and accuracy (perplexity for text), printed and appended to eval.jsonl\n"
      "beside the checkpoint. --autocast defaults to the run's precision; with autocast on the run's\n"
-     "low-precision dtype is used unless --dtype says otherwise.",
+     "low-precision dtype is used unless --dtype says otherwise. An fp8 run's checkpoint evaluates\n"
+     "under bf16 autocast (fp8's scales are training state; --dtype fp8 is refused), and says so.",
      cmd_eval, false},
     {"inspect", "ampTrain inspect CHECKPOINT.h5", "Show step, precision, scaler state and tensors of a checkpoint.",
      cmd_inspect, false},

@@ -231,6 +231,10 @@ static enum amp_status run_eval(struct trainer *t, int64_t step, struct eval_res
             printf("eval: none (no validation data: data.val_bin is not set)\n");
         return AMP_OK;
     }
+    if (t->rank == 0 && cfg->precision.mode == PREC_FP8 && !t->fp8_eval_noted) {
+        printf("eval: note: an fp8 run evaluates under bf16 autocast (docs/precision.md, \"fp8\")\n");
+        t->fp8_eval_noted = true;
+    }
     dist_broadcast_buffers(&t->dist, m);
     enum amp_status st = train_evaluate(m, ds, SPLIT_TEST, t->dist.comm, r, err);
     *done = st == AMP_OK;

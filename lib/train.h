@@ -110,6 +110,7 @@ struct trainer {
     int64_t *fp8_counts;
     struct eval_watch best;      /* run.keep_best: the best evaluation, whose checkpoint DIR/best names */
     struct eval_watch stop;      /* run.early_stop: its best and the evaluations since */
+    bool fp8_eval_noted;         /* an fp8 run said once that it evaluates under bf16 autocast */
     int64_t ckpt_world;          /* ckpt_load_trainer: the data-parallel ranks that wrote the checkpoint (0: none loaded) */
     int64_t ckpt_accum;          /* ... and the accum_steps it trained with (0: not recorded) */
 };
