@@ -554,6 +554,18 @@ static enum amp_status cmd_numerics(int argc, char **argv, struct amp_error *err
     if (is_ckpt) {
         if ((st = ckpt_read_config(resolved, &cfg, err)) != AMP_OK)
             return st;
+        /* One rule with eval: a command given a checkpoint writes beside it (its directory, not the out_dir its
+         * config names, which may be another machine's or gone); run.out_dir=DIR still sends it elsewhere. */
+        char *dir = cfg.run.out_dir, *slash = strrchr(resolved, '/');
+        size_t len = slash ? (slash == resolved ? 1 : (size_t)(slash - resolved)) : 1;
+        if (len >= sizeof cfg.run.out_dir) {
+            config_free(&cfg);
+            return amp_fail(err, AMP_ERR_CONFIG, "give a shorter path to the checkpoint",
+                            "numerics: the directory of %s is longer than %zu bytes", resolved,
+                            sizeof cfg.run.out_dir - 1);
+        }
+        memcpy(dir, slash ? resolved : ".", len);
+        dir[len] = '\0';
         for (int i = 0; i < nov && st == AMP_OK; i++)
             st = config_apply_override(&cfg, overrides[i], err);
         if (st == AMP_OK)
@@ -949,7 +961,8 @@ static const struct command commands[] = {
      "What fp16, bf16 and fp8 do to this model: K steps (default 5) run in the configured precision and as\n"
      "an FP32 shadow of the same step; for every activation, activation gradient and weight gradient the\n"
      "fractions that would overflow, flush to zero or go subnormal in fp16, bf16, E4M3 and E5M2 go to\n"
-     "run.out_dir/numerics-from-step-N.csv (N: the step measured from). Prints headroom per tensor, the\n"
+     "numerics-from-step-N.csv (N: the step measured from) in run.out_dir, or for a checkpoint beside it,\n"
+     "where eval writes its eval.jsonl (run.out_dir=DIR overrides). Prints headroom per tensor, the\n"
      "fp16 loss-scale window (at most F of the nonzero gradient elements flushed, default 0.001) and a\n"
      "verdict per precision mode. The K steps are trained in memory only; the run's own numerics.csv\n"
      "(run.numerics_every) is never written. See docs/precision.md.",

@@ -173,6 +173,26 @@ Test(numerics, the_window_is_pooled_and_the_verdict_names_the_value_to_set)
     cr_assert_null(strstr(r.out, "  per tensor, 2^"), "advice for a safe scale:\n%s", r.out);
 }
 
+/* Issue 43, item 6: one rule for what a command given a checkpoint writes: beside the checkpoint. `eval` wrote its
+ * eval.jsonl there while `numerics` wrote into the run.out_dir of the checkpoint's embedded config (here the run's
+ * first directory, which the copy left behind). */
+Test(numerics, a_checkpoint_is_measured_beside_itself_as_eval_writes)
+{
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL_MLP " run.steps=2 run.out_dir=/tmp/amp_numerics_d_$$/a "
+                          "> /dev/null && mkdir /tmp/amp_numerics_d_$$/b && cp /tmp/amp_numerics_d_$$/a/ckpt-2.h5 "
+                          "/tmp/amp_numerics_d_$$/b/ && " AMP_BINARY " numerics /tmp/amp_numerics_d_$$/b/ckpt-2.h5 "
+                          "--steps 1 > /dev/null && " AMP_BINARY " eval /tmp/amp_numerics_d_$$/b/ckpt-2.h5 > /dev/null;"
+                          " echo \"rc $?\"; echo a: $(ls /tmp/amp_numerics_d_$$/a); echo b: $(ls /tmp/amp_numerics_d_$$/b);"
+                          " rm -rf /tmp/amp_numerics_d_$$");
+    cr_assert(strstr(r.out, "rc 0"), "%s", r.out);
+    cr_assert(strstr(r.out, "b: ckpt-2.h5 eval.jsonl numerics-from-step-2.csv"), "both beside the checkpoint:\n%s",
+              r.out);
+    const char *a = strstr(r.out, "a: "), *b = strstr(r.out, "b: ");
+    cr_assert(a && b && a < b, "%s", r.out);
+    const char *in_a = strstr(a, "numerics-from-step");
+    cr_assert(in_a == NULL || in_a > b, "written into the embedded out_dir too:\n%s", r.out);
+}
+
 /* Inputs scaled up 10^5 (data.std tiny) put the first layer's outputs beyond 65504: fp16 overflows in the
  * forward pass whatever the loss scale, bf16 holds them. */
 Test(numerics, an_activation_beyond_fp16_is_flagged_for_fp16_not_bf16)
