@@ -3,12 +3,13 @@
  * the `best` file names the checkpoint of the best evaluation in eval.jsonl (lowest loss, highest accuracy), that
  * checkpoint outlives the rotation, and the watch survives a resume (the same best as a straight run); an early
  * stop comes at the evaluation eval.jsonl's figures say, exits 0 with its reason, and a resumed run stops at the
- * same step; a stale best.tmp is cleaned like latest.tmp; bad values are exit 2 naming the key.
+ * same step; under mpirun every rank stops there together; a stale best.tmp is cleaned like latest.tmp; bad values
+ * are exit 2 naming the key.
  *
  * The learning rate is high so that the evaluations go up and down within a few steps.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "ckpt_testlib.h"
+#include "disttest.h" /* mpi, NEED_MPI; ckpt_testlib.h: scratch, amp, assert_same_tensors */
 
 #include "checkpoint.h" /* ckpt_verify */
 
@@ -220,6 +221,38 @@ Test(best, early_stop_exits_0_at_the_right_evaluation_and_resumes_alike)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert_null(strstr(r.out, "early stop"), "%s", r.out);
     cr_assert(strstr(r.out, "train: 5 steps"), "%s", r.out);
+    remove_scratch();
+}
+
+/* Data parallel: every rank gets the one evaluation's bits, so all stop at the same evaluation; exit 0, said once
+ * by rank 0, and rank 0's `best` and checkpoint as in one process. */
+Test(best, under_mpirun_every_rank_stops_at_the_same_evaluation)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = mpi(2, NULL, RUN " " EARLY " run.keep_best=loss run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char a[600], name[128], want[256];
+    path_in(a, sizeof a, "a");
+    int64_t steps[64];
+    double v[64];
+    int n = read_evals(a, "accuracy", steps, v, 64);
+    int64_t stop = expected_stop(steps, v, n, true, 2);
+    cr_assert_gt(stop, 0, "the run's accuracy never stalled: the test needs it to");
+    cr_assert_eq(steps[n - 1], stop);
+    snprintf(want, sizeof want, "early stop at step %lld: accuracy", (long long)stop);
+    const char *said = strstr(r.out, want);
+    cr_assert(said && !strstr(said + 1, want), "said %s:\n%s", said ? "twice" : "never", r.out);
+    cr_assert_null(strstr(r.out, "[rank 1]"), "%s", r.out);
+    read_pointer(a, "latest", name, sizeof name);
+    snprintf(want, sizeof want, "ckpt-%lld.h5", (long long)stop);
+    cr_assert_str_eq(name, want);
+    int64_t ls[64];
+    double lv[64];
+    n = read_evals(a, "loss", ls, lv, 64);
+    read_pointer(a, "best", name, sizeof name);
+    snprintf(want, sizeof want, "ckpt-%lld.h5", (long long)best_step_of(ls, lv, n, false));
+    cr_assert_str_eq(name, want);
     remove_scratch();
 }
 
