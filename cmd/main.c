@@ -936,8 +936,9 @@ static const struct command commands[] = {
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: how long and how it logs and saves (run.steps, run.epochs, run.log_every,\n"
-     "run.eval_every, run.ckpt_every, run.keep_ckpts, run.keep_best, run.early_stop.*,\n"
-     "run.numerics_every, run.out_dir), where and how\n"
+     "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.out_dir), what the\n"
+     "evaluations are watched for (run.keep_best, run.early_stop, run.early_stop.metric,\n"
+     "run.early_stop.patience, run.early_stop.min_delta), where and how\n"
      "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
      "step's batch on another number of ranks), how weights and moments are stored\n"
      "(precision.master_weights, optim.state_dtype, optim.stochastic_rounding) and precision.mode\n"
