@@ -550,6 +550,21 @@ static void prune(const char *dir, int64_t keep, int64_t current, int64_t protec
     }
 }
 
+/* The step of the checkpoint DIR/best names; -1 when there is none or it names no ckpt-STEP.h5. */
+static int64_t named_best(const char *dir)
+{
+    char path[CFG_STR + 16], name[64] = "";
+    snprintf(path, sizeof path, "%s/best", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = '\0';
+    long long step = -1;
+    return ok && parse_ckpt_name(name, &step) == 0 ? (int64_t)step : -1;
+}
+
 int ckpt_clean_stale(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -640,11 +655,12 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
     if ((st = write_small_file(dir, "latest", line, err)) != AMP_OK)
         return st;
     /* run.keep_best: this step's evaluation is the best so far. `best` moves (crash-safely, as `latest`) before
-     * the prune may remove the checkpoint it named before. */
-    bool watching = t->best.metric != METRIC_NONE;
-    if (watching && t->best.best_step == t->step && (st = write_small_file(dir, "best", line, err)) != AMP_OK)
+     * the prune may remove the checkpoint it named before; whatever `best` names is never pruned, also after a
+     * resume that watches another metric or none, so it never names a missing file. */
+    if (t->best.metric != METRIC_NONE && t->best.best_step == t->step &&
+        (st = write_small_file(dir, "best", line, err)) != AMP_OK)
         return st;
-    prune(dir, keep, t->step, protect, watching ? t->best.best_step : -1);
+    prune(dir, keep, t->step, protect, named_best(dir));
     if (path_out)
         snprintf(path_out, path_len, "%s", path);
     return AMP_OK;

@@ -157,6 +157,34 @@ Test(best, keep_best_survives_resume)
     remove_scratch();
 }
 
+/* Whatever `best` names is never pruned: a resume that watches nothing (or another metric, until its first best)
+ * leaves the file and the checkpoint it names alone (before, the rotation removed it and `best` named a missing
+ * file). */
+Test(best, the_checkpoint_best_names_outlives_a_resume_that_watches_nothing)
+{
+    make_scratch();
+    struct result r = amp(RUN " run.steps=50 run.ckpt_every=5 run.keep_best=accuracy run.keep_ckpts=1 "
+                          "run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char dir[600], before[128], after[128], p[800];
+    path_in(dir, sizeof dir, "a");
+    read_pointer(dir, "best", before, sizeof before);
+    cr_assert_str_neq(before, "ckpt-50.h5");
+    cr_assert_str_neq(before, "ckpt-45.h5");
+    r = amp("resume %s/a run.steps=70 run.keep_best=none", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    read_pointer(dir, "best", after, sizeof after);
+    cr_assert_str_eq(after, before);
+    snprintf(p, sizeof p, "%s/%s", dir, after);
+    cr_assert(file_exists(p), "best names %s, which the rotation removed", after);
+    r = amp("resume %s/a run.steps=80 'run.keep_best=loss'", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    read_pointer(dir, "best", after, sizeof after);
+    snprintf(p, sizeof p, "%s/%s", dir, after);
+    cr_assert(file_exists(p), "best names %s, which the rotation removed", after);
+    remove_scratch();
+}
+
 /* The step run.early_stop stops at, from eval.jsonl's figures: the first evaluation after which `patience` in a
  * row did not improve on the best by more than min_delta. -1: none. */
 static int64_t expected_stop(const int64_t *steps, const double *v, int n, bool higher_better, int patience)
