@@ -135,7 +135,8 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
 void trainer_teardown(struct trainer *t);
 
 /* Train as `cfg` says. Prints progress to stdout. Checkpoints every run.ckpt_every steps and at the end
- * (lib/checkpoint.h). On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
+ * (lib/checkpoint.h), and at each new best evaluation under run.keep_best; with run.keep_best or run.early_stop an
+ * evaluation comes before its step's checkpoint, and run.early_stop ends the run with AMP_OK after its patience. On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
  * status is AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM; a second signal during that save exits at once. */
 enum amp_status train_run(const struct config *cfg, struct comm *comm, struct amp_error *err);
 
