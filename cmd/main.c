@@ -224,6 +224,8 @@ static const char *const resume_allowed[] = {
     "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
     "run.recompute", /* the same bits, less memory */
     "run.sample_every", "run.sample_prompt", /* samples never change the run */
+    /* what the evaluations are watched for; a changed metric starts its watch afresh (docs/config.md) */
+    "run.keep_best", "run.early_stop", "run.early_stop.metric", "run.early_stop.patience", "run.early_stop.min_delta",
     "run.out_dir", "run.device", "run.threads", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
     /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
@@ -400,6 +402,12 @@ static enum amp_status parse_eval_args(int argc, char **argv, struct eval_args *
             ok = strcmp(val, "on") == 0 || strcmp(val, "off") == 0;
             a->autocast = strcmp(val, "on") == 0;
         } else if (ok && strcmp(opt, "--dtype") == 0) {
+            if (strcmp(val, "fp8") == 0)
+                return amp_fail(err, AMP_ERR_CONFIG,
+                                "leave --dtype out (an fp8 run's checkpoint evaluates in bf16), or give --dtype bf16",
+                                "eval: --dtype fp8 is not offered: evaluation runs fp8 runs under bf16 autocast (fp8's "
+                                "delayed scales follow training steps' amaxes, which an evaluation does not take; see "
+                                "docs/precision.md, \"fp8\")");
             ok = strcmp(val, "fp16") == 0 || strcmp(val, "bf16") == 0;
             a->dtype = val;
         } else if (ok && strcmp(opt, "--split") == 0) {
@@ -495,6 +503,9 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
     st = comm_agree(ranks, st, err);
     if (st == AMP_OK) /* one dataset, as the checkpoint and the options */
         st = comm_agree(ranks, dist_check_data(ranks, &ds, a.ckpt, err), err);
+    if (st == AMP_OK && ranks->rank == 0 && mode == PREC_FP8)
+        printf("eval: note: %s is an fp8 run's checkpoint; it evaluates under bf16 autocast (docs/precision.md, "
+               "\"fp8\")\n", a.ckpt);
     if (st == AMP_OK) /* sharded over the ranks; every rank gets the one-rank result */
         st = train_evaluate(&m, &ds, a.split, ranks, &r, err);
     if (st == AMP_OK && ranks->rank == 0) {
@@ -783,6 +794,18 @@ static enum amp_status cmd_numerics(int argc, char **argv, struct amp_error *err
     if (is_ckpt) {
         if ((st = ckpt_read_config(resolved, &cfg, err)) != AMP_OK)
             return st;
+        /* One rule with eval: a command given a checkpoint writes beside it (its directory, not the out_dir its
+         * config names, which may be another machine's or gone); run.out_dir=DIR still sends it elsewhere. */
+        char *dir = cfg.run.out_dir, *slash = strrchr(resolved, '/');
+        size_t len = slash ? (slash == resolved ? 1 : (size_t)(slash - resolved)) : 1;
+        if (len >= sizeof cfg.run.out_dir) {
+            config_free(&cfg);
+            return amp_fail(err, AMP_ERR_CONFIG, "give a shorter path to the checkpoint",
+                            "numerics: the directory of %s is longer than %zu bytes", resolved,
+                            sizeof cfg.run.out_dir - 1);
+        }
+        memcpy(dir, slash ? resolved : ".", len);
+        dir[len] = '\0';
         for (int i = 0; i < nov && st == AMP_OK; i++)
             st = config_apply_override(&cfg, overrides[i], err);
         if (st == AMP_OK)
@@ -1253,7 +1276,8 @@ static const struct command commands[] = {
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: how long and how it logs and saves (run.steps, run.epochs, run.log_every,\n"
      "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.sample_every,\n"
-     "run.sample_prompt, run.out_dir), where and how\n"
+     "run.sample_prompt, run.out_dir), what the evaluations are watched for (run.keep_best,\n"
+     "run.early_stop, run.early_stop.metric, run.early_stop.patience, run.early_stop.min_delta), where and how\n"
      "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
      "step's batch on another number of ranks), how weights and moments are stored\n"
      "(precision.master_weights, optim.state_dtype, optim.stochastic_rounding) and precision.mode\n"
@@ -1264,7 +1288,8 @@ static const struct command commands[] = {
     {"eval", "ampTrain eval CHECKPOINT.h5 [--autocast on|off] [--dtype fp16|bf16] [--split test|train]",
      "Evaluate a checkpoint: loss and accuracy (perplexity for text), printed and appended to eval.jsonl\n"
      "beside the checkpoint. --autocast defaults to the run's precision; with autocast on the run's\n"
-     "low-precision dtype is used unless --dtype says otherwise.",
+     "low-precision dtype is used unless --dtype says otherwise. An fp8 run's checkpoint evaluates\n"
+     "under bf16 autocast (fp8's scales are training state; --dtype fp8 is refused), and says so.",
      cmd_eval, false},
     {"sample", "ampTrain sample CHECKPOINT.h5 [--prompt TEXT | --prompt-file F] [--tokens N] [--temperature T] "
                "[--top-k K] [--top-p P] [--seed S] [--tokenizer FILE] [--device cpu|cuda]",
@@ -1290,7 +1315,8 @@ static const struct command commands[] = {
      "What fp16, bf16 and fp8 do to this model: K steps (default 5) run in the configured precision and as\n"
      "an FP32 shadow of the same step; for every activation, activation gradient and weight gradient the\n"
      "fractions that would overflow, flush to zero or go subnormal in fp16, bf16, E4M3 and E5M2 go to\n"
-     "run.out_dir/numerics-from-step-N.csv (N: the step measured from). Prints headroom per tensor, the\n"
+     "numerics-from-step-N.csv (N: the step measured from) in run.out_dir, or for a checkpoint beside it,\n"
+     "where eval writes its eval.jsonl (run.out_dir=DIR overrides). Prints headroom per tensor, the\n"
      "fp16 loss-scale window (at most F of the nonzero gradient elements flushed, default 0.001) and a\n"
      "verdict per precision mode. The K steps are trained in memory only; the run's own numerics.csv\n"
      "(run.numerics_every) is never written. See docs/precision.md.",

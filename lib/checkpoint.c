@@ -270,6 +270,26 @@ static void write_fp8(struct writer *w, const struct fp8_state *st, struct backe
     }
 }
 
+/* run.keep_best's or run.early_stop's watch as /state attributes PREFIX_metric, PREFIX_best, PREFIX_step (-1: no
+ * evaluation yet; PREFIX_best is then absent) and PREFIX_since; nothing when the run watches nothing. */
+static int write_watch(hid_t g, const char *prefix, const struct eval_watch *wt)
+{
+    if (wt->metric == METRIC_NONE)
+        return 0;
+    char name[64];
+    snprintf(name, sizeof name, "%s_metric", prefix);
+    int rc = attr_str(g, name, eval_metric_name(wt->metric));
+    snprintf(name, sizeof name, "%s_step", prefix);
+    rc |= attr_i64(g, name, wt->best_step);
+    snprintf(name, sizeof name, "%s_since", prefix);
+    rc |= attr_i64(g, name, wt->since);
+    if (wt->best_step >= 0) {
+        snprintf(name, sizeof name, "%s_best", prefix);
+        rc |= attr_f64(g, name, wt->best);
+    }
+    return rc;
+}
+
 static void write_contents(struct writer *w, const struct trainer *t)
 {
     const struct config *cfg = t->cfg;
@@ -298,6 +318,8 @@ static void write_contents(struct writer *w, const struct trainer *t)
         rc |= attr_i64(g, "skips_total", t->scaler.skips_total);
         rc |= attr_i64(g, "total_steps", t->total_steps);
         rc |= attr_str(g, "precision_mode", precision_mode_name(cfg->precision.mode));
+        rc |= write_watch(g, "keep_best", &t->best);
+        rc |= write_watch(g, "early_stop", &t->stop);
         write_attrs_ok(w, rc, "writing /state");
         h5_close_id(g);
     }
@@ -504,8 +526,8 @@ static int cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Delete all but the newest `keep` DIR/ckpt-N.h5 (never `current` or `protect`). */
-static void prune(const char *dir, int64_t keep, int64_t current, int64_t protect)
+/* Delete all but the newest `keep` DIR/ckpt-N.h5 (never `current`, `protect` or `best`). */
+static void prune(const char *dir, int64_t keep, int64_t current, int64_t protect, int64_t best)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -521,12 +543,27 @@ static void prune(const char *dir, int64_t keep, int64_t current, int64_t protec
     closedir(d);
     qsort(steps, (size_t)n, sizeof steps[0], cmp_desc);
     for (int64_t i = keep < 1 ? 1 : keep; i < n; i++) { /* keep is any int64 (run.keep_ckpts): no narrowing */
-        if (steps[i] == current || steps[i] == protect)
+        if (steps[i] == current || steps[i] == protect || steps[i] == best)
             continue;
         char path[CFG_STR + 64];
         snprintf(path, sizeof path, "%s/ckpt-%lld.h5", dir, steps[i]);
         unlink(path);
     }
+}
+
+/* The step of the checkpoint DIR/best names; -1 when there is none or it names no ckpt-STEP.h5. */
+static int64_t named_best(const char *dir)
+{
+    char path[CFG_STR + 16], name[64] = "";
+    snprintf(path, sizeof path, "%s/best", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = '\0';
+    long long step = -1;
+    return ok && parse_ckpt_name(name, &step) == 0 ? (int64_t)step : -1;
 }
 
 int ckpt_clean_stale(const char *dir)
@@ -538,7 +575,8 @@ int ckpt_clean_stale(const char *dir)
     struct dirent *e;
     while ((e = readdir(d))) {
         size_t len = strlen(e->d_name);
-        bool ours = strncmp(e->d_name, "ckpt-", 5) == 0 || strcmp(e->d_name, "latest.tmp") == 0;
+        bool ours = strncmp(e->d_name, "ckpt-", 5) == 0 || strcmp(e->d_name, "latest.tmp") == 0 ||
+                    strcmp(e->d_name, "best.tmp") == 0;
         if (ours && len > 4 && strcmp(e->d_name + len - 4, ".tmp") == 0) {
             char path[CFG_STR + 300];
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
@@ -617,7 +655,13 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
     snprintf(line, sizeof line, "%s\n", name);
     if ((st = write_small_file(dir, "latest", line, err)) != AMP_OK)
         return st;
-    prune(dir, keep, t->step, protect);
+    /* run.keep_best: this step's evaluation is the best so far. `best` moves (crash-safely, as `latest`) before
+     * the prune may remove the checkpoint it named before; whatever `best` names is never pruned, also after a
+     * resume that watches another metric or none, so it never names a missing file. */
+    if (t->best.metric != METRIC_NONE && t->best.best_step == t->step &&
+        (st = write_small_file(dir, "best", line, err)) != AMP_OK)
+        return st;
+    prune(dir, keep, t->step, protect, named_best(dir));
     if (path_out)
         snprintf(path_out, path_len, "%s", path);
     return AMP_OK;
@@ -1285,6 +1329,31 @@ static enum amp_status load_scaler(const struct reader *r, int64_t step, struct 
     return st;
 }
 
+/* A watch written by write_watch, into w when it watched the metric w watches (a resume that changes the metric,
+ * or a file from a run that watched none, leaves w fresh). Present attributes are checked as every other. */
+static enum amp_status read_watch(const struct reader *r, hid_t g, const char *prefix, int64_t step,
+                                  struct eval_watch *w)
+{
+    char name[64], metric[32] = "";
+    snprintf(name, sizeof name, "%s_metric", prefix);
+    if (H5Aexists(g, name) <= 0)
+        return AMP_OK;
+    enum amp_status st = get_str(r, g, "/state", name, metric, sizeof metric);
+    struct eval_watch v = {.metric = w->metric, .best = NAN};
+    snprintf(name, sizeof name, "%s_step", prefix);
+    if (st == AMP_OK)
+        st = get_i64(r, g, "/state", name, -1, step, &v.best_step);
+    snprintf(name, sizeof name, "%s_since", prefix);
+    if (st == AMP_OK)
+        st = get_i64(r, g, "/state", name, 0, MAX_STEP, &v.since);
+    snprintf(name, sizeof name, "%s_best", prefix);
+    if (st == AMP_OK && v.best_step >= 0)
+        st = get_f64(r, g, "/state", name, &v.best);
+    if (st == AMP_OK && w->metric != METRIC_NONE && strcmp(metric, eval_metric_name(w->metric)) == 0)
+        *w = v;
+    return st;
+}
+
 static enum amp_status load_trainer_from(const struct reader *r, const struct ckpt_info *info, struct trainer *t,
                                          bool fresh_scaler)
 {
@@ -1327,6 +1396,14 @@ static enum amp_status load_trainer_from(const struct reader *r, const struct ck
         t->scaler = s;
     else
         t->scaler.skips_total = s.skips_total;
+    if ((g = open_group(r, "state", "the run's position")) < 0)
+        return AMP_ERR_CKPT;
+    st = read_watch(r, g, "keep_best", info->step, &t->best);
+    if (st == AMP_OK)
+        st = read_watch(r, g, "early_stop", info->step, &t->stop);
+    h5_close_id(g);
+    if (st != AMP_OK)
+        return st;
     sampler_seek(&t->sampler, epoch, cursor);
     t->ckpt_world = info->world_size;
     t->ckpt_accum = info->accum_steps;

@@ -15,7 +15,8 @@
  *   /rng          attr seed (dropout masks are a pure function of seed and the micro-batch counter)
  *
  * Crash safety: ckpt_save writes DIR/ckpt-STEP.h5.tmp, fsyncs it, renames it, fsyncs the directory,
- * then rewrites DIR/latest (one line, the file name) the same tmp+rename way, then prunes to keep_ckpts.
+ * then rewrites DIR/latest (one line, the file name) the same tmp+rename way, and DIR/best too when the step is
+ * run.keep_best's best, then prunes to keep_ckpts (never the file DIR/best names).
  * Loading first checks the user block's length and CRC over the whole file, so HDF5 never parses a
  * damaged file; every failure is AMP_ERR_CKPT naming what is wrong.
  */
@@ -51,9 +52,10 @@ struct ckpt_info {
     bool is_tokens;
 };
 
-/* Write t's full state to DIR/ckpt-STEP.h5 crash-safely, update DIR/latest, keep the newest `keep`
- * and also DIR/ckpt-PROTECT.h5 (the last checkpoint after a clean step; -1: none), so a run of skipped
- * steps cannot prune the point a fail-fast stop tells the user to continue from.
+/* Write t's full state to DIR/ckpt-STEP.h5 crash-safely, update DIR/latest (and DIR/best when t->best says this
+ * step is the best evaluation), keep the newest `keep`, the checkpoint DIR/best names, and also DIR/ckpt-PROTECT.h5
+ * (the last checkpoint after a clean step; -1: none), so a run of skipped steps cannot prune the point a fail-fast
+ * stop tells the user to continue from. /state records t->best and t->stop (run.keep_best, run.early_stop).
  * On success `path_out` (may be NULL) receives the file's path. Failures are AMP_ERR_INTERNAL (I/O). */
 enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep, int64_t protect, char *path_out,
                           size_t path_len, struct amp_error *err);

@@ -63,6 +63,7 @@ static const char *const init_scheme_names[] = {"pytorch", "gpt2", NULL};
 const char *const weight_names_names[] = {"ampTrain", "pytorch", "hf-gpt2", NULL};
 static const char *const gelu_approx_names[] = {"tanh", "none", NULL};
 static const char *const dist_backend_names[] = {"auto", "none", "mpi", "nccl", NULL};
+static const char *const eval_metric_names[] = {"none", "loss", "accuracy", "perplexity", NULL};
 static const char *const recompute_names[] = {"none", "gelu", "attention", "block", NULL};
 /* Op kinds that precision.autocast lists may name (the autocast policy table's rows). */
 static const char *const op_kind_names[] = {
@@ -80,7 +81,7 @@ _Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format
                    sizeof(enum precision_mode) == sizeof(int) && sizeof(enum on_nonfinite) == sizeof(int) &&
                    sizeof(enum init_scheme) == sizeof(int) && sizeof(enum gelu_approx) == sizeof(int) &&
                    sizeof(enum dist_backend) == sizeof(int) && sizeof(enum data_sampling) == sizeof(int) &&
-                   sizeof(enum weight_names) == sizeof(int),
+                   sizeof(enum weight_names) == sizeof(int) && sizeof(enum eval_metric) == sizeof(int),
                "enums are int-sized");
 
 static const char *name_or(const char *const *names, size_t count, int i)
@@ -94,6 +95,8 @@ const char *precision_mode_name(enum precision_mode m)
 }
 const char *data_format_name(enum data_format f) { return name_or(data_format_names, ARRAY_LEN(data_format_names), (int)f); }
 const char *dist_backend_name(enum dist_backend b) { return name_or(dist_backend_names, ARRAY_LEN(dist_backend_names), (int)b); }
+const char *eval_metric_name(enum eval_metric m) { return name_or(eval_metric_names, ARRAY_LEN(eval_metric_names), (int)m); }
+bool eval_metric_higher_is_better(enum eval_metric m) { return m == METRIC_ACCURACY; }
 
 /* ---- descriptor tables ------------------------------------------------------------------------ */
 
@@ -187,6 +190,15 @@ static const char *check_layer_name(const char *s);
 static const char *check_tie(const char *s);
 static const char *check_norm_type(double v);
 
+#define S struct early_stop_config
+static const struct field early_stop_fields[] = {
+    ENUM_(S, metric, eval_metric_names, METRIC_NONE, .def_text = "none: off"),
+    INT_(S, patience, 0, IN_CC(0, CFG_MAX_STEPS), .def_text = "none: required with a metric"),
+    DBL_(S, min_delta, 0, GE(0)),
+};
+#undef S
+static const struct section early_stop_section = {"run.early_stop", early_stop_fields, ARRAY_LEN(early_stop_fields)};
+
 #define S struct run_config
 static const struct field run_fields[] = {
     STR_(S, name, "run", .flags = F_NONEMPTY),
@@ -200,6 +212,8 @@ static const struct field run_fields[] = {
     INT_(S, eval_every, 0, GE(0), .def_text = "0: only at the end"),
     INT_(S, ckpt_every, 0, GE(0), .def_text = "0: only at the end"),
     INT_(S, keep_ckpts, 3, GE(1)),
+    ENUM_(S, keep_best, eval_metric_names, METRIC_NONE, .def_text = "none: off"),
+    SECT_(S, early_stop, early_stop_section),
     INT_(S, numerics_every, 0, GE(0), .def_text = "0: off"),
     INT_(S, sample_every, 0, GE(0), .def_text = "0: off"),
     STR_(S, sample_prompt, ""),
@@ -1743,6 +1757,58 @@ static enum amp_status check_keep_bf16(const struct ctx *c, const struct config 
     return AMP_OK;
 }
 
+/* run.keep_best and run.early_stop.metric watch a figure the run's evaluation measures: accuracy for a
+ * classifier (idx, hdf5 with cross_entropy), perplexity for text and tokens, loss always; and there must be
+ * held-out data to evaluate on. */
+static enum amp_status check_metric(const struct ctx *c, const struct config *cfg, const char *key,
+                                    enum eval_metric metric)
+{
+    if (metric == METRIC_NONE)
+        return AMP_OK;
+    const struct data_config *d = &cfg->data;
+    bool text = d->format == DATA_TEXT || d->format == DATA_TOKENS;
+    const struct model_config *m = &cfg->model;
+    bool xent = m->nlayers > 0 && m->layers[m->nlayers - 1].kind == LAYER_CROSS_ENTROPY;
+    const char *why = NULL;
+    if (metric == METRIC_ACCURACY && text)
+        why = "accuracy is not measured for text and tokens data (their evaluation gives loss and perplexity)";
+    else if (metric == METRIC_ACCURACY && !xent)
+        why = "accuracy is measured only with a cross_entropy loss layer";
+    else if (metric == METRIC_PERPLEXITY && !text)
+        why = "perplexity is measured only for text and tokens data";
+    if (why)
+        return fail_key(c, key, text ? "watch loss or perplexity" : xent ? "watch loss or accuracy" : "watch loss",
+                        "%s is %s, but %s", key, eval_metric_name(metric), why);
+    if ((d->format == DATA_TOKENS && !d->val_bin[0]) ||
+        ((d->format == DATA_HDF5 || d->format == DATA_TEXT) && d->val_fraction == 0))
+        return fail_key(c, key,
+                        d->format == DATA_TOKENS ? "set data.val_bin to a token file to evaluate on"
+                                                 : "set data.val_fraction above 0 to hold out data to evaluate on",
+                        "%s: %s watches the evaluation, but the run has no held-out data to evaluate on", key,
+                        eval_metric_name(metric));
+    return AMP_OK;
+}
+
+static enum amp_status check_watches(const struct ctx *c, const struct config *cfg)
+{
+    const struct early_stop_config *es = &cfg->run.early_stop;
+    enum amp_status st = check_metric(c, cfg, "run.keep_best", cfg->run.keep_best);
+    if (st == AMP_OK)
+        st = check_metric(c, cfg, "run.early_stop.metric", es->metric);
+    if (st != AMP_OK)
+        return st;
+    if (es->metric != METRIC_NONE && es->patience == 0)
+        return fail_key(c, "run.early_stop.metric", "set run.early_stop.patience: the evaluations without improvement "
+                        "that end the run (e.g. 3)", "run.early_stop.metric is %s but run.early_stop.patience is not set",
+                        eval_metric_name(es->metric));
+    if (es->metric == METRIC_NONE && (es->patience > 0 || es->min_delta > 0))
+        return fail_key(c, es->patience > 0 ? "run.early_stop.patience" : "run.early_stop.min_delta",
+                        "set run.early_stop.metric (loss, accuracy or perplexity), or remove run.early_stop",
+                        "run.early_stop.%s is set but run.early_stop.metric is not: nothing is watched",
+                        es->patience > 0 ? "patience" : "min_delta");
+    return AMP_OK;
+}
+
 static enum amp_status finalize(struct ctx *c, struct config *cfg)
 {
     enum amp_status st;
@@ -1777,7 +1843,7 @@ static enum amp_status finalize(struct ctx *c, struct config *cfg)
                         "set precision.master_weights: bf16 and/or optim.state_dtype: bf16, or stochastic_rounding: false",
                         "optim.stochastic_rounding rounds bf16 stores, but the weights and the optimizer state are fp32 "
                         "(nothing to round)");
-    if ((st = check_keep_bf16(c, cfg)) != AMP_OK)
+    if ((st = check_keep_bf16(c, cfg)) != AMP_OK || (st = check_watches(c, cfg)) != AMP_OK)
         return st;
     return check_precision(c, &cfg->precision);
 }

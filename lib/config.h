@@ -51,6 +51,9 @@ enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
 enum weight_names { NAMES_AMPTRAIN, NAMES_PYTORCH, NAMES_HF_GPT2 };
 enum gelu_approx { GELU_TANH, GELU_ERF };
 enum dist_backend { DIST_AUTO, DIST_NONE, DIST_MPI, DIST_NCCL };
+/* What run.keep_best and run.early_stop watch: an evaluation's figure (eval.jsonl). loss and perplexity are
+ * better lower, accuracy higher (eval_metric_higher_is_better). */
+enum eval_metric { METRIC_NONE, METRIC_LOSS, METRIC_ACCURACY, METRIC_PERPLEXITY };
 
 enum layer_kind {
     LAYER_LINEAR,
@@ -96,6 +99,14 @@ struct layer_config {
                                max_len) were written explicitly; not compared by config_equal */
 };
 
+/* run.early_stop: stop after `patience` evaluations in a row that do not improve `metric` by more than
+ * `min_delta` (docs/config.md). metric none: off. */
+struct early_stop_config {
+    enum eval_metric metric; /* none (default) | loss | accuracy | perplexity */
+    int64_t patience;        /* evaluations without improvement that stop the run; required (>= 1) with a metric */
+    double min_delta;        /* an improvement is a change beyond this (default 0), >= 0 */
+};
+
 struct run_config {
     char name[64];        /* default "run" */
     char out_dir[CFG_STR];/* default "runs/<name>" */
@@ -109,6 +120,9 @@ struct run_config {
     int64_t eval_every;   /* optimizer steps between evaluations; 0 = only at the end (default 0) */
     int64_t ckpt_every;   /* optimizer steps between checkpoints; 0 = only at the end (default 0) */
     int64_t keep_ckpts;   /* checkpoints kept (default 3, >= 1) */
+    enum eval_metric keep_best; /* none (default) | loss | accuracy | perplexity: the best evaluation's checkpoint
+                                 * is kept beside the newest keep_ckpts and named by DIR/best */
+    struct early_stop_config early_stop;
     int64_t numerics_every; /* steps between numerics measurements (lib/numerics.h); 0 = off (default) */
     int64_t sample_every; /* steps between text samples (lib/sample.h) into samples.jsonl; 0 = off (default) */
     char sample_prompt[CFG_STR]; /* their prompt; default "" (a newline) */
@@ -302,5 +316,7 @@ extern const char *const weight_names_names[];
 const char *precision_mode_name(enum precision_mode m);
 const char *data_format_name(enum data_format f);
 const char *dist_backend_name(enum dist_backend b);
+const char *eval_metric_name(enum eval_metric m);
+bool eval_metric_higher_is_better(enum eval_metric m); /* accuracy; loss and perplexity are better lower */
 
 #endif

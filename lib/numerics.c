@@ -571,6 +571,32 @@ static void fp8_report(const struct numerics *nm, const struct config *cfg, FILE
     }
 }
 
+/* fp16-static judged per tensor: the scales 2^k at which no activation gradient overflows and none flushes more than
+ * `underflow` of its nonzero elements (an interval: overflow grows with k, flushing shrinks), and the value to set,
+ * the middle of that interval, which leaves the same headroom both ways. */
+static void print_static_advice(const struct numerics *nm, double underflow, FILE *out)
+{
+    int a = WINDOW_LIMIT + 1, b = -WINDOW_LIMIT - 1;
+    for (int k = -WINDOW_LIMIT; k <= WINDOW_LIMIT; k++) {
+        struct at_scale at = {nm->scale, k};
+        double flush = 0, over = 0;
+        worst(nm, NK_ACT_GRAD, flush_frac_at, &at, &flush);
+        worst(nm, NK_ACT_GRAD, grad_over_frac, &at, &over);
+        if (over == 0 && flush <= underflow) {
+            a = k < a ? k : a;
+            b = k;
+        }
+    }
+    if (a > b) {
+        fprintf(out, "  no single scale keeps every activation gradient from overflow and under %g%% flushed: use "
+                     "precision.mode: fp16-dynamic or bf16\n", 100 * underflow);
+        return;
+    }
+    int mid = (a + b) / 2;
+    fprintf(out, "  per tensor, 2^%d to 2^%d is safe: set precision.loss_scale.value: %.17g (2^%d)\n", a, b,
+            ldexp(1.0, mid), mid);
+}
+
 void numerics_report(const struct numerics *nm, const struct config *cfg, double underflow, FILE *out)
 {
     fprintf(out, "numerics: %lld step%s measured in %.2f s, the run in %s against an FP32 shadow; loss scale 2^%.0f "
@@ -599,12 +625,17 @@ void numerics_report(const struct numerics *nm, const struct config *cfg, double
                  "gradients at the loss scale above; rel_err: the run's tensor against the shadow's, L2)\n");
     int lo = 0, hi = 0;
     num_scale_window(&grads, nm->scale, underflow, &lo, &hi);
+    /* The window pools every activation gradient's elements; the verdicts judge each tensor, so a scale inside the
+     * window can still flush more than `underflow` of one small tensor: say which is which. */
     if (lo <= hi)
-        fprintf(out, "loss-scale window (fp16, activation gradients): [2^%d, 2^%d]: no overflow, at most %g%% of "
-                     "nonzero elements flushed to zero\n", lo, hi, 100 * underflow);
+        fprintf(out, "loss-scale window (fp16, all activation gradients pooled): [2^%d, 2^%d] (precision.loss_scale"
+                     ".value %.17g to %.17g): no overflow, at most %g%% of the pooled nonzero elements flushed to zero; "
+                     "the verdicts below judge each tensor apart\n", lo, hi, ldexp(1.0, lo), ldexp(1.0, hi),
+                100 * underflow);
     else
-        fprintf(out, "loss-scale window (fp16, activation gradients): none: overflow above 2^%d, more than %g%% "
-                     "flushed below 2^%d\n", hi, 100 * underflow, lo);
+        fprintf(out, "loss-scale window (fp16, all activation gradients pooled): none: overflow above 2^%d, more "
+                     "than %g%% of the pooled elements flushed below 2^%d; the verdicts below judge each tensor "
+                     "apart\n", hi, 100 * underflow, lo);
 
     enum num_format f16 = NF_FP16, fb = NF_BF16, f8 = NF_E4M3;
     double fwd_over = 0;
@@ -617,7 +648,7 @@ void numerics_report(const struct numerics *nm, const struct config *cfg, double
     double frac = 0, gover = 0;
     const struct num_tensor *flush_l = worst(nm, NK_ACT_GRAD, flush_frac_at, &at, &frac);
     const struct num_tensor *over_l = worst(nm, NK_ACT_GRAD, grad_over_frac, &at, &gover);
-    fprintf(out, "verdict fp16-static at 2^%d: ", ks);
+    fprintf(out, "verdict fp16-static at 2^%d (precision.loss_scale.value %.17g): ", ks, ldexp(1.0, ks));
     if (fwd)
         fprintf(out, "overflows in %s (activation, %.3g%% of elements; no loss scale helps)\n", fwd->name,
                 100 * fwd_over);
@@ -635,6 +666,8 @@ void numerics_report(const struct numerics *nm, const struct config *cfg, double
     }
     else
         fprintf(out, "safe\n");
+    if (!fwd && (over_l || (flush_l && frac > underflow)))
+        print_static_advice(nm, underflow, out);
 
     /* fp16-dynamic from its init, growing to the window's top within its clamps */
     int ki = (int)lround(log2(cfg->precision.loss_scale.init));
@@ -649,10 +682,11 @@ void numerics_report(const struct numerics *nm, const struct config *cfg, double
         fprintf(out, "starts at 2^%d; no scale both avoids overflow (above 2^%d) and keeps flushes under %g%%\n", ki,
                 hi, 100 * underflow);
     else if (settle < ki)
-        fprintf(out, "starts at 2^%d, backs off and settles near 2^%d\n", ki, settle);
+        fprintf(out, "starts at 2^%d (precision.loss_scale.init %.17g), backs off and settles near 2^%d\n", ki,
+                ldexp(1.0, ki), settle);
     else
-        fprintf(out, "starts at 2^%d, settles near 2^%d%s\n", ki, settle,
-                settle == kmax && hi > kmax ? " (precision.loss_scale.max)" : "");
+        fprintf(out, "starts at 2^%d (precision.loss_scale.init %.17g), settles near 2^%d%s\n", ki, ldexp(1.0, ki),
+                settle, settle == kmax && hi > kmax ? " (precision.loss_scale.max)" : "");
 
     /* bf16: fp32's exponent range; at scale 1 */
     double bover = 0;

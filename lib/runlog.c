@@ -45,8 +45,8 @@ enum amp_status runlog_make_dirs(const char *path, struct amp_error *err)
 
 bool runlog_is_run_file(const char *name)
 {
-    static const char *const files[] = {"scale_log.csv", "config.yaml", "latest", "eval.jsonl", "numerics.csv",
-                                        "samples.jsonl"};
+    static const char *const files[] = {"scale_log.csv", "config.yaml", "latest", "best", "eval.jsonl",
+                                        "numerics.csv", "samples.jsonl"};
     size_t n = strlen(name);
     bool found = strncmp(name, "ckpt-", 5) == 0 && n > 8 && strcmp(name + n - 3, ".h5") == 0;
     found = found || strncmp(name, TBOARD_PREFIX, strlen(TBOARD_PREFIX)) == 0;

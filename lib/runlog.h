@@ -101,8 +101,8 @@ void runlog_json_bytes(FILE *f, const char *s, size_t len);
 double runlog_now(void); /* monotonic seconds */
 
 /* Whether a file of this name (no directory) is one a run writes into its run.out_dir: scale_log.csv, config.yaml,
- * latest, eval.jsonl, numerics.csv, samples.jsonl, ckpt-*.h5, events.out.tfevents.*. A directory holding one holds a
- * run (runlog_open refuses it unless resuming its own checkpoint); export never writes over one. */
+ * latest, best, eval.jsonl, numerics.csv, samples.jsonl, ckpt-*.h5, events.out.tfevents.*. A directory holding one
+ * holds a run (runlog_open refuses it unless resuming its own checkpoint); export never writes over one. */
 bool runlog_is_run_file(const char *name);
 
 /* mkdir -p PATH: a run directory and its missing parents (AMP_ERR_INTERNAL naming the one that cannot be made). */

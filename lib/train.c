@@ -190,20 +190,55 @@ static void attribute_overflow(const struct model *m, const int64_t *counts, cha
     }
 }
 
-/* Evaluate on the test split (every rank, sharded); rank 0 writes eval.jsonl and the event file's eval/ scalars. */
-static enum amp_status run_eval(struct trainer *t, int64_t step, struct amp_error *err)
+double eval_metric_value(const struct eval_result *r, enum eval_metric metric)
+{
+    switch (metric) {
+    case METRIC_LOSS:
+        return r->loss;
+    case METRIC_ACCURACY:
+        return r->accuracy;
+    case METRIC_PERPLEXITY:
+        return exp(r->loss);
+    default:
+        return NAN;
+    }
+}
+
+bool eval_watch_update(struct eval_watch *w, double v, int64_t step, double min_delta)
+{
+    double gain = eval_metric_higher_is_better(w->metric) ? v - w->best : w->best - v;
+    bool improved = !isnan(v) && (w->best_step < 0 || gain > min_delta);
+    if (improved) {
+        w->best = v;
+        w->best_step = step;
+        w->since = 0;
+    } else {
+        w->since++;
+    }
+    return improved;
+}
+
+/* Evaluate on the test split (every rank, sharded; each gets the same result in *r); rank 0 writes eval.jsonl and the event file's eval/ scalars.
+ * *done: there was data to evaluate on. */
+static enum amp_status run_eval(struct trainer *t, int64_t step, struct eval_result *r, bool *done,
+                                struct amp_error *err)
 {
     struct model *m = &t->model;
     const struct config *cfg = t->cfg;
     const struct dataset *ds = &t->ds;
-    struct eval_result r;
+    *done = false;
     if (ds->split[SPLIT_TEST].n == 0) { /* a token run without data.val_bin: nothing to record */
         if (t->rank == 0 && step == t->total_steps)
             printf("eval: none (no validation data: data.val_bin is not set)\n");
         return AMP_OK;
     }
+    if (t->rank == 0 && cfg->precision.mode == PREC_FP8 && !t->fp8_eval_noted) {
+        printf("eval: note: an fp8 run evaluates under bf16 autocast (docs/precision.md, \"fp8\")\n");
+        t->fp8_eval_noted = true;
+    }
     dist_broadcast_buffers(&t->dist, m);
-    enum amp_status st = train_evaluate(m, ds, SPLIT_TEST, t->dist.comm, &r, err);
+    enum amp_status st = train_evaluate(m, ds, SPLIT_TEST, t->dist.comm, r, err);
+    *done = st == AMP_OK;
     if (st != AMP_OK || t->rank != 0)
         return st;
     struct eval_record rec = {
@@ -211,13 +246,34 @@ static enum amp_status run_eval(struct trainer *t, int64_t step, struct amp_erro
         .split = "test",
         .autocast = m->policy.enabled,
         .dtype = dtype_name(m->policy.enabled ? m->policy.lowp : DT_FP32),
-        .loss = r.loss,
-        .accuracy = r.accuracy,
-        .perplexity = ds->spec.is_tokens ? exp(r.loss) : NAN,
-        .samples = r.samples,
+        .loss = r->loss,
+        .accuracy = r->accuracy,
+        .perplexity = ds->spec.is_tokens ? exp(r->loss) : NAN,
+        .samples = r->samples,
     };
     st = runlog_eval(cfg->run.out_dir, stdout, &rec, err);
     return st == AMP_OK ? runlog_eval_tboard(&t->log, &rec, err) : st;
+}
+
+/* An evaluation at the current step that also feeds run.keep_best and run.early_stop. Every rank gets the one
+ * evaluation's bits (train_evaluate), so every rank updates its watches alike and all decide together. *best: a new
+ * best for keep_best (its checkpoint is to be written at this step); *stop: early_stop's patience ran out. */
+static enum amp_status evaluate_and_watch(struct trainer *t, bool *best, bool *stop, struct amp_error *err)
+{
+    struct eval_result r;
+    bool done = false;
+    *best = *stop = false;
+    enum amp_status st = comm_agree(t->dist.comm, run_eval(t, t->step, &r, &done, err), err);
+    if (st != AMP_OK || !done)
+        return st;
+    const struct run_config *run = &t->cfg->run;
+    if (t->best.metric != METRIC_NONE)
+        *best = eval_watch_update(&t->best, eval_metric_value(&r, t->best.metric), t->step, 0);
+    if (t->stop.metric != METRIC_NONE) {
+        eval_watch_update(&t->stop, eval_metric_value(&r, t->stop.metric), t->step, run->early_stop.min_delta);
+        *stop = t->stop.since >= run->early_stop.patience;
+    }
+    return AMP_OK;
 }
 
 static size_t align256(size_t n)
@@ -333,6 +389,12 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if ((st = optim_create(&t->opt, &cfg->optim, &t->model, t->total_steps, cfg->run.seed, err)) != AMP_OK)
         return st;
     scaler_init(&t->scaler, &cfg->precision);
+    t->best = (struct eval_watch){.metric = cfg->run.keep_best, .best = NAN, .best_step = -1};
+    t->stop = (struct eval_watch){.metric = cfg->run.early_stop.metric, .best = NAN, .best_step = -1};
+    if ((t->best.metric != METRIC_NONE || t->stop.metric != METRIC_NONE) && t->ds.split[SPLIT_TEST].n == 0)
+        return amp_fail(err, AMP_ERR_CONFIG, "give the run test data (data.test_images and data.test_labels for idx)",
+                        "%s: %s watches the evaluation, but the data has no test split to evaluate on", cfg->source,
+                        t->best.metric != METRIC_NONE ? "run.keep_best" : "run.early_stop.metric");
     if ((st = batch_io_init(&t->io, t->be, &t->ds, micro, err)) != AMP_OK)
         return st;
     if (!(t->idx_skip = malloc((size_t)micro * sizeof *t->idx_skip)))
@@ -663,6 +725,8 @@ struct loop_marks {
     int64_t checked_step;       /* the step of the last replica comparison */
     long train_peak_kb;         /* this process's peak RSS before its first checkpoint (whose in-memory image,
                                  * 12 bytes a parameter, is the peak of most runs); 0 until then */
+    int64_t eval_step;          /* the step of the last evaluation; -1: none yet */
+    bool stopped_early;         /* run.early_stop's patience ran out */
 };
 
 /* The process's peak resident set so far, in KiB (Linux's ru_maxrss). */
@@ -726,6 +790,29 @@ static enum amp_status checkpoint_now(struct trainer *t, struct loop_marks *lm, 
     }
     lm->t_window = runlog_now();
     return st;
+}
+
+/* Rank 0 names the new best checkpoint (run.keep_best). */
+static void say_best(const struct trainer *t, const struct loop_marks *lm)
+{
+    if (t->rank != 0)
+        return;
+    printf("best: %s (%s %.6g at step %lld; run.keep_best)\n", lm->saved, eval_metric_name(t->best.metric),
+           t->best.best, (long long)t->best.best_step);
+}
+
+/* Rank 0 says why run.early_stop ended the run (or, on resume, had ended it). */
+static void say_early_stop(const struct trainer *t, const struct loop_marks *lm)
+{
+    if (t->rank != 0)
+        return;
+    const struct early_stop_config *es = &t->cfg->run.early_stop;
+    printf("early stop at step %lld: %s did not improve on its best %.6g (step %lld) for %lld evaluation%s "
+           "(run.early_stop.patience %lld%s); checkpoint: %s\n",
+           (long long)t->step, eval_metric_name(t->stop.metric), t->stop.best, (long long)t->stop.best_step,
+           (long long)t->stop.since, t->stop.since == 1 ? "" : "s", (long long)es->patience,
+           es->min_delta > 0 ? ", by more than run.early_stop.min_delta" : "",
+           lm->saved[0] ? lm->saved : lm->resume ? lm->resume : "(none)");
 }
 
 /* A resume on another number of ranks: the step's batch then, now, and the accum_steps that keeps it, from the
@@ -806,7 +893,13 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         printf("removed stale checkpoint .tmp files in %s (left by an interrupted save)\n", cfg->run.out_dir);
     st = comm_agree(comm, st, err);
     struct loop_marks lm = {.resume = resume, .t_window = runlog_now(), .saved_step = -1, .good_step = -1,
-                            .checked_step = t.step};
+                            .checked_step = t.step, .eval_step = -1};
+    /* run.keep_best, run.early_stop: an evaluation comes before its step's checkpoint, which records its outcome */
+    bool watching = cfg->run.keep_best != METRIC_NONE || cfg->run.early_stop.metric != METRIC_NONE;
+    if (st == AMP_OK && resume && t.stop.metric != METRIC_NONE && t.stop.since >= cfg->run.early_stop.patience) {
+        lm.stopped_early = true; /* the checkpoint's run had stopped early: it stays stopped, its step evaluated */
+        lm.eval_step = t.step;
+    }
     /* run.numerics_every: rank 0 measures its first micro-batch of every such step (lib/numerics.h) */
     struct numerics nm = {0};
     int64_t measure_every = cfg->run.numerics_every;
@@ -819,7 +912,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     if (st == AMP_OK && sample_every > 0 && comm->rank == 0)
         st = run_sampler_open(&sampler, &t.model, cfg, err);
     st = comm_agree(comm, st, err);
-    while (st == AMP_OK && t.step < t.total_steps && !sig) {
+    while (st == AMP_OK && t.step < t.total_steps && !sig && !lm.stopped_early) {
         double t0 = runlog_now();
         bool measure = measure_every > 0 && t.step % measure_every == 0 && comm->rank == 0;
         st = measure ? numerics_step(&nm, &t, err) : trainer_step(&t, err);
@@ -833,15 +926,26 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         bool last = t.step == t.total_steps;
         bool ckpt = last || (cfg->run.ckpt_every > 0 && t.step % cfg->run.ckpt_every == 0);
         bool eval = cfg->run.eval_every > 0 && t.step % cfg->run.eval_every == 0 && !last;
+        bool eval_first = watching && (eval || last) && !sig; /* the final evaluation too */
         if (t.pending == t.window || t.step % cfg->run.log_every == 0 || last || ckpt || eval || sig)
             st = drain(&t, &lm, err);
-        if (st == AMP_OK && ckpt) {
+        bool best = false;
+        if (st == AMP_OK && eval_first) {
+            st = evaluate_and_watch(&t, &best, &lm.stopped_early, err);
+            lm.eval_step = t.step;
+            lm.t_window = runlog_now();
+        }
+        if (st == AMP_OK && (ckpt || best || lm.stopped_early)) {
             if (!lm.train_peak_kb)
                 lm.train_peak_kb = peak_rss_kb();
             st = checkpoint_now(&t, &lm, err);
         }
-        if (st == AMP_OK && eval && !sig) {
-            st = comm_agree(comm, run_eval(&t, t.step, err), err);
+        if (st == AMP_OK && best)
+            say_best(&t, &lm);
+        if (st == AMP_OK && eval && !eval_first && !sig) {
+            bool done;
+            struct eval_result r;
+            st = comm_agree(comm, run_eval(&t, t.step, &r, &done, err), err);
             lm.t_window = runlog_now();
         }
         if (st == AMP_OK && sample_every > 0 && t.step % sample_every == 0 && !sig) {
@@ -877,7 +981,16 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);
         test_raise("final_eval");
-        st = comm_agree(comm, run_eval(&t, t.total_steps, err), err);
+        if (lm.eval_step != t.step) { /* not evaluated at this step yet (watching: resumed at the run's last step) */
+            bool best = false, stop = false;
+            st = evaluate_and_watch(&t, &best, &stop, err);
+            if (st == AMP_OK && best && lm.saved_step != t.step)
+                st = checkpoint_now(&t, &lm, err);
+            if (st == AMP_OK && best)
+                say_best(&t, &lm);
+        }
+        if (st == AMP_OK && lm.stopped_early)
+            say_early_stop(&t, &lm);
         sig = stop_signal;
         st = comm_agree_stop(comm, st, &sig, err);
         if (st == AMP_OK && sig) {

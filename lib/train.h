@@ -48,6 +48,15 @@ struct batch_io {
     float *loss_host;
 };
 
+/* What run.keep_best or run.early_stop has seen of the run's evaluations; stored in each checkpoint's /state, so
+ * a resumed run goes on comparing against the same best (docs/checkpoint.md, "The best checkpoint"). */
+struct eval_watch {
+    enum eval_metric metric; /* METRIC_NONE: nothing watched */
+    double best;             /* the best value so far (meaningful when best_step >= 0) */
+    int64_t best_step;       /* its step; -1: no evaluation yet */
+    int64_t since;           /* evaluations after the best that did not improve on it */
+};
+
 /* The state of a training run. */
 struct trainer {
     const struct config *cfg;
@@ -99,6 +108,9 @@ struct trainer {
     /* When set (fp8, ampTrain numerics): the first micro-batch's fp8 casts raise these counters, 4 per fp8
      * tensor, the forward group's first (backend memory; backend.h fp8_cast_args) */
     int64_t *fp8_counts;
+    struct eval_watch best;      /* run.keep_best: the best evaluation, whose checkpoint DIR/best names */
+    struct eval_watch stop;      /* run.early_stop: its best and the evaluations since */
+    bool fp8_eval_noted;         /* an fp8 run said once that it evaluates under bf16 autocast */
     int64_t ckpt_world;          /* ckpt_load_trainer: the data-parallel ranks that wrote the checkpoint (0: none loaded) */
     int64_t ckpt_accum;          /* ... and the accum_steps it trained with (0: not recorded) */
 };
@@ -123,7 +135,8 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
 void trainer_teardown(struct trainer *t);
 
 /* Train as `cfg` says. Prints progress to stdout. Checkpoints every run.ckpt_every steps and at the end
- * (lib/checkpoint.h). On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
+ * (lib/checkpoint.h), and at each new best evaluation under run.keep_best; with run.keep_best or run.early_stop an
+ * evaluation comes before its step's checkpoint, and run.early_stop ends the run with AMP_OK after its patience. On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
  * status is AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM; a second signal during that save exits at once. */
 enum amp_status train_run(const struct config *cfg, struct comm *comm, struct amp_error *err);
 
@@ -137,6 +150,14 @@ struct eval_result {
     double accuracy;      /* NaN for text and mse */
     int64_t samples;
 };
+
+/* The figure `metric` names (loss, accuracy, or perplexity: exp(loss)) of an evaluation; NaN when not measured. */
+double eval_metric_value(const struct eval_result *r, enum eval_metric metric);
+
+/* Record value `v` of step `step` in w: true (and `since` reset) when it is better than w's best by more than
+ * min_delta (in the metric's direction) or is the first; otherwise false and `since` counts one more. NaN never
+ * improves. */
+bool eval_watch_update(struct eval_watch *w, double v, int64_t step, double min_delta);
 
 /* Forward-only pass over a whole split in batches of m->max_batch. With several ranks (comm; NULL: one)
  * batch b runs on rank b mod world and the per-batch sums are gathered and added in batch order, so

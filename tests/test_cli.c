@@ -474,3 +474,39 @@ Test(cli, fp8_is_named_in_help_and_check)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "autocast policy (bf16; linear products in fp8, see below):"), "%s", r.out);
 }
+
+/* Issue 43, item 6: an fp8 run's checkpoint evaluates under bf16 autocast, and says so once, in training and in
+ * `eval`; `eval --dtype fp8` is refused with the reason (it was evaluated in bf16 silently, and --dtype fp8 read as a
+ * bad option). */
+Test(cli, fp8_checkpoints_evaluate_in_bf16_and_say_so)
+{
+    struct result r = shell("mktemp -d /tmp/amp-cli-fp8-XXXXXX");
+    char dir[256];
+    snprintf(dir, sizeof dir, "%.*s", (int)strcspn(r.out, "\n"), r.out);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "run configs/fashion_mlp.yaml model.layers.1.out=32 model.layers.3.out=32 data.batch_size=32 "
+             "run.device=cpu run.threads=1 precision.mode=fp8 'precision.fp8.keep_bf16=[]' run.steps=4 "
+             "run.eval_every=2 run.out_dir=%s/run",
+             dir);
+    r = run(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *note = "eval: note: an fp8 run evaluates under bf16 autocast";
+    const char *first = strstr(r.out, note);
+    cr_assert(first && !strstr(first + 1, note), "the note once, not %s:\n%s", first ? "twice" : "never", r.out);
+    cr_assert(strstr(r.out, "eval step 4 | test | autocast on (bf16)"), "%s", r.out);
+    snprintf(cmd, sizeof cmd, "eval %s/run/ckpt-4.h5", dir);
+    r = run(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "is an fp8 run's checkpoint; it evaluates under bf16 autocast"), "%s", r.out);
+    snprintf(cmd, sizeof cmd, "eval %s/run/ckpt-4.h5 --dtype fp8", dir);
+    r = run(cmd);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "eval: --dtype fp8 is not offered: evaluation runs fp8 runs under bf16 autocast"), "%s",
+              r.out);
+    cr_assert(strstr(r.out, "hint: "), "%s", r.out);
+    r = run("help eval");
+    cr_assert(strstr(r.out, "under bf16 autocast"), "%s", r.out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    shell(cmd);
+}

@@ -112,8 +112,8 @@ Test(numerics, fashion_mlp_in_bf16_is_safe)
                           " run.out_dir=/tmp/amp_numerics_$$ --steps 2; rm -rf /tmp/amp_numerics_$$");
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "verdict bf16: safe"), "%s", r.out);
-    cr_assert(strstr(r.out, "verdict fp16-static at 2^16: safe"), "%s", r.out);
-    cr_assert(strstr(r.out, "loss-scale window (fp16, activation gradients): [2^"), "%s", r.out);
+    cr_assert(strstr(r.out, "verdict fp16-static at 2^16 (precision.loss_scale.value 65536): safe"), "%s", r.out);
+    cr_assert(strstr(r.out, "loss-scale window (fp16, all activation gradients pooled): [2^"), "%s", r.out);
 }
 
 /* configs/fashion_underflow.yaml without loss scaling: the gradients near the input flush to zero in fp16;
@@ -125,16 +125,72 @@ Test(numerics, the_underflow_config_shows_where_it_underflows_and_the_scale_that
                           "head -1 /tmp/amp_numerics_u_$$/numerics-from-step-0.csv; grep -c ',fc1,act_grad,fp16,' "
                           "/tmp/amp_numerics_u_$$/numerics-from-step-0.csv; rm -rf /tmp/amp_numerics_u_$$");
     cr_assert_eq(r.code, 0, "%s", r.out);
-    cr_assert(strstr(r.out, "verdict fp16-static at 2^0: underflows"), "%s", r.out);
+    cr_assert(strstr(r.out, "verdict fp16-static at 2^0 (precision.loss_scale.value 1): underflows"), "%s", r.out);
     cr_assert(strstr(r.out, "% in fc1 (activation gradient;"), "the first layer, nearest the input:\n%s", r.out);
-    const char *w = strstr(r.out, "loss-scale window (fp16, activation gradients): [2^");
+    const char *w = strstr(r.out, "loss-scale window (fp16, all activation gradients pooled): [2^");
     cr_assert_not_null(w, "%s", r.out);
     int lo = 0, hi = 0;
-    cr_assert_eq(sscanf(w, "loss-scale window (fp16, activation gradients): [2^%d, 2^%d]", &lo, &hi), 2, "%s", w);
+    cr_assert_eq(sscanf(w, "loss-scale window (fp16, all activation gradients pooled): [2^%d, 2^%d]", &lo, &hi), 2, "%s", w);
     cr_assert(lo <= 16 && 16 <= hi, "window [2^%d, 2^%d] should hold 2^16", lo, hi);
     cr_assert(strstr(r.out, "step,tensor,kind,format,numel,scale,absmax,rms,min_nonzero,overflow_frac,flush_frac,"
                             "subnormal_frac,rel_err\n1\n"),
               "the csv header and one fp16 row of fc1's gradient:\n%s", r.out);
+}
+
+/* Issue 43, item 6: the window pools every activation gradient while the verdict judges each tensor; it printed
+ * [2^16, 2^26] and then an fp16-static scale inside it could still underflow one tensor, with no value to set. The
+ * report says which is which, and the static verdict names the config value, which then is safe. */
+Test(numerics, the_window_is_pooled_and_the_verdict_names_the_value_to_set)
+{
+    struct result r = amp("numerics configs/fashion_underflow.yaml precision.mode=fp16-static "
+                          "precision.loss_scale.value=1 run.device=cpu run.out_dir=/tmp/amp_numerics_v_$$ --steps 1; "
+                          "rm -rf /tmp/amp_numerics_v_$$");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "all activation gradients pooled") && strstr(r.out, "the verdicts below judge each tensor "
+                                                                                 "apart"), "%s", r.out);
+    const char *w = strstr(r.out, "loss-scale window (fp16, all activation gradients pooled): [2^");
+    cr_assert_not_null(w, "%s", r.out);
+    int lo = 0, hi = 0;
+    double vlo = 0, vhi = 0;
+    cr_assert_eq(sscanf(w, "loss-scale window (fp16, all activation gradients pooled): [2^%d, 2^%d] "
+                           "(precision.loss_scale.value %lf to %lf)", &lo, &hi, &vlo, &vhi), 4, "%s", w);
+    cr_assert(vlo == ldexp(1.0, lo) && vhi == ldexp(1.0, hi), "%s", w);
+    const char *a = strstr(r.out, "  per tensor, 2^");
+    cr_assert_not_null(a, "no per-tensor advice:\n%s", r.out);
+    int from = 0, to = 0, k = 0;
+    double value = 0;
+    cr_assert_eq(sscanf(a, "  per tensor, 2^%d to 2^%d is safe: set precision.loss_scale.value: %lf (2^%d)", &from,
+                        &to, &value, &k), 4, "%s", a);
+    cr_assert(from <= k && k <= to && value == ldexp(1.0, k), "%s", a);
+    /* per tensor the range starts above the pooled window's bottom: the pooled one would have misled */
+    cr_assert_gt(from, lo, "pooled [2^%d, 2^%d], per tensor from 2^%d", lo, hi, from);
+    char want[160];
+    snprintf(want, sizeof want, "verdict fp16-static at 2^%d (precision.loss_scale.value %.17g): safe", k, value);
+    r = amp("numerics configs/fashion_underflow.yaml precision.mode=fp16-static precision.loss_scale.value=%.17g "
+            "run.device=cpu run.out_dir=/tmp/amp_numerics_v_$$ --steps 1; rm -rf /tmp/amp_numerics_v_$$", value);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, want), "the advised value is not safe (no '%s'):\n%s", want, r.out);
+    cr_assert_null(strstr(r.out, "  per tensor, 2^"), "advice for a safe scale:\n%s", r.out);
+}
+
+/* Issue 43, item 6: one rule for what a command given a checkpoint writes: beside the checkpoint. `eval` wrote its
+ * eval.jsonl there while `numerics` wrote into the run.out_dir of the checkpoint's embedded config (here the run's
+ * first directory, which the copy left behind). */
+Test(numerics, a_checkpoint_is_measured_beside_itself_as_eval_writes)
+{
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL_MLP " run.steps=2 run.out_dir=/tmp/amp_numerics_d_$$/a "
+                          "> /dev/null && mkdir /tmp/amp_numerics_d_$$/b && cp /tmp/amp_numerics_d_$$/a/ckpt-2.h5 "
+                          "/tmp/amp_numerics_d_$$/b/ && " AMP_BINARY " numerics /tmp/amp_numerics_d_$$/b/ckpt-2.h5 "
+                          "--steps 1 > /dev/null && " AMP_BINARY " eval /tmp/amp_numerics_d_$$/b/ckpt-2.h5 > /dev/null;"
+                          " echo \"rc $?\"; echo a: $(ls /tmp/amp_numerics_d_$$/a); echo b: $(ls /tmp/amp_numerics_d_$$/b);"
+                          " rm -rf /tmp/amp_numerics_d_$$");
+    cr_assert(strstr(r.out, "rc 0"), "%s", r.out);
+    cr_assert(strstr(r.out, "b: ckpt-2.h5 eval.jsonl numerics-from-step-2.csv"), "both beside the checkpoint:\n%s",
+              r.out);
+    const char *a = strstr(r.out, "a: "), *b = strstr(r.out, "b: ");
+    cr_assert(a && b && a < b, "%s", r.out);
+    const char *in_a = strstr(a, "numerics-from-step");
+    cr_assert(in_a == NULL || in_a > b, "written into the embedded out_dir too:\n%s", r.out);
 }
 
 /* Inputs scaled up 10^5 (data.std tiny) put the first layer's outputs beyond 65504: fp16 overflows in the
@@ -144,7 +200,7 @@ Test(numerics, an_activation_beyond_fp16_is_flagged_for_fp16_not_bf16)
     struct result r = amp("numerics configs/fashion_mlp.yaml precision.mode=bf16 data.std=0.00001 " SMALL_MLP
                           " run.out_dir=/tmp/amp_numerics_o_$$ --steps 1; rm -rf /tmp/amp_numerics_o_$$");
     cr_assert_eq(r.code, 0, "%s", r.out);
-    cr_assert(strstr(r.out, "verdict fp16-static at 2^16: overflows in fc1 (activation"), "%s", r.out);
+    cr_assert(strstr(r.out, "verdict fp16-static at 2^16 (precision.loss_scale.value 65536): overflows in fc1 (activation"), "%s", r.out);
     cr_assert(strstr(r.out, "verdict bf16: safe"), "%s", r.out);
     cr_assert(strstr(r.out, "E4M3 saturates activations in"), "%s", r.out);
 }
