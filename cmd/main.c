@@ -101,6 +101,13 @@ static enum amp_status agree_on_checkpoint(const char *path, struct amp_error *e
     return st;
 }
 
+/* Relative data paths made absolute (config_resolve_paths), after the ranks agreed on the config as given: each rank
+ * names the files from its own working directory, and the data's and init_from's own checks compare what they hold. */
+static enum amp_status resolve_paths(struct config *cfg, struct amp_error *err)
+{
+    return comm_agree(ranks, config_resolve_paths(cfg, err), err);
+}
+
 /* A missing FILE argument of `cmd` (what: CONFIG.yaml or CHECKPOINT.h5). */
 static enum amp_status missing_arg(const char *cmd, const char *what, struct amp_error *err)
 {
@@ -207,9 +214,9 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
     struct config cfg;
     st = load_with_overrides(&cfg, argv[1], argc, argv, 2, err);
     enum amp_status loaded = st;
-    if (st == AMP_OK) /* config.yaml and the checkpoints name the data from any directory */
-        st = config_resolve_paths(&cfg, err);
     st = agree_on_config(st, &cfg, err);
+    if (st == AMP_OK) /* config.yaml and the checkpoints name the data from any directory */
+        st = resolve_paths(&cfg, err);
     if (st == AMP_OK) {
         printf("ampTrain %s: run '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
         st = train_run(&cfg, ranks, err);
@@ -276,7 +283,7 @@ static const struct override_rules resume_rules = {
     "start a new run with 'ampTrain run' to change anything else"};
 static const struct override_rules eval_rules = {
     "eval", eval_allowed, sizeof eval_allowed / sizeof eval_allowed[0], eval_refusal,
-    "evaluate the config's own settings otherwise"};
+    "the others are the checkpoint's own (start a new run to change them)"};
 
 /* Whether ov (KEY=VALUE) sets one of the data paths. */
 static bool is_data_path_override(const char *ov)
@@ -384,13 +391,13 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
     bool mode_changed = cfg.precision.mode != old_mode;
     if (st == AMP_OK)
         st = config_finalize(&cfg, err);
-    if (st == AMP_OK) /* the resumed run records absolute paths, as a run does */
-        st = config_resolve_paths(&cfg, err);
     struct ckpt_info info;
     if (st == AMP_OK && new_data && (st = ckpt_verify(argv[1], &info, err)) == AMP_OK && info.ndata_files == 0 &&
         ranks->rank == 0)
         warn_unchecked_data(argv[1]);
     st = agree_on_config(st, &cfg, err);
+    if (st == AMP_OK) /* the resumed run records absolute paths, as a run does */
+        st = resolve_paths(&cfg, err);
     if (st == AMP_OK && mode_changed && ranks->rank == 0)
         fprintf(stderr,
                 "ampTrain: warning: precision.mode changes from %s to %s on resume: the FP32 weights and optimizer "

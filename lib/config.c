@@ -1813,7 +1813,7 @@ enum amp_status config_resolve_paths(struct config *cfg, struct amp_error *err)
         {d->train_images, "data.train_images"}, {d->train_labels, "data.train_labels"},
         {d->test_images, "data.test_images"},   {d->test_labels, "data.test_labels"},
         {d->path, "data.path"},                 {d->train_bin, "data.train_bin"},
-        {d->val_bin, "data.val_bin"},           {cfg->model.init_from, "model.init_from"},
+        {d->val_bin, "data.val_bin"},
     };
     enum amp_status st = AMP_OK;
     for (size_t i = 0; i < ARRAY_LEN(paths) && st == AMP_OK; i++)
