@@ -103,6 +103,13 @@ static enum amp_status agree_on_checkpoint(const char *path, struct amp_error *e
     return st;
 }
 
+/* Relative data paths made absolute (config_resolve_paths), after the ranks agreed on the config as given: each rank
+ * names the files from its own working directory, and the data's and init_from's own checks compare what they hold. */
+static enum amp_status resolve_paths(struct config *cfg, struct amp_error *err)
+{
+    return comm_agree(ranks, config_resolve_paths(cfg, err), err);
+}
+
 /* A missing FILE argument of `cmd` (what: CONFIG.yaml or CHECKPOINT.h5). */
 static enum amp_status missing_arg(const char *cmd, const char *what, struct amp_error *err)
 {
@@ -210,6 +217,8 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
     st = load_with_overrides(&cfg, argv[1], argc, argv, 2, err);
     enum amp_status loaded = st;
     st = agree_on_config(st, &cfg, err);
+    if (st == AMP_OK) /* config.yaml and the checkpoints name the data from any directory */
+        st = resolve_paths(&cfg, err);
     if (st == AMP_OK) {
         printf("ampTrain %s: run '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
         st = train_run(&cfg, ranks, err);
@@ -218,6 +227,12 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
         config_free(&cfg);
     return st;
 }
+
+/* The data paths `resume` and `eval` may point elsewhere: the files are checked against the digests the checkpoint
+ * records (ckpt_check_data), so only their place may change, never their contents. */
+#define DATA_PATH_KEYS                                                                                                 \
+    "data.train_images", "data.train_labels", "data.test_images", "data.test_labels", "data.path", "data.files",       \
+        "data.train_bin", "data.val_bin"
 
 /* Keys `resume` may change, and why the others may not (docs/checkpoint.md, "Resume": it continues the same run). */
 static const char *const resume_allowed[] = {
@@ -231,6 +246,7 @@ static const char *const resume_allowed[] = {
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
     "dist.backend", "dist.check_every", "dist.timeout_s",
     "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
+    DATA_PATH_KEYS,
 };
 
 static const char *resume_refusal(const char *key)
@@ -244,15 +260,57 @@ static const char *resume_refusal(const char *key)
     return "it changes the training itself, so the resumed run would not continue the checkpoint's run";
 }
 
-/* Apply one resume override, refusing keys that would make it a different run. */
-static enum amp_status resume_override(struct config *cfg, const char *ov, bool *mode_changed, struct amp_error *err)
+/* Keys `eval` may change: where and how fast it runs, and where the data is; not what the model or a sample is. */
+static const char *const eval_allowed[] = {
+    "run.device", "run.threads", "data.batch_size", "data.val_windows", DATA_PATH_KEYS,
+};
+
+static const char *eval_refusal(const char *key)
+{
+    if (strncmp(key, "model.", 6) == 0)
+        return "it changes the model, which the checkpoint's tensors fix";
+    if (strncmp(key, "data.", 5) == 0)
+        return "it changes what a sample is, which the model was trained on";
+    return "it changes only training, not how a checkpoint is evaluated";
+}
+
+/* One command's table of the overrides it accepts. */
+struct override_rules {
+    const char *cmd;
+    const char *const *allowed;
+    size_t nallowed;
+    const char *(*refusal)(const char *key);
+    const char *otherwise; /* the hint's last words: how to change anything else */
+};
+
+static const struct override_rules resume_rules = {
+    "resume", resume_allowed, sizeof resume_allowed / sizeof resume_allowed[0], resume_refusal,
+    "start a new run with 'ampTrain run' to change anything else"};
+static const struct override_rules eval_rules = {
+    "eval", eval_allowed, sizeof eval_allowed / sizeof eval_allowed[0], eval_refusal,
+    "the others are the checkpoint's own (start a new run to change them)"};
+
+/* Whether ov (KEY=VALUE) sets one of the data paths. */
+static bool is_data_path_override(const char *ov)
+{
+    static const char *const keys[] = {DATA_PATH_KEYS};
+    size_t len = strcspn(ov, "=");
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (strlen(keys[i]) == len && strncmp(ov, keys[i], len) == 0)
+            return true;
+    return false;
+}
+
+/* Apply one override of `resume` or `eval`, refusing the keys its table lacks. */
+static enum amp_status allowed_override(const struct override_rules *rules, struct config *cfg, const char *ov,
+                                        struct amp_error *err)
 {
     const char *eq = strchr(ov, '=');
     char key[128];
     snprintf(key, sizeof key, "%.*s", eq ? (int)(eq - ov) : (int)strlen(ov), ov);
     bool ok = false;
-    for (size_t i = 0; i < sizeof resume_allowed / sizeof resume_allowed[0]; i++)
-        ok = ok || strcmp(key, resume_allowed[i]) == 0;
+    for (size_t i = 0; i < rules->nallowed; i++)
+        ok = ok || strcmp(key, rules->allowed[i]) == 0;
     if (eq && !ok) {
         /* A key the config does not have at all: the config reader's message, with its did-you-mean. */
         struct config scratch;
@@ -265,21 +323,25 @@ static enum amp_status resume_override(struct config *cfg, const char *ov, bool 
             return st;
     }
     if (!eq || !ok) {
-        char hint[1024] = "resume accepts "; /* the list is the table's: one list for the hint and the docs */
-        for (size_t i = 0; i < sizeof resume_allowed / sizeof resume_allowed[0]; i++)
-            snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "%s%s", i ? ", " : "", resume_allowed[i]);
-        snprintf(hint + strlen(hint), sizeof hint - strlen(hint),
-                 "; start a new run with 'ampTrain run' to change anything else");
-        return amp_fail(err, AMP_ERR_CONFIG, hint, "resume: override '%s' refused: %s", ov,
-                        eq ? resume_refusal(key) : "expected KEY=VALUE");
+        char hint[1024]; /* the list is the table's: one list for the hint and the docs */
+        snprintf(hint, sizeof hint, "%s accepts ", rules->cmd);
+        for (size_t i = 0; i < rules->nallowed; i++)
+            snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "%s%s", i ? ", " : "", rules->allowed[i]);
+        snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "; %s", rules->otherwise);
+        return amp_fail(err, AMP_ERR_CONFIG, hint, "%s: override '%s' refused: %s", rules->cmd, ov,
+                        eq ? rules->refusal(key) : "expected KEY=VALUE");
     }
-    enum precision_mode before = cfg->precision.mode;
     /* Run length is steps or epochs: one override replaces the checkpoint's choice, both are refused as
      * 'run' refuses them (config_apply_override and config_finalize). */
-    enum amp_status st = config_apply_override(cfg, ov, err);
-    if (st == AMP_OK && cfg->precision.mode != before)
-        *mode_changed = true;
-    return st;
+    return config_apply_override(cfg, ov, err);
+}
+
+/* New data paths for a checkpoint that records no digests of its data (written before it did): they are used
+ * unchecked, and the user is told so. */
+static void warn_unchecked_data(const char *ckpt)
+{
+    fprintf(stderr, "ampTrain: warning: %s records no digests of its data (it was written before ampTrain recorded "
+                    "them): the data paths given are used without checking that they hold the run's data\n", ckpt);
 }
 
 /* Resume converts the checkpoint's FP32 values to the storage a resume override asks for, once, at load. */
@@ -324,15 +386,24 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
             config_free(&cfg);
         return st;
     }
-    bool mode_changed = false;
     enum precision_mode old_mode = cfg.precision.mode;
     enum store_dtype old_master = cfg.precision.master_weights, old_state = cfg.optim.state_dtype;
-    for (int i = 2; i < argc && st == AMP_OK; i++)
-        st = resume_override(&cfg, argv[i], &mode_changed, err);
+    bool new_data = false;
+    for (int i = 2; i < argc && st == AMP_OK; i++) {
+        st = allowed_override(&resume_rules, &cfg, argv[i], err);
+        new_data = new_data || is_data_path_override(argv[i]);
+    }
+    bool mode_changed = cfg.precision.mode != old_mode;
     if (st == AMP_OK)
         st = config_finalize(&cfg, err);
+    struct ckpt_info info;
+    if (st == AMP_OK && new_data && (st = ckpt_verify(argv[1], &info, err)) == AMP_OK && info.ndata_files == 0 &&
+        ranks->rank == 0)
+        warn_unchecked_data(argv[1]);
     st = agree_on_config(st, &cfg, err);
-    if (st == AMP_OK && mode_changed && cfg.precision.mode != old_mode && ranks->rank == 0)
+    if (st == AMP_OK) /* the resumed run records absolute paths, as a run does */
+        st = resolve_paths(&cfg, err);
+    if (st == AMP_OK && mode_changed && ranks->rank == 0)
         fprintf(stderr,
                 "ampTrain: warning: precision.mode changes from %s to %s on resume: the FP32 weights and optimizer "
                 "state carry over, the loss scaler starts from its init, and the run is no longer bit-identical to "
@@ -344,7 +415,7 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
         warn_storage_change("optim.state_dtype", "optimizer moments", old_state, cfg.optim.state_dtype);
     if (st == AMP_OK) {
         printf("ampTrain %s: resume '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
-        st = train_resume(&cfg, argv[1], mode_changed && cfg.precision.mode != old_mode, ranks, err);
+        st = train_resume(&cfg, argv[1], mode_changed, ranks, err);
     }
     config_free(&cfg);
     return st;
@@ -392,10 +463,36 @@ struct eval_args {
     enum split split;
 };
 
+/* A KEY=VALUE argument among eval's options. */
+static bool is_override_arg(const char *arg)
+{
+    return arg[0] != '-' && strchr(arg, '=') != NULL;
+}
+
+/* eval's KEY=VALUE arguments, by eval_allowed; *new_data: one of them moves a data path. */
+static enum amp_status eval_overrides(struct config *cfg, int argc, char **argv, bool *new_data, struct amp_error *err)
+{
+    enum amp_status st = AMP_OK;
+    bool any = false;
+    *new_data = false;
+    for (int i = 2; i < argc && st == AMP_OK; i++) {
+        if (!is_override_arg(argv[i]))
+            continue; /* an option or its value (parse_eval_args) */
+        any = true;
+        *new_data = *new_data || is_data_path_override(argv[i]);
+        st = allowed_override(&eval_rules, cfg, argv[i], err);
+    }
+    if (st == AMP_OK && any)
+        st = config_finalize(cfg, err);
+    return st;
+}
+
 static enum amp_status parse_eval_args(int argc, char **argv, struct eval_args *a, struct amp_error *err)
 {
     *a = (struct eval_args){.ckpt = argv[1], .autocast = -1, .split = SPLIT_TEST};
     for (int i = 2; i < argc; i++) {
+        if (is_override_arg(argv[i]))
+            continue; /* KEY=VALUE: applied to the checkpoint's config (eval_overrides) */
         const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = val != NULL;
         if (ok && strcmp(opt, "--autocast") == 0) {
@@ -469,6 +566,9 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
                                         "give every rank the same eval options", err),
                         err);
     }
+    bool new_data = false;
+    if (st == AMP_OK)
+        st = eval_overrides(&cfg, argc, argv, &new_data, err);
     st = agree_on_config(st, &cfg, err); /* one config (the file's), and the communicator's timeout from it */
     if (st != AMP_OK) {
         if (read == AMP_OK)
@@ -491,8 +591,15 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         st = backend_open_rank(&be, cfg.run.device, ranks->local_rank, ranks->local_world, chosen, sizeof chosen, err);
     if (st == AMP_OK)
         st = backend_set_threads(be, dist_threads(ranks, &cfg.run), err);
+    /* only the split evaluated: its files may be all that was copied with the checkpoint */
+    struct data_spec known = {.sample_ndim = info.sample_ndim, .num_classes = info.num_classes};
+    bool checked = false;
     if (st == AMP_OK)
-        st = data_load(&ds, &cfg.data, cfg.data.batch_size * cfg.accum_steps, err);
+        st = data_load_split(&ds, &cfg.data, a.split, info.sample_ndim > 0 ? &known : NULL, err);
+    if (st == AMP_OK) /* the data the run was trained on, wherever it is now */
+        st = ckpt_check_data(a.ckpt, &info, &ds, &checked, err);
+    if (st == AMP_OK && !checked && new_data && ranks->rank == 0)
+        warn_unchecked_data(a.ckpt);
     if (st == AMP_OK)
         st = autocast_from_config(&policy, mode, &cfg.precision.autocast, err);
     if (st == AMP_OK)
@@ -1281,15 +1388,23 @@ static const struct command commands[] = {
      "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
      "step's batch on another number of ranks), how weights and moments are stored\n"
      "(precision.master_weights, optim.state_dtype, optim.stochastic_rounding) and precision.mode\n"
-     "(with a warning: the FP32 state carries over, the loss scaler starts from its init). Anything\n"
-     "else is refused (exit 2), and the refusal lists them.\n"
+     "(with a warning: the FP32 state carries over, the loss scaler starts from its init), and the\n"
+     "data's paths (data.train_bin, data.val_bin, data.files, data.path, data.train_images,\n"
+     "data.train_labels, data.test_images, data.test_labels: the files must hold the data the checkpoint\n"
+     "records, exit 3 naming the file when not). Anything else is refused (exit 2), and the refusal\n"
+     "lists them.\n"
      "Appends to the run's scale_log.csv. See docs/checkpoint.md.",
      cmd_resume, false},
-    {"eval", "ampTrain eval CHECKPOINT.h5 [--autocast on|off] [--dtype fp16|bf16] [--split test|train]",
+    {"eval", "ampTrain eval CHECKPOINT.h5 [--autocast on|off] [--dtype fp16|bf16] [--split test|train] [KEY=VALUE ...]",
      "Evaluate a checkpoint: loss and accuracy (perplexity for text), printed and appended to eval.jsonl\n"
      "beside the checkpoint. --autocast defaults to the run's precision; with autocast on the run's\n"
      "low-precision dtype is used unless --dtype says otherwise. An fp8 run's checkpoint evaluates\n"
-     "under bf16 autocast (fp8's scales are training state; --dtype fp8 is refused), and says so.",
+     "under bf16 autocast (fp8's scales are training state; --dtype fp8 is refused), and says so.\n"
+     "Reads only the split it evaluates.\n"
+     "Overrides allowed: run.device, run.threads, data.batch_size, data.val_windows and the data's\n"
+     "paths (data.train_bin, data.val_bin, data.files, data.path, data.train_images, data.train_labels,\n"
+     "data.test_images, data.test_labels): data elsewhere is accepted when its contents are the ones\n"
+     "the checkpoint records (exit 3 naming the file when not). See docs/checkpoint.md.",
      cmd_eval, false},
     {"sample", "ampTrain sample CHECKPOINT.h5 [--prompt TEXT | --prompt-file F] [--tokens N] [--temperature T] "
                "[--top-k K] [--top-p P] [--seed S] [--tokenizer FILE] [--device cpu|cuda]",

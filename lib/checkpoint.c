@@ -377,6 +377,12 @@ static void write_contents(struct writer *w, const struct trainer *t)
         }
         rc |= attr_i64(g, "num_classes", spec->num_classes);
         rc |= attr_i64(g, "tokens", spec->is_tokens);
+        /* what the data files held: a later eval or resume accepts the same data under another path */
+        for (int i = 0; i < t->ds.nfiles; i++) {
+            char name[48];
+            snprintf(name, sizeof name, "digest:%s", t->ds.files[i].key);
+            rc |= attr_i64(g, name, (int64_t)t->ds.files[i].digest);
+        }
         write_attrs_ok(w, rc, "writing /data");
         h5_close_id(g);
     }
@@ -1030,6 +1036,42 @@ static void read_data_spec(const struct reader *quiet, struct ckpt_info *info)
     info->is_tokens = tokens != 0;
 }
 
+/* The config keys a data file can have, "digest:KEY" each under /data. */
+static int data_digest_names(char names[][48], int max)
+{
+    static const char *const fixed[] = {"data.train_images", "data.train_labels", "data.test_images",
+                                        "data.test_labels", "data.path", "data.train_bin", "data.val_bin"};
+    int n = 0;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0] && n < max; i++)
+        snprintf(names[n++], 48, "digest:%s", fixed[i]);
+    for (int i = 0; i < CFG_MAX_FILES && n < max; i++)
+        snprintf(names[n++], 48, "digest:data.files.%d", i);
+    return n;
+}
+
+/* /data's digests of the run's data files into info; a malformed one is a checkpoint error naming it. */
+static enum amp_status read_data_digests(const struct reader *r, struct ckpt_info *info)
+{
+    hid_t g = H5Lexists(r->file, "data", H5P_DEFAULT) > 0 ? H5Gopen2(r->file, "data", H5P_DEFAULT) : -1;
+    if (g < 0)
+        return AMP_OK;
+    char names[7 + CFG_MAX_FILES][48];
+    int n = data_digest_names(names, 7 + CFG_MAX_FILES);
+    enum amp_status st = AMP_OK;
+    for (int i = 0; i < n && st == AMP_OK && info->ndata_files < DATA_MAX_FILES; i++) {
+        if (H5Aexists(g, names[i]) <= 0)
+            continue;
+        int64_t v = 0;
+        if ((st = get_i64(r, g, "/data", names[i], INT64_MIN, INT64_MAX, &v)) != AMP_OK)
+            break;
+        struct ckpt_data_file *f = &info->data_files[info->ndata_files++];
+        snprintf(f->key, sizeof f->key, "%s", names[i] + strlen("digest:"));
+        f->digest = (uint64_t)v;
+    }
+    h5_close_id(g);
+    return st;
+}
+
 /* Open a file that check_file verified with HDF5 and read the root attributes and /state. Returns the file
  * id, or -1 with err filled. */
 static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_error *err)
@@ -1078,6 +1120,8 @@ static hid_t open_checked(const char *path, struct ckpt_info *info, struct amp_e
         st = read_state(&r, info);
     if (st == AMP_OK)
         read_data_spec(&quiet, info);
+    if (st == AMP_OK)
+        st = read_data_digests(&r, info);
     if (st != AMP_OK) {
         H5Fclose(f);
         return -1;
@@ -1357,7 +1401,11 @@ static enum amp_status read_watch(const struct reader *r, hid_t g, const char *p
 static enum amp_status load_trainer_from(const struct reader *r, const struct ckpt_info *info, struct trainer *t,
                                          bool fresh_scaler)
 {
-    enum amp_status st = load_model_from(r, &t->model);
+    /* The sampler position refers to the data: the files the run read (wherever they are now), or none of it. */
+    enum amp_status st = ckpt_check_data(r->path, info, &t->ds, NULL, r->err);
+    if (st != AMP_OK)
+        return st;
+    st = load_model_from(r, &t->model);
     char name[256];
     for (int i = 0; i < t->opt.nstate && i < t->model.nparams && st == AMP_OK; i++) {
         snprintf(name, sizeof name, "optimizer/%s/m", t->model.params[i]->name);
@@ -1409,6 +1457,43 @@ static enum amp_status load_trainer_from(const struct reader *r, const struct ck
     t->ckpt_accum = info->accum_steps;
     t->step = info->step;
     t->samples_seen = info->samples_seen;
+    return AMP_OK;
+}
+
+enum amp_status ckpt_check_data(const char *path, const struct ckpt_info *info, const struct dataset *ds,
+                                bool *checked, struct amp_error *err)
+{
+    if (checked)
+        *checked = info->ndata_files > 0;
+    if (info->ndata_files == 0)
+        return AMP_OK;
+    for (int i = 0; i < ds->nfiles; i++) {
+        const struct data_file *f = &ds->files[i];
+        const struct ckpt_data_file *rec = NULL;
+        for (int j = 0; j < info->ndata_files && !rec; j++)
+            if (strcmp(info->data_files[j].key, f->key) == 0)
+                rec = &info->data_files[j];
+        if (!rec)
+            return amp_fail(err, AMP_ERR_DATA, "give the data files the run was trained on (ampTrain inspect lists "
+                            "them in its config)",
+                            "%s (%s): the run that wrote %s read no file under this key", f->path, f->key, path);
+        if (rec->digest != f->digest)
+            return amp_fail(err, AMP_ERR_DATA,
+                            "give the file the run was trained on (a copy anywhere will do), or start a new run on "
+                            "this data",
+                            "%s (%s): its contents differ from the file the run that wrote %s was trained on (digest "
+                            "%016llx, the checkpoint records %016llx)",
+                            f->path, f->key, path, (unsigned long long)f->digest, (unsigned long long)rec->digest);
+    }
+    /* text: one file more in the checkpoint than given is a different byte stream too */
+    char more[48];
+    snprintf(more, sizeof more, "data.files.%d", ds->nfiles);
+    for (int j = 0; j < info->ndata_files; j++)
+        if (ds->nfiles > 0 && strncmp(ds->files[0].key, "data.files.", 11) == 0 &&
+            strcmp(info->data_files[j].key, more) == 0)
+            return amp_fail(err, AMP_ERR_DATA, "give every file the run was trained on, in its order",
+                            "data.files: %d file%s given, but the run that wrote %s read more (%s)", ds->nfiles,
+                            ds->nfiles == 1 ? "" : "s", path, more);
     return AMP_OK;
 }
 

@@ -11,7 +11,9 @@
  *   /optimizer    attr step; /optimizer/LAYER/PARAM/m and .../v (those the optimizer has)
  *   /scaler       attrs scale, growth_tracker, hysteresis_left, consecutive_skips, skips_total,
  *                 last_overflow_step, mode
- *   /data         attrs epoch, cursor, seed, shuffle   (the sampler position)
+ *   /data         attrs epoch, cursor, seed, shuffle   (the sampler position); sample_ndim, sample_dimN,
+ *                 num_classes, tokens; "digest:KEY" per data file read (KEY its config key, the value its
+ *                 data_file_digest as int64)
  *   /rng          attr seed (dropout masks are a pure function of seed and the micro-batch counter)
  *
  * Crash safety: ckpt_save writes DIR/ckpt-STEP.h5.tmp, fsyncs it, renames it, fsyncs the directory,
@@ -50,6 +52,13 @@ struct ckpt_info {
     int64_t sample_shape[3];
     int64_t num_classes;
     bool is_tokens;
+    /* the files the run's data came from, by config key, each with its data_file_digest (/data's attributes
+     * "digest:KEY"); ndata_files 0 in files written before they were recorded */
+    int ndata_files;
+    struct ckpt_data_file {
+        char key[32];
+        uint64_t digest;
+    } data_files[DATA_MAX_FILES];
 };
 
 /* Write t's full state to DIR/ckpt-STEP.h5 crash-safely, update DIR/latest (and DIR/best when t->best says this
@@ -76,6 +85,13 @@ enum amp_status ckpt_verify(const char *path, struct ckpt_info *info, struct amp
  * the same): its header's checksum and size mixed into one value, read without checking them (the caller has
  * verified the file, or will). AMP_ERR_CKPT where the header cannot be read. */
 enum amp_status ckpt_fingerprint(const char *path, uint64_t *fp, struct amp_error *err);
+
+/* Whether the data files in `ds` are the ones the checkpoint at `path` recorded (info from ckpt_verify): each file
+ * whose key the checkpoint records must have the recorded digest, and a text run's list of files its length.
+ * AMP_ERR_DATA naming the file and its key when not. A checkpoint that records no digests (info->ndata_files 0:
+ * written before they were) accepts any data, as it always did; *checked (may be NULL) says whether it did check. */
+enum amp_status ckpt_check_data(const char *path, const struct ckpt_info *info, const struct dataset *ds,
+                                bool *checked, struct amp_error *err);
 
 /* Read /config (after verifying) into cfg (overwritten; config_free it afterwards). */
 enum amp_status ckpt_read_config(const char *path, struct config *cfg, struct amp_error *err);

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h> /* stat: a config is a regular file */
+#include <unistd.h>   /* getcwd: config_resolve_paths */
 
 #include <yaml.h>
 
@@ -1846,6 +1847,53 @@ static enum amp_status finalize(struct ctx *c, struct config *cfg)
     if ((st = check_keep_bf16(c, cfg)) != AMP_OK || (st = check_watches(c, cfg)) != AMP_OK)
         return st;
     return check_precision(c, &cfg->precision);
+}
+
+/* One path made absolute against `cwd`; a leading "./" is dropped. */
+static enum amp_status resolve_path(char *path, const char *key, const char *cwd, struct amp_error *err)
+{
+    if (!path[0] || path[0] == '/')
+        return AMP_OK;
+    const char *rel = path;
+    while (rel[0] == '.' && rel[1] == '/') {
+        rel += 2;
+        while (*rel == '/')
+            rel++;
+    }
+    char abs[2 * CFG_STR + 8];
+    int n = snprintf(abs, sizeof abs, "%s%s%s", cwd, strcmp(cwd, "/") == 0 ? "" : "/", rel);
+    if (n < 0 || n >= CFG_STR)
+        return amp_fail(err, AMP_ERR_CONFIG, "give the path from a shorter directory, or move the data closer to /",
+                        "%s: '%s' is %d bytes long from %s; a path holds at most %d", key, path, n, cwd, CFG_STR - 1);
+    memcpy(path, abs, (size_t)n + 1);
+    return AMP_OK;
+}
+
+enum amp_status config_resolve_paths(struct config *cfg, struct amp_error *err)
+{
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd))
+        return amp_fail(err, AMP_ERR_INTERNAL, "run from a directory that exists and can be read",
+                        "cannot read the current directory to resolve relative paths: %s", strerror(errno));
+    struct data_config *d = &cfg->data;
+    struct {
+        char *path;
+        const char *key;
+    } paths[] = {
+        {d->train_images, "data.train_images"}, {d->train_labels, "data.train_labels"},
+        {d->test_images, "data.test_images"},   {d->test_labels, "data.test_labels"},
+        {d->path, "data.path"},                 {d->train_bin, "data.train_bin"},
+        {d->val_bin, "data.val_bin"},           {d->tokenizer, "data.tokenizer"},
+    };
+    enum amp_status st = AMP_OK;
+    for (size_t i = 0; i < ARRAY_LEN(paths) && st == AMP_OK; i++)
+        st = resolve_path(paths[i].path, paths[i].key, cwd, err);
+    for (int i = 0; i < d->nfiles && st == AMP_OK; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "data.files.%d", i);
+        st = resolve_path(d->files[i], key, cwd, err);
+    }
+    return st;
 }
 
 enum amp_status config_finalize(struct config *cfg, struct amp_error *err)

@@ -288,6 +288,13 @@ enum amp_status config_apply_override(struct config *cfg, const char *override, 
  * again after overrides. */
 enum amp_status config_finalize(struct config *cfg, struct amp_error *err);
 
+/* Make the data paths (data.train_images .. data.val_bin, data.files, data.tokenizer) absolute against the current directory, which
+ * is what a relative one names: what `run` and `resume` do once, when the run starts, so that the config they record
+ * (config.yaml, every checkpoint's /config) names the same files from any directory. model.init_from is left as
+ * given: it is read once, at the start, and its messages name it as the user wrote it. AMP_ERR_CONFIG naming the key
+ * when a result exceeds CFG_STR - 1 bytes. */
+enum amp_status config_resolve_paths(struct config *cfg, struct amp_error *err);
+
 /* Settings that are valid but do nothing in this config (loss-scale keys in bf16, the dynamic keys in
  * fp16-static, ...): one "ampTrain: warning: ..." line each to `out`. Returns how many. */
 int config_print_warnings(const struct config *cfg, FILE *out);

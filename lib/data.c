@@ -137,8 +137,94 @@ static enum amp_status check_min_samples(const struct dataset *ds, const struct 
                     (long long)n, windows ? "windows" : "samples", need);
 }
 
-enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int64_t min_samples,
-                          struct amp_error *err)
+enum amp_status data_file_digest(const char *path, const char *key, uint64_t *digest, struct amp_error *err)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return amp_fail(err, AMP_ERR_DATA, "check the path and its permissions", "%s: cannot read (%s): %s", path,
+                        key, strerror(e));
+    }
+    uint64_t size = (uint64_t)sb.st_size, h = digest_u64(DIGEST_INIT, size);
+    unsigned char *buf = malloc(DATA_DIGEST_CHUNK);
+    if (!buf) {
+        close(fd);
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and retry", "%s: out of memory digesting it (%s)",
+                        path, key);
+    }
+    bool whole = size <= DATA_DIGEST_WHOLE;
+    uint64_t pieces = whole ? (size + DATA_DIGEST_CHUNK - 1) / DATA_DIGEST_CHUNK : DATA_DIGEST_CHUNKS;
+    enum amp_status st = AMP_OK;
+    for (uint64_t k = 0; k < pieces && st == AMP_OK; k++) {
+        /* whole: consecutive chunks; else chunk k starts at (size - CHUNK) * k / (CHUNKS - 1) */
+        uint64_t at = whole ? k * DATA_DIGEST_CHUNK
+                            : (uint64_t)((double)(size - DATA_DIGEST_CHUNK) * (double)k / (DATA_DIGEST_CHUNKS - 1));
+        size_t want = (size_t)(size - at < DATA_DIGEST_CHUNK ? size - at : DATA_DIGEST_CHUNK);
+        ssize_t got = pread(fd, buf, want, (off_t)at);
+        if (got != (ssize_t)want)
+            st = amp_fail(err, AMP_ERR_DATA, "check the file: it changed while being read, or the disk failed",
+                          "%s: cannot read %zu bytes at offset %llu (%s): %s", path, want, (unsigned long long)at, key,
+                          got < 0 ? strerror(errno) : "short read");
+        else
+            h = digest_bytes(h, buf, want);
+    }
+    free(buf);
+    close(fd);
+    *digest = h;
+    return st;
+}
+
+/* Record the files the loaded splits came from, in config order, each with its digest. */
+static enum amp_status digest_files(struct dataset *ds, const struct data_config *cfg, unsigned splits,
+                                    struct amp_error *err)
+{
+    const char *keys[DATA_MAX_FILES], *paths[DATA_MAX_FILES];
+    char file_keys[CFG_MAX_FILES][32];
+    int n = 0;
+    bool train = splits & (1u << SPLIT_TRAIN), test = splits & (1u << SPLIT_TEST);
+    switch (cfg->format) {
+    case DATA_IDX:
+        if (train) {
+            keys[n] = "data.train_images", paths[n++] = cfg->train_images;
+            keys[n] = "data.train_labels", paths[n++] = cfg->train_labels;
+        }
+        if (test) {
+            keys[n] = "data.test_images", paths[n++] = cfg->test_images;
+            keys[n] = "data.test_labels", paths[n++] = cfg->test_labels;
+        }
+        break;
+    case DATA_HDF5: keys[n] = "data.path", paths[n++] = cfg->path; break;
+    case DATA_TEXT:
+        for (int i = 0; i < cfg->nfiles && i < CFG_MAX_FILES; i++) {
+            snprintf(file_keys[i], sizeof file_keys[i], "data.files.%d", i);
+            keys[n] = file_keys[i], paths[n++] = cfg->files[i];
+        }
+        break;
+    case DATA_TOKENS:
+        if (train)
+            keys[n] = "data.train_bin", paths[n++] = cfg->train_bin;
+        if (test && cfg->val_bin[0])
+            keys[n] = "data.val_bin", paths[n++] = cfg->val_bin;
+        break;
+    }
+    enum amp_status st = AMP_OK;
+    for (int i = 0; i < n && st == AMP_OK; i++) {
+        struct data_file *f = &ds->files[i];
+        snprintf(f->key, sizeof f->key, "%s", keys[i]);
+        snprintf(f->path, sizeof f->path, "%s", paths[i]);
+        st = data_file_digest(f->path, f->key, &f->digest, err);
+        ds->nfiles = i + 1;
+    }
+    return st;
+}
+
+/* Read the splits in `splits` (a mask of 1 << enum split; the formats that keep both in one set of files read both)
+ * and digest the files read. `classes` > 0: the classes, where an idx test split is read alone. */
+static enum amp_status load(struct dataset *ds, const struct data_config *cfg, unsigned splits, int64_t classes,
+                            struct amp_error *err)
 {
     memset(ds, 0, sizeof *ds);
     if (!isfinite(cfg->mean) || !isfinite(cfg->std) || !(cfg->std > 0))
@@ -146,19 +232,38 @@ enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int
                         "data.mean = %g, data.std = %g: cannot normalise inputs with these", cfg->mean, cfg->std);
     enum amp_status st;
     switch (cfg->format) {
-    case DATA_IDX: st = data_load_idx(ds, cfg, err); break;
+    case DATA_IDX: st = data_load_idx(ds, cfg, splits, classes, err); break;
     case DATA_HDF5: st = data_load_hdf5(ds, cfg, err); break;
     case DATA_TEXT: st = data_load_text(ds, cfg, err); break;
-    case DATA_TOKENS: st = data_load_tokens(ds, cfg, err); break;
+    case DATA_TOKENS: st = data_load_tokens(ds, cfg, splits, err); break;
     default:
         st = amp_fail(err, AMP_ERR_CONFIG, "use idx, hdf5, text or tokens", "data.format: unknown format %d",
                       (int)cfg->format);
     }
     if (st == AMP_OK)
-        st = check_min_samples(ds, cfg, min_samples, err);
+        st = digest_files(ds, cfg, splits, err);
     if (st != AMP_OK)
         data_free(ds);
     return st;
+}
+
+enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int64_t min_samples,
+                          struct amp_error *err)
+{
+    enum amp_status st = load(ds, cfg, DATA_SPLITS_BOTH, 0, err);
+    if (st == AMP_OK && (st = check_min_samples(ds, cfg, min_samples, err)) != AMP_OK)
+        data_free(ds);
+    return st;
+}
+
+enum amp_status data_load_split(struct dataset *ds, const struct data_config *cfg, enum split s,
+                                const struct data_spec *spec, struct amp_error *err)
+{
+    int64_t classes = spec && spec->sample_ndim > 0 ? spec->num_classes : 0;
+    unsigned splits = 1u << s;
+    if (cfg->format == DATA_IDX && s == SPLIT_TEST && classes <= 0)
+        splits = DATA_SPLITS_BOTH; /* the classes come from the training labels */
+    return load(ds, cfg, splits, classes, err);
 }
 
 /* The k-th of DATA_FINGERPRINT_SAMPLES positions spread evenly over [0, last]. */

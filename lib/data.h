@@ -45,6 +45,15 @@ struct data_split {
  * DATA_WINDOW_AT of such an id gives o back. */
 #define DATA_WINDOW_AT(x) (-1 - (int64_t)(x))
 
+/* One file a dataset was read from, and what its contents were (data_file_digest), so that a checkpoint can record
+ * its data and a later `eval` or `resume` can accept the same data under another path. */
+#define DATA_MAX_FILES (CFG_MAX_FILES + 4)
+struct data_file {
+    char key[32];          /* the config key that names it: "data.train_bin", "data.files.2" */
+    char path[CFG_STR];    /* as the config gives it */
+    uint64_t digest;       /* data_file_digest of its bytes */
+};
+
 struct dataset {
     struct data_spec spec;
     int64_t sample_numel; /* floats per sample (x) or tokens per sample (text, tokens) */
@@ -52,6 +61,8 @@ struct dataset {
     uint8_t *text_buf;    /* owned, text only */
     void *maps[2];        /* owned, tokens only: each split's file, memory-mapped read-only */
     size_t map_len[2];
+    struct data_file files[DATA_MAX_FILES]; /* the files read, in config order, each with its digest */
+    int nfiles;
 };
 
 /* Load and check everything. `min_samples` is the fewest training samples acceptable (batch_size *
@@ -59,6 +70,23 @@ struct dataset {
 enum amp_status data_load(struct dataset *ds, const struct data_config *cfg, int64_t min_samples,
                           struct amp_error *err);
 void data_free(struct dataset *ds);
+
+/* Load what evaluating split `s` needs and nothing else, where the format keeps the splits in files of their own:
+ * idx reads only that split's images and labels, tokens only data.train_bin or data.val_bin; hdf5 and text read their
+ * one set of files for both. An idx test split alone cannot give the classes: `spec` (may be NULL) supplies the
+ * model's (a checkpoint's /data), and without it idx reads the training labels too. The split not read has n 0, and
+ * no minimum of training samples applies. */
+enum amp_status data_load_split(struct dataset *ds, const struct data_config *cfg, enum split s,
+                                const struct data_spec *spec, struct amp_error *err);
+
+/* FNV-1a (digest.h) of a data file's size and bytes: the whole file up to DATA_DIGEST_WHOLE bytes, beyond that
+ * DATA_DIGEST_CHUNKS chunks of DATA_DIGEST_CHUNK bytes spread evenly over it, the first and the last among them
+ * (so a token file of any size costs at most 16 MiB of reads). Two large files that differ only between the chunks
+ * read look the same. AMP_ERR_DATA naming `path` and `key` when it cannot be read. */
+#define DATA_DIGEST_WHOLE (UINT64_C(16) << 20)
+#define DATA_DIGEST_CHUNKS 256
+#define DATA_DIGEST_CHUNK (UINT64_C(64) << 10)
+enum amp_status data_file_digest(const char *path, const char *key, uint64_t *digest, struct amp_error *err);
 
 /* The spec data_load would give, where the config alone determines it: text (seq_len bytes, 256 classes) and
  * token files (seq_len tokens, data.vocab classes). false for idx and hdf5, whose sample shape and classes are the

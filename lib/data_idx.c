@@ -259,7 +259,8 @@ static enum amp_status idx_make_split(struct data_split *sp, const struct idx_fi
     return AMP_OK;
 }
 
-enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg, struct amp_error *err)
+enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg, unsigned splits, int64_t classes,
+                              struct amp_error *err)
 {
     /* x' = (x/255 - mean)/std, in double and rounded once to fp32; 256 possible inputs, so a table. */
     float lut[256];
@@ -270,21 +271,26 @@ enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg,
                             "data.mean = %g, data.std = %g turn pixel value %d into %g", cfg->mean, cfg->std, v,
                             (double)lut[v]);
     }
+    bool train = splits & (1u << SPLIT_TRAIN), test = splits & (1u << SPLIT_TEST);
+    if (!train && classes <= 0)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "idx: the test split alone needs the classes");
     struct idx_file f[4];
     memset(f, 0, sizeof f);
     const char *paths[4] = {cfg->train_images, cfg->train_labels, cfg->test_images, cfg->test_labels};
     const char *keys[4] = {"data.train_images", "data.train_labels", "data.test_images", "data.test_labels"};
     enum amp_status st = AMP_OK;
     for (int k = 0; k < 4 && st == AMP_OK; k++)
-        st = idx_read(&f[k], paths[k], keys[k], k % 2 == 0 ? 3 : 1, err);
-    if (st == AMP_OK && (f[2].dims[1] != f[0].dims[1] || f[2].dims[2] != f[0].dims[2]))
+        if (splits & (1u << (k / 2)))
+            st = idx_read(&f[k], paths[k], keys[k], k % 2 == 0 ? 3 : 1, err);
+    if (st == AMP_OK && train && test && (f[2].dims[1] != f[0].dims[1] || f[2].dims[2] != f[0].dims[2]))
         st = amp_fail(err, AMP_ERR_DATA, "the training and test images must have the same size",
                       "%s holds %lldx%lld images but %s holds %lldx%lld (data.test_images)", f[2].path,
                       (long long)f[2].dims[1], (long long)f[2].dims[2], f[0].path, (long long)f[0].dims[1],
                       (long long)f[0].dims[2]);
     for (int s = 0; s < 2 && st == AMP_OK; s++)
-        st = idx_make_split(&ds->split[s], &f[2 * s], &f[2 * s + 1], lut, err);
-    if (st == AMP_OK) {
+        if (splits & (1u << s))
+            st = idx_make_split(&ds->split[s], &f[2 * s], &f[2 * s + 1], lut, err);
+    if (st == AMP_OK && train) {
         int32_t max_label = 0;
         int64_t max_at = 0;
         for (int64_t i = 0; i < ds->split[SPLIT_TRAIN].n; i++)
@@ -295,24 +301,33 @@ enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg,
         ds->spec.num_classes = (int64_t)max_label + 1;
         ds->spec.max_label_at = max_at;
         snprintf(ds->spec.labels_from, sizeof ds->spec.labels_from, "%s (data.train_labels)", f[1].path);
+    } else if (st == AMP_OK) {
+        ds->spec.num_classes = classes;
+    }
+    if (st == AMP_OK && test) {
         const struct data_split *te = &ds->split[SPLIT_TEST];
         for (int64_t i = 0; i < te->n; i++)
             if (te->y[i] >= ds->spec.num_classes) {
+                char from[CFG_STR + 64];
+                if (train)
+                    snprintf(from, sizeof from, "the training labels (%s)", f[1].path);
+                else
+                    snprintf(from, sizeof from, "the model's classes");
                 st = amp_fail(err, AMP_ERR_DATA,
                               "the test labels must use the classes of the training labels: check data.test_labels",
-                              "%s: label %d at index %lld is out of range: the training labels (%s) are 0..%d "
-                              "(data.test_labels)",
-                              f[3].path, (int)te->y[i], (long long)i, f[1].path, (int)max_label);
+                              "%s: label %d at index %lld is out of range: %s are 0..%d (data.test_labels)",
+                              f[3].path, (int)te->y[i], (long long)i, from, (int)ds->spec.num_classes - 1);
                 break;
             }
     }
     if (st == AMP_OK) {
+        const struct idx_file *images = train ? &f[0] : &f[2];
         ds->spec.sample_ndim = 3;
         ds->spec.sample_shape[0] = 1;
-        ds->spec.sample_shape[1] = f[0].dims[1];
-        ds->spec.sample_shape[2] = f[0].dims[2];
+        ds->spec.sample_shape[1] = images->dims[1];
+        ds->spec.sample_shape[2] = images->dims[2];
         ds->spec.is_tokens = false;
-        ds->sample_numel = f[0].dims[1] * f[0].dims[2];
+        ds->sample_numel = images->dims[1] * images->dims[2];
     }
     for (int k = 0; k < 4; k++)
         idx_file_free(&f[k]);

@@ -14,10 +14,16 @@
 
 #include "data.h" /* struct dataset, struct data_config */
 
-enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+/* A mask of 1 << enum split: the splits a reader fills (idx and tokens; hdf5 and text always fill both). */
+#define DATA_SPLITS_BOTH ((1u << SPLIT_TRAIN) | (1u << SPLIT_TEST))
+
+/* idx: `classes` > 0 gives the classes where the test split is read without the training labels. */
+enum amp_status data_load_idx(struct dataset *ds, const struct data_config *cfg, unsigned splits, int64_t classes,
+                              struct amp_error *err);
 enum amp_status data_load_hdf5(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
 enum amp_status data_load_text(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
-enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *cfg, struct amp_error *err);
+enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *cfg, unsigned splits,
+                                 struct amp_error *err);
 /* data_gather for a token split (data_tokens.c): windows of T + 1 tokens by sample id (data.h). */
 void data_gather_tokens(const struct data_split *sp, int64_t T, const int64_t *idx, int64_t n, int32_t *tokens,
                         int32_t *labels);

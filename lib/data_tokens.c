@@ -254,7 +254,8 @@ static void tokens_set_split(struct dataset *ds, enum split s, const struct toke
     sp->n = (f->ntokens - 1) / T; /* consecutive windows sharing their boundary token */
 }
 
-enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *cfg, struct amp_error *err)
+enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *cfg, unsigned splits,
+                                 struct amp_error *err)
 {
     const int64_t T = cfg->seq_len;
     if (T < 1)
@@ -263,15 +264,17 @@ enum amp_status data_load_tokens(struct dataset *ds, const struct data_config *c
     if (cfg->vocab < 1)
         return amp_fail(err, AMP_ERR_CONFIG, "set data.vocab to the tokenizer's vocabulary size",
                         "data.format is tokens but data.vocab is not set");
-    struct token_file train = {.path = cfg->train_bin, .key = "data.train_bin"};
-    enum amp_status st = tokens_open(&train, cfg, cfg->sampling == SAMPLING_RANDOM, err);
-    if (st != AMP_OK) {
-        tokens_unmap(&train);
-        return st;
+    enum amp_status st = AMP_OK;
+    if (splits & (1u << SPLIT_TRAIN)) {
+        struct token_file train = {.path = cfg->train_bin, .key = "data.train_bin"};
+        if ((st = tokens_open(&train, cfg, cfg->sampling == SAMPLING_RANDOM, err)) != AMP_OK) {
+            tokens_unmap(&train);
+            return st;
+        }
+        tokens_set_split(ds, SPLIT_TRAIN, &train, T);
+        ds->split[SPLIT_TRAIN].draw_range = train.ntokens - T; /* what data.sampling: random draws from */
     }
-    tokens_set_split(ds, SPLIT_TRAIN, &train, T);
-    ds->split[SPLIT_TRAIN].draw_range = train.ntokens - T; /* what data.sampling: random draws from */
-    if (cfg->val_bin[0]) {
+    if ((splits & (1u << SPLIT_TEST)) && cfg->val_bin[0]) {
         struct token_file val = {.path = cfg->val_bin, .key = "data.val_bin"};
         if ((st = tokens_open(&val, cfg, false, err)) != AMP_OK) {
             tokens_unmap(&val);
