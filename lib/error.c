@@ -21,6 +21,20 @@ enum amp_status amp_fail(struct amp_error *err, enum amp_status code, const char
     return code;
 }
 
+enum amp_status amp_error_report(enum amp_status status, const struct amp_error *held, struct amp_error *err)
+{
+    if (err) {
+        if (status != AMP_OK) {
+            *err = *held;
+        } else {
+            err->code = AMP_OK;
+            err->msg[0] = '\0';
+            err->hint[0] = '\0';
+        }
+    }
+    return status;
+}
+
 void amp_error_print(const struct amp_error *err, FILE *out)
 {
     /* a stop the user asked for (SIGINT, SIGTERM) is not an error: its message says what stopped and where */

@@ -37,6 +37,10 @@ struct amp_error {
 enum amp_status amp_fail(struct amp_error *err, enum amp_status code, const char *hint, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* A sticky error handed on (the backends' status op): `err` (which may be NULL) gets `held` where `status` is a
+ * failure, and is cleared (AMP_OK, empty message and hint) where it is not. Returns `status`. */
+enum amp_status amp_error_report(enum amp_status status, const struct amp_error *held, struct amp_error *err);
+
 /* Print "ampTrain: error: MSG\nhint: HINT\n" to `out`. */
 void amp_error_print(const struct amp_error *err, FILE *out);
 

@@ -212,16 +212,7 @@ static void cpu_convert(struct backend *be, struct tensor *dst, const struct ten
 static enum amp_status cpu_status(struct backend *be, struct amp_error *err)
 {
     struct cpu_backend *cb = cpu_of(be);
-    if (err) {
-        if (cb->status != AMP_OK) {
-            *err = cb->err;
-        } else {
-            err->code = AMP_OK;
-            err->msg[0] = '\0';
-            err->hint[0] = '\0';
-        }
-    }
-    return cb->status;
+    return amp_error_report(cb->status, &cb->err, err);
 }
 
 static void free_workers(struct cpu_backend *cb)

@@ -273,16 +273,7 @@ static enum amp_status cu_status(struct backend *be, struct amp_error *err)
     cudaError_t e = cudaStreamQuery(cb->stream); /* a fault of a finished kernel shows here; never blocks */
     if (e != cudaSuccess && e != cudaErrorNotReady)
         CB_CUDA(cb, e);
-    if (err) {
-        if (cb->status != AMP_OK) {
-            *err = cb->err;
-        } else {
-            err->code = AMP_OK;
-            err->msg[0] = '\0';
-            err->hint[0] = '\0';
-        }
-    }
-    return cb->status;
+    return amp_error_report(cb->status, &cb->err, err);
 }
 
 static void cu_destroy(struct backend *be)
