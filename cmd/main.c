@@ -21,7 +21,7 @@
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
 #include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
-#include "numerics.h" /* numerics_run */
+#include "numerics.h" /* numerics_run, numerics_probe: run.numerics_every */
 #include "safetensors.h" /* safetensors_write */
 #include "sample.h"   /* sample_generate: ampTrain sample */
 #include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: tokenize and sample */
@@ -221,7 +221,7 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
         st = resolve_paths(&cfg, err);
     if (st == AMP_OK) {
         printf("ampTrain %s: run '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
-        st = train_run(&cfg, ranks, err);
+        st = train_run(&cfg, ranks, &numerics_probe, err);
     }
     if (loaded == AMP_OK)
         config_free(&cfg);
@@ -415,7 +415,7 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
         warn_storage_change("optim.state_dtype", "optimizer moments", old_state, cfg.optim.state_dtype);
     if (st == AMP_OK) {
         printf("ampTrain %s: resume '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
-        st = train_resume(&cfg, argv[1], mode_changed, ranks, err);
+        st = train_resume(&cfg, argv[1], mode_changed, ranks, &numerics_probe, err);
     }
     config_free(&cfg);
     return st;

@@ -23,7 +23,23 @@
 
 #include "config.h" /* struct data_config */
 #include "error.h"
-#include "model.h"  /* struct data_spec */
+
+/* What the data looks like: the shape of one sample and the classes, what a model is built for (models/model.h). */
+struct data_spec {
+    int sample_ndim;               /* dims of one sample (without batch): 1 (vector), 3 (C,H,W), or 1 (tokens T) */
+    int64_t sample_shape[3];
+    bool is_tokens;                /* text: samples are int32 token ids of length sample_shape[0] */
+    int64_t num_classes;           /* labels in [0, num_classes); vocabulary size for text */
+    /* classification data: where the labels come from ("FILE (data.train_labels)"), and the first training
+     * sample holding the largest label, num_classes - 1 (so a model with fewer classes can name it); empty
+     * where unknown */
+    char labels_from[CFG_STR + 160];
+    int64_t max_label_at;
+    /* Every layer after the first computes its input gradient, even with no parameters before it, as if the
+     * samples required a gradient (the layer tests' finite-difference checks of dx). Training leaves it false:
+     * a layer computes dx only where a parameter before it needs the gradient (layer.needs_dx). */
+    bool input_grad;
+};
 
 enum split { SPLIT_TRAIN = 0, SPLIT_TEST = 1 };
 

@@ -480,6 +480,33 @@ void numerics_close(struct numerics *nm)
     memset(nm, 0, sizeof *nm);
 }
 
+static enum amp_status probe_open(struct trainer *t, void **self, struct amp_error *err)
+{
+    struct numerics *nm = calloc(1, sizeof *nm);
+    *self = nm;
+    if (!nm)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "numerics: out of memory");
+    return numerics_open(nm, t, t->cfg->run.out_dir, "numerics.csv", false, err);
+}
+
+static enum amp_status probe_step(void *self, struct trainer *t, struct amp_error *err)
+{
+    return numerics_step(self, t, err);
+}
+
+static void probe_close(void *self, const struct config *cfg, bool report)
+{
+    struct numerics *nm = self;
+    if (!nm)
+        return;
+    if (report && nm->steps > 0)
+        numerics_report(nm, cfg, 0.001, stdout);
+    numerics_close(nm);
+    free(nm);
+}
+
+const struct train_probe numerics_probe = {.open = probe_open, .step = probe_step, .close = probe_close};
+
 /* ---- the report ------------------------------------------------------------------------------------- */
 
 static double headroom(double max, double absmax) { return absmax > 0 ? log2(max / absmax) : INFINITY; }

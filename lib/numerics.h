@@ -101,6 +101,11 @@ void numerics_report(const struct numerics *nm, const struct config *cfg, double
 
 void numerics_close(struct numerics *nm);
 
+/* run.numerics_every's measurement, for train_run and train_resume (lib/train.h): numerics_open on DIR/numerics.csv
+ * (appended to), numerics_step on each step given, and at a good end numerics_report with 0.001 of activation-gradient
+ * elements allowed to flush. */
+extern const struct train_probe numerics_probe;
+
 /* `ampTrain numerics`: set up the run of `cfg` (from `checkpoint` when not NULL), measure and train `steps`
  * steps in memory, write run.out_dir/numerics.csv and print the report. */
 enum amp_status numerics_run(const struct config *cfg, const char *checkpoint, int64_t steps, double underflow,

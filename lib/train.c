@@ -15,7 +15,6 @@
 #include "backend.h"  /* backend_open, struct grad_stats */
 #include "checkpoint.h" /* ckpt_save, ckpt_load_trainer, ckpt_clean_stale */
 #include "init_from.h"  /* init_from_load: model.init_from */
-#include "numerics.h"   /* run.numerics_every */
 #include "optim.h"    /* optimizer, schedule */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "sample.h"   /* run.sample_every */
@@ -840,7 +839,7 @@ static void note_world_change(const struct trainer *t, const char *resume)
 
 /* Train from scratch (resume == NULL) or from the checkpoint `resume`. */
 static enum amp_status run_loop(const struct config *cfg, const char *resume, bool fresh_scaler, struct comm *comm,
-                                struct amp_error *err)
+                                const struct train_probe *probe, struct amp_error *err)
 {
     if (!comm)
         comm = comm_single();
@@ -900,11 +899,14 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         lm.stopped_early = true; /* the checkpoint's run had stopped early: it stays stopped, its step evaluated */
         lm.eval_step = t.step;
     }
-    /* run.numerics_every: rank 0 measures its first micro-batch of every such step (lib/numerics.h) */
-    struct numerics nm = {0};
+    /* run.numerics_every: rank 0 measures its first micro-batch of every such step (the probe: lib/numerics.h) */
+    void *measured = NULL;
     int64_t measure_every = cfg->run.numerics_every;
+    if (st == AMP_OK && measure_every > 0 && !probe)
+        st = amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: pass numerics_probe to train_run",
+                      "run.numerics_every is %lld but the run has no probe to measure with", (long long)measure_every);
     if (st == AMP_OK && measure_every > 0 && comm->rank == 0)
-        st = numerics_open(&nm, &t, cfg->run.out_dir, "numerics.csv", false, err);
+        st = probe->open(&t, &measured, err);
     /* run.sample_every: rank 0 generates from the model between steps (lib/sample.h); it reads the weights and writes
      * only activations the next forward writes again, and draws from its own random stream */
     struct run_sampler sampler = {0};
@@ -915,7 +917,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     while (st == AMP_OK && t.step < t.total_steps && !sig && !lm.stopped_early) {
         double t0 = runlog_now();
         bool measure = measure_every > 0 && t.step % measure_every == 0 && comm->rank == 0;
-        st = measure ? numerics_step(&nm, &t, err) : trainer_step(&t, err);
+        st = measure ? probe->step(measured, &t, err) : trainer_step(&t, err);
         lm.train_seconds += runlog_now() - t0;
         dist_test_perturb(&t.dist, &t.model, t.step);
         sig = stop_signal;
@@ -1001,21 +1003,21 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             err->agreed = t.world > 1;
         }
     }
-    if (st == AMP_OK && nm.steps > 0)
-        numerics_report(&nm, cfg, 0.001, stdout);
-    numerics_close(&nm);
+    if (measured)
+        probe->close(measured, cfg, st == AMP_OK);
     install_signals(false);
     trainer_teardown(&t);
     return st;
 }
 
-enum amp_status train_run(const struct config *cfg, struct comm *comm, struct amp_error *err)
+enum amp_status train_run(const struct config *cfg, struct comm *comm, const struct train_probe *probe,
+                          struct amp_error *err)
 {
-    return run_loop(cfg, NULL, false, comm, err);
+    return run_loop(cfg, NULL, false, comm, probe, err);
 }
 
 enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler, struct comm *comm,
-                             struct amp_error *err)
+                             const struct train_probe *probe, struct amp_error *err)
 {
-    return run_loop(cfg, checkpoint, fresh_scaler, comm, err);
+    return run_loop(cfg, checkpoint, fresh_scaler, comm, probe, err);
 }

@@ -134,16 +134,31 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
 
 void trainer_teardown(struct trainer *t);
 
+/* A measurement that takes chosen steps of a run in trainer_step's place, plugged in from above the trainer:
+ * run.numerics_every's is lib/numerics.h's numerics_probe, which measures a step's first micro-batch through
+ * after_first_micro. The run opens it on rank 0 once the trainer is set up (and the checkpoint loaded), has it take
+ * every run.numerics_every-th step, and closes it at the end. */
+struct train_probe {
+    /* Start measuring t's run; *self becomes the probe's state (close it even when open fails). */
+    enum amp_status (*open)(struct trainer *t, void **self, struct amp_error *err);
+    /* Queue step t->step as trainer_step does, measuring on the way: the step's bits must not change. */
+    enum amp_status (*step)(void *self, struct trainer *t, struct amp_error *err);
+    /* report: the run ended well, so print what was measured (cfg: the run's); then free self (NULL: nothing). */
+    void (*close)(void *self, const struct config *cfg, bool report);
+};
+
 /* Train as `cfg` says. Prints progress to stdout. Checkpoints every run.ckpt_every steps and at the end
  * (lib/checkpoint.h), and at each new best evaluation under run.keep_best; with run.keep_best or run.early_stop an
  * evaluation comes before its step's checkpoint, and run.early_stop ends the run with AMP_OK after its patience. On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
- * status is AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM; a second signal during that save exits at once. */
-enum amp_status train_run(const struct config *cfg, struct comm *comm, struct amp_error *err);
+ * status is AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM; a second signal during that save exits at once. probe: what
+ * run.numerics_every measures with; NULL only where run.numerics_every is 0 (otherwise AMP_ERR_INTERNAL). */
+enum amp_status train_run(const struct config *cfg, struct comm *comm, const struct train_probe *probe,
+                          struct amp_error *err);
 
 /* The same, continuing from `checkpoint` (cfg is its embedded config with the allowed overrides).
  * fresh_scaler: the precision mode changed, so the loss scaler starts from its init. */
 enum amp_status train_resume(const struct config *cfg, const char *checkpoint, bool fresh_scaler, struct comm *comm,
-                             struct amp_error *err);
+                             const struct train_probe *probe, struct amp_error *err);
 
 struct eval_result {
     double loss;          /* mean over rows */

@@ -11,24 +11,8 @@
 #ifndef AMP_MODEL_H
 #define AMP_MODEL_H
 
+#include "data.h"  /* struct data_spec: the samples a model is built for */
 #include "layer.h" /* struct layer, struct param, struct batch, struct step_ctx */
-
-/* What the data looks like, from the data module. */
-struct data_spec {
-    int sample_ndim;               /* dims of one sample (without batch): 1 (vector), 3 (C,H,W), or 1 (tokens T) */
-    int64_t sample_shape[3];
-    bool is_tokens;                /* text: samples are int32 token ids of length sample_shape[0] */
-    int64_t num_classes;           /* labels in [0, num_classes); vocabulary size for text */
-    /* classification data: where the labels come from ("FILE (data.train_labels)"), and the first training
-     * sample holding the largest label, num_classes - 1 (so a model with fewer classes can name it); empty
-     * where unknown */
-    char labels_from[CFG_STR + 160];
-    int64_t max_label_at;
-    /* Every layer after the first computes its input gradient, even with no parameters before it, as if the
-     * samples required a gradient (the layer tests' finite-difference checks of dx). Training leaves it false:
-     * a layer computes dx only where a parameter before it needs the gradient (layer.needs_dx). */
-    bool input_grad;
-};
 
 struct model {
     struct layer *layers;          /* the last one is the loss */
