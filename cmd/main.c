@@ -1613,13 +1613,18 @@ static const struct command commands[] = {
     {"run", "ampTrain run CONFIG.yaml [KEY=VALUE ...]",
      "Train the model CONFIG.yaml describes. KEY=VALUE overrides a config key by its dotted path\n"
      "(optim.lr=3e-4, precision.mode=bf16, model.layers.1.out=256); overrides go through the same checks\n"
-     "as the file. Writes config.yaml, scale_log.csv and eval.jsonl into run.out_dir.",
+     "as the file. Writes config.yaml, scale_log.csv and eval.jsonl into run.out_dir.\n"
+     "A run.out_dir that already holds a run is refused (exit 2), unless run.resume=auto: then the same\n"
+     "command continues it from its newest checkpoint that verifies, as 'resume' would (the config must be\n"
+     "the same but for the keys resume may change; exit 2 naming the first other difference), and says a\n"
+     "finished run is complete (exit 0). For restarts by a scheduler or a retry loop: docs/checkpoint.md,\n"
+     "\"Restarts\".",
      cmd_run, false},
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: how long and how it logs and saves (run.steps, run.epochs, run.log_every,\n"
      "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.sample_every,\n"
-     "run.sample_prompt, run.out_dir), what the evaluations are watched for (run.keep_best,\n"
+     "run.sample_prompt, run.out_dir, run.resume), what the evaluations are watched for (run.keep_best,\n"
      "run.early_stop, run.early_stop.metric, run.early_stop.patience, run.early_stop.min_delta), where and how\n"
      "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
      "step's batch on another number of ranks), how weights and moments are stored\n"

@@ -41,7 +41,7 @@ static void kill_mid_run(const char *launcher)
     snprintf(cmd, sizeof cmd,
              "cd %s && { " MPI_ENV "timeout -s KILL 200 %s %s run " LONG_RUN " run.out_dir=%s/b > %s/b.out 2>&1; "
              "echo $? > %s/b.rc; } > /dev/null 2>&1 &",
-             AMP_SOURCE_DIR, launcher, AMP_BINARY, scratch, scratch, scratch);
+             AMP_SOURCE_DIR, launcher, amp_binary(), scratch, scratch, scratch);
     cr_assert_eq(system(cmd), 0);
     char dir[512], name[128] = "";
     snprintf(dir, sizeof dir, "%s/b", scratch);
@@ -51,7 +51,7 @@ static void kill_mid_run(const char *launcher)
             nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
     }
     cr_assert(name[0], "no checkpoint within 30 s");
-    snprintf(cmd, sizeof cmd, "pkill -KILL -n -f '^%s run configs/fashion_mlp.yaml.*%s/b'", AMP_BINARY, scratch);
+    snprintf(cmd, sizeof cmd, "pkill -KILL -n -f '^%s run configs/fashion_mlp.yaml.*%s/b'", amp_binary(), scratch);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
     snprintf(cmd, sizeof cmd, "for i in $(seq 600); do [ -s %s/b.rc ] && break; sleep 0.1; done; cat %s/b.rc",
              scratch, scratch);
