@@ -502,7 +502,8 @@ static enum amp_status newest_verified(const char *dir, struct restart *r, bool 
     } while (best > 0);
     if (*any)
         return amp_fail(err, AMP_ERR_CKPT,
-                        "the warnings above say what is wrong with each; move them away and run again to start afresh",
+                        "the warnings above name each file and its fault: restore one from a copy, or remove the directory "
+                        "to start the run again from step 0",
                         "run.resume auto: no checkpoint in %s verifies", dir);
     return AMP_OK;
 }

@@ -144,6 +144,24 @@ Test(autoresume, a_corrupt_latest_target_falls_back_to_the_previous_checkpoint)
     remove_scratch();
 }
 
+/* No checkpoint verifies: exit 4 naming each, nothing trained. */
+Test(autoresume, no_verified_checkpoint_is_exit_4_naming_each)
+{
+    make_scratch();
+    struct result r = amp("run configs/fashion_mlp.yaml " AUTO " run.steps=8 run.out_dir=%s/v", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char path[512];
+    for (int step = 4; step <= 8; step += 4) {
+        snprintf(path, sizeof path, "%s/v/ckpt-%d.h5", scratch, step);
+        flip_bit(path, file_size(path) / 2, 3);
+    }
+    r = amp("run configs/fashion_mlp.yaml " AUTO " run.steps=8 run.out_dir=%s/v", scratch);
+    cr_assert_eq(r.code, 4, "%s", r.out);
+    cr_assert(strstr(r.out, "skipping") && strstr(r.out, "ckpt-8.h5") && strstr(r.out, "ckpt-4.h5"), "%s", r.out);
+    cr_assert(strstr(r.out, "no checkpoint in") && !strstr(r.out, "resumed from"), "%s", r.out);
+    remove_scratch();
+}
+
 Test(autoresume, auto_on_a_fresh_directory_starts)
 {
     make_scratch();
