@@ -16,7 +16,7 @@
 #include "runlog.h"     /* runlog_eval, runlog_is_run_file */
 #include "comm.h"     /* comm_open, comm_close: the ranks of a data-parallel job */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
-#include "digest.h"   /* digest_str: the command */
+#include "digest.h"   /* digest_str, digest_u64: the command, run.resume auto's decision */
 #include "dist.h"     /* comm_agree, dist_check_config, dist_check_same */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
@@ -27,6 +27,7 @@
 #include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: tokenize and sample */
 #include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
 
+#include <dirent.h> /* opendir: run.resume auto reads run.out_dir */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -208,26 +209,6 @@ static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)
     return st;
 }
 
-static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
-{
-    enum amp_status st = comm_agree(ranks, need_config_arg(argc, argv, "run", err), err);
-    if (st != AMP_OK)
-        return st;
-    struct config cfg;
-    st = load_with_overrides(&cfg, argv[1], argc, argv, 2, err);
-    enum amp_status loaded = st;
-    st = agree_on_config(st, &cfg, err);
-    if (st == AMP_OK) /* config.yaml and the checkpoints name the data from any directory */
-        st = resolve_paths(&cfg, err);
-    if (st == AMP_OK) {
-        printf("ampTrain %s: run '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
-        st = train_run(&cfg, ranks, &numerics_probe, err);
-    }
-    if (loaded == AMP_OK)
-        config_free(&cfg);
-    return st;
-}
-
 /* The data paths `resume` and `eval` may point elsewhere: the files are checked against the digests the checkpoint
  * records (ckpt_check_data), so only their place may change, never their contents. */
 #define DATA_PATH_KEYS                                                                                                 \
@@ -245,6 +226,7 @@ static const char *const resume_allowed[] = {
     /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
     "dist.backend", "dist.check_every", "dist.timeout_s",
+    "run.resume", /* what a later `run` does with the directory, not the training */
     "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
     DATA_PATH_KEYS,
 };
@@ -371,16 +353,15 @@ static enum amp_status need_ckpt_arg(int argc, char **argv, const char *cmd, str
     return st;
 }
 
-static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
+/* Continue the run of checkpoint `ckpt` with `nov` KEY=VALUE overrides of resume_allowed's keys: `resume`, and
+ * `run` with run.resume: auto when its run.out_dir holds the run. */
+static enum amp_status resume_checkpoint(const char *ckpt, int nov, char *const *ov, struct amp_error *err)
 {
-    enum amp_status st = comm_agree(ranks, need_ckpt_arg(argc, argv, "resume", err), err);
-    if (st != AMP_OK)
-        return st;
     struct config cfg;
-    enum amp_status read = ckpt_read_config(argv[1], &cfg, err);
-    st = comm_agree(ranks, read, err);
+    enum amp_status read = ckpt_read_config(ckpt, &cfg, err);
+    enum amp_status st = comm_agree(ranks, read, err);
     if (st == AMP_OK) /* one state to continue from, not a divergence found steps later */
-        st = agree_on_checkpoint(argv[1], err);
+        st = agree_on_checkpoint(ckpt, err);
     if (st != AMP_OK) {
         if (read == AMP_OK)
             config_free(&cfg);
@@ -389,17 +370,17 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
     enum precision_mode old_mode = cfg.precision.mode;
     enum store_dtype old_master = cfg.precision.master_weights, old_state = cfg.optim.state_dtype;
     bool new_data = false;
-    for (int i = 2; i < argc && st == AMP_OK; i++) {
-        st = allowed_override(&resume_rules, &cfg, argv[i], err);
-        new_data = new_data || is_data_path_override(argv[i]);
+    for (int i = 0; i < nov && st == AMP_OK; i++) {
+        st = allowed_override(&resume_rules, &cfg, ov[i], err);
+        new_data = new_data || is_data_path_override(ov[i]);
     }
     bool mode_changed = cfg.precision.mode != old_mode;
     if (st == AMP_OK)
         st = config_finalize(&cfg, err);
     struct ckpt_info info;
-    if (st == AMP_OK && new_data && (st = ckpt_verify(argv[1], &info, err)) == AMP_OK && info.ndata_files == 0 &&
+    if (st == AMP_OK && new_data && (st = ckpt_verify(ckpt, &info, err)) == AMP_OK && info.ndata_files == 0 &&
         ranks->rank == 0)
-        warn_unchecked_data(argv[1]);
+        warn_unchecked_data(ckpt);
     st = agree_on_config(st, &cfg, err);
     if (st == AMP_OK) /* the resumed run records absolute paths, as a run does */
         st = resolve_paths(&cfg, err);
@@ -414,10 +395,266 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
     if (st == AMP_OK && ranks->rank == 0)
         warn_storage_change("optim.state_dtype", "optimizer moments", old_state, cfg.optim.state_dtype);
     if (st == AMP_OK) {
-        printf("ampTrain %s: resume '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, argv[1], cfg.run.out_dir);
-        st = train_resume(&cfg, argv[1], mode_changed, ranks, &numerics_probe, err);
+        printf("ampTrain %s: resume '%s' from %s -> %s\n", AMP_VERSION, cfg.run.name, ckpt, cfg.run.out_dir);
+        st = train_resume(&cfg, ckpt, mode_changed, ranks, &numerics_probe, err);
     }
     config_free(&cfg);
+    return st;
+}
+
+static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
+{
+    enum amp_status st = comm_agree(ranks, need_ckpt_arg(argc, argv, "resume", err), err);
+    if (st != AMP_OK)
+        return st;
+    return resume_checkpoint(argv[1], argc - 2, argv + 2, err);
+}
+
+/* ---- run.resume: auto (docs/checkpoint.md, "Restarts") ---------------------------------------------------------- */
+
+/* What `run` does with its run.out_dir under run.resume: auto. */
+enum restart_action { RESTART_START, RESTART_CONTINUE, RESTART_COMPLETE };
+
+struct restart {
+    enum restart_action action;
+    char ckpt[CFG_STR + 64];  /* RESTART_CONTINUE, RESTART_COMPLETE: the checkpoint continued from */
+    struct ckpt_info info;    /* its state */
+    char **ov;                /* RESTART_CONTINUE: KEY=VALUE of each resume_allowed key this run changes (malloc'd) */
+    int nov;
+};
+
+static void restart_free(struct restart *r)
+{
+    for (int i = 0; i < r->nov; i++)
+        free(r->ov[i]);
+    free(r->ov);
+    r->ov = NULL;
+    r->nov = 0;
+}
+
+static bool resume_may_change(const char *key)
+{
+    for (size_t i = 0; i < resume_rules.nallowed; i++)
+        if (strcmp(key, resume_rules.allowed[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Whether `name` is ckpt-STEP.h5; *step gets STEP. */
+static bool ckpt_file_step(const char *name, long long *step)
+{
+    char *end;
+    if (strncmp(name, "ckpt-", 5) != 0 || name[5] < '0' || name[5] > '9')
+        return false;
+    *step = strtoll(name + 5, &end, 10);
+    return strcmp(end, ".h5") == 0;
+}
+
+/* Verify DIR/NAME into r; where it fails, rank 0 says the file is passed over and why. */
+static bool verified(const char *dir, const char *name, struct restart *r)
+{
+    struct amp_error e = {0};
+    snprintf(r->ckpt, sizeof r->ckpt, "%s/%s", dir, name);
+    if (ckpt_verify(r->ckpt, &r->info, &e) == AMP_OK)
+        return true;
+    if (ranks->rank == 0)
+        fprintf(stderr, "ampTrain: warning: run.resume auto: skipping %s: %s\n", r->ckpt, e.msg);
+    return false;
+}
+
+/* The newest checkpoint in `dir` that verifies: the one `latest` names first, then ckpt-STEP.h5 from the highest
+ * STEP down. *any says whether dir holds a checkpoint file at all. AMP_ERR_CKPT where none of them verifies. */
+static enum amp_status newest_verified(const char *dir, struct restart *r, bool *any, struct amp_error *err)
+{
+    char latest[CFG_STR + 64], name[256] = "";
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    FILE *f = fopen(latest, "r");
+    if (f) {
+        if (fscanf(f, "%255s", name) != 1)
+            name[0] = '\0';
+        fclose(f);
+    }
+    *any = name[0] != '\0';
+    if (name[0] && !strchr(name, '/') && verified(dir, name, r))
+        return AMP_OK;
+    long long best = -1, below = -1; /* each pass takes the newest step under the last one tried */
+    do {
+        DIR *d = opendir(dir);
+        if (!d)
+            return amp_fail(err, AMP_ERR_INTERNAL, "check run.out_dir and its permissions", "cannot read %s: %s", dir,
+                            strerror(errno));
+        best = -1;
+        struct dirent *e;
+        long long step;
+        while ((e = readdir(d)))
+            if (ckpt_file_step(e->d_name, &step) && (below < 0 || step < below) && step > best &&
+                strcmp(e->d_name, name) != 0)
+                best = step;
+        closedir(d);
+        if (best < 0)
+            break;
+        *any = true;
+        char file[64];
+        snprintf(file, sizeof file, "ckpt-%lld.h5", best);
+        if (verified(dir, file, r))
+            return AMP_OK;
+        below = best;
+    } while (best > 0);
+    if (*any)
+        return amp_fail(err, AMP_ERR_CKPT,
+                        "the warnings above name each file and its fault: restore one from a copy, or remove the directory "
+                        "to start the run again from step 0",
+                        "run.resume auto: no checkpoint in %s verifies", dir);
+    return AMP_OK;
+}
+
+/* Whether `dir` holds a run (one of its files: runlog_is_run_file). */
+static bool dir_holds_run(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d)))
+        found = runlog_is_run_file(e->d_name);
+    closedir(d);
+    return found;
+}
+
+/* config_diff's callback: a key resume may change becomes an override; any other stops the walk. */
+struct restart_diff {
+    struct restart *r;
+    char key[160], there[CFG_STR + 8], here[CFG_STR + 8];
+    bool refused, failed;
+};
+
+static bool restart_diff_key(const char *key, const char *there, const char *here, void *user)
+{
+    struct restart_diff *d = user;
+    if (!resume_may_change(key)) {
+        d->refused = true;
+        snprintf(d->key, sizeof d->key, "%s", key);
+        snprintf(d->there, sizeof d->there, "%s", there);
+        snprintf(d->here, sizeof d->here, "%s", here);
+        return false;
+    }
+    size_t len = strlen(key) + strlen(here) + 2;
+    char **ov = realloc(d->r->ov, (size_t)(d->r->nov + 1) * sizeof *ov);
+    char *one = malloc(len);
+    if (ov)
+        d->r->ov = ov;
+    if (!ov || !one) {
+        free(one);
+        d->failed = true;
+        return false;
+    }
+    snprintf(one, len, "%s=%s", key, here);
+    d->r->ov[d->r->nov++] = one;
+    return true;
+}
+
+/* This run against the checkpoint's: the same but for resume_allowed's keys (those become r->ov), else
+ * AMP_ERR_CONFIG naming the first other key that differs and both its values. */
+static enum amp_status compare_with_checkpoint(const struct config *cfg, struct restart *r, struct amp_error *err)
+{
+    struct config there;
+    enum amp_status st = ckpt_read_config(r->ckpt, &there, err);
+    if (st != AMP_OK)
+        return st;
+    struct restart_diff d = {.r = r};
+    int n = config_diff(&there, cfg, restart_diff_key, &d);
+    config_free(&there);
+    if (n < 0 || d.failed)
+        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and try again", "out of memory comparing configs");
+    if (d.refused) {
+        char hint[CFG_STR + 200];
+        snprintf(hint, sizeof hint, "give %s its run's config to continue it (only the keys 'ampTrain help resume' "
+                 "lists may change), or another run.out_dir to start a new run", cfg->run.out_dir);
+        return amp_fail(err, AMP_ERR_CONFIG, hint,
+                        "run.resume auto: %s holds a run of another config: %s is %s in %s but %s here (%s); nothing "
+                        "was written", cfg->run.out_dir, d.key, d.there, r->ckpt, d.here, resume_refusal(d.key));
+    }
+    return AMP_OK;
+}
+
+/* Decide what `run` does with run.out_dir under run.resume: auto: start (no run there), continue from its newest
+ * verified checkpoint, or nothing (that checkpoint is at the run's last step). */
+static enum amp_status restart_decide(const struct config *cfg, struct restart *r, struct amp_error *err)
+{
+    const char *dir = cfg->run.out_dir;
+    *r = (struct restart){.action = RESTART_START};
+    if (!dir_holds_run(dir))
+        return AMP_OK;
+    bool any = false;
+    enum amp_status st = newest_verified(dir, r, &any, err);
+    if (st == AMP_OK && !any) {
+        char hint[CFG_STR + 160];
+        snprintf(hint, sizeof hint, "remove %s to start the run again from step 0 (set run.ckpt_every so that a "
+                 "restart finds a checkpoint)", dir);
+        st = amp_fail(err, AMP_ERR_CONFIG, hint,
+                      "run.resume auto: %s holds a run but no checkpoint (it stopped before its first): there is "
+                      "nothing to continue, and starting again would replace its logs", dir);
+    }
+    if (st == AMP_OK)
+        st = compare_with_checkpoint(cfg, r, err);
+    if (st == AMP_OK)
+        r->action = cfg->run.steps > 0 && r->info.step == cfg->run.steps ? RESTART_COMPLETE : RESTART_CONTINUE;
+    return st;
+}
+
+/* Every rank decided alike (each read run.out_dir itself). */
+static enum amp_status agree_on_restart(const struct restart *r, struct amp_error *err)
+{
+    uint64_t h = digest_u64(DIGEST_INIT, (uint64_t)r->action);
+    h = digest_str(h, r->action == RESTART_START ? "" : r->ckpt);
+    for (int i = 0; i < r->nov; i++)
+        h = digest_str(h, r->ov[i]);
+    return comm_agree(ranks,
+                      dist_check_same(ranks, h, AMP_ERR_CONFIG, "run.resume auto's decision (start, or which checkpoint "
+                                      "to continue from)", "give every rank the same run.out_dir", err),
+                      err);
+}
+
+static enum amp_status run_or_restart(const struct config *cfg, const char *source, struct amp_error *err)
+{
+    struct restart r = {0};
+    enum amp_status st = AMP_OK;
+    if (cfg->run.resume == RESUME_AUTO) {
+        st = comm_agree(ranks, restart_decide(cfg, &r, err), err);
+        if (st == AMP_OK)
+            st = agree_on_restart(&r, err);
+    }
+    if (st == AMP_OK && r.action == RESTART_COMPLETE)
+        printf("ampTrain %s: run '%s' is complete: %s is at step %lld, its last (run.steps): nothing to train (raise "
+               "run.steps to train further)\n", AMP_VERSION, cfg->run.name, r.ckpt, (long long)r.info.step);
+    else if (st == AMP_OK && r.action == RESTART_CONTINUE) {
+        printf("ampTrain %s: run.resume auto: continuing the run in %s from %s (step %lld)\n", AMP_VERSION,
+               cfg->run.out_dir, r.ckpt, (long long)r.info.step);
+        st = resume_checkpoint(r.ckpt, r.nov, r.ov, err);
+    } else if (st == AMP_OK) {
+        printf("ampTrain %s: run '%s' from %s -> %s\n", AMP_VERSION, cfg->run.name, source, cfg->run.out_dir);
+        st = train_run(cfg, ranks, &numerics_probe, err);
+    }
+    restart_free(&r);
+    return st;
+}
+
+static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
+{
+    enum amp_status st = comm_agree(ranks, need_config_arg(argc, argv, "run", err), err);
+    if (st != AMP_OK)
+        return st;
+    struct config cfg;
+    st = load_with_overrides(&cfg, argv[1], argc, argv, 2, err);
+    enum amp_status loaded = st;
+    st = agree_on_config(st, &cfg, err);
+    if (st == AMP_OK) /* config.yaml and the checkpoints name the data from any directory */
+        st = resolve_paths(&cfg, err);
+    if (st == AMP_OK)
+        st = run_or_restart(&cfg, argv[1], err);
+    if (loaded == AMP_OK)
+        config_free(&cfg);
     return st;
 }
 
@@ -1377,13 +1614,18 @@ static const struct command commands[] = {
     {"run", "ampTrain run CONFIG.yaml [KEY=VALUE ...]",
      "Train the model CONFIG.yaml describes. KEY=VALUE overrides a config key by its dotted path\n"
      "(optim.lr=3e-4, precision.mode=bf16, model.layers.1.out=256); overrides go through the same checks\n"
-     "as the file. Writes config.yaml, scale_log.csv and eval.jsonl into run.out_dir.",
+     "as the file. Writes config.yaml, scale_log.csv and eval.jsonl into run.out_dir.\n"
+     "A run.out_dir that already holds a run is refused (exit 2), unless run.resume=auto: then the same\n"
+     "command continues it from its newest checkpoint that verifies, as 'resume' would (the config must be\n"
+     "the same but for the keys resume may change; exit 2 naming the first other difference), and says a\n"
+     "finished run is complete (exit 0). For restarts by a scheduler or a retry loop: docs/checkpoint.md,\n"
+     "\"Restarts\".",
      cmd_run, false},
     {"resume", "ampTrain resume CHECKPOINT.h5 [KEY=VALUE ...]",
      "Continue a run exactly where it stopped, from the checkpoint alone (its config is inside it).\n"
      "Overrides allowed: how long and how it logs and saves (run.steps, run.epochs, run.log_every,\n"
      "run.eval_every, run.ckpt_every, run.keep_ckpts, run.numerics_every, run.sample_every,\n"
-     "run.sample_prompt, run.out_dir), what the evaluations are watched for (run.keep_best,\n"
+     "run.sample_prompt, run.out_dir, run.resume), what the evaluations are watched for (run.keep_best,\n"
      "run.early_stop, run.early_stop.metric, run.early_stop.patience, run.early_stop.min_delta), where and how\n"
      "it runs (run.device, run.threads, run.recompute, dist.*), stability.*, accum_steps (to keep the\n"
      "step's batch on another number of ranks), how weights and moments are stored\n"

@@ -66,6 +66,7 @@ static const char *const gelu_approx_names[] = {"tanh", "none", NULL};
 static const char *const dist_backend_names[] = {"auto", "none", "mpi", "nccl", NULL};
 static const char *const eval_metric_names[] = {"none", "loss", "accuracy", "perplexity", NULL};
 static const char *const recompute_names[] = {"none", "gelu", "attention", "block", NULL};
+static const char *const resume_policy_names[] = {"never", "auto", NULL};
 /* Op kinds that precision.autocast lists may name (the autocast policy table's rows). */
 static const char *const op_kind_names[] = {
     "linear",      "conv2d", "attention_matmul", "softmax",   "log_softmax", "layernorm",    "batchnorm2d", "cross_entropy",
@@ -82,7 +83,8 @@ _Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format
                    sizeof(enum precision_mode) == sizeof(int) && sizeof(enum on_nonfinite) == sizeof(int) &&
                    sizeof(enum init_scheme) == sizeof(int) && sizeof(enum gelu_approx) == sizeof(int) &&
                    sizeof(enum dist_backend) == sizeof(int) && sizeof(enum data_sampling) == sizeof(int) &&
-                   sizeof(enum weight_names) == sizeof(int) && sizeof(enum eval_metric) == sizeof(int),
+                   sizeof(enum weight_names) == sizeof(int) && sizeof(enum eval_metric) == sizeof(int) &&
+                   sizeof(enum resume_policy) == sizeof(int),
                "enums are int-sized");
 
 static const char *name_or(const char *const *names, size_t count, int i)
@@ -220,6 +222,7 @@ static const struct field run_fields[] = {
     STR_(S, sample_prompt, ""),
     ENUM_(S, recompute, recompute_names, RECOMPUTE_NONE),
     BOOL_(S, tensorboard, true),
+    ENUM_(S, resume, resume_policy_names, RESUME_NEVER, .def_text = "never: refuse a directory that holds a run"),
 };
 #undef S
 static const struct section run_section = {"run", run_fields, ARRAY_LEN(run_fields)};
@@ -2460,6 +2463,93 @@ static bool section_equal(const struct section *s, const void *a, const void *b,
         if ((kind < 0 || (s->fields[i].kinds & (1u << kind))) && !field_equal(&s->fields[i], a, b))
             return false;
     return true;
+}
+
+/* config_diff's walk: the dotted key so far, and where to report. */
+struct diff_walk {
+    config_diff_fn fn;
+    void *user;
+    int n;
+    bool stopped, failed;
+};
+
+static char *value_text(const struct field *f, const void *base)
+{
+    struct sink o = {0};
+    print_value(&o, f, base);
+    if (o.failed) {
+        free(o.buf);
+        return NULL;
+    }
+    return o.buf ? o.buf : calloc(1, 1);
+}
+
+static void diff_report(struct diff_walk *w, const char *key, const char *va, const char *vb)
+{
+    w->n++;
+    w->stopped = !w->fn(key, va, vb, w->user);
+}
+
+static void diff_section(struct diff_walk *w, const struct section *s, const char *prefix, const void *a,
+                         const void *b, int kind);
+
+static void diff_layers(struct diff_walk *w, const struct field *f, const char *key, const void *a, const void *b)
+{
+    int na = get_count(a, f), nb = get_count(b, f);
+    if (na != nb) {
+        char va[32], vb[32];
+        snprintf(va, sizeof va, "%d layers", na);
+        snprintf(vb, sizeof vb, "%d layers", nb);
+        diff_report(w, key, va, vb);
+        return;
+    }
+    const struct layer_config *la = *(struct layer_config *const *)cat(a, f->off);
+    const struct layer_config *lb = *(struct layer_config *const *)cat(b, f->off);
+    for (int i = 0; i < na && !w->stopped && !w->failed; i++) {
+        char lkey[256];
+        if (snprintf(lkey, sizeof lkey, "%s.%d", key, i) >= (int)sizeof lkey) {
+            w->failed = true; /* keys are short: the table's names and a layer index */
+            break;
+        }
+        /* another kind: its keys are another set, so the kind is the difference */
+        diff_section(w, &layer_section, lkey, &la[i], &lb[i], la[i].kind == lb[i].kind ? (int)la[i].kind : -2);
+    }
+}
+
+/* kind >= 0: a layer, only its kind's keys; -2: layers of two kinds, only `kind` itself. */
+static void diff_section(struct diff_walk *w, const struct section *s, const char *prefix, const void *a,
+                         const void *b, int kind)
+{
+    for (size_t i = 0; i < s->nfields && !w->stopped && !w->failed; i++) {
+        const struct field *f = &s->fields[i];
+        if ((kind >= 0 && !(f->kinds & (1u << kind))) || (kind == -2 && i > 0))
+            continue;
+        char key[256];
+        if (snprintf(key, sizeof key, "%s%s%s", prefix, prefix[0] ? "." : "", f->key) >= (int)sizeof key) {
+            w->failed = true;
+            break;
+        }
+        if (f->type == FT_SECTION) {
+            diff_section(w, f->sub, key, cat(a, f->off), cat(b, f->off), -1);
+        } else if (f->type == FT_LAYERS) {
+            diff_layers(w, f, key, a, b);
+        } else if (!field_equal(f, a, b)) {
+            char *va = value_text(f, a), *vb = value_text(f, b);
+            if (va && vb)
+                diff_report(w, key, va, vb);
+            else
+                w->failed = true;
+            free(va);
+            free(vb);
+        }
+    }
+}
+
+int config_diff(const struct config *a, const struct config *b, config_diff_fn fn, void *user)
+{
+    struct diff_walk w = {.fn = fn, .user = user};
+    diff_section(&w, &root_section, "", a, b, -1);
+    return w.failed ? -1 : w.n;
 }
 
 bool config_equal(const struct config *a, const struct config *b)

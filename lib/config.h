@@ -45,6 +45,8 @@ enum fp8_loss_scale { FP8_LS_NONE, FP8_LS_STATIC, FP8_LS_DYNAMIC };
 enum store_dtype { STORE_FP32, STORE_BF16 };
 /* run.recompute: what a transformer block recomputes in backward instead of keeping from its forward */
 enum recompute { RECOMPUTE_NONE, RECOMPUTE_GELU, RECOMPUTE_ATTENTION, RECOMPUTE_BLOCK };
+/* run.resume: what `run` does with a run.out_dir that already holds a run (docs/checkpoint.md, "Restarts") */
+enum resume_policy { RESUME_NEVER, RESUME_AUTO };
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
 enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
 /* How tensors are named outside ampTrain (export --names, model.init_names; lib/weight_names.h). */
@@ -129,6 +131,8 @@ struct run_config {
     enum recompute recompute; /* none (default) | gelu | attention | block: activations recomputed in backward
                                * (models/attention.c); the results are the same bits */
     bool tensorboard;     /* rank 0 writes a TensorBoard event file into out_dir (default true; lib/tboard.h) */
+    enum resume_policy resume; /* never (default: such a directory is refused) | auto: continue from its newest
+                                * verified checkpoint when the config is the same */
 };
 
 struct data_config {
@@ -310,6 +314,12 @@ char *config_to_yaml_string(const struct config *cfg);
 
 /* Field-by-field equality (layers included, each with its kind's keys only); `source` is not compared. */
 bool config_equal(const struct config *a, const struct config *b);
+
+/* Each key where a and b differ, in table order (layers' keys as model.layers.N.KEY, a different number of layers
+ * as model.layers): fn gets the dotted key and both values as YAML text that config_apply_override reads back;
+ * the walk stops where fn returns false. Returns the number of differences seen; -1 on out of memory. */
+typedef bool (*config_diff_fn)(const char *key, const char *value_a, const char *value_b, void *user);
+int config_diff(const struct config *a, const struct config *b, config_diff_fn fn, void *user);
 
 /* Deep copy (layers). */
 enum amp_status config_copy(struct config *dst, const struct config *src, struct amp_error *err);

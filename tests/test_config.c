@@ -1639,3 +1639,81 @@ Test(cross, fp8_keys_defaults_errors_and_warnings)
     free(w);
     config_free(&c);
 }
+
+/* ---- config_diff: each differing key, named and with values that read back ----------------------------- */
+
+struct diffs {
+    int n, stop_after;
+    char keys[8][256], a[8][256], b[8][256];
+};
+
+static bool collect_diff(const char *key, const char *a, const char *b, void *user)
+{
+    struct diffs *d = user;
+    if (d->n < 8) {
+        snprintf(d->keys[d->n], sizeof d->keys[0], "%s", key);
+        snprintf(d->a[d->n], sizeof d->a[0], "%s", a);
+        snprintf(d->b[d->n], sizeof d->b[0], "%s", b);
+    }
+    d->n++;
+    return d->n != d->stop_after;
+}
+
+Test(config_diff, names_each_differing_key_in_table_order_with_values_that_read_back)
+{
+    struct config a, b;
+    parse_ok(&a, BASE);
+    parse_ok(&b, BASE);
+    struct diffs d = {0};
+    cr_assert_eq(config_diff(&a, &b, collect_diff, &d), 0);
+    struct amp_error err = {0};
+    cr_assert_eq(config_apply_override(&b, "optim.lr=0.5", &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_apply_override(&b, "run.steps=77", &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_apply_override(&b, "run.out_dir=\"o k\"", &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_apply_override(&b, "model.layers.1.out=33", &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_apply_override(&b, "optim.betas=[0.5, 0.25]", &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_diff(&a, &b, collect_diff, &d), 5);
+    const char *keys[] = {"run.out_dir", "run.steps", "model.layers.1.out", "optim.lr", "optim.betas"};
+    for (int i = 0; i < 5; i++)
+        cr_assert_str_eq(d.keys[i], keys[i], "difference %d", i);
+    cr_assert_str_eq(d.a[3], "0.001");
+    cr_assert_str_eq(d.b[3], "0.5");
+    cr_assert_str_eq(d.b[0], "\"o k\"");
+    /* each value of b, applied to a as KEY=VALUE, makes the two equal */
+    for (int i = 0; i < 5; i++) {
+        char ov[600];
+        snprintf(ov, sizeof ov, "%s=%s", d.keys[i], d.b[i]);
+        cr_assert_eq(config_apply_override(&a, ov, &err), AMP_OK, "%s: %s", ov, err.msg);
+    }
+    cr_assert(config_equal(&a, &b));
+    /* the walk stops where the callback says so */
+    cr_assert_eq(config_apply_override(&b, "optim.lr=0.25", &err), AMP_OK);
+    cr_assert_eq(config_apply_override(&b, "accum_steps=2", &err), AMP_OK);
+    d = (struct diffs){.stop_after = 1};
+    cr_assert_eq(config_diff(&a, &b, collect_diff, &d), 1);
+    cr_assert_str_eq(d.keys[0], "optim.lr");
+    config_free(&a);
+    config_free(&b);
+}
+
+Test(config_diff, layers_of_another_kind_or_number_are_one_difference)
+{
+    struct config a, b;
+    parse_ok(&a, BASE);
+    parse_ok(&b, BASE);
+    struct amp_error err = {0};
+    cr_assert_eq(config_apply_override(&b, "model.layers.2.kind=mse", &err), AMP_OK, "%s", err.msg);
+    struct diffs d = {0};
+    cr_assert_eq(config_diff(&a, &b, collect_diff, &d), 1);
+    cr_assert_str_eq(d.keys[0], "model.layers.2.kind");
+    cr_assert_str_eq(d.b[0], "mse");
+    config_free(&b);
+    const char *yaml = BASE_DATA "model:\n  layers:\n    - kind: flatten\n    - kind: linear\n      out: 16\n"
+                                 "    - kind: linear\n      out: 10\n    - kind: cross_entropy\n";
+    parse_ok(&b, yaml);
+    d = (struct diffs){0};
+    cr_assert_geq(config_diff(&a, &b, collect_diff, &d), 1);
+    cr_assert_str_eq(d.keys[0], "model.layers");
+    config_free(&a);
+    config_free(&b);
+}
