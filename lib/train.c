@@ -11,12 +11,13 @@
 #include <sys/resource.h> /* getrusage: the peak RSS of training */
 #include <unistd.h> /* access, _exit */
 
-#include "autocast.h" /* autocast_from_config, precision_lowp_dtype */
+#include "autocast.h" /* autocast_from_config */
 #include "backend.h"  /* backend_open, struct grad_stats */
 #include "checkpoint.h" /* ckpt_save, ckpt_load_trainer, ckpt_clean_stale */
 #include "init_from.h"  /* init_from_load: model.init_from */
 #include "numerics.h"   /* run.numerics_every */
 #include "optim.h"    /* optimizer, schedule */
+#include "precision.h" /* precision_lowp_dtype, precision_is_loss_scaled */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "sample.h"   /* run.sample_every */
 #include "scaler.h"   /* loss scaler */
@@ -632,9 +633,7 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
     if (!rec->skipped)
         return AMP_OK;
     const char *where = rec->overflow_layer[0] ? rec->overflow_layer : "a layer's gradients";
-    bool lowp_free = cfg->precision.mode == PREC_FP32 || cfg->precision.mode == PREC_BF16 ||
-                     (cfg->precision.mode == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_NONE);
-    if (lowp_free && cfg->stability.on_nonfinite == NONFINITE_STOP)
+    if (!precision_is_loss_scaled(&cfg->precision) && cfg->stability.on_nonfinite == NONFINITE_STOP)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr, set clip.max_norm, or check the data",
                         "step %lld: %s %s and stability.on_nonfinite is stop", (long long)rec->step,

@@ -1633,6 +1633,13 @@ Test(cross, fp8_keys_defaults_errors_and_warnings)
     cr_assert_eq(n, 0, "dynamic fp8 uses the dynamic keys: %s", w);
     free(w);
     config_free(&c);
+    /* a loss-scaled fp8 skips overflowing steps as fp16 does: on_nonfinite: stop would not stop it */
+    parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    loss_scale: static\nstability:\n  on_nonfinite: stop\n" BASE);
+    w = warnings_of(&c, &n);
+    cr_assert(n == 1 && strstr(w, "stability.on_nonfinite applies to bf16 and fp32; fp8 skips overflowing steps"), "%s",
+              w);
+    free(w);
+    config_free(&c);
     parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    recipe: current\n    amax_history_len: 16\n" BASE);
     w = warnings_of(&c, &n);
     cr_assert(n == 1 && strstr(w, "amax_history_len and amax_compute apply to recipe delayed"), "%s", w);
