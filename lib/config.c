@@ -93,6 +93,15 @@ const char *dist_backend_name(enum dist_backend b) { return name_or(dist_backend
 const char *eval_metric_name(enum eval_metric m) { return name_or(eval_metric_names, ARRAY_LEN(eval_metric_names), (int)m); }
 bool eval_metric_higher_is_better(enum eval_metric m) { return m == METRIC_ACCURACY; }
 
+int64_t config_global_batch(int64_t batch, int64_t accum, int64_t world)
+{
+    int64_t per_rank = 0, global = 0;
+    if (batch < 0 || accum < 0 || world < 0 || __builtin_mul_overflow(batch, accum, &per_rank) ||
+        __builtin_mul_overflow(per_rank, world, &global) || global > INT64_C(1) << 62)
+        return -1;
+    return global;
+}
+
 /* ---- descriptor tables ------------------------------------------------------------------------ */
 
 enum ftype {

@@ -25,7 +25,7 @@
 #define CFG_MAX_OPS 32   /* most op kinds in one autocast override list */
 #define CFG_MAX_LAYERS 4096 /* most entries in model.layers (a check of names is quadratic in it) */
 /* Bounds of the counts that the training loop multiplies (docs/config.md): with them, steps x accum x
- * ranks and batch x accum x ranks fit in int64; train.c checks the whole product once more. */
+ * ranks and batch x accum x ranks fit in int64; config_global_batch checks the whole product once more. */
 #define CFG_MAX_STEPS 1000000000000.0 /* run.steps: 1e12 */
 #define CFG_MAX_THREADS 1024            /* run.threads */
 #define CFG_MAX_EPOCHS 1000000.0      /* run.epochs */
@@ -320,6 +320,11 @@ void config_free(struct config *cfg);
 const char *layer_kind_name(enum layer_kind k);
 /* "ampTrain", "pytorch", "hf-gpt2" (NULL-terminated, indexed by enum weight_names). */
 extern const char *const weight_names_names[];
+/* The samples of one optimizer step, the global batch: `batch` per rank per micro-batch (data.batch_size) x `accum`
+ * micro-batches (accum_steps) x `world` ranks. -1 where the product passes 2^62: the trainer refuses such a run at
+ * setup, so that the counts built on it (steps x samples per step) fit in int64. */
+int64_t config_global_batch(int64_t batch, int64_t accum, int64_t world);
+
 const char *data_format_name(enum data_format f);
 const char *dist_backend_name(enum dist_backend b);
 const char *eval_metric_name(enum eval_metric m);

@@ -358,10 +358,10 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
         return st;
 
-    int64_t micro = cfg->data.batch_size, per_step = 0;
+    int64_t micro = cfg->data.batch_size, per_step = config_global_batch(micro, cfg->accum_steps, t->world);
     /* docs/config.md bounds each count; the products the loop forms (samples per step, steps x samples per
      * step, (step x accum + micro) x ranks) must also fit in int64: keep them below 2^62. */
-    if (__builtin_mul_overflow(micro * cfg->accum_steps, (int64_t)t->world, &per_step) || per_step > INT64_C(1) << 62)
+    if (per_step < 0)
         return amp_fail(err, AMP_ERR_CONFIG, "lower data.batch_size or accum_steps",
                         "%s: data.batch_size %lld x accum_steps %lld x %d ranks is more than 2^62 samples per step",
                         cfg->source, (long long)micro, (long long)cfg->accum_steps, t->world);
@@ -423,7 +423,7 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
         printf("data parallel: %d ranks on %d host%s, transport %s, device of rank 0: %s; micro-batch %lld per rank, "
                "effective batch %lld (batch %lld x accum %lld x %d ranks)\n",
                t->world, comm->hosts, comm->hosts == 1 ? "" : "s", comm->transport, t->be->name, (long long)micro,
-               (long long)(micro * cfg->accum_steps * t->world), (long long)micro, (long long)cfg->accum_steps,
+               (long long)per_step, (long long)micro, (long long)cfg->accum_steps,
                t->world);
     return AMP_OK;
 }
@@ -552,7 +552,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     t->pend_zero_total[t->pending] = zeros.total;
     t->pending++;
     t->step++;
-    t->samples_seen += n * accum * world;
+    t->samples_seen += config_global_batch(n, accum, world);
     return be->status(be, err);
 }
 
@@ -755,7 +755,8 @@ static enum amp_status drain(struct trainer *t, struct loop_marks *lm, struct am
         if (st != AMP_OK)
             return comm_agree(t->dist.comm, st, err);
     }
-    double samples = (double)(t->nrecs * t->cfg->data.batch_size * t->cfg->accum_steps * t->world);
+    const struct config *cfg = t->cfg;
+    double samples = (double)(t->nrecs * config_global_batch(cfg->data.batch_size, cfg->accum_steps, t->world));
     double rate = now > lm->t_window ? samples / (now - lm->t_window) : 0;
     lm->t_window = now;
     for (int64_t i = 0; i < t->nrecs; i++) {
@@ -820,7 +821,8 @@ static void note_world_change(const struct trainer *t, const char *resume)
 {
     const struct config *cfg = t->cfg;
     int64_t b = cfg->data.batch_size, old_accum = t->ckpt_accum > 0 ? t->ckpt_accum : cfg->accum_steps;
-    int64_t before = b * old_accum * t->ckpt_world, now = b * cfg->accum_steps * t->world;
+    int64_t before = config_global_batch(b, old_accum, t->ckpt_world);
+    int64_t now = config_global_batch(b, cfg->accum_steps, t->world);
     char advice[160];
     if (now == before)
         snprintf(advice, sizeof advice, "the same as before");
@@ -972,7 +974,8 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                           (long long)t.step, lm.saved);
         err->agreed = t.world > 1; /* every rank stops here alike: rank 0 says so */
     } else if (st == AMP_OK) {
-        double samples = (double)(lm.steps_done * cfg->data.batch_size * cfg->accum_steps * t.world);
+        int64_t per_step = config_global_batch(cfg->data.batch_size, cfg->accum_steps, t.world);
+        double samples = (double)(lm.steps_done * per_step);
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);

@@ -1511,6 +1511,18 @@ Test(bounds, counts_the_loop_multiplies_are_bounded)
     config_free(&cfg);
 }
 
+Test(bounds, global_batch_is_batch_times_accum_times_ranks_up_to_2_62)
+{
+    cr_assert_eq(config_global_batch(32, 4, 8), 1024);
+    cr_assert_eq(config_global_batch(1, 1, 1), 1);
+    /* the largest the config allows, on 2^22 ranks: exactly 2^62 */
+    cr_assert_eq(config_global_batch(16777216, 65536, INT64_C(1) << 22), INT64_C(1) << 62);
+    cr_assert_eq(config_global_batch(16777216, 65536, (INT64_C(1) << 22) + 1), -1, "past 2^62");
+    cr_assert_eq(config_global_batch(INT64_C(1) << 40, INT64_C(1) << 40, 1), -1, "batch x accum overflows int64");
+    cr_assert_eq(config_global_batch(INT64_C(1) << 31, 1, INT64_C(1) << 40), -1, "x ranks overflows int64");
+    cr_assert_eq(config_global_batch(-1, 2, 2), -1);
+}
+
 Test(bounds, deep_nesting_is_refused_before_libyaml_goes_quadratic)
 {
     /* 200000 levels took minutes in libyaml's scanner (8 s at 40000); the event pass stops at 33. */
