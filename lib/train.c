@@ -21,6 +21,7 @@
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "sample.h"   /* run.sample_every */
 #include "scaler.h"   /* loss scaler */
+#include "test_switches.h" /* test_switch_raise */
 
 static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, const struct dataset *ds, int64_t max_n,
                                      struct amp_error *err)
@@ -528,8 +529,8 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
         dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
     }
-    if (t->after_backward)
-        t->after_backward(t, t->hook_user);
+    if (t->test_hook.after_backward)
+        t->test_hook.after_backward(t, t->test_hook.user);
     int64_t *counts = t->dev_counts + t->pending * t->ncounts;
     be->grad_stats(be, t->grads, m->nparams, t->dev_check, counts);
     /* an update that would store a non-finite weight or moment is never applied: its trial first */
@@ -665,15 +666,6 @@ static void on_stop_signal(int sig)
     if (stop_signal)
         _exit(128 + sig);
     stop_signal = sig;
-}
-
-/* Test-only (docs/reliability.md): AMPTRAIN_TEST_RAISE=setup|final_eval sends this process SIGTERM at that
- * point of run_loop, so a test can place a signal where no timing could. */
-static void test_raise(const char *where)
-{
-    const char *v = getenv("AMPTRAIN_TEST_RAISE");
-    if (v && strcmp(v, where) == 0)
-        raise(SIGTERM);
 }
 
 static void install_signals(bool on)
@@ -848,7 +840,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     /* From here to the end a first SIGINT/SIGTERM is a request, answered with a message: before the first
      * step (data loading can take long) and after the last (the final evaluation) as well as between steps. */
     install_signals(true);
-    test_raise("setup");
+    test_switch_raise("setup");
     struct trainer t;
     enum amp_status st = trainer_setup(&t, cfg, comm, err);
     /* Fine-tuning starts from the file's weights; a resumed run has its own (the checkpoint's) and never reads it. */
@@ -982,7 +974,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMP_CUDA_MEMLOG=1) */
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);
-        test_raise("final_eval");
+        test_switch_raise("final_eval");
         if (lm.eval_step != t.step) { /* not evaluated at this step yet (watching: resumed at the run's last step) */
             bool best = false, stop = false;
             st = evaluate_and_watch(&t, &best, &stop, err);

@@ -100,8 +100,7 @@ static void setup_injected(struct trainer *t, struct config *cfg, const char *co
 {
     small_mlp(cfg, ov);
     setup(t, cfg);
-    t->after_backward = inject;
-    t->hook_user = inj;
+    t->test_hook = (struct trainer_test_hook){.after_backward = inject, .user = inj};
 }
 
 Test(precision, skipped_step_leaves_weights_moments_counters_and_lr_bit_identical)
