@@ -971,7 +971,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
-        if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMP_CUDA_MEMLOG=1) */
+        if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMPTRAIN_CUDA_MEMLOG=1) */
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);
         test_switch_raise("final_eval");
