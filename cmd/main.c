@@ -22,6 +22,7 @@
 #include "train.h"    /* train_run */
 #include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
 #include "numerics.h" /* numerics_run, numerics_probe: run.numerics_every */
+#include "precision.h" /* precision_lowp_dtype: the storage lines of `check` */
 #include "safetensors.h" /* safetensors_write */
 #include "sample.h"   /* sample_generate: ampTrain sample */
 #include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: tokenize and sample */
@@ -138,7 +139,7 @@ static enum amp_status need_config_arg(int argc, char **argv, const char *cmd, s
 static void print_storage(const struct config *cfg, FILE *out)
 {
     bool bf16_master = cfg->precision.master_weights == STORE_BF16, bf16_state = cfg->optim.state_dtype == STORE_BF16;
-    const char *lowp = cfg->precision.mode == PREC_BF16 || cfg->precision.mode == PREC_FP8 ? "bf16" : "fp16";
+    const char *lowp = dtype_name(precision_lowp_dtype(cfg->precision.mode));
     fprintf(out, "\nstorage:\n  weights: %s master", bf16_master ? "bf16" : "fp32");
     if (bf16_master)
         fprintf(out, " (read directly by bf16 ops; an fp32 copy of each weight read in fp32: biases, norms, embeddings)");

@@ -57,18 +57,6 @@ void autocast_default(struct autocast_policy *p, enum dtype lowp)
     memcpy(p->cls, default_class, sizeof p->cls);
 }
 
-enum dtype precision_lowp_dtype(enum precision_mode mode)
-{
-    switch (mode) {
-    case PREC_FP16_STATIC:
-    case PREC_FP16_DYNAMIC: return DT_FP16;
-    case PREC_BF16:
-    case PREC_FP8: return DT_BF16; /* fp8 runs the autocast policy of bf16; its linear layers' products read fp8 */
-    case PREC_FP32: break;
-    }
-    return DT_FP32;
-}
-
 static enum amp_status apply_list(struct autocast_policy *p, const char (*names)[32], int n, enum op_class cls,
                                   struct amp_error *err)
 {

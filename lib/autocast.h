@@ -53,9 +53,6 @@ enum amp_status autocast_from_config(struct autocast_policy *p, enum precision_m
 /* The dtype op runs in (its output dtype) given its input dtype(s) (for one input pass it twice). */
 enum dtype autocast_dtype(const struct autocast_policy *p, enum op_kind op, enum dtype in_a, enum dtype in_b);
 
-/* The low-precision dtype of a precision mode (DT_FP32 for fp32). */
-enum dtype precision_lowp_dtype(enum precision_mode mode);
-
 /* The table as printed by `ampTrain check`. */
 void autocast_print(const struct autocast_policy *p, FILE *out);
 

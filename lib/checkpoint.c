@@ -29,6 +29,7 @@
 #include "digest.h"  /* digest_u64: ckpt_fingerprint */
 #include "dtype.h"   /* double_to_text */
 #include "h5compat.h" /* amp_h5l_info: HDF5 1.10 and 1.12+ alike */
+#include "precision.h" /* precision_mode_from_name, precision_loss_scaling: the file's mode */
 #include "scaler.h"  /* scaler_init: the settings that bound a loaded state */
 #include "trial.h"   /* trial_run: HDF5 parses a file in a child first */
 
@@ -1288,7 +1289,9 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
  * scales 1, empty histories). The shapes check the tensors' count and the history's length; scale_inv follows. */
 static enum amp_status load_fp8(const struct reader *r, struct model *m)
 {
-    if (!m->has_fp8 || m->fp8.recipe == FP8_CURRENT || strcmp(r->info->precision_mode, precision_mode_name(PREC_FP8)) != 0)
+    enum precision_mode file_mode;
+    if (!m->has_fp8 || m->fp8.recipe == FP8_CURRENT || !precision_mode_from_name(r->info->precision_mode, &file_mode) ||
+        file_mode != PREC_FP8)
         return AMP_OK;
     hid_t g = open_group(r, "fp8", "the fp8 scales and amax histories");
     if (g < 0)
@@ -1432,11 +1435,12 @@ static enum amp_status load_trainer_from(const struct reader *r, const struct ck
     h5_close_id(g);
     if (st != AMP_OK)
         return st;
-    /* The file's state is checked against the mode that wrote it (a resume may change precision.mode). */
+    /* The file's state is checked against the mode that wrote it (a resume may change precision.mode, not
+     * precision.fp8.*, so the config's fp8 keys are the file's). */
     struct scaler s = t->scaler;
-    s.dynamic = strcmp(info->precision_mode, precision_mode_name(PREC_FP16_DYNAMIC)) == 0 ||
-                (strcmp(info->precision_mode, precision_mode_name(PREC_FP8)) == 0 &&
-                 t->cfg->precision.mode == PREC_FP8 && t->scaler.dynamic); /* precision.fp8.* cannot change on resume */
+    struct precision_config file_pc = t->cfg->precision;
+    s.dynamic = precision_mode_from_name(info->precision_mode, &file_pc.mode) &&
+                precision_loss_scaling(&file_pc) == LOSS_SCALE_DYNAMIC;
     if ((st = load_scaler(r, info->step, &s)) != AMP_OK)
         return st;
     s.dynamic = t->scaler.dynamic;

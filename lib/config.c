@@ -54,7 +54,6 @@ static const char *const data_format_names[] = {"idx", "hdf5", "text", "tokens",
 static const char *const data_sampling_names[] = {"random", "sequential", NULL};
 static const char *const optim_kind_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_kind_names[] = {"constant", "step", "cosine", "linear", "wsd", "inverse_sqrt", NULL};
-static const char *const precision_mode_names[] = {"fp32", "fp16-static", "fp16-dynamic", "bf16", "fp8", NULL};
 static const char *const fp8_recipe_names[] = {"delayed", "current", NULL};
 static const char *const fp8_amax_compute_names[] = {"max", "most_recent", NULL};
 static const char *const fp8_loss_scale_names[] = {"none", "static", "dynamic", NULL};
@@ -76,7 +75,6 @@ static const char *const op_kind_names[] = {
 _Static_assert(ARRAY_LEN(layer_kind_names) == LAYER_KIND_COUNT + 1, "one name per layer kind");
 _Static_assert(ARRAY_LEN(data_format_names) == DATA_TOKENS + 2, "one name per data format");
 _Static_assert(ARRAY_LEN(data_sampling_names) == SAMPLING_SEQUENTIAL + 2, "one name per sampling");
-_Static_assert(ARRAY_LEN(precision_mode_names) == PREC_FP8 + 2, "one name per precision mode");
 /* Enum fields are read and written as int through the tables. */
 _Static_assert(sizeof(enum layer_kind) == sizeof(int) && sizeof(enum data_format) == sizeof(int) &&
                    sizeof(enum optim_kind) == sizeof(int) && sizeof(enum sched_kind) == sizeof(int) &&
@@ -92,14 +90,19 @@ static const char *name_or(const char *const *names, size_t count, int i)
     return i >= 0 && (size_t)i < count - 1 ? names[i] : "?";
 }
 const char *layer_kind_name(enum layer_kind k) { return name_or(layer_kind_names, ARRAY_LEN(layer_kind_names), (int)k); }
-const char *precision_mode_name(enum precision_mode m)
-{
-    return name_or(precision_mode_names, ARRAY_LEN(precision_mode_names), (int)m);
-}
 const char *data_format_name(enum data_format f) { return name_or(data_format_names, ARRAY_LEN(data_format_names), (int)f); }
 const char *dist_backend_name(enum dist_backend b) { return name_or(dist_backend_names, ARRAY_LEN(dist_backend_names), (int)b); }
 const char *eval_metric_name(enum eval_metric m) { return name_or(eval_metric_names, ARRAY_LEN(eval_metric_names), (int)m); }
 bool eval_metric_higher_is_better(enum eval_metric m) { return m == METRIC_ACCURACY; }
+
+int64_t config_global_batch(int64_t batch, int64_t accum, int64_t world)
+{
+    int64_t per_rank = 0, global = 0;
+    if (batch < 0 || accum < 0 || world < 0 || __builtin_mul_overflow(batch, accum, &per_rank) ||
+        __builtin_mul_overflow(per_rank, world, &global) || global > INT64_C(1) << 62)
+        return -1;
+    return global;
+}
 
 /* ---- descriptor tables ------------------------------------------------------------------------ */
 
@@ -2611,28 +2614,19 @@ int config_print_warnings(const struct config *cfg, FILE *out)
             n++;
         }
     }
-    enum precision_mode eff = cfg->precision.mode; /* fp8's loss scale behaves as the fp16 mode it names */
-    if (eff == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_STATIC)
-        eff = PREC_FP16_STATIC;
-    else if (eff == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_DYNAMIC)
-        eff = PREC_FP16_DYNAMIC;
-    switch (eff) {
-    case PREC_FP8:
-        if (dynamic_keys || static_key) {
+    switch (precision_loss_scaling(&cfg->precision)) {
+    case LOSS_SCALE_NONE:
+        if ((dynamic_keys || static_key) && cfg->precision.mode == PREC_FP8) {
             fprintf(out, "ampTrain: warning: %s: precision.loss_scale is set but fp8 is not loss-scaled unless "
                          "precision.fp8.loss_scale is static or dynamic\n", cfg->source);
             n++;
-        }
-        break;
-    case PREC_FP32:
-    case PREC_BF16:
-        if (dynamic_keys || static_key) {
+        } else if (dynamic_keys || static_key) {
             fprintf(out, "ampTrain: warning: %s: precision.loss_scale is set but %s is not loss-scaled (scale 1); "
                          "it applies to fp16-static and fp16-dynamic\n", cfg->source, mode);
             n++;
         }
         break;
-    case PREC_FP16_STATIC:
+    case LOSS_SCALE_STATIC: /* fp8's loss scale behaves as the fp16 mode it names */
         if (dynamic_keys) {
             fprintf(out, "ampTrain: warning: %s: precision.loss_scale.{init, growth_factor, backoff_factor, "
                          "growth_interval, hysteresis, min, max} only apply to fp16-dynamic; fp16-static uses "
@@ -2640,7 +2634,7 @@ int config_print_warnings(const struct config *cfg, FILE *out)
             n++;
         }
         break;
-    case PREC_FP16_DYNAMIC:
+    case LOSS_SCALE_DYNAMIC:
         if (static_key) {
             fprintf(out, "ampTrain: warning: %s: precision.loss_scale.value only applies to fp16-static; "
                          "fp16-dynamic starts at precision.loss_scale.init (%g)\n", cfg->source, ls->init);
@@ -2664,8 +2658,7 @@ int config_print_warnings(const struct config *cfg, FILE *out)
                      "recipe current scales each tensor by its amax at the cast\n", cfg->source);
         n++;
     }
-    bool fp16 = cfg->precision.mode == PREC_FP16_STATIC || cfg->precision.mode == PREC_FP16_DYNAMIC;
-    if (fp16 && cfg->stability.on_nonfinite == NONFINITE_STOP) {
+    if (precision_is_loss_scaled(&cfg->precision) && cfg->stability.on_nonfinite == NONFINITE_STOP) {
         fprintf(out, "ampTrain: warning: %s: stability.on_nonfinite applies to bf16 and fp32; %s skips overflowing "
                      "steps (use stability.max_consecutive_skips to stop)\n", cfg->source, mode);
         n++;

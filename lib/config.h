@@ -17,14 +17,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "error.h" /* struct amp_error, enum amp_status */
+#include "error.h"     /* struct amp_error, enum amp_status */
+#include "precision.h" /* enum precision_mode, precision_mode_name */
 
 #define CFG_STR 256      /* longest string value (paths included) */
 #define CFG_MAX_FILES 16 /* most files in data.files */
 #define CFG_MAX_OPS 32   /* most op kinds in one autocast override list */
 #define CFG_MAX_LAYERS 4096 /* most entries in model.layers (a check of names is quadratic in it) */
 /* Bounds of the counts that the training loop multiplies (docs/config.md): with them, steps x accum x
- * ranks and batch x accum x ranks fit in int64; train.c checks the whole product once more. */
+ * ranks and batch x accum x ranks fit in int64; config_global_batch checks the whole product once more. */
 #define CFG_MAX_STEPS 1000000000000.0 /* run.steps: 1e12 */
 #define CFG_MAX_THREADS 1024            /* run.threads */
 #define CFG_MAX_EPOCHS 1000000.0      /* run.epochs */
@@ -37,7 +38,6 @@ enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT, DATA_TOKENS };
 enum data_sampling { SAMPLING_RANDOM, SAMPLING_SEQUENTIAL }; /* tokens: windows at random offsets | consecutive */
 enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };
 enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE, SCHED_LINEAR, SCHED_WSD, SCHED_INVERSE_SQRT };
-enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16, PREC_FP8 };
 enum fp8_recipe_kind { FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT };
 enum fp8_amax_compute { FP8_AMAX_MAX, FP8_AMAX_MOST_RECENT };
 enum fp8_loss_scale { FP8_LS_NONE, FP8_LS_STATIC, FP8_LS_DYNAMIC };
@@ -330,7 +330,11 @@ void config_free(struct config *cfg);
 const char *layer_kind_name(enum layer_kind k);
 /* "ampTrain", "pytorch", "hf-gpt2" (NULL-terminated, indexed by enum weight_names). */
 extern const char *const weight_names_names[];
-const char *precision_mode_name(enum precision_mode m);
+/* The samples of one optimizer step, the global batch: `batch` per rank per micro-batch (data.batch_size) x `accum`
+ * micro-batches (accum_steps) x `world` ranks. -1 where the product passes 2^62: the trainer refuses such a run at
+ * setup, so that the counts built on it (steps x samples per step) fit in int64. */
+int64_t config_global_batch(int64_t batch, int64_t accum, int64_t world);
+
 const char *data_format_name(enum data_format f);
 const char *dist_backend_name(enum dist_backend b);
 const char *eval_metric_name(enum eval_metric m);

@@ -12,6 +12,7 @@
 #include "digest.h" /* digest_bytes */
 #include "model.h"  /* struct model, struct param, struct buffer */
 #include "scaler.h" /* struct scaler */
+#include "test_switches.h" /* test_switch_perturb */
 
 enum amp_status dist_init(struct dist *d, struct comm *c, struct backend *be, const struct dist_config *cfg,
                           struct amp_error *err)
@@ -323,10 +324,7 @@ void dist_broadcast_buffers(struct dist *d, struct model *m)
 
 void dist_test_perturb(struct dist *d, struct model *m, int64_t step)
 {
-    const char *v = getenv("AMPTRAIN_TEST_PERTURB");
-    int rank;
-    long long at;
-    if (!v || sscanf(v, "%d:%lld", &rank, &at) != 2 || rank != d->comm->rank || at != step || m->nparams == 0)
+    if (m->nparams == 0 || !test_switch_perturb(d->comm->rank, step))
         return;
     struct tensor *w = &m->params[0]->master;
     float x;
@@ -334,5 +332,5 @@ void dist_test_perturb(struct dist *d, struct model *m, int64_t step)
     x += 1e-3f;
     d->be->upload(d->be, w->data, &x, sizeof x);
     fprintf(stderr, "[rank %d] ampTrain: test switch AMPTRAIN_TEST_PERTURB: %s[0] perturbed after step %lld\n",
-            d->comm->rank, m->params[0]->name, at);
+            d->comm->rank, m->params[0]->name, (long long)step);
 }

@@ -293,7 +293,7 @@ static pthread_once_t chosen_once = PTHREAD_ONCE_INIT;
 
 static void choose_table(void)
 {
-    const char *portable = getenv("AMP_DTYPE_PORTABLE");
+    const char *portable = getenv("AMPTRAIN_DTYPE_PORTABLE");
     if (portable && portable[0] && strcmp(portable, "0") != 0) {
         chosen_table = NULL;
         return;

@@ -8,7 +8,7 @@
  * as (bits >> 16) | 0x0040, fp16 -> fp32 as vcvtph2ps (payload shifted, quiet bit set), bf16 -> fp32
  * exact. The GPU may give a different (canonical) NaN: across CPU and GPU only "NaN stays NaN" holds.
  * The portable scalar functions are the definition; the bulk functions may take a vectorised path
- * (F16C / AVX-512, chosen at run time; AMP_DTYPE_PORTABLE=1 forces the portable path) that must agree
+ * (F16C / AVX-512, chosen at run time; AMPTRAIN_DTYPE_PORTABLE=1 forces the portable path) that must agree
  * with them bit for bit.
  */
 #ifndef AMP_DTYPE_H
@@ -67,7 +67,7 @@ void dtype_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src
  * compare with it. */
 void double_to_text(double v, char *buf, size_t size);
 
-/* The same, forced through the portable scalar path (for tests and for AMP_DTYPE_PORTABLE=1). */
+/* The same, forced through the portable scalar path (for tests and for AMPTRAIN_DTYPE_PORTABLE=1). */
 void dtype_convert_portable(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
 
 /* Which bulk path dtype_convert takes on this CPU: "portable", "f16c", "avx512", ... (for logs/tests). */

@@ -1,5 +1,5 @@
 /*
- * pool_profile.c — the table behind AMP_POOL_PROFILE (pool_profile.h says what it counts and why).
+ * pool_profile.c — the table behind AMPTRAIN_POOL_PROFILE (pool_profile.h says what it counts and why).
  *
  * An open-addressed table of SLOTS - 1 entries keyed by (fn, caller), and entry 0 for the calls of any key past
  * those (printed with fn and caller "?"). Only the thread that calls parallel_for writes it (the pool is
@@ -30,12 +30,12 @@ struct pool_profile {
 
 struct pool_profile *pool_profile_open(void)
 {
-    const char *path = getenv("AMP_POOL_PROFILE");
+    const char *path = getenv("AMPTRAIN_POOL_PROFILE");
     if (!path || !*path)
         return NULL;
     struct pool_profile *pp = NULL;
     if (strlen(path) >= sizeof pp->path || !(pp = calloc(1, sizeof *pp))) {
-        fprintf(stderr, "pool_profile: AMP_POOL_PROFILE %s; no profile is written\n",
+        fprintf(stderr, "pool_profile: AMPTRAIN_POOL_PROFILE %s; no profile is written\n",
                 strlen(path) >= sizeof pp->path ? "is longer than 4095 bytes" : ": out of memory");
         return NULL;
     }

@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_switches.h" /* test_switch_raise: AMPTRAIN_TEST_RAISE=export_write */
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c writes host-order data as the format's little-endian: build on a little-endian host"
 #endif
@@ -218,15 +220,6 @@ static void guard_end(struct write_guard *g, bool consume)
     sigaction(SIGXFSZ, &g->old_xfsz, NULL);
 }
 
-/* Test-only (docs/checkpoint.md, "export"): AMPTRAIN_TEST_RAISE=export_write sends this process SIGTERM after the
- * first tensor's bytes are written, so a test can place a signal in the middle of the write without timing. */
-static void test_raise_mid_write(void)
-{
-    const char *v = getenv("AMPTRAIN_TEST_RAISE");
-    if (v && strcmp(v, "export_write") == 0)
-        raise(SIGTERM);
-}
-
 #define WRITE_CHUNK ((size_t)8 << 20) /* bytes between looks for a signal: a few ms of disk */
 
 /* n bytes in chunks; false on a write error or (with *sig set) a pending stop signal. */
@@ -255,7 +248,7 @@ static bool write_contents(int fd, const char *header, size_t hlen, const struct
     for (int i = 0; ok && i < n; i++) {
         ok = write_chunks(fd, tensors[i].data, numel_of(&tensors[i]) * dtype_size(tensors[i].dtype), sig);
         if (i == 0)
-            test_raise_mid_write();
+            test_switch_raise("export_write"); /* after the first tensor's bytes */
     }
     return ok && fsync(fd) == 0 && (*sig = guard_pending()) == 0;
 }

@@ -4,12 +4,13 @@
  */
 #include "scaler.h"
 
+#include "precision.h" /* precision_loss_scaling */
+
 void scaler_init(struct scaler *s, const struct precision_config *pc)
 {
     const struct loss_scale_config *ls = &pc->loss_scale;
-    bool fp8 = pc->mode == PREC_FP8;
-    bool dynamic = pc->mode == PREC_FP16_DYNAMIC || (fp8 && pc->fp8.loss_scale == FP8_LS_DYNAMIC);
-    bool fixed = pc->mode == PREC_FP16_STATIC || (fp8 && pc->fp8.loss_scale == FP8_LS_STATIC);
+    enum loss_scaling scaling = precision_loss_scaling(pc);
+    bool dynamic = scaling == LOSS_SCALE_DYNAMIC;
     *s = (struct scaler){
         .dynamic = dynamic,
         .scale = 1.0,
@@ -24,6 +25,6 @@ void scaler_init(struct scaler *s, const struct precision_config *pc)
     };
     if (dynamic)
         s->scale = ls->init;
-    else if (fixed)
+    else if (scaling == LOSS_SCALE_STATIC)
         s->scale = ls->value;
 }

@@ -22,7 +22,7 @@
 #define _GNU_SOURCE
 #include "threadpool.h"
 
-#include "pool_profile.h" /* AMP_POOL_PROFILE: the per-job timings */
+#include "pool_profile.h" /* AMPTRAIN_POOL_PROFILE: the per-job timings */
 
 #include <assert.h>
 #include <pthread.h>
@@ -73,7 +73,7 @@ struct threadpool {
     _Alignas(64) _Atomic uint64_t generation; /* bumped for each job, by the caller */
     _Alignas(64) _Atomic int64_t finished;    /* chunks of the current job done */
     struct claim *claims;                     /* per thread: generation << CHUNK_BITS | next chunk of its range */
-    struct pool_profile *profile;             /* NULL unless AMP_POOL_PROFILE is set (pool_profile.h) */
+    struct pool_profile *profile;             /* NULL unless AMPTRAIN_POOL_PROFILE is set (pool_profile.h) */
 };
 
 /* The end of worker w's home range of n chunks among t threads (its start is the end of w - 1's). */

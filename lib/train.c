@@ -11,14 +11,16 @@
 #include <sys/resource.h> /* getrusage: the peak RSS of training */
 #include <unistd.h> /* access, _exit */
 
-#include "autocast.h" /* autocast_from_config, precision_lowp_dtype */
+#include "autocast.h" /* autocast_from_config */
 #include "backend.h"  /* backend_open, struct grad_stats */
 #include "checkpoint.h" /* ckpt_save, ckpt_load_trainer, ckpt_clean_stale */
 #include "init_from.h"  /* init_from_load: model.init_from */
 #include "optim.h"    /* optimizer, schedule */
+#include "precision.h" /* precision_lowp_dtype, precision_is_loss_scaled */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "sample.h"   /* run.sample_every */
 #include "scaler.h"   /* loss scaler */
+#include "test_switches.h" /* test_switch_raise */
 
 static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, const struct dataset *ds, int64_t max_n,
                                      struct amp_error *err)
@@ -356,10 +358,10 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
         return st;
 
-    int64_t micro = cfg->data.batch_size, per_step = 0;
+    int64_t micro = cfg->data.batch_size, per_step = config_global_batch(micro, cfg->accum_steps, t->world);
     /* docs/config.md bounds each count; the products the loop forms (samples per step, steps x samples per
      * step, (step x accum + micro) x ranks) must also fit in int64: keep them below 2^62. */
-    if (__builtin_mul_overflow(micro * cfg->accum_steps, (int64_t)t->world, &per_step) || per_step > INT64_C(1) << 62)
+    if (per_step < 0)
         return amp_fail(err, AMP_ERR_CONFIG, "lower data.batch_size or accum_steps",
                         "%s: data.batch_size %lld x accum_steps %lld x %d ranks is more than 2^62 samples per step",
                         cfg->source, (long long)micro, (long long)cfg->accum_steps, t->world);
@@ -421,7 +423,7 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
         printf("data parallel: %d ranks on %d host%s, transport %s, device of rank 0: %s; micro-batch %lld per rank, "
                "effective batch %lld (batch %lld x accum %lld x %d ranks)\n",
                t->world, comm->hosts, comm->hosts == 1 ? "" : "s", comm->transport, t->be->name, (long long)micro,
-               (long long)(micro * cfg->accum_steps * t->world), (long long)micro, (long long)cfg->accum_steps,
+               (long long)per_step, (long long)micro, (long long)cfg->accum_steps,
                t->world);
     return AMP_OK;
 }
@@ -526,8 +528,8 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
         dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
     }
-    if (t->after_backward)
-        t->after_backward(t, t->hook_user);
+    if (t->test_hook.after_backward)
+        t->test_hook.after_backward(t, t->test_hook.user);
     int64_t *counts = t->dev_counts + t->pending * t->ncounts;
     be->grad_stats(be, t->grads, m->nparams, t->dev_check, counts);
     /* an update that would store a non-finite weight or moment is never applied: its trial first */
@@ -550,7 +552,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     t->pend_zero_total[t->pending] = zeros.total;
     t->pending++;
     t->step++;
-    t->samples_seen += n * accum * world;
+    t->samples_seen += config_global_batch(n, accum, world);
     return be->status(be, err);
 }
 
@@ -631,9 +633,7 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
     if (!rec->skipped)
         return AMP_OK;
     const char *where = rec->overflow_layer[0] ? rec->overflow_layer : "a layer's gradients";
-    bool lowp_free = cfg->precision.mode == PREC_FP32 || cfg->precision.mode == PREC_BF16 ||
-                     (cfg->precision.mode == PREC_FP8 && cfg->precision.fp8.loss_scale == FP8_LS_NONE);
-    if (lowp_free && cfg->stability.on_nonfinite == NONFINITE_STOP)
+    if (!precision_is_loss_scaled(&cfg->precision) && cfg->stability.on_nonfinite == NONFINITE_STOP)
         return amp_fail(err, AMP_ERR_UNSTABLE,
                         "lower optim.lr, set clip.max_norm, or check the data",
                         "step %lld: %s %s and stability.on_nonfinite is stop", (long long)rec->step,
@@ -665,15 +665,6 @@ static void on_stop_signal(int sig)
     if (stop_signal)
         _exit(128 + sig);
     stop_signal = sig;
-}
-
-/* Test-only (docs/reliability.md): AMPTRAIN_TEST_RAISE=setup|final_eval sends this process SIGTERM at that
- * point of run_loop, so a test can place a signal where no timing could. */
-static void test_raise(const char *where)
-{
-    const char *v = getenv("AMPTRAIN_TEST_RAISE");
-    if (v && strcmp(v, where) == 0)
-        raise(SIGTERM);
 }
 
 static void install_signals(bool on)
@@ -755,7 +746,8 @@ static enum amp_status drain(struct trainer *t, struct loop_marks *lm, struct am
         if (st != AMP_OK)
             return comm_agree(t->dist.comm, st, err);
     }
-    double samples = (double)(t->nrecs * t->cfg->data.batch_size * t->cfg->accum_steps * t->world);
+    const struct config *cfg = t->cfg;
+    double samples = (double)(t->nrecs * config_global_batch(cfg->data.batch_size, cfg->accum_steps, t->world));
     double rate = now > lm->t_window ? samples / (now - lm->t_window) : 0;
     lm->t_window = now;
     for (int64_t i = 0; i < t->nrecs; i++) {
@@ -820,7 +812,8 @@ static void note_world_change(const struct trainer *t, const char *resume)
 {
     const struct config *cfg = t->cfg;
     int64_t b = cfg->data.batch_size, old_accum = t->ckpt_accum > 0 ? t->ckpt_accum : cfg->accum_steps;
-    int64_t before = b * old_accum * t->ckpt_world, now = b * cfg->accum_steps * t->world;
+    int64_t before = config_global_batch(b, old_accum, t->ckpt_world);
+    int64_t now = config_global_batch(b, cfg->accum_steps, t->world);
     char advice[160];
     if (now == before)
         snprintf(advice, sizeof advice, "the same as before");
@@ -846,7 +839,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     /* From here to the end a first SIGINT/SIGTERM is a request, answered with a message: before the first
      * step (data loading can take long) and after the last (the final evaluation) as well as between steps. */
     install_signals(true);
-    test_raise("setup");
+    test_switch_raise("setup");
     struct trainer t;
     enum amp_status st = trainer_setup(&t, cfg, comm, err);
     /* Fine-tuning starts from the file's weights; a resumed run has its own (the checkpoint's) and never reads it. */
@@ -975,14 +968,15 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                           (long long)t.step, lm.saved);
         err->agreed = t.world > 1; /* every rank stops here alike: rank 0 says so */
     } else if (st == AMP_OK) {
-        double samples = (double)(lm.steps_done * cfg->data.batch_size * cfg->accum_steps * t.world);
+        int64_t per_step = config_global_batch(cfg->data.batch_size, cfg->accum_steps, t.world);
+        double samples = (double)(lm.steps_done * per_step);
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
-        if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMP_CUDA_MEMLOG=1) */
+        if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMPTRAIN_CUDA_MEMLOG=1) */
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);
-        test_raise("final_eval");
+        test_switch_raise("final_eval");
         if (lm.eval_step != t.step) { /* not evaluated at this step yet (watching: resumed at the run's last step) */
             bool best = false, stop = false;
             st = evaluate_and_watch(&t, &best, &stop, err);

@@ -30,6 +30,7 @@
 #include "runlog.h" /* struct runlog, struct step_record */
 #include "scaler.h" /* struct scaler */
 #include "step_rule.h" /* struct step_params, step_state, step_row, grad_check */
+#include "test_switches.h" /* struct trainer_test_hook */
 
 #define TRAIN_MAX_WINDOW 256 /* steps queued at most between two flushes */
 
@@ -95,10 +96,7 @@ struct trainer {
     size_t counts_off;           /* where the counts start in the block */
     struct step_record *recs;    /* trainer_flush's output: recs[0..nrecs) */
     int64_t nrecs;
-    /* Called after the last micro-batch's backward and the reduce, before the non-finite check; tests
-     * use it to inject faults. */
-    void (*after_backward)(struct trainer *t, void *user);
-    void *hook_user;
+    struct trainer_test_hook test_hook; /* test-only: faults between backward and the check (test_switches.h) */
     /* When set, called after the first micro-batch's forward and backward of the next step, with that
      * micro-batch's context and batch (lib/numerics.c measures there, against its FP32 shadow). It must not
      * change the model's tensors: the step goes on from them. */

@@ -6,7 +6,7 @@
 # Uses OPENBLAS_NUM_THREADS=${THREADS:-2}. Runs go to runs/bench-accuracy-MODEL-DATE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMPTRAIN_BIN:-build/ampTrain}
 [ -x "$bin" ] || { echo "bench_accuracy: $bin not built; run scripts/build.sh" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=${THREADS:-2}
 models=${MODELS:-fashion_mlp fashion_cnn text_gpt}

@@ -23,14 +23,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 models=${MODELS:-mlp cnn gpt}; rounds=${ROUNDS:-3}; modes=${MODES:-fp32 bf16}; thread_counts=${THREADS:-1}
-bin=${AMP_BIN:-build/ampTrain}; py=${PYTHON:-/usr/bin/python3}
+bin=${AMPTRAIN_BIN:-build/ampTrain}; py=${PYTHON:-/usr/bin/python3}
 [ -x "$bin" ] || { echo "bench_cpu: $bin not built; run scripts/build.sh" >&2; exit 1; }
 "$py" -c 'import torch, numpy' 2>/dev/null ||
   { echo "bench_cpu: $py cannot import torch and numpy; run scripts/install-deps.sh --test" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # Which kernels run: OpenBLAS picks its sgemm by CPU model, or by OPENBLAS_CORETYPE where that is set;
 # ampTrain's fp32/bf16 products run gemm_avx512.c where the CPU has AVX-512, bf16 on AMX tiles where it has
-# AMX-BF16 and AMP_GEMM_AMX is not 0 (docs/backend.md).
+# AMX-BF16 and AMPTRAIN_GEMM_AMX is not 0 (docs/backend.md).
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 has() { case " $flags " in *" $1 "*) echo yes ;; *) echo no ;; esac; }
 # PyTorch gets OpenBLAS's AVX-512 sgemm where the CPU has AVX-512: Debian's OpenBLAS 0.3.21 picks a generic kernel
@@ -46,7 +46,7 @@ torch_env=(env)
 [ "$torch_core" = keep ] || torch_env=(env "OPENBLAS_CORETYPE=$torch_core")
 core=$("${torch_env[@]}" "$py" -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
 f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown)
-echo "bench_cpu: PyTorch's OpenBLAS core $core (TORCH_OPENBLAS_CORETYPE=${TORCH_OPENBLAS_CORETYPE:-unset}, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16), amx_bf16 $(has amx_bf16); AMP_GEMM_PORTABLE=${AMP_GEMM_PORTABLE:-unset}, AMP_GEMM_AMX=${AMP_GEMM_AMX:-unset}; $(getconf _NPROCESSORS_ONLN) CPUs online"
+echo "bench_cpu: PyTorch's OpenBLAS core $core (TORCH_OPENBLAS_CORETYPE=${TORCH_OPENBLAS_CORETYPE:-unset}, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}); CPU avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16), amx_bf16 $(has amx_bf16); AMPTRAIN_GEMM_PORTABLE=${AMPTRAIN_GEMM_PORTABLE:-unset}, AMPTRAIN_GEMM_AMX=${AMPTRAIN_GEMM_AMX:-unset}; $(getconf _NPROCESSORS_ONLN) CPUs online"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 probe=${PROBE:-0}; probe_min=${PROBE_MIN:-1.9}

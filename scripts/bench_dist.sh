@@ -12,12 +12,12 @@
 #   scripts/bench_dist.sh [STEPS=...] [ROUNDS=3] [MODELS="fashion_mlp text_gpt"] [MODE=fp32]
 # STEPS defaults to 600 for fashion_mlp and 60 for text_gpt (fewer make the ratios noise: a 20-step text_gpt
 # run lasts 2 s); a round of text_gpt then takes about 35 s on 2 idle cores. ampTrain's np 2 runs with Open
-# MPI's default binding (a rank per core), as a user's would. AMP_BIN (default build/ampTrain) picks the binary.
+# MPI's default binding (a rank per core), as a user's would. AMPTRAIN_BIN (default build/ampTrain) picks the binary.
 # MODE: fp32 | bf16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}; models=${MODELS:-fashion_mlp text_gpt}; mode=${MODE:-fp32}
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMPTRAIN_BIN:-build/ampTrain}
 py=/usr/bin/python3
 [ -x "$bin" ] || { echo "bench_dist: $bin not built; run scripts/build.sh" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "bench_dist: no mpirun; run scripts/install-deps.sh (openmpi-bin)" >&2; exit 1; }

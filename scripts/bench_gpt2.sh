@@ -4,7 +4,7 @@
 # windows, F.scaled_dot_product_attention, fused AdamW, bf16 autocast, torch.compile) and, where given, llm.c's
 # train_gpt2cu. Writes OUTDIR/gpt2.md (one table) and a log per run.
 #
-#   scripts/bench_gpt2.sh OUTDIR   env: AMP_BIN (build/ampTrain), PYTHON (python3: the one with PyTorch),
+#   scripts/bench_gpt2.sh OUTDIR   env: AMPTRAIN_BIN (build/ampTrain), PYTHON (python3: the one with PyTorch),
 #                                  GPT2_BATCHES ("16 32"), GPT2_MODES ("bf16 fp16-dynamic fp8"), GPT2_STEPS (70: the
 #                                  first 10 are warm-up), GPT2_AGREE (50: the steps whose losses must agree),
 #                                  LLMC (a built train_gpt2cu, or its source directory to build with make; none:
@@ -21,7 +21,7 @@
 # Throughput: tokens/s of the steps after the warm-up (ampTrain: the median of its 10-step log windows after the
 # first; PyTorch and llm.c: their timed steps). MFU in the PaLM / nanoGPT convention: 6N + 12 L d T FLOPs a token
 # (N the matrix weights, the tied head once: 854.4 MFLOP for GPT-2 124M at T = 1024) over 989.4 TFLOP/s, the
-# H100/H200's dense bf16 rate. Memory: ampTrain's peak device memory in use (AMP_CUDA_MEMLOG), PyTorch's tensors'
+# H100/H200's dense bf16 rate. Memory: ampTrain's peak device memory in use (AMPTRAIN_CUDA_MEMLOG), PyTorch's tensors'
 # peak and device memory in use.
 # Loss agreement (ampTrain bf16 against PyTorch at the first batch size): step 1 within 1e-3 relative, steps 6 to AGREE
 # within 1% each.
@@ -29,7 +29,7 @@ set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: scripts/bench_gpt2.sh OUTDIR" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 2
 out=$(mkdir -p "$1" && cd "$1" && pwd)
-dry=${DRY:-0}; python=${PYTHON:-python3}; bin=${AMP_BIN:-build/ampTrain}
+dry=${DRY:-0}; python=${PYTHON:-python3}; bin=${AMPTRAIN_BIN:-build/ampTrain}
 batches=${GPT2_BATCHES:-16 32}; modes=${GPT2_MODES:-bf16 fp16-dynamic fp8}; steps=${GPT2_STEPS:-70}
 agree=${GPT2_AGREE:-50}
 run_timeout=${RUN_TIMEOUT:-240}; warm=10
@@ -67,7 +67,7 @@ declare -A tps mem
 # ampTrain: tokens/s from scale_log.csv's samples_per_s (the median of the windows after the first), peak device memory
 run_amp() { # key mode batch
   local key=$1 mode=$2 b=$3 log="$out/gpt2-amp-$1.log"
-  AMP_CUDA_MEMLOG=1 timeout "$run_timeout" "$bin" run "$cfg" run.device=$device run.steps=$steps run.log_every=$warm \
+  AMPTRAIN_CUDA_MEMLOG=1 timeout "$run_timeout" "$bin" run "$cfg" run.device=$device run.steps=$steps run.log_every=$warm \
     run.eval_every=0 run.ckpt_every=0 run.keep_ckpts=1 "run.out_dir=$runs/$key" precision.mode=$mode \
     data.batch_size=$b data.seq_len=$seq data.train_bin="$runs/train.bin" 'data.val_bin=""' data.sampling=sequential \
     model.init_from="$runs/init.safetensors" model.init_names=hf-gpt2 "${optim[@]}" > "$log" 2>&1

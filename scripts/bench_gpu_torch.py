@@ -177,7 +177,7 @@ dt = time.perf_counter() - t0
 sps = args.steps * batch / dt
 peak = torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else 0.0
 # the whole device's memory in use (context, cuBLAS and cuDNN, the caching allocator's reserve), as ampTrain's
-# AMP_CUDA_MEMLOG peak counts it (cudaMemGetInfo); max_memory_allocated counts the tensors alone
+# AMPTRAIN_CUDA_MEMLOG peak counts it (cudaMemGetInfo); max_memory_allocated counts the tensors alone
 device = ""
 if args.device == "cuda":
     free_b, total_b = torch.cuda.mem_get_info()

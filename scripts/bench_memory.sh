@@ -13,7 +13,7 @@
 # This is a measurement, not a test: it exits 0 whether the target is met or not (read the PASS/FAIL
 # line); it exits 1 only when it could not measure (binary missing, a run failed, no /usr/bin/time).
 # No evaluation; run.ckpt_every=0 still writes the final checkpoint, which does not move the peak.
-#   scripts/bench_memory.sh                     AMP_BIN (default build/ampTrain), BATCH=1024, STEPS=3
+#   scripts/bench_memory.sh                     AMPTRAIN_BIN (default build/ampTrain), BATCH=1024, STEPS=3
 #   BATCH=2048 STEPS=2 scripts/bench_memory.sh
 #
 # PARAMS=1: the parameters' side instead (bf16 master weights, docs/precision.md). A text_gpt wide enough that the
@@ -26,9 +26,9 @@
 #   PARAMS=1 scripts/bench_memory.sh            WIDTH=512 BLOCKS=8 BATCH=2 STEPS=2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMPTRAIN_BIN:-build/ampTrain}
 batch=${BATCH:-1024}; steps=${STEPS:-3}; target=${TARGET:-0.65}
-[ -x "$bin" ] || { echo "bench_memory: $bin not built; run scripts/build.sh (or set AMP_BIN)" >&2; exit 1; }
+[ -x "$bin" ] || { echo "bench_memory: $bin not built; run scripts/build.sh (or set AMPTRAIN_BIN)" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "bench_memory: /usr/bin/time not found (Debian package 'time')" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)

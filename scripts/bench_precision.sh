@@ -12,7 +12,7 @@
 # MODES="fp32 bf16 bf16-master-sr" runs only those (names as printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMPTRAIN_BIN:-build/ampTrain}
 [ -x "$bin" ] || { echo "bench_precision: $bin not built; run scripts/build.sh" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=${THREADS:-2}
 models=${MODELS:-fashion_mlp fashion_cnn}

@@ -5,10 +5,10 @@
 # run's own "memory:" line) and its training samples/s, with both as ratios to none; and checks that every mode
 # logged the same scale_log.csv as none (the same bits: tests/test_recompute.c is the test).
 # A measurement, not a test: exits 0 whatever the figures; 1 only when a run failed.
-#   scripts/bench_recompute.sh        AMP_BIN (default build/ampTrain), SEQ=512, BATCH=16, STEPS=4, MODE=bf16
+#   scripts/bench_recompute.sh        AMPTRAIN_BIN (default build/ampTrain), SEQ=512, BATCH=16, STEPS=4, MODE=bf16
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMPTRAIN_BIN:-build/ampTrain}
 seq=${SEQ:-512}; batch=${BATCH:-16}; steps=${STEPS:-4}; mode=${MODE:-bf16}
 export OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)

@@ -14,8 +14,8 @@ files the config lists. Prints one line: 'torch MODEL MODE: N samples in S s: X 
 sample is an image, or a window of 64 tokens, as ampTrain counts them).
 
 usage: bench_torch_models.py MODEL STEPS MODE [THREADS]     MODE: fp32 | bf16 (CPU autocast bf16)
-With AMP_TORCH_PROFILE=1 in the environment the timed steps run under torch.profiler and its table (self CPU time
-by operator, over all the timed steps) follows the line: where PyTorch's step goes, beside AMP_POOL_PROFILE's.
+With AMPTRAIN_TORCH_PROFILE=1 in the environment the timed steps run under torch.profiler and its table (self CPU time
+by operator, over all the timed steps) follows the line: where PyTorch's step goes, beside AMPTRAIN_POOL_PROFILE's.
 """
 import os
 import gzip
@@ -129,7 +129,7 @@ model.train()
 for i in range(5):  # warm-up, not timed
     step(i)
 prof = None
-if os.environ.get("AMP_TORCH_PROFILE") == "1":
+if os.environ.get("AMPTRAIN_TORCH_PROFILE") == "1":
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     prof.__enter__()
 t0 = time.perf_counter()

@@ -6,7 +6,7 @@
 #   scripts/dist_accuracy.sh [MODE=fp32] [KEY=VALUE overrides for both runs...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMPTRAIN_BIN:-build/ampTrain}
 [ -x "$bin" ] || { echo "dist_accuracy: $bin not built; run scripts/build.sh" >&2; exit 1; }
 command -v mpirun > /dev/null || { echo "dist_accuracy: no mpirun (scripts/install-deps.sh installs openmpi-bin)" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

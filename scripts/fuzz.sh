@@ -13,7 +13,7 @@
 #                                     HOURS, if given too, caps the wall time; otherwise the cap is 4x the budget
 #                                     over JOBS. Every long run's table gives the CPU seconds the harness used.
 #   HARNESS=fuzz_data (or data)       run one harness only (default: all of them).
-#   FUZZ_ARGS="-max_len=512 ..."      more libFuzzer flags; AMP_FUZZ_ORACLES=0 hunts crashes only (fuzz_common.h).
+#   FUZZ_ARGS="-max_len=512 ..."      more libFuzzer flags; AMPTRAIN_FUZZ_ORACLES=0 hunts crashes only (fuzz_common.h).
 #   REPLAY=1 HARNESS=X scripts/fuzz.sh  no fuzzing: replay and classify every finding kept in build-fuzz/findings/X/
 #                                     (a run triages its first TRIAGE_MAX=30 and keeps the rest unreplayed; their
 #                                     count is the table's last column); a finding's report is reused unless the
@@ -23,7 +23,7 @@
 # one run lists every finding it meets (libFuzzer's own -fork mode would too, but restarting a job costs seconds
 # here: the checkpoint harnesses train their seed at start). Every finding (crash-*, leak-*, timeout-*, oom-*) is
 # kept in build-fuzz/findings/HARNESS/, replayed once (its report next to it, FILE.txt; rerun it with
-# build-fuzz/HARNESS FILE, AMP_FUZZ_VERBOSE=1 says what became of it) and summarised on one line: the sanitizer or
+# build-fuzz/HARNESS FILE, AMPTRAIN_FUZZ_VERBOSE=1 says what became of it) and summarised on one line: the sanitizer or
 # oracle, where, the top frames in our code, the reproducer. Where is "ours" (lib/, models/), "libhdf5" (inside
 # HDF5, on HDF5's own memory: we cannot fix it; fuzz_ckpt_resealed and the raw-HDF5 mode of fuzz_data reach HDF5's
 # parser with malformed files by design, with lib/trial.h's child process turned off), libyaml, zlib or harness.
@@ -311,7 +311,7 @@ for h in "${harnesses[@]}"; do
   cp -n "tests/fuzz/corpus/$(corpus_of "$h")"/* "$corpus"/ 2> /dev/null || true
   if [ "$(corpus_of "$h")" = ckpt_raw ] || [ "$(corpus_of "$h")" = ckpt_fp8 ]; then
     # a checkpoint written by this build, besides the committed one (the harness writes it at start)
-    AMP_FUZZ_WRITE_SEED=$root/$corpus/seed-current.h5 TMPDIR=$tmpdir "$bin" -runs=0 > /dev/null 2>&1 || true
+    AMPTRAIN_FUZZ_WRITE_SEED=$root/$corpus/seed-current.h5 TMPDIR=$tmpdir "$bin" -runs=0 > /dev/null 2>&1 || true
   fi
   args=(-timeout=10 -rss_limit_mb=2048 -max_len="$(max_len_of "$h")" -artifact_prefix="$artifacts/"
         -print_final_stats=1)

@@ -112,7 +112,7 @@ if has_phase gpt2; then
   t1=$(date +%s)
   llmc=""
   [ -n "${BUNDLE:-}" ] && [ -x "$root/llmc/train_gpt2cu" ] && llmc="$root/llmc/train_gpt2cu"
-  DRY=$dry PYTHON="$python" AMP_BIN="$bin" LLMC="${LLMC:-$llmc}" timeout "${GPT2_TIMEOUT:-420}" scripts/bench_gpt2.sh "$out" \
+  DRY=$dry PYTHON="$python" AMPTRAIN_BIN="$bin" LLMC="${LLMC:-$llmc}" timeout "${GPT2_TIMEOUT:-420}" scripts/bench_gpt2.sh "$out" \
     > "$out/gpt2.log" 2>&1
   rc=$?
   agreement=$(sed -n 's/^bench_gpt2: loss agreement: //p' "$out/gpt2.log")
@@ -183,7 +183,7 @@ fi
 if has_phase cpu; then
   t1=$(date +%s)
   torch_v=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null)
-  PYTHON="$python" AMP_BIN="$bin" MODELS=mlp MODES=fp32 THREADS="1 $(nproc)" ROUNDS="${CPU_ROUNDS:-3}" \
+  PYTHON="$python" AMPTRAIN_BIN="$bin" MODELS=mlp MODES=fp32 THREADS="1 $(nproc)" ROUNDS="${CPU_ROUNDS:-3}" \
     timeout "${CPU_TIMEOUT:-150}" scripts/bench_cpu.sh > "$out/cpu-bench.log" 2>&1
   rc=$?
   ratios=$(sed -n 's/^mlp fp32: .*median per-round ratio \([0-9.]*x\) .*, \([0-9]*\) thread(s))$/\1 at \2 thread(s)/p' \
@@ -238,11 +238,11 @@ models="fashion_mlp fashion_cnn text_gpt"
 modes="fp32 fp16-dynamic bf16"
 tokens_of() { case $1 in text_gpt*) echo 64 ;; *) echo 0 ;; esac; }
 
-# ampTrain: "train: ...: X samples/s" on stdout; peak memory from AMP_CUDA_MEMLOG=1 on stderr
+# ampTrain: "train: ...: X samples/s" on stdout; peak memory from AMPTRAIN_CUDA_MEMLOG=1 on stderr
 run_amp() { # key config steps overrides...
   local key=$1 cfg=$2 n=$3; shift 3
   local log="$out/amp-$key.log"
-  AMP_CUDA_MEMLOG=1 timeout "$run_timeout" "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
+  AMPTRAIN_CUDA_MEMLOG=1 timeout "$run_timeout" "$bin" run "configs/$cfg.yaml" "run.steps=$n" run.epochs=0 "run.device=$device" \
     run.log_every=50 run.eval_every=0 run.ckpt_every=0 "run.out_dir=$runs/$key" "$@" > "$log" 2>&1
   local rc=$?
   # keep the step log; the run's checkpoint (up to ~200 MB at width 768) stays out of OUTDIR

@@ -6,7 +6,7 @@
 #   scripts/underflow_demo.sh [KEY=VALUE overrides...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${AMP_BIN:-build/ampTrain}
+bin=${AMPTRAIN_BIN:-build/ampTrain}
 export OPENBLAS_NUM_THREADS=${THREADS:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

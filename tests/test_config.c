@@ -1511,6 +1511,18 @@ Test(bounds, counts_the_loop_multiplies_are_bounded)
     config_free(&cfg);
 }
 
+Test(bounds, global_batch_is_batch_times_accum_times_ranks_up_to_2_62)
+{
+    cr_assert_eq(config_global_batch(32, 4, 8), 1024);
+    cr_assert_eq(config_global_batch(1, 1, 1), 1);
+    /* the largest the config allows, on 2^22 ranks: exactly 2^62 */
+    cr_assert_eq(config_global_batch(16777216, 65536, INT64_C(1) << 22), INT64_C(1) << 62);
+    cr_assert_eq(config_global_batch(16777216, 65536, (INT64_C(1) << 22) + 1), -1, "past 2^62");
+    cr_assert_eq(config_global_batch(INT64_C(1) << 40, INT64_C(1) << 40, 1), -1, "batch x accum overflows int64");
+    cr_assert_eq(config_global_batch(INT64_C(1) << 31, 1, INT64_C(1) << 40), -1, "x ranks overflows int64");
+    cr_assert_eq(config_global_batch(-1, 2, 2), -1);
+}
+
 Test(bounds, deep_nesting_is_refused_before_libyaml_goes_quadratic)
 {
     /* 200000 levels took minutes in libyaml's scanner (8 s at 40000); the event pass stops at 33. */
@@ -1631,6 +1643,13 @@ Test(cross, fp8_keys_defaults_errors_and_warnings)
     parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    loss_scale: dynamic\n  loss_scale:\n    init: 1024\n" BASE);
     w = warnings_of(&c, &n);
     cr_assert_eq(n, 0, "dynamic fp8 uses the dynamic keys: %s", w);
+    free(w);
+    config_free(&c);
+    /* a loss-scaled fp8 skips overflowing steps as fp16 does: on_nonfinite: stop would not stop it */
+    parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    loss_scale: static\nstability:\n  on_nonfinite: stop\n" BASE);
+    w = warnings_of(&c, &n);
+    cr_assert(n == 1 && strstr(w, "stability.on_nonfinite applies to bf16 and fp32; fp8 skips overflowing steps"), "%s",
+              w);
     free(w);
     config_free(&c);
     parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    recipe: current\n    amax_history_len: 16\n" BASE);

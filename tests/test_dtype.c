@@ -652,7 +652,7 @@ Test(dtype, dispatch_takes_the_best_path_this_cpu_has)
     const char *path = dtype_simd_path();
     int has_avx512 = dtype_convert_via("avx512", NULL, DT_FP16, NULL, DT_FP32, 0) == 0;
     int has_f16c = dtype_convert_via("f16c", NULL, DT_FP16, NULL, DT_FP32, 0) == 0;
-    const char *env = getenv("AMP_DTYPE_PORTABLE");
+    const char *env = getenv("AMPTRAIN_DTYPE_PORTABLE");
     if (env && env[0] && strcmp(env, "0") != 0)
         cr_assert_str_eq(path, "portable");
     else if (has_avx512)
@@ -676,7 +676,7 @@ Test(dtype, dispatch_takes_the_best_path_this_cpu_has)
  * here decides this process's path. */
 Test(dtype, env_var_forces_the_portable_path)
 {
-    cr_assert_eq(setenv("AMP_DTYPE_PORTABLE", "1", 1), 0);
+    cr_assert_eq(setenv("AMPTRAIN_DTYPE_PORTABLE", "1", 1), 0);
     cr_assert_str_eq(dtype_simd_path(), "portable");
     float f[33];
     uint16_t got[33];

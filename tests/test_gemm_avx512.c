@@ -1,9 +1,9 @@
 /*
  * test_gemm_avx512.c — GEMM on the CPU backend for fp32, fp16 and bf16 inputs: the AVX-512 path
  * (kernels/cpu/gemm_avx512.c) and the portable path (cblas_sgemm, 16-bit operands widened first; forced by
- * AMP_GEMM_PORTABLE=1), each against a naive double reference on fresh random inputs, against each
+ * AMPTRAIN_GEMM_PORTABLE=1), each against a naive double reference on fresh random inputs, against each
  * other, and for determinism; and how each treats subnormals. bf16 has two fast paths: AVX512-BF16
- * vdpbf16ps, and AMX tdpbf16ps, the default where the CPU has AMX (AMP_GEMM_AMX=0 keeps vdpbf16ps); both
+ * vdpbf16ps, and AMX tdpbf16ps, the default where the CPU has AMX (AMPTRAIN_GEMM_AMX=0 keeps vdpbf16ps); both
  * are held to the same tolerance, and vdpbf16ps to its documented summation order bit for bit.
  *
  * Tolerance per element: with S = |alpha| sum_k |a||b| + |beta c_old| + |bias|, an fp32 result is
@@ -25,21 +25,21 @@
 #include "backend.h"
 #include "gemm_avx512.h" /* gemm_avx512_supported, gemm_avx512_amx_supported: which fast paths this CPU takes */
 
-/* default backend (fast path where supported: AMX for bf16 where present), AMP_GEMM_PORTABLE=1, AMP_GEMM_AMX=0 */
+/* default backend (fast path where supported: AMX for bf16 where present), AMPTRAIN_GEMM_PORTABLE=1, AMPTRAIN_GEMM_AMX=0 */
 static struct backend *fast, *port, *dp;
 static struct backend *under; /* the fast-path backend the case functions run: fast or dp */
 
 static void setup(void)
 {
-    unsetenv("AMP_GEMM_PORTABLE");
-    unsetenv("AMP_GEMM_AMX");
+    unsetenv("AMPTRAIN_GEMM_PORTABLE");
+    unsetenv("AMPTRAIN_GEMM_AMX");
     fast = backend_cpu_create();
-    setenv("AMP_GEMM_PORTABLE", "1", 1);
+    setenv("AMPTRAIN_GEMM_PORTABLE", "1", 1);
     port = backend_cpu_create();
-    unsetenv("AMP_GEMM_PORTABLE");
-    setenv("AMP_GEMM_AMX", "0", 1);
+    unsetenv("AMPTRAIN_GEMM_PORTABLE");
+    setenv("AMPTRAIN_GEMM_AMX", "0", 1);
     dp = backend_cpu_create();
-    unsetenv("AMP_GEMM_AMX");
+    unsetenv("AMPTRAIN_GEMM_AMX");
     cr_assert(fast && port && dp);
     under = fast;
 }
@@ -255,7 +255,7 @@ static void case_fast_reference(const struct gcase *c)
 {
     struct prepared p = prepare(c);
     run(under, &p);
-    check(c, &p, p.g.c, NULL, under == dp ? "avx512 (AMP_GEMM_AMX=0)" : "avx512");
+    check(c, &p, p.g.c, NULL, under == dp ? "avx512 (AMPTRAIN_GEMM_AMX=0)" : "avx512");
 }
 
 static void case_portable_reference(const struct gcase *c)
@@ -329,7 +329,7 @@ Test(gemm_avx512, fp32_fast_path_is_deterministic) { deterministic(DT_FP32, 24);
 Test(gemm_avx512, fp16_fast_path_is_deterministic) { deterministic(DT_FP16, 34); }
 Test(gemm_avx512, bf16_fast_path_is_deterministic) { deterministic(DT_BF16, 14); }
 
-/* The same three for bf16 with AMP_GEMM_AMX=0: vdpbf16ps, which is the default path only where the CPU has no
+/* The same three for bf16 with AMPTRAIN_GEMM_AMX=0: vdpbf16ps, which is the default path only where the CPU has no
  * AMX (there these repeat the tests above). */
 Test(gemm_avx512, bf16_vdpbf16ps_path_matches_double_reference) { under = dp; fast_reference(DT_BF16, 16); }
 Test(gemm_avx512, bf16_vdpbf16ps_path_matches_portable_path) { under = dp; fast_vs_portable(DT_BF16, 17); }
@@ -585,7 +585,7 @@ Test(gemm_avx512, products_return_with_the_vector_upper_halves_clean)
                     bes[b]->gemm(bes[b], &p.g);
                     int dirty = upper_halves_in_use();
                     cr_assert_eq(dirty, 0, "%s product (%s, %d thread(s), shape %zu) returned with upper halves in use",
-                                 dtype_name(ins[d]), bes[b] == fast ? "default path" : "AMP_GEMM_AMX=0", threads, i);
+                                 dtype_name(ins[d]), bes[b] == fast ? "default path" : "AMPTRAIN_GEMM_AMX=0", threads, i);
                     tried++;
                 }
             }
@@ -704,9 +704,9 @@ Test(gemm_avx512, fp16_fast_path_keeps_subnormals)
 Test(gemm_avx512, amp_gemm_portable_0_keeps_the_fast_path)
 {
     require_fast_path(DT_BF16);
-    setenv("AMP_GEMM_PORTABLE", "0", 1);
+    setenv("AMPTRAIN_GEMM_PORTABLE", "0", 1);
     struct backend *be = backend_cpu_create();
-    unsetenv("AMP_GEMM_PORTABLE");
+    unsetenv("AMPTRAIN_GEMM_PORTABLE");
     cr_assert_not_null(be);
     float out[2];
     raw_products(be, DT_BF16, BF16_A, BF16_B, out);

@@ -707,7 +707,7 @@ static const char *eval_line(const struct result *r, char *out, size_t len)
 }
 
 /* Under UBSan init_from of an F16/BF16 file whose header length is not a multiple of 8 stopped at a misaligned
- * uint16_t load (dtype_simd.c's tails; dtype.c's loop with AMP_DTYPE_PORTABLE=1), exit 1. */
+ * uint16_t load (dtype_simd.c's tails; dtype.c's loop with AMPTRAIN_DTYPE_PORTABLE=1), exit 1. */
 Test(init_from_files, fp16_and_bf16_tensors_at_odd_offsets_load_as_aligned_ones)
 {
     struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.steps=1 run.ckpt_every=1 run.out_dir=%s/base",
@@ -744,13 +744,13 @@ Test(init_from_files, fp16_and_bf16_tensors_at_odd_offsets_load_as_aligned_ones)
         cr_assert_eq(r.code, 0, "%s", r.out);
         eval_line(&r, want, sizeof want);
         for (int portable = 0; portable < 2; portable++) {
-            setenv("AMP_DTYPE_PORTABLE", portable ? "1" : "0", 1);
+            setenv("AMPTRAIN_DTYPE_PORTABLE", portable ? "1" : "0", 1);
             r = amp(run, scratch, dtypes[k], 1 + portable, odd);
-            cr_assert_eq(r.code, 0, "%s (AMP_DTYPE_PORTABLE=%d): %s", odd, portable, r.out);
+            cr_assert_eq(r.code, 0, "%s (AMPTRAIN_DTYPE_PORTABLE=%d): %s", odd, portable, r.out);
             cr_assert(strstr(r.out, "init_from: 6 of 6 tensors"), "%s", r.out);
             cr_assert_str_eq(eval_line(&r, got, sizeof got), want, "the odd file trains as the aligned one");
         }
-        unsetenv("AMP_DTYPE_PORTABLE");
+        unsetenv("AMPTRAIN_DTYPE_PORTABLE");
     }
 }
 

@@ -100,8 +100,7 @@ static void setup_injected(struct trainer *t, struct config *cfg, const char *co
 {
     small_mlp(cfg, ov);
     setup(t, cfg);
-    t->after_backward = inject;
-    t->hook_user = inj;
+    t->test_hook = (struct trainer_test_hook){.after_backward = inject, .user = inj};
 }
 
 Test(precision, skipped_step_leaves_weights_moments_counters_and_lr_bit_identical)
@@ -739,4 +738,44 @@ Test(precision, bf16_master_weights_and_moments_hold_at_most_10_bytes_a_paramete
     cr_assert(before > 17.9 && before <= 18.0, "mixed bf16: %.3f bytes a parameter, want about 18", before);
     cr_assert(after <= 10.05, "bf16 masters and moments: %.3f bytes a parameter, want <= 10 (+ the biases' copies)",
               after);
+}
+
+/* ---- lib/precision.h: what each mode implies ------------------------------------------------------ */
+
+Test(mode, names_round_trip_and_unknown_names_are_refused)
+{
+    for (int m = PREC_FP32; m <= PREC_FP8; m++) {
+        enum precision_mode back = PREC_FP32;
+        cr_assert(precision_mode_from_name(precision_mode_name((enum precision_mode)m), &back), "mode %d", m);
+        cr_assert_eq(back, (enum precision_mode)m);
+    }
+    enum precision_mode out = PREC_BF16;
+    cr_assert_not(precision_mode_from_name("fp16", &out));
+    cr_assert_not(precision_mode_from_name("", &out));
+    cr_assert_eq(out, PREC_BF16, "a refused name leaves *out untouched");
+    cr_assert_str_eq(precision_mode_name((enum precision_mode)99), "?");
+}
+
+Test(mode, each_mode_gives_its_lowp_dtype_and_loss_scaling)
+{
+    static const struct {
+        enum precision_mode mode;
+        enum fp8_loss_scale fp8_ls;
+        enum dtype lowp;
+        enum loss_scaling scaling;
+    } rows[] = {
+        {PREC_FP32, FP8_LS_DYNAMIC, DT_FP32, LOSS_SCALE_NONE}, /* precision.fp8.* matters only to fp8 */
+        {PREC_FP16_STATIC, FP8_LS_NONE, DT_FP16, LOSS_SCALE_STATIC},
+        {PREC_FP16_DYNAMIC, FP8_LS_STATIC, DT_FP16, LOSS_SCALE_DYNAMIC},
+        {PREC_BF16, FP8_LS_DYNAMIC, DT_BF16, LOSS_SCALE_NONE},
+        {PREC_FP8, FP8_LS_NONE, DT_BF16, LOSS_SCALE_NONE},
+        {PREC_FP8, FP8_LS_STATIC, DT_BF16, LOSS_SCALE_STATIC},
+        {PREC_FP8, FP8_LS_DYNAMIC, DT_BF16, LOSS_SCALE_DYNAMIC},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        struct precision_config pc = {.mode = rows[i].mode, .fp8 = {.loss_scale = rows[i].fp8_ls}};
+        cr_assert_eq(precision_lowp_dtype(pc.mode), rows[i].lowp, "row %zu", i);
+        cr_assert_eq(precision_loss_scaling(&pc), rows[i].scaling, "row %zu", i);
+        cr_assert_eq(precision_is_loss_scaled(&pc), rows[i].scaling != LOSS_SCALE_NONE, "row %zu", i);
+    }
 }

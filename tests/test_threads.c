@@ -4,7 +4,7 @@
  *
  *  - The pool (lib/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for
  *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline; a thread done
- *    with its home range takes chunks from the others'; AMP_POOL_PROFILE counts each call by function and caller.
+ *    with its home range takes chunks from the others'; AMPTRAIN_POOL_PROFILE counts each call by function and caller.
  *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
  *    block), the elementwise ops (every activation forward and backward, add, dropout), the optimizer
@@ -85,7 +85,7 @@ static __attribute__((noinline)) void run_one(struct threadpool *p, struct count
     parallel_for(p, 1, count_chunk, j);
 }
 
-/* AMP_POOL_PROFILE (lib/pool_profile.h): a pool counts its calls by (function, caller), names the function by an
+/* AMPTRAIN_POOL_PROFILE (lib/pool_profile.h): a pool counts its calls by (function, caller), names the function by an
  * offset into its object file that dladdr agrees with, and appends the table when it is freed. */
 Test(threads, a_profiled_pool_counts_each_call_by_function_and_caller)
 {
@@ -93,9 +93,9 @@ Test(threads, a_profiled_pool_counts_each_call_by_function_and_caller)
     int fd = mkstemp(path);
     cr_assert(fd >= 0);
     close(fd);
-    setenv("AMP_POOL_PROFILE", path, 1);
+    setenv("AMPTRAIN_POOL_PROFILE", path, 1);
     struct threadpool *p = threadpool_create(2);
-    unsetenv("AMP_POOL_PROFILE");
+    unsetenv("AMPTRAIN_POOL_PROFILE");
     cr_assert_not_null(p);
     _Atomic int runs[5];
     struct count_job j = { .runs = runs, .threads = 2 };
@@ -359,15 +359,15 @@ Test(ops, gemm_bit_identical_for_any_thread_count)
 }
 
 /* Where the CPU has AMX, bf16 products run on its tiles by default (gemm_avx512.h); the vdpbf16ps path they
- * replace there (AMP_GEMM_AMX=0) keeps its own thread-count invariance. Elsewhere the test above covered it. */
+ * replace there (AMPTRAIN_GEMM_AMX=0) keeps its own thread-count invariance. Elsewhere the test above covered it. */
 Test(ops, gemm_bf16_without_amx_bit_identical_for_any_thread_count)
 {
     if (!gemm_avx512_amx_supported())
         cr_skip_test("no AMX here: bf16 products already ran on vdpbf16ps in gemm_bit_identical_for_any_thread_count");
     teardown();
-    setenv("AMP_GEMM_AMX", "0", 1);
+    setenv("AMPTRAIN_GEMM_AMX", "0", 1);
     setup();
-    unsetenv("AMP_GEMM_AMX");
+    unsetenv("AMPTRAIN_GEMM_AMX");
     seed(1602);
     check_gemm((struct gemm_case){ DT_BF16, DT_FP32, false, false, false, 0.0f, 131, 200, 700, false });
     check_gemm((struct gemm_case){ DT_BF16, DT_FP32, true, true, false, 1.0f, 250, 70, 530, false });

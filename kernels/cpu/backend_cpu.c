@@ -16,9 +16,9 @@
  *    not depend on blocking: statistics, loss sums, column sums, the gradient norm) and rounds once,
  *    to nearest-even, when it stores a 16-bit output. fp32 tensors are read and written in place.
  *  - Matrix products go through one internal routine, cpu_gemm_core (gemm.c). Where the CPU has AVX-512 (and
- *    AMP_GEMM_PORTABLE is not set), products whose A and B share a dtype go to gemm_avx512.c: fp32 and
+ *    AMPTRAIN_GEMM_PORTABLE is not set), products whose A and B share a dtype go to gemm_avx512.c: fp32 and
  *    fp16 with FMA (fp16 widened exactly while packing), bf16 with AVX512-BF16 vdpbf16ps where the CPU
- *    has it (AMX tdpbf16ps where it has AMX too, unless AMP_GEMM_AMX=0: other bits, gemm_avx512.h); fp32
+ *    has it (AMX tdpbf16ps where it has AMX too, unless AMPTRAIN_GEMM_AMX=0: other bits, gemm_avx512.h); fp32
  *    accumulation, one rounding of a 16-bit result after alpha, beta and the bias.
  *    Elsewhere (the portable path) fp32 operands are handed to OpenBLAS cblas_sgemm as they are and
  *    16-bit operands are first widened to fp32 scratch (exact, every fp16/bf16 value is an fp32 value),
@@ -231,9 +231,9 @@ static enum amp_status cpu_set_threads(struct backend *be, int threads, struct a
     struct cpu_backend *cb = cpu_of(be);
     assert(threads >= 1);
     free_workers(cb);
-    /* one thread runs without a pool, except under AMP_POOL_PROFILE: a one-thread pool runs every job inline
+    /* one thread runs without a pool, except under AMPTRAIN_POOL_PROFILE: a one-thread pool runs every job inline
      * (the same bits at any count) and so gives the per-operation table at 1 thread too */
-    if (threads == 1 && !getenv("AMP_POOL_PROFILE"))
+    if (threads == 1 && !getenv("AMPTRAIN_POOL_PROFILE"))
         return AMP_OK;
     cb->pool = threadpool_create(threads);
     cb->wpack_a = calloc((size_t)threads, sizeof *cb->wpack_a);
@@ -266,11 +266,11 @@ struct backend *backend_cpu_create(void)
     struct cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb)
         return NULL;
-    const char *portable = getenv("AMP_GEMM_PORTABLE");
+    const char *portable = getenv("AMPTRAIN_GEMM_PORTABLE");
     const bool forced = portable && portable[0] && strcmp(portable, "0") != 0;
     for (int dt = 0; dt < DT_COUNT; dt++)
         cb->gemm_avx512[dt] = !forced && gemm_avx512_supported((enum dtype)dt);
-    const char *amx = getenv("AMP_GEMM_AMX");
+    const char *amx = getenv("AMPTRAIN_GEMM_AMX");
     cb->gemm_amx = cb->gemm_avx512[DT_BF16] && !(amx && strcmp(amx, "0") == 0) && gemm_avx512_amx_supported();
     struct backend *be = &cb->base;
     be->name = "cpu";

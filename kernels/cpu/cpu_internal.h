@@ -86,8 +86,8 @@ struct cpu_backend {
     enum amp_status status; /* first failure, AMP_OK when none */
     struct amp_error err;
     bool gemm_avx512[DT_COUNT]; /* products of this input dtype go through gemm_avx512 (the CPU has the
-                                 * instructions, AMP_GEMM_PORTABLE unset) */
-    bool gemm_amx;              /* ... and bf16 ones on AMX tiles (the CPU has AMX-BF16, AMP_GEMM_AMX not 0) */
+                                 * instructions, AMPTRAIN_GEMM_PORTABLE unset) */
+    bool gemm_amx;              /* ... and bf16 ones on AMX tiles (the CPU has AMX-BF16, AMPTRAIN_GEMM_AMX not 0) */
 };
 
 static inline struct cpu_backend *cpu_of(struct backend *be)

@@ -3,7 +3,7 @@
  * product routine every op uses: convolutions and attention too), the per-worker product of the sliced ops,
  * and the bias gradient (column sums of dy).
  *
- * gemm_core takes A and B of one dtype to gemm_avx512.c where the CPU has AVX-512 (and AMP_GEMM_PORTABLE is
+ * gemm_core takes A and B of one dtype to gemm_avx512.c where the CPU has AVX-512 (and AMPTRAIN_GEMM_PORTABLE is
  * unset): the vector path, in its own file beside this one. Elsewhere it is the portable path: fp32 operands to
  * OpenBLAS's cblas_sgemm as they are, 16-bit ones first widened to fp32 scratch (exact), a 16-bit C accumulated
  * in fp32 scratch and rounded once. fp8 operands are widened to bf16 (exact) and multiplied as bf16. The two

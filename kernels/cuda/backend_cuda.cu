@@ -283,7 +283,7 @@ static void cu_destroy(struct backend *be)
         return;
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
-    const char *memlog = getenv("AMP_CUDA_MEMLOG");
+    const char *memlog = getenv("AMPTRAIN_CUDA_MEMLOG");
     if (memlog && memlog[0] == '1')
         fprintf(stderr, "%s: peak device memory in use %.1f MiB\n", cb->name, (double)cb->peak_used / 1048576.0);
     cuda_gemm_plans_free(cb);

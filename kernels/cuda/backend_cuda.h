@@ -33,7 +33,7 @@ int cuda_describe(int device_index, char *buf, size_t len);
 void cuda_versions(char *buf, size_t len);
 
 /* Highest device memory in use (bytes, all processes on the device, from cudaMemGetInfo) seen after
- * any allocation by this backend. Also printed to stderr at destroy when AMP_CUDA_MEMLOG=1. */
+ * any allocation by this backend. Also printed to stderr at destroy when AMPTRAIN_CUDA_MEMLOG=1. */
 size_t backend_cuda_peak_bytes(struct backend *be);
 
 /* kernels/cuda/comm_nccl.cu (AMP_HAVE_NCCL builds): lib/comm.h's comm_use_nccl, comm_release_nccl and

@@ -26,7 +26,7 @@
  *
  * The seed checkpoint is made at start (LLVMFuzzerInitialize) with the library itself: a 4x4-pixel IDX
  * dataset written into the scratch directory, a conv2d + batchnorm2d + linear model in fp16-dynamic (built with
- * FUZZ_FP8, fuzz_ckpt_fp8: in fp8 with delayed scaling, so the file has /fp8), two optimizer steps, ckpt_save. So it always matches the current format; AMP_FUZZ_WRITE_SEED=PATH copies it
+ * FUZZ_FP8, fuzz_ckpt_fp8: in fp8 with delayed scaling, so the file has /fp8), two optimizer steps, ckpt_save. So it always matches the current format; AMPTRAIN_FUZZ_WRITE_SEED=PATH copies it
  * to PATH (scripts/fuzz.sh adds it to the scratch corpus of the raw and resealed harnesses).
  *
  * Oracles (checkpoint.h's contract): a refusal is AMP_ERR_CKPT (or AMP_ERR_INTERNAL) with a message; no
@@ -181,7 +181,7 @@ static void make_seed(void)
     H5Dclose(d);
     H5Fclose(f);
 
-    const char *out = getenv("AMP_FUZZ_WRITE_SEED");
+    const char *out = getenv("AMPTRAIN_FUZZ_WRITE_SEED");
     if (out && *out)
         fuzz_write(out, g.seed, g.seed_len);
 }

@@ -7,7 +7,7 @@
  *   - a scratch directory under $TMPDIR (scripts/fuzz.sh points TMPDIR into build-fuzz/), removed at exit;
  *   - file helpers that write the fuzzer's bytes as the files our readers open;
  *   - FUZZ_ORACLE: a contract of a public header checked on an accepted (or refused) input; a broken one
- *     aborts, so libFuzzer saves the input like any crash. AMP_FUZZ_ORACLES=0 turns them off to hunt
+ *     aborts, so libFuzzer saves the input like any crash. AMPTRAIN_FUZZ_ORACLES=0 turns them off to hunt
  *     crashes only.
  *
  * Leak detection is on in every run: each harness frees everything it takes on every path.
@@ -77,7 +77,7 @@ static inline size_t fin_bytes(struct fuzz_in *in, size_t max, const uint8_t **o
 
 static inline bool fuzz_oracles_on(void)
 {
-    const char *e = getenv("AMP_FUZZ_ORACLES");
+    const char *e = getenv("AMPTRAIN_FUZZ_ORACLES");
     return !(e && e[0] == '0');
 }
 
@@ -91,12 +91,12 @@ static inline bool fuzz_oracles_on(void)
         }                                                                                                           \
     } while (0)
 
-/* AMP_FUZZ_VERBOSE=1: say what became of each input (replaying one: build-fuzz/HARNESS FILE). */
+/* AMPTRAIN_FUZZ_VERBOSE=1: say what became of each input (replaying one: build-fuzz/HARNESS FILE). */
 static inline bool fuzz_verbose(void)
 {
     static int v = -1;
     if (v < 0) {
-        const char *e = getenv("AMP_FUZZ_VERBOSE");
+        const char *e = getenv("AMPTRAIN_FUZZ_VERBOSE");
         v = e && e[0] == '1';
     }
     return v;
@@ -126,10 +126,10 @@ static inline bool fuzz_verbose(void)
 /* lib/trial.h parses HDF5 files first in a forked child, so that a crash inside libhdf5 becomes a refusal. A
  * harness turns that off (AMPTRAIN_NO_TRIAL=1) to fuzz the parse itself: a crash in the child would hide a
  * bug of ours behind a refusal, and a fork per call costs most of an input's time. fuzz_ckpt_guarded keeps
- * it on (the production path); AMP_FUZZ_TRIAL=1 keeps it on in any harness. */
+ * it on (the production path); AMPTRAIN_FUZZ_TRIAL=1 keeps it on in any harness. */
 static inline void fuzz_set_trials(bool harness_default)
 {
-    const char *e = getenv("AMP_FUZZ_TRIAL");
+    const char *e = getenv("AMPTRAIN_FUZZ_TRIAL");
     bool on = e && *e ? e[0] == '1' : harness_default;
     if (on)
         unsetenv("AMPTRAIN_NO_TRIAL");
