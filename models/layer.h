@@ -90,7 +90,7 @@ struct step_ctx {
     bool training;        /* dropout active, batchnorm batch statistics */
     struct rng_key key;   /* seed and counter of this micro-batch; layers set .stream to their index */
     const float *grad_seed; /* d(loss)/d(loss) = scale / accum_steps: one fp32 in backend memory (the step
-                           * rule writes it there, lib/step_rule.h); NULL when not training */
+                           * rule writes it there, lib/base/step_rule.h); NULL when not training */
     bool accumulate;      /* weight gradients: add to (true) or overwrite (false, first micro-batch) */
     bool loss_in_backward; /* model_backward follows this model_forward: the loss layer computes the losses there,
                             * with its gradient, in one op, and its forward does nothing (the trainer's steps) */

@@ -12,7 +12,7 @@
  * Backward (dy in d): dW = dy^T x_d and db = colsum(dy) in fp32, overwriting or accumulating
  * (ctx->accumulate); dx = dy W computed and rounded in d, then cast to x's dtype when that differs.
  * Nothing is computed for dx when the layer is the first one.
- * fp8 (precision.mode fp8, the layer not kept in bf16; lib/fp8.h): the forward casts x and the fp32 master weight
+ * fp8 (precision.mode fp8, the layer not kept in bf16; lib/base/fp8.h): the forward casts x and the fp32 master weight
  * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx), the product of the codes sums in
  * fp32 and gives y in d (bf16) with the fp32 bias; backward casts dy to E5M2 and forms dW = dy8^T x8 (fp32) and
  * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it.
@@ -118,7 +118,7 @@ static const struct tensor *linear_op_weight(const struct linear_op *op)
     return param_value_as(op->w, op->fp8 ? op->w->master.dtype : op->d);
 }
 
-/* Cast `src` to the fp8 tensor `dst` with slot s's scale (lib/fp8.h): the recipe current computes the scale
+/* Cast `src` to the fp8 tensor `dst` with slot s's scale (lib/base/fp8.h): the recipe current computes the scale
  * now; delayed uses it as it is and records src's amax in this pass's history row (training only). */
 static void fp8_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, struct tensor *dst,
                         const struct tensor *src, const struct fp8_slot *s)

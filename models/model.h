@@ -30,7 +30,7 @@ struct model {
      * starting on a 256-byte boundary (zeros between): a data-parallel step reduces it in one go. */
     float *grad_flat;
     size_t grad_flat_count;        /* floats, padding included */
-    /* precision.mode fp8 under an enabled policy: the scales and amax histories of every fp8 tensor (lib/fp8.h);
+    /* precision.mode fp8 under an enabled policy: the scales and amax histories of every fp8 tensor (lib/base/fp8.h);
      * has_fp8 false (and fp8 empty) otherwise */
     bool has_fp8;
     struct fp8_state fp8;

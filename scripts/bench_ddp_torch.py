@@ -256,7 +256,7 @@ def worker(rank, model_name, np_, steps, mode, init):
     sch = o.get("schedule") or {}
     total = WARMUP + steps
 
-    def lr_at(t):  # lib/step_rule.h's schedule_lr, as a factor of lr
+    def lr_at(t):  # lib/base/step_rule.h's schedule_lr, as a factor of lr
         w = int(sch.get("warmup_steps", 0))
         if t < w:
             return (t + 1) / w

@@ -58,7 +58,7 @@ def forward(m, idx):
 
 
 def lr_at(step, a):
-    """configs/gpt2_124m.yaml's schedule (lib/step_rule.h schedule_lr): warmup then cosine to min_lr."""
+    """configs/gpt2_124m.yaml's schedule (lib/base/step_rule.h schedule_lr): warmup then cosine to min_lr."""
     if step < a.warmup_steps:
         return a.lr * (step + 1) / a.warmup_steps
     span = a.total_steps - a.warmup_steps

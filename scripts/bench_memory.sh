@@ -7,7 +7,7 @@
 # are the fixed part that keeps the ratio above 0.5).
 #
 # Batch 1024 (the default): the activations (~1 GB in fp32) dominate the fixed part. A CUDA build maps no
-# CUDA library on the CPU (the CUDA backend is a module loaded only for a GPU, lib/device_module.h); the
+# CUDA library on the CPU (the CUDA backend is a module loaded only for a GPU, lib/base/device_module.h); the
 # figures in docs/perf.md say which build measured what. BATCH=2048 makes the activations dominate further.
 #
 # This is a measurement, not a test: it exits 0 whether the target is met or not (read the PASS/FAIL

@@ -32,7 +32,7 @@ struct variant {
     bool scales;                   /* the A and B scale pointers set */
     bool fast_accum;               /* CUBLASLT_MATMUL_DESC_FAST_ACCUM */
     bool align_prefs;              /* the backend's 16-byte alignment preferences */
-    bool scales_off4;              /* the scale pointers 4 bytes past a 16-byte boundary, as lib/fp8.c's side by
+    bool scales_off4;              /* the scale pointers 4 bytes past a 16-byte boundary, as lib/base/fp8.c's side by
                                     * side scales were before kernels/cuda/fp8.cu copied them (fp8_aligned_scales) */
 };
 

@@ -26,7 +26,7 @@
 # build-fuzz/HARNESS FILE, AMPTRAIN_FUZZ_VERBOSE=1 says what became of it) and summarised on one line: the sanitizer or
 # oracle, where, the top frames in our code, the reproducer. Where is "ours" (lib/, models/), "libhdf5" (inside
 # HDF5, on HDF5's own memory: we cannot fix it; fuzz_ckpt_resealed and the raw-HDF5 mode of fuzz_data reach HDF5's
-# parser with malformed files by design, with lib/trial.h's child process turned off), libyaml, zlib or harness.
+# parser with malformed files by design, with lib/base/trial.h's child process turned off), libyaml, zlib or harness.
 # Findings in libhdf5 are counted apart and fail the run only with FUZZ_FAIL_ON_HDF5=1; so do those that do not
 # reproduce alone (an earlier input of the same process left state behind); any other finding fails it, and in
 # fuzz_ckpt_guarded (the trial process on, as in production) every finding but a leak inside libhdf5 does, or a
@@ -148,7 +148,7 @@ cpu_watch() {
 triage() {
   local bin=$1 file=$2 log=$2.txt child=$2.child.txt
   # full stacks through libraries built without frame pointers (libhdf5), so an allocation shows who asked for it;
-  # the trial process's own output (fuzz_ckpt_guarded) kept in FILE.child.txt (lib/trial.h: AMPTRAIN_TRIAL_LOG)
+  # the trial process's own output (fuzz_ckpt_guarded) kept in FILE.child.txt (lib/base/trial.h: AMPTRAIN_TRIAL_LOG)
   if [ ! -f "$log" ] || [ "$bin" -nt "$log" ]; then # none yet, or made by an older build of the harness
     rm -f "$child"
     ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0:malloc_context_size=40" TMPDIR=$tmpdir \

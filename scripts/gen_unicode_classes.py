@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Write lib/tokenizer_unicode.h: the Unicode letter and number ranges GPT-2's pre-tokenizer needs.
+"""Write lib/base/tokenizer_unicode.h: the Unicode letter and number ranges GPT-2's pre-tokenizer needs.
 
 \\p{L} is the general categories Lu, Ll, Lt, Lm, Lo; \\p{N} is Nd, Nl, No, as Oniguruma (the regex engine of
 Hugging Face's tokenizers) defines them. The ranges come from this Python's unicodedata (the Unicode version is
 written into the header). Run with /usr/bin/python3 from the repository root:
 
-  /usr/bin/python3 scripts/gen_unicode_classes.py > lib/tokenizer_unicode.h
+  /usr/bin/python3 scripts/gen_unicode_classes.py > lib/base/tokenizer_unicode.h
 """
 import sys
 import unicodedata

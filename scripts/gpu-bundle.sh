@@ -5,7 +5,7 @@
 # device call may carry; gzip, which every system's tar reads), holding
 #   bin/   ampTrain, test_cuda_backend, test_cuda_convert, test_cuda_dist, fp8_probe, built here for sm_90 (-Werror, Release),
 #          linked against the reference BLAS instead of OpenBLAS (0.4 MB against 36 MB), and the CUDA backend's
-#          module libamp_cuda.so, which they load from their own directory (lib/device_module.h)
+#          module libamp_cuda.so, which they load from their own directory (lib/base/device_module.h)
 #   lib/   every shared library they load except glibc's, libstdc++/libgcc_s and CUDA's own
 #          (cudart, cuBLAS, cuBLASLt, cuDNN come from the GPU machine)
 #   data/  Fashion-MNIST and the fortunes corpus, for /usr/share/datasets and /usr/share/games there

@@ -102,7 +102,7 @@ has_phase build && ! grep -q "CUDA backend ON" "$out/build.log" && [ "$dry" != 1
 bin="$build/ampTrain"
 # what actually loads here (the bundle was built against cuDNN 9.19; this machine may load another 9.x)
 note "versions: $("$bin" --version 2>&1 | tr '\n' ';' | sed 's/;$//')"
-# the CUDA backend is a module the binary loads (lib/device_module.h): say at once if it cannot be
+# the CUDA backend is a module the binary loads (lib/base/device_module.h): say at once if it cannot be
 "$bin" --version 2>&1 | grep -q "CUDA: not loaded" && [ "$dry" != 1 ] &&
   { fail "the CUDA backend module did not load: $("$bin" --version 2>&1 | grep 'CUDA: not loaded')"; exit 1; }
 

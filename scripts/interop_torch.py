@@ -10,8 +10,8 @@ embedded config. Covers the three reference model families and every layer kind 
   text_gpt     (text, tokens)  embedding, transformer_block (pre-LN, causal attention, GELU MLP), attention,
                          layernorm, linear (also tied to the embedding's wte, as GPT-2's lm_head)
 Text data: the test split's windows of seq_len + 1 bytes (data.format text: the last floor(len * val_fraction)
-bytes of the files; tokens: the first data.val_windows windows of val_bin), as lib/data_text.c and
-lib/data_tokens.c cut them; the accuracy and loss are per token.
+bytes of the files; tokens: the first data.val_windows windows of val_bin), as lib/base/data_text.c and
+lib/base/data_tokens.c cut them; the accuracy and loss are per token.
 """
 import gzip
 import math

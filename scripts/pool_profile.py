@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Name and sum up an AMPTRAIN_POOL_PROFILE file (lib/pool_profile.h): per pool, each (chunk function, caller) with its
+"""Name and sum up an AMPTRAIN_POOL_PROFILE file (lib/base/pool_profile.h): per pool, each (chunk function, caller) with its
 wall time, the caller's wait for the other threads, and the serial time on the caller before it (since the pool's
 previous job), in microseconds per step when STEPS is given (else in total), most time first.
   AMPTRAIN_POOL_PROFILE=/tmp/prof ampTrain run CONFIG run.steps=1000 ...; scripts/pool_profile.py /tmp/prof 1000

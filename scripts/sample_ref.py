@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The reference for ampTrain's generation (lib/sample.h; tests/test_sample.c, `reference` suite): a GPT-2 in torch.nn
+"""The reference for ampTrain's generation (lib/engine/sample.h; tests/test_sample.c, `reference` suite): a GPT-2 in torch.nn
 (scripts/gpt2_torch.py) loaded from an `ampTrain export --names hf-gpt2`, generating with the same sampling rule and
 the same draws, and no key/value cache: every step runs the full forward over the sequence so far.
 
@@ -11,10 +11,10 @@ the same draws, and no key/value cache: every step runs the full forward over th
         R * max|row| (default 1e-5, some 80 fp32 roundings of the largest logit: the products of two blocks sum
         in another order in torch) of torch's; prints "logits max_rel_diff D" and exits 1 beyond it.
 
-The rule (lib/sample.h): temperature 0 is the argmax (the first of equal maxima); else, in double,
+The rule (lib/engine/sample.h): temperature 0 is the argmax (the first of equal maxima); else, in double,
 w_i = exp((l_i - max l) / T), tokens ranked by w descending (ties: lower token first), top_k then top_p keep a
 prefix, and with u = rng_uniform(seed, SAMPLE_STREAM, k) the first kept token whose running sum of w exceeds
-u * (the kept sum). rng_uniform is lib/rng.h's counter-based generator, computed here with Python integers.
+u * (the kept sum). rng_uniform is lib/base/rng.h's counter-based generator, computed here with Python integers.
 """
 import argparse
 import math
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_torch  # noqa: E402  load: the GPT-2 from an hf-gpt2 export
 
 MASK = (1 << 64) - 1
-SAMPLE_STREAM = 0x73616D706C65  # "sample" (lib/sample.h)
+SAMPLE_STREAM = 0x73616D706C65  # "sample" (lib/engine/sample.h)
 
 
 def mix64(z):

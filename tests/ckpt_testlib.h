@@ -165,7 +165,7 @@ static inline void assert_same_logs(const char *a, const char *b)
 
 /* ---- planting faults --------------------------------------------------------------------------------- */
 
-/* Recompute the user block's length and CRC after an HDF5 edit (the layout of lib/checkpoint.c). */
+/* Recompute the user block's length and CRC after an HDF5 edit (the layout of lib/engine/checkpoint.c). */
 static inline void reseal(const char *path)
 {
     int fd = open(path, O_RDWR);

@@ -1,13 +1,16 @@
 /*
- * test_architecture.c — the include arrows docs/architecture.md describes.
+ * test_architecture.c — the floors and include arrows docs/architecture.md describes.
  *
- * The layers include only the layers below them; the exceptions are the table "Include arrows that go up today".
- * Checked here, from the #include lines of the sources: every arrow the table lists is still there (a row whose
- * arrow has gone must go too, so the table stays current), and the arrows removed so far (struct data_spec in
- * lib/data.h; numerics plugged into the run through lib/train.h's train_probe) do not come back.
+ * Each floor (lib/base/ with kernels/ under seam 1, models/, lib/engine/, cmd/) includes only its own folder and
+ * the floors below it. CMakeLists.txt compiles each floor seeing only those folders; checked here again from the
+ * #include lines, so that a file moved to the wrong folder or an include path added to a floor shows up as the
+ * arrow it is. Also: every cycle inside a floor that docs/architecture.md lists is still there (a row whose
+ * arrow has gone must go too), and the arrows removed so far (struct data_spec in lib/base/data.h; numerics
+ * plugged into the run through lib/engine/train.h's train_probe) do not come back.
  */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,14 +53,14 @@ static bool includes(const char *rel, const char *header)
 Test(arrows, removed_arrows_stay_removed)
 {
     static const char *const gone[][2] = {
-        {"lib/data.h", "model.h"},     /* struct data_spec is the data module's */
-        {"lib/train.c", "numerics.h"}, /* numerics plugs in through struct train_probe */
-        {"lib/train.h", "numerics.h"},
+        {"lib/base/data.h", "model.h"},     /* struct data_spec is the data module's */
+        {"lib/engine/train.c", "numerics.h"}, /* numerics plugs in through struct train_probe */
+        {"lib/engine/train.h", "numerics.h"},
     };
     for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++)
         cr_expect(!includes(gone[i][0], gone[i][1]), "%s includes %s again: an arrow up the layers "
                   "(docs/architecture.md)", gone[i][0], gone[i][1]);
-    cr_expect(includes("models/model.h", "data.h"), "models/model.h takes struct data_spec from lib/data.h");
+    cr_expect(includes("models/model.h", "data.h"), "models/model.h takes struct data_spec from lib/base/data.h");
 }
 
 /* The source paths (lib/..., models/..., kernels/...) in one table cell, each without its directory. */
@@ -78,11 +81,11 @@ static int paths_in(const char *cell, size_t len, char names[][64], int max)
     return n;
 }
 
-Test(arrows, every_listed_up_arrow_is_still_there)
+Test(arrows, every_listed_cycle_is_still_there)
 {
     char *doc = read_source("docs/architecture.md");
-    char *table = strstr(doc, "## Include arrows that go up today");
-    cr_assert_not_null(table, "docs/architecture.md has no section \"Include arrows that go up today\"");
+    char *table = strstr(doc, "## Cycles inside a floor");
+    cr_assert_not_null(table, "docs/architecture.md has no section \"Cycles inside a floor\"");
     char *end = strstr(table + 1, "\n## ");
     if (end)
         *end = '\0';
@@ -103,6 +106,105 @@ Test(arrows, every_listed_up_arrow_is_still_there)
                       "remove or correct the row", froms[i], tos[0]);
         rows++;
     }
-    cr_expect_gt(rows, 0, "docs/architecture.md's table of up arrows has no rows");
+    cr_expect_gt(rows, 0, "docs/architecture.md's table of cycles has no rows");
     free(doc);
+}
+
+/* ---- the floors ------------------------------------------------------------------------------------------ */
+
+/* A floor: its folders, and the folders its files may include from (its own and those of the floors below). */
+struct floor {
+    const char *name;
+    const char *dirs[3];
+    const char *sees[6];
+};
+
+static const struct floor floors[] = {
+    {"the ground floor", {"lib/base"}, {"lib/base"}},
+    {"the CPU backend", {"kernels/cpu"}, {"kernels/cpu", "lib/base"}},
+    {"the CUDA backend", {"kernels/cuda"}, {"kernels/cuda", "lib/base"}},
+    {"models", {"models"}, {"models", "lib/base"}},
+    {"the engine", {"lib/engine"}, {"lib/engine", "models", "lib/base"}},
+    {"the commands", {"cmd"}, {"cmd", "lib/engine", "models", "lib/base"}},
+};
+
+static bool source_exists(const char *dir, const char *name, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/%.*s", AMP_SOURCE_DIR, dir, (int)len, name);
+    FILE *f = fopen(path, "rb");
+    if (f)
+        fclose(f);
+    return f != NULL;
+}
+
+/* The folder (of the whole tree's source folders) that holds header `name`, or NULL: a system header. */
+static const char *home_of(const char *name, size_t len)
+{
+    static const char *const all[] = {"lib/base", "lib/engine", "models", "kernels/cpu", "kernels/cuda", "cmd"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (source_exists(all[i], name, len))
+            return all[i];
+    return NULL;
+}
+
+/* Checks every `#include "..."` of file dir/name against the folders floor f may see; returns the includes. */
+static int check_file(const struct floor *f, const char *dir, const char *name)
+{
+    char rel[512];
+    snprintf(rel, sizeof rel, "%s/%s", dir, name);
+    char *text = read_source(rel);
+    int n = 0;
+    for (char *line = text; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        line += strspn(line, " \t");
+        if (strncmp(line, "#include \"", 10) != 0)
+            continue;
+        const char *inc = line + 10;
+        size_t len = strcspn(inc, "\"");
+        const char *home = home_of(inc, len);
+        bool seen = home == NULL;
+        for (int s = 0; s < 6 && f->sees[s] && !seen; s++)
+            seen = !strcmp(home, f->sees[s]);
+        cr_expect(seen, "%s (%s) includes %.*s from %s: an arrow up the floors (docs/architecture.md)", rel,
+                  f->name, (int)len, inc, home);
+        n++;
+    }
+    free(text);
+    return n;
+}
+
+Test(floors, each_floor_includes_only_itself_and_the_floors_below)
+{
+    int files = 0, arrows = 0;
+    for (size_t i = 0; i < sizeof floors / sizeof floors[0]; i++)
+        for (int d = 0; d < 3 && floors[i].dirs[d]; d++) {
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", AMP_SOURCE_DIR, floors[i].dirs[d]);
+            DIR *dir = opendir(path);
+            cr_assert_not_null(dir, "cannot list %s", path);
+            for (struct dirent *e; (e = readdir(dir));) {
+                const char *dot = strrchr(e->d_name, '.');
+                if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".h") && strcmp(dot, ".cu")))
+                    continue;
+                arrows += check_file(&floors[i], floors[i].dirs[d], e->d_name);
+                files++;
+            }
+            closedir(dir);
+        }
+    cr_expect_gt(files, 100, "found only %d source files: the floors' folders moved?", files);
+    cr_expect_gt(arrows, 200, "found only %d includes", arrows);
+}
+
+/* lib/ holds the two floors' folders and nothing else: a file at lib/'s top would belong to no floor. */
+Test(floors, lib_holds_only_the_two_floors)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/lib", AMP_SOURCE_DIR);
+    DIR *dir = opendir(path);
+    cr_assert_not_null(dir, "cannot list %s", path);
+    for (struct dirent *e; (e = readdir(dir));)
+        cr_expect(!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "base") ||
+                  !strcmp(e->d_name, "engine"), "lib/%s: every file of lib/ belongs to lib/base/ (the ground "
+                  "floor) or lib/engine/ (the run; docs/architecture.md)", e->d_name);
+    closedir(dir);
 }

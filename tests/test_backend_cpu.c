@@ -85,7 +85,7 @@ Test(backend_cpu, backend_open_device_strings)
     backend_close(NULL);
 }
 
-/* ---- the CUDA backend's module (lib/device_module.h) ---------------------------------------------- */
+/* ---- the CUDA backend's module (lib/base/device_module.h) ---------------------------------------------- */
 
 /* Whether this process has mapped a file whose path contains `name` (/proc/self/maps). */
 static bool maps_file(const char *name)

@@ -1,5 +1,5 @@
 /*
- * test_config.c — the strict YAML config reader (lib/config.c).
+ * test_config.c — the strict YAML config reader (lib/base/config.c).
  *
  * What is checked, on values: every default; numbers such as 1e-4; the reference configs in configs/
  * load and finalize; every class of bad input gives AMP_ERR_CONFIG with the exact FILE:LINE:COL and

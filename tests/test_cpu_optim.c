@@ -353,7 +353,7 @@ static void adamw_bf16_case(bool stochastic)
             bool exact = (u & 0xFFFF) == 0;
             cr_assert(h[i] == down || (!exact && h[i] == down + 1), "tensor %d [%zu]: 0x%04x not a neighbour of %a", k,
                       i, h[i], (double)f[i]);
-            /* and exactly the neighbour the element's draw picks (lib/sround.h), whatever clone stored it */
+            /* and exactly the neighbour the element's draw picks (lib/base/sround.h), whatever clone stored it */
             const int shift[3] = {SR_WEIGHT, SR_M, SR_V};
             uint16_t want = bf16_round_stochastic(f[i], (uint32_t)(sr_bits(sr_key(a.sr_seed, sc.t, 3), i) >> shift[k]));
             cr_assert_eq(h[i], want, "tensor %d [%zu]: 0x%04x, the draw gives 0x%04x", k, i, h[i], want);

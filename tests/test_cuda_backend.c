@@ -445,7 +445,7 @@ static int device_cc(void)
 
 /* On a GPU with fp8 tensor cores (compute capability 8.9 and later) the products of shapes in multiples of 16
  * run on cuBLASLt's fp8 kernels, not the bf16 emulation: cuBLASLt refused them on the H200 while a scale
- * factor sat 4 bytes past a 16-byte boundary, as lib/fp8.c keeps a layer's scales and as fp8_gemm_case's B
+ * factor sat 4 bytes past a 16-byte boundary, as lib/base/fp8.c keeps a layer's scales and as fp8_gemm_case's B
  * scale is (docs/precision.md "fp8"), and the backend then warned and emulated, which fp8_gemm_matches_the_cpu
  * cannot tell from a native product. The warning goes to stderr, so stderr goes to a file here. The fp32
  * products' errors against the CPU (the native accumulator's) are printed for docs/precision.md. */
@@ -1906,7 +1906,7 @@ Test(cuda_backend, device_selection_follows_the_hardware)
     backend_close(be);
 }
 
-/* bf16 master weights and moments, rounded stochastically: the GPU draws lib/sround.h's bits as the CPU does
+/* bf16 master weights and moments, rounded stochastically: the GPU draws lib/base/sround.h's bits as the CPU does
  * and computes each element in the same fp32 order without FMA, so the stored bf16 values are the CPU's. An
  * fp32 value a last-bit apart (a device sqrt or division off by an ulp) could round to the other neighbour: at
  * most one element in 10^4 may differ, by one bf16 step; the fp32 copy is the GPU's stored master widened. */

@@ -1,6 +1,6 @@
 /*
  * test_cuda_convert.c — the GPU conversion kernels (kernels/cuda/convert.cu) against the portable CPU path
- * (lib/dtype.c), and the check macros of kernels/cuda/cuda_check.h.
+ * (lib/base/dtype.c), and the check macros of kernels/cuda/cuda_check.h.
  *
  * On a machine with a CUDA device: 10 M fresh seeded fp32 values plus the edge cases go through
  * cuda_convert to fp16 and bf16, and all 65,536 fp16 and bf16 patterns go back to fp32 and across to

@@ -1,5 +1,5 @@
 /*
- * test_data.c — the data module (lib/data.h): IDX, HDF5 and text loading, their error messages,
+ * test_data.c — the data module (lib/base/data.h): IDX, HDF5 and text loading, their error messages,
  * data_gather, and the deterministic, resumable sampler.
  *
  * Every fixture is written by the test itself into a fresh temporary directory (IDX files by hand,

@@ -4,7 +4,7 @@
  * Three kinds of evidence hold the portable scalar functions (the definition) in place:
  *   - every one of the 65,536 fp16 and bf16 bit patterns, widened and narrowed again;
  *   - an independent reference written here with double arithmetic and nearbyint (no bit tricks
- *     shared with lib/dtype.c), on 10 M fresh seeded values plus a table of hand-worked edge cases;
+ *     shared with lib/base/dtype.c), on 10 M fresh seeded values plus a table of hand-worked edge cases;
  *   - the x86 hardware where this CPU has it: F16C (_cvtss_sh / _cvtsh_ss) for fp16 and AVX512-BF16
  *     (_mm512_cvtneps_pbh) for bf16; tests that need missing hardware skip and say why.
  * The bulk SIMD paths are then held to the portable path bit for bit, for every pair of dtypes, on the

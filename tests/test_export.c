@@ -1,5 +1,5 @@
 /*
- * test_export.c — `ampTrain export` and lib/safetensors (docs/checkpoint.md): a small trained fashion_mlp checkpoint
+ * test_export.c — `ampTrain export` and lib/base/safetensors (docs/checkpoint.md): a small trained fashion_mlp checkpoint
  * exported in fp32, bf16 and fp16 with both name sets and read back with our reader (fp32 bit-exact, bf16/fp16
  * equal to dtype_convert of the fp32 values); the file's bytes against the format (header length, 8-byte
  * alignment, contiguous offsets, space padding); scripts/safetensors_check.py and, where /usr/bin/python3 has

@@ -1,6 +1,6 @@
 /*
  * test_fp8.c — precision.mode fp8 on the CPU backend: the scaled cast, the recipes' scale arithmetic
- * (lib/fp8.h, Transformer Engine's delayed scaling and torchao's current scaling), products of fp8 operands,
+ * (lib/base/fp8.h, Transformer Engine's delayed scaling and torchao's current scaling), products of fp8 operands,
  * and the linear layer's fp8 path. Expected values are computed here independently: nearest codes by search
  * over all 256, scales by the formulas as TE and torchao write them, products in double from decoded codes.
  */

@@ -1,5 +1,5 @@
 /*
- * test_precision.c — mixed precision end to end through the trainer (lib/train.h): skipped steps,
+ * test_precision.c — mixed precision end to end through the trainer (lib/engine/train.h): skipped steps,
  * overflow attribution, accumulation, clipping under loss scaling, the underflow that loss scaling
  * prevents, fail-fast, and the four modes against fp32.
  *
@@ -740,7 +740,7 @@ Test(precision, bf16_master_weights_and_moments_hold_at_most_10_bytes_a_paramete
               after);
 }
 
-/* ---- lib/precision.h: what each mode implies ------------------------------------------------------ */
+/* ---- lib/base/precision.h: what each mode implies ------------------------------------------------------ */
 
 Test(mode, names_round_trip_and_unknown_names_are_refused)
 {

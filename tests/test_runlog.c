@@ -1,5 +1,5 @@
 /*
- * test_runlog.c — the run directory (lib/runlog.h): a run writes only into a directory that holds no run, and
+ * test_runlog.c — the run directory (lib/engine/runlog.h): a run writes only into a directory that holds no run, and
  * a resume only into its checkpoint's own directory or a fresh one; another run's checkpoints, `latest`,
  * config.yaml and scale_log.csv are never written over (docs/reliability.md, "No command
  * destroys a run"). End to end through the binary.

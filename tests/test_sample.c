@@ -1,5 +1,5 @@
 /*
- * test_sample.c — generation (lib/sample.h, models/model.h model_decode): the key/value-cache path against the
+ * test_sample.c — generation (lib/engine/sample.h, models/model.h model_decode): the key/value-cache path against the
  * model's full forward, the sampling rule, determinism, and the `ampTrain sample` command's errors.
  * CPU backend; the models are tiny GPTs built in code.
  */

@@ -1,5 +1,5 @@
 /*
- * test_sround.c — stochastic rounding to bf16 (lib/sround.h): exhaustive over the 16 random bits, so the
+ * test_sround.c — stochastic rounding to bf16 (lib/base/sround.h): exhaustive over the 16 random bits, so the
  * probability of rounding up is checked exactly, not sampled.
  */
 #include <criterion/criterion.h>

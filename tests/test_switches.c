@@ -1,5 +1,5 @@
 /*
- * test_switches.c — the test-only switches (lib/test_switches.h) read their variables as documented, and do
+ * test_switches.c — the test-only switches (lib/base/test_switches.h) read their variables as documented, and do
  * nothing when the variable is unset or names another point.
  */
 #define _POSIX_C_SOURCE 200809L

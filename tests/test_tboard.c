@@ -1,5 +1,5 @@
 /*
- * test_tboard.c — TensorBoard event files (lib/tboard.h, run.tensorboard): CRC-32C against its standard check
+ * test_tboard.c — TensorBoard event files (lib/engine/tboard.h, run.tensorboard): CRC-32C against its standard check
  * values, records read back by a small reader here (framing, CRCs, the Event fields), a full disk cut back to
  * whole records, and end to end: the event files of real runs read with the `tensorboard` package by
  * scripts/tb_check.py, whose every scalar must equal scale_log.csv's and eval.jsonl's (a plain run, fp16 with

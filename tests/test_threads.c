@@ -2,7 +2,7 @@
  * test_threads.c — the CPU backend's threads (run.threads, docs/backend.md, "Threads"): results are bit-identical for
  * any thread count.
  *
- *  - The pool (lib/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for
+ *  - The pool (lib/base/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for
  *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline; a thread done
  *    with its home range takes chunks from the others'; AMPTRAIN_POOL_PROFILE counts each call by function and caller.
  *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
@@ -85,7 +85,7 @@ static __attribute__((noinline)) void run_one(struct threadpool *p, struct count
     parallel_for(p, 1, count_chunk, j);
 }
 
-/* AMPTRAIN_POOL_PROFILE (lib/pool_profile.h): a pool counts its calls by (function, caller), names the function by an
+/* AMPTRAIN_POOL_PROFILE (lib/base/pool_profile.h): a pool counts its calls by (function, caller), names the function by an
  * offset into its object file that dladdr agrees with, and appends the table when it is freed. */
 Test(threads, a_profiled_pool_counts_each_call_by_function_and_caller)
 {

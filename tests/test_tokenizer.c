@@ -1,5 +1,5 @@
 /*
- * test_tokenizer.c — the byte-level BPE tokenizer (lib/tokenizer.h) and `ampTrain tokenize`.
+ * test_tokenizer.c — the byte-level BPE tokenizer (lib/base/tokenizer.h) and `ampTrain tokenize`.
  *
  * Against Hugging Face's `tokenizers` (scripts/bpe_reference.py, /usr/bin/python3): a BPE trained on every
  * fortune, in its three file forms, must encode every fortune (and the script's extra cases: Unicode, added

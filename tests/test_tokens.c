@@ -1,5 +1,5 @@
 /*
- * test_tokens.c — token files (data.format: tokens, lib/data_tokens.c; docs/data.md, "Tokens"): nanoGPT's raw
+ * test_tokens.c — token files (data.format: tokens, lib/base/data_tokens.c; docs/data.md, "Tokens"): nanoGPT's raw
  * uint16 and llm.c's headered layouts read back the ids written, windows of seq_len + 1 tokens with shifted
  * targets, random and sequential sampling from run.seed, the sampler's resume and per-rank split, a file
  * larger than 2^31 tokens without per-window memory, every bad input (exit 3 naming the file and the
@@ -853,7 +853,7 @@ Test(tokens_resume, another_order_gives_other_weights)
     free(ids);
 }
 
-/* ---- the data.* keys of token files (lib/config.c) -------------------------------------------------- */
+/* ---- the data.* keys of token files (lib/base/config.c) -------------------------------------------------- */
 
 #define TOKENS_MODEL                                                                                                 \
     "model:\n"                                                                                                         \

@@ -1,5 +1,5 @@
 /*
- * test_trial.c — the trial child of lib/trial.h: a parser that crashes, loops or trips a sanitizer ends the
+ * test_trial.c — the trial child of lib/base/trial.h: a parser that crashes, loops or trips a sanitizer ends the
  * child, and the caller learns which; one that returns passes.
  */
 #define _POSIX_C_SOURCE 200809L

@@ -32,7 +32,7 @@
  *    a time (an image, an (n, c) plane, a row, a sequence), never a whole activation tensor, so a
  *    16-bit run's activations stay half the size of fp32's; only gemm_core widens whole operands. A failure to grow a slot is the one error this backend
  *    records (backend->status); the op that hit it leaves its outputs unwritten.
- *  - Threads (run.threads, set_threads): one persistent pthread pool (lib/threadpool.h) runs the matrix
+ *  - Threads (run.threads, set_threads): one persistent pthread pool (lib/base/threadpool.h) runs the matrix
  *    products (bands of C's rows, gemm_core_avx512), the elementwise ops (activation, add, dropout), the
  *    optimizer updates, the convolutions (images), pooling (planes), batchnorm (channels), the bias
  *    gradient (columns), attention (by (batch, head)), layernorm (by rows; its parameter gradients by

@@ -1,6 +1,6 @@
 /*
  * fp8.c — the CPU backend's fp8 ops: fp8_cast (a tensor to E4M3 or E5M2 with a scale, its amax and saturation
- * counts) and fp8_update (the delayed-scaling history and scale, lib/fp8.h's recipe arithmetic).
+ * counts) and fp8_update (the delayed-scaling history and scale, lib/base/fp8.h's recipe arithmetic).
  */
 #include "cpu_internal.h" /* struct cpu_backend, scratch, dtype helpers, EW_CHUNK */
 

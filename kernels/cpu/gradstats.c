@@ -1,6 +1,6 @@
 /*
  * gradstats.c — the CPU backend's fused gradient-statistics pass (per tensor: non-finite counts, the finite sum
- * of squares in double, the max magnitude), the step's tail (step_propose / step_finish: lib/step_rule.h, the
+ * of squares in double, the max magnitude), the step's tail (step_propose / step_finish: lib/base/step_rule.h, the
  * same definition the CUDA kernel runs) and count_zeros.
  *
  * The plain loop (grad_stats_one) is the reference; beside it its AVX-512 main loop (grad_stats_avx512), element i

@@ -47,7 +47,7 @@ static float *optim_block_load(void *base, enum dtype dt, size_t off, size_t n, 
 }
 
 /* x[0..n) rounded stochastically to bf16 into d with the 16 bits at `shift` of draws off, off+1, ... of `key`
- * (lib/sround.h). All integer arithmetic, so every clone gives the same bits; the draw's 64-bit multiplies
+ * (lib/base/sround.h). All integer arithmetic, so every clone gives the same bits; the draw's 64-bit multiplies
  * vectorise only with AVX512DQ's vpmullq, hence x86-64-v4 (AVX-512 F/BW/DQ/VL) rather than HOT_LOOP's avx512f. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
 #define SR_LOOP __attribute__((target_clones("arch=x86-64-v4", "default")))
@@ -61,7 +61,7 @@ SR_LOOP static void store_bf16_stochastic(uint16_t *d, const float *x, size_t n,
 }
 
 /* Store the block back: fp32 was updated in place; bf16 to nearest even (vectorised), or stochastically with
- * the 16 bits at `shift` of each element's draw (lib/sround.h). */
+ * the 16 bits at `shift` of each element's draw (lib/base/sround.h). */
 static void optim_block_store(void *base, enum dtype dt, size_t off, size_t n, const float *x,
                               const struct optim_update_args *a, uint64_t key, int shift)
 {
@@ -248,7 +248,7 @@ HOT_LOOP static void sgd_range(const struct optim_update_args *a, size_t lo, siz
 
 /* The n parameters' updates as one list of chunks: parameter i's elements in EW_CHUNK ranges, chunk
  * numbers running on from parameter to parameter (first[i] is parameter i's first). Every element is
- * updated from its own values alone (stochastic rounding draws by element index, lib/sround.h), so the
+ * updated from its own values alone (stochastic rounding draws by element index, lib/base/sround.h), so the
  * chunks may run on any threads. */
 struct optim_job {
     const struct optim_update_args *a;

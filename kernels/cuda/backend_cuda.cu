@@ -459,7 +459,7 @@ extern "C" void cuda_versions(char *buf, size_t len)
     cudaGetLastError();
 }
 
-/* For lib/backend.c (through the module table) and its "device: cuda:0 (NVIDIA H200, sm_90)" line. */
+/* For lib/base/backend.c (through the module table) and its "device: cuda:0 (NVIDIA H200, sm_90)" line. */
 extern "C" int cuda_describe(int device_index, char *buf, size_t len)
 {
     cudaDeviceProp prop;

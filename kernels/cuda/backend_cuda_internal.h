@@ -77,7 +77,7 @@ struct optim_table_entry {
     void *m, *v;         /* (numel) of state_dt: adamw's moments; sgd: m the momentum buffer or NULL, v NULL */
     void *copy;          /* (numel) of copy_dt: the copy written in the same pass, or NULL */
     uint64_t numel;
-    uint64_t sr_seed;    /* stochastic rounding (lib/sround.h): the seed, and this parameter's index */
+    uint64_t sr_seed;    /* stochastic rounding (lib/base/sround.h): the seed, and this parameter's index */
     uint32_t sr_param;
     float weight_decay;  /* 0 where the parameter does not decay */
     int32_t master_dt, state_dt, copy_dt; /* enum dtype of master, of m and v, of copy */
@@ -192,7 +192,7 @@ __device__ __forceinline__ float load_elem(const void *p, int dt, size_t i)
     }
 }
 
-/* fp8 stores saturate (lib/dtype.h: Transformer Engine's and torchao's casts), as the CPU's do */
+/* fp8 stores saturate (lib/base/dtype.h: Transformer Engine's and torchao's casts), as the CPU's do */
 __device__ __forceinline__ void store_elem(void *p, int dt, size_t i, float v)
 {
     switch (dt) {
@@ -209,7 +209,7 @@ __device__ __forceinline__ void store_elem(void *p, int dt, size_t i, float v)
 }
 
 /* v stored as element i of an optimizer tensor (fp32 or bf16): bf16 to nearest even, or stochastically with
- * the 16 bits of `draw` at `shift` (lib/sround.h, the CPU backend's optim_store). Returns the value stored. */
+ * the 16 bits of `draw` at `shift` (lib/base/sround.h, the CPU backend's optim_store). Returns the value stored. */
 __device__ __forceinline__ float store_rounded(void *p, int dt, size_t i, float v, bool stochastic, uint64_t draw,
                                                int shift);
 

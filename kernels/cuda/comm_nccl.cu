@@ -95,7 +95,7 @@ extern "C" enum amp_status nccl_comm_use(struct comm *c, struct backend *be, str
         if (!bad && c->world > 1) {
             /* this rank's init failed, and the others may be waiting inside ncclCommInitRank (a collective) for
              * it: they would never reach the agreement an error otherwise goes through, so end the job now, as
-             * lib/dist.c does where a rank cannot make a collective */
+             * lib/engine/dist.c does where a rank cannot make a collective */
             if (err) {
                 fprintf(stderr, "[rank %d] ", c->rank);
                 amp_error_print(err, stderr);

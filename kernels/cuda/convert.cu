@@ -5,7 +5,7 @@
  * only), widens it to fp32 exactly, narrows it with round-to-nearest-even (__float2half_rn /
  * __float2bfloat16_rn: overflow to ±Inf, subnormals kept, no flush to zero) and overwrites dst[i].
  * A grid-stride loop covers any n with a bounded grid. The CPU definition of the same conversions is
- * lib/dtype.c; tests/test_cuda_convert.c compares the two bit for bit.
+ * lib/base/dtype.c; tests/test_cuda_convert.c compares the two bit for bit.
  */
 #include "convert.h"
 

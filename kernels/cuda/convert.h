@@ -1,7 +1,7 @@
 /*
  * convert.h — fp32 <-> fp16 / bf16 conversion of device buffers on the GPU.
  *
- * The GPU twin of dtype_convert (lib/dtype.h): every element is rounded to nearest, ties to even, by
+ * The GPU twin of dtype_convert (lib/base/dtype.h): every element is rounded to nearest, ties to even, by
  * __float2half_rn / __float2bfloat16_rn; widening is exact; fp16 <-> bf16 goes through fp32, as on the
  * CPU. tests/test_cuda_convert.c holds the results to the portable CPU path bit for bit (NaNs: NaN).
  */

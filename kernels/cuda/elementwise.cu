@@ -10,7 +10,7 @@
  *  - embedding_backward: wpe by one thread per (t, c) looping over b; wte by a stable radix sort of the
  *    token ids (CUB), then one thread per (token run, c) adding the run's rows in position order — the
  *    CPU's order again. Cost O(B*T*C) plus the sort, independent of the vocabulary size.
- * Dropout draws the CPU's mask bit for bit: rng_bits is lib/rng.h's one definition for the host and the device.
+ * Dropout draws the CPU's mask bit for bit: rng_bits is lib/base/rng.h's one definition for the host and the device.
  */
 #include "backend_cuda_internal.h"
 #include "rng.h" /* rng_bits */
@@ -76,7 +76,7 @@ __global__ void add_kernel(void *y, int y_dt, const void *a, int a_dt, const voi
     store_elem(y, y_dt, i, load_elem(a, a_dt, i) + load_elem(b, b_dt, i));
 }
 
-/* lib/rng.c's rng_uniform: rng_bits is lib/rng.h's, shared with the host */
+/* lib/base/rng.c's rng_uniform: rng_bits is lib/base/rng.h's, shared with the host */
 __device__ __forceinline__ float rng_uniform_dev(uint64_t seed, uint64_t stream, uint64_t counter)
 {
     return (float)(rng_bits(seed, stream, counter) >> 40) * (1.0f / 16777216.0f);

@@ -1,8 +1,8 @@
 /*
- * fp8.cu — precision.mode fp8 on the GPU (lib/fp8.h, backend.h fp8_cast / fp8_update and the fp8 rules of gemm).
+ * fp8.cu — precision.mode fp8 on the GPU (lib/base/fp8.h, backend.h fp8_cast / fp8_update and the fp8 rules of gemm).
  *
  * Casts: a grid-stride amax (fmaxf, so NaN is ignored as on the CPU; an atomicMax on the bits of a non-negative
- * float orders like the float), the recipe's scale (lib/fp8.h, one thread), then the cast: x * scale rounded to
+ * float orders like the float), the recipe's scale (lib/base/fp8.h, one thread), then the cast: x * scale rounded to
  * nearest even with saturation (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the
  * CPU's fp8_from_fp32 against bit for bit). The scale is read from device memory: nothing waits for the host.
  *
@@ -103,7 +103,7 @@ void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
     const struct tensor *src = a->src;
     struct tensor *dst = a->dst;
     if (!dtype_is_fp8(dst->dtype) || dtype_is_fp8(src->dtype) || dst->numel != src->numel) {
-        cuda_record(cb, "this is a bug in the caller (see fp8_cast_args in lib/backend.h)",
+        cuda_record(cb, "this is a bug in the caller (see fp8_cast_args in lib/base/backend.h)",
                     "fp8_cast: %s (%zu) from %s (%zu)", dtype_name(dst->dtype), dst->numel, dtype_name(src->dtype),
                     src->numel);
         return;
@@ -234,7 +234,7 @@ __global__ void copy_scales_kernel(float *dst, const float *sa, const float *sb)
     dst[4] = *sb;
 }
 
-/* A's and B's scale_inv for cuBLASLt's scale pointers, at 16-byte-aligned addresses: lib/fp8.c keeps a layer's
+/* A's and B's scale_inv for cuBLASLt's scale pointers, at 16-byte-aligned addresses: lib/base/fp8.c keeps a layer's
  * scales side by side, 4 bytes apart, and on the H200 (cuBLASLt 130100, 2026-12-04) cublasLtMatmul refused every
  * native product of the backend, whose scale pointers were such, while it accepted the same product with
  * 256-byte-aligned scales in scripts/fp8_probe.cu: the one difference found between the two, so copied here
@@ -312,7 +312,7 @@ void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
               (dc == DT_FP32 || dc == DT_BF16) && g->batch == 1 && g->a->scale_inv && g->b->scale_inv &&
               (!g->bias || (g->bias->dtype == DT_FP32 && g->beta == 0.0f));
     if (!ok) {
-        cuda_record(cb, "this is a bug in the caller (see the fp8 rules of gemm_args in lib/backend.h)",
+        cuda_record(cb, "this is a bug in the caller (see the fp8 rules of gemm_args in lib/base/backend.h)",
                     "gemm: unsupported fp8 product A %s, B %s, C %s (batch %lld, scales %s)", dtype_name(da),
                     dtype_name(db), dtype_name(dc), (long long)g->batch,
                     g->a->scale_inv && g->b->scale_inv ? "set" : "missing");

@@ -527,14 +527,14 @@ static bool gelu_args_ok(struct cuda_backend *cb, const struct gemm_args *g)
     if (g->epilogue == GEMM_EPI_NONE)
         return true;
     if (g->epilogue != GEMM_EPI_GELU_TANH) {
-        cuda_record(cb, "this is a bug in the caller (see enum gemm_epilogue in lib/backend.h)",
+        cuda_record(cb, "this is a bug in the caller (see enum gemm_epilogue in lib/base/backend.h)",
                     "gemm: unknown epilogue %d", (int)g->epilogue);
         return false;
     }
     if (g->beta == 0.0f && g->batch == 1 && !g->trans_a && g->aux && g->aux->dtype == g->c->dtype &&
         (int64_t)g->aux->numel == g->m * g->n)
         return true;
-    cuda_record(cb, "this is a bug in the caller (see GEMM_EPI_GELU_TANH in lib/backend.h)",
+    cuda_record(cb, "this is a bug in the caller (see GEMM_EPI_GELU_TANH in lib/base/backend.h)",
                 "gemm: the GELU epilogue needs beta 0, batch 1, !trans_a and aux (m, n) of C's dtype (beta %g, "
                 "batch %lld, trans_a %d, m %lld, n %lld, aux %s of %zu elements, C %s)",
                 (double)g->beta, (long long)g->batch, (int)g->trans_a, (long long)g->m, (long long)g->n,
@@ -552,7 +552,7 @@ static void gemm_relu(struct backend *be, const struct gemm_args *g)
     const bool mask = g->epilogue == GEMM_EPI_RELU_MASK;
     if (g->beta != 0.0f || g->batch != 1 ||
         (mask && (!g->aux || g->aux->dtype != g->c->dtype || (int64_t)g->aux->numel != g->m * g->n))) {
-        cuda_record(cb, "this is a bug in the caller (see GEMM_EPI_RELU in lib/backend.h)",
+        cuda_record(cb, "this is a bug in the caller (see GEMM_EPI_RELU in lib/base/backend.h)",
                     "gemm: the ReLU epilogues need beta 0, batch 1 and (the mask) aux (m, n) of C's dtype (beta %g, "
                     "batch %lld, m %lld, n %lld, aux %s of %zu elements, C %s)",
                     (double)g->beta, (long long)g->batch, (long long)g->m, (long long)g->n,
@@ -584,7 +584,7 @@ void cuda_gemm(struct backend *be, const struct gemm_args *g)
     }
     if (g->a->dtype != g->b->dtype || (g->c->dtype != DT_FP32 && g->c->dtype != g->a->dtype) ||
         (g->bias && (g->bias->dtype != DT_FP32 || g->beta != 0.0f))) {
-        cuda_record(cb, "this is a bug in the caller (see the dtype rules in lib/backend.h)",
+        cuda_record(cb, "this is a bug in the caller (see the dtype rules in lib/base/backend.h)",
                     "gemm: unsupported dtypes A %s, B %s, C %s%s", dtype_name(g->a->dtype), dtype_name(g->b->dtype),
                     dtype_name(g->c->dtype), g->bias ? " with a bias" : "");
         return;

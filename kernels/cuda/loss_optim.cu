@@ -18,7 +18,7 @@
  * run passes the same gradients every step), from a pageable host copy kept in struct cuda_backend:
  * cudaMemcpyAsync stages a pageable source before it returns, so rewriting the copy later can never
  * race a queued upload (a shared pinned buffer could, without a synchronisation per call).
- * step_finish: step_rule_finish (lib/step_rule.h) in a one-thread kernel, on state in device memory.
+ * step_finish: step_rule_finish (lib/base/step_rule.h) in a one-thread kernel, on state in device memory.
  * step_propose: step_rule_propose, the same way: the scalars the trial updates run on.
  * adamw / sgd: ONE launch updates all n parameters of a call (a model's ~30 tensors paid ~30 launches a
  * step before). A table of {master, grad, m, v, copy, their dtypes, numel, weight decay, rounding} per parameter lives
@@ -27,7 +27,7 @@
  * for 4 elements a thread over the largest tensor and at most kOptimMaxBlocks, which grid-stride over its
  * elements (past 65535 tensors, one launch per 65535). Each element is updated in the CPU backend's
  * order (update_element): the master and moments (fp32, or bf16 rounded to nearest or stochastically with
- * lib/sround.h's bits), and the copy written in the same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor, skip) are
+ * lib/base/sround.h's bits), and the copy written in the same thread. The step's scalars (bias corrections, learning rate, unscale-and-clip factor, skip) are
  * read from struct step_scalars in device memory, written by step_finish in double as PyTorch and the CPU
  * backend compute them; every thread reads skip first, and a skipped step leaves every tensor untouched.
  * A trial (optim_update_args.trial) runs the same kernel with its stores replaced by checks of the values they

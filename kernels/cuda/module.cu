@@ -1,6 +1,6 @@
 /*
  * module.cu — the one symbol libamp_cuda.so exports (kernels/cuda/module.map): the table through which
- * lib/device_module.c reaches the CUDA backend and the NCCL communicator. Everything else in the
+ * lib/base/device_module.c reaches the CUDA backend and the NCCL communicator. Everything else in the
  * module, our copies of lib/'s error, dtype and tensor helpers included, stays local to it.
  */
 #include "backend.h"       /* struct backend: its size is checked by the loader */

@@ -1,5 +1,5 @@
 /*
- * fuzz_ckpt.c — libFuzzer harness for the checkpoint loader (lib/checkpoint.h), built three times:
+ * fuzz_ckpt.c — libFuzzer harness for the checkpoint loader (lib/engine/checkpoint.h), built three times:
  *
  *   FUZZ_CKPT_MODE 0, fuzz_ckpt_raw: the input is the checkpoint file as is. The whole-file CRC-32 in the
  *     512-byte user block must refuse almost every mutation before HDF5 sees a byte: that is what it tests.
@@ -7,7 +7,7 @@
  *     (magic and layout version here, length and CRC-32 by reseal() of tests/ckpt_testlib.h), so the
  *     mutated bytes reach HDF5's parser and then our readers. Crashes inside libhdf5 are expected here
  *     (that is why the CRC exists); scripts/fuzz.sh files them apart from ours.
- *   fuzz_ckpt_guarded: mode 1 with lib/trial.h's trial process on (FUZZ_TRIAL), as `ampTrain resume` runs:
+ *   fuzz_ckpt_guarded: mode 1 with lib/base/trial.h's trial process on (FUZZ_TRIAL), as `ampTrain resume` runs:
  *     HDF5 parses each file in a forked child first, so no crash inside libhdf5 may reach this process; any
  *     finding here, in libhdf5 or not, breaks that promise (docs/reliability.md). The other modes turn the
  *     trial off (fuzz_common.h: fuzz_set_trials) to fuzz the parse itself.
@@ -70,7 +70,7 @@ static void fuzz_testlib_failed(const char *cond, const char *file, int line)
 #define FUZZ_CKPT_MODE 2
 #endif
 #ifndef FUZZ_TRIAL
-#define FUZZ_TRIAL 0 /* 1: lib/trial.h's child process parses first, as in production (fuzz_ckpt_guarded) */
+#define FUZZ_TRIAL 0 /* 1: lib/base/trial.h's child process parses first, as in production (fuzz_ckpt_guarded) */
 #endif
 
 #define MAX_OBJECTS 64

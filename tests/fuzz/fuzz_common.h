@@ -123,7 +123,7 @@ static inline bool fuzz_verbose(void)
 
 /* ---- the trial process ---------------------------------------------------------------------------------- */
 
-/* lib/trial.h parses HDF5 files first in a forked child, so that a crash inside libhdf5 becomes a refusal. A
+/* lib/base/trial.h parses HDF5 files first in a forked child, so that a crash inside libhdf5 becomes a refusal. A
  * harness turns that off (AMPTRAIN_NO_TRIAL=1) to fuzz the parse itself: a crash in the child would hide a
  * bug of ours behind a refusal, and a fork per call costs most of an input's time. fuzz_ckpt_guarded keeps
  * it on (the production path); AMPTRAIN_FUZZ_TRIAL=1 keeps it on in any harness. */

@@ -1,5 +1,5 @@
 /*
- * fuzz_config.c — libFuzzer harness for the config reader with overrides (lib/config.h).
+ * fuzz_config.c — libFuzzer harness for the config reader with overrides (lib/base/config.h).
  *
  * Input: YAML text, a NUL byte, then `KEY=VALUE` overrides, one per line (no NUL: YAML only). YAML text that
  * starts with byte 0x01 is a recipe for a large document, so that small inputs reach the sizes where a

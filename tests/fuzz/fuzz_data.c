@@ -1,6 +1,6 @@
 /*
- * fuzz_data.c — libFuzzer harness for the data readers (lib/data.h: data_load; lib/data_idx.c,
- * lib/data_hdf5.c, lib/data_text.c, lib/data_tokens.c), through temporary files written from the input.
+ * fuzz_data.c — libFuzzer harness for the data readers (lib/base/data.h: data_load; lib/base/data_idx.c,
+ * lib/base/data_hdf5.c, lib/base/data_text.c, lib/base/data_tokens.c), through temporary files written from the input.
  *
  * Input: byte 0 the mode, bytes 1..4 the data_config knobs (batch size, val_fraction, mean/std, seq_len,
  * each an index into a table of ordinary and extreme values), then the payload:
@@ -372,7 +372,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     fuzz_scratch("data");
-    fuzz_set_trials(false); /* the HDF5 reader's trial process (lib/trial.h) off: fuzz the parse itself */
+    fuzz_set_trials(false); /* the HDF5 reader's trial process (lib/base/trial.h) off: fuzz the parse itself */
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     /* No HDF5 free lists (see fuzz_ckpt.c): no input looks like a leak for blocks parked in a list. */
     H5set_free_list_limits(0, 0, 0, 0, 0, 0);

@@ -1,11 +1,11 @@
 /*
- * fuzz_safetensors.c — libFuzzer harness for the safetensors reader (lib/safetensors.h: safetensors_parse), the
+ * fuzz_safetensors.c — libFuzzer harness for the safetensors reader (lib/base/safetensors.h: safetensors_parse), the
  * reader `model.init_from` will use on files users bring.
  *
  * Input: the bytes of a .safetensors file, as they are (the seeds in tests/fuzz/corpus/safetensors are small
  * exports and hand-written headers; tests/fuzz/safetensors.dict holds the format's tokens).
  *
- * Every accepted file is then given to model.init_from (lib/init_from.h) of a tiny GPT-2 (lm_head tied), with the
+ * Every accepted file is then given to model.init_from (lib/engine/init_from.h) of a tiny GPT-2 (lm_head tied), with the
  * names (ampTrain, pytorch, hf-gpt2) and strictness drawn from the input's length: init_from_load must accept it
  * or refuse it with AMP_ERR_CKPT naming the file (AMP_ERR_INTERNAL for memory), and after an accepted load every
  * weight is finite. The seed hf_gpt2_tiny is that model's own hf-gpt2 export, so the fuzzer starts from a match.

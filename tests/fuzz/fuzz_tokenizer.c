@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer.c — libFuzzer harness for the byte-level BPE tokenizer (lib/tokenizer.h): its readers of the
+ * fuzz_tokenizer.c — libFuzzer harness for the byte-level BPE tokenizer (lib/base/tokenizer.h): its readers of the
  * files users bring (`data.tokenizer`, `ampTrain tokenize --tokenizer`) and its encoder on arbitrary text.
  *
  * Input: a mode byte, then the rest (the seeds in tests/fuzz/corpus/tokenizer: a small BPE trained on fortunes by

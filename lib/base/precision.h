@@ -18,7 +18,7 @@
 enum precision_mode { PREC_FP32, PREC_FP16_STATIC, PREC_FP16_DYNAMIC, PREC_BF16, PREC_FP8 };
 
 /* How a mode scales the loss: not at all (scale 1), by a fixed precision.loss_scale.value, or by the dynamic
- * rule from precision.loss_scale.init (lib/scaler.h). */
+ * rule from precision.loss_scale.init (lib/base/scaler.h). */
 enum loss_scaling { LOSS_SCALE_NONE, LOSS_SCALE_STATIC, LOSS_SCALE_DYNAMIC };
 
 struct precision_config; /* config.h */

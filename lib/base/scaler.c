@@ -1,6 +1,6 @@
 /*
  * scaler.c — the loss scaler's initial state. The update rule is inline in scaler.h: it runs
- * on the backend, next to the gradients (lib/step_rule.h).
+ * on the backend, next to the gradients (lib/base/step_rule.h).
  */
 #include "scaler.h"
 

@@ -35,7 +35,7 @@ struct autocast_policy {
     bool enabled;                      /* false: everything fp32 */
     enum dtype lowp;                   /* DT_FP16 or DT_BF16 when enabled */
     enum op_class cls[OP_KIND_COUNT];
-    bool fp8;                          /* precision.mode fp8: linear products read fp8 operands (lib/fp8.h), but in
+    bool fp8;                          /* precision.mode fp8: linear products read fp8 operands (lib/base/fp8.h), but in
                                         * the layers of precision.fp8.keep_bf16; the rest of the table is bf16's */
 };
 

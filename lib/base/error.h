@@ -29,7 +29,7 @@ struct amp_error {
     enum amp_status code;
     char msg[2048];  /* what is wrong, naming the file / key / tensor; e.g. "a.yaml:3:5: unknown key ..." */
     char hint[1024]; /* what to do about it; printed after "hint: " */
-    int agreed;      /* data parallel: every rank holds this error (lib/dist.h, comm_agree), so rank 0 alone
+    int agreed;      /* data parallel: every rank holds this error (lib/engine/dist.h, comm_agree), so rank 0 alone
                       * prints it */
 };
 

@@ -114,7 +114,7 @@ const char *comm_mpi_version(void)
 }
 #endif
 
-/* NCCL lives in the CUDA backend's module (lib/device_module.h, kernels/cuda/comm_nccl.cu): these reach it
+/* NCCL lives in the CUDA backend's module (lib/base/device_module.h, kernels/cuda/comm_nccl.cu): these reach it
  * through the module's table once backend_open has loaded it for a CUDA device. */
 const char *comm_nccl_version(void)
 {

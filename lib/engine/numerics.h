@@ -74,7 +74,7 @@ struct numerics {
     FILE *csv;                 /* numerics.csv, or NULL */
     float *host_ref, *host_run;
     size_t host_len;
-    /* precision.mode fp8: the run's own casts at its per-tensor scales (lib/fp8.h), counted by the backend in
+    /* precision.mode fp8: the run's own casts at its per-tensor scales (lib/base/fp8.h), counted by the backend in
      * the measured micro-batch: per fp8 tensor (the forward group's, then the backward's) the elements that
      * saturate, the nonzero ones that flush to zero, the nonzero ones, all of them */
     int nfp8;
@@ -101,7 +101,7 @@ void numerics_report(const struct numerics *nm, const struct config *cfg, double
 
 void numerics_close(struct numerics *nm);
 
-/* run.numerics_every's measurement, for train_run and train_resume (lib/train.h): numerics_open on DIR/numerics.csv
+/* run.numerics_every's measurement, for train_run and train_resume (lib/engine/train.h): numerics_open on DIR/numerics.csv
  * (appended to), numerics_step on each step given, and at a good end numerics_report with 0.001 of activation-gradient
  * elements allowed to flush. */
 extern const struct train_probe numerics_probe;

@@ -3,7 +3,7 @@
  *
  * State per parameter (AdamW: m, v; SGD: momentum buffer) is FP32, or bf16 with optim.state_dtype: bf16, and
  * lives on the backend. bf16 stores (state, and bf16 master weights) round to nearest even, or stochastically
- * with optim.stochastic_rounding (lib/sround.h: keyed by run.seed, the step and the parameter's index). The step
+ * with optim.stochastic_rounding (lib/base/sround.h: keyed by run.seed, the step and the parameter's index). The step
  * count `step` counts optimizer steps actually taken: a skipped step (non-finite gradients) moves
  * neither the weights, the moments, the step count nor the schedule.
  *
@@ -40,7 +40,7 @@ struct optimizer {
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                              int64_t total_steps, uint64_t run_seed, struct amp_error *err);
 
-/* The schedule as plain data, for the step rule (lib/step_rule.h). */
+/* The schedule as plain data, for the step rule (lib/base/step_rule.h). */
 struct schedule_params optim_schedule_params(const struct optimizer *o);
 
 /* Learning rate for the next step (from o->step). */

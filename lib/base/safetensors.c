@@ -2,7 +2,7 @@
  * safetensors.c — writing and reading the safetensors format (safetensors.h has the layout and the rules).
  *
  * The writer builds the header text in memory, then streams header and tensors into a temporary file beside
- * the output (mkstemp), fsyncs, renames and fsyncs the directory, as lib/checkpoint.c does for checkpoints.
+ * the output (mkstemp), fsyncs, renames and fsyncs the directory, as lib/engine/checkpoint.c does for checkpoints.
  *
  * The reader checks the 8-byte header length (against a cap and the file) before it reads the header, and the
  * header before it reads the data, so that a large file of another kind is refused without being read. It holds

@@ -8,7 +8,7 @@
  * step_scalars), updates the loss scaler (scaler_update) and writes the step's log row. The CPU backend
  * calls it directly; the CUDA backend runs it in a one-thread kernel. Nothing in a step needs the
  * host to know its outcome, so a GPU step queues without a host synchronisation, and the trainer reads
- * the state and the rows of a whole log window at once (lib/train.c).
+ * the state and the rows of a whole log window at once (lib/engine/train.c).
  *
  * Everything here is plain data (no pointers) and AMP_HD inline code: one definition of each rule for
  * the host and every device. The arithmetic is the host's former order to the bit (doubles where it
@@ -22,7 +22,7 @@
 
 #include "scaler.h" /* struct scaler, scaler_update, AMP_HD */
 
-/* The learning-rate schedule (lib/optim.h gives the formulas), as plain data. */
+/* The learning-rate schedule (lib/engine/optim.h gives the formulas), as plain data. */
 enum { SCHEDULE_CONSTANT, SCHEDULE_STEP, SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_WSD, SCHEDULE_INVERSE_SQRT };
 struct schedule_params {
     int32_t kind;

@@ -1474,7 +1474,7 @@ static enum amp_status apply_layers(struct ctx *c, const struct field *f, void *
     yaml_node_item_t *items = node->data.sequence.items.start;
     ptrdiff_t count = node->data.sequence.items.top - items;
     if (count > CFG_MAX_LAYERS)
-        return fail_value(c, node, "model.layers", "split the model or raise CFG_MAX_LAYERS in lib/config.h",
+        return fail_value(c, node, "model.layers", "split the model or raise CFG_MAX_LAYERS in lib/base/config.h",
                           "%td layers; ampTrain builds at most %d", count, CFG_MAX_LAYERS);
     int n = (int)count;
     struct layer_config *layers = calloc(n > 0 ? (size_t)n : 1, sizeof *layers);
@@ -1703,7 +1703,7 @@ static enum amp_status check_precision(const struct ctx *c, const struct precisi
                         "precision.loss_scale: %s (%s) is larger than %s (%s)", low ? "min" : "init", a,
                         low ? "init" : "max", b);
     }
-    /* inv = 1/scale in fp32 (lib/scaler.h): below fp32's smallest normal number it is Inf, and the update
+    /* inv = 1/scale in fp32 (lib/base/scaler.h): below fp32's smallest normal number it is Inf, and the update
      * grad * inv would write NaN into every weight; a scale never goes below min, so min bounds it. */
     const double scales[3] = {s->init, s->min, s->value};
     const char *const scale_keys[3] = {"precision.loss_scale.init", "precision.loss_scale.min",

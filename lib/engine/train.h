@@ -5,12 +5,12 @@
  *   for each of accum_steps micro-batches: forward, backward seeded with scale/(accum_steps x world)
  *     (weight gradients accumulate in FP32, each micro-batch's summed apart and then added)
  *   reduce:   data parallel: the flat FP32 gradient buffer and the step's loss summed over the ranks, once
- *             per step (lib/dist.h); every rank then holds the same gradients and decides alike
+ *             per step (lib/engine/dist.h); every rank then holds the same gradients and decides alike
  *   check:    one fused pass over all gradients (non-finite counts, squared norm)
  *   step:     skipped if non-finite; else unscale and clip folded into one factor, optimizer update,
  *             low-precision weight copies refreshed
  *   update:   loss scale; log row; evaluation every eval_every steps
- * The check, step and update run on the backend (lib/step_rule.h): trainer_step queues a whole step
+ * The check, step and update run on the backend (lib/base/step_rule.h): trainer_step queues a whole step
  * without waiting for it, and trainer_flush reads the log rows of the steps queued since the last
  * flush in one go. run_loop flushes every log window: run.log_every steps (at most TRAIN_MAX_WINDOW),
  * and before a checkpoint, an evaluation, a stop and the end.
@@ -70,7 +70,7 @@ struct trainer {
     struct model model;
     struct optimizer opt;
     struct scaler scaler;
-    struct state_bound bound;    /* host mirror of the step state's bound (lib/step_rule.h); +Inf until a step */
+    struct state_bound bound;    /* host mirror of the step state's bound (lib/base/step_rule.h); +Inf until a step */
     struct sampler sampler;
     struct runlog log;
     struct batch_io io;
@@ -98,7 +98,7 @@ struct trainer {
     int64_t nrecs;
     struct trainer_test_hook test_hook; /* test-only: faults between backward and the check (test_switches.h) */
     /* When set, called after the first micro-batch's forward and backward of the next step, with that
-     * micro-batch's context and batch (lib/numerics.c measures there, against its FP32 shadow). It must not
+     * micro-batch's context and batch (lib/engine/numerics.c measures there, against its FP32 shadow). It must not
      * change the model's tensors: the step goes on from them. */
     enum amp_status (*after_first_micro)(struct trainer *t, const struct step_ctx *ctx, const struct batch *b,
                                          void *user, struct amp_error *err);
@@ -133,7 +133,7 @@ enum amp_status trainer_check_stability(const struct trainer *t, const struct st
 void trainer_teardown(struct trainer *t);
 
 /* A measurement that takes chosen steps of a run in trainer_step's place, plugged in from above the trainer:
- * run.numerics_every's is lib/numerics.h's numerics_probe, which measures a step's first micro-batch through
+ * run.numerics_every's is lib/engine/numerics.h's numerics_probe, which measures a step's first micro-batch through
  * after_first_micro. The run opens it on rank 0 once the trainer is set up (and the checkpoint loaded), has it take
  * every run.numerics_every-th step, and closes it at the end. */
 struct train_probe {
@@ -146,7 +146,7 @@ struct train_probe {
 };
 
 /* Train as `cfg` says. Prints progress to stdout. Checkpoints every run.ckpt_every steps and at the end
- * (lib/checkpoint.h), and at each new best evaluation under run.keep_best; with run.keep_best or run.early_stop an
+ * (lib/engine/checkpoint.h), and at each new best evaluation under run.keep_best; with run.keep_best or run.early_stop an
  * evaluation comes before its step's checkpoint, and run.early_stop ends the run with AMP_OK after its patience. On SIGINT/SIGTERM the current step finishes, a checkpoint is written and the
  * status is AMP_EXIT_SIGINT / AMP_EXIT_SIGTERM; a second signal during that save exits at once. probe: what
  * run.numerics_every measures with; NULL only where run.numerics_every is 0 (otherwise AMP_ERR_INTERNAL). */

@@ -21,7 +21,7 @@
  *     JSON by a strict parser of just this format (objects, arrays, strings with escapes, unsigned
  *     integers), every dtype, shape and offset, duplicate names. Every failure is AMP_ERR_CKPT naming the
  *     file and, where there is one, the tensor; never a read out of bounds.
- *   - ampTrain takes F32, F16 and BF16 (lib/dtype.h); any other dtype of the format is refused by name.
+ *   - ampTrain takes F32, F16 and BF16 (lib/base/dtype.h); any other dtype of the format is refused by name.
  *   - Data is little-endian in the file and in memory: ampTrain builds for little-endian hosts only.
  */
 #ifndef AMP_SAFETENSORS_H

@@ -6,7 +6,7 @@
  * non-finite check. Those switches are declared here and nowhere else, each with the test that uses it, so a
  * reader sees at once what production code does only for tests. They cost a getenv or a NULL check when off.
  * (Other AMPTRAIN_ variables are settings for users and are documented where they are read: AMPTRAIN_NO_TRIAL and
- * AMPTRAIN_TRIAL_LOG in lib/trial.h, AMPTRAIN_GEMM_* and AMPTRAIN_POOL_PROFILE in docs/backend.md.)
+ * AMPTRAIN_TRIAL_LOG in lib/base/trial.h, AMPTRAIN_GEMM_* and AMPTRAIN_POOL_PROFILE in docs/backend.md.)
  */
 #ifndef AMP_TEST_SWITCHES_H
 #define AMP_TEST_SWITCHES_H
@@ -17,15 +17,15 @@
 struct trainer;
 
 /* AMPTRAIN_TEST_RAISE=WHERE: test_switch_raise(WHERE) sends this process SIGTERM, so a test places a signal where
- * no timing could. The points: "setup" and "final_eval" in the run loop (lib/train.c; tests/test_hostile.c
- * stop_signal tests), "export_write" after the first tensor's bytes (lib/safetensors.c; tests/test_export.c). */
+ * no timing could. The points: "setup" and "final_eval" in the run loop (lib/engine/train.c; tests/test_hostile.c
+ * stop_signal tests), "export_write" after the first tensor's bytes (lib/base/safetensors.c; tests/test_export.c). */
 void test_switch_raise(const char *where);
 
-/* AMPTRAIN_TEST_PERTURB=R:S: true on rank R after optimizer step S, where lib/dist.c dist_test_perturb adds 1e-3
+/* AMPTRAIN_TEST_PERTURB=R:S: true on rank R after optimizer step S, where lib/engine/dist.c dist_test_perturb adds 1e-3
  * to the first weight, so that the replica check has something to find (tests/test_dist.c, mpirun -x). */
 bool test_switch_perturb(int rank, int64_t step);
 
-/* The trainer's test hook (struct trainer's test_hook, lib/train.h): when set, called after the last
+/* The trainer's test hook (struct trainer's test_hook, lib/engine/train.h): when set, called after the last
  * micro-batch's backward and the reduce, before the non-finite check; tests/test_precision.c injects Inf and NaN
  * gradients there. */
 struct trainer_test_hook {

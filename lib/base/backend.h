@@ -14,7 +14,7 @@
  *  - Ops that accumulate take `beta`: out = beta * out + new (beta 0 overwrites, 1 accumulates).
  *
  * Nothing in a training step returns a value to the host: losses, the gradient check, the loss scale
- * and the step's decision stay in backend memory (lib/step_rule.h), so a GPU queues a whole step
+ * and the step's decision stay in backend memory (lib/base/step_rule.h), so a GPU queues a whole step
  * without a host synchronisation. Only download and synchronize wait.
  *
  * Errors: operations return void; a backend records its first failure (a CUDA error, say) and
@@ -134,25 +134,25 @@ struct optim_update_args {
                                * most 1 + this entry's index in the call (the smallest such index wins); a trial
                                * returns at once unless sc->check */
     struct state_bound *bound;/* or NULL; backend memory, shared by the call's entries: an update raises it to the
-                               * largest |weight|, |m| and v it stores (lib/step_rule.h, step_rule_bounded) */
+                               * largest |weight|, |m| and v it stores (lib/base/step_rule.h, step_rule_bounded) */
     float weight_decay;       /* this parameter's (0 where it does not decay); adamw applies sc->adam_decay */
     double beta1, beta2;      /* adamw: the config's; the update uses (float)beta and (float)(1 - beta), 1 - beta
                                * computed in double as PyTorch passes it (0.001f for 0.999, not 1.0f - 0.999f) */
     float eps;                /* adamw */
     float momentum;           /* sgd */
     bool nesterov;            /* sgd */
-    bool stochastic;          /* bf16 stores round stochastically (lib/sround.h), else to nearest even */
+    bool stochastic;          /* bf16 stores round stochastically (lib/base/sround.h), else to nearest even */
     uint64_t sr_seed;         /* sr_seed(run.seed) */
     uint32_t sr_param;        /* this parameter's index: the rounding stream is sr_stream(sc->t, sr_param) */
 };
 
-/* A cast to fp8 with a per-tensor scale (lib/fp8.h has the recipes). dst = saturate(round-to-nearest-even(
+/* A cast to fp8 with a per-tensor scale (lib/base/fp8.h has the recipes). dst = saturate(round-to-nearest-even(
  * src * scale)) in dst's format (E4M3 or E5M2; never Inf), and dst's value is code * scale_inv. */
 struct fp8_cast_args {
     struct tensor *dst;       /* E4M3 or E5M2, src's numel; dst->scale_inv should point at scale_inv */
     const struct tensor *src; /* any non-fp8 dtype */
     float *scale, *scale_inv; /* this tensor's: one fp32 each in backend memory */
-    float *amax;              /* non-NULL: *amax = max(*amax, max |src|) (lib/fp8.h fp8_amax_fold) */
+    float *amax;              /* non-NULL: *amax = max(*amax, max |src|) (lib/base/fp8.h fp8_amax_fold) */
     bool current;             /* first *scale = fp8_scale_from_amax(max |src|, current) and *scale_inv = 1 / *scale
                                * (recipe current), then cast */
     int margin;               /* precision.fp8.margin, for `current` */
@@ -161,7 +161,7 @@ struct fp8_cast_args {
                                * ones that round to zero, the nonzero ones, and all of them */
 };
 
-/* The delayed recipe's update after a step, for the n tensors of one group (lib/fp8.h): amax from the history
+/* The delayed recipe's update after a step, for the n tensors of one group (lib/base/fp8.h): amax from the history
  * (len rows of n; `max` over the rows or row `row` alone), scale = fp8_scale_from_amax(amax, fmax, margin, scale,
  * delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to 0. */
 struct fp8_update_args {
@@ -187,7 +187,7 @@ struct backend {
     void (*zero)(struct backend *be, struct tensor *t);
     void (*synchronize)(struct backend *be);
 
-    /* batch staging (lib/train.c, batch_io): host memory the device copies from while the host goes on
+    /* batch staging (lib/engine/train.c, batch_io): host memory the device copies from while the host goes on
      * (pinned on CUDA, plain on the CPU); copies queued under one of BACKEND_STAGING_SLOTS slots; and a
      * wait for a slot's queued copies, before the host writes that slot's memory again. With two slots
      * alternated the host prepares the next batch while the device still copies the last. */
@@ -300,11 +300,11 @@ struct backend {
      * elements of tensor t */
     void (*grad_stats)(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
                        int64_t *counts);
-    /* the scalars the step would update with (lib/step_rule.h, step_rule_propose), for the trial updates; it
+    /* the scalars the step would update with (lib/base/step_rule.h, step_rule_propose), for the trial updates; it
      * zeroes check->update_nonfinite */
     void (*step_propose)(struct backend *be, const struct step_params *p, struct step_state *state,
                          struct grad_check *check);
-    /* the step's tail (lib/step_rule.h, step_rule_finish) on state, check and row in backend memory */
+    /* the step's tail (lib/base/step_rule.h, step_rule_finish) on state, check and row in backend memory */
     void (*step_finish)(struct backend *be, const struct step_params *p, struct step_state *state,
                         const struct grad_check *check, struct step_row *row);
     /* *acc (one int64 in backend memory) += the number of elements exactly zero, +0 or -0 (grad_zero_frac) */
@@ -349,7 +349,7 @@ void backend_describe_build(char *buf, size_t len);
 
 /* The CPU backend's constructor, used by backend_open and by tests that compare backends. (The CUDA
  * backend is reached through backend_open only: it lives in a module loaded on first use,
- * lib/device_module.h.) */
+ * lib/base/device_module.h.) */
 struct backend *backend_cpu_create(void);
 /* The CUDA devices there are: 0 in a CPU-only build, without the NVIDIA driver (libcuda.so.1), or when
  * the CUDA backend's module cannot be loaded. Loads the module where the driver is present. */

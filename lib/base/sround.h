@@ -1,5 +1,5 @@
 /*
- * sround.h — stochastic rounding of fp32 values to bf16, with the random bits of lib/rng.h.
+ * sround.h — stochastic rounding of fp32 values to bf16, with the random bits of lib/base/rng.h.
  *
  * Rounding x stochastically picks one of the two bf16 values around it with probabilities that make
  * the expected result x: adding 16 uniform random bits to x's low 16 bits and truncating rounds up

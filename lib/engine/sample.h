@@ -15,7 +15,7 @@
  *   top_p times the sum of what is kept (at least one token); with u = rng_uniform(seed, SAMPLE_STREAM, k) for the
  *   k-th generated token (k from 0) and r = u * (sum of the kept w), the first kept token at which the running sum
  *   exceeds r (the last one kept if rounding leaves none).
- * The draws are a pure function of (seed, k) (lib/rng.h), so the same model, prompt and options give the same
+ * The draws are a pure function of (seed, k) (lib/base/rng.h), so the same model, prompt and options give the same
  * tokens, on any backend whose logits are the same.
  */
 #ifndef AMP_SAMPLE_H
@@ -71,7 +71,7 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
 void sample_result_free(struct sample_result *r);
 
 /* Text and tokens for a model of vocabulary `vocab`: a byte-level model's tokens are its bytes (no tokenizer file);
- * any other vocabulary needs the tokenizer the model was trained with (lib/tokenizer.h: a Hugging Face byte-level
+ * any other vocabulary needs the tokenizer the model was trained with (lib/base/tokenizer.h: a Hugging Face byte-level
  * BPE, the data.tokenizer of its run or sample's --tokenizer). */
 struct sample_codec {
     struct tokenizer *tok; /* NULL: bytes */

@@ -4,8 +4,8 @@
  * The CUDA backend (kernels/cuda/, with the NCCL communicator) is built as libamp_cuda.so, not into the
  * ampTrain binary: cuBLASLt, cuDNN and NCCL (about 156 MB mapped) are then loaded only when a CUDA
  * device is used, and a CPU run of a CUDA-enabled build maps none of them. The module exports one
- * function, DEVICE_MODULE_SYMBOL, returning the table below; lib/backend.c (the backend factory) and
- * lib/comm.c (the NCCL switch) call the device through it and nothing else.
+ * function, DEVICE_MODULE_SYMBOL, returning the table below; lib/base/backend.c (the backend factory) and
+ * lib/base/comm.c (the NCCL switch) call the device through it and nothing else.
  *
  * Where the module is: $AMPTRAIN_CUDA_MODULE (a path), else libamp_cuda.so in the directory of the
  * running executable (the build directory; scripts/gpu-bundle.sh packs it beside ampTrain).

@@ -2,7 +2,7 @@
  * comm_mpi.c — the MPI communicator (comm.h): every collective by MPI on host memory.
  *
  * Built where CMake finds MPI (AMP_HAVE_MPI). MPI_Init happens in comm_mpi_open, before the config is
- * read, so that a rank that cannot read its config can still tell the others (lib/dist.h, comm_agree).
+ * read, so that a rank that cannot read its config can still tell the others (lib/engine/dist.h, comm_agree).
  * Errors keep MPI's default handler, MPI_ERRORS_ARE_FATAL: a rank lost mid-collective aborts the job
  * instead of leaving the others waiting. A rank that stalls is the watchdog's (comm_watch.h): every
  * blocking call here is one watched wait.

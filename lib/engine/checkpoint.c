@@ -234,7 +234,7 @@ static void write_attrs_ok(struct writer *w, int rc, const char *what)
 }
 
 /* The HDF5 part of a checkpoint: everything but the user block. */
-/* /fp8 (precision.mode fp8, lib/fp8.h): its attributes; with recipe delayed, per group (fwd: E4M3 inputs and weights,
+/* /fp8 (precision.mode fp8, lib/base/fp8.h): its attributes; with recipe delayed, per group (fwd: E4M3 inputs and weights,
  * bwd: E5M2 output gradients) the scales (n) and the amax history (amax_history_len, n) (recipe current has no
  * state: each cast computes its scale); the n tensors in the order the
  * model's layers register them (`ampTrain check` lists them). scale_inv is 1 / scale, not stored. */

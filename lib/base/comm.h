@@ -2,12 +2,12 @@
  * comm.h — the one seam between ranks: the communicator of data-parallel training (docs/distributed.md).
  *
  * ampTrain runs as N ranks launched by MPI (`mpirun -np N ampTrain run ...`), one per device. The engine
- * (lib/train.c, lib/dist.c) talks to the other ranks only through this table; it never calls MPI or
+ * (lib/engine/train.c, lib/engine/dist.c) talks to the other ranks only through this table; it never calls MPI or
  * NCCL itself, and the implementations never look inside the engine's structures.
  *
  * Implementations:
  *  - none (comm_open without a launcher): one rank; every collective returns its input unchanged.
- *  - mpi (lib/comm_mpi.c, built where CMake finds MPI): every collective by MPI on host memory. The
+ *  - mpi (lib/base/comm_mpi.c, built where CMake finds MPI): every collective by MPI on host memory. The
  *    gradient reduce works on backend memory only where that is host memory (the CPU backend); the
  *    trainer stages through the host otherwise.
  *  - nccl (kernels/cuda/comm_nccl.cu, built where CUDA and NCCL are found): the mpi communicator whose
@@ -16,7 +16,7 @@
  *
  * Rules every implementation keeps:
  *  - Every rank calls the same collectives in the same order with the same sizes. A rank that would
- *    skip one (an error, a signal) first tells the others through comm_agree (lib/dist.h), so that no
+ *    skip one (an error, a signal) first tells the others through comm_agree (lib/engine/dist.h), so that no
  *    rank ever waits for a collective another rank will not make.
  *  - reduce_sum gives every rank the same bits (all-reduce; with two ranks a + b == b + a exactly, so
  *    it equals one rank summing the same two micro-batches). It may run asynchronously on the backend's
@@ -24,7 +24,7 @@
  *  - Host collectives (host_*) are synchronous and take host memory.
  *  - A lost rank ends the job: MPI's default error handler aborts every rank (mpirun kills them).
  *    A stalled one ends it too: every wait of this rank for the others (each blocking collective, making
- *    the NCCL communicator, MPI_Finalize) is watched (lib/comm_watch.h), and one longer than the limit
+ *    the NCCL communicator, MPI_Finalize) is watched (lib/base/comm_watch.h), and one longer than the limit
  *    (dist.timeout_s, COMM_TIMEOUT_DEFAULT_S until the config is read) ends the job with exit code 1.
  *    Nothing waits for ever, except where the limit is 0, and except a GPU hung inside NCCL's all-reduce
  *    (the host waits for that in the CUDA backend's synchronisation, not here).

@@ -109,7 +109,7 @@ enum amp_status data_file_digest(const char *path, const char *key, uint64_t *di
  * files' (data_load them). `export` builds a text model this way without reading its data. */
 bool data_spec_from_config(const struct data_config *cfg, struct data_spec *spec);
 
-/* A digest of what the ranks of a job must share (lib/dist.h, dist_check_data): the sample shape, the classes,
+/* A digest of what the ranks of a job must share (lib/engine/dist.h, dist_check_data): the sample shape, the classes,
  * each split's size, and the contents of DATA_FINGERPRINT_SAMPLES samples of each split spread evenly over it,
  * the first and the last among them (for text and tokens: their windows' bytes). Cheap for any size (token files
  * are read at those windows only); two files that differ only between the samples read look the same. */
@@ -118,7 +118,7 @@ uint64_t data_fingerprint(const struct dataset *ds);
 
 /* Copy samples idx[0..n) of a split into host buffers: x (n, sample_numel) fp32 for arrays, or
  * tokens (n, seq_len) int32 for text and token files; labels (n) or (n, seq_len) int32. Any buffer may be
- * NULL: lib/train.c passes no x and has the backend gather an array's samples as rows of split.x
+ * NULL: lib/engine/train.c passes no x and has the backend gather an array's samples as rows of split.x
  * (backend.h, upload_rows). */
 void data_gather(const struct dataset *ds, enum split s, const int64_t *idx, int64_t n, float *x, int32_t *tokens,
                  int32_t *labels);

@@ -892,7 +892,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         lm.stopped_early = true; /* the checkpoint's run had stopped early: it stays stopped, its step evaluated */
         lm.eval_step = t.step;
     }
-    /* run.numerics_every: rank 0 measures its first micro-batch of every such step (the probe: lib/numerics.h) */
+    /* run.numerics_every: rank 0 measures its first micro-batch of every such step (the probe: lib/engine/numerics.h) */
     void *measured = NULL;
     int64_t measure_every = cfg->run.numerics_every;
     if (st == AMP_OK && measure_every > 0 && !probe)
@@ -900,7 +900,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                       "run.numerics_every is %lld but the run has no probe to measure with", (long long)measure_every);
     if (st == AMP_OK && measure_every > 0 && comm->rank == 0)
         st = probe->open(&t, &measured, err);
-    /* run.sample_every: rank 0 generates from the model between steps (lib/sample.h); it reads the weights and writes
+    /* run.sample_every: rank 0 generates from the model between steps (lib/engine/sample.h); it reads the weights and writes
      * only activations the next forward writes again, and draws from its own random stream */
     struct run_sampler sampler = {0};
     int64_t sample_every = cfg->run.sample_every;

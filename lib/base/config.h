@@ -49,7 +49,7 @@ enum recompute { RECOMPUTE_NONE, RECOMPUTE_GELU, RECOMPUTE_ATTENTION, RECOMPUTE_
 enum resume_policy { RESUME_NEVER, RESUME_AUTO };
 enum on_nonfinite { NONFINITE_SKIP, NONFINITE_STOP };
 enum init_scheme { INIT_PYTORCH, INIT_GPT2 };
-/* How tensors are named outside ampTrain (export --names, model.init_names; lib/weight_names.h). */
+/* How tensors are named outside ampTrain (export --names, model.init_names; lib/base/weight_names.h). */
 enum weight_names { NAMES_AMPTRAIN, NAMES_PYTORCH, NAMES_HF_GPT2 };
 enum gelu_approx { GELU_TANH, GELU_ERF };
 enum dist_backend { DIST_AUTO, DIST_NONE, DIST_MPI, DIST_NCCL };
@@ -125,12 +125,12 @@ struct run_config {
     enum eval_metric keep_best; /* none (default) | loss | accuracy | perplexity: the best evaluation's checkpoint
                                  * is kept beside the newest keep_ckpts and named by DIR/best */
     struct early_stop_config early_stop;
-    int64_t numerics_every; /* steps between numerics measurements (lib/numerics.h); 0 = off (default) */
-    int64_t sample_every; /* steps between text samples (lib/sample.h) into samples.jsonl; 0 = off (default) */
+    int64_t numerics_every; /* steps between numerics measurements (lib/engine/numerics.h); 0 = off (default) */
+    int64_t sample_every; /* steps between text samples (lib/engine/sample.h) into samples.jsonl; 0 = off (default) */
     char sample_prompt[CFG_STR]; /* their prompt; default "" (a newline) */
     enum recompute recompute; /* none (default) | gelu | attention | block: activations recomputed in backward
                                * (models/attention.c); the results are the same bits */
-    bool tensorboard;     /* rank 0 writes a TensorBoard event file into out_dir (default true; lib/tboard.h) */
+    bool tensorboard;     /* rank 0 writes a TensorBoard event file into out_dir (default true; lib/engine/tboard.h) */
     enum resume_policy resume; /* never (default: such a directory is refused) | auto: continue from its newest
                                 * verified checkpoint when the config is the same */
 };
@@ -149,7 +149,7 @@ struct data_config {
     /* tokens: nanoGPT's raw uint16 or llm.c's headered token files (docs/data.md), memory-mapped */
     char train_bin[CFG_STR], val_bin[CFG_STR]; /* val_bin "" = no test split */
     int64_t vocab;        /* tokens: ids must be < vocab (required for tokens; 0 = not set) */
-    char tokenizer[CFG_STR]; /* tokens: the byte-level BPE that made the ids (lib/tokenizer.h: a tokenizer.json, a
+    char tokenizer[CFG_STR]; /* tokens: the byte-level BPE that made the ids (lib/base/tokenizer.h: a tokenizer.json, a
                               * vocab.json with merges.txt, or their directory); "" = none (default) */
     enum data_sampling sampling; /* tokens: random (default, nanoGPT) | sequential (llm.c) */
     int64_t val_windows;  /* tokens: evaluate on the first N windows of val_bin; 0 (default) = all */
@@ -214,7 +214,7 @@ struct autocast_config {
 #define CFG_MAX_KEEP 32       /* most names in precision.fp8.keep_bf16 */
 #define CFG_MAX_AMAX_HISTORY 65536 /* precision.fp8.amax_history_len */
 
-/* precision.mode fp8 (docs/precision.md "fp8"; lib/fp8.h). */
+/* precision.mode fp8 (docs/precision.md "fp8"; lib/base/fp8.h). */
 struct fp8_config {
     enum fp8_recipe_kind recipe;       /* delayed (default) | current */
     int64_t amax_history_len;          /* delayed: steps of amax kept (default 1024), 1..CFG_MAX_AMAX_HISTORY */
@@ -252,7 +252,7 @@ struct dist_config {
     enum dist_backend backend; /* auto (default: nccl on CUDA where built, else mpi) | none | mpi | nccl */
     int64_t check_every;       /* steps between replica checksum comparisons; 0 (default): every log flush */
     double timeout_s;          /* the longest a rank waits for the others in one collective before it ends the
-                                * job (lib/comm_watch.h); 0: no limit */
+                                * job (lib/base/comm_watch.h); 0: no limit */
 };
 
 struct config {

@@ -52,7 +52,7 @@ AMP_HD static inline float scaler_inv_scale(const struct scaler *s)
 
 /* Record the outcome of optimizer step `step` and update the scale. Returns true when the step must
  * be skipped (found_nonfinite). Inline and AMP_HD: the backend runs it where the state lives
- * (lib/step_rule.h), and this is the only definition of the rule. */
+ * (lib/base/step_rule.h), and this is the only definition of the rule. */
 /* Record a step skipped for another reason than its gradients (an update that would store a non-finite weight
  * or moment): counted as a skip, the scale and its trackers left as they are, since the gradients were finite at
  * this scale. Returns true (skipped). */

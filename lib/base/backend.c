@@ -7,7 +7,7 @@
  * one ("device: cuda:0 (NVIDIA H200, sm_90)"), else the CPU ("device: cpu (no CUDA device found)");
  * "cuda" / "cuda:N" without that device is a configuration error.
  *
- * The CUDA backend is a module (lib/device_module.h), loaded here on first use: only where the NVIDIA
+ * The CUDA backend is a module (lib/base/device_module.h), loaded here on first use: only where the NVIDIA
  * driver is installed, so a CPU run never maps cuBLASLt, cuDNN or NCCL. Where the driver is present
  * but the module cannot be loaded, "auto" says why on its "device: cpu (...)" line and "cuda" is a
  * configuration error carrying the loader's message.

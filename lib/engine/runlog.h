@@ -1,7 +1,7 @@
 /*
  * runlog.h — what a run writes besides checkpoints (README.md, "What a run writes"): the resolved config, the
  * per-step scale_log.csv, eval.jsonl, a TensorBoard event file with the same numbers (run.tensorboard;
- * lib/tboard.h), and the progress line (a single rewritten line on a terminal, a plain line every log_every
+ * lib/engine/tboard.h), and the progress line (a single rewritten line on a terminal, a plain line every log_every
  * steps otherwise).
  */
 #ifndef AMP_RUNLOG_H
