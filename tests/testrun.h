@@ -32,7 +32,7 @@ static struct result shell(const char *cmd)
     return r;
 }
 
-/* The binary under test: $AMPTRAIN_BIN where set (scripts/gpu-check.sh sets it to the bundle's, which is
+/* The binary under test: $AMPTRAIN_BIN where set (scripts/gpu/gpu-check.sh sets it to the bundle's, which is
  * unpacked away from the build directory compiled in here), else AMP_BINARY. */
 static const char *amp_binary(void) __attribute__((unused));
 static const char *amp_binary(void)

@@ -3,7 +3,7 @@
  * files users bring (`data.tokenizer`, `ampTrain tokenize --tokenizer`) and its encoder on arbitrary text.
  *
  * Input: a mode byte, then the rest (the seeds in tests/fuzz/corpus/tokenizer: a small BPE trained on fortunes by
- * scripts/bpe_reference.py in each file form, and texts; tests/fuzz/tokenizer.dict holds the formats' tokens):
+ * scripts/ref/bpe_reference.py in each file form, and texts; tests/fuzz/tokenizer.dict holds the formats' tokens):
  *   mode % 3 == 0   the rest is a tokenizer.json (or a vocab.json: the reader tells them apart by the content)
  *   mode % 3 == 1   the rest is a vocab.json, a NUL byte, then its merges.txt
  *   mode % 3 == 2   the rest is text, encoded with a fixed tokenizer (the 256 byte symbols, a few merges,
