@@ -16,6 +16,7 @@
 #include "checkpoint.h"  /* ckpt_read_weights: the reference values */
 #include "dtype.h"       /* dtype_convert, bf16_from_fp32 */
 #include "safetensors.h" /* safetensors_read, safetensors_parse */
+#include "testbits.h"    /* bits_of */
 
 static char ckpt[512];
 
@@ -182,18 +183,6 @@ Test(export, the_python_checker_accepts_the_export)
     ckpt_weights_free(&w);
 }
 
-static bool have_torch(void)
-{
-    return shell("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1").code == 0;
-}
-
-static uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-
 /* PyTorch (torch.frombuffer on the raw bytes; the safetensors package need not be installed) sees the values we
  * wrote, bit for bit, and a torch.nn model of Linear layers named fc1, fc2, head loads the pytorch names with
  * load_state_dict(strict=True) (scripts/tools/safetensors_check.py --torch-load builds it from the names). */
@@ -217,7 +206,7 @@ Test(export, pytorch_loads_the_export_exactly)
             float first = dtype_round(t->data[0], dts[d]), last = dtype_round(t->data[t->numel - 1], dts[d]);
             char name[300], line[500];
             mapped(name, sizeof name, t->name, true);
-            snprintf(line, sizeof line, "torch %s first=%08x last=%08x", name, f32_bits(first), f32_bits(last));
+            snprintf(line, sizeof line, "torch %s first=%08x last=%08x", name, bits_of(first), bits_of(last));
             cr_assert(strstr(r.out, line), "%s: want '%s' in:\n%s", dtypes[d], line, r.out);
         }
         snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/safetensors_check.py --torch-load %s 2>&1",

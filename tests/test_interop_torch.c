@@ -22,11 +22,6 @@ static char ckpt[512], hf[600];
 
 #define TINY "configs/gpt2_tiny.yaml run.device=cpu run.log_every=1 data.train_bin=%s/train.bin data.val_bin=%s/val.bin"
 
-static bool have_torch(void)
-{
-    return shell("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1").code == 0;
-}
-
 static void setup_torch(void)
 {
     make_scratch();

@@ -15,8 +15,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "testrun.h"   /* amp, shell */
-#include "tokenizer.h" /* tokenizer_load, tokenizer_encode, tokenizer_decode */
+#include "testrun.h"           /* amp, shell */
+#include "tokenizer.h"         /* tokenizer_load, tokenizer_encode, tokenizer_decode */
+#include "tokenizer_testlib.h" /* byte_symbol */
 
 #define FORTUNES "/usr/share/games/fortunes"
 
@@ -165,19 +166,6 @@ Test(tokenizer, command_round_trip)
 }
 
 /* ---- a tiny hand-built tokenizer --------------------------------------------------------------------- */
-
-/* GPT-2's byte-to-unicode symbol of byte b. */
-static unsigned byte_symbol(int b)
-{
-    int n = 0;
-    for (int c = 0; c < 256; c++) {
-        bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
-        if (c == b)
-            return printable ? (unsigned)c : 256u + (unsigned)n;
-        n += !printable;
-    }
-    return 0;
-}
 
 /* A tokenizer.json: the 256 byte symbols as ids 0..255, then `vocab_extra` (",\"ab\": 256", ...), `merges`,
  * `added` (the added_tokens array's items) and `model` (the model's type). */

@@ -22,24 +22,12 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "tokenizer.h" /* tokenizer_load_memory, tokenizer_encode, tokenizer_decode */
+#include "tokenizer.h"         /* tokenizer_load_memory, tokenizer_encode, tokenizer_decode */
+#include "tokenizer_testlib.h" /* byte_symbol */
 
 #define FILE_NAME "fuzz_tokenizer.json"
 
 static struct tokenizer *fixed;
-
-/* GPT-2's byte-to-unicode symbol of byte b. */
-static unsigned byte_symbol(int b)
-{
-    int n = 0;
-    for (int c = 0; c < 256; c++) {
-        bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
-        if (c == b)
-            return printable ? (unsigned)c : 256u + (unsigned)n;
-        n += !printable;
-    }
-    return 0;
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
