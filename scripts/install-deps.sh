@@ -2,7 +2,7 @@
 # Install the Debian packages ampTrain needs. Two sets:
 #   scripts/install-deps.sh          the run set: build ampTrain without its tests (-DAMP_TESTS=OFF) and run the
 #                                    reference jobs (compiler, CMake, libyaml, HDF5, zlib, OpenBLAS, OpenMPI, the
-#                                    Fashion-MNIST and fortunes datasets, python3 for scripts/make_tokens.py).
+#                                    Fashion-MNIST and fortunes datasets, python3 for scripts/tools/make_tokens.py).
 #                                    scripts/quickstart.sh installs this set only.
 #   scripts/install-deps.sh --test   the run set plus what the tests, the fuzz harnesses and the comparison and
 #                                    benchmark scripts need (Criterion, PyTorch, numpy, h5py, gnuplot, clang with

@@ -4,7 +4,7 @@
 #   2. a CPU-only build with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails,
 #   3. tests/fuzz/ (clang, libFuzzer, ASan + UBSan), each harness FUZZ_SECONDS (default 20) with a fixed seed: a
 #      smoke test that the harnesses run and find nothing in our code (docs/reliability.md); campaigns are
-#      scripts/fuzz.sh's long modes.
+#      scripts/check/fuzz.sh's long modes.
 # Warnings are errors in the first two. Exit status is non-zero if anything fails. The time of each stage is
 # printed at the end (and where a stage fails, the times so far).
 set -euo pipefail
@@ -58,13 +58,13 @@ if grep -nE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" build-asan/
 fi
 
 stage "races: the CPU backend's threads under ThreadSanitizer"
-scripts/tsan.sh
+scripts/check/tsan.sh
 
 fuzz_seconds=${FUZZ_SECONDS:-20}
 stage "fuzz: each harness $fuzz_seconds s, fixed seed"
-# The libFuzzer harnesses of tests/fuzz/ (build-fuzz/, clang, ASan + UBSan + leak detection): scripts/fuzz.sh
+# The libFuzzer harnesses of tests/fuzz/ (build-fuzz/, clang, ASan + UBSan + leak detection): scripts/check/fuzz.sh
 # sets the sanitizer options libFuzzer needs itself and exits non-zero on any finding in our code.
-SECONDS_EACH=$fuzz_seconds scripts/fuzz.sh
+SECONDS_EACH=$fuzz_seconds scripts/check/fuzz.sh
 stage ""
 
 echo "test.sh: all tests passed in both builds, ThreadSanitizer saw no race, and the fuzz harnesses found nothing in our code"

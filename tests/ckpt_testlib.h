@@ -1,8 +1,9 @@
 /*
- * ckpt_testlib.h — helpers shared by test_checkpoint.c and test_resume.c: run the ampTrain binary on a
- * small Fashion-MNIST MLP in a scratch directory, compare checkpoints tensor by tensor, compare
- * scale_log.csv rows, and re-seal a checkpoint edited through HDF5 (so a test can plant a fault that the
- * whole-file checksum does not catch first).
+ * ckpt_testlib.h — helpers shared by the suites that run and check checkpoints (test_checkpoint.c, test_resume.c,
+ * test_hostile.c, test_portable.c and others): run the ampTrain binary on a small Fashion-MNIST MLP in a scratch directory, compare
+ * checkpoints tensor by tensor, compare scale_log.csv rows, re-seal a checkpoint edited through HDF5 (so a test can
+ * plant a fault that the whole-file checksum does not catch first), and hold an override refusal's hint against
+ * docs/checkpoint.md's list of the keys resume or eval accept.
  */
 #ifndef CKPT_TESTLIB_H
 #define CKPT_TESTLIB_H
@@ -234,6 +235,44 @@ static inline long file_size(const char *path)
     struct stat sb;
     cr_assert_eq(stat(path, &sb), 0, "%s missing", path);
     return (long)sb.st_size;
+}
+
+/* ---- override lists: the code's table (a refusal's hint) against docs/checkpoint.md's ---- */
+
+#define HINT_KEYS_MAX 64
+
+/* The keys of an override refusal's hint in `out` ("hint: COMMAND accepts K1, K2, ...; ..."), into `keys` (at most
+ * HINT_KEYS_MAX); each must stand in backquotes in the paragraph of docs/checkpoint.md that begins with `paragraph`
+ * (up to its blank line), the documented list. Returns how many keys the hint lists. */
+static inline int hint_keys_documented(const char *out, const char *command, const char *paragraph, char keys[][64])
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "hint: %s accepts ", command);
+    const char *h = strstr(out, prefix);
+    cr_assert_not_null(h, "%s", out);
+    char list[1024];
+    snprintf(list, sizeof list, "%s", h + strlen(prefix));
+    list[strcspn(list, ";")] = '\0';
+    FILE *f = fopen(AMP_SOURCE_DIR "/docs/checkpoint.md", "r");
+    cr_assert_not_null(f);
+    static char doc[1 << 20];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+    char *para = strstr(doc, paragraph);
+    cr_assert_not_null(para, "docs/checkpoint.md has no paragraph \"%s\"", paragraph);
+    char *end = strstr(para, "\n\n");
+    if (end)
+        *end = '\0';
+    int count = 0;
+    for (char *k = strtok(list, ", "); k; k = strtok(NULL, ", ")) {
+        cr_assert_lt(count, HINT_KEYS_MAX, "more than %d keys in the hint", HINT_KEYS_MAX);
+        char quoted[96];
+        snprintf(quoted, sizeof quoted, "`%s`", k);
+        cr_assert(strstr(para, quoted), "docs/checkpoint.md's %s list lacks %s", command, k);
+        snprintf(keys[count++], 64, "%s", k);
+    }
+    return count;
 }
 
 #endif

@@ -7,14 +7,20 @@
  * arrow it is. Also: every cycle inside a floor that docs/architecture.md lists is still there (a row whose
  * arrow has gone must go too), and the arrows removed so far (struct data_spec in lib/base/data.h; numerics
  * plugged into the run through lib/engine/train.h's train_probe) do not come back.
+ *
+ * And the scripts' paths: every `scripts/...` path written in the docs, the tests, the sources, CI and the scripts
+ * themselves names a file or folder that exists (scripts/README.md says which folder holds what), so moving a
+ * script cannot leave a stale path behind.
  */
 #include <criterion/criterion.h>
 
+#include <ctype.h>
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* The whole of a file under the source tree, NUL-terminated (the test fails if it cannot be read). */
 static char *read_source(const char *rel)
@@ -128,7 +134,7 @@ static const struct floor floors[] = {
     {"the commands", {"cmd"}, {"cmd", "lib/engine", "models", "lib/base"}},
 };
 
-static bool source_exists(const char *dir, const char *name, size_t len)
+static bool header_in(const char *dir, const char *name, size_t len)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s/%.*s", AMP_SOURCE_DIR, dir, (int)len, name);
@@ -143,7 +149,7 @@ static const char *home_of(const char *name, size_t len)
 {
     static const char *const all[] = {"lib/base", "lib/engine", "models", "kernels/cpu", "kernels/cuda", "cmd"};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (source_exists(all[i], name, len))
+        if (header_in(all[i], name, len))
             return all[i];
     return NULL;
 }
@@ -207,4 +213,93 @@ Test(floors, lib_holds_only_the_two_floors)
                   !strcmp(e->d_name, "engine"), "lib/%s: every file of lib/ belongs to lib/base/ (the ground "
                   "floor) or lib/engine/ (the run; docs/architecture.md)", e->d_name);
     closedir(dir);
+}
+
+/* ---- every scripts/ path written anywhere names something that exists ------------------------------------ */
+
+/* Whether `rel` (relative to the source tree) exists, as a file or a folder. */
+static bool source_exists(const char *rel)
+{
+    char path[768];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", AMP_SOURCE_DIR, rel);
+    return stat(path, &st) == 0;
+}
+
+/* Each `scripts/...` path in text file `rel` that does not exist fails the test, naming file, line and path.
+ * A path is `scripts/` not preceded by a name character, then name characters and slashes; trailing dots (the
+ * end of a sentence) are dropped; a pattern (`scripts/bench_*.sh`, `scripts/{a,b}`, `scripts/$X`) is skipped.
+ * Returns how many paths were checked. */
+static int check_scripts_paths(const char *rel)
+{
+    char path[768];
+    snprintf(path, sizeof path, "%s/%s", AMP_SOURCE_DIR, rel);
+    struct stat st;
+    cr_assert(stat(path, &st) == 0, "cannot stat %s", path);
+    char *text = read_source(rel);
+    int checked = 0;
+    if (strlen(text) != (size_t)st.st_size && st.st_size < (1 << 20) - 1) { /* a NUL inside: not text */
+        free(text);
+        return 0;
+    }
+    for (char *at = strstr(text, "scripts/"); at; at = strstr(at + 1, "scripts/")) {
+        if (at > text && (isalnum((unsigned char)at[-1]) || at[-1] == '_' || at[-1] == '-' || at[-1] == '.'))
+            continue;
+        size_t len = strspn(at, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./-");
+        if (strchr("*{$%[", at[len]) && at[len] != '\0')
+            continue;
+        while (len > 0 && at[len - 1] == '.')
+            len--;
+        char name[512];
+        snprintf(name, sizeof name, "%.*s", (int)len, at);
+        int line = 1;
+        for (const char *c = text; c < at; c++)
+            line += *c == '\n';
+        cr_expect(source_exists(name), "%s:%d names %s, which does not exist: write the path where the script is "
+                  "now (scripts/README.md)", rel, line, name);
+        checked++;
+    }
+    free(text);
+    return checked;
+}
+
+/* The text files under folder `rel` (recursively; build outputs, hidden folders and fuzz corpora are not text
+ * anyone reads as docs). Returns how many paths were checked. */
+static int check_scripts_paths_under(const char *rel)
+{
+    char path[768];
+    snprintf(path, sizeof path, "%s/%s", AMP_SOURCE_DIR, rel);
+    DIR *dir = opendir(path);
+    cr_assert_not_null(dir, "cannot list %s", path);
+    int checked = 0;
+    for (struct dirent *e = readdir(dir); e; e = readdir(dir)) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "corpus") || !strncmp(e->d_name, "build", 5) ||
+            !strcmp(e->d_name, "__pycache__"))
+            continue;
+        char child[512];
+        snprintf(child, sizeof child, "%s/%s", rel, e->d_name);
+        snprintf(path, sizeof path, "%s/%s", AMP_SOURCE_DIR, child);
+        struct stat st;
+        if (stat(path, &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode))
+            checked += check_scripts_paths_under(child);
+        else if (S_ISREG(st.st_mode))
+            checked += check_scripts_paths(child);
+    }
+    closedir(dir);
+    return checked;
+}
+
+Test(paths, every_scripts_path_exists)
+{
+    static const char *const files[] = {"README.md", "CONTRIBUTING.md", "CMakeLists.txt", ".ci/run"};
+    static const char *const folders[] = {"docs", "tests", "scripts", "lib", "models", "kernels", "cmd", "configs"};
+    int checked = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        checked += check_scripts_paths(files[i]);
+    for (size_t i = 0; i < sizeof folders / sizeof folders[0]; i++)
+        checked += check_scripts_paths_under(folders[i]);
+    /* README's two commands alone are four paths: a count this low means the scan itself broke */
+    cr_expect_gt(checked, 100, "only %d scripts/ paths found in the tree: the scan is broken", checked);
 }

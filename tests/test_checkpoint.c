@@ -436,7 +436,7 @@ Test(ckpt, kill_9_during_saves_leaves_a_loadable_checkpoint)
     }
 }
 
-/* Interop: scripts/interop_torch.py loads the checkpoint with h5py into PyTorch; its test accuracy matches
+/* Interop: scripts/ref/interop_torch.py loads the checkpoint with h5py into PyTorch; its test accuracy matches
  * `ampTrain eval --autocast off` within 0.1 percentage points. */
 Test(ckpt, pytorch_reads_the_checkpoint_and_agrees_with_eval)
 {
@@ -448,7 +448,7 @@ Test(ckpt, pytorch_reads_the_checkpoint_and_agrees_with_eval)
     cr_assert_not_null(a, "%s", r.out);
     double ours = atof(a + 9);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/interop_torch.py %s 2>&1", AMP_SOURCE_DIR, ckpt10);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/ref/interop_torch.py %s 2>&1", AMP_SOURCE_DIR, ckpt10);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     char out[4096] = "";

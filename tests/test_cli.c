@@ -295,7 +295,7 @@ Test(cli, a_second_signal_stops_at_once_and_the_previous_checkpoint_still_loads,
     cr_assert(strstr(r.out, "inspect 0"), "latest names a checkpoint that verifies:\n%s", r.out);
 }
 
-/* scripts/gpu-check.sh is run only where a GPU is lent, rarely: its DRY mode (everything on the CPU, a
+/* scripts/gpu/gpu-check.sh is run only where a GPU is lent, rarely: its DRY mode (everything on the CPU, a
  * few steps a run) checks here that it still parses ampTrain's and PyTorch's output and fills every row
  * of its table. Needs /usr/bin/python3 with torch (scripts/install-deps.sh --test installs python3-torch). */
 Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
@@ -313,8 +313,8 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "cd %s && out=$(mktemp -d /tmp/amp_gpucheck.XXXXXX) && DRY=1 PYTHON=/usr/bin/python3 STEPS=2 "
-             "WIDE_STEPS=1 PHASES='gpt2 bench' RUN_TIMEOUT=300 BUILD_DIR=%s OPENBLAS_NUM_THREADS=1 scripts/gpu-check.sh "
-             "\"$out\" >/dev/null 2>&1; echo \"rc $?\"; cat \"$out/table.md\" \"$out/summary.log\"; echo '=== gpt2.md'; cat \"$out/gpt2.md\"; "
+             "WIDE_STEPS=1 PHASES='gpt2 bench' RUN_TIMEOUT=300 BUILD_DIR=%s OPENBLAS_NUM_THREADS=1 "
+             "scripts/gpu/gpu-check.sh \"$out\" >/dev/null 2>&1; echo \"rc $?\"; cat \"$out/table.md\" \"$out/summary.log\"; echo '=== gpt2.md'; cat \"$out/gpt2.md\"; "
              "rm -rf \"$out\"",
              AMP_SOURCE_DIR, build);
     static struct result r;
@@ -347,7 +347,7 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     cr_assert(strstr(out, "| text_gpt768 | fp8 | "), "%s", out);
     cr_assert(strstr(out, "Targets (text_gpt width 768): bf16 / fp32 = "), "%s", out);
     cr_assert(strstr(out, "fp8 / bf16 = "), "%s", out);
-    /* the gpt2 phase (scripts/bench_gpt2.sh): a row for each of ampTrain's three modes and PyTorch, each with a
+    /* the gpt2 phase (scripts/gpu/bench_gpt2.sh): a row for each of ampTrain's three modes and PyTorch, each with a
      * figure, and the loss agreement checked (on the CPU, bf16 emulated against PyTorch's bf16 autocast) */
     const char *gpt2_rows[] = {"| 2 | amp-bf16 | ", "| 2 | amp-fp16-dynamic | ", "| 2 | amp-fp8 | ", "| 2 | torch | "};
     for (size_t i = 0; i < sizeof gpt2_rows / sizeof gpt2_rows[0]; i++) {

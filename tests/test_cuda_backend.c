@@ -1864,7 +1864,7 @@ Test(cuda_backend, recompute_is_the_same_bits_on_the_gpu, .timeout = 900)
 /* ---- the binary the end-to-end tests run (no GPU needed) -------------------------------------------- */
 
 /* amp() runs $AMPTRAIN_BIN where set: on a GPU machine the bundle's binary lies away from the build path
- * compiled in. scripts/gpu-check.sh runs this test with AMPTRAIN_BIN naming a wrapper that leaves a mark,
+ * compiled in. scripts/gpu/gpu-check.sh runs this test with AMPTRAIN_BIN naming a wrapper that leaves a mark,
  * which proves the variable is honoured (its DRY run does it on the CPU). */
 Test(cuda_backend, end_to_end_tests_run_the_binary_amptrain_bin_names)
 {

@@ -19,7 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h" /* dtype_convert_portable, the reference */
+#include "dtype.h"    /* dtype_convert_portable, the reference */
+#include "testbits.h" /* bits_of, float_of, rng_next */
 
 #include "skip_main.h" /* main: exit 77 (Skipped) when tests skipped and none failed */
 
@@ -31,28 +32,6 @@
 #include "cuda_check.h" /* CUDA_CHECK, CUBLAS_CHECK, CUDNN_CHECK */
 
 #define N_RANDOM 10000000u
-
-static uint32_t bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static uint64_t rng_next(uint64_t *state)
-{
-    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 static const uint32_t edge_bits[] = {
     0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FF001, 0xC77FF000, /* fp16 max, overflow boundary */

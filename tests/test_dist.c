@@ -94,14 +94,14 @@ Test(dist, text_gpt_two_ranks_equal_one_fp16_static)
 
 /* Token files (data.format: tokens, docs/data.md): their windows, random or consecutive, are split between
  * ranks as every format's samples are, and evaluation on val.bin is sharded. The files are made from the
- * fortunes text by scripts/make_tokens.py (llm.c's layout). */
+ * fortunes text by scripts/tools/make_tokens.py (llm.c's layout). */
 static void check_tokens_equivalence(const char *sampling)
 {
     NEED_MPI();
     char dir[] = "/tmp/amp-dist-tokens-XXXXXX", cmd[1024], cfg[1024];
     cr_assert_not_null(mkdtemp(dir));
     snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/make_tokens.py --format llmc --val-fraction 0.1 -o %s/train.bin "
+             "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --format llmc --val-fraction 0.1 -o %s/train.bin "
              "/usr/share/games/fortunes/cookie 2>&1",
              AMP_SOURCE_DIR, dir);
     struct result r = shell(cmd);
@@ -129,7 +129,8 @@ Test(dist, init_from_two_ranks_equal_one)
              "configs/gpt2_tiny.yaml run.device=cpu run.log_every=5 data.batch_size=4 data.train_bin=%s/train.bin "
              "data.val_bin=%s/val.bin", dir, dir);
     snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o %s/train.bin "
+             "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
+             "%s/train.bin "
              "/usr/share/games/fortunes/cookie && OPENBLAS_NUM_THREADS=1 %s run %s run.steps=3 run.out_dir=%s/src && "
              "%s export %s/src %s/init.safetensors --names hf-gpt2 2>&1",
              AMP_SOURCE_DIR, dir, AMP_BINARY, cfg, dir, AMP_BINARY, dir, dir);

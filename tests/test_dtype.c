@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"  /* the module under test */
+#include "dtype.h"    /* the module under test */
+#include "testbits.h" /* bits_of, float_of, rng_next */
 #ifdef AMP_HAVE_CUDA
 #include <cuda_fp8.h> /* __nv_cvt_float_to_fp8: NVIDIA's own conversion (host code), the fp8 reference */
 #endif
@@ -34,29 +35,6 @@
 
 #define N_RANDOM 10000000u
 #define SEED UINT64_C(0x5EED0F16B16F32A1)
-
-static uint32_t bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-/* splitmix64: small, seeded, and good enough to cover every exponent and mantissa pattern. */
-static uint64_t rng_next(uint64_t *state)
-{
-    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 /* ---- independent references ----------------------------------------------------------------------- */
 

@@ -2,7 +2,7 @@
  * test_export.c — `ampTrain export` and lib/base/safetensors (docs/checkpoint.md): a small trained fashion_mlp checkpoint
  * exported in fp32, bf16 and fp16 with both name sets and read back with our reader (fp32 bit-exact, bf16/fp16
  * equal to dtype_convert of the fp32 values); the file's bytes against the format (header length, 8-byte
- * alignment, contiguous offsets, space padding); scripts/safetensors_check.py and, where /usr/bin/python3 has
+ * alignment, contiguous offsets, space padding); scripts/tools/safetensors_check.py and, where /usr/bin/python3 has
  * torch, PyTorch loading it; atomic writes (a corrupt checkpoint or a failed write leaves nothing new at OUT and
  * an existing OUT untouched); bad arguments; and every bad input of the reader, each with its message.
  */
@@ -16,6 +16,7 @@
 #include "checkpoint.h"  /* ckpt_read_weights: the reference values */
 #include "dtype.h"       /* dtype_convert, bf16_from_fp32 */
 #include "safetensors.h" /* safetensors_read, safetensors_parse */
+#include "testbits.h"    /* bits_of */
 
 static char ckpt[512];
 
@@ -151,14 +152,14 @@ Test(export, file_layout_byte_by_byte)
     free(b);
 }
 
-/* scripts/safetensors_check.py (standard library only) validates the file and sums each F32 tensor as we do. */
+/* scripts/tools/safetensors_check.py (standard library only) validates the file and sums each F32 tensor as we do. */
 Test(export, the_python_checker_accepts_the_export)
 {
     char out[600];
     snprintf(out, sizeof out, "%s/check.safetensors", scratch);
     cr_assert_eq(amp("export %s %s --names pytorch", ckpt, out).code, 0);
     char cmd[1400];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/safetensors_check.py %s 2>&1", AMP_SOURCE_DIR, out);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/safetensors_check.py %s 2>&1", AMP_SOURCE_DIR, out);
     struct result r = shell(cmd);
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "(8-byte aligned), 6 tensors"), "%s", r.out);
@@ -182,21 +183,9 @@ Test(export, the_python_checker_accepts_the_export)
     ckpt_weights_free(&w);
 }
 
-static bool have_torch(void)
-{
-    return shell("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1").code == 0;
-}
-
-static uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-
 /* PyTorch (torch.frombuffer on the raw bytes; the safetensors package need not be installed) sees the values we
  * wrote, bit for bit, and a torch.nn model of Linear layers named fc1, fc2, head loads the pytorch names with
- * load_state_dict(strict=True) (scripts/safetensors_check.py --torch-load builds it from the names). */
+ * load_state_dict(strict=True) (scripts/tools/safetensors_check.py --torch-load builds it from the names). */
 Test(export, pytorch_loads_the_export_exactly)
 {
     if (!have_torch())
@@ -208,8 +197,8 @@ Test(export, pytorch_loads_the_export_exactly)
         char out[600], cmd[1400];
         snprintf(out, sizeof out, "%s/torch-%s.safetensors", scratch, dtypes[d]);
         cr_assert_eq(amp("export %s %s --names pytorch --dtype %s", ckpt, out, dtypes[d]).code, 0);
-        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/safetensors_check.py --torch %s 2>&1", AMP_SOURCE_DIR,
-                 out);
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/safetensors_check.py --torch %s 2>&1",
+                 AMP_SOURCE_DIR, out);
         struct result r = shell(cmd);
         cr_assert_eq(r.code, 0, "%s", r.out);
         for (int i = 0; i < w.n; i++) {
@@ -217,10 +206,10 @@ Test(export, pytorch_loads_the_export_exactly)
             float first = dtype_round(t->data[0], dts[d]), last = dtype_round(t->data[t->numel - 1], dts[d]);
             char name[300], line[500];
             mapped(name, sizeof name, t->name, true);
-            snprintf(line, sizeof line, "torch %s first=%08x last=%08x", name, f32_bits(first), f32_bits(last));
+            snprintf(line, sizeof line, "torch %s first=%08x last=%08x", name, bits_of(first), bits_of(last));
             cr_assert(strstr(r.out, line), "%s: want '%s' in:\n%s", dtypes[d], line, r.out);
         }
-        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/safetensors_check.py --torch-load %s 2>&1",
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/safetensors_check.py --torch-load %s 2>&1",
                  AMP_SOURCE_DIR, out);
         r = shell(cmd);
         cr_assert_eq(r.code, 0, "%s", r.out);
@@ -268,7 +257,7 @@ Test(export, every_layer_kind_is_exported_and_loads_into_torch_nn)
         if (!torch)
             continue;
         char cmd[1400];
-        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/safetensors_check.py --torch-load %s 2>&1",
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/safetensors_check.py --torch-load %s 2>&1",
                  AMP_SOURCE_DIR, pt);
         r = shell(cmd);
         cr_assert_eq(r.code, 0, "%s", r.out);

@@ -26,7 +26,7 @@ static void setup_tiny(void)
 {
     make_scratch();
     char cmd[1400];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
              "%s/train.bin /usr/share/games/fortunes/cookie >/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
     cr_assert_eq(shell(cmd).code, 0, "make_tokens.py failed");
     snprintf(tokens, sizeof tokens, "data.train_bin=%s/train.bin data.val_bin=%s/val.bin", scratch, scratch);

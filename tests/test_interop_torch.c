@@ -1,5 +1,5 @@
 /*
- * test_interop_torch.c — ampTrain's GPT-2 against PyTorch (docs/checkpoint.md), with scripts/gpt2_torch.py (a
+ * test_interop_torch.c — ampTrain's GPT-2 against PyTorch (docs/checkpoint.md), with scripts/ref/gpt2_torch.py (a
  * torch.nn GPT-2 in nanoGPT's layout with Hugging Face's key names; no transformers or safetensors package):
  *   - a tiny GPT-2 (configs/gpt2_tiny.yaml, lm_head tied) trained 20 steps in fp32, exported with
  *     `--names hf-gpt2`, gives in torch the logits ampTrain computes for fixed tokens: max|diff| <= 1e-5 max|logit|;
@@ -22,18 +22,13 @@ static char ckpt[512], hf[600];
 
 #define TINY "configs/gpt2_tiny.yaml run.device=cpu run.log_every=1 data.train_bin=%s/train.bin data.val_bin=%s/val.bin"
 
-static bool have_torch(void)
-{
-    return shell("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1").code == 0;
-}
-
 static void setup_torch(void)
 {
     make_scratch();
     if (!have_torch())
         return;
     char cmd[1400];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
              "%s/train.bin /usr/share/games/fortunes/cookie >/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
     cr_assert_eq(shell(cmd).code, 0, "make_tokens.py failed");
     struct result r = amp("run " TINY " run.steps=20 run.out_dir=%s/base", scratch, scratch, scratch);
@@ -91,7 +86,8 @@ Test(torch, logits_of_a_trained_export_match_pytorch)
     fclose(f);
     for (int64_t i = 0; i < T; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", tokens[i]);
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/gpt2_torch.py logits %s --heads 2 --tokens %s --compare %s "
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/ref/gpt2_torch.py logits %s --heads 2 --tokens %s "
+                              "--compare %s "
              "--rtol 1e-5 2>&1", AMP_SOURCE_DIR, hf, list, path);
     struct result r = shell(cmd);
     cr_log_info("%s", r.out);
@@ -106,8 +102,8 @@ Test(torch, training_from_torch_initialised_weights_matches_the_step_0_loss)
         cr_skip_test("/usr/bin/python3 cannot import torch");
     char init[600], cmd[2400];
     snprintf(init, sizeof init, "%s/torch-init.safetensors", scratch);
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/gpt2_torch.py init %s --layers 2 --heads 2 --embd 32 "
-             "--vocab 320 --block 32 --seed 7 2>&1 && /usr/bin/python3 %s/scripts/gpt2_torch.py loss %s --heads 2 "
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/ref/gpt2_torch.py init %s --layers 2 --heads 2 --embd 32 "
+             "--vocab 320 --block 32 --seed 7 2>&1 && /usr/bin/python3 %s/scripts/ref/gpt2_torch.py loss %s --heads 2 "
              "--tokens-file %s/train.bin --batch 8 --seq 16 2>&1", AMP_SOURCE_DIR, init, AMP_SOURCE_DIR, init, scratch);
     struct result r = shell(cmd);
     cr_assert_eq(r.code, 0, "%s", r.out);
@@ -133,7 +129,7 @@ Test(torch, training_from_torch_initialised_weights_matches_the_step_0_loss)
     cr_assert(fabs(loss - log(320.0)) > 1e-3, "not a uniform model: %g", loss);
 }
 
-/* scripts/interop_torch.py rebuilds each reference model family in PyTorch from a checkpoint (h5py) and evaluates
+/* scripts/ref/interop_torch.py rebuilds each reference model family in PyTorch from a checkpoint (h5py) and evaluates
  * the test split: its loss equals `ampTrain eval --autocast off` (eval.jsonl) within 1e-5 relative. */
 Test(torch, interop_torch_py_agrees_with_eval_for_every_reference_family)
 {
@@ -156,7 +152,7 @@ Test(torch, interop_torch_py_agrees_with_eval_for_every_reference_family)
         const char *a = strstr(r.out, "\"loss\": ");
         cr_assert_not_null(a, "%s", r.out);
         double ours = atof(a + 8);
-        snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 %s/scripts/interop_torch.py %s/ckpt-10.h5 2>&1",
+        snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 %s/scripts/ref/interop_torch.py %s/ckpt-10.h5 2>&1",
                  AMP_SOURCE_DIR, AMP_SOURCE_DIR, dir);
         r = shell(cmd);
         cr_assert_eq(r.code, 0, "%s", r.out);

@@ -17,44 +17,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"  /* backend_cpu_create, struct backend */
-#include "config.h"   /* struct config, struct layer_config, config_defaults */
-#include "model.h"    /* model_build, struct layer, struct data_spec */
-#include "rng.h"      /* rng_normal, rng_uniform: seeded test values */
+#include "backend.h"       /* backend_cpu_create, struct backend */
+#include "config.h"        /* struct config, struct layer_config, config_defaults */
+#include "layer_testlib.h" /* lc: a layer config with the schema's defaults */
+#include "model.h"         /* model_build, struct layer, struct data_spec */
+#include "rng.h"           /* rng_normal, rng_uniform: seeded test values */
 
 /* The loss gradient's seed (CPU backend memory is host memory). */
 static const float unit_seed = 1.0f;
 
 /* ---- configs ------------------------------------------------------------------------------------- */
 
-/* A layer config with the schema's defaults (docs/config.md). */
-static struct layer_config lc(enum layer_kind kind, const char *name)
-{
-    struct layer_config l;
-    memset(&l, 0, sizeof l);
-    l.kind = kind;
-    snprintf(l.name, sizeof l.name, "%s", name);
-    l.stride = 1;
-    l.bias = true;
-    l.eps = 1e-5;
-    l.momentum = 0.1;
-    l.p = 0.1;
-    l.vocab = 256;
-    l.mlp_ratio = 4;
-    l.approximate = GELU_TANH;
-    return l;
-}
-
 static struct layer_config identity(void)
 {
     struct layer_config l = lc(LAYER_DROPOUT, "input");
     l.p = 0.0;
     return l;
-}
-
-static struct data_spec vector_spec(int64_t d, int64_t classes)
-{
-    return (struct data_spec){.sample_ndim = 1, .sample_shape = {d}, .num_classes = classes};
 }
 
 static struct data_spec image_spec(int64_t c, int64_t h, int64_t w)
@@ -66,11 +44,6 @@ static struct data_spec image_spec(int64_t c, int64_t h, int64_t w)
 static struct data_spec sequence_spec(int64_t T, int64_t C)
 {
     return (struct data_spec){.sample_ndim = 2, .sample_shape = {T, C}, .num_classes = 10};
-}
-
-static struct data_spec token_spec(int64_t T, int64_t vocab)
-{
-    return (struct data_spec){.sample_ndim = 1, .sample_shape = {T}, .is_tokens = true, .num_classes = vocab};
 }
 
 /* ---- the rig ------------------------------------------------------------------------------------- */

@@ -9,34 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"  /* backend_cpu_create, struct optim_update_args */
-#include "config.h"   /* struct config, struct layer_config, config_defaults */
-#include "dtype.h"    /* bf16_from_fp32 */
-#include "model.h"    /* model_build, model_init, ... */
-#include "rng.h"      /* rng_normal: seeded inputs */
+#include "backend.h"       /* backend_cpu_create, struct optim_update_args */
+#include "config.h"        /* struct config, struct layer_config, config_defaults */
+#include "dtype.h"         /* bf16_from_fp32 */
+#include "layer_testlib.h" /* lc: a layer config with the schema's defaults */
+#include "model.h"         /* model_build, model_init, ... */
+#include "rng.h"           /* rng_normal: seeded inputs */
 
 /* The loss gradient's seed and a plain SGD step at lr 0.5 (CPU backend memory is host memory). */
 static const float unit_seed = 1.0f;
 static const struct step_scalars sgd_half = {.grad_mul = 1.0f, .lr = 0.5f};
 
 /* ---- configs ------------------------------------------------------------------------------------- */
-
-static struct layer_config lc(enum layer_kind kind, const char *name)
-{
-    struct layer_config l;
-    memset(&l, 0, sizeof l);
-    l.kind = kind;
-    snprintf(l.name, sizeof l.name, "%s", name);
-    l.stride = 1;
-    l.bias = true;
-    l.eps = 1e-5;
-    l.momentum = 0.1;
-    l.p = 0.1;
-    l.vocab = 256;
-    l.mlp_ratio = 4;
-    l.approximate = GELU_TANH;
-    return l;
-}
 
 static struct layer_config linear(const char *name, int64_t out)
 {
@@ -70,16 +54,6 @@ static struct layer_config block(const char *name, int64_t heads)
 }
 
 static const struct data_spec MNIST = {.sample_ndim = 3, .sample_shape = {1, 28, 28}, .num_classes = 10};
-
-static struct data_spec vector_spec(int64_t d, int64_t classes)
-{
-    return (struct data_spec){.sample_ndim = 1, .sample_shape = {d}, .num_classes = classes};
-}
-
-static struct data_spec token_spec(int64_t T, int64_t vocab)
-{
-    return (struct data_spec){.sample_ndim = 1, .sample_shape = {T}, .is_tokens = true, .num_classes = vocab};
-}
 
 static void make_config(struct config *cfg, const struct layer_config *layers, int n, int64_t seq_len)
 {

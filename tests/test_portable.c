@@ -227,29 +227,9 @@ Test(portable, eval_overrides_are_one_list)
     r = amp_in("a", "eval run data.seq_len=8");
     cr_assert_eq(r.code, 2, "%s", r.out);
     assert_contains(r.out, "eval: override 'data.seq_len=8' refused: it changes what a sample is");
-    const char *h = strstr(r.out, "hint: eval accepts ");
-    cr_assert_not_null(h, "%s", r.out);
-    char keys[1024];
-    snprintf(keys, sizeof keys, "%s", h + strlen("hint: eval accepts "));
-    keys[strcspn(keys, ";")] = '\0';
-    FILE *f = fopen(AMP_SOURCE_DIR "/docs/checkpoint.md", "r");
-    cr_assert_not_null(f);
-    static char doc[1 << 20];
-    size_t n = fread(doc, 1, sizeof doc - 1, f);
-    doc[n] = '\0';
-    fclose(f);
-    const char *para = strstr(doc, "Overrides `eval` accepts (the list its refusal's hint prints");
-    cr_assert_not_null(para);
-    const char *end = strstr(para, "\n\n");
-    char list[2048];
-    snprintf(list, sizeof list, "%.*s", end ? (int)(end - para) : (int)strlen(para), para);
-    int count = 0;
-    for (char *k = strtok(keys, ", "); k; k = strtok(NULL, ", ")) {
-        char quoted[96];
-        snprintf(quoted, sizeof quoted, "`%s`", k);
-        cr_assert(strstr(list, quoted), "docs/checkpoint.md's eval list lacks %s", k);
-        count++;
-    }
+    char keys[HINT_KEYS_MAX][64];
+    int count = hint_keys_documented(r.out, "eval", "Overrides `eval` accepts (the list its refusal's hint prints",
+                                     keys);
     cr_assert_eq(count, 12, "%d keys in the hint", count);
     r = amp_in("a", "eval run data.val_windoes=8");
     cr_assert_eq(r.code, 2, "%s", r.out);

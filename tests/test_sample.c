@@ -380,7 +380,7 @@ Test(cli, prompt_files_that_are_not_text_files_are_exit_2_naming_them)
 }
 
 /* A vocabulary other than the 256 bytes needs a tokenizer: exit 2 before generating without one. With one (a BPE
- * of 300 ids trained on the fortunes by Hugging Face's tokenizers, scripts/bpe_reference.py, and token files made
+ * of 300 ids trained on the fortunes by Hugging Face's tokenizers, scripts/ref/bpe_reference.py, and token files made
  * with it), `sample` reads the run's data.tokenizer or --tokenizer: the prompt goes in as the tokenizer's ids and
  * the text comes out decoded, and the 20 ids the model has beyond the tokenizer's 300 are never drawn (their
  * decoding would be an error). run.sample_every samples through the same tokenizer. configs/gpt2_tiny.yaml
@@ -388,7 +388,7 @@ Test(cli, prompt_files_that_are_not_text_files_are_exit_2_naming_them)
 Test(cli, a_model_of_another_vocabulary_samples_through_its_tokenizer)
 {
     char cmd[2400];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
              "%s/train.bin /usr/share/games/fortunes/cookie >/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
     cr_assert_eq(shell(cmd).code, 0, "make_tokens.py failed");
     struct result r = amp("run configs/gpt2_tiny.yaml run.device=cpu run.log_every=1000 run.eval_every=0 run.steps=1 "
@@ -401,8 +401,10 @@ Test(cli, a_model_of_another_vocabulary_samples_through_its_tokenizer)
 
     /* a BPE of 300 ids, and token files of its ids */
     snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/bpe_reference.py --vocab 300 %s/bpe /usr/share/games/fortunes/cookie "
-             ">/dev/null 2>&1 && /usr/bin/python3 scripts/make_tokens.py --tokenizer %s/bpe/tokenizer.json --amptrain %s "
+             "cd %s && /usr/bin/python3 scripts/ref/bpe_reference.py --vocab 300 %s/bpe "
+             "/usr/share/games/fortunes/cookie "
+             ">/dev/null 2>&1 && /usr/bin/python3 scripts/tools/make_tokens.py --tokenizer %s/bpe/tokenizer.json "
+             "--amptrain %s "
              "--format nanogpt --val-fraction 0.1 -o %s/bpe_train.bin /usr/share/games/fortunes/cookie 2>&1",
              AMP_SOURCE_DIR, scratch, scratch, amp_binary(), scratch);
     r = shell(cmd);
@@ -418,8 +420,8 @@ Test(cli, a_model_of_another_vocabulary_samples_through_its_tokenizer)
     r = shell(cmd);
     cr_assert(strstr(r.out, "[(2, 'The fortune'), (4, 'The fortune')]"), "%s", r.out);
     /* the samples in the event file as text (the prompt in bold), its scalars still those of scale_log.csv */
-    snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 scripts/tb_check.py --text %s/bpe_run samples && "
-             "/usr/bin/python3 scripts/tb_check.py %s/bpe_run", AMP_SOURCE_DIR, scratch, scratch);
+    snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 scripts/ref/tb_check.py --text %s/bpe_run samples && "
+             "/usr/bin/python3 scripts/ref/tb_check.py %s/bpe_run", AMP_SOURCE_DIR, scratch, scratch);
     r = shell(cmd);
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "[[2, \"**The fortune**"), "%s", r.out);
@@ -447,7 +449,8 @@ Test(cli, a_model_of_another_vocabulary_samples_through_its_tokenizer)
     cr_assert_str_eq(r.out, first);
     /* a tokenizer with more ids than the model's vocabulary: exit 2 naming both */
     snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/bpe_reference.py --vocab 400 %s/bpe400 /usr/share/games/fortunes/cookie "
+             "cd %s && /usr/bin/python3 scripts/ref/bpe_reference.py --vocab 400 %s/bpe400 "
+             "/usr/share/games/fortunes/cookie "
              ">/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
     cr_assert_eq(shell(cmd).code, 0, "bpe_reference.py failed");
     r = amp("sample %s --tokenizer %s/bpe400/tokenizer.json", ck, scratch);
@@ -457,8 +460,8 @@ Test(cli, a_model_of_another_vocabulary_samples_through_its_tokenizer)
 /* ---- against a Python reference ------------------------------------------------------------------ */
 
 /* A GPT-2 shaped byte-level model (configs/gpt2_tiny.yaml with vocabulary 256: tied lm_head, no bias, context 16)
- * trained 30 steps and exported with hf-gpt2 names; scripts/sample_ref.py loads the export into a torch.nn GPT-2
- * (scripts/gpt2_torch.py) and generates with the same rule and draws, each step a full forward without a cache.
+ * trained 30 steps and exported with hf-gpt2 names; scripts/ref/sample_ref.py loads the export into a torch.nn GPT-2
+ * (scripts/ref/gpt2_torch.py) and generates with the same rule and draws, each step a full forward without a cache.
  * The same tokens, and ampTrain's logits of every generated token within 1e-5 of the row's largest logit. */
 static char ref_ckpt[600], exported[600];
 
@@ -466,7 +469,7 @@ static void setup_reference(void)
 {
     make_scratch();
     char cmd[2000];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
              "%s/train.bin /usr/share/games/fortunes/cookie >/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
     cr_assert_eq(shell(cmd).code, 0, "make_tokens.py failed");
     struct result r = amp("run configs/gpt2_tiny.yaml run.device=cpu run.log_every=1000 run.eval_every=0 run.steps=30 "
@@ -513,7 +516,7 @@ static void reference_case(const char *opts, struct sample_opts o)
     for (int64_t i = 0; i < res.n; i++)
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "," : "", res.tokens[i]);
 
-    snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 scripts/sample_ref.py %s --heads 2 --prompt 84,104,101,32 "
+    snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 scripts/ref/sample_ref.py %s --heads 2 --prompt 84,104,101,32 "
              "--tokens %lld --context %lld %s --compare %s 2>&1", AMP_SOURCE_DIR, exported, (long long)o.tokens,
              (long long)context, opts, logits_path);
     r = shell(cmd);

@@ -8,13 +8,7 @@
 
 #include "dtype.h"
 #include "sround.h"
-
-static uint32_t bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
+#include "testbits.h" /* bits_of */
 
 /* Over every r in [0, 65536): the result is x's bf16 neighbour below or above (in magnitude), and it is the
  * one above exactly L times, L = x's low 16 bits: P(up) = (|x| - down) / ulp, so E[result] = x. */

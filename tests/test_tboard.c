@@ -2,7 +2,7 @@
  * test_tboard.c — TensorBoard event files (lib/engine/tboard.h, run.tensorboard): CRC-32C against its standard check
  * values, records read back by a small reader here (framing, CRCs, the Event fields), a full disk cut back to
  * whole records, and end to end: the event files of real runs read with the `tensorboard` package by
- * scripts/tb_check.py, whose every scalar must equal scale_log.csv's and eval.jsonl's (a plain run, fp16 with
+ * scripts/ref/tb_check.py, whose every scalar must equal scale_log.csv's and eval.jsonl's (a plain run, fp16 with
  * skipped steps, a token model's tokens_per_s, a run killed with kill -9, resumes), run.tensorboard: false,
  * and the event file counted as a run file.
  */
@@ -356,7 +356,7 @@ Test(tboard, text_summaries_read_back_with_the_tensorboard_package)
     tboard_text(w, 10, "samples", "two\nlines, \"quoted\"");
     cr_assert_eq(tboard_close(w, &err), AMP_OK, "%s", err.msg);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tb_check.py --text %s samples", AMP_SOURCE_DIR, scratch);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/ref/tb_check.py --text %s samples", AMP_SOURCE_DIR, scratch);
     struct result r = shell(cmd);
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert_str_eq(r.out, "[[5, \"The fox \xc3\xbc\"], [10, \"two\\nlines, \\\"quoted\\\"\"]]\n");
@@ -372,11 +372,11 @@ static void need_tensorboard(void)
         cr_skip_test("/usr/bin/python3 lacks tensorboard or yaml (scripts/install-deps.sh --test)");
 }
 
-/* scripts/tb_check.py DIR ARGS: exit code and output. */
+/* scripts/ref/tb_check.py DIR ARGS: exit code and output. */
 static struct result tb_check(const char *dir, const char *args)
 {
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tb_check.py %s %s 2>&1", AMP_SOURCE_DIR, dir, args);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/ref/tb_check.py %s %s 2>&1", AMP_SOURCE_DIR, dir, args);
     return shell(cmd);
 }
 

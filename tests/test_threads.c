@@ -699,8 +699,8 @@ static const char *const run_threads[] = {"1", "2", "3", "7"};
 
 /* `config extra` for `steps` steps at run.threads 1, 2, 3 and 7 in one precision mode: identical logs and
  * checkpoint tensors. */
-/* Model `name` of tests/thread_models.txt (scripts/tsan.sh runs the same lines) trained in `mode` at 1, 2, 3 and 7
- * threads: every checkpoint tensor and scale_log.csv the same bits. */
+/* Model `name` of tests/thread_models.txt (scripts/check/tsan.sh runs the same lines) trained in `mode` at 1, 2, 3 and
+ * 7 threads: every checkpoint tensor and scale_log.csv the same bits. */
 static void check_model(const char *name, const char *mode)
 {
     char args[1024] = "", line[1024];

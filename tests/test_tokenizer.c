@@ -1,7 +1,7 @@
 /*
  * test_tokenizer.c — the byte-level BPE tokenizer (lib/base/tokenizer.h) and `ampTrain tokenize`.
  *
- * Against Hugging Face's `tokenizers` (scripts/bpe_reference.py, /usr/bin/python3): a BPE trained on every
+ * Against Hugging Face's `tokenizers` (scripts/ref/bpe_reference.py, /usr/bin/python3): a BPE trained on every
  * fortune, in its three file forms, must encode every fortune (and the script's extra cases: Unicode, added
  * tokens, whitespace) to the library's ids and decode them to the text and to the library's decode. Then unit
  * tests on a tiny hand-built tokenizer (the 256 byte symbols as ids 0..255, a few merges): merge order, empty
@@ -15,8 +15,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "testrun.h"   /* amp, shell */
-#include "tokenizer.h" /* tokenizer_load, tokenizer_encode, tokenizer_decode */
+#include "testrun.h"           /* amp, shell */
+#include "tokenizer.h"         /* tokenizer_load, tokenizer_encode, tokenizer_decode */
+#include "tokenizer_testlib.h" /* byte_symbol */
 
 #define FORTUNES "/usr/share/games/fortunes"
 
@@ -69,7 +70,7 @@ static const char *reference_dir(void)
     const char *dir = scratch();
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/bpe_reference.py --vocab 1500 %s "
+             "cd %s && /usr/bin/python3 scripts/ref/bpe_reference.py --vocab 1500 %s "
              "$(ls " FORTUNES "/* | grep -v '\\.dat$' | grep -v '\\.u8$') 2>&1",
              AMP_SOURCE_DIR, dir);
     struct result r = shell(cmd);
@@ -165,19 +166,6 @@ Test(tokenizer, command_round_trip)
 }
 
 /* ---- a tiny hand-built tokenizer --------------------------------------------------------------------- */
-
-/* GPT-2's byte-to-unicode symbol of byte b. */
-static unsigned byte_symbol(int b)
-{
-    int n = 0;
-    for (int c = 0; c < 256; c++) {
-        bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
-        if (c == b)
-            return printable ? (unsigned)c : 256u + (unsigned)n;
-        n += !printable;
-    }
-    return 0;
-}
 
 /* A tokenizer.json: the 256 byte symbols as ids 0..255, then `vocab_extra` (",\"ab\": 256", ...), `merges`,
  * `added` (the added_tokens array's items) and `model` (the model's type). */
@@ -497,7 +485,8 @@ Test(tokenizer, make_tokens_with_a_tokenizer)
     const char *layouts[] = {"nanogpt", "llmc"};
     for (int l = 0; l < 2; l++) {
         snprintf(cmd, sizeof cmd,
-                 "cd %s && /usr/bin/python3 scripts/make_tokens.py --tokenizer %s/vocab.json --amptrain %s --format %s "
+                 "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --tokenizer %s/vocab.json --amptrain %s "
+                 "--format %s "
                  "--val-fraction 0.25 -o %s/train.bin " FORTUNES "/cookie " FORTUNES "/computers 2>&1 && "
                  "/usr/bin/python3 -c \"import tokenizers, numpy as np; t=tokenizers.Tokenizer.from_file('%s/tokenizer.json');"
                  "text=open('" FORTUNES "/cookie', encoding='utf-8').read()+open('" FORTUNES "/computers', encoding='utf-8').read();"
@@ -511,7 +500,8 @@ Test(tokenizer, make_tokens_with_a_tokenizer)
         cr_assert(strstr(r.out, "\nsame "), "%s", r.out);
     }
     snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/make_tokens.py --tokenizer %s/none.json --amptrain %s -o %s/t.bin "
+             "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --tokenizer %s/none.json --amptrain %s -o "
+             "%s/t.bin "
              FORTUNES "/cookie 2>&1; echo rc=$?; ls %s/t.bin 2>&1",
              AMP_SOURCE_DIR, dir, amp_binary(), dir, dir);
     struct result r = shell(cmd);

@@ -3,7 +3,7 @@
  * uint16 and llm.c's headered layouts read back the ids written, windows of seq_len + 1 tokens with shifted
  * targets, random and sequential sampling from run.seed, the sampler's resume and per-rank split, a file
  * larger than 2^31 tokens without per-window memory, every bad input (exit 3 naming the file and the
- * offset), scripts/make_tokens.py's two layouts, and bit-exact resume of `ampTrain run` on token files.
+ * offset), scripts/tools/make_tokens.py's two layouts, and bit-exact resume of `ampTrain run` on token files.
  *
  * Fixtures are written by the tests into a fresh scratch directory, with ids drawn from a seeded generator,
  * so each test knows the exact ids the reader must produce.
@@ -262,7 +262,7 @@ Test(tokens_read, ids_up_to_vocab_minus_one_are_accepted)
     free(ids);
 }
 
-/* ---- scripts/make_tokens.py ----------------------------------------------------------------------- */
+/* ---- scripts/tools/make_tokens.py ----------------------------------------------------------------------- */
 
 static void check_make_tokens(const char *layout)
 {
@@ -273,7 +273,8 @@ static void check_make_tokens(const char *layout)
     const char *in = fx("in.txt");
     write_file(in, text, (size_t)len);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 scripts/make_tokens.py --format %s --val-fraction 0.25 -o %s %s 2>&1",
+    snprintf(cmd, sizeof cmd, "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --format %s --val-fraction "
+                              "0.25 -o %s %s 2>&1",
              AMP_SOURCE_DIR, layout, fx("train.bin"), in);
     struct result r = shell(cmd);
     cr_assert_eq(r.code, 0, "%s", r.out);
@@ -711,7 +712,7 @@ Test(tokens_errors, missing_empty_and_directory)
     struct data_config c = tokens_config(fx("nope.bin"), NULL, 16, 256, SAMPLING_RANDOM);
     struct amp_error e = load_fails(&c);
     assert_contains(e.msg, "nope.bin: no such file (data.train_bin)");
-    assert_contains(e.hint, "scripts/make_tokens.py");
+    assert_contains(e.hint, "scripts/tools/make_tokens.py");
     const char *empty = fx("empty.bin");
     write_file(empty, "", 0);
     c = tokens_config(empty, NULL, 16, 256, SAMPLING_RANDOM);

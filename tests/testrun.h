@@ -1,12 +1,14 @@
 /*
  * testrun.h — running the ampTrain binary (AMP_BINARY) from the source directory, for the suites that
- * test the program end to end. Needs _POSIX_C_SOURCE (popen) defined before the first include.
+ * test the program end to end, and whether /usr/bin/python3 has torch (have_torch) for those that hold it against
+ * PyTorch. Needs _POSIX_C_SOURCE (popen) defined before the first include.
  */
 #ifndef AMP_TESTRUN_H
 #define AMP_TESTRUN_H
 
 #include <criterion/criterion.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h> /* getenv */
 #include <string.h>
@@ -32,7 +34,7 @@ static struct result shell(const char *cmd)
     return r;
 }
 
-/* The binary under test: $AMPTRAIN_BIN where set (scripts/gpu-check.sh sets it to the bundle's, which is
+/* The binary under test: $AMPTRAIN_BIN where set (scripts/gpu/gpu-check.sh sets it to the bundle's, which is
  * unpacked away from the build directory compiled in here), else AMP_BINARY. */
 static const char *amp_binary(void) __attribute__((unused));
 static const char *amp_binary(void)
@@ -53,6 +55,13 @@ static struct result amp(const char *fmt, ...)
     va_end(ap);
     snprintf(cmd, sizeof cmd, "cd %s && { OPENBLAS_NUM_THREADS=1 %s %s ; } 2>&1", AMP_SOURCE_DIR, amp_binary(), args);
     return shell(cmd);
+}
+
+/* Whether /usr/bin/python3 can import torch (the suites that hold ampTrain against PyTorch skip without it). */
+static bool have_torch(void) __attribute__((unused));
+static bool have_torch(void)
+{
+    return shell("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1").code == 0;
 }
 
 #endif

@@ -40,7 +40,7 @@
  * in the 32-column panels above, both padded with zero pairs to whole tiles of 16; a 32 x 32 block of C in four
  * tiles (kernel_amx), which the first of several k blocks stores straight into the partial sums. Its sums are
  * not vdpbf16ps's (tdpbf16ps adds a pair's two products first and groups the 16 pairs of a tile row;
- * scripts/probe_amx_order.c).
+ * scripts/dev/probe_amx_order.c).
  *
  * Threads (gemm_avx512_threaded): for each (n block, k block) the panels of op(B) are packed once into
  * one shared buffer (the panels shared out, each packed by one thread), then the rows of C are shared
@@ -765,7 +765,7 @@ static int64_t row_band(enum dtype in, bool amx, int64_t m)
 
 /* Panels of columns a chunk of GEMM_SPLIT_COLUMNS: COL_PANELS; on the FMA kernel (fp32, fp16) half of n's
  * panels (rounded up) where n has fewer than 2 COL_PANELS, so that a product of few columns is still two
- * chunks (fashion_cnn's fc1 forward, 128 x 128 x 3136 fp32: `MODEL=cnn DTYPE=fp32 scripts/bench_gemm.sh`,
+ * chunks (fashion_cnn's fc1 forward, 128 x 128 x 3136 fp32: `MODEL=cnn DTYPE=fp32 scripts/bench/bench_gemm.sh`,
  * `git show 0392743:docs/perf.md`). Not for bf16, whose products are fast enough that packing all of op(A)
  * twice cost more than the split saved when this was tried. Fixed by the shape and dtype. */
 static int64_t col_panels(enum dtype in, int64_t n)

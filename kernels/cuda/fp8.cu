@@ -237,7 +237,7 @@ __global__ void copy_scales_kernel(float *dst, const float *sa, const float *sb)
 /* A's and B's scale_inv for cuBLASLt's scale pointers, at 16-byte-aligned addresses: lib/base/fp8.c keeps a layer's
  * scales side by side, 4 bytes apart, and on the H200 (cuBLASLt 130100, 2026-12-04) cublasLtMatmul refused every
  * native product of the backend, whose scale pointers were such, while it accepted the same product with
- * 256-byte-aligned scales in scripts/fp8_probe.cu: the one difference found between the two, so copied here
+ * 256-byte-aligned scales in scripts/gpu/fp8_probe.cu: the one difference found between the two, so copied here
  * (one 1-thread kernel, only where a pointer is not aligned). Confirmed on the H200 (2026-12-04, 55f85b4):
  * fp8_probe's product with scales 4 bytes past a 16-byte boundary was refused by all 8 algorithms offered, the
  * same with aligned scales accepted, and the backend's products then ran natively (tests/test_cuda_backend.c,

@@ -1638,7 +1638,7 @@ static enum amp_status check_data(const struct ctx *c, const struct data_config 
     } else if (d->format == DATA_TOKENS && d->vocab == 0) {
         return fail_key(c, "data.format",
                         "add data.vocab: the tokenizer's vocabulary size (50257 for GPT-2's BPE, 256 for the bytes of "
-                        "scripts/make_tokens.py); every id must be below it",
+                        "scripts/tools/make_tokens.py); every id must be below it",
                         "data.format is tokens but data.vocab is not set");
     }
     return AMP_OK;

@@ -36,7 +36,8 @@
 
 #include "data_internal.h" /* data_check_file */
 
-#define TOKENS_MISSING_HINT "make the file with nanoGPT's or llm.c's data scripts, or scripts/make_tokens.py, or fix %s"
+#define TOKENS_MISSING_HINT \
+    "make the file with nanoGPT's or llm.c's data scripts, or scripts/tools/make_tokens.py, or fix %s"
 #define LLMC_HEADER_BYTES 1024
 #define LLMC_MAGIC_GPT2 20240520   /* version 1: uint16 ids */
 #define LLMC_MAGIC_LLAMA3 20240801 /* version 7: uint32 ids */
@@ -234,7 +235,7 @@ static enum amp_status tokens_open(struct token_file *f, const struct data_confi
         long long offset = (long long)(f->header_bytes + bad * f->token_bytes);
         return amp_fail(err, AMP_ERR_DATA,
                         "set data.vocab to the tokenizer's vocabulary size (50257 for GPT-2's BPE, 256 for "
-                        "scripts/make_tokens.py), and the model's embedding vocab and lm_head out to match; or "
+                        "scripts/tools/make_tokens.py), and the model's embedding vocab and lm_head out to match; or "
                         "re-make the file",
                         "%s: token id %u at token %lld (byte offset %lld) is not below data.vocab %lld (%s, %s)",
                         f->path, token_at(f->tokens, f->token_bytes, bad), (long long)bad, offset,

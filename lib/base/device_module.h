@@ -8,7 +8,7 @@
  * lib/base/comm.c (the NCCL switch) call the device through it and nothing else.
  *
  * Where the module is: $AMPTRAIN_CUDA_MODULE (a path), else libamp_cuda.so in the directory of the
- * running executable (the build directory; scripts/gpu-bundle.sh packs it beside ampTrain).
+ * running executable (the build directory; scripts/gpu/gpu-bundle.sh packs it beside ampTrain).
  */
 #ifndef AMP_DEVICE_MODULE_H
 #define AMP_DEVICE_MODULE_H

@@ -5,7 +5,7 @@
  * function, caller): calls, calls run inline (one thread or one chunk), chunks, wall time, the time the caller
  * waited for the other threads' chunks after it found none left to claim, and the time on the caller since the
  * pool's previous job ended (serial work, with the other threads idle). threadpool_free appends the table to PATH
- * as text, each function as an object file and an offset into it; scripts/pool_profile.py names them. Without
+ * as text, each function as an object file and an offset into it; scripts/dev/pool_profile.py names them. Without
  * the variable parallel_for pays one test of a NULL pointer. One process at a time per PATH.
  */
 #ifndef AMP_POOL_PROFILE_H

@@ -30,7 +30,7 @@ struct scaler;
 struct dist {
     struct comm *comm;
     struct backend *be;
-    bool active;              /* a step reduces: several ranks, or NCCL asked for on one (scripts/gpu-check.sh) */
+    bool active;              /* a step reduces: several ranks, or NCCL asked for on one (scripts/gpu/gpu-check.sh) */
     bool stage;               /* reduce through the host staging buffer below */
     void *stage_buf;
     size_t stage_cap;

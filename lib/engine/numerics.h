@@ -69,7 +69,7 @@ struct numerics {
         struct num_stats total;
     } *tensors;
     int64_t steps;
-    double seconds;            /* wall time spent measuring (scripts/bench_numerics.sh) */
+    double seconds;            /* wall time spent measuring (scripts/bench/bench_numerics.sh) */
     double scale;              /* the loss scale of the last measured step (1 without loss scaling) */
     FILE *csv;                 /* numerics.csv, or NULL */
     float *host_ref, *host_run;

@@ -7,7 +7,7 @@
  * stops there (no sliding window) and says so in `stopped_at_context`.
  *
  * The rule that picks token t+1 from the fp32 logits of position t (the logits downloaded and widened to fp32;
- * scripts/sample_ref.py implements the same rule for the reference test):
+ * scripts/ref/sample_ref.py implements the same rule for the reference test):
  *   Only tokens below draw_below (when set: a tokenizer with fewer ids than the vocabulary) are candidates.
  *   temperature 0: the argmax (the lowest index among equal maxima); no draw.
  *   otherwise, in double: w_i = exp((l_i - max l) / temperature); the tokens ordered by w descending (ties: lower

@@ -6,7 +6,7 @@
  *   FUZZ_CKPT_MODE 1, fuzz_ckpt_resealed: the input is written, then its user block is made valid again
  *     (magic and layout version here, length and CRC-32 by reseal() of tests/ckpt_testlib.h), so the
  *     mutated bytes reach HDF5's parser and then our readers. Crashes inside libhdf5 are expected here
- *     (that is why the CRC exists); scripts/fuzz.sh files them apart from ours.
+ *     (that is why the CRC exists); scripts/check/fuzz.sh files them apart from ours.
  *   fuzz_ckpt_guarded: mode 1 with lib/base/trial.h's trial process on (FUZZ_TRIAL), as `ampTrain resume` runs:
  *     HDF5 parses each file in a forked child first, so no crash inside libhdf5 may reach this process; any
  *     finding here, in libhdf5 or not, breaks that promise (docs/reliability.md). The other modes turn the
@@ -27,7 +27,7 @@
  * The seed checkpoint is made at start (LLVMFuzzerInitialize) with the library itself: a 4x4-pixel IDX
  * dataset written into the scratch directory, a conv2d + batchnorm2d + linear model in fp16-dynamic (built with
  * FUZZ_FP8, fuzz_ckpt_fp8: in fp8 with delayed scaling, so the file has /fp8), two optimizer steps, ckpt_save. So it always matches the current format; AMPTRAIN_FUZZ_WRITE_SEED=PATH copies it
- * to PATH (scripts/fuzz.sh adds it to the scratch corpus of the raw and resealed harnesses).
+ * to PATH (scripts/check/fuzz.sh adds it to the scratch corpus of the raw and resealed harnesses).
  *
  * Oracles (checkpoint.h's contract): a refusal is AMP_ERR_CKPT (or AMP_ERR_INTERNAL) with a message; no
  * HDF5 identifier stays open after a call; an accepted trainer state has step, optimizer step,

@@ -1,10 +1,10 @@
 /*
- * fuzz_common.h — what the libFuzzer harnesses in tests/fuzz/ share (scripts/fuzz.sh builds and runs them):
+ * fuzz_common.h — what the libFuzzer harnesses in tests/fuzz/ share (scripts/check/fuzz.sh builds and runs them):
  *
  *   - a byte reader (struct fuzz_in) that turns the fuzzer's input into small decisions: a structured
  *     harness reads op codes, lengths and values from it; past the end every read gives 0, so any input,
  *     even the empty one, is a complete script;
- *   - a scratch directory under $TMPDIR (scripts/fuzz.sh points TMPDIR into build-fuzz/), removed at exit;
+ *   - a scratch directory under $TMPDIR (scripts/check/fuzz.sh points TMPDIR into build-fuzz/), removed at exit;
  *   - file helpers that write the fuzzer's bytes as the files our readers open;
  *   - FUZZ_ORACLE: a contract of a public header checked on an accepted (or refused) input; a broken one
  *     aborts, so libFuzzer saves the input like any crash. AMPTRAIN_FUZZ_ORACLES=0 turns them off to hunt

@@ -9,7 +9,7 @@
  *     hold them, so mutations hit the gzip stream, its header and its CRC-32/length trailer.
  *   1 idx-gz: the same files, each gzip-compressed here, so mutated IDX headers reach the reader whole.
  *   2 hdf5-raw: the payload is the HDF5 file (data.path) as is: a user's data file has no checksum, so
- *     this reaches HDF5's own parser; crashes inside libhdf5 are filed apart by scripts/fuzz.sh.
+ *     this reaches HDF5's own parser; crashes inside libhdf5 are filed apart by scripts/check/fuzz.sh.
  *   3 hdf5: the payload is a recipe for x and y built through the HDF5 API: name, type (float, integer,
  *     big-endian, string, compound), rank 0 to 5, dims (huge ones left unallocated), layout, values (NaN,
  *     inf, huge, negative labels, ...).

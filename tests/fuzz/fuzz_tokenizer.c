@@ -3,7 +3,7 @@
  * files users bring (`data.tokenizer`, `ampTrain tokenize --tokenizer`) and its encoder on arbitrary text.
  *
  * Input: a mode byte, then the rest (the seeds in tests/fuzz/corpus/tokenizer: a small BPE trained on fortunes by
- * scripts/bpe_reference.py in each file form, and texts; tests/fuzz/tokenizer.dict holds the formats' tokens):
+ * scripts/ref/bpe_reference.py in each file form, and texts; tests/fuzz/tokenizer.dict holds the formats' tokens):
  *   mode % 3 == 0   the rest is a tokenizer.json (or a vocab.json: the reader tells them apart by the content)
  *   mode % 3 == 1   the rest is a vocab.json, a NUL byte, then its merges.txt
  *   mode % 3 == 2   the rest is text, encoded with a fixed tokenizer (the 256 byte symbols, a few merges,
@@ -22,24 +22,12 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "tokenizer.h" /* tokenizer_load_memory, tokenizer_encode, tokenizer_decode */
+#include "tokenizer.h"         /* tokenizer_load_memory, tokenizer_encode, tokenizer_decode */
+#include "tokenizer_testlib.h" /* byte_symbol */
 
 #define FILE_NAME "fuzz_tokenizer.json"
 
 static struct tokenizer *fixed;
-
-/* GPT-2's byte-to-unicode symbol of byte b. */
-static unsigned byte_symbol(int b)
-{
-    int n = 0;
-    for (int c = 0; c < 256; c++) {
-        bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
-        if (c == b)
-            return printable ? (unsigned)c : 256u + (unsigned)n;
-        n += !printable;
-    }
-    return 0;
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
