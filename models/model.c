@@ -427,7 +427,8 @@ void model_forward(struct model *m, const struct step_ctx *ctx, const struct bat
     }
 }
 
-void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b)
+void model_backward_hooked(struct model *m, const struct step_ctx *ctx, const struct batch *b,
+                           const struct backward_hook *hook)
 {
     for (int i = m->nlayers - 1; i >= 0; i--) {
         struct layer *l = &m->layers[i];
@@ -436,7 +437,14 @@ void model_backward(struct model *m, const struct step_ctx *ctx, const struct ba
         /* a view's dx (flatten's, a fused relu's) is its neighbour's gradient: counted there */
         if (l->needs_dx && !l->is_view)
             count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
+        if (hook)
+            hook->layer_done(hook->user, i);
     }
+}
+
+void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b)
+{
+    model_backward_hooked(m, ctx, b, NULL);
 }
 
 enum amp_status model_decode_begin(struct model *m, int64_t *context, struct amp_error *err)

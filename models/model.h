@@ -59,6 +59,21 @@ void model_forward(struct model *m, const struct step_ctx *ctx, const struct bat
  * overwrite or accumulate per ctx->accumulate. */
 void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b);
 
+/* Told by model_backward_hooked after each layer's backward, layer nlayers-1 first and 0 last: from then on the
+ * rest of this backward writes no gradient of a parameter of layers `layer`..nlayers-1 (a tied weight belongs to
+ * its embedding, whose backward runs after the linear that also reads it), so they may be read, or reduced over
+ * ranks, while the earlier layers run. On a backend with a queue (CUDA) the gradients are then queued, not yet
+ * computed: a reader orders itself after the backend's queue. The data-parallel trainer supplies one
+ * (lib/engine/dist_overlap.h); the model knows nothing of what it does. */
+struct backward_hook {
+    void (*layer_done)(void *user, int layer);
+    void *user;
+};
+
+/* model_backward, calling hook->layer_done after each layer (hook NULL: model_backward). */
+void model_backward_hooked(struct model *m, const struct step_ctx *ctx, const struct batch *b,
+                           const struct backward_hook *hook);
+
 /* ---- generation (ampTrain sample) ----
  * A token model (an embedding first, a cross_entropy last) generates one sequence with a key/value cache: the
  * prompt's positions in one model_decode call (the prefill), then one position per call, each attending to the

@@ -972,6 +972,8 @@ Test(ranges, other_bounds)
         {"optim:\n  weight_decay: -0.1\n", "t.yaml:2:17: optim.weight_decay must be >= 0, got -0.1"},
         {"stability:\n  max_consecutive_skips: -1\n", "t.yaml:2:26: stability.max_consecutive_skips must be >= 0, got -1"},
         {"dist:\n  timeout_s: -1\n", "t.yaml:2:14: dist.timeout_s must be >= 0, got -1"},
+        {"dist:\n  bucket_mb: -1\n", "t.yaml:2:14: dist.bucket_mb must be in [0, 1048576], got -1"},
+        {"dist:\n  bucket_mb: 2e6\n", "t.yaml:2:14: dist.bucket_mb must be in [0, 1048576], got 2e6"},
         {"run:\n  keep_ckpts: 0\n", "t.yaml:2:15: run.keep_ckpts must be >= 1, got 0"},
         {"run:\n  steps: -5\n", "t.yaml:2:10: run.steps must be in [0, 1000000000000], got -5"},
     };

@@ -19,7 +19,8 @@ static int gpus(void)
 }
 
 /* One rank on one GPU through a one-rank NCCL communicator: every step's reduce is a sum over one rank, so
- * the log and the checkpoint equal the run without it. */
+ * the log and the checkpoint equal the run without it, whether the gradients go in buckets on the second stream
+ * during backward (the default dist.bucket_mb, and 0.001: a bucket a layer) or once after it (0). */
 Test(cuda_dist, nccl_one_rank_on_a_gpu_equals_no_nccl)
 {
     if (gpus() < 1)
@@ -31,11 +32,17 @@ Test(cuda_dist, nccl_one_rank_on_a_gpu_equals_no_nccl)
     r = amp("run %s dist.backend=nccl run.out_dir=%s/nccl", m, scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
     compare_runs("plain", "nccl", 30, 1000);
+    r = amp("run %s dist.backend=nccl dist.bucket_mb=0.001 run.out_dir=%s/tiny", m, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    compare_runs("plain", "tiny", 30, 1000);
+    r = amp("run %s dist.backend=nccl dist.bucket_mb=0 run.out_dir=%s/once", m, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    compare_runs("plain", "once", 30, 1000);
     remove_scratch();
 }
 
-/* Two ranks on two GPUs reduce by NCCL and train as one GPU with accum_steps 2, up to the order of the
- * GPU's sums: within 1e-5 relative after 20 bf16 steps. */
+/* Two ranks on two GPUs reduce by NCCL (in the default buckets, on the second stream) and train as one GPU with
+ * accum_steps 2, up to the order of the GPU's sums: within 1e-5 relative after 20 bf16 steps. */
 Test(cuda_dist, nccl_two_ranks_on_two_gpus)
 {
     NEED_MPI();

@@ -146,6 +146,93 @@ Test(dist, init_from_two_ranks_equal_one)
 /* The TCP byte transfer layer, the path between hosts. */
 Test(dist, equivalence_over_tcp) { check_equivalence(MLP, "precision.mode=fp16-dynamic " HARD, "--mca btl tcp,self"); }
 
+/* ---- overlap: the gradients reduced in buckets while backward runs (dist.bucket_mb) -------------------- */
+
+/* `np` ranks with the gradients in buckets of `mb` MiB (NULL: the default), `extra` on all, into scratch/DIR; returns
+ * the number of buckets the run said it reduces a step (0: one reduce after backward). */
+static int run_buckets(int np, const char *cfg, const char *extra, const char *mb, const char *dir)
+{
+    char key[64] = "";
+    if (mb)
+        snprintf(key, sizeof key, "dist.bucket_mb=%s", mb);
+    struct result r = mpi(np, NULL, "run %s %s %s run.out_dir=%s/%s", cfg, extra, key, scratch, dir);
+    cr_assert_eq(r.code, 0, "%d ranks, %s:\n%s", np, key, r.out);
+    if (strstr(r.out, "gradient reduce: one after backward"))
+        return 0;
+    const char *at = strstr(r.out, "gradient reduce: ");
+    cr_assert_not_null(at, "%s", r.out);
+    int n = 0;
+    cr_assert_eq(sscanf(at, "gradient reduce: %d buckets during backward", &n), 1, "%s", at);
+    return n;
+}
+
+/* Two ranks reduce the same bits once after backward (dist.bucket_mb 0), in the default buckets (25 MiB, the first
+ * 1 MiB: one bucket on these small models) and in buckets of 0.001 MiB (one a layer, started as each layer's backward
+ * ends): each element is a + b whatever the buckets. */
+static void check_buckets_same_bits(const char *cfg, const char *extra)
+{
+    NEED_MPI();
+    make_scratch();
+    cr_assert_eq(run_buckets(2, cfg, extra, "0", "once"), 0);
+    cr_assert_geq(run_buckets(2, cfg, extra, NULL, "default"), 1);
+    cr_assert_geq(run_buckets(2, cfg, extra, "0.001", "tiny"), 3, "a bucket a layer");
+    compare_runs("once", "default", 20, 1000);
+    compare_runs("once", "tiny", 20, 1000);
+    remove_scratch();
+}
+
+Test(dist, buckets_give_the_same_bits_at_two_ranks_fp32) { check_buckets_same_bits(MLP, "precision.mode=fp32 " HARD); }
+Test(dist, buckets_give_the_same_bits_at_two_ranks_bf16) { check_buckets_same_bits(MLP, "precision.mode=bf16 " HARD); }
+Test(dist, buckets_give_the_same_bits_at_two_ranks_fp16_dynamic)
+{
+    check_buckets_same_bits(MLP, "precision.mode=fp16-dynamic " OVERFLOWING " precision.loss_scale.hysteresis=2 " HARD);
+}
+Test(dist, buckets_give_the_same_bits_at_two_ranks_fp8_delayed)
+{
+    check_buckets_same_bits(MLP,
+                            "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' " HARD);
+}
+Test(dist, text_gpt_buckets_give_the_same_bits_at_two_ranks_fp8_current)
+{
+    check_buckets_same_bits(GPT, "precision.mode=fp8 precision.fp8.recipe=current");
+}
+
+/* A tied lm_head writes its part of the token table's gradient before the embedding adds its own: the table's
+ * bucket must wait for the embedding (configs/gpt2_tiny.yaml, `tie: wte/wte`), with accumulation too. */
+Test(dist, tied_weights_buckets_give_the_same_bits_at_two_ranks)
+{
+    NEED_MPI();
+    char dir[] = "/tmp/amp-dist-tied-XXXXXX", cmd[1024], cfg[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o %s/train.bin "
+             "/usr/share/games/fortunes/cookie 2>&1",
+             AMP_SOURCE_DIR, dir);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(cfg, sizeof cfg,
+             "configs/gpt2_tiny.yaml run.device=cpu run.steps=20 run.log_every=5 run.eval_every=10 data.batch_size=4 "
+             "data.train_bin=%s/train.bin data.val_bin=%s/val.bin accum_steps=2",
+             dir, dir);
+    check_buckets_same_bits(cfg, "precision.mode=fp16-dynamic");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Three and four ranks: MPI may associate each sum otherwise with buckets than without (its non-blocking
+ * algorithm is not its blocking one), but a run repeats its bits. */
+static void check_buckets_repeatable(int np)
+{
+    NEED_MPI();
+    make_scratch();
+    cr_assert_geq(run_buckets(np, MLP, "precision.mode=fp32 " HARD, "0.001", "a"), 3);
+    cr_assert_geq(run_buckets(np, MLP, "precision.mode=fp32 " HARD, "0.001", "b"), 3);
+    compare_runs("a", "b", 20, 1000);
+    remove_scratch();
+}
+Test(dist, three_ranks_with_buckets_repeat_their_bits) { check_buckets_repeatable(3); }
+Test(dist, four_ranks_with_buckets_repeat_their_bits) { check_buckets_repeatable(4); }
+
 /* ---- where bit identity cannot hold: a bound -------------------------------------------------------- */
 
 static void check_bounded(int np, int accum_each, int accum_one)
@@ -806,4 +893,121 @@ Test(dist, a_step_reduces_once_after_the_last_micro_batch)
     cr_assert(isfinite(t.recs[0].loss) && t.recs[0].loss > 1.0 && t.recs[0].loss < 3.5, "loss %g", t.recs[0].loss);
     trainer_teardown(&t);
     config_free(&cfg);
+}
+
+/* The non-blocking reduce of the same stand-in peer: a start doubles the bucket at once and records where it lies in
+ * the flat gradient buffer and how often backward had let reduces progress by then. */
+#define FAKE_MAX 64
+static int64_t fake_starts, fake_waits, fake_progress;
+static size_t fake_begin[FAKE_MAX], fake_count[FAKE_MAX];
+static int64_t fake_progress_at[FAKE_MAX];
+static const float *fake_base;
+static struct comm_request *fake_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    cr_assert_eq(dt, COMM_F32);
+    if (fake_starts < FAKE_MAX) {
+        fake_begin[fake_starts] = (size_t)((const float *)buf - fake_base);
+        fake_count[fake_starts] = count;
+        fake_progress_at[fake_starts] = fake_progress;
+    }
+    fake_starts++;
+    fake_reduce_sum(c, buf, count, dt);
+    fake_reduces--; /* counted as a start, not a blocking reduce */
+    return (struct comm_request *)&fake_starts; /* any request but NULL: a wait must follow */
+}
+static void fake_reduce_progress(struct comm *c)
+{
+    (void)c;
+    fake_progress++;
+}
+static void fake_reduce_wait(struct comm *c, struct comm_request *r)
+{
+    (void)c;
+    cr_assert_not_null(r);
+    fake_waits++;
+}
+
+/* fashion_mlp (16 wide, accum 3) trained 4 steps in process with the fake peer and dist.bucket_mb `mb`; its loss
+ * rows and weights into *loss and *weights (malloc'd), checking what each step asks of the communicator. */
+static void train_with_buckets(const char *mb, double *loss, float **weights, size_t *nweights)
+{
+    struct comm fake = {
+        .rank = 0, .world = 2, .local_rank = 0, .local_world = 1, .hosts = 1, .transport = "fake",
+        .device_memory = true, .reduce_sum = fake_reduce_sum, .reduce_start = fake_reduce_start,
+        .reduce_progress = fake_reduce_progress, .reduce_wait = fake_reduce_wait,
+        .host_allreduce = fake_host_allreduce, .host_bcast = fake_host_bcast,
+        .host_allgather = fake_host_allgather, .abort = fake_abort, .close = fake_close,
+    };
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    struct config cfg;
+    struct amp_error err;
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp_fp16_dynamic.yaml", &err), AMP_OK, "%s",
+                 err.msg);
+    char key[64];
+    snprintf(key, sizeof key, "dist.bucket_mb=%s", mb);
+    const char *ov[] = {"model.layers.1.out=16", "model.layers.3.out=16", "data.batch_size=8", "run.device=cpu",
+                        "accum_steps=3", "run.log_every=4", key};
+    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    cr_assert_eq(trainer_setup(&t, &cfg, &fake, &err), AMP_OK, "%s", err.msg);
+    const struct model *m = &t.model;
+    fake_base = m->grad_flat;
+    int nb = dist_overlap_buckets(t.overlap);
+    cr_assert_eq(nb, atof(mb) > 0 ? 3 : 0, "dist.bucket_mb %s: %d buckets (one a linear layer)", mb, nb);
+    for (int s = 0; s < 4; s++) {
+        int64_t reduces = fake_reduces, starts = fake_starts, waits = fake_waits, host = fake_host;
+        cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+        /* the loss by reduce_sum; the gradients by it once (no buckets) or in nb buckets, on the last micro-batch
+         * only, each waited for */
+        cr_assert_eq(fake_reduces - reduces, nb ? 1 : 2, "step %d", s);
+        cr_assert_eq(fake_starts - starts, nb, "step %d: %lld starts", s, (long long)(fake_starts - starts));
+        cr_assert_eq(fake_waits - waits, nb, "step %d", s);
+        cr_assert_eq(fake_host - host, 0, "step %d made host collectives", s);
+        if (nb == 0)
+            continue;
+        /* from the end of the flat buffer to its start, each bucket where the one before began */
+        size_t end = m->grad_flat_count;
+        for (int64_t k = starts; k < fake_starts; k++) {
+            cr_assert_eq(fake_begin[k] + fake_count[k], end, "step %d: bucket %lld", s, (long long)(k - starts));
+            end = fake_begin[k];
+        }
+        cr_assert_eq(end, 0, "the buckets cover the flat gradient buffer");
+        /* the first started while earlier layers still ran backward: reduces progressed before the last began */
+        cr_assert_lt(fake_progress_at[starts], fake_progress_at[fake_starts - 1], "step %d", s);
+    }
+    cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(t.nrecs, 4);
+    for (int i = 0; i < 4; i++)
+        loss[i] = t.recs[i].loss;
+    *nweights = 0;
+    for (int i = 0; i < m->nparams; i++)
+        *nweights += m->params[i]->master.numel;
+    *weights = malloc(*nweights * sizeof **weights);
+    cr_assert_not_null(*weights);
+    size_t at = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const struct tensor *w = &m->params[i]->master;
+        t.be->download(t.be, *weights + at, w->data, w->numel * sizeof(float));
+        at += w->numel;
+    }
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+Test(dist, buckets_start_during_the_last_backward_from_the_end_and_move_no_bit)
+{
+    double once[4], tiny[4];
+    float *w_once, *w_tiny;
+    size_t n_once, n_tiny;
+    train_with_buckets("0", once, &w_once, &n_once);
+    train_with_buckets("1e-6", tiny, &w_tiny, &n_tiny);
+    cr_assert_eq(n_once, n_tiny);
+    for (int i = 0; i < 4; i++)
+        cr_assert(memcmp(&once[i], &tiny[i], sizeof once[i]) == 0, "step %d: loss %.17g and %.17g", i, once[i],
+                  tiny[i]);
+    cr_assert(memcmp(w_once, w_tiny, n_once * sizeof *w_once) == 0, "the weights differ");
+    free(w_once);
+    free(w_tiny);
 }

@@ -8,6 +8,13 @@
  * queued on the backend's stream, after the backward that wrote the gradients and before the check
  * that reads them, so a step still never waits for the host. FP32 sums (ncclFloat), fp64 for the loss.
  *
+ * The non-blocking reduce (a gradient bucket while backward runs, lib/engine/dist_overlap.h) is ncclAllReduce on a
+ * second stream, `side`: reduce_start records `ready` on the backend's stream after the kernels that wrote the
+ * bucket and makes `side` wait for it; reduce_wait records `done` on `side` and makes the backend's stream wait
+ * for it, so the check and the update that read the sums follow them, and the host never waits. One pair of
+ * events serves every bucket: a stream's wait takes the event as last recorded. Where the stream or the events
+ * cannot be made, `side` is the backend's stream itself: the same sums, in order, without the overlap.
+ *
  * Built where CUDA, MPI and NCCL are found (AMP_HAVE_NCCL); compiled in CI, run only on GPUs.
  */
 #ifdef AMP_HAVE_NCCL
@@ -26,20 +33,95 @@ extern "C" {
 struct nccl_state {
     ncclComm_t nccl;
     struct cuda_backend *cb;
+    cudaStream_t side;         /* the non-blocking reduces' stream; cb->stream where it could not be made */
+    cudaEvent_t ready, done;   /* backend stream -> side at a start, side -> backend stream at a wait */
     struct comm before; /* the communicator as it was: nccl_comm_release puts it back */
 };
+
+/* What reduce_start returns: the work is queued, reduce_wait orders the backend's stream after it. */
+struct comm_request {
+    int queued;
+};
+static struct comm_request queued_on_side = {1};
 
 /* Queued even after this rank's backend recorded an error (its sums are then garbage, as every op's after an
  * error): the other ranks have queued theirs, and a rank that skipped one would leave them waiting on the GPU
  * (comm.h: no rank skips a collective). The ranks agree to stop at the step's end. */
-static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+static void all_reduce_on(struct nccl_state *s, void *buf, size_t count, enum comm_dtype dt, cudaStream_t stream)
 {
-    struct nccl_state *s = (struct nccl_state *)c->impl;
     ncclDataType_t type = dt == COMM_F32 ? ncclFloat : dt == COMM_F64 ? ncclDouble : ncclInt64;
-    ncclResult_t r = ncclAllReduce(buf, buf, count, type, ncclSum, s->nccl, s->cb->stream);
+    ncclResult_t r = ncclAllReduce(buf, buf, count, type, ncclSum, s->nccl, stream);
     if (r != ncclSuccess)
         cuda_record(s->cb, "check NCCL_DEBUG=INFO output and that every rank has its own GPU",
                     "ncclAllReduce of %zu elements failed: %s", count, ncclGetErrorString(r));
+}
+
+static void nccl_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    all_reduce_on(s, buf, count, dt, s->cb->stream);
+}
+
+/* `a` waits for the work queued on `b` so far, through `ev`. */
+static void stream_after(struct nccl_state *s, cudaStream_t a, cudaStream_t b, cudaEvent_t ev)
+{
+    cudaError_t e = cudaEventRecord(ev, b);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(a, ev, 0);
+    if (e != cudaSuccess)
+        cuda_record(s->cb, NULL, "ordering the gradient reduce's stream: %s", cudaGetErrorString(e));
+}
+
+static struct comm_request *nccl_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    if (s->side != s->cb->stream)
+        stream_after(s, s->side, s->cb->stream, s->ready);
+    all_reduce_on(s, buf, count, dt, s->side);
+    return &queued_on_side;
+}
+
+static void nccl_reduce_progress(struct comm *c)
+{
+    (void)c; /* NCCL's kernels run on their own */
+}
+
+static void nccl_reduce_wait(struct comm *c, struct comm_request *r)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    if (r && s->side != s->cb->stream)
+        stream_after(s, s->cb->stream, s->side, s->done);
+}
+
+/* The second stream and its events; where any cannot be made, none: the backend's stream carries the reduces. */
+static void make_side_stream(struct nccl_state *s)
+{
+    s->side = s->cb->stream;
+    cudaStream_t side;
+    if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess)
+        goto none;
+    if (cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming) != cudaSuccess) {
+        cudaStreamDestroy(side);
+        goto none;
+    }
+    if (cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess) {
+        cudaEventDestroy(s->ready);
+        cudaStreamDestroy(side);
+        goto none;
+    }
+    s->side = side;
+    return;
+none:
+    (void)cudaGetLastError(); /* not the backend's error: the reduces still run, on its stream */
+}
+
+static void free_side_stream(struct nccl_state *s)
+{
+    if (s->side == s->cb->stream)
+        return;
+    cudaEventDestroy(s->ready);
+    cudaEventDestroy(s->done);
+    cudaStreamDestroy(s->side); /* released once its queued work is done */
 }
 
 /* Before the backend goes (the NCCL communicator uses its device and stream). */
@@ -54,6 +136,7 @@ extern "C" void nccl_comm_release(struct comm *c)
         ncclCommAbort(s->nccl);
     else
         ncclCommDestroy(s->nccl);
+    free_side_stream(s);
     *c = s->before;
     free(s);
 }
@@ -105,11 +188,15 @@ extern "C" enum amp_status nccl_comm_use(struct comm *c, struct backend *be, str
         return st;
     }
     s->cb = cuda_of(be);
+    make_side_stream(s);
     s->before = *c;
     c->impl = s;
     c->transport = "nccl";
     c->device_memory = true;
     c->reduce_sum = nccl_reduce_sum;
+    c->reduce_start = nccl_reduce_start;
+    c->reduce_progress = nccl_reduce_progress;
+    c->reduce_wait = nccl_reduce_wait;
     c->close = nccl_close;
     return AMP_OK;
 }

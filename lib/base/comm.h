@@ -14,6 +14,12 @@
  *    `reduce_sum` is ncclAllReduce on the CUDA backend's stream, on device memory; the NCCL unique id
  *    goes to every rank by MPI_Bcast. Host collectives stay MPI's.
  *
+ * The non-blocking reduce (reduce_start, reduce_progress, reduce_wait) lets the trainer reduce a step's
+ * gradients in buckets while backward still runs (lib/engine/dist_overlap.h): none finishes it at once, mpi starts
+ * MPI_Iallreduce and moves it on with MPI_Test (MPI progresses a non-blocking collective only inside MPI calls),
+ * nccl queues ncclAllReduce on a second CUDA stream that waits, by an event, for the backend's stream to reach
+ * the point of the start, and the backend's stream waits, by another, for the reduce at its wait.
+ *
  * Rules every implementation keeps:
  *  - Every rank calls the same collectives in the same order with the same sizes. A rank that would
  *    skip one (an error, a signal) first tells the others through comm_agree (lib/engine/dist.h), so that no
@@ -21,6 +27,10 @@
  *  - reduce_sum gives every rank the same bits (all-reduce; with two ranks a + b == b + a exactly, so
  *    it equals one rank summing the same two micro-batches). It may run asynchronously on the backend's
  *    queue (NCCL): the result is ready for the backend's next operation, not for the host.
+ *  - A started reduce is the communicator's until its wait: nothing reads or writes its buffer meanwhile. Every
+ *    rank starts the same reduces in the same order, and waits for each. With two ranks a reduce gives
+ *    reduce_sum's bits (a + b); with more, MPI's non-blocking algorithm may associate the sum otherwise than
+ *    its blocking one (so bucketing may move the last bits), but the same way on every run.
  *  - Host collectives (host_*) are synchronous and take host memory.
  *  - A lost rank ends the job: MPI's default error handler aborts every rank (mpirun kills them).
  *    A stalled one ends it too: every wait of this rank for the others (each blocking collective, making
@@ -47,6 +57,8 @@ struct comm_watch;
 enum comm_dtype { COMM_F32, COMM_F64, COMM_I64 };
 enum comm_op { COMM_SUM, COMM_MAX, COMM_MIN };
 
+struct comm_request; /* one started non-blocking reduce: the implementation's */
+
 struct comm {
     int rank, world;          /* this rank, and the number of ranks */
     int local_rank, local_world; /* on this host (GPUs are chosen by local_rank) */
@@ -60,6 +72,14 @@ struct comm {
 
     /* buf[0..count) = its sum over all ranks, in place, f32 or f64; device or host memory as above */
     void (*reduce_sum)(struct comm *c, void *buf, size_t count, enum comm_dtype dt);
+    /* reduce_sum without waiting: starts it and returns its request, or NULL where the sum is done already
+     * (one rank; no memory for a request: reduced at once). The buffer is the communicator's until reduce_wait. */
+    struct comm_request *(*reduce_start)(struct comm *c, void *buf, size_t count, enum comm_dtype dt);
+    /* moves every started reduce on, never waits (called between layers while backward runs) */
+    void (*reduce_progress)(struct comm *c);
+    /* ends r and frees it (NULL: nothing to do): its sum is then ready for the backend's next operation, as
+     * reduce_sum's is; on the host this is a watched wait for the other ranks */
+    void (*reduce_wait)(struct comm *c, struct comm_request *r);
     /* host memory, synchronous */
     void (*host_allreduce)(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op);
     void (*host_bcast)(struct comm *c, void *buf, size_t bytes, int root);

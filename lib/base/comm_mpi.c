@@ -9,6 +9,10 @@
  *
  * Large buffers go in buckets of at most COMM_BUCKET elements (MPI counts are int, and a bounded
  * message keeps the transport's buffers bounded).
+ *
+ * The non-blocking reduce is MPI_Iallreduce (one per COMM_BUCKET elements). Open MPI moves a non-blocking
+ * collective only inside MPI calls (it has no progress thread by default), so reduce_progress tests every
+ * started request: the trainer calls it between layers while backward runs. Only the main thread calls MPI.
  */
 #ifdef AMP_HAVE_MPI
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
@@ -84,6 +88,69 @@ static void mpi_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dt
     mpi_host_allreduce(c, buf, count, dt, COMM_SUM);
 }
 
+/* One started reduce: its MPI requests, one per COMM_BUCKET elements, on the communicator's list of those in
+ * flight (reduce_progress tests them all). */
+struct comm_request {
+    struct comm_request *next;
+    size_t count;
+    enum comm_dtype dt;
+    int n;
+    MPI_Request req[];
+};
+
+struct mpi_state {
+    struct comm_request *in_flight; /* started and not yet waited for, the newest first */
+};
+
+static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    struct mpi_state *s = c->impl;
+    size_t n = (count + COMM_BUCKET - 1) / COMM_BUCKET;
+    struct comm_request *r = malloc(sizeof *r + n * sizeof r->req[0]);
+    if (!r) { /* the others start theirs, and a blocking reduce does not match a started one: end the job */
+        fprintf(stderr, "[rank %d] ampTrain: error: out of memory starting an all-reduce of %zu %s values\n", c->rank,
+                count, type_name(dt));
+        c->abort(c, AMP_ERR_INTERNAL);
+        return NULL;
+    }
+    *r = (struct comm_request){.next = s->in_flight, .count = count, .dt = dt, .n = (int)n};
+    char *p = buf;
+    for (size_t i = 0; i < n; i++) {
+        size_t done = i * COMM_BUCKET, k = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
+        MPI_Iallreduce(MPI_IN_PLACE, p + done * type_size(dt), (int)k, mpi_type(dt), MPI_SUM, MPI_COMM_WORLD,
+                       &r->req[i]);
+    }
+    s->in_flight = r;
+    return r;
+}
+
+static void mpi_reduce_progress(struct comm *c)
+{
+    struct mpi_state *s = c->impl;
+    for (struct comm_request *r = s->in_flight; r; r = r->next)
+        for (int i = 0; i < r->n; i++)
+            if (r->req[i] != MPI_REQUEST_NULL) {
+                int done = 0;
+                MPI_Test(&r->req[i], &done, MPI_STATUS_IGNORE);
+            }
+}
+
+static void mpi_reduce_wait(struct comm *c, struct comm_request *r)
+{
+    if (!r)
+        return;
+    struct mpi_state *s = c->impl;
+    for (struct comm_request **at = &s->in_flight; *at; at = &(*at)->next)
+        if (*at == r) {
+            *at = r->next;
+            break;
+        }
+    watch_begin(c, "an %s of %zu %s values (a gradient bucket)", op_name(COMM_SUM), r->count, type_name(r->dt));
+    MPI_Waitall(r->n, r->req, MPI_STATUSES_IGNORE);
+    comm_watch_end(c->watch);
+    free(r);
+}
+
 static void mpi_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
 {
     char *p = buf;
@@ -122,6 +189,7 @@ static void mpi_close(struct comm *c)
         comm_watch_end(c->watch);
     }
     comm_watch_free(c->watch);
+    free(c->impl);
     free(c);
 }
 
@@ -198,7 +266,10 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
         return amp_fail(err, AMP_ERR_INTERNAL, "check the mpirun command and the MPI installation",
                         "MPI_Init failed");
     struct comm *c = calloc(1, sizeof *c);
-    if (!c) {
+    struct mpi_state *state = calloc(1, sizeof *state);
+    if (!c || !state) {
+        free(c);
+        free(state);
         MPI_Finalize();
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
     }
@@ -206,11 +277,15 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
         .transport = "mpi",
         .device_memory = false,
         .reduce_sum = mpi_reduce_sum,
+        .reduce_start = mpi_reduce_start,
+        .reduce_progress = mpi_reduce_progress,
+        .reduce_wait = mpi_reduce_wait,
         .host_allreduce = mpi_host_allreduce,
         .host_bcast = mpi_host_bcast,
         .host_allgather = mpi_host_allgather,
         .abort = mpi_abort,
         .close = mpi_close,
+        .impl = state,
     };
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);

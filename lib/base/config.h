@@ -253,6 +253,8 @@ struct dist_config {
     int64_t check_every;       /* steps between replica checksum comparisons; 0 (default): every log flush */
     double timeout_s;          /* the longest a rank waits for the others in one collective before it ends the
                                 * job (lib/base/comm_watch.h); 0: no limit */
+    double bucket_mb;          /* MiB of fp32 gradients a bucket reduced while backward runs (lib/engine/dist_overlap.h;
+                                * default 25, PyTorch DDP's); 0: one reduce of every gradient after backward */
 };
 
 struct config {

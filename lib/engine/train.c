@@ -375,6 +375,8 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     if ((st = model_init(&t->model, cfg, cfg->run.seed, err)) != AMP_OK)
         return st;
     model_refresh_copies(&t->model);
+    if ((st = dist_overlap_new(&t->overlap, &t->dist, &t->model, cfg->dist.bucket_mb, err)) != AMP_OK)
+        return st;
 
     if ((st = data_sampler_init(&t->sampler, &t->ds, &cfg->data, cfg->run.seed, err)) != AMP_OK)
         return st;
@@ -425,6 +427,11 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
                t->world, comm->hosts, comm->hosts == 1 ? "" : "s", comm->transport, t->be->name, (long long)micro,
                (long long)per_step, (long long)micro, (long long)cfg->accum_steps,
                t->world);
+    if (t->world > 1 && t->overlap) /* how the step's gradients travel (dist.bucket_mb) */
+        printf("gradient reduce: %d buckets during backward (dist.bucket_mb %g)\n", dist_overlap_buckets(t->overlap),
+               cfg->dist.bucket_mb);
+    else if (t->world > 1)
+        printf("gradient reduce: one after backward\n");
     return AMP_OK;
 }
 
@@ -435,6 +442,7 @@ void trainer_teardown(struct trainer *t)
         batch_io_free(&t->io, t->be);
     free(t->grads);
     free(t->idx_skip);
+    dist_overlap_free(t->overlap);
     dist_free(&t->dist);
     if (t->dev)
         t->be->free(t->be, t->dev);
@@ -492,6 +500,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         fp8_first.counts_fwd = t->fp8_counts;
         fp8_first.counts_bwd = t->fp8_counts + 4 * (size_t)m->fp8.fwd.n;
     }
+    bool grads_reduced = false;
     for (int64_t micro = 0; micro < accum; micro++) {
         /* The global order gives each micro-batch slot `world` consecutive batches, one per rank: so world
          * ranks see per step the samples one rank sees with world x the accumulation, and the dropout
@@ -514,7 +523,10 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
             .zeros = sample_zeros && micro == accum - 1 && t->rank == world - 1 ? &zeros : NULL,
         };
         model_forward(m, &ctx, &t->io.b);
-        model_backward(m, &ctx, &t->io.b);
+        /* the last micro-batch's gradients are reduced in buckets while its backward runs (dist.bucket_mb) */
+        bool last = micro == accum - 1;
+        model_backward_hooked(m, &ctx, &t->io.b, last ? dist_overlap_hook(t->overlap) : NULL);
+        grads_reduced = last && dist_overlap_finish(t->overlap);
         if (micro == 0 && t->after_first_micro) {
             enum amp_status st = t->after_first_micro(t, &ctx, &t->io.b, t->micro_user, err);
             if (st != AMP_OK)
@@ -523,9 +535,11 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         be->loss_sum(be, &t->dev_state->loss_acc, &loss->y, model_loss_rows(m, n), micro > 0);
     }
 
-    /* reduce: once per step, after the last micro-batch; then every rank checks identical gradients */
+    /* reduce: once per step, after the last micro-batch (or in buckets during its backward, above); then every
+     * rank checks identical gradients */
     if (t->dist.active) {
-        dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
+        if (!grads_reduced)
+            dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
         dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
     }
     if (t->test_hook.after_backward)

@@ -24,6 +24,7 @@
 #include "comm.h"  /* struct comm */
 #include "data.h"
 #include "dist.h"  /* struct dist */
+#include "dist_overlap.h" /* struct dist_overlap */
 #include "error.h"
 #include "model.h"
 #include "optim.h"  /* struct optimizer */
@@ -63,6 +64,7 @@ struct trainer {
     const struct config *cfg;
     struct backend *be;
     struct dist dist;            /* the communicator bound to the backend; one rank: collectives are no-ops */
+    struct dist_overlap *overlap; /* the gradient buckets reduced during backward (dist_overlap.h); NULL: none */
     int rank, world;
     int64_t *idx_skip;           /* sampler indices of the other ranks' micro-batches (read past) */
     int64_t samples_seen;        /* training samples of every rank so far (checkpointed) */
