@@ -19,6 +19,18 @@ static void single_reduce_sum(struct comm *c, void *buf, size_t count, enum comm
     (void)c, (void)buf, (void)count, (void)dt;
 }
 
+static void single_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
+{
+    (void)c, (void)buf, (void)count, (void)elem_bytes;
+}
+
+static void single_host_gather(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root)
+{
+    (void)c, (void)root;
+    if (recv && recv != send)
+        memmove(recv, send, count * elem_bytes);
+}
+
 static void single_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
     (void)c, (void)buf, (void)count, (void)dt, (void)op;
@@ -54,9 +66,11 @@ struct comm *comm_single(void)
         .transport = "none",
         .device_memory = true, /* the identity works on any memory */
         .reduce_sum = single_reduce_sum,
+        .all_gather = single_all_gather,
         .host_allreduce = single_host_allreduce,
         .host_bcast = single_host_bcast,
         .host_allgather = single_host_allgather,
+        .host_gather = single_host_gather,
         .abort = single_abort,
         .close = single_close,
     };
