@@ -404,6 +404,7 @@ static const struct field dist_fields[] = {
     ENUM_(S, backend, dist_backend_names, DIST_AUTO),
     INT_(S, check_every, 0, GE(0), .def_text = "0: at every log flush"),
     DBL_(S, timeout_s, COMM_TIMEOUT_DEFAULT_S, GE(0), .def_text = "1800 s; 0: wait for ever"),
+    INT_(S, zero, 0, IN_CC(0, 1), .def_text = "0: every rank holds the whole optimizer state"),
 };
 #undef S
 static const struct section dist_section = {"dist", dist_fields, ARRAY_LEN(dist_fields)};

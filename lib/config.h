@@ -253,6 +253,8 @@ struct dist_config {
     int64_t check_every;       /* steps between replica checksum comparisons; 0 (default): every log flush */
     double timeout_s;          /* the longest a rank waits for the others in one collective before it ends the
                                 * job (lib/comm_watch.h); 0: no limit */
+    int64_t zero;              /* 1: ZeRO stage 1, each rank holds and updates its shard of every parameter's
+                                * optimizer moments (lib/zero.h); 0 (default): every rank holds all of them */
 };
 
 struct config {
