@@ -227,6 +227,7 @@ static const char *const resume_allowed[] = {
     /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
     "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
     "dist.backend", "dist.check_every", "dist.timeout_s",
+    "dist.zero", /* where the optimizer state lives, not what it is: a checkpoint holds it whole (lib/engine/zero.h) */
     "run.resume", /* what a later `run` does with the directory, not the training */
     "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
     DATA_PATH_KEYS,

@@ -26,6 +26,7 @@
 #include "dist.h"  /* struct dist, comm_agree */
 #include "threadpool.h" /* threadpool_available_cpus: what run.threads auto divides */
 #include "train.h" /* trainer_setup, trainer_step, trainer_flush: the in-process test */
+#include "zero.h"  /* zero_after_trial: the in-process test of the trial's verdict */
 
 /* One rank with accum_steps 2 against two ranks, `extra` on both; `cfg` the config. */
 static void check_equivalence(const char *cfg, const char *extra, const char *mca)
@@ -91,6 +92,74 @@ Test(dist, text_gpt_two_ranks_equal_one_fp16_static)
 {
     check_equivalence(GPT, "precision.mode=fp16-static precision.loss_scale.value=1024", NULL);
 }
+
+/* ---- ZeRO-1 (dist.zero 1): the optimizer state sharded, the bits of dist.zero 0 ------------------------ */
+
+/* dist.zero 1 against dist.zero 0 on np ranks, `extra` on both: scale_log.csv but for samples_per_s, eval.jsonl and
+ * every checkpoint tensor (the optimizer's moments, gathered from the ranks' blocks, included) byte-identical. */
+static void check_zero(int np, const char *cfg, const char *extra, int steps)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = mpi(np, NULL, "run %s %s run.out_dir=%s/z0", cfg, extra, scratch);
+    cr_assert_eq(r.code, 0, "dist.zero 0:\n%s", r.out);
+    r = mpi(np, NULL, "run %s %s dist.zero=1 run.out_dir=%s/z1", cfg, extra, scratch);
+    cr_assert_eq(r.code, 0, "dist.zero 1:\n%s", r.out);
+    char said[96];
+    snprintf(said, sizeof said, "ZeRO-1 (dist.zero 1): the optimizer state is sharded over %d ranks", np);
+    cr_assert(strstr(r.out, said), "%s", r.out);
+    compare_runs("z0", "z1", steps, 1000);
+    remove_scratch();
+}
+
+/* three ranks: every tensor's blocks uneven (32 = 11 + 11 + 10), and the second hidden layer's bias of 2 elements
+ * leaves the third rank an empty block */
+Test(dist, zero1_equals_zero0_fp32_uneven_and_empty_blocks)
+{
+    check_zero(3, MLP, "precision.mode=fp32 model.layers.3.out=2 " HARD, 20);
+}
+Test(dist, zero1_equals_zero0_bf16) { check_zero(3, MLP, "precision.mode=bf16 " HARD, 20); }
+Test(dist, zero1_equals_zero0_fp16_static)
+{
+    check_zero(3, MLP, "precision.mode=fp16-static precision.loss_scale.value=1e9 " HARD, 20);
+}
+/* skips, backoff and hysteresis, clipping of the global norm, dropout, accumulation */
+Test(dist, zero1_equals_zero0_fp16_dynamic_overflowing)
+{
+    check_zero(3, MLP, "precision.mode=fp16-dynamic " OVERFLOWING " precision.loss_scale.hysteresis=2 accum_steps=2 "
+               HARD, 20);
+}
+/* bf16 masters and moments rounded stochastically: a block draws the bits the whole tensor draws there */
+Test(dist, zero1_equals_zero0_bf16_state_stochastic_rounding)
+{
+    check_zero(3, MLP,
+               "precision.mode=bf16 precision.master_weights=bf16 optim.state_dtype=bf16 optim.stochastic_rounding=true "
+               HARD, 20);
+}
+Test(dist, zero1_equals_zero0_sgd_nesterov)
+{
+    check_zero(2, MLP, "precision.mode=bf16 optim.kind=sgd optim.momentum=0.9 optim.nesterov=true " HARD, 20);
+}
+/* every update would store a non-finite weight: each rank's trial of its blocks, the verdict combined */
+Test(dist, zero1_equals_zero0_when_the_update_would_be_non_finite)
+{
+    check_zero(2, MLP, "precision.mode=fp32 optim.lr=1e38", 20);
+    /* check_zero removed its runs: once more, for the log's words */
+    make_scratch();
+    struct result r = mpi(2, NULL, "run %s precision.mode=fp32 optim.lr=1e38 run.steps=2 dist.zero=1 run.out_dir=%s/u",
+                          MLP, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char p[600];
+    snprintf(p, sizeof p, "cat %s/u/scale_log.csv", scratch);
+    r = shell(p);
+    cr_assert(strstr(r.out, "the update of fc1/weight (non-finite)"), "%s", r.out);
+    remove_scratch();
+}
+Test(dist, zero1_equals_zero0_text_gpt_fp16_dynamic_four_ranks)
+{
+    check_zero(4, GPT, "precision.mode=fp16-dynamic " OVERFLOWING, 20);
+}
+Test(dist, zero1_equals_zero0_text_gpt_bf16) { check_zero(2, GPT, "precision.mode=bf16", 20); }
 
 /* Token files (data.format: tokens, docs/data.md): their windows, random or consecutive, are split between
  * ranks as every format's samples are, and evaluation on val.bin is sharded. The files are made from the
@@ -480,6 +549,54 @@ Test(dist, resume_at_the_same_world_size_is_bit_exact)
     compare_runs("a", "b", 20, 1);
     r = amp("inspect %s/b/ckpt-20.h5", scratch);
     cr_assert(strstr(r.out, "world_size: 2"), "%s", r.out);
+    remove_scratch();
+}
+
+/* dist.zero 1: a checkpoint holds the whole optimizer state (gathered to rank 0), and a resume at the same world
+ * size gives each rank its block of it back: bit-exact, as dist.zero 0 */
+Test(dist, zero1_resume_at_the_same_world_size_is_bit_exact)
+{
+    NEED_MPI();
+    make_scratch();
+    const char *m = MLP " precision.mode=fp16-dynamic precision.loss_scale.growth_interval=3 dist.zero=1 " HARD;
+    struct result r = mpi(3, NULL, "run %s run.out_dir=%s/a", m, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = mpi(3, NULL, "run %s run.steps=8 run.out_dir=%s/b", m, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = mpi(3, NULL, "resume %s/b/ckpt-8.h5 run.steps=20", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    compare_runs("a", "b", 20, 1);
+    remove_scratch();
+}
+
+/* One checkpoint at any world size: a run written by 4 ranks with dist.zero 1 resumes on 2, then 1, then 3, and
+ * every stage gives the bits of the same chain with dist.zero 0 (the world size changes the gradients' sums, so
+ * the chain is compared with its dist.zero 0 twin, not with one uninterrupted run: docs/distributed.md). */
+Test(dist, zero1_resumes_across_world_sizes_four_two_one_three)
+{
+    NEED_MPI();
+    make_scratch();
+    const char *m = MLP " precision.mode=bf16 run.keep_ckpts=5 " HARD;
+    for (int z = 0; z < 2; z++) {
+        struct result r = mpi(4, NULL, "run %s dist.zero=%d run.steps=6 run.out_dir=%s/c%d", m, z, scratch, z);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        r = mpi(2, NULL, "resume %s/c%d/ckpt-6.h5 run.steps=10 dist.zero=%d", scratch, z, z);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        cr_assert(strstr(r.out, "was written by 4 ranks"), "%s", r.out);
+        r = amp("resume %s/c%d/ckpt-10.h5 run.steps=14 dist.zero=%d", scratch, z, z);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        r = mpi(3, NULL, "resume %s/c%d/ckpt-14.h5 run.steps=18 dist.zero=%d", scratch, z, z);
+        cr_assert_eq(r.code, 0, "%s", r.out);
+        cr_assert(strstr(r.out, "was written by 1 rank"), "%s", r.out);
+    }
+    static const int stages[] = {6, 10, 14, 18};
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/c0/ckpt-%d.h5", scratch, stages[i]);
+        snprintf(b, sizeof b, "%s/c1/ckpt-%d.h5", scratch, stages[i]);
+        cr_assert_geq(assert_same_tensors(a, b), 6);
+    }
+    compare_runs("c0", "c1", 18, 1000);
     remove_scratch();
 }
 
@@ -1010,4 +1127,58 @@ Test(dist, buckets_start_during_the_last_backward_from_the_end_and_move_no_bit)
     cr_assert(memcmp(w_once, w_tiny, n_once * sizeof *w_once) == 0, "the weights differ");
     free(w_once);
     free(w_tiny);
+}
+
+/* ---- in process: ZeRO-1's blocks and the trial's verdict ------------------------------------------------ */
+
+Test(dist, zero_blocks_cover_any_size_in_rank_order)
+{
+    static const struct { size_t count; int world; size_t lo[4], hi[4]; } cases[] = {
+        {10, 4, {0, 3, 6, 9}, {3, 6, 9, 10}}, /* the last block shorter */
+        {2, 3, {0, 1, 2}, {1, 2, 2}},         /* the last empty */
+        {8, 4, {0, 2, 4, 6}, {2, 4, 6, 8}},
+        {0, 2, {0, 0}, {0, 0}},
+        {7, 1, {0}, {7}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int r = 0; r < cases[c].world; r++) {
+            size_t lo, hi;
+            comm_shard(cases[c].count, cases[c].world, r, &lo, &hi);
+            cr_assert(lo == cases[c].lo[r] && hi == cases[c].hi[r], "%zu over %d, rank %d: [%zu, %zu)", cases[c].count,
+                      cases[c].world, r, lo, hi);
+        }
+}
+
+/* The other rank's verdict, and a host all-reduce (min) that combines it with this rank's. */
+static int64_t peer_verdict;
+static void min_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
+{
+    (void)c;
+    cr_assert(count == 1 && dt == COMM_I64 && op == COMM_MIN, "one int64, min");
+    int64_t *x = buf, peer = peer_verdict != 0 ? peer_verdict : INT64_MAX;
+    *x = peer < *x ? peer : *x;
+}
+
+/* Each rank tries its blocks; the step's verdict is the smallest parameter index any rank found, 0 where none did:
+ * what one rank trying every element finds. */
+Test(dist, zero_trial_verdict_is_the_smallest_over_the_ranks)
+{
+    struct comm fake = {.rank = 0, .world = 2, .transport = "fake", .host_allreduce = min_host_allreduce,
+                        .abort = fake_abort, .close = fake_close};
+    struct backend be = {.name = "host", .host_memory = true};
+    struct dist d = {.comm = &fake, .be = &be, .active = true};
+    struct optimizer o = {.shard_rank = 0, .shard_world = 2};
+    static const int64_t cases[][3] = {{0, 0, 0}, {0, 3, 3}, {5, 3, 3}, {2, 7, 2}, {4, 0, 4}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct grad_check check = {.update_nonfinite = cases[i][0]};
+        peer_verdict = cases[i][1];
+        zero_after_trial(&d, &o, &check);
+        cr_assert_eq(check.update_nonfinite, cases[i][2], "mine %lld, the peer's %lld: %lld", (long long)cases[i][0],
+                     (long long)cases[i][1], (long long)check.update_nonfinite);
+    }
+    o.shard_world = 1; /* not sharded: no collective, the verdict as it is */
+    struct grad_check check = {.update_nonfinite = 5};
+    peer_verdict = 3;
+    zero_after_trial(&d, &o, &check);
+    cr_assert_eq(check.update_nonfinite, 5);
 }

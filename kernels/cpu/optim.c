@@ -69,7 +69,7 @@ static void optim_block_store(void *base, enum dtype dt, size_t off, size_t n, c
         return;
     uint16_t *d = (uint16_t *)base + off;
     if (a->stochastic)
-        store_bf16_stochastic(d, x, n, key, off, shift);
+        store_bf16_stochastic(d, x, n, key, a->sr_offset + off, shift);
     else
         dtype_convert(d, DT_BF16, x, DT_FP32, n);
 }
@@ -87,7 +87,7 @@ static bool optim_block_nonfinite(enum dtype dt, size_t off, size_t n, const flo
     }
     uint16_t h[BLOCK];
     if (a->stochastic)
-        store_bf16_stochastic(h, x, n, key, off, shift);
+        store_bf16_stochastic(h, x, n, key, a->sr_offset + off, shift);
     else
         dtype_convert(h, DT_BF16, x, DT_FP32, n);
     for (size_t i = 0; i < n; i++)

@@ -78,6 +78,7 @@ struct optim_table_entry {
     void *copy;          /* (numel) of copy_dt: the copy written in the same pass, or NULL */
     uint64_t numel;
     uint64_t sr_seed;    /* stochastic rounding (lib/base/sround.h): the seed, and this parameter's index */
+    uint64_t sr_offset;  /* element 0's index in the parameter (a ZeRO shard's first; 0 otherwise): the draw's */
     uint32_t sr_param;
     float weight_decay;  /* 0 where the parameter does not decay */
     int32_t master_dt, state_dt, copy_dt; /* enum dtype of master, of m and v, of copy */

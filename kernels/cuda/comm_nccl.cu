@@ -124,6 +124,28 @@ static void free_side_stream(struct nccl_state *s)
     cudaStreamDestroy(s->side); /* released once its queued work is done */
 }
 
+/* Each rank's block (comm_shard) to every rank, in place: one ncclBroadcast a block, grouped (the blocks may differ
+ * in size, which ncclAllGather does not allow), bytes only, on the backend's stream. Queued after an error too, as
+ * nccl_reduce_sum. */
+static void nccl_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    ncclResult_t r = ncclGroupStart();
+    for (int k = 0; k < c->world && r == ncclSuccess; k++) {
+        size_t lo, hi;
+        comm_shard(count, c->world, k, &lo, &hi);
+        char *p = (char *)buf + lo * elem_bytes;
+        if (hi > lo)
+            r = ncclBroadcast(p, p, (hi - lo) * elem_bytes, ncclUint8, k, s->nccl, s->cb->stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess)
+        r = e;
+    if (r != ncclSuccess)
+        cuda_record(s->cb, "check NCCL_DEBUG=INFO output and that every rank has its own GPU",
+                    "the all-gather (ncclBroadcast) of %zu elements failed: %s", count, ncclGetErrorString(r));
+}
+
 /* Before the backend goes (the NCCL communicator uses its device and stream). */
 extern "C" void nccl_comm_release(struct comm *c)
 {
@@ -197,6 +219,7 @@ extern "C" enum amp_status nccl_comm_use(struct comm *c, struct backend *be, str
     c->reduce_start = nccl_reduce_start;
     c->reduce_progress = nccl_reduce_progress;
     c->reduce_wait = nccl_reduce_wait;
+    c->all_gather = nccl_all_gather;
     c->close = nccl_close;
     return AMP_OK;
 }

@@ -310,7 +310,7 @@ __device__ __forceinline__ bool update_element(const struct optim_table_entry &t
     float vi = c.b2 * load_elem(t.v, t.state_dt, i) + c.omb2 * gi * gi;
     float denom = sqrtf(vi) / s.adam_bc2_sqrt + c.eps;
     float np = pi + s.adam_neg_step * mi / denom;
-    uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), (uint64_t)i) : 0;
+    uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), t.sr_offset + (uint64_t)i) : 0;
     if (Trial)
         return stored_nonfinite(t.master_dt, np, t.stochastic, draw, SR_WEIGHT) ||
                stored_nonfinite(t.state_dt, mi, t.stochastic, draw, SR_M) ||
@@ -338,7 +338,7 @@ __device__ __forceinline__ bool update_element(const struct optim_table_entry &t
                                                const struct step_scalars &s, const sgd_consts &c, stored_max &mx)
 {
     float gi = t.grad[i] * s.grad_mul, p0 = load_elem(t.master, t.master_dt, i);
-    uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), (uint64_t)i) : 0;
+    uint64_t draw = t.stochastic ? sr_bits(sr_key(t.sr_seed, s.t, t.sr_param), t.sr_offset + (uint64_t)i) : 0;
     bool bad = false;
     if (t.weight_decay != 0.0f)
         gi = gi + t.weight_decay * p0;
@@ -456,6 +456,7 @@ struct optim_table_entry optim_entry_of(const struct optim_update_args *a, bool 
     e.stochastic = a->stochastic;
     e.sr_seed = a->sr_seed;
     e.sr_param = a->sr_param;
+    e.sr_offset = a->sr_offset;
     return e;
 }
 

@@ -144,6 +144,9 @@ struct optim_update_args {
     bool stochastic;          /* bf16 stores round stochastically (lib/base/sround.h), else to nearest even */
     uint64_t sr_seed;         /* sr_seed(run.seed) */
     uint32_t sr_param;        /* this parameter's index: the rounding stream is sr_stream(sc->t, sr_param) */
+    uint64_t sr_offset;       /* the index in the parameter of master's element 0: 0, or a ZeRO shard's first element
+                               * (lib/engine/zero.h; master, grad, m, v and copy are then that shard's views), so element
+                               * i draws the bits it draws unsharded (lib/base/sround.h) */
 };
 
 /* A cast to fp8 with a per-tensor scale (lib/base/fp8.h has the recipes). dst = saturate(round-to-nearest-even(

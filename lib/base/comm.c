@@ -35,6 +35,18 @@ static void single_reduce_wait(struct comm *c, struct comm_request *r)
     (void)c, (void)r;
 }
 
+static void single_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
+{
+    (void)c, (void)buf, (void)count, (void)elem_bytes;
+}
+
+static void single_host_gather(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root)
+{
+    (void)c, (void)root;
+    if (recv && recv != send)
+        memmove(recv, send, count * elem_bytes);
+}
+
 static void single_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
     (void)c, (void)buf, (void)count, (void)dt, (void)op;
@@ -73,9 +85,11 @@ struct comm *comm_single(void)
         .reduce_start = single_reduce_start,
         .reduce_progress = single_reduce_progress,
         .reduce_wait = single_reduce_wait,
+        .all_gather = single_all_gather,
         .host_allreduce = single_host_allreduce,
         .host_bcast = single_host_bcast,
         .host_allgather = single_host_allgather,
+        .host_gather = single_host_gather,
         .abort = single_abort,
         .close = single_close,
     };

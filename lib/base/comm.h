@@ -80,17 +80,34 @@ struct comm {
     /* ends r and frees it (NULL: nothing to do): its sum is then ready for the backend's next operation, as
      * reduce_sum's is; on the host this is a watched wait for the other ranks */
     void (*reduce_wait)(struct comm *c, struct comm_request *r);
+    /* buf: `count` elements of `elem_bytes` each, split into the ranks' blocks by comm_shard; every rank's block
+     * of buf goes to every rank, in place (an all-gather of uneven blocks: the last ones may be shorter or
+     * empty, so any count works). Device or host memory as reduce_sum. Moves bytes: no arithmetic. */
+    void (*all_gather)(struct comm *c, void *buf, size_t count, size_t elem_bytes);
     /* host memory, synchronous */
     void (*host_allreduce)(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op);
     void (*host_bcast)(struct comm *c, void *buf, size_t bytes, int root);
     /* recv[r * bytes ..] = rank r's send[0..bytes) */
     void (*host_allgather)(struct comm *c, const void *send, void *recv, size_t bytes);
+    /* On `root`, recv[0..count) (elements of elem_bytes) gets each rank r's send, its block of comm_shard; send holds
+     * this rank's block only; recv is read on root alone (NULL elsewhere). Host memory. */
+    void (*host_gather)(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root);
     /* end every rank now with `code` (after a rank's error that the others cannot hear about) */
     void (*abort)(struct comm *c, int code);
     void (*close)(struct comm *c);
     void *impl;
     struct comm_watch *watch; /* the waits for other ranks (comm_watch.h); NULL for one rank */
 };
+
+/* Rank r's block [*lo, *hi) of `count` elements split over `world` ranks: blocks of ceil(count / world), the last
+ * ones shorter or empty (the sharded optimizer's split, lib/engine/zero.h; the blocks of all_gather and host_gather). */
+static inline void comm_shard(size_t count, int world, int r, size_t *lo, size_t *hi)
+{
+    size_t block = world > 0 ? (count + (size_t)world - 1) / (size_t)world : count;
+    size_t a = (size_t)r * block, b = a + block;
+    *lo = a < count ? a : count;
+    *hi = b < count ? b : count;
+}
 
 /* The communicator of this process. Launched by mpirun/srun (their environment says so) and built with
  * MPI: the MPI communicator over all ranks (MPI_Init here). Otherwise one rank. Launched with more

@@ -56,6 +56,15 @@ static const char *op_name(enum comm_op op)
     return op == COMM_SUM ? "all-reduce (sum)" : op == COMM_MAX ? "all-reduce (max)" : "all-reduce (min)";
 }
 
+/* End the job from a rank that cannot make a collective the others are in. */
+static _Noreturn void mpi_abort_now(int rank)
+{
+    (void)rank;
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    _Exit(1);
+}
+
 /* This rank starts waiting for the others in a collective that fmt describes (comm_watch_begin). */
 static void watch_begin(struct comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void watch_begin(struct comm *c, const char *fmt, ...)
@@ -170,6 +179,64 @@ static void mpi_host_allgather(struct comm *c, const void *send, void *recv, siz
     comm_watch_end(c->watch);
 }
 
+/* The ranks' blocks (comm_shard) as MPI counts and displacements in units of `unit`, a contiguous type of
+ * elem_bytes; false where a block does not fit an int (the caller then ends the job: it cannot make the call). */
+static bool shard_counts(struct comm *c, size_t count, int *counts, int *displs)
+{
+    for (int r = 0; r < c->world; r++) {
+        size_t lo, hi;
+        comm_shard(count, c->world, r, &lo, &hi);
+        if (hi > (size_t)INT32_MAX)
+            return false;
+        counts[r] = (int)(hi - lo);
+        displs[r] = (int)lo;
+    }
+    return true;
+}
+
+static MPI_Datatype elem_type(size_t elem_bytes)
+{
+    MPI_Datatype t;
+    MPI_Type_contiguous((int)elem_bytes, MPI_BYTE, &t);
+    MPI_Type_commit(&t);
+    return t;
+}
+
+static int *shard_table(struct comm *c, size_t count, const char *what)
+{
+    int *t = malloc(2 * (size_t)c->world * sizeof *t);
+    if (!t || !shard_counts(c, count, t, t + c->world)) {
+        fprintf(stderr, "[rank %d] ampTrain: error: cannot make the %s of %zu elements (%s)\n", c->rank, what,
+                count, t ? "a rank's block is over 2^31 elements" : "out of memory");
+        free(t);
+        mpi_abort_now(c->rank);
+    }
+    return t;
+}
+
+/* Each rank's block of buf to every rank, in place. */
+static void mpi_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
+{
+    int *t = shard_table(c, count, "all-gather");
+    MPI_Datatype type = elem_type(elem_bytes);
+    watch_begin(c, "an all-gather of %zu elements of %zu bytes", count, elem_bytes);
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, t, t + c->world, type, MPI_COMM_WORLD);
+    comm_watch_end(c->watch);
+    MPI_Type_free(&type);
+    free(t);
+}
+
+static void mpi_host_gather(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root)
+{
+    int *t = shard_table(c, count, "gather");
+    MPI_Datatype type = elem_type(elem_bytes);
+    watch_begin(c, "a gather to rank %d of %zu elements of %zu bytes", root, count, elem_bytes);
+    MPI_Gatherv(send, t[c->rank], type, recv, t, t + c->world, type, root, MPI_COMM_WORLD);
+    comm_watch_end(c->watch);
+    MPI_Type_free(&type);
+    free(t);
+}
+
 static void mpi_abort(struct comm *c, int code)
 {
     (void)c;
@@ -280,9 +347,11 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
         .reduce_start = mpi_reduce_start,
         .reduce_progress = mpi_reduce_progress,
         .reduce_wait = mpi_reduce_wait,
+        .all_gather = mpi_all_gather,
         .host_allreduce = mpi_host_allreduce,
         .host_bcast = mpi_host_bcast,
         .host_allgather = mpi_host_allgather,
+        .host_gather = mpi_host_gather,
         .abort = mpi_abort,
         .close = mpi_close,
         .impl = state,

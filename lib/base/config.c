@@ -405,6 +405,7 @@ static const struct field dist_fields[] = {
     INT_(S, check_every, 0, GE(0), .def_text = "0: at every log flush"),
     DBL_(S, timeout_s, COMM_TIMEOUT_DEFAULT_S, GE(0), .def_text = "1800 s; 0: wait for ever"),
     DBL_(S, bucket_mb, 25, IN_CC(0, 1048576)),
+    INT_(S, zero, 0, IN_CC(0, 1), .def_text = "0: every rank holds the whole optimizer state"),
 };
 #undef S
 static const struct section dist_section = {"dist", dist_fields, ARRAY_LEN(dist_fields)};

@@ -255,6 +255,8 @@ struct dist_config {
                                 * job (lib/base/comm_watch.h); 0: no limit */
     double bucket_mb;          /* MiB of fp32 gradients a bucket reduced while backward runs (lib/engine/dist_overlap.h;
                                 * default 25, PyTorch DDP's); 0: one reduce of every gradient after backward */
+    int64_t zero;              /* 1: ZeRO stage 1, each rank holds and updates its shard of every parameter's
+                                * optimizer moments (lib/engine/zero.h); 0 (default): every rank holds all of them */
 };
 
 struct config {

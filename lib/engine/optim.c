@@ -7,17 +7,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "comm.h"   /* comm_shard: the sharded state's blocks */
 #include "sround.h" /* sr_seed */
 
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                              int64_t total_steps, uint64_t run_seed, struct amp_error *err)
 {
-    *o = (struct optimizer){.cfg = *cfg, .total_steps = total_steps, .sr_seed = sr_seed(run_seed)};
+    return optim_create_sharded(o, cfg, m, total_steps, run_seed, 0, 1, err);
+}
+
+enum amp_status optim_create_sharded(struct optimizer *o, const struct optim_config *cfg, struct model *m,
+                                     int64_t total_steps, uint64_t run_seed, int rank, int world,
+                                     struct amp_error *err)
+{
+    *o = (struct optimizer){.cfg = *cfg, .total_steps = total_steps, .sr_seed = sr_seed(run_seed),
+                            .shard_rank = world > 1 ? rank : 0, .shard_world = world > 1 ? world : 1};
     enum dtype sdt = cfg->state_dtype == STORE_BF16 ? DT_BF16 : DT_FP32;
     o->state = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->state);
     o->args = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->args);
-    if (!o->state || !o->args)
+    if (o->shard_world > 1)
+        o->views = calloc(3 * (size_t)(m->nparams ? m->nparams : 1), sizeof *o->views);
+    if (!o->state || !o->args || (o->shard_world > 1 && !o->views)) {
+        optim_free(o);
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory creating optimizer state");
+    }
     o->nstate = m->nparams;
     bool need_m = cfg->kind == OPTIM_ADAMW || cfg->momentum > 0;
     bool need_v = cfg->kind == OPTIM_ADAMW;
@@ -26,10 +39,18 @@ enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg
         char what[128];
         snprintf(what, sizeof what, "optimizer state of %s", m->params[i]->name);
         enum amp_status st = AMP_OK;
+        struct optim_state *s = &o->state[i];
+        comm_shard(w->numel, o->shard_world, o->shard_rank, &s->lo, &s->hi);
+        int ndim = w->ndim;
+        const int64_t *shape = w->shape, block[1] = {(int64_t)(s->hi - s->lo)};
+        if (o->shard_world > 1) { /* this rank's block, flat */
+            ndim = 1;
+            shape = block;
+        }
         if (need_m)
-            st = tensor_zeros(&o->state[i].m, m->be, sdt, w->ndim, w->shape, what, err);
+            st = tensor_zeros(&s->m, m->be, sdt, ndim, shape, what, err);
         if (st == AMP_OK && need_v)
-            st = tensor_zeros(&o->state[i].v, m->be, sdt, w->ndim, w->shape, what, err);
+            st = tensor_zeros(&s->v, m->be, sdt, ndim, shape, what, err);
         if (st != AMP_OK) {
             optim_free(o);
             return st;
@@ -64,16 +85,43 @@ double optim_lr(const struct optimizer *o)
     return schedule_lr(&p, o->step);
 }
 
+/* Elements [lo, hi) of t as a flat tensor sharing its memory (never freed). */
+static struct tensor view_of(const struct tensor *t, size_t lo, size_t hi)
+{
+    struct tensor v = *t;
+    v.data = t->data ? (char *)t->data + lo * dtype_size(t->dtype) : NULL;
+    v.ndim = 1;
+    for (int d = 0; d < TENSOR_MAX_DIMS; d++)
+        v.shape[d] = 1;
+    v.shape[0] = (int64_t)(hi - lo);
+    v.numel = hi - lo;
+    return v;
+}
+
 void optim_step(struct optimizer *o, struct model *m, struct step_state *st, int64_t *trial)
 {
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
+        struct optim_state *s = &o->state[i];
+        struct tensor *master = &p->master, *copy = p->copy.data ? &p->copy : NULL;
+        const struct tensor *grad = &p->grad;
+        if (o->shard_world > 1) { /* this rank's block of the weights, gradient and copy (lib/engine/zero.h) */
+            struct tensor *v = &o->views[3 * i];
+            v[0] = view_of(&p->master, s->lo, s->hi);
+            v[1] = view_of(&p->grad, s->lo, s->hi);
+            master = &v[0];
+            grad = &v[1];
+            if (copy) {
+                v[2] = view_of(&p->copy, s->lo, s->hi);
+                copy = &v[2];
+            }
+        }
         o->args[i] = (struct optim_update_args){
-            .master = &p->master,
-            .grad = &p->grad,
-            .m = o->state[i].m.data ? &o->state[i].m : NULL,
-            .v = o->state[i].v.data ? &o->state[i].v : NULL,
-            .copy = p->copy.data ? &p->copy : NULL,
+            .master = master,
+            .grad = grad,
+            .m = s->m.data ? &s->m : NULL,
+            .v = s->v.data ? &s->v : NULL,
+            .copy = copy,
             .sc = &st->sc,
             .trial = trial,
             .bound = trial ? NULL : &st->bound,
@@ -86,6 +134,7 @@ void optim_step(struct optimizer *o, struct model *m, struct step_state *st, int
             .stochastic = o->cfg.stochastic_rounding,
             .sr_seed = o->sr_seed,
             .sr_param = (uint32_t)i,
+            .sr_offset = s->lo,
         };
     }
     if (o->cfg.kind == OPTIM_ADAMW)
@@ -104,7 +153,9 @@ void optim_free(struct optimizer *o)
     }
     free(o->state);
     free(o->args);
+    free(o->views);
     o->state = NULL;
     o->args = NULL;
+    o->views = NULL;
     o->nstate = 0;
 }

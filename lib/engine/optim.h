@@ -23,7 +23,9 @@
 #include "step_rule.h" /* struct schedule_params, struct step_scalars */
 
 struct optim_state {
-    struct tensor m, v;   /* fp32, shape of the parameter; v empty for SGD, both empty for SGD without momentum */
+    struct tensor m, v;   /* fp32 (or bf16), shape of the parameter; v empty for SGD, both empty for SGD without
+                           * momentum. Sharded (dist.zero 1): the elements [lo, hi) of the parameter only, 1-D */
+    size_t lo, hi;        /* the parameter's elements this rank updates: all of them ([0, numel)) unless sharded */
 };
 
 struct optimizer {
@@ -34,11 +36,21 @@ struct optimizer {
     int nstate;
     struct optim_update_args *args; /* one per parameter: the update call's table, filled each step */
     uint64_t sr_seed;     /* sr_seed(run.seed): the stochastic rounding streams */
+    int shard_rank, shard_world; /* sharded over shard_world ranks (lib/engine/zero.h): this rank holds and updates block
+                                  * shard_rank of every parameter (comm_shard); 0 and 1 when not sharded */
+    struct tensor *views; /* sharded: 3 per parameter, the master's, gradient's and copy's views of [lo, hi) */
 };
 
 /* `run_seed` keys stochastic rounding (never the rank: every replica rounds alike). */
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                              int64_t total_steps, uint64_t run_seed, struct amp_error *err);
+
+/* The same with the state sharded over `world` ranks (dist.zero 1, lib/engine/zero.h): this rank's moments hold only its
+ * block `rank` of each parameter's elements (comm_shard), and optim_step updates only that block of the weights
+ * (and their copies), which the caller then gathers from the other ranks. world 1: optim_create. */
+enum amp_status optim_create_sharded(struct optimizer *o, const struct optim_config *cfg, struct model *m,
+                                     int64_t total_steps, uint64_t run_seed, int rank, int world,
+                                     struct amp_error *err);
 
 /* The schedule as plain data, for the step rule (lib/base/step_rule.h). */
 struct schedule_params optim_schedule_params(const struct optimizer *o);

@@ -21,6 +21,7 @@
 #include "sample.h"   /* run.sample_every */
 #include "scaler.h"   /* loss scaler */
 #include "test_switches.h" /* test_switch_raise */
+#include "zero.h"     /* dist.zero 1: the sharded optimizer state */
 
 static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, const struct dataset *ds, int64_t max_n,
                                      struct amp_error *err)
@@ -389,7 +390,10 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
         return amp_fail(err, AMP_ERR_CONFIG, "lower run.steps or run.epochs",
                         "%s: %s steps of %lld samples (data.batch_size x accum_steps x ranks) are more than 2^62 "
                         "samples", cfg->source, too_many ? "the run's" : "its", (long long)per_step);
-    if ((st = optim_create(&t->opt, &cfg->optim, &t->model, t->total_steps, cfg->run.seed, err)) != AMP_OK)
+    /* dist.zero 1: each rank holds its block of the optimizer state (lib/engine/zero.h) */
+    int shards = cfg->dist.zero == 1 ? t->world : 1;
+    if ((st = optim_create_sharded(&t->opt, &cfg->optim, &t->model, t->total_steps, cfg->run.seed, t->rank, shards,
+                                   err)) != AMP_OK)
         return st;
     scaler_init(&t->scaler, &cfg->precision);
     t->best = (struct eval_watch){.metric = cfg->run.keep_best, .best = NAN, .best_step = -1};
@@ -432,6 +436,22 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
                cfg->dist.bucket_mb);
     else if (t->world > 1)
         printf("gradient reduce: one after backward\n");
+    if (t->opt.shard_world > 1) { /* rank 0's block: the largest (comm_shard) */
+        int64_t mine = 0;
+        double bytes = 0, whole = 0;
+        for (int i = 0; i < n; i++) {
+            const struct optim_state *s = &t->opt.state[i];
+            mine += (int64_t)(s->hi - s->lo);
+            for (const struct tensor *k = &s->m; k <= &s->v; k++)
+                if (k->data) {
+                    bytes += (double)tensor_bytes(k);
+                    whole += (double)(t->model.params[i]->master.numel * dtype_size(k->dtype));
+                }
+        }
+        printf("ZeRO-1 (dist.zero 1): the optimizer state is sharded over %d ranks; rank 0 holds it for %lld of the "
+               "%lld parameters (%.2f MiB of moments, of %.2f MiB whole)\n", t->opt.shard_world, (long long)mine,
+               (long long)nweights, bytes / 1048576.0, whole / 1048576.0);
+    }
     return AMP_OK;
 }
 
@@ -549,8 +569,10 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     /* an update that would store a non-finite weight or moment is never applied: its trial first */
     be->step_propose(be, &t->params, t->dev_state, t->dev_check);
     optim_step(&t->opt, m, t->dev_state, &t->dev_check->update_nonfinite);
+    zero_after_trial(&t->dist, &t->opt, t->dev_check); /* dist.zero 1: the ranks' blocks' verdicts combined */
     be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_rows + t->pending);
     optim_step(&t->opt, m, t->dev_state, NULL);
+    zero_after_update(&t->dist, &t->opt, m, &t->dev_state->bound); /* dist.zero 1: every rank's block to all */
     if (m->has_fp8) {
         /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
          * ranks of this step's rows, so replicas keep one fp8 state and a checkpoint holds it */
@@ -783,9 +805,11 @@ static enum amp_status drain(struct trainer *t, struct loop_marks *lm, struct am
 /* Rank 0 writes the checkpoint; every rank learns how that went, and its path. */
 static enum amp_status checkpoint_now(struct trainer *t, struct loop_marks *lm, struct amp_error *err)
 {
-    enum amp_status st = AMP_OK;
-    if (t->rank == 0)
+    struct zero_swap sw; /* dist.zero 1: rank 0 saves the whole optimizer state, gathered from every rank's block */
+    enum amp_status st = zero_gather_begin(&t->dist, &t->opt, &t->model, &sw, err);
+    if (st == AMP_OK && t->rank == 0)
         st = save_checkpoint(t, lm->good_step, lm->saved, sizeof lm->saved, err);
+    zero_gather_end(&t->opt, &sw);
     st = comm_agree(t->dist.comm, st, err);
     t->dist.comm->host_bcast(t->dist.comm, lm->saved, sizeof lm->saved, 0);
     lm->saved_step = t->step;
@@ -860,7 +884,13 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
     if (st == AMP_OK && !resume && cfg->model.init_from[0])
         st = init_from_load(&t.model, &cfg->model, comm->rank == 0 ? stdout : NULL, err);
     if (st == AMP_OK && resume) {
-        st = ckpt_load_trainer(resume, &t, fresh_scaler, err);
+        struct zero_swap sw; /* dist.zero 1: the whole state is read, and each rank keeps its block */
+        st = zero_load_begin(&t.opt, &t.model, &sw, err);
+        if (st == AMP_OK)
+            st = ckpt_load_trainer(resume, &t, fresh_scaler, err);
+        enum amp_status taken = zero_load_end(&t.opt, &sw, st == AMP_OK, err);
+        if (st == AMP_OK)
+            st = taken;
         if (st == AMP_OK && t.step > t.total_steps)
             st = amp_fail(err, AMP_ERR_CONFIG,
                           "give run.steps beyond the checkpoint's step (run.steps counts from the run's start)",
