@@ -93,9 +93,13 @@ static int row_of(const struct fp8_state *st, int64_t step)
     return (int)(step % st->len);
 }
 
-struct fp8_pass fp8_pass_of(const struct fp8_state *st, int64_t step, bool training)
+struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training)
 {
     struct fp8_pass p = { 0 };
+    if (training) {
+        st->weights++;
+        p.weights = st->recast_weights ? 0 : st->weights;
+    }
     if (training && st->recipe == FP8_DELAYED && st->len > 0) {
         size_t row = (size_t)row_of(st, step);
         if (st->fwd.history)

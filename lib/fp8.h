@@ -97,6 +97,10 @@ struct fp8_state {
     int margin;
     struct fp8_group fwd, bwd;
     struct backend *be;
+    /* The version of the weights that training passes read: fp8_pass_of raises it at every optimizer step, and a
+     * linear op casts its weight to E4M3 only when the codes it keeps were cast for another version (below). */
+    uint64_t weights;
+    bool recast_weights; /* tests only (tests/test_fp8.c): every pass casts its weights, the reference */
 };
 
 /* A layer's handle on one of its fp8 tensors. */
@@ -106,10 +110,20 @@ struct fp8_slot {
 };
 
 /* What a pass records: with recipe delayed in training, the rows of this step's amaxes (NULL otherwise: eval
- * and `current` record nothing). */
+ * and `current` record nothing).
+ *
+ * Weights are cast once per optimizer step (Transformer Engine's is_first_microbatch): the first micro-batch of a
+ * step casts each fp8 layer's weight and the layer keeps the codes, with their scale, for the step's other
+ * micro-batches (and a recomputed forward). They are valid for exactly that: the weights change only at the
+ * optimizer update, and a weight's scale only at a cast of that weight (recipe current: from the weight, which has
+ * not changed) or at fp8_step_end (delayed), both after the step's first micro-batch or after the step. So the
+ * codes kept are the codes a cast would make again, and the run's bits are those of a cast per micro-batch; the
+ * weight's amax, recorded by the first cast, is the one every later cast would record. */
 struct fp8_pass {
     float *amax_fwd, *amax_bwd;
     int64_t *counts_fwd, *counts_bwd; /* ampTrain numerics: 4 counters per tensor (backend.h fp8_cast_args), or NULL */
+    uint64_t weights; /* the weights' version (fp8_state.weights) this step reads; 0 outside training (every pass
+                       * casts its weights) */
 };
 
 /* Building: register a slot (host only; nothing allocated yet). AMP_ERR_INTERNAL on out of memory. */
@@ -119,8 +133,9 @@ enum amp_status fp8_add_slot(struct fp8_state *st, bool backward, const char *na
 enum amp_status fp8_alloc(struct fp8_state *st, struct backend *be, struct amp_error *err);
 void fp8_free(struct fp8_state *st);
 
-/* The pass of optimizer step `step` (training) or of an evaluation (training false). */
-struct fp8_pass fp8_pass_of(const struct fp8_state *st, int64_t step, bool training);
+/* The pass of optimizer step `step` (training: once per step, before its first micro-batch; it raises
+ * st->weights, so the step casts the weights anew) or of an evaluation (training false). */
+struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training);
 /* After optimizer step `step`: delayed recipe's scale update (a no-op for `current`). */
 void fp8_step_end(const struct fp8_state *st, int64_t step);
 

@@ -13,7 +13,8 @@
  * (ctx->accumulate); dx = dy W computed and rounded in d, then cast to x's dtype when that differs.
  * Nothing is computed for dx when the layer is the first one.
  * fp8 (precision.mode fp8, the layer not kept in bf16; lib/fp8.h): the forward casts x and the fp32 master weight
- * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx), the product of the codes sums in
+ * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx; the weight is cast on a step's first
+ * micro-batch only, its codes kept for the others: lib/fp8.h, struct fp8_pass), the product of the codes sums in
  * fp32 and gives y in d (bf16) with the fp32 bias; backward casts dy to E5M2 and forms dW = dy8^T x8 (fp32) and
  * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it.
  *
@@ -150,7 +151,11 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
         xc = matrix_view(&op->x8, rows, op->in);
         fp8_cast_to(ctx, op->fp8_state, &xc, &x2, &op->sx);
         op->x8.scale_inv = xc.scale_inv; /* for backward's views */
-        fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw);
+        /* the weight once per optimizer step: its codes kept for the step's other micro-batches (lib/fp8.h) */
+        uint64_t version = ctx->fp8 ? ctx->fp8->weights : 0;
+        if (version == 0 || op->w8_weights != version)
+            fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw);
+        op->w8_weights = version;
         xin = &xc;
         w = &op->w8;
     } else if (op->xc.data) {

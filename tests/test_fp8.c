@@ -1,7 +1,7 @@
 /*
  * test_fp8.c — precision.mode fp8 on the CPU backend: the scaled cast, the recipes' scale arithmetic
  * (lib/fp8.h, Transformer Engine's delayed scaling and torchao's current scaling), products of fp8 operands,
- * and the linear layer's fp8 path. Expected values are computed here independently: nearest codes by search
+ * and the linear layer's fp8 path (the weights cast once per optimizer step). Expected values are computed here independently: nearest codes by search
  * over all 256, scales by the formulas as TE and torchao write them, products in double from decoded codes.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -17,6 +17,7 @@
 #include "testmem.h"  /* talloc, tracked_tensor, tracked_free_all */
 #include "backend.h"
 #include "fp8.h"
+#include "train.h"    /* trainer_setup, trainer_step: the weight casts of a run, counted */
 
 static struct backend *be;
 
@@ -466,4 +467,114 @@ Test(fp8, numerics_reports_the_casts_at_the_runs_scales)
     struct result g = shell(cmd);
     cr_assert_eq(atoi(g.out), 2 * 9, "fp8_cast rows: %s", g.out);
     remove_scratch();
+}
+
+/* ---- weights cast once per optimizer step ----------------------------------------------------------- */
+
+#define FASHION "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+
+/* The trainer's fp8 casts, counted (its backend table patched in place): all of them, and those of a weight (the
+ * source is a parameter's master). */
+static struct {
+    void (*fp8_cast)(struct backend *, const struct fp8_cast_args *);
+    const struct model *m;
+    int casts, weight_casts;
+} counted;
+
+static void counting_fp8_cast(struct backend *b, const struct fp8_cast_args *a)
+{
+    counted.casts++;
+    for (int i = 0; i < counted.m->nparams; i++)
+        if (a->src->data == counted.m->params[i]->master.data)
+            counted.weight_casts++;
+    counted.fp8_cast(b, a);
+}
+
+struct fp8_run {
+    int casts, weight_casts;
+    float *weights; /* every master, concatenated */
+    size_t nweights;
+    float scales[64]; /* the forward group's scales, then the backward group's */
+    double loss[8];
+};
+
+/* configs/fashion_mlp.yaml at 784-64-32-10, every layer in fp8, `steps` steps of accum_steps 4. recast: the
+ * reference, which casts the weights at every micro-batch. */
+static void fp8_accum_run(const char *recipe, bool recast, int steps, struct fp8_run *out)
+{
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    struct config cfg;
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    char rec[64];
+    snprintf(rec, sizeof rec, "precision.fp8.recipe=%s", recipe);
+    const char *ov[] = {"run.device=cpu", "model.layers.1.out=64", "model.layers.3.out=32", "data.batch_size=16",
+                        "accum_steps=4", "precision.mode=fp8", "precision.fp8.keep_bf16=[]", rec,
+                        "run.log_every=1", NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
+    cr_assert(t.model.has_fp8);
+    t.model.fp8.recast_weights = recast;
+    counted = (__typeof__(counted)){.fp8_cast = t.be->fp8_cast, .m = &t.model};
+    t.be->fp8_cast = counting_fp8_cast;
+    for (int i = 0; i < steps; i++) {
+        cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(t.nrecs, 1);
+        out->loss[i] = t.recs[0].loss;
+    }
+    t.be->fp8_cast = counted.fp8_cast;
+    out->casts = counted.casts;
+    out->weight_casts = counted.weight_casts;
+    out->nweights = 0;
+    for (int i = 0; i < t.model.nparams; i++)
+        out->nweights += t.model.params[i]->master.numel;
+    out->weights = malloc(out->nweights * sizeof(float));
+    cr_assert_not_null(out->weights);
+    size_t off = 0;
+    for (int i = 0; i < t.model.nparams; i++) {
+        memcpy(out->weights + off, t.model.params[i]->master.data, t.model.params[i]->master.numel * sizeof(float));
+        off += t.model.params[i]->master.numel;
+    }
+    const struct fp8_state *f = &t.model.fp8;
+    cr_assert_leq(f->fwd.n + f->bwd.n, 64);
+    memcpy(out->scales, f->fwd.scale, (size_t)f->fwd.n * sizeof(float));
+    memcpy(out->scales + f->fwd.n, f->bwd.scale, (size_t)f->bwd.n * sizeof(float));
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+/* With accum_steps 4 each layer's weight is cast once per optimizer step, not once per micro-batch, and the run
+ * is bit for bit the reference that casts it at every micro-batch (the codes kept are the ones a cast would make
+ * again: same weights, same scale), under both recipes. Its scales moved (the delayed recipe's after each step,
+ * the current recipe's at each cast), so a kept code that outlived its step would show. */
+Test(fp8, weights_are_cast_once_per_optimizer_step)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const char *recipes[] = {"delayed", "current"};
+    const int steps = 3, layers = 3, accum = 4;
+    for (int r = 0; r < 2; r++) {
+        struct fp8_run kept = {0}, ref = {0};
+        fp8_accum_run(recipes[r], false, steps, &kept);
+        fp8_accum_run(recipes[r], true, steps, &ref);
+        cr_assert_eq(kept.weight_casts, steps * layers, "%s: %d weight casts in %d steps of %d layers", recipes[r],
+                     kept.weight_casts, steps, layers);
+        cr_assert_eq(ref.weight_casts, steps * accum * layers, "%s: the reference casts at every micro-batch",
+                     recipes[r]);
+        /* the inputs and output gradients are still cast at every micro-batch */
+        cr_assert_eq(kept.casts - kept.weight_casts, steps * accum * 2 * layers, "%s", recipes[r]);
+        cr_assert_eq(ref.casts - ref.weight_casts, kept.casts - kept.weight_casts, "%s", recipes[r]);
+        cr_assert_eq(kept.nweights, ref.nweights);
+        cr_assert_eq(memcmp(kept.weights, ref.weights, kept.nweights * sizeof(float)), 0, "%s: weights after %d steps",
+                     recipes[r], steps);
+        cr_assert_eq(memcmp(kept.scales, ref.scales, sizeof kept.scales), 0, "%s: fp8 scales", recipes[r]);
+        cr_assert_eq(memcmp(kept.loss, ref.loss, sizeof kept.loss), 0, "%s: losses", recipes[r]);
+        cr_assert_neq(kept.scales[1], 1.0f, "%s: fc1/weight's scale never moved", recipes[r]);
+        free(kept.weights);
+        free(ref.weights);
+    }
 }
