@@ -90,11 +90,22 @@ struct fp8_group {
     char (*names)[96]; /* host: "fc2/input", "fc2/weight", "fc2/grad_output" (checkpoint and `check`) */
 };
 
+/* A linear product of a layer that may run in fp8 (not kept in bf16 by name): its weight's shape and whether it is
+ * large enough (fp8_state_large). Recorded for `ampTrain check`. */
+struct fp8_product {
+    char name[96]; /* "fc2", "block0/attn/qkv" */
+    int64_t k, n;  /* the weight is (n out, k in) */
+    bool fp8;
+};
+
 struct fp8_state {
     enum fp8_recipe recipe;
     int len;           /* amax_history_len (delayed) */
     bool most_recent;  /* amax_compute: most_recent (else max) */
     int margin;
+    int64_t min_k, min_n; /* precision.fp8.min_size: a product runs in fp8 when k > min_k or n > min_n */
+    struct fp8_product *products; /* host: every product that may run in fp8, in build order */
+    int nproducts;
     struct fp8_group fwd, bwd;
     struct backend *be;
     /* The version of the weights that training passes read: fp8_pass_of raises it at every optimizer step, and a
@@ -129,6 +140,15 @@ struct fp8_pass {
 /* Building: register a slot (host only; nothing allocated yet). AMP_ERR_INTERNAL on out of memory. */
 enum amp_status fp8_add_slot(struct fp8_state *st, bool backward, const char *name, struct fp8_slot *out,
                              struct amp_error *err);
+/* Whether a product of weight (n out, k in) is large enough to run in fp8 (precision.fp8.min_size; torchao's
+ * tensorwise rule by default: smaller products lose more to the casts than the fp8 product gains). */
+static inline bool fp8_state_large(const struct fp8_state *st, int64_t k, int64_t n)
+{
+    return k > st->min_k || n > st->min_n;
+}
+/* Record a product that may run in fp8 and whether it does (host only). AMP_ERR_INTERNAL on out of memory. */
+enum amp_status fp8_add_product(struct fp8_state *st, const char *name, int64_t k, int64_t n, bool fp8,
+                                struct amp_error *err);
 /* Allocate the backend arrays once every slot is registered: scales 1, histories 0. */
 enum amp_status fp8_alloc(struct fp8_state *st, struct backend *be, struct amp_error *err);
 void fp8_free(struct fp8_state *st);

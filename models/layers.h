@@ -154,7 +154,8 @@ struct linear_op {
     struct tensor xc;       /* (max_rows, in) in d: x cast to d; empty when x is already d or the op is fp8 */
     size_t dxc_off;         /* scratch (max_rows, in) in d, when x is not d */
     const struct tensor *workspace;
-    /* precision.mode fp8, this layer not in keep_bf16 (lib/fp8.h): the products read fp8 operands and give d */
+    /* precision.mode fp8, this layer not in keep_bf16, the product not below precision.fp8.min_size (lib/fp8.h):
+     * the products read fp8 operands and give d */
     bool fp8;
     const struct fp8_state *fp8_state; /* the model's: the recipe and the slots' arrays */
     struct fp8_slot sx, sw, sdy; /* the input's and weight's scales (E4M3), the output gradient's (E5M2) */
