@@ -20,7 +20,7 @@
 #include "dist.h"     /* comm_agree, dist_check_config, dist_check_same */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "train.h"    /* train_run */
-#include "model.h"    /* model_layer_in_fp8: `check` lists the fp8 layers */
+#include "model.h"    /* model_layer_in_fp8, model_build: `check` lists the fp8 layers and products */
 #include "numerics.h" /* numerics_run, numerics_probe: run.numerics_every */
 #include "precision.h" /* precision_lowp_dtype: the storage lines of `check` */
 #include "safetensors.h" /* safetensors_write */
@@ -153,6 +153,61 @@ static void print_storage(const struct config *cfg, FILE *out)
                                                  "consider optim.stochastic_rounding: true)");
 }
 
+/* The model's products that may run in fp8 and which do (precision.fp8.min_size): the model built on the CPU for
+ * one sample, its input shape from the config (text, tokens) or the data files (idx, hdf5). Returns how many run in
+ * fp8, or -1 where the model cannot be built (said on `out`). */
+static int print_fp8_products(const struct config *cfg, const struct autocast_policy *policy, FILE *out)
+{
+    const struct fp8_config *f = &cfg->precision.fp8;
+    struct amp_error err = {0};
+    struct dataset ds;
+    struct data_spec spec;
+    struct model m;
+    memset(&ds, 0, sizeof ds);
+    memset(&m, 0, sizeof m);
+    enum amp_status st = AMP_OK;
+    if (!data_spec_from_config(&cfg->data, &spec)) {
+        st = data_load(&ds, &cfg->data, 1, &err);
+        spec = ds.spec;
+    }
+    struct backend *be = st == AMP_OK ? backend_cpu_create() : NULL;
+    if (st == AMP_OK && !be)
+        st = amp_fail(&err, AMP_ERR_INTERNAL, NULL, "cannot open the CPU backend");
+    if (st == AMP_OK && (st = model_build(&m, cfg, &spec, be, policy, 1, &err)) != AMP_OK)
+        memset(&m, 0, sizeof m);
+    int n = -1;
+    if (st != AMP_OK) {
+        fprintf(out, "  products: their sizes are not known without the model (%s)\n", err.msg);
+    } else {
+        char rule[96];
+        snprintf(rule, sizeof rule, "K > %lld or N > %lld", (long long)m.fp8.min_k, (long long)m.fp8.min_n);
+        for (int pass = 0; pass < 2; pass++) {
+            bool fp8 = pass == 0;
+            if (fp8)
+                fprintf(out, "  products in fp8 (weight N x K with %s, precision.fp8.min_size [%.17g, %.17g]):", rule,
+                        f->min_size[0], f->min_size[1]);
+            else
+                fprintf(out, "  products kept in bf16 (smaller):");
+            int count = 0;
+            for (int i = 0; i < m.fp8.nproducts; i++) {
+                const struct fp8_product *p = &m.fp8.products[i];
+                if (p->fp8 != fp8)
+                    continue;
+                fprintf(out, " %s (K %lld, N %lld)", p->name, (long long)p->k, (long long)p->n);
+                count++;
+            }
+            fprintf(out, "%s\n", count ? "" : " none");
+            if (fp8)
+                n = count;
+        }
+    }
+    model_free(&m);
+    if (be)
+        backend_close(be);
+    data_free(&ds);
+    return n;
+}
+
 /* precision.mode fp8: which layers' linear products read fp8 operands, and the recipe (docs/precision.md, "fp8"). */
 static void print_fp8(const struct config *cfg, const struct autocast_policy *policy, FILE *out)
 {
@@ -164,7 +219,7 @@ static void print_fp8(const struct config *cfg, const struct autocast_policy *po
                 f->amax_compute == FP8_AMAX_MAX ? "max" : "most_recent", (long long)f->margin);
     else
         fprintf(out, "\nfp8: recipe current (each tensor's amax at its cast, margin %lld)", (long long)f->margin);
-    fprintf(out, "; E4M3 inputs and weights, E5M2 output gradients, bf16 results\n  in fp8:");
+    fprintf(out, "; E4M3 inputs and weights, E5M2 output gradients, bf16 results\n  layers in fp8:");
     int n = 0;
     bool linear_lowp = policy->cls[OP_LINEAR] == OPC_LOWP;
     for (int i = 0; i < cfg->model.nlayers; i++)
@@ -183,9 +238,10 @@ static void print_fp8(const struct config *cfg, const struct autocast_policy *po
         }
     }
     fprintf(out, "%s\n", kept ? "" : " none");
-    if (!n)
-        fprintf(stderr, "ampTrain: warning: %s: precision.mode is fp8 but no layer's products run in fp8 (see "
-                     "precision.fp8.keep_bf16); the run is bf16\n", cfg->source);
+    int products = n ? print_fp8_products(cfg, policy, out) : 0;
+    if (!n || products == 0)
+        fprintf(stderr, "ampTrain: warning: %s: precision.mode is fp8 but no product runs in fp8 (see "
+                        "precision.fp8.keep_bf16 and precision.fp8.min_size); the run is bf16\n", cfg->source);
 }
 
 static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)

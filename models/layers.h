@@ -154,12 +154,15 @@ struct linear_op {
     struct tensor xc;       /* (max_rows, in) in d: x cast to d; empty when x is already d or the op is fp8 */
     size_t dxc_off;         /* scratch (max_rows, in) in d, when x is not d */
     const struct tensor *workspace;
-    /* precision.mode fp8, this layer not in keep_bf16 (lib/base/fp8.h): the products read fp8 operands and give d */
+    /* precision.mode fp8, this layer not in keep_bf16, the product not below precision.fp8.min_size (lib/base/fp8.h):
+     * the products read fp8 operands and give d */
     bool fp8;
     const struct fp8_state *fp8_state; /* the model's: the recipe and the slots' arrays */
     struct fp8_slot sx, sw, sdy; /* the input's and weight's scales (E4M3), the output gradient's (E5M2) */
     struct tensor x8;       /* (max_rows, in) E4M3: the input as the forward cast it, saved for dW */
-    struct tensor w8;       /* (out, in) E4M3: the weight as this pass cast it, read again by backward */
+    struct tensor w8;       /* (out, in) E4M3: the weight as this step's first pass cast it, read again by
+                             * backward and by the step's later micro-batches (lib/base/fp8.h, struct fp8_pass) */
+    uint64_t w8_weights;    /* the fp8_pass.weights w8 was cast for; 0: cast at every pass */
     size_t dy8_off;         /* scratch (max_rows, out) E5M2: dy cast */
     /* a relu fused in (model layers linear, relu, ...: layer_build.fuse): */
     bool relu;              /* y is the relu's output, made in the product's epilogue (GEMM_EPI_RELU) */

@@ -12,8 +12,10 @@
  * Backward (dy in d): dW = dy^T x_d and db = colsum(dy) in fp32, overwriting or accumulating
  * (ctx->accumulate); dx = dy W computed and rounded in d, then cast to x's dtype when that differs.
  * Nothing is computed for dx when the layer is the first one.
- * fp8 (precision.mode fp8, the layer not kept in bf16; lib/base/fp8.h): the forward casts x and the fp32 master weight
- * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx), the product of the codes sums in
+ * fp8 (precision.mode fp8, the layer not kept in bf16, the product not smaller than precision.fp8.min_size, which
+ * leaves it in bf16 as above; lib/base/fp8.h): the forward casts x and the fp32 master weight
+ * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx; the weight is cast on a step's first
+ * micro-batch only, its codes kept for the others: lib/base/fp8.h, struct fp8_pass), the product of the codes sums in
  * fp32 and gives y in d (bf16) with the fp32 bias; backward casts dy to E5M2 and forms dW = dy8^T x8 (fp32) and
  * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it.
  *
@@ -54,8 +56,19 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
     op->in_dtype = in_dtype;
     op->d = autocast_dtype(b->policy, OP_LINEAR, in_dtype, in_dtype);
     op->workspace = b->workspace;
-    op->fp8 = b->fp8_layer && op->d != DT_FP32;
+    /* a layer in fp8 runs a product in fp8 where it is large enough (precision.fp8.min_size), else in bf16 */
+    bool may_fp8 = b->fp8_layer && op->d != DT_FP32;
+    op->fp8 = may_fp8 && fp8_state_large(b->fp8, in, out);
     op->fp8_state = b->fp8;
+    if (may_fp8) {
+        char product[160];
+        snprintf(product, sizeof product, "%s%s%s", l->cfg.name, prefix[0] ? "/" : "", prefix);
+        if (prefix[0]) /* "block0/attn/qkv/": no trailing slash */
+            product[strlen(product) - 1] = '\0';
+        enum amp_status st = fp8_add_product(b->fp8, product, in, out, op->fp8, b->err);
+        if (st != AMP_OK)
+            return st;
+    }
 
     int64_t wshape[2] = {out, in};
     snprintf(name, sizeof name, "%sweight", prefix);
@@ -150,7 +163,11 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
         xc = matrix_view(&op->x8, rows, op->in);
         fp8_cast_to(ctx, op->fp8_state, &xc, &x2, &op->sx);
         op->x8.scale_inv = xc.scale_inv; /* for backward's views */
-        fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw);
+        /* the weight once per optimizer step: its codes kept for the step's other micro-batches (lib/base/fp8.h) */
+        uint64_t version = ctx->fp8 ? ctx->fp8->weights : 0;
+        if (version == 0 || op->w8_weights != version)
+            fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw);
+        op->w8_weights = version;
         xin = &xc;
         w = &op->w8;
     } else if (op->xc.data) {

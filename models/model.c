@@ -245,7 +245,8 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     const struct fp8_config *f8 = &cfg->precision.fp8;
     m->fp8 = (struct fp8_state){ .recipe = f8->recipe == FP8_RECIPE_CURRENT ? FP8_CURRENT : FP8_DELAYED,
                                  .len = (int)f8->amax_history_len, .most_recent = f8->amax_compute == FP8_AMAX_MOST_RECENT,
-                                 .margin = (int)f8->margin };
+                                 .margin = (int)f8->margin, .min_k = (int64_t)f8->min_size[0],
+                                 .min_n = (int64_t)f8->min_size[1] };
     input_from_data(&b, spec, max_batch);
     size_t scratch = 0;
     bool params_before = false; /* a layer before this one has parameters: its input gradient has a use */

@@ -486,7 +486,8 @@ Test(cli, fp8_checkpoints_evaluate_in_bf16_and_say_so)
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "run configs/fashion_mlp.yaml model.layers.1.out=32 model.layers.3.out=32 data.batch_size=32 "
-             "run.device=cpu run.threads=1 precision.mode=fp8 'precision.fp8.keep_bf16=[]' run.steps=4 "
+             "run.device=cpu run.threads=1 precision.mode=fp8 'precision.fp8.keep_bf16=[]' "
+             "'precision.fp8.min_size=[0,0]' run.steps=4 "
              "run.eval_every=2 run.out_dir=%s/run",
              dir);
     r = run(cmd);

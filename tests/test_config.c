@@ -1613,6 +1613,8 @@ Test(cross, fp8_keys_defaults_errors_and_warnings)
     cr_assert_eq(f->nkeep_bf16, 2);
     cr_assert_str_eq(f->keep_bf16[0], "first");
     cr_assert_str_eq(f->keep_bf16[1], "last");
+    cr_assert(f->min_size[0] == 4096 && f->min_size[1] == 1024, "torchao's rule: K > 4096 or N > 1024");
+    cr_assert(!config_fp8_min_size_written(&c));
     int n;
     char *w = warnings_of(&c, &n);
     cr_assert_eq(n, 0, "%s", w);
@@ -1629,6 +1631,19 @@ Test(cross, fp8_keys_defaults_errors_and_warnings)
                  "precision.fp8.keep_bf16: no layer is named 'fc9'", "linear_1");
     expect_error("precision:\n  fp8:\n    keep_bf16: [flatten_0]\n" BASE, "t.yaml:3:5: ",
                  "precision.fp8.keep_bf16: there is no matrix product to keep in layer 'flatten_0'", NULL);
+    /* min_size: two whole numbers >= 0 */
+    expect_error("precision:\n  fp8:\n    min_size: [-1, 8]\n" BASE, "t.yaml:3:16: ",
+                 "precision.fp8.min_size[0] must be a whole number >= 0, got -1", NULL);
+    expect_error("precision:\n  fp8:\n    min_size: [16, 1.5]\n" BASE, "t.yaml:3:20: ",
+                 "precision.fp8.min_size[1] must be a whole number >= 0, got 1.5", NULL);
+    expect_error("precision:\n  fp8:\n    min_size: 4096\n" BASE, "t.yaml:3:15: ",
+                 "precision.fp8.min_size: expected a list of two numbers, got '4096'", NULL);
+    expect_error("precision:\n  fp8:\n    min_size: [1, 2, 3]\n" BASE, "t.yaml:3:15: ",
+                 "precision.fp8.min_size: expected a list of two numbers, got 3 items", NULL);
+    parse_ok(&c, "precision:\n  mode: fp8\n  fp8:\n    min_size: [0, 2048]\n" BASE);
+    cr_assert(c.precision.fp8.min_size[0] == 0 && c.precision.fp8.min_size[1] == 2048);
+    cr_assert(config_fp8_min_size_written(&c), "a checkpoint's config that has the key keeps its value");
+    config_free(&c);
 
     /* keys that do nothing are said to do nothing */
     parse_ok(&c, "precision:\n  mode: bf16\n  fp8:\n    margin: 2\n" BASE);

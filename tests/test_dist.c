@@ -62,7 +62,8 @@ Test(dist, two_ranks_equal_one_bf16_master_weights_stochastic_rounding)
  * keep the one rank's scales and histories; current: each micro-batch's scales come from its own tensors alike */
 Test(dist, two_ranks_equal_one_fp8_delayed)
 {
-    check_equivalence(MLP, "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' " HARD,
+    check_equivalence(MLP, "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' "
+                      "'precision.fp8.min_size=[0,0]' " HARD,
                       NULL);
 }
 Test(dist, two_ranks_equal_one_with_accum_fp16_static)
@@ -85,7 +86,7 @@ Test(dist, text_gpt_two_ranks_equal_one_fp16_dynamic)
 Test(dist, text_gpt_two_ranks_equal_one_bf16) { check_equivalence(GPT, "precision.mode=bf16", NULL); }
 Test(dist, text_gpt_two_ranks_equal_one_fp8_current)
 {
-    check_equivalence(GPT, "precision.mode=fp8 precision.fp8.recipe=current", NULL);
+    check_equivalence(GPT, "precision.mode=fp8 precision.fp8.recipe=current 'precision.fp8.min_size=[0,0]'", NULL);
 }
 Test(dist, text_gpt_two_ranks_equal_one_fp32) { check_equivalence(GPT, "precision.mode=fp32", NULL); }
 Test(dist, text_gpt_two_ranks_equal_one_fp16_static)

@@ -1,7 +1,7 @@
 /*
  * test_fp8.c — precision.mode fp8 on the CPU backend: the scaled cast, the recipes' scale arithmetic
  * (lib/base/fp8.h, Transformer Engine's delayed scaling and torchao's current scaling), products of fp8 operands,
- * and the linear layer's fp8 path. Expected values are computed here independently: nearest codes by search
+ * and the linear layer's fp8 path (the weights cast once per optimizer step). Expected values are computed here independently: nearest codes by search
  * over all 256, scales by the formulas as TE and torchao write them, products in double from decoded codes.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -17,6 +17,7 @@
 #include "testmem.h"  /* talloc, tracked_tensor, tracked_free_all */
 #include "backend.h"
 #include "fp8.h"
+#include "train.h"    /* trainer_setup, trainer_step: the weight casts of a run, counted */
 
 static struct backend *be;
 
@@ -342,7 +343,8 @@ Test(fp8, a_delayed_run_keeps_transformer_engines_scales_in_its_checkpoint)
 {
     make_scratch();
     struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 precision.fp8.amax_history_len=2 "
-                          "precision.fp8.amax_compute=most_recent 'precision.fp8.keep_bf16=[]' run.steps=3 run.out_dir=%s/a", scratch);
+                          "precision.fp8.amax_compute=most_recent 'precision.fp8.keep_bf16=[]' "
+                          "'precision.fp8.min_size=[0,0]' run.steps=3 run.out_dir=%s/a", scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
     char ckpt[512];
     snprintf(ckpt, sizeof ckpt, "%s/a/ckpt-3.h5", scratch);
@@ -358,17 +360,25 @@ Test(fp8, a_delayed_run_keeps_transformer_engines_scales_in_its_checkpoint)
     remove_scratch();
 }
 
-/* What `check` says: the default keeps the first and last layers with parameters in bf16. */
+/* What `check` says: the default keeps the first and last layers with parameters in bf16, and the products of the
+ * others too where they are below precision.fp8.min_size (text_gpt's, at width 128, all are). */
 Test(fp8, check_lists_the_fp8_layers_and_the_kept_ones)
 {
     struct result r = amp("check configs/text_gpt.yaml precision.mode=fp8");
     cr_assert_eq(r.code, 0, "%s", r.out);
-    cr_assert(strstr(r.out, "in fp8: block0 block1\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "layers in fp8: block0 block1\n"), "%s", r.out);
     cr_assert(strstr(r.out, "kept in bf16 (precision.fp8.keep_bf16): lm_head\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "products kept in bf16 (smaller): block0/attn/qkv (K 128, N 384) block0/attn/proj "
+                            "(K 128, N 128) block0/mlp/fc (K 128, N 512) block0/mlp/proj (K 512, N 128) block1/"), "%s",
+              r.out);
+    r = amp("check configs/text_gpt.yaml precision.mode=fp8 'precision.fp8.min_size=[0,0]'");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "): block0/attn/qkv (K 128, N 384) block0/attn/proj (K 128, N 128) "), "%s", r.out);
+    cr_assert(strstr(r.out, "products kept in bf16 (smaller): none\n"), "%s", r.out);
     r = amp("check configs/fashion_mlp.yaml precision.mode=fp8 precision.fp8.recipe=current");
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "fp8: recipe current"), "%s", r.out);
-    cr_assert(strstr(r.out, "in fp8: fc2\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "layers in fp8: fc2\n"), "%s", r.out);
     cr_assert(strstr(r.out, "kept in bf16 (precision.fp8.keep_bf16): fc1 head\n"), "%s", r.out);
 }
 
@@ -377,7 +387,8 @@ Test(fp8, check_lists_the_fp8_layers_and_the_kept_ones)
 static void scales_of_run(const char *extra, double *scales, int n)
 {
     make_scratch();
-    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 %s run.steps=%d run.out_dir=%s/a",
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 "
+                          "'precision.fp8.min_size=[0,0]' %s run.steps=%d run.out_dir=%s/a",
                           extra, n, scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
     char path[512], line[1024];
@@ -443,7 +454,7 @@ Test(fp8, numerics_reports_the_casts_at_the_runs_scales)
 {
     make_scratch();
     struct result r = amp("numerics configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 precision.fp8.recipe=current "
-                          "'precision.fp8.keep_bf16=[]' --steps 2 run.out_dir=%s/n", scratch);
+                          "'precision.fp8.keep_bf16=[]' 'precision.fp8.min_size=[0,0]' --steps 2 run.out_dir=%s/n", scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
     const char *section = strstr(r.out, "fp8 casts of this run (recipe current");
     cr_assert(section, "%s", r.out);
@@ -465,5 +476,293 @@ Test(fp8, numerics_reports_the_casts_at_the_runs_scales)
     snprintf(cmd, sizeof cmd, "grep -c ',fp8_cast,' %s", csv);
     struct result g = shell(cmd);
     cr_assert_eq(atoi(g.out), 2 * 9, "fp8_cast rows: %s", g.out);
+    remove_scratch();
+}
+
+/* ---- weights cast once per optimizer step ----------------------------------------------------------- */
+
+#define FASHION "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+
+/* The trainer's fp8 casts, counted (its backend table patched in place): all of them, and those of a weight (the
+ * source is a parameter's master). */
+static struct {
+    void (*fp8_cast)(struct backend *, const struct fp8_cast_args *);
+    const struct model *m;
+    int casts, weight_casts;
+} counted;
+
+static void counting_fp8_cast(struct backend *b, const struct fp8_cast_args *a)
+{
+    counted.casts++;
+    for (int i = 0; i < counted.m->nparams; i++)
+        if (a->src->data == counted.m->params[i]->master.data)
+            counted.weight_casts++;
+    counted.fp8_cast(b, a);
+}
+
+struct fp8_run {
+    int casts, weight_casts;
+    float *weights; /* every master, concatenated */
+    size_t nweights;
+    float scales[64]; /* the forward group's scales, then the backward group's */
+    double loss[8];
+};
+
+/* configs/fashion_mlp.yaml at 784-64-32-10, every layer in fp8 (however small), `steps` steps of accum_steps 4. recast: the
+ * reference, which casts the weights at every micro-batch. */
+static void fp8_accum_run(const char *recipe, bool recast, int steps, struct fp8_run *out)
+{
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    struct config cfg;
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    char rec[64];
+    snprintf(rec, sizeof rec, "precision.fp8.recipe=%s", recipe);
+    const char *ov[] = {"run.device=cpu", "model.layers.1.out=64", "model.layers.3.out=32", "data.batch_size=16",
+                        "accum_steps=4", "precision.mode=fp8", "precision.fp8.keep_bf16=[]",
+                        "precision.fp8.min_size=[0, 0]", rec,
+                        "run.log_every=1", NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
+    cr_assert(t.model.has_fp8);
+    t.model.fp8.recast_weights = recast;
+    counted = (__typeof__(counted)){.fp8_cast = t.be->fp8_cast, .m = &t.model};
+    t.be->fp8_cast = counting_fp8_cast;
+    for (int i = 0; i < steps; i++) {
+        cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(t.nrecs, 1);
+        out->loss[i] = t.recs[0].loss;
+    }
+    t.be->fp8_cast = counted.fp8_cast;
+    out->casts = counted.casts;
+    out->weight_casts = counted.weight_casts;
+    out->nweights = 0;
+    for (int i = 0; i < t.model.nparams; i++)
+        out->nweights += t.model.params[i]->master.numel;
+    out->weights = malloc(out->nweights * sizeof(float));
+    cr_assert_not_null(out->weights);
+    size_t off = 0;
+    for (int i = 0; i < t.model.nparams; i++) {
+        memcpy(out->weights + off, t.model.params[i]->master.data, t.model.params[i]->master.numel * sizeof(float));
+        off += t.model.params[i]->master.numel;
+    }
+    const struct fp8_state *f = &t.model.fp8;
+    cr_assert_leq(f->fwd.n + f->bwd.n, 64);
+    memcpy(out->scales, f->fwd.scale, (size_t)f->fwd.n * sizeof(float));
+    memcpy(out->scales + f->fwd.n, f->bwd.scale, (size_t)f->bwd.n * sizeof(float));
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+/* With accum_steps 4 each layer's weight is cast once per optimizer step, not once per micro-batch, and the run
+ * is bit for bit the reference that casts it at every micro-batch (the codes kept are the ones a cast would make
+ * again: same weights, same scale), under both recipes. Its scales moved (the delayed recipe's after each step,
+ * the current recipe's at each cast), so a kept code that outlived its step would show. */
+Test(fp8, weights_are_cast_once_per_optimizer_step)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const char *recipes[] = {"delayed", "current"};
+    const int steps = 3, layers = 3, accum = 4;
+    for (int r = 0; r < 2; r++) {
+        struct fp8_run kept = {0}, ref = {0};
+        fp8_accum_run(recipes[r], false, steps, &kept);
+        fp8_accum_run(recipes[r], true, steps, &ref);
+        cr_assert_eq(kept.weight_casts, steps * layers, "%s: %d weight casts in %d steps of %d layers", recipes[r],
+                     kept.weight_casts, steps, layers);
+        cr_assert_eq(ref.weight_casts, steps * accum * layers, "%s: the reference casts at every micro-batch",
+                     recipes[r]);
+        /* the inputs and output gradients are still cast at every micro-batch */
+        cr_assert_eq(kept.casts - kept.weight_casts, steps * accum * 2 * layers, "%s", recipes[r]);
+        cr_assert_eq(ref.casts - ref.weight_casts, kept.casts - kept.weight_casts, "%s", recipes[r]);
+        cr_assert_eq(kept.nweights, ref.nweights);
+        cr_assert_eq(memcmp(kept.weights, ref.weights, kept.nweights * sizeof(float)), 0, "%s: weights after %d steps",
+                     recipes[r], steps);
+        cr_assert_eq(memcmp(kept.scales, ref.scales, sizeof kept.scales), 0, "%s: fp8 scales", recipes[r]);
+        cr_assert_eq(memcmp(kept.loss, ref.loss, sizeof kept.loss), 0, "%s: losses", recipes[r]);
+        cr_assert_neq(kept.scales[1], 1.0f, "%s: fc1/weight's scale never moved", recipes[r]);
+        free(kept.weights);
+        free(ref.weights);
+    }
+}
+
+/* ---- the size rule: products too small to gain stay bf16 ------------------------------------------ */
+
+struct sized_run {
+    void *y[2];           /* after step 1: fc1's and fc2's outputs (bf16, their bytes) */
+    size_t ybytes[2];
+    float *weights;       /* after all steps: every master, concatenated */
+    size_t nweights;
+    int fwd_slots;        /* fp8 tensors of the forward (inputs and weights of the fp8 products) */
+};
+
+/* configs/fashion_mlp.yaml at 784-64-96-10 (fc1 K 784 N 64, fc2 K 64 N 96, head K 96 N 10), no layer kept in bf16
+ * by name, `steps` steps under the overrides `mode` (space-separated KEY=VALUE). */
+static void sized_run(const char *mode, int steps, struct sized_run *out)
+{
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    struct config cfg;
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    char words[512];
+    snprintf(words, sizeof words, "run.device=cpu model.layers.1.out=64 model.layers.3.out=96 data.batch_size=16 "
+                                  "run.log_every=1 precision.fp8.keep_bf16=[] %s", mode);
+    for (char *w = strtok(words, " "); w; w = strtok(NULL, " "))
+        cr_assert_eq(config_apply_override(&cfg, w, &err), AMP_OK, "%s: %s", w, err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
+    cr_assert_str_eq(t.model.layers[1].cfg.name, "fc1");
+    cr_assert_str_eq(t.model.layers[3].cfg.name, "fc2");
+    out->fwd_slots = t.model.fp8.fwd.n;
+    for (int i = 0; i < steps; i++) {
+        cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+        for (int k = 0; i == 0 && k < 2; k++) {
+            const struct tensor *y = &t.model.layers[1 + 2 * k].y;
+            cr_assert_eq(y->dtype, DT_BF16);
+            out->ybytes[k] = tensor_bytes(y);
+            out->y[k] = malloc(out->ybytes[k]);
+            cr_assert_not_null(out->y[k]);
+            memcpy(out->y[k], y->data, out->ybytes[k]);
+        }
+    }
+    out->nweights = 0;
+    for (int i = 0; i < t.model.nparams; i++)
+        out->nweights += t.model.params[i]->master.numel;
+    out->weights = malloc(out->nweights * sizeof(float));
+    cr_assert_not_null(out->weights);
+    size_t off = 0;
+    for (int i = 0; i < t.model.nparams; i++) {
+        memcpy(out->weights + off, t.model.params[i]->master.data, t.model.params[i]->master.numel * sizeof(float));
+        off += t.model.params[i]->master.numel;
+    }
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+static void sized_free(struct sized_run *r)
+{
+    free(r->y[0]);
+    free(r->y[1]);
+    free(r->weights);
+}
+
+/* precision.fp8.min_size [1000, 80] puts fc2 (N 96) alone in fp8: fc1 (K 784, N 64), which runs before it, gives
+ * the bf16 run's bits, and fc2 does not. Under the default rule (K > 4096 or N > 1024) none of these products is
+ * large enough: the fp8 run is the bf16 run, bit for bit, over 3 steps. */
+Test(fp8, products_below_min_size_stay_bf16)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    struct sized_run bf16 = {0}, mixed = {0}, rule = {0};
+    sized_run("precision.mode=bf16", 3, &bf16);
+    sized_run("precision.mode=fp8 precision.fp8.min_size=[1000,80]", 1, &mixed);
+    sized_run("precision.mode=fp8", 3, &rule);
+    cr_assert_eq(mixed.fwd_slots, 2, "fc2's input and weight alone are fp8 tensors");
+    cr_assert_eq(mixed.ybytes[0], bf16.ybytes[0]);
+    cr_assert_eq(memcmp(mixed.y[0], bf16.y[0], bf16.ybytes[0]), 0, "fc1 is below min_size: its output is bf16's");
+    cr_assert_neq(memcmp(mixed.y[1], bf16.y[1], bf16.ybytes[1]), 0, "fc2 ran in fp8: its output is not bf16's");
+    cr_assert_eq(rule.fwd_slots, 0, "no product is large enough under the default rule");
+    cr_assert_eq(rule.nweights, bf16.nweights);
+    cr_assert_eq(memcmp(rule.weights, bf16.weights, bf16.nweights * sizeof(float)), 0, "weights after 3 steps");
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(memcmp(rule.y[k], bf16.y[k], bf16.ybytes[k]), 0);
+    sized_free(&bf16);
+    sized_free(&mixed);
+    sized_free(&rule);
+}
+
+/* What `check` says of the same model: the products in fp8 and those kept in bf16, with their sizes. */
+Test(fp8, check_lists_the_products_in_fp8_and_those_too_small)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    struct result r = amp("check configs/fashion_mlp.yaml precision.mode=fp8 model.layers.1.out=64 "
+                          "model.layers.3.out=96 'precision.fp8.keep_bf16=[]' 'precision.fp8.min_size=[1000,80]'");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "  products in fp8 (weight N x K with K > 1000 or N > 80, precision.fp8.min_size "
+                            "[1000, 80]): fc2 (K 64, N 96)\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  products kept in bf16 (smaller): fc1 (K 784, N 64) head (K 96, N 10)\n"), "%s", r.out);
+    cr_assert(!strstr(r.out, "no product runs in fp8"), "%s", r.out);
+    /* the default rule: none of them, and a warning that the run is bf16 */
+    r = amp("check configs/fashion_mlp.yaml precision.mode=fp8 'precision.fp8.keep_bf16=[]'");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "K > 4096 or N > 1024, precision.fp8.min_size [4096, 1024]): none\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "no product runs in fp8 (see precision.fp8.keep_bf16 and precision.fp8.min_size); the "
+                            "run is bf16"), "%s", r.out);
+}
+
+/* Checkpoint `path`'s /config without its precision.fp8.min_size line, as a checkpoint written before the key;
+ * re-sealed. */
+static void drop_min_size(const char *path)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0, "cannot open %s", path);
+    hid_t d = H5Dopen2(f, "config", H5P_DEFAULT);
+    hid_t t = H5Dget_type(d);
+    size_t n = H5Tget_size(t);
+    char *text = calloc(n + 1, 1);
+    cr_assert_not_null(text);
+    cr_assert(H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, text) >= 0);
+    H5Tclose(t);
+    H5Dclose(d);
+    char *key = strstr(text, "min_size:");
+    cr_assert_not_null(key, "%s", text);
+    char *start = key, *end = strchr(key, '\n');
+    while (start > text && start[-1] != '\n')
+        start--;
+    cr_assert_not_null(end);
+    memmove(start, end + 1, strlen(end + 1) + 1);
+    cr_assert(H5Ldelete(f, "config", H5P_DEFAULT) >= 0);
+    t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, strlen(text));
+    H5Tset_strpad(t, H5T_STR_NULLPAD);
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    d = H5Dcreate2(f, "config", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert(d >= 0 && H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, text) >= 0);
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Tclose(t);
+    H5Fclose(f);
+    free(text);
+    reseal(path);
+}
+
+/* A checkpoint written before precision.fp8.min_size ran every product of its fp8 layers in fp8: it resumes so (its
+ * config read with min_size [0, 0]), bit for bit the run that never stopped, not under the default rule, which would
+ * have put its small products in bf16 and dropped their scales without a word. */
+Test(fp8, a_checkpoint_from_before_min_size_resumes_with_every_product_in_fp8)
+{
+    make_scratch();
+    const char *run = "run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 'precision.fp8.keep_bf16=[]' "
+                      "'precision.fp8.min_size=[0,0]' precision.fp8.amax_history_len=4";
+    struct result r = amp("%s run.steps=4 run.out_dir=%s/a", run, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("%s run.steps=2 run.out_dir=%s/b", run, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char ckpt[512], a[512], b[512];
+    snprintf(ckpt, sizeof ckpt, "%s/b/ckpt-2.h5", scratch);
+    drop_min_size(ckpt);
+    r = amp("inspect %s", ckpt);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("resume %s run.steps=4", ckpt);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(a, sizeof a, "%s/a/ckpt-4.h5", scratch);
+    snprintf(b, sizeof b, "%s/b/ckpt-4.h5", scratch);
+    cr_assert_geq(assert_same_tensors(a, b), 6);
+    snprintf(a, sizeof a, "%s/a/scale_log.csv", scratch);
+    snprintf(b, sizeof b, "%s/b/scale_log.csv", scratch);
+    assert_same_logs(a, b);
+    snprintf(b, sizeof b, "%s/b/ckpt-4.h5", scratch);
+    size_t n;
+    float *s = read_dataset(b, "/fp8/fwd/scale", &n);
+    cr_assert_eq(n, 6, "the three products' inputs and weights");
+    free(s);
     remove_scratch();
 }

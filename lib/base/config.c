@@ -135,6 +135,7 @@ enum {
     X_WEIGHT_DECAY = 1u << 2,
     X_STEPS_OVERRIDDEN = 1u << 3, /* run.steps / run.epochs were set by an override (see config_apply_override) */
     X_EPOCHS_OVERRIDDEN = 1u << 4,
+    X_FP8_MIN_SIZE = 1u << 5,     /* precision.fp8.min_size written (config_fp8_min_size_written) */
 };
 enum { XL_NAME = 1u << 0, XL_STRIDE = 1u << 1, XL_MAX_LEN = 1u << 2 };
 
@@ -195,6 +196,7 @@ static const char *check_threads(const char *s);
 static const char *check_layer_name(const char *s);
 static const char *check_tie(const char *s);
 static const char *check_norm_type(double v);
+static const char *check_size(double v);
 
 #define S struct early_stop_config
 static const struct field early_stop_fields[] = {
@@ -367,6 +369,8 @@ static const struct field fp8_fields[] = {
     INT_(S, margin, 0, IN_CC(0, 64)),
     ENUM_(S, loss_scale, fp8_loss_scale_names, FP8_LS_NONE),
     LIST_(S, keep_bf16, nkeep_bf16, NULL),
+    PAIR_(S, min_size, 4096, 1024, GE(0), .check_num = check_size, .what = "[K, N], whole numbers >= 0",
+          .explicit_bit = X_FP8_MIN_SIZE),
 };
 #undef S
 static const struct section fp8_section = {"precision.fp8", fp8_fields, ARRAY_LEN(fp8_fields)};
@@ -457,6 +461,11 @@ static const char *check_threads(const char *s)
     return "must be auto or a number of threads from 1 to 1024";
 }
 
+bool config_fp8_min_size_written(const struct config *cfg)
+{
+    return (cfg->explicit_keys & X_FP8_MIN_SIZE) != 0;
+}
+
 int config_threads(const struct run_config *run)
 {
     return strcmp(run->threads, "auto") == 0 ? 0 : atoi(run->threads);
@@ -475,6 +484,12 @@ static const char *check_layer_name(const char *s)
 static const char *check_norm_type(double v)
 {
     return v == 2.0 || v == INFINITY ? NULL : "must be 2 or inf";
+}
+
+/* a size (precision.fp8.min_size): a whole number from 0 to 2^53, read exactly from a double */
+static const char *check_size(double v)
+{
+    return v >= 0 && v <= 9007199254740992.0 && v == floor(v) ? NULL : "must be a whole number >= 0";
 }
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
@@ -2647,7 +2662,8 @@ int config_print_warnings(const struct config *cfg, FILE *out)
     const struct fp8_config *f8 = &cfg->precision.fp8, *df8 = &d.precision.fp8;
     bool fp8_keys = f8->recipe != df8->recipe || f8->amax_history_len != df8->amax_history_len ||
                     f8->amax_compute != df8->amax_compute || f8->margin != df8->margin ||
-                    f8->loss_scale != df8->loss_scale || f8->nkeep_bf16 != df8->nkeep_bf16;
+                    f8->loss_scale != df8->loss_scale || f8->nkeep_bf16 != df8->nkeep_bf16 ||
+                    f8->min_size[0] != df8->min_size[0] || f8->min_size[1] != df8->min_size[1];
     for (int i = 0; !fp8_keys && i < f8->nkeep_bf16; i++)
         fp8_keys = strcmp(f8->keep_bf16[i], df8->keep_bf16[i]) != 0;
     if (fp8_keys && cfg->precision.mode != PREC_FP8) {

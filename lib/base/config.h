@@ -225,6 +225,9 @@ struct fp8_config {
     char keep_bf16[CFG_MAX_KEEP][64];  /* layers whose products stay bf16: names, or `first` / `last` (the first
                                         * and last layers that hold parameters); default [first, last] */
     int nkeep_bf16;
+    double min_size[2];                /* [K, N]: a product of weight (N out, K in) runs in fp8 when K > min_size[0]
+                                        * or N > min_size[1], else it stays bf16; whole numbers >= 0, default
+                                        * torchao's tensorwise rule [4096, 1024]; [0, 0]: every product */
 };
 
 struct precision_config {
@@ -306,6 +309,11 @@ enum amp_status config_resolve_paths(struct config *cfg, struct amp_error *err);
 /* Settings that are valid but do nothing in this config (loss-scale keys in bf16, the dynamic keys in
  * fp16-static, ...): one "ampTrain: warning: ..." line each to `out`. Returns how many. */
 int config_print_warnings(const struct config *cfg, FILE *out);
+
+/* Whether precision.fp8.min_size was written (in the file or an override), not left at its default: a checkpoint's
+ * config without it was written before the key, when every product of an fp8 layer ran in fp8 (lib/engine/checkpoint.c
+ * then reads it as [0, 0]). */
+bool config_fp8_min_size_written(const struct config *cfg);
 
 /* run.threads as a number: 0 for auto (the caller resolves it: threadpool_available_cpus), else 1 .. 1024. */
 int config_threads(const struct run_config *run);

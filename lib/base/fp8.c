@@ -25,6 +25,21 @@ enum amp_status fp8_add_slot(struct fp8_state *st, bool backward, const char *na
     return AMP_OK;
 }
 
+enum amp_status fp8_add_product(struct fp8_state *st, const char *name, int64_t k, int64_t n, bool fp8,
+                                struct amp_error *err)
+{
+    struct fp8_product *p = realloc(st->products, (size_t)(st->nproducts + 1) * sizeof *p);
+    if (!p)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory registering fp8 product %s", name);
+    st->products = p;
+    p += st->nproducts++;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->k = k;
+    p->n = n;
+    p->fp8 = fp8;
+    return AMP_OK;
+}
+
 float fp8_group_max(const struct fp8_group *g)
 {
     return fp8_max(g->dt == DT_FP8_E5M2 ? FP8_E5M2 : FP8_E4M3);
@@ -86,6 +101,9 @@ void fp8_free(struct fp8_state *st)
 {
     group_free(&st->fwd, st->be);
     group_free(&st->bwd, st->be);
+    free(st->products);
+    st->products = NULL;
+    st->nproducts = 0;
 }
 
 static int row_of(const struct fp8_state *st, int64_t step)
@@ -93,9 +111,13 @@ static int row_of(const struct fp8_state *st, int64_t step)
     return (int)(step % st->len);
 }
 
-struct fp8_pass fp8_pass_of(const struct fp8_state *st, int64_t step, bool training)
+struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training)
 {
     struct fp8_pass p = { 0 };
+    if (training) {
+        st->weights++;
+        p.weights = st->recast_weights ? 0 : st->weights;
+    }
     if (training && st->recipe == FP8_DELAYED && st->len > 0) {
         size_t row = (size_t)row_of(st, step);
         if (st->fwd.history)

@@ -90,13 +90,28 @@ struct fp8_group {
     char (*names)[96]; /* host: "fc2/input", "fc2/weight", "fc2/grad_output" (checkpoint and `check`) */
 };
 
+/* A linear product of a layer that may run in fp8 (not kept in bf16 by name): its weight's shape and whether it is
+ * large enough (fp8_state_large). Recorded for `ampTrain check`. */
+struct fp8_product {
+    char name[96]; /* "fc2", "block0/attn/qkv" */
+    int64_t k, n;  /* the weight is (n out, k in) */
+    bool fp8;
+};
+
 struct fp8_state {
     enum fp8_recipe recipe;
     int len;           /* amax_history_len (delayed) */
     bool most_recent;  /* amax_compute: most_recent (else max) */
     int margin;
+    int64_t min_k, min_n; /* precision.fp8.min_size: a product runs in fp8 when k > min_k or n > min_n */
+    struct fp8_product *products; /* host: every product that may run in fp8, in build order */
+    int nproducts;
     struct fp8_group fwd, bwd;
     struct backend *be;
+    /* The version of the weights that training passes read: fp8_pass_of raises it at every optimizer step, and a
+     * linear op casts its weight to E4M3 only when the codes it keeps were cast for another version (below). */
+    uint64_t weights;
+    bool recast_weights; /* tests only (tests/test_fp8.c): every pass casts its weights, the reference */
 };
 
 /* A layer's handle on one of its fp8 tensors. */
@@ -106,21 +121,41 @@ struct fp8_slot {
 };
 
 /* What a pass records: with recipe delayed in training, the rows of this step's amaxes (NULL otherwise: eval
- * and `current` record nothing). */
+ * and `current` record nothing).
+ *
+ * Weights are cast once per optimizer step (Transformer Engine's is_first_microbatch): the first micro-batch of a
+ * step casts each fp8 layer's weight and the layer keeps the codes, with their scale, for the step's other
+ * micro-batches (and a recomputed forward). They are valid for exactly that: the weights change only at the
+ * optimizer update, and a weight's scale only at a cast of that weight (recipe current: from the weight, which has
+ * not changed) or at fp8_step_end (delayed), both after the step's first micro-batch or after the step. So the
+ * codes kept are the codes a cast would make again, and the run's bits are those of a cast per micro-batch; the
+ * weight's amax, recorded by the first cast, is the one every later cast would record. */
 struct fp8_pass {
     float *amax_fwd, *amax_bwd;
     int64_t *counts_fwd, *counts_bwd; /* ampTrain numerics: 4 counters per tensor (backend.h fp8_cast_args), or NULL */
+    uint64_t weights; /* the weights' version (fp8_state.weights) this step reads; 0 outside training (every pass
+                       * casts its weights) */
 };
 
 /* Building: register a slot (host only; nothing allocated yet). AMP_ERR_INTERNAL on out of memory. */
 enum amp_status fp8_add_slot(struct fp8_state *st, bool backward, const char *name, struct fp8_slot *out,
                              struct amp_error *err);
+/* Whether a product of weight (n out, k in) is large enough to run in fp8 (precision.fp8.min_size; torchao's
+ * tensorwise rule by default: smaller products lose more to the casts than the fp8 product gains). */
+static inline bool fp8_state_large(const struct fp8_state *st, int64_t k, int64_t n)
+{
+    return k > st->min_k || n > st->min_n;
+}
+/* Record a product that may run in fp8 and whether it does (host only). AMP_ERR_INTERNAL on out of memory. */
+enum amp_status fp8_add_product(struct fp8_state *st, const char *name, int64_t k, int64_t n, bool fp8,
+                                struct amp_error *err);
 /* Allocate the backend arrays once every slot is registered: scales 1, histories 0. */
 enum amp_status fp8_alloc(struct fp8_state *st, struct backend *be, struct amp_error *err);
 void fp8_free(struct fp8_state *st);
 
-/* The pass of optimizer step `step` (training) or of an evaluation (training false). */
-struct fp8_pass fp8_pass_of(const struct fp8_state *st, int64_t step, bool training);
+/* The pass of optimizer step `step` (training: once per step, before its first micro-batch; it raises
+ * st->weights, so the step casts the weights anew) or of an evaluation (training false). */
+struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training);
 /* After optimizer step `step`: delayed recipe's scale update (a no-op for `current`). */
 void fp8_step_end(const struct fp8_state *st, int64_t step);
 

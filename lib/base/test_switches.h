@@ -25,6 +25,10 @@ void test_switch_raise(const char *where);
  * to the first weight, so that the replica check has something to find (tests/test_dist.c, mpirun -x). */
 bool test_switch_perturb(int rank, int64_t step);
 
+/* fp8_state.recast_weights (lib/base/fp8.h): when set, every training pass casts each fp8 layer's weight again instead of
+ * reusing the codes of the step's first micro-batch; tests/test_fp8.c's weights_are_cast_once_per_optimizer_step
+ * runs it as the reference the kept codes must match bit for bit. */
+
 /* The trainer's test hook (struct trainer's test_hook, lib/engine/train.h): when set, called after the last
  * micro-batch's backward and the reduce, before the non-finite check; tests/test_precision.c injects Inf and NaN
  * gradients there. */

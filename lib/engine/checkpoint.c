@@ -1732,6 +1732,8 @@ static enum amp_status job_run(const struct ckpt_job *j, bool dry, struct amp_er
                           "%s: its embedded config does not parse: %s", j->path, perr.msg);
         else if (dry)
             config_free(j->cfg);
+        else if (!config_fp8_min_size_written(j->cfg)) /* written before the key: every product ran in fp8 */
+            j->cfg->precision.fp8.min_size[0] = j->cfg->precision.fp8.min_size[1] = 0;
     }
     free(text);
     return st;

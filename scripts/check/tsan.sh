@@ -75,10 +75,12 @@ done < tests/thread_models.txt
   { echo "tsan.sh: tests/thread_models.txt lacks mlp, cnn or gpt" >&2; exit 1; }
 
 for mode in fp32 fp16-dynamic bf16 fp8; do
+  all=() # fp8: every product in fp8, however small (precision.fp8.min_size)
+  [ "$mode" = fp8 ] && all=('precision.fp8.min_size=[0,0]')
   for t in 2 7; do
-    run "mlp-$mode-t$t" run "${mlp[@]}" precision.mode=$mode run.threads=$t run.out_dir="$out/mlp-$mode-t$t"
-    run "cnn-$mode-t$t" run "${cnn[@]}" precision.mode=$mode run.threads=$t run.out_dir="$out/cnn-$mode-t$t"
-    run "gpt-$mode-t$t" run "${gpt[@]}" precision.mode=$mode run.threads=$t run.out_dir="$out/gpt-$mode-t$t"
+    run "mlp-$mode-t$t" run "${mlp[@]}" precision.mode=$mode "${all[@]}" run.threads=$t run.out_dir="$out/mlp-$mode-t$t"
+    run "cnn-$mode-t$t" run "${cnn[@]}" precision.mode=$mode "${all[@]}" run.threads=$t run.out_dir="$out/cnn-$mode-t$t"
+    run "gpt-$mode-t$t" run "${gpt[@]}" precision.mode=$mode "${all[@]}" run.threads=$t run.out_dir="$out/gpt-$mode-t$t"
   done
 done
 # The update's other paths: bf16 master weights and moments with stochastic rounding, accumulation with clipping,

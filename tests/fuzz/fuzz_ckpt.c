@@ -110,7 +110,7 @@ static const char SEED_YAML[] = "run:\n"
                                 "precision:\n"
 #ifdef FUZZ_FP8 /* fuzz_ckpt_fp8: the head's product in fp8, delayed scaling, a 3-step amax history (/fp8) */
                                 "  mode: fp8\n"
-                                "  fp8: {amax_history_len: 3, keep_bf16: []}\n";
+                                "  fp8: {amax_history_len: 3, keep_bf16: [], min_size: [0, 0]}\n";
 #else
                                 "  mode: fp16-dynamic\n"
                                 "  loss_scale: {growth_interval: 1, hysteresis: 2}\n";
