@@ -137,6 +137,11 @@ Test(dist, zero1_equals_zero0_bf16_state_stochastic_rounding)
                "precision.mode=bf16 precision.master_weights=bf16 optim.state_dtype=bf16 optim.stochastic_rounding=true "
                HARD, 20);
 }
+Test(dist, zero1_equals_zero0_fp8_delayed)
+{
+    check_zero(2, MLP, "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' "
+               "'precision.fp8.min_size=[0,0]' " HARD, 20);
+}
 Test(dist, zero1_equals_zero0_sgd_nesterov)
 {
     check_zero(2, MLP, "precision.mode=bf16 optim.kind=sgd optim.momentum=0.9 optim.nesterov=true " HARD, 20);
@@ -260,11 +265,12 @@ Test(dist, buckets_give_the_same_bits_at_two_ranks_fp16_dynamic)
 Test(dist, buckets_give_the_same_bits_at_two_ranks_fp8_delayed)
 {
     check_buckets_same_bits(MLP,
-                            "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' " HARD);
+                            "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' "
+                            "'precision.fp8.min_size=[0,0]' " HARD);
 }
 Test(dist, text_gpt_buckets_give_the_same_bits_at_two_ranks_fp8_current)
 {
-    check_buckets_same_bits(GPT, "precision.mode=fp8 precision.fp8.recipe=current");
+    check_buckets_same_bits(GPT, "precision.mode=fp8 precision.fp8.recipe=current 'precision.fp8.min_size=[0,0]'");
 }
 
 /* A tied lm_head writes its part of the token table's gradient before the embedding adds its own: the table's
