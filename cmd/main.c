@@ -25,6 +25,7 @@
 #include "precision.h" /* precision_lowp_dtype: the storage lines of `check` */
 #include "safetensors.h" /* safetensors_write */
 #include "sample.h"   /* sample_generate: ampTrain sample */
+#include "setup.h"    /* setup_open: backend, threads, data, policy and model of eval, sample, export */
 #include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: tokenize and sample */
 #include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
 
@@ -659,41 +660,6 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
     return st;
 }
 
-/* The model a checkpoint's config describes, built on `be` for max_batch samples under precision mode `mode` and
- * loaded from the checkpoint (ckpt_load_model: a missing tensor or another shape is AMP_ERR_CKPT naming it). A text
- * or token model's input comes from the config; an idx or hdf5 model's sample shape and classes from the
- * checkpoint's /data (`info`, written since 2026-12-05), else from its data set, loaded for it. export and sample
- * open their models here. */
-static enum amp_status ckpt_model_open(const char *ckpt, const struct config *cfg, const struct ckpt_info *info,
-                                       struct backend *be, enum precision_mode mode, int64_t max_batch,
-                                       struct model *m, struct amp_error *err)
-{
-    struct dataset ds;
-    struct data_spec spec;
-    struct autocast_policy policy;
-    memset(&ds, 0, sizeof ds);
-    memset(m, 0, sizeof *m);
-    enum amp_status st = AMP_OK;
-    if (!data_spec_from_config(&cfg->data, &spec) && info->sample_ndim > 0) {
-        memset(&spec, 0, sizeof spec);
-        spec.sample_ndim = info->sample_ndim;
-        memcpy(spec.sample_shape, info->sample_shape, sizeof spec.sample_shape);
-        spec.num_classes = info->num_classes;
-        spec.is_tokens = info->is_tokens;
-    } else if (!data_spec_from_config(&cfg->data, &spec)) {
-        st = data_load(&ds, &cfg->data, 1, err);
-        spec = ds.spec;
-    }
-    if (st == AMP_OK)
-        st = autocast_from_config(&policy, mode, &cfg->precision.autocast, err);
-    if (st == AMP_OK && (st = model_build(m, cfg, &spec, be, &policy, max_batch, err)) != AMP_OK)
-        memset(m, 0, sizeof *m); /* model_build freed what it built: model_free has nothing to do */
-    if (st == AMP_OK)
-        st = ckpt_load_model(ckpt, m, err);
-    data_free(&ds);
-    return st;
-}
-
 struct eval_args {
     const char *ckpt;
     int autocast;      /* -1: the run's own precision, 0 off, 1 on */
@@ -1027,12 +993,11 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
         return st;
     }
     struct ckpt_info info;
-    struct backend *be = NULL;
     struct model m;
     memset(&m, 0, sizeof m);
+    struct setup s = {.model = &m};
     enum precision_mode mode = PREC_FP32;
     struct eval_args as_eval = {.ckpt = a.ckpt, .autocast = -1};
-    char chosen[160];
     int64_t context = 0, n_prompt = 0;
     int32_t *prompt = NULL;
     struct sample_result r = {0};
@@ -1042,12 +1007,11 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
     st = ckpt_verify(a.ckpt, &info, err);
     if (st == AMP_OK) /* the model runs as eval runs it: the run's own precision */
         st = eval_mode(&as_eval, cfg.precision.mode, &mode, err);
-    if (st == AMP_OK)
-        st = backend_open(&be, a.device ? a.device : cfg.run.device, chosen, sizeof chosen, err);
-    if (st == AMP_OK)
-        st = backend_set_threads(be, config_threads(&cfg.run), err);
-    if (st == AMP_OK)
-        st = ckpt_model_open(a.ckpt, &cfg, &info, be, mode, 1, &m, err);
+    if (st == AMP_OK) /* one sequence at a time, on --device or the run's; only the model's input shape is read */
+        st = setup_open(&s, &cfg,
+                        &(struct setup_opts){.device = a.device, .data = SETUP_DATA_SPEC, .ckpt = a.ckpt,
+                                             .info = &info, .mode = mode, .max_batch = 1},
+                        err);
     if (st == AMP_OK)
         st = model_decode_begin(&m, &context, err);
     if (st == AMP_OK) {
@@ -1077,9 +1041,7 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
     free(out_text);
     sample_codec_free(&codec);
     free(prompt);
-    model_free(&m);
-    if (be)
-        backend_close(be);
+    setup_close(&s);
     config_free(&cfg);
     free(file_text);
     return st;
@@ -1350,17 +1312,16 @@ static enum amp_status export_check_no_extra(const char *ckpt, const struct mode
 static enum amp_status export_check_model(const char *ckpt, const struct config *cfg, const struct ckpt_weights *w,
                                           struct amp_error *err)
 {
-    struct backend *be = backend_cpu_create();
     struct model m;
-    memset(&m, 0, sizeof m);
-    enum amp_status st = be ? AMP_OK : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
-    if (st == AMP_OK) /* shapes do not depend on the precision */
-        st = ckpt_model_open(ckpt, cfg, &w->info, be, PREC_FP32, 1, &m, err);
+    struct setup s = {.model = &m}; /* shapes do not depend on the precision; nothing is computed: one thread */
+    enum amp_status st = setup_open(&s, cfg,
+                                    &(struct setup_opts){.device = "cpu", .keep_threads = true, .data = SETUP_DATA_SPEC,
+                                                         .ckpt = ckpt, .info = &w->info, .mode = PREC_FP32,
+                                                         .max_batch = 1},
+                                    err);
     if (st == AMP_OK)
         st = export_check_no_extra(ckpt, &m, w, err);
-    model_free(&m);
-    if (be)
-        backend_close(be);
+    setup_close(&s);
     return st;
 }
 
