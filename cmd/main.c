@@ -780,36 +780,22 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         return st;
     }
     struct ckpt_info info;
-    struct backend *be = NULL;
     struct dataset ds;
     struct model m;
     memset(&ds, 0, sizeof ds);
     memset(&m, 0, sizeof m);
-    struct autocast_policy policy;
+    struct setup s = {.ds = &ds, .model = &m};
     enum precision_mode mode = PREC_FP32;
-    char chosen[160];
     st = ckpt_verify(a.ckpt, &info, err);
     if (st == AMP_OK)
         st = eval_mode(&a, cfg.precision.mode, &mode, err);
-    if (st == AMP_OK)
-        st = backend_open_rank(&be, cfg.run.device, ranks->local_rank, ranks->local_world, chosen, sizeof chosen, err);
-    if (st == AMP_OK)
-        st = backend_set_threads(be, dist_threads(ranks, &cfg.run), err);
-    /* only the split evaluated: its files may be all that was copied with the checkpoint */
-    struct data_spec known = {.sample_ndim = info.sample_ndim, .num_classes = info.num_classes};
-    bool checked = false;
-    if (st == AMP_OK)
-        st = data_load_split(&ds, &cfg.data, a.split, info.sample_ndim > 0 ? &known : NULL, err);
-    if (st == AMP_OK) /* the data the run was trained on, wherever it is now */
-        st = ckpt_check_data(a.ckpt, &info, &ds, &checked, err);
-    if (st == AMP_OK && !checked && new_data && ranks->rank == 0)
+    if (st == AMP_OK) /* only the split evaluated: its files may be all that was copied with the checkpoint */
+        st = setup_open(&s, &cfg,
+                        &(struct setup_opts){.comm = ranks, .data = SETUP_DATA_SPLIT, .split = a.split, .ckpt = a.ckpt,
+                                             .info = &info, .mode = mode, .max_batch = cfg.data.batch_size},
+                        err);
+    if (s.data_unchecked && new_data && ranks->rank == 0)
         warn_unchecked_data(a.ckpt);
-    if (st == AMP_OK)
-        st = autocast_from_config(&policy, mode, &cfg.precision.autocast, err);
-    if (st == AMP_OK)
-        st = model_build(&m, &cfg, &ds.spec, be, &policy, cfg.data.batch_size, err);
-    if (st == AMP_OK)
-        st = ckpt_load_model(a.ckpt, &m, err);
     struct eval_result r;
     st = comm_agree(ranks, st, err);
     if (st == AMP_OK) /* one dataset, as the checkpoint and the options */
@@ -831,8 +817,8 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         struct eval_record rec = {
             .step = info.step,
             .split = a.split == SPLIT_TRAIN ? "train" : "test",
-            .autocast = policy.enabled,
-            .dtype = dtype_name(policy.enabled ? policy.lowp : DT_FP32),
+            .autocast = m.policy.enabled,
+            .dtype = dtype_name(m.policy.enabled ? m.policy.lowp : DT_FP32),
             .loss = r.loss,
             .accuracy = r.accuracy,
             .perplexity = ds.spec.is_tokens ? exp(r.loss) : NAN,
@@ -841,10 +827,7 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         st = runlog_eval(dir, stdout, &rec, err);
     }
     st = comm_agree(ranks, st, err);
-    model_free(&m);
-    data_free(&ds);
-    if (be)
-        backend_close(be);
+    setup_close(&s);
     config_free(&cfg);
     return st;
 }
