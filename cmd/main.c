@@ -1,32 +1,35 @@
 /*
- * main.c — the ampTrain command line: argument parsing and the subcommands, nothing else.
+ * main.c — the ampTrain command line: argument parsing and the subcommands, nothing else. The work is lib/'s: what
+ * a command opens before it computes (backend, threads, data, policy, model) is lib/engine/setup.h's setup_open, the
+ * training lib/engine/train.h, an export lib/engine/export.h.
  *
  * Every subcommand returns an `enum amp_status`; main turns it into the process exit code of
  * README.md's "Commands" and prints the error with its hint.
  */
-#define _POSIX_C_SOURCE 200809L /* lstat, O_NOFOLLOW: export's look at OUT */
+#define _POSIX_C_SOURCE 200809L /* O_CLOEXEC, fstat: sample's look at --prompt-file */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "autocast.h" /* autocast_from_config, autocast_print */
-#include "backend.h"    /* backend_open, backend_close */
-#include "checkpoint.h" /* ckpt_resolve, ckpt_read_config, ckpt_verify, ckpt_load_model, ckpt_inspect */
-#include "data.h"       /* data_load */
+#include "backend.h"    /* backend_describe_build: --version */
+#include "checkpoint.h" /* ckpt_resolve, ckpt_read_config, ckpt_verify, ckpt_inspect */
+#include "data.h"       /* enum split: eval --split */
 #include "runlog.h"     /* runlog_eval, runlog_is_run_file */
 #include "comm.h"     /* comm_open, comm_close: the ranks of a data-parallel job */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
 #include "digest.h"   /* digest_str, digest_u64: the command, run.resume auto's decision */
 #include "dist.h"     /* comm_agree, dist_check_config, dist_check_same */
 #include "error.h"    /* enum amp_status, struct amp_error */
+#include "export.h"   /* export_check_out, export_checkpoint: ampTrain export */
 #include "train.h"    /* train_run */
 #include "model.h"    /* model_layer_in_fp8, model_build: `check` lists the fp8 layers and products */
 #include "numerics.h" /* numerics_run, numerics_probe: run.numerics_every */
 #include "precision.h" /* precision_lowp_dtype: the storage lines of `check` */
-#include "safetensors.h" /* safetensors_write */
 #include "sample.h"   /* sample_generate: ampTrain sample */
+#include "setup.h"    /* setup_open: backend, threads, data, policy and model of eval, sample, export */
 #include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: tokenize and sample */
-#include "weight_names.h" /* export --names: weight_name_outside, weight_names_check */
+#include "weight_names.h" /* weight_names_names: export --names */
 
 #include <dirent.h> /* opendir: run.resume auto reads run.out_dir */
 #include <errno.h>
@@ -716,41 +719,6 @@ static enum amp_status cmd_run(int argc, char **argv, struct amp_error *err)
     return st;
 }
 
-/* The model a checkpoint's config describes, built on `be` for max_batch samples under precision mode `mode` and
- * loaded from the checkpoint (ckpt_load_model: a missing tensor or another shape is AMP_ERR_CKPT naming it). A text
- * or token model's input comes from the config; an idx or hdf5 model's sample shape and classes from the
- * checkpoint's /data (`info`, written since 2026-12-05), else from its data set, loaded for it. export and sample
- * open their models here. */
-static enum amp_status ckpt_model_open(const char *ckpt, const struct config *cfg, const struct ckpt_info *info,
-                                       struct backend *be, enum precision_mode mode, int64_t max_batch,
-                                       struct model *m, struct amp_error *err)
-{
-    struct dataset ds;
-    struct data_spec spec;
-    struct autocast_policy policy;
-    memset(&ds, 0, sizeof ds);
-    memset(m, 0, sizeof *m);
-    enum amp_status st = AMP_OK;
-    if (!data_spec_from_config(&cfg->data, &spec) && info->sample_ndim > 0) {
-        memset(&spec, 0, sizeof spec);
-        spec.sample_ndim = info->sample_ndim;
-        memcpy(spec.sample_shape, info->sample_shape, sizeof spec.sample_shape);
-        spec.num_classes = info->num_classes;
-        spec.is_tokens = info->is_tokens;
-    } else if (!data_spec_from_config(&cfg->data, &spec)) {
-        st = data_load(&ds, &cfg->data, 1, err);
-        spec = ds.spec;
-    }
-    if (st == AMP_OK)
-        st = autocast_from_config(&policy, mode, &cfg->precision.autocast, err);
-    if (st == AMP_OK && (st = model_build(m, cfg, &spec, be, &policy, max_batch, err)) != AMP_OK)
-        memset(m, 0, sizeof *m); /* model_build freed what it built: model_free has nothing to do */
-    if (st == AMP_OK)
-        st = ckpt_load_model(ckpt, m, err);
-    data_free(&ds);
-    return st;
-}
-
 struct eval_args {
     const char *ckpt;
     int autocast;      /* -1: the run's own precision, 0 off, 1 on */
@@ -871,36 +839,22 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         return st;
     }
     struct ckpt_info info;
-    struct backend *be = NULL;
     struct dataset ds;
     struct model m;
     memset(&ds, 0, sizeof ds);
     memset(&m, 0, sizeof m);
-    struct autocast_policy policy;
+    struct setup s = {.ds = &ds, .model = &m};
     enum precision_mode mode = PREC_FP32;
-    char chosen[160];
     st = ckpt_verify(a.ckpt, &info, err);
     if (st == AMP_OK)
         st = eval_mode(&a, cfg.precision.mode, &mode, err);
-    if (st == AMP_OK)
-        st = backend_open_rank(&be, cfg.run.device, ranks->local_rank, ranks->local_world, chosen, sizeof chosen, err);
-    if (st == AMP_OK)
-        st = backend_set_threads(be, dist_threads(ranks, &cfg.run), err);
-    /* only the split evaluated: its files may be all that was copied with the checkpoint */
-    struct data_spec known = {.sample_ndim = info.sample_ndim, .num_classes = info.num_classes};
-    bool checked = false;
-    if (st == AMP_OK)
-        st = data_load_split(&ds, &cfg.data, a.split, info.sample_ndim > 0 ? &known : NULL, err);
-    if (st == AMP_OK) /* the data the run was trained on, wherever it is now */
-        st = ckpt_check_data(a.ckpt, &info, &ds, &checked, err);
-    if (st == AMP_OK && !checked && new_data && ranks->rank == 0)
+    if (st == AMP_OK) /* only the split evaluated: its files may be all that was copied with the checkpoint */
+        st = setup_open(&s, &cfg,
+                        &(struct setup_opts){.comm = ranks, .data = SETUP_DATA_SPLIT, .split = a.split, .ckpt = a.ckpt,
+                                             .info = &info, .mode = mode, .max_batch = cfg.data.batch_size},
+                        err);
+    if (s.data_unchecked && new_data && ranks->rank == 0)
         warn_unchecked_data(a.ckpt);
-    if (st == AMP_OK)
-        st = autocast_from_config(&policy, mode, &cfg.precision.autocast, err);
-    if (st == AMP_OK)
-        st = model_build(&m, &cfg, &ds.spec, be, &policy, cfg.data.batch_size, err);
-    if (st == AMP_OK)
-        st = ckpt_load_model(a.ckpt, &m, err);
     struct eval_result r;
     st = comm_agree(ranks, st, err);
     if (st == AMP_OK) /* one dataset, as the checkpoint and the options */
@@ -922,8 +876,8 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         struct eval_record rec = {
             .step = info.step,
             .split = a.split == SPLIT_TRAIN ? "train" : "test",
-            .autocast = policy.enabled,
-            .dtype = dtype_name(policy.enabled ? policy.lowp : DT_FP32),
+            .autocast = m.policy.enabled,
+            .dtype = dtype_name(m.policy.enabled ? m.policy.lowp : DT_FP32),
             .loss = r.loss,
             .accuracy = r.accuracy,
             .perplexity = ds.spec.is_tokens ? exp(r.loss) : NAN,
@@ -932,10 +886,7 @@ static enum amp_status cmd_eval(int argc, char **argv, struct amp_error *err)
         st = runlog_eval(dir, stdout, &rec, err);
     }
     st = comm_agree(ranks, st, err);
-    model_free(&m);
-    data_free(&ds);
-    if (be)
-        backend_close(be);
+    setup_close(&s);
     config_free(&cfg);
     return st;
 }
@@ -1084,12 +1035,11 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
         return st;
     }
     struct ckpt_info info;
-    struct backend *be = NULL;
     struct model m;
     memset(&m, 0, sizeof m);
+    struct setup s = {.model = &m};
     enum precision_mode mode = PREC_FP32;
     struct eval_args as_eval = {.ckpt = a.ckpt, .autocast = -1};
-    char chosen[160];
     int64_t context = 0, n_prompt = 0;
     int32_t *prompt = NULL;
     struct sample_result r = {0};
@@ -1099,12 +1049,11 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
     st = ckpt_verify(a.ckpt, &info, err);
     if (st == AMP_OK) /* the model runs as eval runs it: the run's own precision */
         st = eval_mode(&as_eval, cfg.precision.mode, &mode, err);
-    if (st == AMP_OK)
-        st = backend_open(&be, a.device ? a.device : cfg.run.device, chosen, sizeof chosen, err);
-    if (st == AMP_OK)
-        st = backend_set_threads(be, config_threads(&cfg.run), err);
-    if (st == AMP_OK)
-        st = ckpt_model_open(a.ckpt, &cfg, &info, be, mode, 1, &m, err);
+    if (st == AMP_OK) /* one sequence at a time, on --device or the run's; only the model's input shape is read */
+        st = setup_open(&s, &cfg,
+                        &(struct setup_opts){.device = a.device, .data = SETUP_DATA_SPEC, .ckpt = a.ckpt,
+                                             .info = &info, .mode = mode, .max_batch = 1},
+                        err);
     if (st == AMP_OK)
         st = model_decode_begin(&m, &context, err);
     if (st == AMP_OK) {
@@ -1134,9 +1083,7 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
     free(out_text);
     sample_codec_free(&codec);
     free(prompt);
-    model_free(&m);
-    if (be)
-        backend_close(be);
+    setup_close(&s);
     config_free(&cfg);
     free(file_text);
     return st;
@@ -1225,15 +1172,9 @@ static enum amp_status cmd_numerics(int argc, char **argv, struct amp_error *err
 }
 
 /* export CHECKPOINT.h5 OUT.safetensors [--dtype fp32|bf16|fp16] [--names ampTrain|pytorch|hf-gpt2] */
-struct export_args {
-    const char *ckpt, *out;
-    enum dtype dtype;
-    enum weight_names names;
-};
-
-static enum amp_status parse_export_args(int argc, char **argv, struct export_args *a, struct amp_error *err)
+static enum amp_status parse_export_args(int argc, char **argv, struct export_opts *a, struct amp_error *err)
 {
-    *a = (struct export_args){.ckpt = argv[1], .dtype = DT_FP32, .names = NAMES_AMPTRAIN};
+    *a = (struct export_opts){.ckpt = argv[1], .dtype = DT_FP32, .names = NAMES_AMPTRAIN};
     if (argc < 3 || argv[2][0] == '-')
         return missing_arg("export", "OUT.safetensors", err);
     a->out = argv[2];
@@ -1262,288 +1203,20 @@ static enum amp_status parse_export_args(int argc, char **argv, struct export_ar
     return AMP_OK;
 }
 
-/* Entry `s` named `name` holding t's values converted to `dt`, transposed where the outside layout is (in, out). */
-static enum amp_status export_one(struct safetensor *s, const char *name, const struct ckpt_tensor *t, enum dtype dt,
-                                  bool transpose, struct amp_error *err)
-{
-    size_t len = strlen(name) + 1;
-    s->name = malloc(len);
-    void *data = malloc(t->numel ? t->numel * dtype_size(dt) : 1);
-    float *tr = transpose ? malloc(t->numel ? t->numel * sizeof *tr : 1) : NULL;
-    s->data = data;
-    if (!s->name || !data || (transpose && !tr)) {
-        free(tr);
-        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory converting %s", t->name);
-    }
-    memcpy(s->name, name, len);
-    s->dtype = dt;
-    s->ndim = t->ndim;
-    memcpy(s->shape, t->shape, sizeof s->shape);
-    const float *from = t->data;
-    if (transpose) { /* (out, in) -> (in, out) */
-        int64_t r = t->shape[0], c = t->shape[1];
-        for (int64_t i = 0; i < r; i++)
-            for (int64_t j = 0; j < c; j++)
-                tr[j * r + i] = t->data[i * c + j];
-        s->shape[0] = c;
-        s->shape[1] = r;
-        from = tr;
-    }
-    dtype_convert(data, dt, from, DT_FP32, t->numel);
-    s->nbytes = t->numel * dtype_size(dt);
-    free(tr);
-    return AMP_OK;
-}
-
-/* One tensor of the file before conversion: its outside name and the checkpoint tensor it holds; `alias` for a
- * tied table written again under its tying layer's state_dict name. */
-struct export_entry {
-    struct outside_name o;
-    const struct ckpt_tensor *t;
-    bool alias;
-};
-
-static int by_outside_name(const void *a, const void *b)
-{
-    return strcmp(((const struct export_entry *)a)->o.name, ((const struct export_entry *)b)->o.name);
-}
-
-/* Every tensor's name for the file (docs/checkpoint.md, "export"), and with --names pytorch each tied table again
- * under its tying layer's state_dict name; in name order. `e` holds w->n + 8 entries. */
-static enum amp_status export_plan(const struct ckpt_weights *w, const struct model_config *mc,
-                                   const struct export_args *a, struct export_entry *e, int *n, struct amp_error *err)
-{
-    *n = 0;
-    for (int i = 0; i < w->n; i++) {
-        if (!weight_name_outside(mc, a->names, w->tensors[i].name, &e[*n].o))
-            return amp_fail(err, AMP_ERR_CKPT, "the checkpoint's tensors do not belong to its config's model",
-                            "export: %s: tensor /model/%s has no %s name", a->ckpt, w->tensors[i].name,
-                            weight_names_names[a->names]);
-        e[*n].t = &w->tensors[i];
-        e[(*n)++].alias = false;
-    }
-    struct weight_alias al[8];
-    int na = a->names == NAMES_PYTORCH ? weight_names_aliases(mc, a->names, al, 8) : 0;
-    for (int k = 0; k < na && k < 8; k++)
-        for (int i = 0; i < w->n; i++)
-            if (!strcmp(w->tensors[i].name, al[k].target)) {
-                e[*n] = (struct export_entry){.t = &w->tensors[i], .alias = true};
-                _Static_assert(sizeof e->o.name == sizeof al[k].alias, "one name length");
-                memcpy(e[(*n)++].o.name, al[k].alias, sizeof al[k].alias);
-                break;
-            }
-    qsort(e, (size_t)*n, sizeof *e, by_outside_name);
-    return AMP_OK;
-}
-
-/* An entry as a message names it: "/model/NAME (layer 'LAYER')", or the tied copy of a table. */
-static void export_entry_describe(const struct export_entry *e, char *buf, size_t len)
-{
-    if (e->alias)
-        snprintf(buf, len, "the tied copy of /model/%s", e->t->name);
-    else
-        snprintf(buf, len, "/model/%s (layer '%.*s')", e->t->name, (int)strcspn(e->t->name, "/"), e->t->name);
-}
-
-/* Two tensors under one name would make a file with a duplicate key, which readers (ours too) refuse: dotted
- * layer names (allowed) can meet nested ones when --names pytorch turns '/' into '.'. */
-static enum amp_status export_check_unique(const struct export_entry *e, int n, const struct export_args *a,
-                                           struct amp_error *err)
-{
-    for (int i = 1; i < n; i++) {
-        if (strcmp(e[i - 1].o.name, e[i].o.name) != 0)
-            continue;
-        char x[400], y[400];
-        export_entry_describe(&e[i - 1], x, sizeof x);
-        export_entry_describe(&e[i], y, sizeof y);
-        return amp_fail(err, AMP_ERR_CONFIG,
-                        "export with --names ampTrain (the checkpoint's own names, always unique); in later configs "
-                        "give layers names without dots",
-                        "export --names %s: %s and %s both become '%s': a safetensors file cannot hold two tensors "
-                        "under one name", weight_names_names[a->names], x, y, e[i].o.name);
-    }
-    return AMP_OK;
-}
-
-/* The planned entries converted to `dt` into out[0..n). */
-static enum amp_status export_tensors(const struct export_entry *e, int n, enum dtype dt, struct safetensor *out,
-                                      size_t *bytes, struct amp_error *err)
-{
-    *bytes = 0;
-    enum amp_status st = AMP_OK;
-    for (int i = 0; i < n && st == AMP_OK; i++) {
-        st = export_one(&out[i], e[i].o.name, e[i].t, dt, e[i].o.transpose, err);
-        *bytes += out[i].nbytes;
-    }
-    return st;
-}
-
-/* A tensor of the checkpoint that the built model does not have (eval would ignore it, but export would write it as
- * if it were the model's): AMP_ERR_CKPT naming it. ckpt_load_model has found every tensor of the model. */
-static enum amp_status export_check_no_extra(const char *ckpt, const struct model *m, const struct ckpt_weights *w,
-                                             struct amp_error *err)
-{
-    for (int i = 0; i < w->n; i++) {
-        bool known = false;
-        for (int k = 0; k < m->nparams && !known; k++)
-            known = !strcmp(w->tensors[i].name, m->params[k]->name);
-        for (int k = 0; k < m->nbuffers && !known; k++)
-            known = !strcmp(w->tensors[i].name, m->buffers[k]->name);
-        if (!known)
-            return amp_fail(err, AMP_ERR_CKPT,
-                            "the checkpoint was edited or damaged after it was written: export an unedited one",
-                            "export: %s: tensor /model/%s is not a tensor of the model its config describes", ckpt,
-                            w->tensors[i].name);
-    }
-    return AMP_OK;
-}
-
-/* The checkpoint's tensors must be exactly the model's its config builds (names and shapes), as eval requires, or
- * a crafted shape would be written as the model's (a 3-D qkv weight exported uninitialised heap under hf-gpt2).
- * The model is built for one sample on the CPU backend and loaded with ckpt_load_model, the one check eval and
- * resume make (a missing tensor or another shape is AMP_ERR_CKPT naming it and both shapes); then no tensor may be
- * left over. A text or token model's input comes from the config; an idx or hdf5 model's sample shape and classes
- * from the checkpoint's /data (written since 2026-12-05), else from its data set, loaded as eval loads it. */
-static enum amp_status export_check_model(const char *ckpt, const struct config *cfg, const struct ckpt_weights *w,
-                                          struct amp_error *err)
-{
-    struct backend *be = backend_cpu_create();
-    struct model m;
-    memset(&m, 0, sizeof m);
-    enum amp_status st = be ? AMP_OK : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
-    if (st == AMP_OK) /* shapes do not depend on the precision */
-        st = ckpt_model_open(ckpt, cfg, &w->info, be, PREC_FP32, 1, &m, err);
-    if (st == AMP_OK)
-        st = export_check_no_extra(ckpt, &m, w, err);
-    model_free(&m);
-    if (be)
-        backend_close(be);
-    return st;
-}
-
-/* What `out` is, as a noun phrase for "OUT '...' is ..." (empty when export may write there: absent, or an earlier
- * export). lstat, so a symbolic link is itself refused (rename would replace the link, not what it names); a FIFO
- * or a device is never opened, and a regular file is opened without blocking or following a link. */
-static void export_out_kind(const char *out, const struct stat *input, char *what, size_t len)
-{
-    struct stat sb;
-    what[0] = '\0';
-    if (lstat(out, &sb) != 0)
-        return; /* absent (or unreachable: the write names the error) */
-    const char *kind = S_ISDIR(sb.st_mode)    ? "a directory"
-                       : S_ISCHR(sb.st_mode)  ? "a character device"
-                       : S_ISBLK(sb.st_mode)  ? "a block device"
-                       : S_ISFIFO(sb.st_mode) ? "a FIFO"
-                       : S_ISSOCK(sb.st_mode) ? "a socket"
-                       : S_ISLNK(sb.st_mode)  ? "a symbolic link"
-                       : NULL;
-    if (kind) {
-        snprintf(what, len, "%s", kind);
-        return;
-    }
-    if (sb.st_dev == input->st_dev && sb.st_ino == input->st_ino) {
-        snprintf(what, len, "the checkpoint being exported");
-        return;
-    }
-    unsigned char head[9] = {0};
-    int fd = open(out, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
-    ssize_t got = fd >= 0 ? pread(fd, head, sizeof head, 0) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (got == (ssize_t)sizeof head && safetensors_sniff(head, (size_t)sb.st_size))
-        return;
-    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
-    if (runlog_is_run_file(base)) {
-        snprintf(what, len, "a run directory's %s", base);
-        return;
-    }
-    if (got >= 8 && !memcmp(head, CKPT_MAGIC, 8))
-        snprintf(what, len, "an ampTrain checkpoint");
-    else
-        snprintf(what, len, "a regular file that is not a safetensors file");
-}
-
-/* OUT must be absent or an earlier export: export replaces nothing else (docs/checkpoint.md, "export"). Checked
- * before any work, so a mistyped argument costs nothing. */
-static enum amp_status export_check_out(const char *out, const char *ckpt, struct amp_error *err)
-{
-    struct stat input = {0};
-    if (stat(ckpt, &input) != 0)
-        input.st_ino = (ino_t)-1;
-    char what[96];
-    export_out_kind(out, &input, what, sizeof what);
-    if (!what[0])
-        return AMP_OK;
-    return amp_fail(err, AMP_ERR_CONFIG,
-                    "give OUT a new file name (e.g. model.safetensors); export replaces only a file that is already a "
-                    "safetensors file, an earlier export",
-                    "export: OUT '%s' is %s; export writes a new file or over an earlier export, nothing else", out,
-                    what);
-}
-
 static enum amp_status cmd_export(int argc, char **argv, struct amp_error *err)
 {
     enum amp_status st = need_ckpt_arg(argc, argv, "export", err);
-    struct export_args a;
+    struct export_opts a;
     if (st == AMP_OK)
         st = parse_export_args(argc, argv, &a, err);
     if (st == AMP_OK)
         st = export_check_out(a.out, a.ckpt, err);
-    if (st != AMP_OK)
-        return st;
-    struct config cfg; /* the model's layers give the names */
-    if ((st = ckpt_read_config(a.ckpt, &cfg, err)) != AMP_OK)
-        return st;
-    if ((st = weight_names_check(&cfg.model, a.names, "export --names hf-gpt2", err)) != AMP_OK) {
-        config_free(&cfg);
-        return st;
-    }
-    struct ckpt_weights w;
-    if ((st = ckpt_read_weights(a.ckpt, &w, err)) != AMP_OK) {
-        config_free(&cfg);
-        return st;
-    }
-    if ((st = export_check_model(a.ckpt, &cfg, &w, err)) != AMP_OK) {
-        ckpt_weights_free(&w);
-        config_free(&cfg);
-        return st;
-    }
-    struct safetensor *tensors = calloc((size_t)w.n + 8, sizeof *tensors);
-    struct export_entry *plan = calloc((size_t)w.n + 8, sizeof *plan);
-    size_t bytes = 0;
-    int n = 0;
-    st = tensors && plan ? export_plan(&w, &cfg.model, &a, plan, &n, err)
-                         : amp_fail(err, AMP_ERR_INTERNAL, NULL, "export: out of memory");
+    struct export_result r;
     if (st == AMP_OK)
-        st = export_check_unique(plan, n, &a, err);
+        st = export_checkpoint(&a, &r, err);
     if (st == AMP_OK)
-        st = export_tensors(plan, n, a.dtype, tensors, &bytes, err);
-    const char *names = weight_names_names[a.names];
-    if (st == AMP_OK) {
-        const char *base = strrchr(a.ckpt, '/') ? strrchr(a.ckpt, '/') + 1 : a.ckpt;
-        char step[32];
-        snprintf(step, sizeof step, "%lld", (long long)w.info.step);
-        const struct safetensors_meta meta[] = {
-            {"format", "pt"},
-            {"producer", "ampTrain " AMP_VERSION},
-            {"checkpoint", base},
-            {"step", step},
-            {"names", names},
-            {"dtype", dtype_name(a.dtype)},
-        };
-        st = safetensors_write(a.out, tensors, n, meta, (int)(sizeof meta / sizeof meta[0]), err);
-    }
-    if (st == AMP_OK)
-        printf("exported %d tensors (%zu bytes of %s, %s names) from %s (step %lld) to %s\n", n, bytes,
-               dtype_name(a.dtype), names, a.ckpt, (long long)w.info.step, a.out);
-    for (int i = 0; tensors && i < n; i++) {
-        free(tensors[i].name);
-        free((void *)tensors[i].data);
-    }
-    free(tensors);
-    free(plan);
-    ckpt_weights_free(&w);
-    config_free(&cfg);
+        printf("exported %d tensors (%zu bytes of %s, %s names) from %s (step %lld) to %s\n", r.ntensors, r.bytes,
+               dtype_name(a.dtype), weight_names_names[a.names], a.ckpt, (long long)r.step, a.out);
     return st;
 }
 

@@ -14,10 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "autocast.h" /* autocast_from_config: the shadow's FP32 policy */
 #include "checkpoint.h" /* ckpt_load_trainer: numerics of a checkpoint */
 #include "init_from.h"  /* init_from_load: numerics of a CONFIG that starts from a file */
 #include "runlog.h"     /* runlog_make_dirs: the report's directory and its parents */
+#include "setup.h"      /* setup_model: the FP32 shadow of the run's model */
 #include "backend.h"
 #include "dtype.h"    /* dtype_convert, double_to_text */
 
@@ -243,14 +243,11 @@ enum amp_status numerics_open(struct numerics *nm, struct trainer *t, const char
         if (t->model.layers[i].is_view && t->model.layers[i].cfg.kind != LAYER_FLATTEN)
             return amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: set run.numerics_every before trainer_setup",
                             "numerics: layer '%s' is fused into the one before it", t->model.layers[i].cfg.name);
-    struct autocast_policy fp32;
-    enum amp_status st = autocast_from_config(&fp32, PREC_FP32, &cfg->precision.autocast, err);
-    if (st == AMP_OK) {
-        struct config shadow_cfg = *cfg; /* read only; fp32 masters, whatever the run keeps */
-        shadow_cfg.precision.master_weights = STORE_FP32;
-        st = model_build(&nm->shadow, &shadow_cfg, &t->ds.spec, t->be, &fp32, cfg->data.batch_size, err);
-        nm->built = true;
-    }
+    struct config shadow_cfg = *cfg; /* read only; fp32 masters, whatever the run keeps */
+    shadow_cfg.precision.master_weights = STORE_FP32;
+    enum amp_status st = setup_model(&nm->shadow, &shadow_cfg, &t->ds.spec, t->be, PREC_FP32, cfg->data.batch_size,
+                                     err);
+    nm->built = true; /* a failed build leaves it zeroed: model_free has nothing to do */
     if (st == AMP_ERR_INTERNAL) { /* out of memory, most likely: say what the shadow costs */
         double bytes = 0; /* FP32: weights and gradients, every layer's output and input gradient */
         for (int i = 0; i < t->model.nparams; i++)

@@ -11,14 +11,14 @@
 #include <sys/resource.h> /* getrusage: the peak RSS of training */
 #include <unistd.h> /* access, _exit */
 
-#include "autocast.h" /* autocast_from_config */
-#include "backend.h"  /* backend_open, struct grad_stats */
+#include "backend.h"  /* struct grad_stats */
 #include "checkpoint.h" /* ckpt_save, ckpt_load_trainer, ckpt_clean_stale */
 #include "init_from.h"  /* init_from_load: model.init_from */
 #include "optim.h"    /* optimizer, schedule */
 #include "precision.h" /* precision_lowp_dtype, precision_is_loss_scaled */
 #include "runlog.h"   /* scale_log.csv, eval.jsonl, progress */
 #include "sample.h"   /* run.sample_every */
+#include "setup.h"    /* setup_open: backend, threads, data, policy, model */
 #include "scaler.h"   /* loss scaler */
 #include "test_switches.h" /* test_switch_raise */
 #include "zero.h"     /* dist.zero 1: the sharded optimizer state */
@@ -337,42 +337,19 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
     t->dist.comm = comm;
     t->rank = comm->rank;
     t->world = comm->world;
-    char chosen[160];
-    enum amp_status st = backend_open_rank(&t->be, cfg->run.device, comm->local_rank, comm->local_world, chosen,
-                                           sizeof chosen, err);
+    /* backend, threads, the communicator on it, every split of the data, the policy and the model for one
+     * micro-batch (lib/engine/setup.h), into the trainer, whose teardown frees them */
+    struct setup s = {.ds = &t->ds, .model = &t->model};
+    enum amp_status st = setup_open(&s, cfg,
+                                    &(struct setup_opts){.comm = comm, .announce = true, .tf32 = true,
+                                                         .dist = &t->dist, .data = SETUP_DATA_TRAIN,
+                                                         .mode = cfg->precision.mode,
+                                                         .max_batch = cfg->data.batch_size},
+                                    err);
+    t->be = s.be;
     if (st != AMP_OK)
         return st;
-    printf("%s\n", chosen);
-    const int threads = dist_threads(comm, &cfg->run);
-    if ((st = backend_set_threads(t->be, threads, err)) != AMP_OK)
-        return st;
-    if (t->rank == 0 && comm->world > 1 && t->be->set_threads) { /* CPU ranks: say how the threads were shared */
-        if (config_threads(&cfg->run) == 0)
-            printf("threads: %d a rank (run.threads auto: the CPUs each of the %d ranks on this host has to itself)\n",
-                   threads, comm->local_world);
-        else if (comm->cpus > 0 && threads > comm->cpus)
-            fprintf(stderr, "ampTrain: warning: %s: run.threads is %d but each of the %d ranks on this host has %d "
-                    "CPU(s) to itself; their threads will share them (results are the same, only slower; auto takes "
-                    "%d)\n", cfg->source, threads, comm->local_world, comm->cpus, comm->cpus);
-    }
-    t->be->allow_tf32 = cfg->precision.tf32;
-    if ((st = dist_init(&t->dist, comm, t->be, &cfg->dist, err)) != AMP_OK)
-        return st;
-
     int64_t micro = cfg->data.batch_size, per_step = config_global_batch(micro, cfg->accum_steps, t->world);
-    /* docs/config.md bounds each count; the products the loop forms (samples per step, steps x samples per
-     * step, (step x accum + micro) x ranks) must also fit in int64: keep them below 2^62. */
-    if (per_step < 0)
-        return amp_fail(err, AMP_ERR_CONFIG, "lower data.batch_size or accum_steps",
-                        "%s: data.batch_size %lld x accum_steps %lld x %d ranks is more than 2^62 samples per step",
-                        cfg->source, (long long)micro, (long long)cfg->accum_steps, t->world);
-    if ((st = data_load(&t->ds, &cfg->data, per_step, err)) != AMP_OK)
-        return st;
-    struct autocast_policy policy;
-    if ((st = autocast_from_config(&policy, cfg->precision.mode, &cfg->precision.autocast, err)) != AMP_OK)
-        return st;
-    if ((st = model_build(&t->model, cfg, &t->ds.spec, t->be, &policy, micro, err)) != AMP_OK)
-        return st;
     if ((st = model_init(&t->model, cfg, cfg->run.seed, err)) != AMP_OK)
         return st;
     model_refresh_copies(&t->model);
