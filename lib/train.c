@@ -525,8 +525,10 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
 
     /* reduce: once per step, after the last micro-batch; then every rank checks identical gradients */
     if (t->dist.active) {
+        double t0 = runlog_now();
         dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
         dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
+        t->reduce_seconds += runlog_now() - t0;
     }
     if (t->test_hook.after_backward)
         t->test_hook.after_backward(t, t->test_hook.user);
@@ -973,6 +975,14 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
+        /* the reduce's own time where the host waits for it: MPI on the CPU backend (on a GPU the reduce is queued,
+         * or staged through a download that waits for the backward too) */
+        if (t.world > 1 && t.be->host_memory && !comm->device_memory && lm.steps_done > 0)
+            printf("reduce: %.3f ms a step, %.1f%% of the training steps' time (the gradients' all-reduce, %lld fp32 "
+                   "values; rank 0's wall time in it)\n",
+                   1e3 * t.reduce_seconds / (double)lm.steps_done,
+                   lm.train_seconds > 0 ? 100.0 * t.reduce_seconds / lm.train_seconds : 0.0,
+                   (long long)t.model.grad_flat_count);
         if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMPTRAIN_CUDA_MEMLOG=1) */
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);

@@ -34,10 +34,12 @@ static void check_equivalence(const char *cfg, const char *extra, const char *mc
     make_scratch();
     struct result r = amp("run %s %s accum_steps=2 run.out_dir=%s/one", cfg, extra, scratch);
     cr_assert_eq(r.code, 0, "one rank:\n%s", r.out);
+    cr_assert_null(strstr(r.out, "reduce: "), "one rank reduces nothing:\n%s", r.out);
     r = mpi(2, mca, "run %s %s run.out_dir=%s/two", cfg, extra, scratch);
     cr_assert_eq(r.code, 0, "two ranks:\n%s", r.out);
     cr_assert(strstr(r.out, "data parallel: 2 ranks on 1 host, transport mpi"), "%s", r.out);
     cr_assert(strstr(r.out, "effective batch"), "%s", r.out);
+    cr_assert(strstr(r.out, "\nreduce: ") && strstr(r.out, " ms a step, "), "%s", r.out);
     compare_runs("one", "two", 20, 1000);
     remove_scratch();
 }
