@@ -863,6 +863,11 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             note_world_change(&t, resume);
     }
     st = comm_agree(comm, st, err);
+    if (st == AMP_OK && t.world > 1) { /* a collective: here, after the agreement, every rank makes it */
+        char hosts[2048];
+        dist_describe_hosts(comm, t.be->name, hosts, sizeof hosts);
+        printf("%s\n", hosts);
+    }
     if (st == AMP_OK) /* every rank's samples from the same data */
         st = comm_agree(comm, dist_check_data(comm, &t.ds, cfg->source, err), err);
     if (st == AMP_OK && !resume && cfg->model.init_from[0]) /* and its weights from the same file */
