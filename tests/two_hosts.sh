@@ -25,7 +25,9 @@ case ${1:-} in
 --inside) # in the private namespaces: this is amphost0; make amphost1 and the link, launch
   shift
   hostname amphost0 && ip link set lo up || skip "cannot name the host or bring loopback up"
-  unshare --net --uts sleep 100000 & # amphost1's namespaces, held while its process lives
+  # amphost1's namespaces, held by this process until the launch is over (then by orted and the ranks in them); it
+  # ends by itself should this script be killed before its trap runs
+  unshare --net --uts sleep 600 &
   TWO_HOSTS_PID=$!
   export TWO_HOSTS_PID
   trap 'kill "$TWO_HOSTS_PID" 2> /dev/null' EXIT
