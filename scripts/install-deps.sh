@@ -6,7 +6,8 @@
 #                                    scripts/quickstart.sh installs this set only.
 #   scripts/install-deps.sh --test   the run set plus what the tests, the fuzz harnesses and the comparison and
 #                                    benchmark scripts need (Criterion, PyTorch, numpy, h5py, gnuplot, clang with
-#                                    libFuzzer, llvm), and from PyPI the two references Debian does not package:
+#                                    libFuzzer, llvm, iproute2 for the two-host test's network namespaces and
+#                                    scripts/bench/bench_dist_net.sh's tc), and from PyPI the two references Debian does not package:
 #                                    Hugging Face's `tokenizers` (the BPE tests) and `tensorboard` (the event-file
 #                                    test). scripts/test.sh installs this set. PyTorch alone brings
 #                                    some 150 packages on a fresh machine: that is why it is not in the run set.
@@ -37,6 +38,7 @@ test_packages=(
   python3-numpy python3-h5py python3-torch python3-pip
   gnuplot-nox
   clang libclang-rt-14-dev llvm
+  iproute2
 )
 
 packages=("${run_packages[@]}")

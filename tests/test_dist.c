@@ -5,7 +5,7 @@
  * The main test: on the CPU, 2 ranks with batch B train exactly as 1 rank with batch B and accum_steps 2
  * (scale_log.csv but for samples_per_s, eval.jsonl and every checkpoint tensor byte-identical) in all
  * four modes, with overflows and skips, clipping and dropout, for fashion_mlp and text_gpt; also over
- * TCP (the path between hosts). Where the reduction's association differs (2 ranks with accumulation, 3
+ * TCP (the path between hosts), and on two hosts simulated by network namespaces (tests/two_hosts.sh). Where the reduction's association differs (2 ranks with accumulation, 3
  * ranks), the weights of this test's small model (MLP below) after 20 steps stay within 1e-6 of the one-rank run,
  * relative to each tensor's largest element (a bound of this model and these steps: docs/distributed.md). Then the
  * faults: replicas perturbed, configs that differ, a rank without its data, signals to all or one
@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <stdio_ext.h> /* __fsetlocking */
 #include <time.h>
+#include <unistd.h> /* gethostname */
 
 #include "comm_watch.h" /* the collective watchdog */
 #include "dist.h"  /* struct dist, comm_agree */
@@ -35,10 +36,16 @@ static void check_equivalence(const char *cfg, const char *extra, const char *mc
     make_scratch();
     struct result r = amp("run %s %s accum_steps=2 run.out_dir=%s/one", cfg, extra, scratch);
     cr_assert_eq(r.code, 0, "one rank:\n%s", r.out);
+    cr_assert_null(strstr(r.out, "reduce: "), "one rank reduces nothing:\n%s", r.out);
     r = mpi(2, mca, "run %s %s run.out_dir=%s/two", cfg, extra, scratch);
     cr_assert_eq(r.code, 0, "two ranks:\n%s", r.out);
     cr_assert(strstr(r.out, "data parallel: 2 ranks on 1 host, transport mpi"), "%s", r.out);
     cr_assert(strstr(r.out, "effective batch"), "%s", r.out);
+    cr_assert(strstr(r.out, "\nreduce: ") && strstr(r.out, " ms a step, "), "%s", r.out);
+    char host[64] = {0}, line[128];
+    cr_assert_eq(gethostname(host, sizeof host - 1), 0);
+    snprintf(line, sizeof line, "\nhosts: %s (ranks 0-1: cpu)\n", host);
+    cr_assert(strstr(r.out, line), "no '%s' in:\n%s", line + 1, r.out);
     compare_runs("one", "two", 20, 1000);
     remove_scratch();
 }
@@ -308,6 +315,68 @@ static void check_buckets_repeatable(int np)
 }
 Test(dist, three_ranks_with_buckets_repeat_their_bits) { check_buckets_repeatable(3); }
 Test(dist, four_ranks_with_buckets_repeat_their_bits) { check_buckets_repeatable(4); }
+
+/* Rank 0's hosts line (dist_format_hosts): hosts in the order of their first rank, ranges of consecutive ranks and
+ * devices, others one by one, and a line too long for its buffer cut with "...". */
+Test(dist, hosts_line_names_each_host_and_each_ranks_device)
+{
+    char buf[256];
+    const struct dist_place gpus[] = {{"node1", "cuda:0"}, {"node1", "cuda:1"}, {"node1", "cuda:2"},
+                                      {"node2", "cuda:0"}, {"node2", "cuda:1"}, {"node2", "cuda:2"}};
+    dist_format_hosts(gpus, 6, buf, sizeof buf);
+    cr_assert_str_eq(buf, "hosts: node1 (ranks 0-2: cuda:0-2), node2 (ranks 3-5: cuda:0-2)");
+    const struct dist_place alternating[] = {{"a", "cpu"}, {"b", "cpu"}, {"a", "cpu"}, {"b", "cpu"}};
+    dist_format_hosts(alternating, 4, buf, sizeof buf);
+    cr_assert_str_eq(buf, "hosts: a (rank 0: cpu, rank 2: cpu), b (rank 1: cpu, rank 3: cpu)");
+    const struct dist_place mixed[] = {{"h", "cpu"}, {"h", "cpu"}, {"h", "cuda:1"}, {"h", "cuda:0"}, {"g", "cuda:0"}};
+    dist_format_hosts(mixed, 5, buf, sizeof buf);
+    cr_assert_str_eq(buf, "hosts: h (ranks 0-1: cpu, rank 2: cuda:1, rank 3: cuda:0), g (rank 4: cuda:0)");
+    char small[24];
+    dist_format_hosts(gpus, 6, small, sizeof small);
+    cr_assert_str_eq(small, "hosts: node1 (ranks ...");
+    cr_assert_eq(strlen(small), sizeof small - 1);
+}
+
+/* Two hosts on one machine (tests/two_hosts.sh: two network and UTS namespaces, amphost0 and amphost1, joined by a
+ * veth link; the second host's Open MPI daemon started through mpirun's rsh launcher, the ranks' messages over TCP on
+ * that link): rank 0 names both hosts and each rank's device, the run is bit for bit the ordinary np 2 run on one
+ * host (shared memory), and the gradients did cross the link. Skips, saying why, where the namespaces cannot be made
+ * (not root, no iproute2, a container that forbids them). */
+Test(dist, two_hosts_over_tcp_equal_one_host)
+{
+    NEED_MPI();
+    make_scratch();
+    const char *args = "run " MLP " precision.mode=fp16-dynamic " HARD;
+    struct result r = mpi(2, NULL, "%s run.out_dir=%s/one_host", args, scratch);
+    cr_assert_eq(r.code, 0, "np 2 on one host:\n%s", r.out);
+    cr_assert(strstr(r.out, "hosts: "), "%s", r.out);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { " MPI_ENV "timeout -s KILL 300 tests/two_hosts.sh %s %s run.out_dir=%s/two_hosts ; } 2>&1",
+             AMP_SOURCE_DIR, amp_binary(), args, scratch);
+    r = shell(cmd);
+    if (r.code == 77) {
+        remove_scratch();
+        const char *why = strstr(r.out, "two_hosts: ");
+        cr_skip_test("%s", why ? why : r.out);
+    }
+    cr_assert_eq(r.code, 0, "np 2 on two hosts:\n%s", r.out);
+    cr_assert(strstr(r.out, "data parallel: 2 ranks on 2 hosts, transport mpi, device of rank 0: cpu"), "%s", r.out);
+    cr_assert(strstr(r.out, "\nhosts: amphost0 (rank 0: cpu), amphost1 (rank 1: cpu)\n"), "%s", r.out);
+    long long values = 0, there = 0, back = 0;
+    const char *red = strstr(r.out, "\nreduce: ");
+    const char *vals = red ? strstr(red, "all-reduce, ") : NULL;
+    cr_assert(vals && sscanf(vals, "all-reduce, %lld fp32 values", &values) == 1, "%s", r.out);
+    const char *link = strstr(r.out, "link: ");
+    cr_assert(link && sscanf(link, "link: %lld bytes from amphost0 to amphost1, %lld back", &there, &back) == 2, "%s",
+              r.out);
+    /* each step's all-reduce sends each rank's half of the gradients at least once each way (20 steps) */
+    long long least = 20 * values * 4 / 2;
+    cr_assert(there >= least && back >= least, "only %lld and %lld bytes crossed the link, %lld expected:\n%s", there,
+              back, least, r.out);
+    compare_runs("one_host", "two_hosts", 20, 1000);
+    remove_scratch();
+}
 
 /* ---- where bit identity cannot hold: a bound -------------------------------------------------------- */
 

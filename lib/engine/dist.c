@@ -4,9 +4,11 @@
 #define _POSIX_C_SOURCE 200809L
 #include "dist.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* gethostname */
 
 #include "data.h"   /* data_fingerprint */
 #include "digest.h" /* digest_bytes */
@@ -105,6 +107,112 @@ void dist_reduce_max_f32(struct dist *d, float *buf, size_t count)
         return;
     }
     host_reduce(d, buf, count, COMM_F32, COMM_MAX);
+}
+
+/* ---- where the ranks run ------------------------------------------------------------------------ */
+
+/* A device name's kind and index: "cuda:3" is ("cuda:", 3); "cpu" is ("cpu", -1). */
+static long device_index(const char *dev, size_t *kind_len)
+{
+    size_t n = strlen(dev), k = n;
+    while (k > 0 && dev[k - 1] >= '0' && dev[k - 1] <= '9')
+        k--;
+    *kind_len = k;
+    return k < n ? strtol(dev + k, NULL, 10) : -1;
+}
+
+/* Rank r + 1 continues the range of rank r: the same host, the same kind of device, and the next index (or none). */
+static bool continues(const struct dist_place *a, const struct dist_place *b)
+{
+    size_t ka, kb;
+    long ia = device_index(a->device, &ka), ib = device_index(b->device, &kb);
+    return strcmp(a->host, b->host) == 0 && ka == kb && strncmp(a->device, b->device, ka) == 0 &&
+           (ia < 0 ? ib < 0 && strcmp(a->device, b->device) == 0 : ib == ia + 1);
+}
+
+/* Appends to buf[*used..len), keeping *used <= len; false once it is full. */
+static bool append(char *buf, size_t len, size_t *used, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static bool append(char *buf, size_t len, size_t *used, const char *fmt, ...)
+{
+    if (*used + 1 >= len)
+        return false;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *used, len - *used, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= len - *used) {
+        *used = len;
+        return false;
+    }
+    *used += (size_t)n;
+    return true;
+}
+
+/* "ranks 0-7: cuda:0-7" or "rank 3: cpu" for the ranks a..b of all (one range). */
+static bool append_range(char *buf, size_t len, size_t *used, const struct dist_place *all, int a, int b)
+{
+    if (a == b)
+        return append(buf, len, used, "rank %d: %s", a, all[a].device);
+    size_t k;
+    long first = device_index(all[a].device, &k);
+    if (first < 0)
+        return append(buf, len, used, "ranks %d-%d: %s", a, b, all[a].device);
+    return append(buf, len, used, "ranks %d-%d: %.*s%ld-%ld", a, b, (int)k, all[a].device, first,
+                  first + (long)(b - a));
+}
+
+void dist_format_hosts(const struct dist_place *all, int world, char *buf, size_t len)
+{
+    if (len == 0)
+        return;
+    buf[0] = '\0';
+    bool *listed = calloc((size_t)(world > 0 ? world : 1), sizeof *listed);
+    if (!listed) {
+        snprintf(buf, len, "hosts: (out of memory)");
+        return;
+    }
+    size_t used = 0;
+    bool room = append(buf, len, &used, "hosts:");
+    for (int h = 0; h < world && room; h++) { /* each host at its first rank, with all of its ranks */
+        if (listed[h])
+            continue;
+        room = append(buf, len, &used, "%s %s (", h ? "," : "", all[h].host);
+        const char *sep = "";
+        for (int r = h; r < world && room; r++) {
+            if (listed[r] || strcmp(all[r].host, all[h].host) != 0)
+                continue;
+            int end = r;
+            while (end + 1 < world && continues(&all[end], &all[end + 1]))
+                end++;
+            for (int q = r; q <= end; q++)
+                listed[q] = true;
+            room = append(buf, len, &used, "%s", sep) && append_range(buf, len, &used, all, r, end);
+            sep = ", ";
+        }
+        room = room && append(buf, len, &used, ")");
+    }
+    if (!room && len > 4)
+        memcpy(buf + len - 4, "...", 4);
+    free(listed);
+}
+
+void dist_describe_hosts(struct comm *c, const char *device, char *buf, size_t len)
+{
+    struct dist_place me;
+    memset(&me, 0, sizeof me);
+    if (gethostname(me.host, sizeof me.host - 1) != 0)
+        snprintf(me.host, sizeof me.host, "(unknown host)");
+    snprintf(me.device, sizeof me.device, "%s", device);
+    struct dist_place *all = calloc((size_t)c->world, sizeof *all);
+    if (!all) { /* the others are in the gather below: end the job rather than leave them waiting */
+        fprintf(stderr, "[rank %d] ampTrain: error: out of memory gathering the ranks' hosts\n", c->rank);
+        c->abort(c, AMP_ERR_INTERNAL);
+        snprintf(buf, len, "hosts: (unknown)");
+        return;
+    }
+    c->host_allgather(c, &me, all, sizeof me);
+    dist_format_hosts(all, c->world, buf, len);
+    free(all);
 }
 
 /* ---- agreeing on errors and signals -------------------------------------------------------------- */

@@ -51,6 +51,23 @@ void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt
  * where the backend's memory is not the host's (one download and upload of `count` floats). */
 void dist_reduce_max_f32(struct dist *d, float *buf, size_t count);
 
+/* Where a rank runs. */
+struct dist_place {
+    char host[64];   /* gethostname, cut to 63 bytes */
+    char device[32]; /* the backend's name: "cpu", "cuda:3" */
+};
+
+/* Rank 0's line naming the job's hosts and each rank's device, into buf (every rank gets it): "hosts: node1 (ranks
+ * 0-7: cuda:0-7), node2 (ranks 8-15: cuda:0-7)". `device` is this rank's (the backend's name). A collective: an
+ * all-gather of one struct dist_place a rank, then dist_format_hosts. */
+void dist_describe_hosts(struct comm *c, const char *device, char *buf, size_t len);
+
+/* The line of dist_describe_hosts from every rank's place all[0..world): hosts in the order of their first rank, each
+ * with its ranks; consecutive ranks of one host on one kind of device with consecutive indices (or none) make one
+ * range ("ranks 0-7: cuda:0-7", "ranks 0-1: cpu"), others are listed one by one. A line longer than buf ends in
+ * "...". */
+void dist_format_hosts(const struct dist_place *all, int world, char *buf, size_t len);
+
 /* Every rank learns the outcome of a step that may have failed on some: the lowest failing rank's
  * status, with its error (message prefixed "rank R: " when R is not 0) copied into err on every rank,
  * err->agreed set (rank 0 prints it). Returns AMP_OK where none failed. */

@@ -523,7 +523,10 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         /* the last micro-batch's gradients are reduced in buckets while its backward runs (dist.bucket_mb) */
         bool last = micro == accum - 1;
         model_backward_hooked(m, &ctx, &t->io.b, last ? dist_overlap_hook(t->overlap) : NULL);
+        double wait0 = runlog_now(); /* the buckets still in flight: the part of the reduce the step waits for */
         grads_reduced = last && dist_overlap_finish(t->overlap);
+        if (grads_reduced)
+            t->reduce_seconds += runlog_now() - wait0;
         if (micro == 0 && t->after_first_micro) {
             enum amp_status st = t->after_first_micro(t, &ctx, &t->io.b, t->micro_user, err);
             if (st != AMP_OK)
@@ -535,9 +538,11 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     /* reduce: once per step, after the last micro-batch (or in buckets during its backward, above); then every
      * rank checks identical gradients */
     if (t->dist.active) {
+        double t0 = runlog_now();
         if (!grads_reduced)
             dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
         dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
+        t->reduce_seconds += runlog_now() - t0;
     }
     if (t->test_hook.after_backward)
         t->test_hook.after_backward(t, t->test_hook.user);
@@ -882,6 +887,11 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
             note_world_change(&t, resume);
     }
     st = comm_agree(comm, st, err);
+    if (st == AMP_OK && t.world > 1) { /* a collective: here, after the agreement, every rank makes it */
+        char hosts[2048];
+        dist_describe_hosts(comm, t.be->name, hosts, sizeof hosts);
+        printf("%s\n", hosts);
+    }
     if (st == AMP_OK) /* every rank's samples from the same data */
         st = comm_agree(comm, dist_check_data(comm, &t.ds, cfg->source, err), err);
     if (st == AMP_OK && !resume && cfg->model.init_from[0]) /* and its weights from the same file */
@@ -994,6 +1004,14 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         printf("train: %lld steps, %.0f samples in %.2f s of training steps: %.1f samples/s\n",
                (long long)lm.steps_done, samples, lm.train_seconds,
                lm.train_seconds > 0 ? samples / lm.train_seconds : 0.0);
+        /* the reduce's own time where the host waits for it: MPI on the CPU backend (on a GPU the reduce is queued,
+         * or staged through a download that waits for the backward too) */
+        if (t.world > 1 && t.be->host_memory && !comm->device_memory && lm.steps_done > 0)
+            printf("reduce: %.3f ms a step, %.1f%% of the training steps' time (the gradients' all-reduce, %lld fp32 "
+                   "values; rank 0's wall time in it)\n",
+                   1e3 * t.reduce_seconds / (double)lm.steps_done,
+                   lm.train_seconds > 0 ? 100.0 * t.reduce_seconds / lm.train_seconds : 0.0,
+                   (long long)t.model.grad_flat_count);
         if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMPTRAIN_CUDA_MEMLOG=1) */
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);

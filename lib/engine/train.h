@@ -66,6 +66,7 @@ struct trainer {
     struct dist dist;            /* the communicator bound to the backend; one rank: collectives are no-ops */
     struct dist_overlap *overlap; /* the gradient buckets reduced during backward (dist_overlap.h); NULL: none */
     int rank, world;
+    double reduce_seconds;       /* wall time of the steps' gradient reduces so far (trainer_step) */
     int64_t *idx_skip;           /* sampler indices of the other ranks' micro-batches (read past) */
     int64_t samples_seen;        /* training samples of every rank so far (checkpointed) */
     struct dataset ds;
