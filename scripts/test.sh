@@ -2,9 +2,9 @@
 # Install what is missing, build, and run every test — twice — then the fuzz harnesses:
 #   1. the normal build (CUDA backend compiled where nvcc is present; GPU tests skip without a GPU),
 #   2. a CPU-only build with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails,
-#   3. tests/fuzz/ (clang, libFuzzer, ASan + UBSan), each harness FUZZ_SECONDS (default 20) with a fixed seed: a
+#   3. tests/fuzz/ (clang, libFuzzer, ASan + UBSan), each harness FUZZ_SECONDS (default 10) with a fixed seed: a
 #      smoke test that the harnesses run and find nothing in our code (docs/reliability.md); campaigns are
-#      scripts/check/fuzz.sh's long modes.
+#      scripts/check/fuzz.sh's long modes, which is where fuzzing finds things.
 # Warnings are errors in the first two. Exit status is non-zero if anything fails. The time of each stage is
 # printed at the end (and where a stage fails, the times so far).
 set -euo pipefail
@@ -60,7 +60,7 @@ fi
 stage "races: the CPU backend's threads under ThreadSanitizer"
 scripts/check/tsan.sh
 
-fuzz_seconds=${FUZZ_SECONDS:-20}
+fuzz_seconds=${FUZZ_SECONDS:-10}
 stage "fuzz: each harness $fuzz_seconds s, fixed seed"
 # The libFuzzer harnesses of tests/fuzz/ (build-fuzz/, clang, ASan + UBSan + leak detection): scripts/check/fuzz.sh
 # sets the sanitizer options libFuzzer needs itself and exits non-zero on any finding in our code.
