@@ -15,6 +15,8 @@
 # Reduction modes: without overlap (the reduce after the backward) always; with overlap (the default
 # dist.bucket_mb, reduced buckets while the backward runs) where the binary knows the key dist.bucket_mb, which it
 # asks `ampTrain check`; otherwise it says so and runs without overlap only (dist.bucket_mb then is not passed).
+# BUCKET_MB=X runs the overlapped mode with dist.bucket_mb=X instead of the default (a small model's gradients fit
+# in one default bucket, which can only start once the whole backward is done).
 # Target, once overlap exists: at 1 Gbit/s overlap hides >= 70% of the reduction for gpt2_tiny.
 #   scripts/bench/bench_dist_net.sh [RATES="1gbit 10gbit"] [MODELS="text_gpt gpt2_tiny"] [ROUNDS=3] [STEPS=...]
 # STEPS defaults to 40 for text_gpt and 200 for gpt2_tiny. Each rank has one thread (run.threads=1,
@@ -79,6 +81,7 @@ run() {
   shift 2
   local extra=()
   [ "$mode" = off ] && [ "$modes" != off ] && extra=(dist.bucket_mb=0)
+  [ "$mode" = on ] && [ -n "${BUCKET_MB:-}" ] && extra=("dist.bucket_mb=$BUCKET_MB")
   if ! mpirun --allow-run-as-root -np 2 --bind-to "$bind" --mca btl tcp,self --mca btl_tcp_if_include lo \
          --mca oob_tcp_if_include lo -x OPENBLAS_NUM_THREADS -x OMP_NUM_THREADS \
          "$bin" run "$@" "${extra[@]}" "run.out_dir=$tmp/$name" > "$log" 2>&1; then
