@@ -54,7 +54,8 @@ trap 'rm -rf "$tmp"' EXIT
 
 if "$bin" check configs/text_gpt.yaml dist.bucket_mb=0 > "$tmp/check.log" 2>&1; then
   modes="off on"
-  echo "bench_dist_net: $bin knows dist.bucket_mb: without overlap (dist.bucket_mb=0) and with (its default)"
+  echo "bench_dist_net: $bin knows dist.bucket_mb: without overlap (dist.bucket_mb=0) and with" \
+    "(dist.bucket_mb ${BUCKET_MB:-default})"
 elif grep -q "unknown key 'bucket_mb'" "$tmp/check.log"; then
   modes="off"
   echo "bench_dist_net: $bin has no dist.bucket_mb (no overlapped reduction): without overlap only"
