@@ -57,7 +57,7 @@ void dist_free(struct dist *d)
     d->stage_buf = NULL;
 }
 
-static void *stage(struct dist *d, size_t bytes)
+void *dist_stage(struct dist *d, size_t bytes)
 {
     if (bytes > d->stage_cap) {
         void *p = realloc(d->stage_buf, bytes);
@@ -73,7 +73,7 @@ static void *stage(struct dist *d, size_t bytes)
 static void host_reduce(struct dist *d, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
     size_t bytes = count * (dt == COMM_F32 ? 4 : 8);
-    void *h = stage(d, bytes);
+    void *h = dist_stage(d, bytes);
     if (!h) { /* every rank must still call the collective: abort the job rather than hang it */
         fprintf(stderr, "[rank %d] ampTrain: error: out of memory staging %zu bytes for the all-reduce\n",
                 d->comm->rank, bytes);
@@ -356,7 +356,7 @@ static uint64_t hash_tensor(struct dist *d, const struct tensor *t)
     size_t bytes = tensor_bytes(t);
     if (d->be->host_memory)
         return digest_bytes(DIGEST_INIT, t->data, bytes);
-    void *h = stage(d, bytes);
+    void *h = dist_stage(d, bytes);
     if (!h)
         return 0; /* every rank that runs out hashes 0: a difference is still reported */
     d->be->download(d->be, h, t->data, bytes);
@@ -417,7 +417,7 @@ void dist_broadcast_buffers(struct dist *d, struct model *m)
     for (int i = 0; i < m->nbuffers; i++) {
         struct tensor *t = &m->buffers[i]->t;
         size_t bytes = tensor_bytes(t);
-        void *h = d->be->host_memory ? t->data : stage(d, bytes);
+        void *h = d->be->host_memory ? t->data : dist_stage(d, bytes);
         if (!h) {
             c->abort(c, AMP_ERR_INTERNAL);
             return;

@@ -45,6 +45,11 @@ enum amp_status dist_init(struct dist *d, struct comm *c, struct backend *be, co
                           struct amp_error *err);
 void dist_free(struct dist *d);
 
+/* The host staging buffer (stage_buf), grown to at least `bytes` and returned; NULL where it cannot grow (the old
+ * buffer stays). Every collective that goes through host memory shares it (the reduce, the replica check, ZeRO-1's
+ * gathers). */
+void *dist_stage(struct dist *d, size_t bytes);
+
 /* buf[0..count) (backend memory, f32 or f64) = its sum over the ranks. */
 void dist_reduce_sum(struct dist *d, void *buf, size_t count, enum comm_dtype dt);
 /* The elementwise max of a small fp32 buffer in backend memory over the ranks (fp8 amaxes), through the host

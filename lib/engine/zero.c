@@ -29,19 +29,6 @@ static void cannot(struct dist *d, const char *what, size_t bytes)
     d->comm->abort(d->comm, AMP_ERR_INTERNAL);
 }
 
-/* dist.c's host staging buffer, grown to `bytes`. */
-static void *staging(struct dist *d, size_t bytes)
-{
-    if (bytes > d->stage_cap) {
-        void *p = realloc(d->stage_buf, bytes);
-        if (!p)
-            return NULL;
-        d->stage_buf = p;
-        d->stage_cap = bytes;
-    }
-    return d->stage_buf;
-}
-
 void zero_after_trial(struct dist *d, const struct optimizer *o, struct grad_check *check)
 {
     if (!sharded(o) || !d->active)
@@ -69,7 +56,7 @@ static void gather_tensor(struct dist *d, struct tensor *t)
         d->comm->all_gather(d->comm, t->data, t->numel, es);
         return;
     }
-    void *h = staging(d, bytes);
+    void *h = dist_stage(d, bytes);
     if (!h) {
         cannot(d, "the all-gather of the weights", bytes);
         return;
@@ -139,7 +126,7 @@ enum amp_status zero_gather_begin(struct dist *d, struct optimizer *o, struct mo
             bool direct = be->host_memory && root && st == AMP_OK;
             /* host memory: this rank's block to send, then (root) the whole tensor to receive */
             size_t stage_bytes = (be->host_memory ? 0 : send_bytes) + (root && !direct ? recv_bytes : 0);
-            char *h = stage_bytes ? staging(d, stage_bytes) : NULL;
+            char *h = stage_bytes ? dist_stage(d, stage_bytes) : NULL;
             if (stage_bytes && !h) {
                 cannot(d, "the gather of the optimizer state to rank 0", stage_bytes);
                 return AMP_ERR_INTERNAL;
