@@ -500,6 +500,22 @@ static void counting_fp8_cast(struct backend *b, const struct fp8_cast_args *a)
     counted.fp8_cast(b, a);
 }
 
+/* Every parameter's FP32 master, in parameter order, in one malloc'd array of *n floats. */
+static float *copy_masters(const struct model *m, size_t *n)
+{
+    *n = 0;
+    for (int i = 0; i < m->nparams; i++)
+        *n += m->params[i]->master.numel;
+    float *w = malloc(*n * sizeof(float));
+    cr_assert_not_null(w);
+    size_t off = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        memcpy(w + off, m->params[i]->master.data, m->params[i]->master.numel * sizeof(float));
+        off += m->params[i]->master.numel;
+    }
+    return w;
+}
+
 struct fp8_run {
     int casts, weight_casts;
     float *weights; /* every master, concatenated */
@@ -540,16 +556,7 @@ static void fp8_accum_run(const char *recipe, bool recast, int steps, struct fp8
     t.be->fp8_cast = counted.fp8_cast;
     out->casts = counted.casts;
     out->weight_casts = counted.weight_casts;
-    out->nweights = 0;
-    for (int i = 0; i < t.model.nparams; i++)
-        out->nweights += t.model.params[i]->master.numel;
-    out->weights = malloc(out->nweights * sizeof(float));
-    cr_assert_not_null(out->weights);
-    size_t off = 0;
-    for (int i = 0; i < t.model.nparams; i++) {
-        memcpy(out->weights + off, t.model.params[i]->master.data, t.model.params[i]->master.numel * sizeof(float));
-        off += t.model.params[i]->master.numel;
-    }
+    out->weights = copy_masters(&t.model, &out->nweights);
     const struct fp8_state *f = &t.model.fp8;
     cr_assert_leq(f->fwd.n + f->bwd.n, 64);
     memcpy(out->scales, f->fwd.scale, (size_t)f->fwd.n * sizeof(float));
@@ -631,16 +638,7 @@ static void sized_run(const char *mode, int steps, struct sized_run *out)
             memcpy(out->y[k], y->data, out->ybytes[k]);
         }
     }
-    out->nweights = 0;
-    for (int i = 0; i < t.model.nparams; i++)
-        out->nweights += t.model.params[i]->master.numel;
-    out->weights = malloc(out->nweights * sizeof(float));
-    cr_assert_not_null(out->weights);
-    size_t off = 0;
-    for (int i = 0; i < t.model.nparams; i++) {
-        memcpy(out->weights + off, t.model.params[i]->master.data, t.model.params[i]->master.numel * sizeof(float));
-        off += t.model.params[i]->master.numel;
-    }
+    out->weights = copy_masters(&t.model, &out->nweights);
     trainer_teardown(&t);
     config_free(&cfg);
 }
