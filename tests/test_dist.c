@@ -176,6 +176,20 @@ Test(dist, zero1_equals_zero0_text_gpt_fp16_dynamic_four_ranks)
 }
 Test(dist, zero1_equals_zero0_text_gpt_bf16) { check_zero(2, GPT, "precision.mode=bf16", 20); }
 
+/* dir (a mkdtemp template) made, and in it train.bin and val.bin from the fortunes text by
+ * scripts/tools/make_tokens.py in `format` (llmc or nanogpt), a tenth held out. */
+static void make_token_files(char *dir, const char *format)
+{
+    char cmd[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --format %s --val-fraction 0.1 -o %s/train.bin "
+             "/usr/share/games/fortunes/cookie 2>&1",
+             AMP_SOURCE_DIR, format, dir);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+}
+
 /* Token files (data.format: tokens, docs/data.md): their windows, random or consecutive, are split between
  * ranks as every format's samples are, and evaluation on val.bin is sharded. The files are made from the
  * fortunes text by scripts/tools/make_tokens.py (llm.c's layout). */
@@ -183,13 +197,7 @@ static void check_tokens_equivalence(const char *sampling)
 {
     NEED_MPI();
     char dir[] = "/tmp/amp-dist-tokens-XXXXXX", cmd[1024], cfg[1024];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --format llmc --val-fraction 0.1 -o %s/train.bin "
-             "/usr/share/games/fortunes/cookie 2>&1",
-             AMP_SOURCE_DIR, dir);
-    struct result r = shell(cmd);
-    cr_assert_eq(r.code, 0, "%s", r.out);
+    make_token_files(dir, "llmc");
     snprintf(cfg, sizeof cfg,
              "configs/tokens_gpt.yaml run.steps=20 run.log_every=6 run.eval_every=10 run.ckpt_every=0 run.device=cpu "
              "data.batch_size=4 data.seq_len=32 data.val_windows=24 clip.max_norm=0.5 data.train_bin=%s/train.bin "
@@ -288,13 +296,7 @@ Test(dist, tied_weights_buckets_give_the_same_bits_at_two_ranks)
 {
     NEED_MPI();
     char dir[] = "/tmp/amp-dist-tied-XXXXXX", cmd[1024], cfg[1024];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(cmd, sizeof cmd,
-             "cd %s && /usr/bin/python3 scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o %s/train.bin "
-             "/usr/share/games/fortunes/cookie 2>&1",
-             AMP_SOURCE_DIR, dir);
-    struct result r = shell(cmd);
-    cr_assert_eq(r.code, 0, "%s", r.out);
+    make_token_files(dir, "nanogpt");
     snprintf(cfg, sizeof cfg,
              "configs/gpt2_tiny.yaml run.device=cpu run.steps=20 run.log_every=5 run.eval_every=10 data.batch_size=4 "
              "data.train_bin=%s/train.bin data.val_bin=%s/val.bin accum_steps=2",
