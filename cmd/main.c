@@ -18,20 +18,21 @@
 #include "runlog.h"     /* runlog_eval, runlog_is_run_file */
 #include "comm.h"     /* comm_open, comm_close: the ranks of a data-parallel job */
 #include "config.h"   /* config_load, config_apply_override, config_print_yaml */
-#include "digest.h"   /* digest_str, digest_u64: the command, run.resume auto's decision */
+#include "digest.h"   /* digest_str: the command line every rank compares */
 #include "dist.h"     /* comm_agree, dist_check_config, dist_check_same */
 #include "error.h"    /* enum amp_status, struct amp_error */
 #include "export.h"   /* export_check_out, export_checkpoint: ampTrain export */
 #include "train.h"    /* train_run */
 #include "model.h"    /* model_layer_in_fp8, model_build: `check` lists the fp8 layers and products */
 #include "numerics.h" /* numerics_run, numerics_probe: run.numerics_every */
+#include "overrides.h" /* resume_rules, eval_rules: the keys resume and eval may change */
 #include "precision.h" /* precision_lowp_dtype: the storage lines of `check` */
+#include "restart.h"   /* restart_decide: run.resume auto */
 #include "sample.h"   /* sample_generate: ampTrain sample */
 #include "setup.h"    /* setup_open: backend, threads, data, policy and model of eval, sample, export */
 #include "tokenizer.h"   /* tokenizer_load, tokenizer_encode, tokenizer_decode: tokenize and sample */
 #include "weight_names.h" /* weight_names_names: export --names */
 
-#include <dirent.h> /* opendir: run.resume auto reads run.out_dir */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -269,116 +270,6 @@ static enum amp_status cmd_check(int argc, char **argv, struct amp_error *err)
     return st;
 }
 
-/* The data paths `resume` and `eval` may point elsewhere: the files are checked against the digests the checkpoint
- * records (ckpt_check_data), so only their place may change, never their contents. */
-#define DATA_PATH_KEYS                                                                                                 \
-    "data.train_images", "data.train_labels", "data.test_images", "data.test_labels", "data.path", "data.files",       \
-        "data.train_bin", "data.val_bin"
-
-/* Keys `resume` may change, and why the others may not (docs/checkpoint.md, "Resume": it continues the same run). */
-static const char *const resume_allowed[] = {
-    "run.steps", "run.epochs", "run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_ckpts", "run.numerics_every",
-    "run.recompute", /* the same bits, less memory */
-    "run.sample_every", "run.sample_prompt", /* samples never change the run */
-    /* what the evaluations are watched for; a changed metric starts its watch afresh (docs/config.md) */
-    "run.keep_best", "run.early_stop", "run.early_stop.metric", "run.early_stop.patience", "run.early_stop.min_delta",
-    "run.out_dir", "run.device", "run.threads", "precision.mode", "stability.max_consecutive_skips", "stability.on_nonfinite",
-    /* how the weights and moments are stored: converted once at load (docs/checkpoint.md, "Resume") */
-    "precision.master_weights", "optim.state_dtype", "optim.stochastic_rounding",
-    "dist.backend", "dist.check_every", "dist.timeout_s",
-    "dist.zero", /* where the optimizer state lives, not what it is: a checkpoint holds it whole (lib/engine/zero.h) */
-    "run.resume", /* what a later `run` does with the directory, not the training */
-    "accum_steps", /* so that a resume on another number of ranks can keep the step's batch (docs/distributed.md) */
-    DATA_PATH_KEYS,
-};
-
-static const char *resume_refusal(const char *key)
-{
-    if (strncmp(key, "model.", 6) == 0)
-        return "it changes the model's shapes or initialisation, which the checkpoint's tensors fix";
-    if (strncmp(key, "data.", 5) == 0)
-        return "it changes the data or its order, which the checkpoint's sampler position refers to";
-    if (strcmp(key, "run.seed") == 0 || strcmp(key, "run.name") == 0)
-        return "the seed and name identify the run being continued (change run.out_dir to write elsewhere)";
-    return "it changes the training itself, so the resumed run would not continue the checkpoint's run";
-}
-
-/* Keys `eval` may change: where and how fast it runs, and where the data is; not what the model or a sample is. */
-static const char *const eval_allowed[] = {
-    "run.device", "run.threads", "data.batch_size", "data.val_windows", DATA_PATH_KEYS,
-};
-
-static const char *eval_refusal(const char *key)
-{
-    if (strncmp(key, "model.", 6) == 0)
-        return "it changes the model, which the checkpoint's tensors fix";
-    if (strncmp(key, "data.", 5) == 0)
-        return "it changes what a sample is, which the model was trained on";
-    return "it changes only training, not how a checkpoint is evaluated";
-}
-
-/* One command's table of the overrides it accepts. */
-struct override_rules {
-    const char *cmd;
-    const char *const *allowed;
-    size_t nallowed;
-    const char *(*refusal)(const char *key);
-    const char *otherwise; /* the hint's last words: how to change anything else */
-};
-
-static const struct override_rules resume_rules = {
-    "resume", resume_allowed, sizeof resume_allowed / sizeof resume_allowed[0], resume_refusal,
-    "start a new run with 'ampTrain run' to change anything else"};
-static const struct override_rules eval_rules = {
-    "eval", eval_allowed, sizeof eval_allowed / sizeof eval_allowed[0], eval_refusal,
-    "the others are the checkpoint's own (start a new run to change them)"};
-
-/* Whether ov (KEY=VALUE) sets one of the data paths. */
-static bool is_data_path_override(const char *ov)
-{
-    static const char *const keys[] = {DATA_PATH_KEYS};
-    size_t len = strcspn(ov, "=");
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (strlen(keys[i]) == len && strncmp(ov, keys[i], len) == 0)
-            return true;
-    return false;
-}
-
-/* Apply one override of `resume` or `eval`, refusing the keys its table lacks. */
-static enum amp_status allowed_override(const struct override_rules *rules, struct config *cfg, const char *ov,
-                                        struct amp_error *err)
-{
-    const char *eq = strchr(ov, '=');
-    char key[128];
-    snprintf(key, sizeof key, "%.*s", eq ? (int)(eq - ov) : (int)strlen(ov), ov);
-    bool ok = false;
-    for (size_t i = 0; i < rules->nallowed; i++)
-        ok = ok || strcmp(key, rules->allowed[i]) == 0;
-    if (eq && !ok) {
-        /* A key the config does not have at all: the config reader's message, with its did-you-mean. */
-        struct config scratch;
-        enum amp_status st = config_copy(&scratch, cfg, err);
-        if (st == AMP_OK) {
-            st = config_apply_override(&scratch, ov, err);
-            config_free(&scratch);
-        }
-        if (st != AMP_OK)
-            return st;
-    }
-    if (!eq || !ok) {
-        char hint[1024]; /* the list is the table's: one list for the hint and the docs */
-        snprintf(hint, sizeof hint, "%s accepts ", rules->cmd);
-        for (size_t i = 0; i < rules->nallowed; i++)
-            snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "%s%s", i ? ", " : "", rules->allowed[i]);
-        snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "; %s", rules->otherwise);
-        return amp_fail(err, AMP_ERR_CONFIG, hint, "%s: override '%s' refused: %s", rules->cmd, ov,
-                        eq ? rules->refusal(key) : "expected KEY=VALUE");
-    }
-    /* Run length is steps or epochs: one override replaces the checkpoint's choice, both are refused as
-     * 'run' refuses them (config_apply_override and config_finalize). */
-    return config_apply_override(cfg, ov, err);
-}
-
 /* New data paths for a checkpoint that records no digests of its data (written before it did): they are used
  * unchecked, and the user is told so. */
 static void warn_unchecked_data(const char *ckpt)
@@ -432,8 +323,8 @@ static enum amp_status resume_checkpoint(const char *ckpt, int nov, char *const 
     enum store_dtype old_master = cfg.precision.master_weights, old_state = cfg.optim.state_dtype;
     bool new_data = false;
     for (int i = 0; i < nov && st == AMP_OK; i++) {
-        st = allowed_override(&resume_rules, &cfg, ov[i], err);
-        new_data = new_data || is_data_path_override(ov[i]);
+        st = override_apply(&resume_rules, &cfg, ov[i], err);
+        new_data = new_data || override_sets_data_path(ov[i]);
     }
     bool mode_changed = cfg.precision.mode != old_mode;
     if (st == AMP_OK)
@@ -473,219 +364,12 @@ static enum amp_status cmd_resume(int argc, char **argv, struct amp_error *err)
 
 /* ---- run.resume: auto (docs/checkpoint.md, "Restarts") ---------------------------------------------------------- */
 
-/* What `run` does with its run.out_dir under run.resume: auto. */
-enum restart_action { RESTART_START, RESTART_CONTINUE, RESTART_COMPLETE };
-
-struct restart {
-    enum restart_action action;
-    char ckpt[CFG_STR + 64];  /* RESTART_CONTINUE, RESTART_COMPLETE: the checkpoint continued from */
-    struct ckpt_info info;    /* its state */
-    char **ov;                /* RESTART_CONTINUE: KEY=VALUE of each resume_allowed key this run changes (malloc'd) */
-    int nov;
-};
-
-static void restart_free(struct restart *r)
-{
-    for (int i = 0; i < r->nov; i++)
-        free(r->ov[i]);
-    free(r->ov);
-    r->ov = NULL;
-    r->nov = 0;
-}
-
-static bool resume_may_change(const char *key)
-{
-    for (size_t i = 0; i < resume_rules.nallowed; i++)
-        if (strcmp(key, resume_rules.allowed[i]) == 0)
-            return true;
-    return false;
-}
-
-/* Whether `name` is ckpt-STEP.h5; *step gets STEP. */
-static bool ckpt_file_step(const char *name, long long *step)
-{
-    char *end;
-    if (strncmp(name, "ckpt-", 5) != 0 || name[5] < '0' || name[5] > '9')
-        return false;
-    *step = strtoll(name + 5, &end, 10);
-    return strcmp(end, ".h5") == 0;
-}
-
-/* Verify DIR/NAME into r; where it fails, rank 0 says the file is passed over and why. */
-static bool verified(const char *dir, const char *name, struct restart *r)
-{
-    struct amp_error e = {0};
-    snprintf(r->ckpt, sizeof r->ckpt, "%s/%s", dir, name);
-    if (ckpt_verify(r->ckpt, &r->info, &e) == AMP_OK)
-        return true;
-    if (ranks->rank == 0)
-        fprintf(stderr, "ampTrain: warning: run.resume auto: skipping %s: %s\n", r->ckpt, e.msg);
-    return false;
-}
-
-/* The newest checkpoint in `dir` that verifies: the one `latest` names first, then ckpt-STEP.h5 from the highest
- * STEP down. *any says whether dir holds a checkpoint file at all. AMP_ERR_CKPT where none of them verifies. */
-static enum amp_status newest_verified(const char *dir, struct restart *r, bool *any, struct amp_error *err)
-{
-    char latest[CFG_STR + 64], name[256] = "";
-    snprintf(latest, sizeof latest, "%s/latest", dir);
-    FILE *f = fopen(latest, "r");
-    if (f) {
-        if (fscanf(f, "%255s", name) != 1)
-            name[0] = '\0';
-        fclose(f);
-    }
-    *any = name[0] != '\0';
-    if (name[0] && !strchr(name, '/') && verified(dir, name, r))
-        return AMP_OK;
-    long long best = -1, below = -1; /* each pass takes the newest step under the last one tried */
-    do {
-        DIR *d = opendir(dir);
-        if (!d)
-            return amp_fail(err, AMP_ERR_INTERNAL, "check run.out_dir and its permissions", "cannot read %s: %s", dir,
-                            strerror(errno));
-        best = -1;
-        struct dirent *e;
-        long long step;
-        while ((e = readdir(d)))
-            if (ckpt_file_step(e->d_name, &step) && (below < 0 || step < below) && step > best &&
-                strcmp(e->d_name, name) != 0)
-                best = step;
-        closedir(d);
-        if (best < 0)
-            break;
-        *any = true;
-        char file[64];
-        snprintf(file, sizeof file, "ckpt-%lld.h5", best);
-        if (verified(dir, file, r))
-            return AMP_OK;
-        below = best;
-    } while (best > 0);
-    if (*any)
-        return amp_fail(err, AMP_ERR_CKPT,
-                        "the warnings above name each file and its fault: restore one from a copy, or remove the directory "
-                        "to start the run again from step 0",
-                        "run.resume auto: no checkpoint in %s verifies", dir);
-    return AMP_OK;
-}
-
-/* Whether `dir` holds a run (one of its files: runlog_is_run_file). */
-static bool dir_holds_run(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return false;
-    bool found = false;
-    struct dirent *e;
-    while (!found && (e = readdir(d)))
-        found = runlog_is_run_file(e->d_name);
-    closedir(d);
-    return found;
-}
-
-/* config_diff's callback: a key resume may change becomes an override; any other stops the walk. */
-struct restart_diff {
-    struct restart *r;
-    char key[160], there[CFG_STR + 8], here[CFG_STR + 8];
-    bool refused, failed;
-};
-
-static bool restart_diff_key(const char *key, const char *there, const char *here, void *user)
-{
-    struct restart_diff *d = user;
-    if (!resume_may_change(key)) {
-        d->refused = true;
-        snprintf(d->key, sizeof d->key, "%s", key);
-        snprintf(d->there, sizeof d->there, "%s", there);
-        snprintf(d->here, sizeof d->here, "%s", here);
-        return false;
-    }
-    size_t len = strlen(key) + strlen(here) + 2;
-    char **ov = realloc(d->r->ov, (size_t)(d->r->nov + 1) * sizeof *ov);
-    char *one = malloc(len);
-    if (ov)
-        d->r->ov = ov;
-    if (!ov || !one) {
-        free(one);
-        d->failed = true;
-        return false;
-    }
-    snprintf(one, len, "%s=%s", key, here);
-    d->r->ov[d->r->nov++] = one;
-    return true;
-}
-
-/* This run against the checkpoint's: the same but for resume_allowed's keys (those become r->ov), else
- * AMP_ERR_CONFIG naming the first other key that differs and both its values. */
-static enum amp_status compare_with_checkpoint(const struct config *cfg, struct restart *r, struct amp_error *err)
-{
-    struct config there;
-    enum amp_status st = ckpt_read_config(r->ckpt, &there, err);
-    if (st != AMP_OK)
-        return st;
-    struct restart_diff d = {.r = r};
-    int n = config_diff(&there, cfg, restart_diff_key, &d);
-    config_free(&there);
-    if (n < 0 || d.failed)
-        return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and try again", "out of memory comparing configs");
-    if (d.refused) {
-        char hint[CFG_STR + 200];
-        snprintf(hint, sizeof hint, "give %s its run's config to continue it (only the keys 'ampTrain help resume' "
-                 "lists may change), or another run.out_dir to start a new run", cfg->run.out_dir);
-        return amp_fail(err, AMP_ERR_CONFIG, hint,
-                        "run.resume auto: %s holds a run of another config: %s is %s in %s but %s here (%s); nothing "
-                        "was written", cfg->run.out_dir, d.key, d.there, r->ckpt, d.here, resume_refusal(d.key));
-    }
-    return AMP_OK;
-}
-
-/* Decide what `run` does with run.out_dir under run.resume: auto: start (no run there), continue from its newest
- * verified checkpoint, or nothing (that checkpoint is at the run's last step). */
-static enum amp_status restart_decide(const struct config *cfg, struct restart *r, struct amp_error *err)
-{
-    const char *dir = cfg->run.out_dir;
-    *r = (struct restart){.action = RESTART_START};
-    if (!dir_holds_run(dir))
-        return AMP_OK;
-    bool any = false;
-    enum amp_status st = newest_verified(dir, r, &any, err);
-    if (st == AMP_OK && !any) {
-        char hint[CFG_STR + 160];
-        snprintf(hint, sizeof hint, "remove %s to start the run again from step 0 (set run.ckpt_every so that a "
-                 "restart finds a checkpoint)", dir);
-        st = amp_fail(err, AMP_ERR_CONFIG, hint,
-                      "run.resume auto: %s holds a run but no checkpoint (it stopped before its first): there is "
-                      "nothing to continue, and starting again would replace its logs", dir);
-    }
-    if (st == AMP_OK)
-        st = compare_with_checkpoint(cfg, r, err);
-    if (st == AMP_OK)
-        r->action = cfg->run.steps > 0 && r->info.step == cfg->run.steps ? RESTART_COMPLETE : RESTART_CONTINUE;
-    return st;
-}
-
-/* Every rank decided alike (each read run.out_dir itself). */
-static enum amp_status agree_on_restart(const struct restart *r, struct amp_error *err)
-{
-    uint64_t h = digest_u64(DIGEST_INIT, (uint64_t)r->action);
-    h = digest_str(h, r->action == RESTART_START ? "" : r->ckpt);
-    for (int i = 0; i < r->nov; i++)
-        h = digest_str(h, r->ov[i]);
-    return comm_agree(ranks,
-                      dist_check_same(ranks, h, AMP_ERR_CONFIG, "run.resume auto's decision (start, or which checkpoint "
-                                      "to continue from)", "give every rank the same run.out_dir", err),
-                      err);
-}
-
 static enum amp_status run_or_restart(const struct config *cfg, const char *source, struct amp_error *err)
 {
     struct restart r = {0};
     enum amp_status st = AMP_OK;
-    if (cfg->run.resume == RESUME_AUTO) {
-        st = comm_agree(ranks, restart_decide(cfg, &r, err), err);
-        if (st == AMP_OK)
-            st = agree_on_restart(&r, err);
-    }
+    if (cfg->run.resume == RESUME_AUTO)
+        st = restart_decide(cfg, ranks, &r, err);
     if (st == AMP_OK && r.action == RESTART_COMPLETE)
         printf("ampTrain %s: run '%s' is complete: %s is at step %lld, its last (run.steps): nothing to train (raise "
                "run.steps to train further)\n", AMP_VERSION, cfg->run.name, r.ckpt, (long long)r.info.step);
@@ -742,8 +426,8 @@ static enum amp_status eval_overrides(struct config *cfg, int argc, char **argv,
         if (!is_override_arg(argv[i]))
             continue; /* an option or its value (parse_eval_args) */
         any = true;
-        *new_data = *new_data || is_data_path_override(argv[i]);
-        st = allowed_override(&eval_rules, cfg, argv[i], err);
+        *new_data = *new_data || override_sets_data_path(argv[i]);
+        st = override_apply(&eval_rules, cfg, argv[i], err);
     }
     if (st == AMP_OK && any)
         st = config_finalize(cfg, err);

@@ -695,7 +695,7 @@ Test(hostile, an_fp8_checkpoint_with_an_overflow_in_its_amax_history_loads)
     cr_assert(infs > 0, "no +Inf in /fp8/bwd/amax_history");
 }
 
-/* The keys resume accepts are one list: the refusal's hint prints cmd/main.c's table, and
+/* The keys resume accepts are one list: the refusal's hint prints lib/engine/overrides.c's table, and
  * docs/checkpoint.md and `help resume` name every key of it (they disagreed: run.threads, dist.* and the storage keys
  * were missing from some). */
 Test(hostile, resume_overrides_are_one_list)
