@@ -511,3 +511,41 @@ Test(cli, fp8_checkpoints_evaluate_in_bf16_and_say_so)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     shell(cmd);
 }
+
+/* gpu-check's fp8 phase (scripts/gpu/bench_fp8.sh) in DRY mode: a row for bf16 and for each recipe on both models,
+ * each with a figure, the gpt2 rows with their loss against bf16's, and the phase's summary line. */
+Test(cli, gpu_check_fp8_phase_dry_run_fills_its_table)
+{
+    char build[1024];
+    snprintf(build, sizeof build, "%s", AMP_BINARY);
+    char *slash = strrchr(build, '/');
+    cr_assert_not_null(slash);
+    *slash = '\0';
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && out=$(mktemp -d /tmp/amp_gpucheck.XXXXXX) && DRY=1 PHASES='fp8' BUILD_DIR=%s "
+             "OPENBLAS_NUM_THREADS=1 scripts/gpu/gpu-check.sh \"$out\" >/dev/null 2>&1; echo \"rc $?\"; "
+             "cat \"$out/summary.log\" \"$out/fp8.md\"; rm -rf \"$out\"",
+             AMP_SOURCE_DIR, build);
+    static struct result r;
+    r = shell(cmd);
+    const char *out = r.out;
+    cr_assert(strstr(out, "rc 0\n"), "%s", out);
+    cr_assert_null(strstr(out, "FAIL"), "%s", out);
+    cr_assert(strstr(out, "gpu-check: fp8: ok"), "%s", out);
+    const char *rows[] = {"| wide | bf16 | ", "| wide | fp8 delayed | ", "| wide | fp8 current | ",
+                          "| gpt2 | bf16 | ", "| gpt2 | fp8 delayed | ", "| gpt2 | fp8 current | "};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const char *row = strstr(out, rows[i]);
+        cr_assert_not_null(row, "no row '%s'\n%s", rows[i], out);
+        char c = row[strlen(rows[i])];
+        cr_assert(c >= '1' && c <= '9', "row '%s' without tokens/s\n%s", rows[i], out);
+        if (strncmp(rows[i], "| gpt2 | fp8", 12) == 0) { /* tokens/s | / bf16 | eval loss | against bf16 | */
+            const char *p = row + strlen(rows[i]);
+            for (int bar = 0; bar < 2; bar++)
+                p = strchr(p, '|') + 2;
+            cr_assert(p[0] >= '0' && p[0] <= '9', "row '%s' without a loss\n%s", rows[i], out);
+            cr_assert(strstr(p, "%"), "row '%s' without its loss against bf16's\n%s", rows[i], out);
+        }
+    }
+}

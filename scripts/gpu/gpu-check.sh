@@ -11,7 +11,9 @@
 #                                      T = 1024 against PyTorch and llm.c, first after the build, table in
 #                                      OUTDIR/gpt2.md, about 5 minutes; and when asked "sanitize": compute-sanitizer
 #                                      memcheck over the op tests, "cpu": the host's CPU against PyTorch's,
-#                                      scripts/bench/bench_cpu.sh, fashion_mlp fp32 at 1 and all threads),
+#                                      scripts/bench/bench_cpu.sh, fashion_mlp fp32 at 1 and all threads, "fp8":
+#                                      scripts/gpu/bench_fp8.sh, every fp8 recipe against bf16, table in
+#                                      OUTDIR/fp8.md, under 4 minutes),
 #                                      TEST_TIMEOUT (120 s a test binary: the H200 ran each in 1-29 s),
 #                                      RUN_TIMEOUT (90 s a training run; 300 s with DRY=1, where
 #                                      width-768 GPT runs on two CPU cores have passed 90 s: PyTorch
@@ -121,6 +123,16 @@ if has_phase gpt2; then
   agreement=$(sed -n 's/^bench_gpt2: loss agreement: //p' "$out/gpt2.log")
   if [ $rc = 0 ]; then note "gpt2: ok ($(( $(date +%s) - t1 )) s, gpt2.md): loss agreement ${agreement:-?}"
   else fail "gpt2: rc $rc ($(( $(date +%s) - t1 )) s; gpt2.log, gpt2.md)"; fi
+fi
+
+# ---- optional (PHASES="... fp8"): fp8 against bf16 (scripts/gpu/bench_fp8.sh): every recipe's tokens/s on a GPT of
+# width 2048 and on GPT-2 124M, and its loss after 300 steps against bf16's; table in OUTDIR/fp8.md, under 4 minutes ----
+if has_phase fp8; then
+  t1=$(date +%s)
+  DRY=$dry AMPTRAIN_BIN="$bin" timeout "${FP8_TIMEOUT:-240}" scripts/gpu/bench_fp8.sh "$out" > "$out/fp8.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then note "fp8: ok ($(( $(date +%s) - t1 )) s, fp8.md): $(grep '^bench_fp8: gpt2 ' "$out/fp8.log" | sed 's/^bench_fp8: //' | paste -sd ';' | sed 's/;/; /g')"
+  else fail "fp8: rc $rc ($(( $(date +%s) - t1 )) s; fp8.log, fp8.md)"; fi
 fi
 
 # ---- GPU tests: on a GPU machine a skip is a failure ----
