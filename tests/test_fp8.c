@@ -1125,3 +1125,28 @@ Test(fp8, blockwise_weights_are_cast_once_per_optimizer_step)
     free(kept.weights);
     free(ref.weights);
 }
+
+/* A backend without the recipe's cast (the CUDA backend, for now) refuses recipe blockwise when the model is
+ * built: exit 2's status, naming the recipe and the backend, not a run that falls back to something else. */
+Test(fp8, a_backend_without_block_casts_refuses_recipe_blockwise_at_setup)
+{
+    struct config cfg;
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    const char *ov[] = {"precision.mode=fp8", "precision.fp8.recipe=blockwise", "precision.fp8.keep_bf16=[]",
+                        "precision.fp8.min_size=[0, 0]", NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct autocast_policy pol;
+    cr_assert_eq(autocast_from_config(&pol, cfg.precision.mode, &cfg.precision.autocast, &err), AMP_OK, "%s", err.msg);
+    struct data_spec spec = {.sample_ndim = 3, .sample_shape = {1, 28, 28}, .num_classes = 10};
+    struct model m;
+    cr_assert_eq(model_build(&m, &cfg, &spec, be, &pol, 4, &err), AMP_OK, "%s", err.msg);
+    cr_assert(m.has_fp8 && m.fp8.recipe == FP8_BLOCKWISE);
+    model_free(&m);
+    be->fp8_block_cast = NULL;
+    cr_assert_eq(model_build(&m, &cfg, &spec, be, &pol, 4, &err), AMP_ERR_CONFIG);
+    cr_assert(strstr(err.msg, "precision.fp8.recipe: blockwise is not available on backend cpu"), "%s", err.msg);
+    config_free(&cfg);
+}
