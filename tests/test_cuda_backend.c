@@ -2182,6 +2182,24 @@ Test(cuda_backend, attention_decode, .init = open_both, .fini = close_both)
     }
 }
 
+/* precision.fp8.recipe blockwise has no GPU path yet (docs/precision.md, "Recipe blockwise"): the backend has no
+ * block-scaled cast, and a run that asks for the recipe on the GPU is exit 2 naming it, not a run in another
+ * recipe. When the GPU path comes, this test becomes its comparison with the CPU's emulation. */
+Test(cuda_backend, fp8_blockwise_is_refused_until_the_gpu_has_block_casts, .init = open_both, .fini = close_both)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    cr_assert_null(gpu->fp8_block_cast, "the CUDA backend has a block cast now: compare it with the CPU's instead");
+    cr_assert_not_null(cpu->fp8_block_cast);
+    make_scratch();
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " run.device=cuda precision.mode=fp8 "
+                          "precision.fp8.recipe=blockwise 'precision.fp8.keep_bf16=[]' 'precision.fp8.min_size=[0,0]' "
+                          "run.steps=1 run.out_dir=%s/a", scratch);
+    cr_assert_eq(r.code, 2, "exit %d\n%s", r.code, r.out);
+    cr_assert(strstr(r.out, "precision.fp8.recipe: blockwise is not available on backend cuda"), "%s", r.out);
+    remove_scratch();
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)
