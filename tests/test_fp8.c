@@ -899,12 +899,12 @@ struct block_case {
     float alpha, beta;
 };
 
-/* The product of block-scaled operands, against (1) the documented order computed here in fp32, bit for bit, and
- * (2) the exact sum in double of the decoded values times their scales, within a bound: each 128-wide block
- * sums at most 128 exact products in fp32 (127 roundings), times a power of two (exact), into an fp32
- * accumulator (one rounding a block), then alpha and the bias (one rounding each): with u = 2^-24 and
- * g = (127 + blocks + 2) u / (1 - (127 + blocks + 2) u), |C - exact| <= g * sum |a_i b_i| * scales (+ beta * C's
- * own rounding and, for a bf16 C, half a bf16 ulp). */
+/* The product of block-scaled operands, against (1) the documented order computed here, bit for bit, and (2) the
+ * exact sum in double of the decoded values times their scales, within a bound: each 128-wide block's exact sum is
+ * rounded once to fp32 (error <= u times the block's sum of |products|), times a power of two (exact), into an fp32
+ * accumulator (blocks - 1 roundings), then alpha and the bias (one rounding each): with u = 2^-24 and
+ * g = (blocks + 3) u / (1 - (blocks + 3) u), |C - exact| <= g * sum |a_i b_i| * scales (+ beta * C's own rounding
+ * and, for a bf16 C, half a bf16 ulp). */
 static void block_gemm_case(struct block_case bc, int64_t m, int64_t n, int64_t k)
 {
     const int64_t ar = bc.ta ? k : m, ac = bc.ta ? m : k, br = bc.tb ? n : k, bcl = bc.tb ? k : n;
@@ -933,24 +933,22 @@ static void block_gemm_case(struct block_case bc, int64_t m, int64_t n, int64_t 
     tensor_to_host_f32(c, got);
     const uint8_t *acode = a->data, *bcode = b->data;
     const int64_t blocks = (k + 127) / 128;
-    const double u = ldexp(1.0, -24), gam = (127 + blocks + 2) * u / (1 - (127 + blocks + 2) * u);
+    const double u = ldexp(1.0, -24), gam = (blocks + 3) * u / (1 - (blocks + 3) * u);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             float acc = 0.0f;
             double exact = 0, mag = 0;
             for (int64_t blk = 0; blk < blocks; blk++) {
-                float s = 0.0f;
-                double se = 0, sm = 0;
+                double se = 0, sm = 0; /* exact: products of E4M3 values are multiples of 2^-18 below 2^18 */
                 for (int64_t p = blk * 128; p < k && p < blk * 128 + 128; p++) {
                     int64_t ra = bc.ta ? p : i, ca = bc.ta ? i : p, rb = bc.tb ? j : p, cb = bc.tb ? p : j;
                     float va = fp8_to_fp32(acode[ra * ac + ca], FP8_E4M3), vb = fp8_to_fp32(bcode[rb * bcl + cb], FP8_E4M3);
-                    s += va * vb;
                     se += (double)va * vb;
                     sm += fabs((double)va * vb);
                 }
                 int64_t p0 = blk * 128, ra = bc.ta ? p0 : i, ca = bc.ta ? i : p0, rb = bc.tb ? j : p0, cb = bc.tb ? p0 : j;
                 float f = ia[tile_scale_index(bc.at, ar, ac, ra, ca)] * ib[tile_scale_index(bc.bt, br, bcl, rb, cb)];
-                acc += s * f;
+                acc += (float)se * f;
                 exact += se * f;
                 mag += sm * f;
             }

@@ -2,8 +2,9 @@
  * fp8.c — the CPU backend's fp8 ops: fp8_cast (a tensor to E4M3 or E5M2 with a scale, its amax and saturation
  * counts), fp8_update (the delayed-scaling history and scale, lib/base/fp8.h's recipe arithmetic), and recipe
  * blockwise's emulation: fp8_block_cast (a matrix to E4M3 with one scale per 1x128 tile or 128x128 block) and
- * cpu_gemm_blockwise, the product of two block-scaled operands (backend.h, gemm_args: per 128-wide block of K an
- * fp32 sum of code products, times the two tiles' scale_inv, added to an fp32 accumulator, blocks in order).
+ * cpu_gemm_blockwise, the product of two block-scaled operands (backend.h, gemm_args: per 128-wide block of K the
+ * exact sum of the code products rounded once to fp32, times the two tiles' scale_inv, added to an fp32
+ * accumulator, blocks in order).
  * Both are plain scalar loops: the reference a GPU's block-scaled product is held to.
  */
 #include "cpu_internal.h" /* struct cpu_backend, scratch, dtype helpers, EW_CHUNK */
@@ -206,6 +207,25 @@ static bool block_operand(struct mat_in x, bool k_is_stored_rows, int64_t outer,
     return true;
 }
 
+/* The sum of n <= 128 products of E4M3 values, rounded once to fp32. Every E4M3 value is a multiple of 2^-9 below
+ * 2^9, so each product (exact in fp32) is a multiple of 2^-18 below 2^18, and every partial sum of up to 128 of them
+ * a multiple of 2^-18 below 2^25: an integer times 2^-18 under 2^43, exact in double whatever the order. So four
+ * lanes summed apart, then together, give the exact sum, which is rounded once. */
+HOT_LOOP static float block_sum(const float *a, const float *b, int64_t n)
+{
+    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        l0 += (double)(a[k] * b[k]);
+        l1 += (double)(a[k + 1] * b[k + 1]);
+        l2 += (double)(a[k + 2] * b[k + 2]);
+        l3 += (double)(a[k + 3] * b[k + 3]);
+    }
+    for (; k < n; k++)
+        l0 += (double)(a[k] * b[k]);
+    return (float)((l0 + l1) + (l2 + l3));
+}
+
 /* Rows of C a chunk: fixed by nothing but this constant, and each element computed alone, so the bits do not
  * depend on the threads. */
 #define BLOCK_GEMM_ROWS 8
@@ -228,9 +248,7 @@ static void block_gemm_chunk(void *arg, int64_t chunk, int worker)
             float acc = 0.0f;
             for (int64_t blk = 0; blk < nkb; blk++) {
                 const int64_t k0 = blk * FP8_BLOCK, k1 = k0 + FP8_BLOCK < j->k ? k0 + FP8_BLOCK : j->k;
-                float s = 0.0f;
-                for (int64_t kk = k0; kk < k1; kk++)
-                    s += a[kk] * b[kk]; /* exact products of two E4M3 values, summed in fp32 */
+                const float s = block_sum(a + k0, b + k0, k1 - k0);
                 const float f = j->ai[i * nkb + blk] * j->bi[jj * nkb + blk];
                 acc += s * f; /* f a power of two: s * f exact but for underflow */
             }

@@ -63,10 +63,11 @@ enum gemm_epilogue {
  * batch 1, no row bias): each operand's scales are laid out as its tiling says (lib/base/fp8.h), and the tiles lie
  * along K (FP8_TILES_ROWS when K is the operand's stored columns, FP8_TILES_COLS when its stored rows; FP8_BLOCKS
  * either way). The tensors' own scale_inv is not read. Element (i, j) is, on the CPU (kernels/cpu/fp8.c), in fp32:
- * acc = 0; for each 128-wide block b of K in order: s = the sum of the code products of the block, k ascending;
- * acc = acc + s * (A's scale_inv of (i, b) * B's of (b, j)); then alpha * acc, + bias, epilogue, rounding. The
- * scales are powers of two, so s * scale is exact and each block costs one rounding of acc. A GPU sums in its own
- * order (cuBLASLt), so its last bits differ. */
+ * acc = 0; for each 128-wide block b of K in order: s = the exact sum of the block's code products rounded once to
+ * fp32 (exact in any order: lib/base/fp8.h's E4M3 products are multiples of 2^-18 below 2^18); acc = acc + s * (A's
+ * scale_inv of (i, b) * B's of (b, j)); then alpha * acc, + bias, epilogue, rounding. The scales are powers of two,
+ * so s * scale is exact and each block costs two roundings (s and acc). A GPU sums in its own order and
+ * accumulator (cuBLASLt), so its last bits differ. */
 struct fp8_blocks {
     const float *scale_inv;  /* fp8_tiling_scales(tiling, stored rows, stored cols) fp32, backend memory; NULL: none */
     enum fp8_tiling tiling;
