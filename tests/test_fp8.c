@@ -1148,3 +1148,33 @@ Test(fp8, a_backend_without_block_casts_refuses_recipe_blockwise_at_setup)
     cr_assert(strstr(err.msg, "precision.fp8.recipe: blockwise is not available on backend cpu"), "%s", err.msg);
     config_free(&cfg);
 }
+
+/* `ampTrain numerics` of a blockwise run: every cast is E4M3, the output gradients' too, and no per-tensor scale is
+ * shown (each tile had its own), in the report and in numerics.csv (an empty scale column). */
+Test(fp8, numerics_of_a_blockwise_run_shows_e4m3_casts_and_no_tensor_scale)
+{
+    make_scratch();
+    struct result r = amp("numerics configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 precision.fp8.recipe=blockwise "
+                          "'precision.fp8.keep_bf16=[]' 'precision.fp8.min_size=[0,0]' --steps 2 run.out_dir=%s/n", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *section = strstr(r.out, "fp8 casts of this run (recipe blockwise");
+    cr_assert(section, "%s", r.out);
+    cr_assert(strstr(section, "  head/grad_output             e4m3              -"), "%s", section);
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/n/numerics-from-step-0.csv", scratch);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    int rows = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, ",fp8_cast,")) {
+            rows++;
+            cr_assert(strstr(line, ",fp8_cast,e4m3,"), "%s", line);
+            const char *c = line; /* the scale: the sixth field (step,tensor,kind,format,numel,scale,...) */
+            for (int k = 0; k < 5; k++)
+                c = strchr(c, ',') + 1;
+            cr_assert_eq(*c, ',', "a scale is shown: %s", line);
+        }
+    fclose(f);
+    cr_assert_eq(rows, 2 * 9, "9 fp8 tensors, 2 measured steps");
+    remove_scratch();
+}
