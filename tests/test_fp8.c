@@ -1124,7 +1124,7 @@ Test(fp8, blockwise_weights_are_cast_once_per_optimizer_step)
     free(ref.weights);
 }
 
-/* A backend without the recipe's cast (the CUDA backend, for now) refuses recipe blockwise when the model is
+/* A backend without the recipe's cast (a backend that has not implemented it) refuses recipe blockwise when the model is
  * built: exit 2's status, naming the recipe and the backend, not a run that falls back to something else. */
 Test(fp8, a_backend_without_block_casts_refuses_recipe_blockwise_at_setup)
 {
