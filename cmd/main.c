@@ -221,9 +221,14 @@ static void print_fp8(const struct config *cfg, const struct autocast_policy *po
     if (f->recipe == FP8_RECIPE_DELAYED)
         fprintf(out, "\nfp8: recipe delayed (amax history of %lld steps, amax %s, margin %lld)", (long long)f->amax_history_len,
                 f->amax_compute == FP8_AMAX_MAX ? "max" : "most_recent", (long long)f->margin);
-    else
+    else if (f->recipe == FP8_RECIPE_CURRENT)
         fprintf(out, "\nfp8: recipe current (each tensor's amax at its cast, margin %lld)", (long long)f->margin);
-    fprintf(out, "; E4M3 inputs and weights, E5M2 output gradients, bf16 results\n  layers in fp8:");
+    else
+        fprintf(out, "\nfp8: recipe blockwise (a power-of-two scale per 1x128 tile of inputs and output gradients and "
+                     "per 128x128 block of weights, from its amax at the cast)");
+    fprintf(out, "; %s, bf16 results\n  layers in fp8:", f->recipe == FP8_RECIPE_BLOCKWISE
+                                                             ? "E4M3 inputs, weights and output gradients"
+                                                             : "E4M3 inputs and weights, E5M2 output gradients");
     int n = 0;
     bool linear_lowp = policy->cls[OP_LINEAR] == OPC_LOWP;
     for (int i = 0; i < cfg->model.nlayers; i++)

@@ -163,7 +163,18 @@ struct linear_op {
     struct tensor w8;       /* (out, in) E4M3: the weight as this step's first pass cast it, read again by
                              * backward and by the step's later micro-batches (lib/base/fp8.h, struct fp8_pass) */
     uint64_t w8_weights;    /* the fp8_pass.weights w8 was cast for; 0: cast at every pass */
-    size_t dy8_off;         /* scratch (max_rows, out) E5M2: dy cast */
+    size_t dy8_off;         /* scratch (max_rows, out) E5M2 (blockwise: E4M3 in 1x128 tiles): dy cast */
+    /* recipe blockwise (lib/base/fp8.h): each cast has one scale per tile along its product's K, so x and dy are
+     * each cast twice, along their rows for one product and down their columns for the other (dW's K is the
+     * rows); x8 and w8 above then hold 1x128 tiles and 128x128 blocks. All scales fp32 scale_inv. */
+    bool blockwise;
+    struct tensor x8t;      /* (max_rows, in) E4M3: x in 128x1 tiles down its columns, saved for dW */
+    struct tensor xs;       /* (max_rows, ceil(in / 128)): x8's scales */
+    struct tensor xts;      /* (ceil(max_rows / 128), in): x8t's scales */
+    struct tensor ws;       /* (ceil(out / 128), ceil(in / 128)): w8's block scales, kept with w8 */
+    size_t dy8t_off;        /* scratch (max_rows, out) E4M3: dy in 128x1 tiles down its columns, for dW */
+    size_t dys_off, dyts_off; /* scratch fp32: dy8's scales (max_rows, ceil(out / 128)), dy8t's (ceil(max_rows /
+                               * 128), out) */
     /* a relu fused in (model layers linear, relu, ...: layer_build.fuse): */
     bool relu;              /* y is the relu's output, made in the product's epilogue (GEMM_EPI_RELU) */
     bool mask_dx;           /* x is a fused relu's output, and dx comes out masked as the relu's backward would

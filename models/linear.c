@@ -18,6 +18,10 @@
  * micro-batch only, its codes kept for the others: lib/base/fp8.h, struct fp8_pass), the product of the codes sums in
  * fp32 and gives y in d (bf16) with the fp32 bias; backward casts dy to E5M2 and forms dW = dy8^T x8 (fp32) and
  * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it.
+ * Recipe blockwise: every cast is E4M3 with one scale per tile along its product's K (lib/base/fp8.h): the forward
+ * casts x in 1x128 tiles along its rows (x8, for y) and in 128x1 tiles down its columns (x8t, kept for dW, whose K
+ * is the rows), the weight in 128x128 blocks (w8, for y and dx alike); backward casts dy both ways, 1x128 for dx
+ * and 128x1 for dW. The products take the tile scales (backend.h, gemm_args a_blocks, b_blocks).
  *
  * `tie: LAYER/wte` (GPT-2's lm_head): the layer has no weight of its own and reads an earlier embedding's
  * table (vocab, C) as its (out, in) weight. The table stays one parameter (one master, one gradient, one
@@ -44,6 +48,30 @@ static enum amp_status fp8_slot(struct layer *l, struct layer_build *b, const ch
     char name[160];
     snprintf(name, sizeof name, "%s/%s%s", l->cfg.name, prefix, what);
     return fp8_add_slot(b->fp8, backward, name, out, b->err);
+}
+
+/* Recipe blockwise's buffers besides x8 and w8: x8t and the scales of x8, x8t and w8; dy's casts in scratch. */
+static enum amp_status blockwise_setup(struct linear_op *op, struct layer *l, struct layer_build *b,
+                                       const char *prefix, int64_t max_rows)
+{
+    char name[96];
+    const int64_t in = op->in, out = op->out;
+    struct { struct tensor *t; const char *what; enum dtype dt; int64_t rows, cols; } bufs[] = {
+        {&op->x8t, "input cast to e4m3 down its columns", DT_FP8_E4M3, max_rows, in},
+        {&op->xs, "input's tile scales", DT_FP32, max_rows, fp8_tiles(in)},
+        {&op->xts, "input's column tile scales", DT_FP32, fp8_tiles(max_rows), in},
+        {&op->ws, "weight's block scales", DT_FP32, fp8_tiles(out), fp8_tiles(in)},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, bufs[i].what);
+        enum amp_status st = layer_alloc(l, b, bufs[i].t, bufs[i].dt, 2, (int64_t[]){bufs[i].rows, bufs[i].cols}, name);
+        if (st != AMP_OK)
+            return st;
+    }
+    op->dy8t_off = scratch_reserve(b, DT_FP8_E4M3, (size_t)(max_rows * out));
+    op->dys_off = scratch_reserve(b, DT_FP32, (size_t)(max_rows * fp8_tiles(out)));
+    op->dyts_off = scratch_reserve(b, DT_FP32, (size_t)(fp8_tiles(max_rows) * out));
+    return AMP_OK;
 }
 
 enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct layer_build *b, const char *prefix,
@@ -112,7 +140,10 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
         snprintf(name, sizeof name, "%sweight cast to e4m3", prefix);
         if ((st = layer_alloc(l, b, &op->w8, DT_FP8_E4M3, 2, wshape, name)) != AMP_OK)
             return st;
-        op->dy8_off = scratch_reserve(b, DT_FP8_E5M2, (size_t)(max_rows * out));
+        op->blockwise = b->fp8->recipe == FP8_BLOCKWISE;
+        op->dy8_off = scratch_reserve(b, op->blockwise ? DT_FP8_E4M3 : DT_FP8_E5M2, (size_t)(max_rows * out));
+        if (op->blockwise && (st = blockwise_setup(op, l, b, prefix, max_rows)) != AMP_OK)
+            return st;
     } else if (in_dtype != op->d) {
         int64_t xshape[2] = {max_rows, in};
         snprintf(name, sizeof name, "%sinput cast to %s", prefix, dtype_name(op->d));
@@ -149,6 +180,21 @@ static void fp8_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, 
     ctx->be->fp8_cast(ctx->be, &a);
 }
 
+/* Recipe blockwise's cast of src (rows, cols) to dst in `tiling`, its scales into scale_inv (fp32 backend memory),
+ * counted in this pass's numerics counters of slot s unless s is NULL (x and dy are counted at one of their two
+ * casts). Returns the scales, for a product. */
+static struct fp8_blocks fp8_block_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, struct tensor *dst,
+                                           const struct tensor *src, int64_t rows, int64_t cols,
+                                           enum fp8_tiling tiling, float *scale_inv, const struct fp8_slot *s)
+{
+    const struct fp8_pass *pass = ctx->fp8;
+    int64_t *counts = !pass || !s ? NULL : s->g == &st->bwd ? pass->counts_bwd : pass->counts_fwd;
+    struct fp8_block_cast_args a = { .dst = dst, .src = src, .rows = rows, .cols = cols, .tiling = tiling,
+                                     .scale_inv = scale_inv, .counts = counts ? counts + 4 * s->index : NULL };
+    ctx->be->fp8_block_cast(ctx->be, &a);
+    return (struct fp8_blocks){ .scale_inv = scale_inv, .tiling = tiling };
+}
+
 /* y = x W^T + b, or with the GELU epilogue y = gelu(pre), pre = x W^T + b (pre NULL: none). */
 static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, struct tensor *y, struct tensor *pre,
                            const struct tensor *x, int64_t rows)
@@ -159,14 +205,25 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
     struct tensor pre2 = pre ? matrix_view(pre, rows, op->out) : y2;
     struct tensor xc;
     const struct tensor *xin = &x2, *w = linear_op_weight(op);
+    struct fp8_blocks xb = {0}, wb = {0};
     if (op->fp8) {
         xc = matrix_view(&op->x8, rows, op->in);
-        fp8_cast_to(ctx, op->fp8_state, &xc, &x2, &op->sx);
-        op->x8.scale_inv = xc.scale_inv; /* for backward's views */
+        if (op->blockwise) {
+            struct tensor xt = matrix_view(&op->x8t, rows, op->in);
+            xb = fp8_block_cast_to(ctx, op->fp8_state, &xc, &x2, rows, op->in, FP8_TILES_ROWS, op->xs.data, &op->sx);
+            fp8_block_cast_to(ctx, op->fp8_state, &xt, &x2, rows, op->in, FP8_TILES_COLS, op->xts.data, NULL);
+        } else {
+            fp8_cast_to(ctx, op->fp8_state, &xc, &x2, &op->sx);
+            op->x8.scale_inv = xc.scale_inv; /* for backward's views */
+        }
         /* the weight once per optimizer step: its codes kept for the step's other micro-batches (lib/base/fp8.h) */
         uint64_t version = ctx->fp8 ? ctx->fp8->weights : 0;
-        if (version == 0 || op->w8_weights != version)
+        if ((version == 0 || op->w8_weights != version) && op->blockwise)
+            fp8_block_cast_to(ctx, op->fp8_state, &op->w8, w, op->out, op->in, FP8_BLOCKS, op->ws.data, &op->sw);
+        else if (version == 0 || op->w8_weights != version)
             fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw);
+        if (op->blockwise)
+            wb = (struct fp8_blocks){ .scale_inv = op->ws.data, .tiling = FP8_BLOCKS };
         op->w8_weights = version;
         xin = &xc;
         w = &op->w8;
@@ -179,6 +236,7 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
         .a = xin, .b = w, .c = &y2, .bias = op->b ? param_value(op->b) : NULL,
         .trans_b = true, .m = rows, .n = op->out, .k = op->in, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
         .epilogue = pre ? GEMM_EPI_GELU_TANH : op->relu ? GEMM_EPI_RELU : GEMM_EPI_NONE, .aux = pre ? &pre2 : NULL,
+        .a_blocks = xb, .b_blocks = wb,
     };
     be->gemm(be, &g);
 }
@@ -208,11 +266,30 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
     struct tensor xin = op->fp8 ? matrix_view(&op->x8, rows, op->in)
                       : op->xc.data ? matrix_view(&op->xc, rows, op->in) : matrix_view(x, rows, op->in);
     const struct tensor *dyin = &dy2, *w = linear_op_weight(op);
-    struct tensor dy8;
-    if (op->fp8) {
+    struct tensor dy8, dy8t, xt;
+    /* blockwise: dW reads dy and x in 128x1 tiles (its K is the rows), dx reads dy in 1x128 tiles and W's blocks */
+    const struct tensor *dw_a = &dy2, *dw_b = &xin;
+    struct fp8_blocks dyb = {0}, dytb = {0}, xtb = {0}, wb = {0};
+    if (op->fp8 && op->blockwise) {
+        const struct fp8_state *st = op->fp8_state;
+        dy8 = scratch_view(op->workspace, op->dy8_off, DT_FP8_E4M3, 2, (int64_t[]){rows, op->out});
+        dy8t = scratch_view(op->workspace, op->dy8t_off, DT_FP8_E4M3, 2, (int64_t[]){rows, op->out});
+        float *dys = scratch_view(op->workspace, op->dys_off, DT_FP32, 1, (int64_t[]){1}).data;
+        float *dyts = scratch_view(op->workspace, op->dyts_off, DT_FP32, 1, (int64_t[]){1}).data;
+        dyb = fp8_block_cast_to(ctx, st, &dy8, &dy2, rows, op->out, FP8_TILES_ROWS, dys, &op->sdy);
+        dytb = fp8_block_cast_to(ctx, st, &dy8t, &dy2, rows, op->out, FP8_TILES_COLS, dyts, NULL);
+        xt = matrix_view(&op->x8t, rows, op->in);
+        xtb = (struct fp8_blocks){ .scale_inv = op->xts.data, .tiling = FP8_TILES_COLS };
+        wb = (struct fp8_blocks){ .scale_inv = op->ws.data, .tiling = FP8_BLOCKS };
+        dyin = &dy8;
+        dw_a = &dy8t;
+        dw_b = &xt;
+        w = &op->w8;
+    } else if (op->fp8) {
         dy8 = scratch_view(op->workspace, op->dy8_off, DT_FP8_E5M2, 2, (int64_t[]){rows, op->out});
         fp8_cast_to(ctx, op->fp8_state, &dy8, &dy2, &op->sdy);
         dyin = &dy8;
+        dw_a = &dy8;
         w = &op->w8;
     }
 
@@ -220,8 +297,9 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
      * micro-batch's gradient in its tied_grad first (the embedding adds its part and then the sum to grad) */
     bool apart = op->w->tied && beta != 0.0f && op->w->tied_grad.data;
     struct gemm_args gw = {
-        .a = dyin, .b = &xin, .c = apart ? &op->w->tied_grad : &op->w->grad, .trans_a = true,
+        .a = dw_a, .b = dw_b, .c = apart ? &op->w->tied_grad : &op->w->grad, .trans_a = true,
         .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = apart ? 0.0f : beta, .batch = 1,
+        .a_blocks = dytb, .b_blocks = xtb,
     };
     be->gemm(be, &gw);
     if (op->b)
@@ -237,6 +315,7 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
     struct gemm_args gx = {
         .a = dyin, .b = w, .c = &dxc,
         .m = rows, .n = op->in, .k = op->out, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
+        .a_blocks = dyb, .b_blocks = wb,
     };
     struct tensor mask = matrix_view(x, rows, op->in);
     if (op->mask_dx && !ctx->zeros) { /* linear_setup made sure dx is d: dxc is dx itself */
@@ -253,6 +332,10 @@ void linear_op_free(struct linear_op *op)
     tensor_free(&op->xc);
     tensor_free(&op->x8);
     tensor_free(&op->w8);
+    tensor_free(&op->x8t);
+    tensor_free(&op->xs);
+    tensor_free(&op->xts);
+    tensor_free(&op->ws);
 }
 
 /* ---- the layer ----------------------------------------------------------------------------------- */

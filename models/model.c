@@ -243,10 +243,17 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
     };
     m->has_fp8 = m->policy.enabled && m->policy.fp8;
     const struct fp8_config *f8 = &cfg->precision.fp8;
-    m->fp8 = (struct fp8_state){ .recipe = f8->recipe == FP8_RECIPE_CURRENT ? FP8_CURRENT : FP8_DELAYED,
+    m->fp8 = (struct fp8_state){ .recipe = f8->recipe == FP8_RECIPE_CURRENT ? FP8_CURRENT
+                                         : f8->recipe == FP8_RECIPE_BLOCKWISE ? FP8_BLOCKWISE : FP8_DELAYED,
                                  .len = (int)f8->amax_history_len, .most_recent = f8->amax_compute == FP8_AMAX_MOST_RECENT,
                                  .margin = (int)f8->margin, .min_k = (int64_t)f8->min_size[0],
                                  .min_n = (int64_t)f8->min_size[1] };
+    if (m->has_fp8 && m->fp8.recipe == FP8_BLOCKWISE && !be->fp8_block_cast) {
+        model_free(m);
+        return amp_fail(err, AMP_ERR_CONFIG, "use run.device: cpu, or precision.fp8.recipe: delayed or current",
+                        "precision.fp8.recipe: blockwise is not available on backend %s (its block-scaled casts and "
+                        "products are not implemented there yet)", be->name);
+    }
     input_from_data(&b, spec, max_batch);
     size_t scratch = 0;
     bool params_before = false; /* a layer before this one has parameters: its input gradient has a use */

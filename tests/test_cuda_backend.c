@@ -2182,6 +2182,137 @@ Test(cuda_backend, attention_decode, .init = open_both, .fini = close_both)
     }
 }
 
+/* ---- recipe blockwise ------------------------------------------------------------------------------------ */
+
+/* One operand of a block-scaled product on both backends: fp32 values (rows, cols) whose 16-row bands span
+ * 2^-12 to 2^14, cast with `tiling` by each backend; the codes and the scales must have the same bits. */
+struct block_pair {
+    struct pair x, q;      /* the fp32 source and its E4M3 codes */
+    float *sc, *sg;        /* scale_inv: host (the CPU's) and GPU */
+    int64_t nscales;
+};
+
+static void block_pair_cast(struct block_pair *bp, int64_t rows, int64_t cols, enum fp8_tiling tiling, int64_t *counts)
+{
+    pair_alloc(&bp->x, DT_FP32, 2, (int64_t[]){rows, cols});
+    float *h = malloc(bp->x.c.numel * sizeof *h);
+    cr_assert_not_null(h);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            h[r * cols + c] = uniform(-1, 1) * ldexpf(1.0f, (int)((r / 16 + c / 64) % 27) - 12);
+    h[3] = NAN;
+    tensor_from_host_f32(&bp->x.c, h);
+    gpu->upload(gpu, bp->x.g.data, bp->x.c.data, tensor_bytes(&bp->x.c));
+    free(h);
+    pair_out(&bp->q, DT_FP8_E4M3, 2, (int64_t[]){rows, cols});
+    bp->nscales = fp8_tiling_scales(tiling, rows, cols);
+    bp->sc = malloc((size_t)bp->nscales * sizeof(float));
+    cr_assert_not_null(bp->sc);
+    bp->sg = be_poisoned(gpu, (size_t)bp->nscales * sizeof(float));
+    int64_t *gcounts = counts ? be_put(gpu, (int64_t[4]){0, 0, 0, 0}, 4 * sizeof(int64_t)) : NULL;
+    cpu->fp8_block_cast(cpu, &(struct fp8_block_cast_args){ .dst = &bp->q.c, .src = &bp->x.c, .rows = rows,
+                                                            .cols = cols, .tiling = tiling, .scale_inv = bp->sc,
+                                                            .counts = counts });
+    gpu->fp8_block_cast(gpu, &(struct fp8_block_cast_args){ .dst = &bp->q.g, .src = &bp->x.g, .rows = rows,
+                                                            .cols = cols, .tiling = tiling, .scale_inv = bp->sg,
+                                                            .counts = gcounts });
+    char what[96];
+    snprintf(what, sizeof what, "fp8_block_cast tiling %d (%lld, %lld) codes", (int)tiling, (long long)rows,
+             (long long)cols);
+    pair_expect_bits(&bp->q, what);
+    float *got = malloc((size_t)bp->nscales * sizeof(float));
+    cr_assert_not_null(got);
+    gpu->download(gpu, got, bp->sg, (size_t)bp->nscales * sizeof(float));
+    cr_assert_eq(memcmp(got, bp->sc, (size_t)bp->nscales * sizeof(float)), 0, "%s: the scales differ", what);
+    free(got);
+    if (counts) {
+        int64_t gc[4];
+        gpu->download(gpu, gc, gcounts, sizeof gc);
+        for (int i = 0; i < 4; i++)
+            cr_assert_eq(gc[i], counts[i], "%s: count %d: GPU %lld, CPU %lld", what, i, (long long)gc[i],
+                         (long long)counts[i]);
+        gpu->free(gpu, gcounts);
+    }
+}
+
+static void block_pair_free(struct block_pair *bp)
+{
+    pair_free(&bp->x);
+    pair_free(&bp->q);
+    free(bp->sc);
+    gpu->free(gpu, bp->sg);
+}
+
+/* The tile-scaled cast in each tiling, with its counts: the CPU's codes, scales and counts, bit for bit. */
+Test(cuda_backend, fp8_block_cast_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
+{
+    rng_state = 21;
+    const enum fp8_tiling tilings[3] = {FP8_TILES_ROWS, FP8_TILES_COLS, FP8_BLOCKS};
+    for (int t = 0; t < 3; t++) {
+        struct block_pair bp;
+        int64_t counts[4] = {0, 0, 0, 0};
+        block_pair_cast(&bp, 200, 300, tilings[t], counts);
+        cr_assert_eq(counts[3], 200 * 300);
+        block_pair_free(&bp);
+    }
+}
+
+/* A linear layer's three block-scaled products (y = x W^T, dx = dy W, dW = dy^T x accumulating) with K 300 (a
+ * partial last block): the GPU runs the CPU's arithmetic, so fp32 and bf16 results have the CPU's bits; GELU's
+ * epilogue (tanhf against the CPU's tanh) is held to the bf16 tolerance. */
+static void block_gemm_case(bool ta, bool tb, enum fp8_tiling at, enum fp8_tiling bt, enum dtype dc, bool bias,
+                            float beta, bool gelu)
+{
+    const int64_t m = 70, n = 140, k = 300;
+    struct block_pair a, b;
+    block_pair_cast(&a, ta ? k : m, ta ? m : k, at, NULL);
+    block_pair_cast(&b, tb ? n : k, tb ? k : n, bt, NULL);
+    struct pair c, bi, aux;
+    if (beta != 0.0f)
+        pair_rand(&c, dc, 1, (int64_t[]){m * n}, -1, 1);
+    else
+        pair_out(&c, dc, 1, (int64_t[]){m * n});
+    if (bias)
+        pair_rand(&bi, DT_FP32, 1, (int64_t[]){n}, -1, 1);
+    if (gelu)
+        pair_out(&aux, dc, 1, (int64_t[]){m * n});
+    struct gemm_args g = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta,
+                          .batch = 1, .epilogue = gelu ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE};
+    g.a = &a.q.c, g.b = &b.q.c, g.c = &c.c, g.bias = bias ? &bi.c : NULL, g.aux = gelu ? &aux.c : NULL;
+    g.a_blocks = (struct fp8_blocks){a.sc, at}, g.b_blocks = (struct fp8_blocks){b.sc, bt};
+    cpu->gemm(cpu, &g);
+    g.a = &a.q.g, g.b = &b.q.g, g.c = &c.g, g.bias = bias ? &bi.g : NULL, g.aux = gelu ? &aux.g : NULL;
+    g.a_blocks = (struct fp8_blocks){a.sg, at}, g.b_blocks = (struct fp8_blocks){b.sg, bt};
+    gpu->gemm(gpu, &g);
+    char what[160];
+    snprintf(what, sizeof what, "block-scaled gemm -> %s ta=%d tb=%d bias=%d beta=%g gelu=%d", dtype_name(dc), ta, tb,
+             bias, beta, gelu);
+    if (gelu) {
+        pair_expect(&c, 1e-2, what);
+        pair_expect_bits(&aux, what); /* the pre-activation: no tanh in it */
+    } else {
+        pair_expect_bits(&c, what);
+    }
+    block_pair_free(&a);
+    block_pair_free(&b);
+    pair_free(&c);
+    if (bias)
+        pair_free(&bi);
+    if (gelu)
+        pair_free(&aux);
+}
+
+Test(cuda_backend, fp8_block_gemm_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
+{
+    rng_state = 22;
+    block_gemm_case(false, true, FP8_TILES_ROWS, FP8_BLOCKS, DT_BF16, true, 0.0f, false);  /* y = x W^T + b */
+    block_gemm_case(false, true, FP8_TILES_ROWS, FP8_BLOCKS, DT_BF16, true, 0.0f, true);   /* ... with GELU */
+    block_gemm_case(false, true, FP8_TILES_ROWS, FP8_BLOCKS, DT_FP32, false, 0.0f, false);
+    block_gemm_case(false, false, FP8_TILES_ROWS, FP8_BLOCKS, DT_BF16, false, 0.0f, false); /* dx = dy W */
+    block_gemm_case(true, false, FP8_TILES_COLS, FP8_TILES_COLS, DT_FP32, false, 0.0f, false); /* dW = dy^T x */
+    block_gemm_case(true, false, FP8_TILES_COLS, FP8_TILES_COLS, DT_FP32, false, 1.0f, false); /* accumulating */
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)

@@ -1,8 +1,10 @@
 /*
- * test_fp8.c — precision.mode fp8 on the CPU backend: the scaled cast, the recipes' scale arithmetic
- * (lib/base/fp8.h, Transformer Engine's delayed scaling and torchao's current scaling), products of fp8 operands,
- * and the linear layer's fp8 path (the weights cast once per optimizer step). Expected values are computed here independently: nearest codes by search
- * over all 256, scales by the formulas as TE and torchao write them, products in double from decoded codes.
+ * test_fp8.c — precision.mode fp8 on the CPU backend: the scaled casts, the recipes' scale arithmetic
+ * (lib/base/fp8.h, Transformer Engine's delayed scaling, torchao's current scaling and the blockwise recipe's
+ * power-of-two tile scales), products of fp8 operands (per-tensor and block-scaled), and the linear layer's fp8 path
+ * (the weights cast once per optimizer step). Expected values are computed here independently: nearest codes by
+ * search over all 256, scales by the formulas as TE and torchao write them (blockwise: by search over the powers of
+ * two), products in double from decoded codes.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
@@ -487,16 +489,28 @@ Test(fp8, numerics_reports_the_casts_at_the_runs_scales)
  * source is a parameter's master). */
 static struct {
     void (*fp8_cast)(struct backend *, const struct fp8_cast_args *);
+    void (*fp8_block_cast)(struct backend *, const struct fp8_block_cast_args *);
     const struct model *m;
     int casts, weight_casts;
 } counted;
 
-static void counting_fp8_cast(struct backend *b, const struct fp8_cast_args *a)
+static void count_cast_of(const void *src)
 {
     counted.casts++;
     for (int i = 0; i < counted.m->nparams; i++)
-        if (a->src->data == counted.m->params[i]->master.data)
+        if (src == counted.m->params[i]->master.data)
             counted.weight_casts++;
+}
+
+static void counting_fp8_block_cast(struct backend *b, const struct fp8_block_cast_args *a)
+{
+    count_cast_of(a->src->data);
+    counted.fp8_block_cast(b, a);
+}
+
+static void counting_fp8_cast(struct backend *b, const struct fp8_cast_args *a)
+{
+    count_cast_of(a->src->data);
     counted.fp8_cast(b, a);
 }
 
@@ -545,8 +559,9 @@ static void fp8_accum_run(const char *recipe, bool recast, int steps, struct fp8
     cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
     cr_assert(t.model.has_fp8);
     t.model.fp8.recast_weights = recast;
-    counted = (__typeof__(counted)){.fp8_cast = t.be->fp8_cast, .m = &t.model};
+    counted = (__typeof__(counted)){.fp8_cast = t.be->fp8_cast, .fp8_block_cast = t.be->fp8_block_cast, .m = &t.model};
     t.be->fp8_cast = counting_fp8_cast;
+    t.be->fp8_block_cast = counting_fp8_block_cast;
     for (int i = 0; i < steps; i++) {
         cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
         cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
@@ -554,6 +569,7 @@ static void fp8_accum_run(const char *recipe, bool recast, int steps, struct fp8
         out->loss[i] = t.recs[0].loss;
     }
     t.be->fp8_cast = counted.fp8_cast;
+    t.be->fp8_block_cast = counted.fp8_block_cast;
     out->casts = counted.casts;
     out->weight_casts = counted.weight_casts;
     out->weights = copy_masters(&t.model, &out->nweights);
@@ -762,5 +778,403 @@ Test(fp8, a_checkpoint_from_before_min_size_resumes_with_every_product_in_fp8)
     float *s = read_dataset(b, "/fp8/fwd/scale", &n);
     cr_assert_eq(n, 6, "the three products' inputs and weights");
     free(s);
+    remove_scratch();
+}
+
+/* ---- recipe blockwise ------------------------------------------------------------------------------------ */
+
+/* The scale the recipe gives a tile of amax `amax` (double, NaN ignored), found here by search: the largest
+ * power of two 2^e, e in [-126, 126], with amax * 2^e <= 448; 1 for an amax of 0 or Inf. Returns e (scale 2^e). */
+static int tile_exponent(double amax)
+{
+    if (amax == 0.0 || isinf(amax))
+        return 0;
+    int e = 126;
+    while (e > -126 && ldexp(amax, e) > 448.0)
+        e--;
+    return e;
+}
+
+/* Tile (tr rows, tc columns) of a (rows, cols) matrix that element (r, c) is in, and that tile's scale index,
+ * as docs/precision.md lays them out: 1x128 tiles along rows, 128x1 down columns, 128x128 blocks, row-major. */
+static int64_t tile_scale_index(enum fp8_tiling t, int64_t rows, int64_t cols, int64_t r, int64_t c)
+{
+    int64_t row_tiles = (rows + 127) / 128, col_tiles = (cols + 127) / 128;
+    (void)row_tiles;
+    if (t == FP8_TILES_ROWS)
+        return r * col_tiles + c / 128;
+    if (t == FP8_TILES_COLS)
+        return (r / 128) * cols + c;
+    return (r / 128) * col_tiles + c / 128;
+}
+
+/* A (rows, cols) fp32 matrix whose 16-row, 16-column patches have magnitudes 2^-12 to 2^14, and whose 128x128
+ * blocks differ by powers of 2^5 too, so that the tiles of every tiling get scales of their own. */
+static float *varied_matrix(int64_t rows, int64_t cols)
+{
+    float *x = falloc((size_t)(rows * cols));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            int e = (int)(((r / 16) * 7 + (c / 16) * 3) % 17) - 12 + 5 * (int)((r / 128 + c / 128) % 3);
+            x[r * cols + c] = (float)(urand() * 2.0 - 1.0) * ldexpf(1.0f, e);
+        }
+    return x;
+}
+
+/* Each tile's codes are the nearest E4M3 codes of value * 2^e, 2^e the largest power of two that keeps the tile's
+ * amax within 448, and its scale_inv is 2^-e, exactly; an all-zero tile gets 1, a NaN is left out of the amax. The
+ * matrix is 130 x 300, so every tiling has partial tiles at the edges. */
+Test(fp8, block_cast_gives_each_tile_its_power_of_two_scale_and_nearest_codes)
+{
+    seed(11);
+    const int64_t rows = 130, cols = 300;
+    const enum fp8_tiling tilings[3] = {FP8_TILES_ROWS, FP8_TILES_COLS, FP8_BLOCKS};
+    const int64_t tr[3] = {1, 128, 128}, tc[3] = {128, 1, 128};
+    for (int t = 0; t < 3; t++) {
+        float *x = varied_matrix(rows, cols);
+        for (int64_t c = 128; c < 256; c++) /* a zero tile in every tiling: row 129, columns 128..255 */
+            x[129 * cols + c] = 0.0f;
+        for (int64_t r = 128; r < 130; r++)
+            for (int64_t c = 128; c < 256; c++)
+                x[r * cols + c] = 0.0f;
+        x[5 * cols + 7] = NAN;
+        struct tensor *src = host_tensor(DT_FP32, (size_t)(rows * cols)), *dst = host_tensor(DT_FP8_E4M3,
+                                                                                             (size_t)(rows * cols));
+        memcpy(src->data, x, (size_t)(rows * cols) * sizeof(float));
+        int64_t ns = fp8_tiling_scales(tilings[t], rows, cols);
+        cr_assert_eq(ns, t == 0 ? rows * 3 : t == 1 ? 2 * cols : 2 * 3);
+        float *inv = falloc((size_t)ns);
+        struct fp8_block_cast_args a = { .dst = dst, .src = src, .rows = rows, .cols = cols, .tiling = tilings[t],
+                                         .scale_inv = inv };
+        be->fp8_block_cast(be, &a);
+        const uint8_t *code = dst->data;
+        int other = 0, e0 = INT32_MIN; /* tiles whose scale is not the first tile's */
+        for (int64_t r0 = 0; r0 < rows; r0 += tr[t])
+            for (int64_t c0 = 0; c0 < cols; c0 += tc[t]) {
+                int64_t r1 = r0 + tr[t] < rows ? r0 + tr[t] : rows, c1 = c0 + tc[t] < cols ? c0 + tc[t] : cols;
+                double amax = 0;
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t c = c0; c < c1; c++)
+                        if (!isnan(x[r * cols + c]))
+                            amax = fmax(amax, fabs((double)x[r * cols + c]));
+                int e = tile_exponent(amax);
+                int64_t si = tile_scale_index(tilings[t], rows, cols, r0, c0);
+                cr_assert_eq(inv[si], ldexpf(1.0f, -e), "tiling %d tile (%lld, %lld): scale_inv %g, want 2^%d", t,
+                             (long long)r0, (long long)c0, (double)inv[si], -e);
+                e0 = e0 == INT32_MIN ? e : e0;
+                other += e != e0;
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t c = c0; c < c1; c++) {
+                        uint8_t want = nearest_code(ldexp((double)x[r * cols + c], e), FP8_E4M3);
+                        cr_assert_eq(code[r * cols + c], want, "tiling %d (%lld, %lld): code 0x%02x, want 0x%02x", t,
+                                     (long long)r, (long long)c, code[r * cols + c], want);
+                    }
+            }
+        cr_assert_gt(other, 1, "tiling %d: the scales hardly vary; the test would not see a tile's mix-up", t);
+        cr_assert_eq(inv[tile_scale_index(tilings[t], rows, cols, 129, 128)], 1.0f, "tiling %d: zero tile", t);
+    }
+}
+
+/* The recipe's scale rule at its edges: a power of two exactly at 448 / amax, the clamps, 0, Inf and NaN. */
+Test(fp8, block_scale_is_the_largest_power_of_two_within_448)
+{
+    cr_assert_eq(fp8_block_scale(448.0f), 1.0f);
+    cr_assert_eq(fp8_block_scale(7.0f), 64.0f);                   /* 448 / 7 = 64 exactly */
+    cr_assert_eq(fp8_block_scale(nextafterf(7.0f, 8.0f)), 32.0f); /* just above: the next power down */
+    cr_assert_eq(fp8_block_scale(nextafterf(7.0f, 0.0f)), 64.0f);
+    cr_assert_eq(fp8_block_scale(1.0f), 256.0f);
+    cr_assert_eq(fp8_block_scale(0.0f), 1.0f);
+    cr_assert_eq(fp8_block_scale(INFINITY), 1.0f);
+    cr_assert_eq(fp8_block_scale(NAN), 1.0f);
+    cr_assert_eq(fp8_block_scale(1e-44f), ldexpf(1.0f, 126)); /* clamped: its inverse stays a normal number */
+    cr_assert_eq(fp8_block_scale(3.4e38f), ldexpf(1.0f, -120));
+}
+
+/* One block-scaled product: op(A) (m, k) and op(B) (k, n) from fp32 matrices cast with the tilings given. */
+struct block_case {
+    bool ta, tb;
+    enum fp8_tiling at, bt;
+    enum dtype c;
+    bool bias;
+    float alpha, beta;
+};
+
+/* The product of block-scaled operands, against (1) the documented order computed here, bit for bit, and (2) the
+ * exact sum in double of the decoded values times their scales, within a bound: each 128-wide block's exact sum is
+ * rounded once to fp32 (error <= u times the block's sum of |products|), times a power of two (exact), into an fp32
+ * accumulator (blocks - 1 roundings), then alpha and the bias (one rounding each): with u = 2^-24 and
+ * g = (blocks + 3) u / (1 - (blocks + 3) u), |C - exact| <= g * sum |a_i b_i| * scales (+ beta * C's own rounding
+ * and, for a bf16 C, half a bf16 ulp). */
+static void block_gemm_case(struct block_case bc, int64_t m, int64_t n, int64_t k)
+{
+    const int64_t ar = bc.ta ? k : m, ac = bc.ta ? m : k, br = bc.tb ? n : k, bcl = bc.tb ? k : n;
+    float *xa = varied_matrix(ar, ac), *xb = varied_matrix(br, bcl);
+    struct tensor *sa = host_tensor(DT_FP32, (size_t)(ar * ac)), *sb = host_tensor(DT_FP32, (size_t)(br * bcl));
+    struct tensor *a = host_tensor(DT_FP8_E4M3, (size_t)(ar * ac)), *b = host_tensor(DT_FP8_E4M3, (size_t)(br * bcl));
+    memcpy(sa->data, xa, (size_t)(ar * ac) * sizeof(float));
+    memcpy(sb->data, xb, (size_t)(br * bcl) * sizeof(float));
+    float *ia = falloc((size_t)fp8_tiling_scales(bc.at, ar, ac)), *ib = falloc((size_t)fp8_tiling_scales(bc.bt, br, bcl));
+    be->fp8_block_cast(be, &(struct fp8_block_cast_args){ .dst = a, .src = sa, .rows = ar, .cols = ac,
+                                                            .tiling = bc.at, .scale_inv = ia });
+    be->fp8_block_cast(be, &(struct fp8_block_cast_args){ .dst = b, .src = sb, .rows = br, .cols = bcl,
+                                                            .tiling = bc.bt, .scale_inv = ib });
+    struct tensor *c = host_tensor(bc.c, (size_t)(m * n)), *bias = host_tensor(DT_FP32, (size_t)n);
+    float *c0 = falloc((size_t)(m * n)), *bh = bias->data;
+    for (int64_t i = 0; i < m * n; i++)
+        c0[i] = (float)urand() - 0.5f;
+    for (int64_t j = 0; j < n; j++)
+        bh[j] = (float)urand() - 0.5f;
+    tensor_from_host_f32(c, c0);
+    struct gemm_args g = { .a = a, .b = b, .c = c, .bias = bc.bias ? bias : NULL, .trans_a = bc.ta, .trans_b = bc.tb,
+                           .m = m, .n = n, .k = k, .alpha = bc.alpha, .beta = bc.beta, .batch = 1,
+                           .a_blocks = { ia, bc.at }, .b_blocks = { ib, bc.bt } };
+    be->gemm(be, &g);
+    float *got = falloc((size_t)(m * n));
+    tensor_to_host_f32(c, got);
+    const uint8_t *acode = a->data, *bcode = b->data;
+    const int64_t blocks = (k + 127) / 128;
+    const double u = ldexp(1.0, -24), gam = (blocks + 3) * u / (1 - (blocks + 3) * u);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float acc = 0.0f;
+            double exact = 0, mag = 0;
+            for (int64_t blk = 0; blk < blocks; blk++) {
+                double se = 0, sm = 0; /* exact: products of E4M3 values are multiples of 2^-18 below 2^18 */
+                for (int64_t p = blk * 128; p < k && p < blk * 128 + 128; p++) {
+                    int64_t ra = bc.ta ? p : i, ca = bc.ta ? i : p, rb = bc.tb ? j : p, cb = bc.tb ? p : j;
+                    float va = fp8_to_fp32(acode[ra * ac + ca], FP8_E4M3), vb = fp8_to_fp32(bcode[rb * bcl + cb], FP8_E4M3);
+                    se += (double)va * vb;
+                    sm += fabs((double)va * vb);
+                }
+                int64_t p0 = blk * 128, ra = bc.ta ? p0 : i, ca = bc.ta ? i : p0, rb = bc.tb ? j : p0, cb = bc.tb ? p0 : j;
+                float f = ia[tile_scale_index(bc.at, ar, ac, ra, ca)] * ib[tile_scale_index(bc.bt, br, bcl, rb, cb)];
+                acc += (float)se * f;
+                exact += se * f;
+                mag += sm * f;
+            }
+            float mine = bc.alpha * acc;
+            if (bc.bias)
+                mine += bh[j];
+            double want = bc.alpha * exact + (bc.bias ? bh[j] : 0) + bc.beta * c0[i * n + j];
+            double tol = gam * fabs(bc.alpha) * mag + (bc.bias ? u * fabs(want) : 0) + u * fabs(bc.beta * c0[i * n + j]) +
+                         (bc.c == DT_BF16 ? fabs(want) / 256 : 0) + 1e-37;
+            cr_assert(fabs(got[i * n + j] - want) <= tol, "ta %d tb %d (%lld, %lld): %.9g, exact %.9g, bound %.3g",
+                      bc.ta, bc.tb, (long long)i, (long long)j, (double)got[i * n + j], want, tol);
+            if (bc.c == DT_FP32 && bc.beta == 0.0f)
+                cr_assert_eq(got[i * n + j], mine, "ta %d tb %d (%lld, %lld): %.9g, the documented order %.9g", bc.ta,
+                             bc.tb, (long long)i, (long long)j, (double)got[i * n + j], (double)mine);
+            if (bc.c == DT_BF16 && bc.beta == 0.0f)
+                cr_assert_eq(((const uint16_t *)c->data)[i * n + j], bf16_from_fp32(mine), "bf16 (%lld, %lld)",
+                             (long long)i, (long long)j);
+        }
+}
+
+/* The three products of a linear layer: y = x W^T (x in 1x128 tiles, W in blocks), dW = dy^T x (both in 128x1
+ * tiles: K is the rows) and dx = dy W (dy in 1x128 tiles, W in blocks); K 300, so the last block of K is partial,
+ * and outputs fp32 (bit for bit the documented order), bf16 with a bias, and fp32 accumulated into (beta 1). */
+Test(fp8, block_scaled_products_follow_the_documented_order_within_the_derived_bound)
+{
+    seed(12);
+    const struct block_case cases[] = {
+        {.ta = false, .tb = true, .at = FP8_TILES_ROWS, .bt = FP8_BLOCKS, .c = DT_FP32, .alpha = 1.0f},
+        {.ta = false, .tb = true, .at = FP8_TILES_ROWS, .bt = FP8_BLOCKS, .c = DT_BF16, .bias = true, .alpha = 1.0f},
+        {.ta = true, .tb = false, .at = FP8_TILES_COLS, .bt = FP8_TILES_COLS, .c = DT_FP32, .alpha = 1.0f},
+        {.ta = true, .tb = false, .at = FP8_TILES_COLS, .bt = FP8_TILES_COLS, .c = DT_FP32, .alpha = 1.0f, .beta = 1.0f},
+        {.ta = false, .tb = false, .at = FP8_TILES_ROWS, .bt = FP8_BLOCKS, .c = DT_BF16, .alpha = 1.0f},
+        {.ta = false, .tb = true, .at = FP8_BLOCKS, .bt = FP8_TILES_ROWS, .c = DT_FP32, .alpha = 0.75f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        block_gemm_case(cases[i], 9, 140, 300);
+}
+
+/* The attribute `recipe` of a checkpoint's /fp8, and how many links the group holds. */
+static void fp8_group_of(const char *path, char *recipe, size_t len, hsize_t *links)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(f >= 0, "cannot open %s", path);
+    hid_t g = H5Gopen2(f, "fp8", H5P_DEFAULT);
+    cr_assert(g >= 0, "%s: no /fp8", path);
+    H5G_info_t info;
+    cr_assert(H5Gget_info(g, &info) >= 0);
+    *links = info.nlinks;
+    hid_t a = H5Aopen(g, "recipe", H5P_DEFAULT);
+    cr_assert(a >= 0, "%s: /fp8 has no recipe", path);
+    hid_t t = H5Aget_type(a);
+    size_t n = H5Tget_size(t);
+    cr_assert_lt(n, len);
+    hid_t mt = H5Tcopy(t);
+    memset(recipe, 0, len);
+    cr_assert(H5Aread(a, mt, recipe) >= 0);
+    H5Tclose(mt);
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Gclose(g);
+    H5Fclose(f);
+}
+
+/* Recipe blockwise on the small MLP with every product in fp8 (K 784: seven blocks, the last of 16; dW's K, the
+ * batch of 32, one partial tile): two runs give the same bits, 2 steps then `resume` give the 4-step run's bits,
+ * and the checkpoint's /fp8 holds its attributes and nothing else (no scale state to carry). */
+Test(fp8, a_blockwise_run_is_deterministic_resumes_bit_exactly_and_keeps_no_scales)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    make_scratch();
+    const char *mode = "precision.mode=fp8 precision.fp8.recipe=blockwise 'precision.fp8.keep_bf16=[]' "
+                       "'precision.fp8.min_size=[0,0]' run.log_every=1";
+    struct result r = amp("run configs/fashion_mlp.yaml " SMALL " %s run.steps=4 run.out_dir=%s/a", mode, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("run configs/fashion_mlp.yaml " SMALL " %s run.steps=4 run.threads=2 run.out_dir=%s/b", mode, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("run configs/fashion_mlp.yaml " SMALL " %s run.steps=2 run.out_dir=%s/c", mode, scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    r = amp("resume %s/c/ckpt-2.h5 run.steps=4", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "resumed from"), "%s", r.out);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/a/ckpt-4.h5", scratch);
+    for (int i = 0; i < 2; i++) {
+        snprintf(b, sizeof b, "%s/%s/ckpt-4.h5", scratch, i ? "c" : "b");
+        cr_assert_geq(assert_same_tensors(a, b), 6);
+    }
+    snprintf(a, sizeof a, "%s/a/scale_log.csv", scratch);
+    snprintf(b, sizeof b, "%s/c/scale_log.csv", scratch);
+    assert_same_logs(a, b);
+    /* and it is not the delayed recipe's run, nor bf16's */
+    r = amp("run configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 'precision.fp8.keep_bf16=[]' "
+            "'precision.fp8.min_size=[0,0]' run.steps=4 run.out_dir=%s/d", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    snprintf(a, sizeof a, "%s/a/ckpt-4.h5", scratch);
+    snprintf(b, sizeof b, "%s/d/ckpt-4.h5", scratch);
+    size_t na, nd;
+    float *wa = read_dataset(a, "/model/fc1/weight", &na), *wd = read_dataset(b, "/model/fc1/weight", &nd);
+    cr_assert_eq(na, nd);
+    cr_assert_neq(memcmp(wa, wd, na * sizeof *wa), 0, "blockwise trained as delayed did");
+    free(wa);
+    free(wd);
+    char recipe[32];
+    hsize_t links;
+    fp8_group_of(a, recipe, sizeof recipe, &links);
+    cr_assert_str_eq(recipe, "blockwise");
+    cr_assert_eq(links, 0, "/fp8 of a blockwise run holds %llu datasets or groups", (unsigned long long)links);
+    remove_scratch();
+}
+
+/* `check` names the recipe and the format of every cast; an unknown recipe is refused naming the key (exit 2). */
+Test(fp8, check_names_recipe_blockwise_and_refuses_unknown_recipes)
+{
+    struct result r = amp("check configs/fashion_mlp.yaml precision.mode=fp8 precision.fp8.recipe=blockwise");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "fp8: recipe blockwise (a power-of-two scale per 1x128 tile of inputs and output "
+                            "gradients and per 128x128 block of weights, from its amax at the cast); E4M3 inputs, "
+                            "weights and output gradients, bf16 results\n"), "%s", r.out);
+    const char *bad[] = {"blockwize", "block", "128x128", ""};
+    for (int i = 0; i < 4; i++) {
+        r = amp("check configs/fashion_mlp.yaml precision.mode=fp8 'precision.fp8.recipe=%s'", bad[i]);
+        cr_assert_eq(r.code, 2, "recipe '%s': exit %d\n%s", bad[i], r.code, r.out);
+        cr_assert(strstr(r.out, "precision.fp8.recipe"), "recipe '%s': the key is not named\n%s", bad[i], r.out);
+    }
+    /* the delayed recipe's keys and margin mean nothing to it: a warning, not a silent no-op */
+    r = amp("check configs/fashion_mlp.yaml precision.mode=fp8 precision.fp8.recipe=blockwise precision.fp8.margin=2");
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "do not apply to recipe blockwise"), "%s", r.out);
+}
+
+/* The size rule under recipe blockwise: with the default min_size no product of this model is large enough and
+ * the run is bf16's, bit for bit; with [1000, 80] fc2 alone runs in fp8 (fc1, before it, gives bf16's output). */
+Test(fp8, blockwise_products_below_min_size_stay_bf16)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    struct sized_run bf16 = {0}, mixed = {0}, rule = {0};
+    sized_run("precision.mode=bf16", 3, &bf16);
+    sized_run("precision.mode=fp8 precision.fp8.recipe=blockwise precision.fp8.min_size=[1000,80]", 1, &mixed);
+    sized_run("precision.mode=fp8 precision.fp8.recipe=blockwise", 3, &rule);
+    cr_assert_eq(mixed.fwd_slots, 2, "fc2's input and weight alone are fp8 tensors");
+    cr_assert_eq(memcmp(mixed.y[0], bf16.y[0], bf16.ybytes[0]), 0, "fc1 is below min_size: its output is bf16's");
+    cr_assert_neq(memcmp(mixed.y[1], bf16.y[1], bf16.ybytes[1]), 0, "fc2 ran in fp8: its output is not bf16's");
+    cr_assert_eq(rule.fwd_slots, 0);
+    cr_assert_eq(rule.nweights, bf16.nweights);
+    cr_assert_eq(memcmp(rule.weights, bf16.weights, bf16.nweights * sizeof(float)), 0, "weights after 3 steps");
+    sized_free(&bf16);
+    sized_free(&mixed);
+    sized_free(&rule);
+}
+
+/* Recipe blockwise keeps a weight's codes and block scales for the step's other micro-batches too, and the run is
+ * bit for bit the reference that casts the weight at every micro-batch; x and dy are cast twice a micro-batch
+ * (along their rows and down their columns). */
+Test(fp8, blockwise_weights_are_cast_once_per_optimizer_step)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const int steps = 3, layers = 3, accum = 4;
+    struct fp8_run kept = {0}, ref = {0};
+    fp8_accum_run("blockwise", false, steps, &kept);
+    fp8_accum_run("blockwise", true, steps, &ref);
+    cr_assert_eq(kept.weight_casts, steps * layers, "%d weight casts in %d steps of %d layers", kept.weight_casts,
+                 steps, layers);
+    cr_assert_eq(ref.weight_casts, steps * accum * layers);
+    cr_assert_eq(kept.casts - kept.weight_casts, steps * accum * 4 * layers);
+    cr_assert_eq(ref.casts - ref.weight_casts, kept.casts - kept.weight_casts);
+    cr_assert_eq(kept.nweights, ref.nweights);
+    cr_assert_eq(memcmp(kept.weights, ref.weights, kept.nweights * sizeof(float)), 0, "weights after %d steps", steps);
+    cr_assert_eq(memcmp(kept.loss, ref.loss, sizeof kept.loss), 0, "losses");
+    free(kept.weights);
+    free(ref.weights);
+}
+
+/* A backend without the recipe's cast (a backend that has not implemented it) refuses recipe blockwise when the model is
+ * built: exit 2's status, naming the recipe and the backend, not a run that falls back to something else. */
+Test(fp8, a_backend_without_block_casts_refuses_recipe_blockwise_at_setup)
+{
+    struct config cfg;
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    const char *ov[] = {"precision.mode=fp8", "precision.fp8.recipe=blockwise", "precision.fp8.keep_bf16=[]",
+                        "precision.fp8.min_size=[0, 0]", NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct autocast_policy pol;
+    cr_assert_eq(autocast_from_config(&pol, cfg.precision.mode, &cfg.precision.autocast, &err), AMP_OK, "%s", err.msg);
+    struct data_spec spec = {.sample_ndim = 3, .sample_shape = {1, 28, 28}, .num_classes = 10};
+    struct model m;
+    cr_assert_eq(model_build(&m, &cfg, &spec, be, &pol, 4, &err), AMP_OK, "%s", err.msg);
+    cr_assert(m.has_fp8 && m.fp8.recipe == FP8_BLOCKWISE);
+    model_free(&m);
+    be->fp8_block_cast = NULL;
+    cr_assert_eq(model_build(&m, &cfg, &spec, be, &pol, 4, &err), AMP_ERR_CONFIG);
+    cr_assert(strstr(err.msg, "precision.fp8.recipe: blockwise is not available on backend cpu"), "%s", err.msg);
+    config_free(&cfg);
+}
+
+/* `ampTrain numerics` of a blockwise run: every cast is E4M3, the output gradients' too, and no per-tensor scale is
+ * shown (each tile had its own), in the report and in numerics.csv (an empty scale column). */
+Test(fp8, numerics_of_a_blockwise_run_shows_e4m3_casts_and_no_tensor_scale)
+{
+    make_scratch();
+    struct result r = amp("numerics configs/fashion_mlp.yaml " SMALL " precision.mode=fp8 precision.fp8.recipe=blockwise "
+                          "'precision.fp8.keep_bf16=[]' 'precision.fp8.min_size=[0,0]' --steps 2 run.out_dir=%s/n", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *section = strstr(r.out, "fp8 casts of this run (recipe blockwise");
+    cr_assert(section, "%s", r.out);
+    cr_assert(strstr(section, "  head/grad_output             e4m3              -"), "%s", section);
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/n/numerics-from-step-0.csv", scratch);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    int rows = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, ",fp8_cast,")) {
+            rows++;
+            cr_assert(strstr(line, ",fp8_cast,e4m3,"), "%s", line);
+            const char *c = line; /* the scale: the sixth field (step,tensor,kind,format,numel,scale,...) */
+            for (int k = 0; k < 5; k++)
+                c = strchr(c, ',') + 1;
+            cr_assert_eq(*c, ',', "a scale is shown: %s", line);
+        }
+    fclose(f);
+    cr_assert_eq(rows, 2 * 9, "9 fp8 tensors, 2 measured steps");
     remove_scratch();
 }

@@ -59,7 +59,7 @@ struct att_job {
 /* The (rows, D) column block `col` of row-major t (row stride ld) from element off, as a product's input. */
 static struct mat_in att_block(const struct tensor *t, size_t off, int64_t ld, int64_t col)
 {
-    return (struct mat_in){ elem_ptr(t->data, t->dtype, off + (size_t)col), t->dtype, ld };
+    return (struct mat_in){ .p = elem_ptr(t->data, t->dtype, off + (size_t)col), .dt = t->dtype, .ld = ld };
 }
 
 /* Rows [0, rows) of the column block [col, col + width) of the row-major (rows, ld) matrix at element
@@ -182,7 +182,7 @@ static void att_forward_chunk(void *arg, int64_t chunk, int worker)
     struct mat_out o = { .p = elem_ptr(j->out->data, j->out->dtype, (size_t)(b * T * C + h * D)), .dt = j->out->dtype,
                          .ld = C };
     /* P: the stored probabilities themselves on the bf16 path (s holds their values) */
-    struct mat_in p = j->bf16 ? (struct mat_in){ probs, DT_BF16, T } : mat_f32(s, T);
+    struct mat_in p = j->bf16 ? (struct mat_in){ .p = probs, .dt = DT_BF16, .ld = T } : mat_f32(s, T);
     att_gemm(j, worker, false, false, T, D, T, 1.0f, p, v, o);
 }
 
@@ -248,7 +248,7 @@ HOT_LOOP static void att_backward_chunk(void *arg, int64_t chunk, int worker)
     struct mat_in dsm = mat_f32(ds, T);
     if (j->bf16) { /* dS's bf16 bits (its values are bf16 already) in the qkv staging slot, unused here */
         dtype_convert(qbuf, DT_BF16, ds, DT_FP32, (size_t)(T * T));
-        dsm = (struct mat_in){ qbuf, DT_BF16, T };
+        dsm = (struct mat_in){ .p = qbuf, .dt = DT_BF16, .ld = T };
     }
     struct tensor *dqkv = j->dqkv;
     size_t base = seq + (size_t)(h * D);

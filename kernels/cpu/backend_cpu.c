@@ -6,7 +6,7 @@
  *   gemm.c (gemm, bias_grad, gemm_core; the AVX-512/AMX product in gemm_avx512.c), elementwise.c (activations,
  *   add, dropout, the GELU epilogue), conv.c, pool.c, norm.c (layernorm, batchnorm), embedding.c, attention.c,
  *   loss.c (cross-entropy, MSE, loss_sum), gradstats.c (grad_stats, step_propose/finish, count_zeros), optim.c
- *   (AdamW, SGD), fp8.c (fp8_cast, fp8_update), planes8_avx512.c (eight channels as vector lanes, for conv.c and
+ *   (AdamW, SGD), fp8.c (fp8_cast, fp8_update, fp8_block_cast and the block-scaled product), planes8_avx512.c (eight channels as vector lanes, for conv.c and
  *   norm.c); cpu_internal.h is what they share.
  *
  * This is the definition the CUDA backend is held to, so it is written plainly, for exactness first;
@@ -317,6 +317,7 @@ struct backend *backend_cpu_create(void)
     be->count_zeros = cpu_count_zeros;
     be->fp8_cast = cpu_fp8_cast;
     be->fp8_update = cpu_fp8_update;
+    be->fp8_block_cast = cpu_fp8_block_cast;
     be->adamw_update = cpu_adamw_update;
     be->sgd_update = cpu_sgd_update;
     be->set_threads = cpu_set_threads;

@@ -273,8 +273,8 @@ static void conv_gemm_to(const struct conv_job *j, const struct conv_bufs *b, bo
     assert(c_dt == DT_FP32 || c_dt == j->dt);
     const struct mat_out out = { .p = c, .dt = c_dt, .ld = ldc, .row_bias = row_bias };
     if (b->worker < 0)
-        cpu_gemm_core(j->cb, ta, tb, m, n, k, 1.0f, (struct mat_in){ a, j->dt, lda }, (struct mat_in){ bm, j->dt, ldb },
-                  beta, out, NULL);
+        cpu_gemm_core(j->cb, ta, tb, m, n, k, 1.0f, (struct mat_in){ .p = a, .dt = j->dt, .ld = lda },
+                      (struct mat_in){ .p = bm, .dt = j->dt, .ld = ldb }, beta, out, NULL);
     else
         cpu_worker_gemm(j->cb, b->worker, j->dt, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, beta, out);
 }

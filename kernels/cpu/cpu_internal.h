@@ -267,6 +267,7 @@ struct mat_in {
     const void *p;
     enum dtype dt;
     int64_t ld;
+    const struct fp8_blocks *blocks; /* recipe blockwise: the operand's tile scales (backend.h), or NULL */
 };
 
 struct mat_out {
@@ -289,16 +290,25 @@ static inline bool gemm_uses_amx(const struct cpu_backend *cb, enum dtype in)
 static inline float gemm_alpha(const struct gemm_args *g)
 {
     float alpha = g->alpha;
-    if (dtype_is_fp8(g->a->dtype)) {
+    if (dtype_is_fp8(g->a->dtype) && !g->a_blocks.scale_inv) { /* block scales: applied per block of K */
         assert(g->a->scale_inv && g->b->scale_inv);
         alpha = alpha * *g->a->scale_inv * *g->b->scale_inv;
     }
     return alpha;
 }
 
+/* A gemm_args operand's tile scales for mat_in.blocks: NULL unless recipe blockwise set them. */
+static inline const struct fp8_blocks *blocks_of(const struct fp8_blocks *b)
+{
+    return b->scale_inv ? b : NULL;
+}
+
 static inline bool gemm_dtypes_ok(const struct gemm_args *g)
 {
     enum dtype a = g->a->dtype, b = g->b->dtype, c = g->c->dtype;
+    if (g->a_blocks.scale_inv || g->b_blocks.scale_inv)
+        return a == DT_FP8_E4M3 && b == DT_FP8_E4M3 && g->a_blocks.scale_inv && g->b_blocks.scale_inv &&
+               g->batch == 1 && (c == DT_FP32 || c == DT_BF16);
     if (dtype_is_fp8(a) || dtype_is_fp8(b))
         return dtype_is_fp8(a) && dtype_is_fp8(b) && !(a == DT_FP8_E5M2 && b == DT_FP8_E5M2) &&
                (c == DT_FP32 || c == DT_BF16);
@@ -521,5 +531,10 @@ void cpu_sgd_update(struct backend *be, const struct optim_update_args *a, int n
 /* fp8.c */
 void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a);
 void cpu_fp8_update(struct backend *be, const struct fp8_update_args *a);
+void cpu_fp8_block_cast(struct backend *be, const struct fp8_block_cast_args *a);
+/* C = alpha * op(A) @ op(B) (+ bias) + beta * C of block-scaled E4M3 operands (a.blocks, b.blocks), the
+ * emulation backend.h's gemm_args defines; called by cpu_gemm_core. */
+void cpu_gemm_blockwise(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                        struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias);
 
 #endif /* AMP_CPU_INTERNAL_H */

@@ -81,9 +81,9 @@ void cpu_gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
     if (m <= 0 || n <= 0)
         return;
     const float *bias = g->bias ? (const float *)g->bias->data : NULL;
-    struct mat_in b = { g->b->data, g->b->dtype, g->trans_b ? k : n };
+    struct mat_in b = { g->b->data, g->b->dtype, g->trans_b ? k : n, blocks_of(&g->b_blocks) };
     if (g->c->dtype == DT_FP32) { /* aux holds the fp32 product itself: no scratch, no copies */
-        struct mat_in a = { g->a->data, g->a->dtype, k };
+        struct mat_in a = { g->a->data, g->a->dtype, k, blocks_of(&g->a_blocks) };
         cpu_gemm_core(cb, false, g->trans_b, m, n, k, alpha, a, b, 0.0f, out_mat_f32(g->aux->data, n), bias);
         struct gelu_epi_job j = { .pre = g->aux->data, .aux = g->aux, .c = g->c, .off = 0, .n = (size_t)(m * n) };
         parallel_for(cb->pool, ew_chunks(j.n), gelu_epi_chunk, &j);
@@ -92,12 +92,15 @@ void cpu_gemm_gelu(struct cpu_backend *cb, const struct gemm_args *g)
     int64_t rows = (int64_t)1 << 16; /* elements a block: 256 KiB of fp32, to stay in cache for the GELU pass */
     rows = rows / n > 0 ? rows / n : 1;
     rows = rows < m ? rows : m;
+    if (g->a_blocks.scale_inv) /* block-scaled A: one product, its tile scales indexed from row 0 */
+        rows = m;
     float *pre = scratch_get(cb, SCR_TMP0, (size_t)(rows * n) * sizeof(float));
     if (!pre)
         return;
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t rb = m - r0 < rows ? m - r0 : rows;
-        struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(r0 * k)), g->a->dtype, k };
+        struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(r0 * k)), g->a->dtype, k,
+                            blocks_of(&g->a_blocks) };
         cpu_gemm_core(cb, false, g->trans_b, rb, n, k, alpha, a, b, 0.0f, out_mat_f32(pre, n), bias);
         struct gelu_epi_job j = { .pre = pre, .aux = g->aux, .c = g->c, .off = (size_t)(r0 * n),
                                   .n = (size_t)(rb * n) };

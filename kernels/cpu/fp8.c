@@ -1,6 +1,11 @@
 /*
  * fp8.c — the CPU backend's fp8 ops: fp8_cast (a tensor to E4M3 or E5M2 with a scale, its amax and saturation
- * counts) and fp8_update (the delayed-scaling history and scale, lib/base/fp8.h's recipe arithmetic).
+ * counts), fp8_update (the delayed-scaling history and scale, lib/base/fp8.h's recipe arithmetic), and recipe
+ * blockwise's emulation: fp8_block_cast (a matrix to E4M3 with one scale per 1x128 tile or 128x128 block) and
+ * cpu_gemm_blockwise, the product of two block-scaled operands (backend.h, gemm_args: per 128-wide block of K the
+ * exact sum of the code products rounded once to fp32, times the two tiles' scale_inv, added to an fp32
+ * accumulator, blocks in order).
+ * Both are plain scalar loops: the reference a GPU's block-scaled product is held to.
  */
 #include "cpu_internal.h" /* struct cpu_backend, scratch, dtype helpers, EW_CHUNK */
 
@@ -114,4 +119,182 @@ void cpu_fp8_update(struct backend *be, const struct fp8_update_args *a)
     }
     int next = (a->row + 1) % a->len;
     memset(a->history + (size_t)next * (size_t)a->n, 0, (size_t)a->n * sizeof(float));
+}
+
+/* ---- recipe blockwise ----------------------------------------------------------------------------------- */
+
+/* One tile's cast: the elements (r0..r1, c0..c1) of v (cols wide), scale from their amax. */
+struct block_tile {
+    int64_t r0, r1, c0, c1;
+};
+
+static float block_tile_cast(const float *v, int64_t cols, struct block_tile t, uint8_t *out, int64_t *counts)
+{
+    float amax = 0.0f;
+    for (int64_t r = t.r0; r < t.r1; r++)
+        for (int64_t c = t.c0; c < t.c1; c++)
+            amax = fp8_amax_fold(amax, v[r * cols + c]);
+    const float scale = fp8_block_scale(amax);
+    for (int64_t r = t.r0; r < t.r1; r++)
+        for (int64_t c = t.c0; c < t.c1; c++) {
+            float x = v[r * cols + c];
+            uint8_t code = fp8_from_fp32(x * scale, FP8_E4M3, 1);
+            out[r * cols + c] = code;
+            if (!counts || x == 0.0f || isnan(x))
+                continue;
+            counts[2]++;
+            counts[0] += (fp8_from_fp32(x * scale, FP8_E4M3, 0) & 0x7F) == 0x7F;
+            counts[1] += (code & 0x7F) == 0;
+        }
+    return 1.0f / scale; /* exact: a power of two */
+}
+
+void cpu_fp8_block_cast(struct backend *be, const struct fp8_block_cast_args *a)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    const int64_t rows = a->rows, cols = a->cols;
+    assert(a->dst->dtype == DT_FP8_E4M3 && !dtype_is_fp8(a->src->dtype));
+    assert((int64_t)a->dst->numel >= rows * cols && (int64_t)a->src->numel >= rows * cols);
+    if (rows <= 0 || cols <= 0)
+        return;
+    float *v = scratch_get(cb, SCR_TMP0, (size_t)(rows * cols) * sizeof(float));
+    if (!v)
+        return;
+    dtype_convert(v, DT_FP32, a->src->data, a->src->dtype, (size_t)(rows * cols));
+    uint8_t *out = a->dst->data;
+    const int64_t tr = a->tiling == FP8_TILES_ROWS ? 1 : FP8_BLOCK; /* a tile's rows and columns */
+    const int64_t tc = a->tiling == FP8_TILES_COLS ? 1 : FP8_BLOCK;
+    int64_t counts[3] = {0, 0, 0};
+    for (int64_t r0 = 0; r0 < rows; r0 += tr)
+        for (int64_t c0 = 0; c0 < cols; c0 += tc) {
+            struct block_tile t = { r0, r0 + tr < rows ? r0 + tr : rows, c0, c0 + tc < cols ? c0 + tc : cols };
+            a->scale_inv[fp8_tiling_index(a->tiling, cols, r0, c0)] =
+                block_tile_cast(v, cols, t, out, a->counts ? counts : NULL);
+        }
+    if (a->counts) {
+        a->counts[0] += counts[0];
+        a->counts[1] += counts[1];
+        a->counts[2] += counts[2];
+        a->counts[3] += rows * cols;
+    }
+}
+
+/* One operand of a block-scaled product as the loops read it: op(X)'s `outer` rows (A's m, or B's n: op(B)
+ * transposed), each `k` values long, the E4M3 codes' values unscaled (exact in fp32) in vals (outer, k), and the
+ * scale_inv of each row's K blocks in inv (outer, ceil(k / 128)). */
+static bool block_operand(struct mat_in x, bool k_is_stored_rows, int64_t outer, int64_t k, float *vals, float *inv)
+{
+    assert(x.dt == DT_FP8_E4M3 && x.blocks && x.blocks->scale_inv);
+    const enum fp8_tiling t = x.blocks->tiling;
+    /* the tiles must lie along K */
+    if (t != FP8_BLOCKS && (t == FP8_TILES_COLS) != k_is_stored_rows)
+        return false;
+    float table[256];
+    for (int c = 0; c < 256; c++)
+        table[c] = fp8_to_fp32((uint8_t)c, FP8_E4M3);
+    const uint8_t *codes = x.p;
+    const int64_t cols = k_is_stored_rows ? outer : k, nkb = fp8_tiles(k);
+    for (int64_t i = 0; i < outer; i++) {
+        for (int64_t kk = 0; kk < k; kk++) {
+            int64_t r = k_is_stored_rows ? kk : i, c = k_is_stored_rows ? i : kk;
+            vals[i * k + kk] = table[codes[r * x.ld + c]];
+        }
+        for (int64_t b = 0; b < nkb; b++) {
+            int64_t kk = b * FP8_BLOCK, r = k_is_stored_rows ? kk : i, c = k_is_stored_rows ? i : kk;
+            inv[i * nkb + b] = x.blocks->scale_inv[fp8_tiling_index(t, cols, r, c)];
+        }
+    }
+    return true;
+}
+
+/* The sum of n <= 128 products of E4M3 values, rounded once to fp32. Every E4M3 value is a multiple of 2^-9 below
+ * 2^9, so each product (exact in fp32) is a multiple of 2^-18 below 2^18, and every partial sum of up to 128 of them
+ * a multiple of 2^-18 below 2^25: an integer times 2^-18 under 2^43, exact in double whatever the order. So four
+ * lanes summed apart, then together, give the exact sum, which is rounded once. */
+HOT_LOOP static float block_sum(const float *a, const float *b, int64_t n)
+{
+    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        l0 += (double)(a[k] * b[k]);
+        l1 += (double)(a[k + 1] * b[k + 1]);
+        l2 += (double)(a[k + 2] * b[k + 2]);
+        l3 += (double)(a[k + 3] * b[k + 3]);
+    }
+    for (; k < n; k++)
+        l0 += (double)(a[k] * b[k]);
+    return (float)((l0 + l1) + (l2 + l3));
+}
+
+/* Rows of C a chunk: fixed by nothing but this constant, and each element computed alone, so the bits do not
+ * depend on the threads. */
+#define BLOCK_GEMM_ROWS 8
+
+struct block_gemm_job {
+    const float *av, *ai, *bv, *bi; /* block_operand's vals and inv of op(A) (m rows) and of op(B)^T (n rows) */
+    float *p;                       /* (m, n) fp32: alpha * the product */
+    int64_t m, n, k;
+    float alpha;
+};
+
+static void block_gemm_chunk(void *arg, int64_t chunk, int worker)
+{
+    (void)worker;
+    const struct block_gemm_job *j = arg;
+    const int64_t nkb = fp8_tiles(j->k), i1 = (chunk + 1) * BLOCK_GEMM_ROWS;
+    for (int64_t i = chunk * BLOCK_GEMM_ROWS; i < (i1 < j->m ? i1 : j->m); i++)
+        for (int64_t jj = 0; jj < j->n; jj++) {
+            const float *a = j->av + i * j->k, *b = j->bv + jj * j->k;
+            float acc = 0.0f;
+            for (int64_t blk = 0; blk < nkb; blk++) {
+                const int64_t k0 = blk * FP8_BLOCK, k1 = k0 + FP8_BLOCK < j->k ? k0 + FP8_BLOCK : j->k;
+                const float s = block_sum(a + k0, b + k0, k1 - k0);
+                const float f = j->ai[i * nkb + blk] * j->bi[jj * nkb + blk];
+                acc += s * f; /* f a power of two: s * f exact but for underflow */
+            }
+            j->p[i * j->n + jj] = j->alpha * acc;
+        }
+}
+
+/* C (m, n) = alpha * op(A) @ op(B) (+ bias) + beta * C for block-scaled E4M3 A and B (backend.h, gemm_args),
+ * rounded once to C's dtype: the product into fp32 scratch (or C itself, fp32 and beta 0), then bias and beta
+ * as cpu_gemm_core applies them (a C accumulated into gets beta * C + product). */
+void cpu_gemm_blockwise(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                        struct mat_in a, struct mat_in b, float beta, struct mat_out c, const float *bias)
+{
+    assert(a.blocks && b.blocks && !c.row_bias && !c.relu && !c.relu_mask && (!bias || beta == 0.0f));
+    const int64_t nkb = fp8_tiles(k);
+    float *av = scratch_get(cb, SCR_FP8_A, (size_t)(m * k + m * nkb) * sizeof(float));
+    float *bv = scratch_get(cb, SCR_FP8_B, (size_t)(n * k + n * nkb) * sizeof(float));
+    const bool direct = c.dt == DT_FP32 && beta == 0.0f;
+    float *p = direct ? (float *)c.p : scratch_get(cb, SCR_FP8_C, (size_t)(m * n) * sizeof(float));
+    if (!av || !bv || !p)
+        return;
+    if (!block_operand(a, ta, m, k, av, av + m * k) || !block_operand(b, !tb, n, k, bv, bv + n * k)) {
+        assert(!"a block-scaled operand's tiles do not lie along K");
+        if (cb->status == AMP_OK)
+            cb->status = amp_fail(&cb->err, AMP_ERR_INTERNAL, "this is a bug in the caller (backend.h, gemm_args)",
+                                  "gemm: a block-scaled operand's tiles do not lie along K");
+        return;
+    }
+    assert(!direct || c.ld == n);
+    struct block_gemm_job j = { .av = av, .ai = av + m * k, .bv = bv, .bi = bv + n * k, .p = p, .m = m, .n = n,
+                                .k = k, .alpha = alpha };
+    parallel_for(cb->pool, (m + BLOCK_GEMM_ROWS - 1) / BLOCK_GEMM_ROWS, block_gemm_chunk, &j);
+    for (int64_t r = 0; r < m; r++) {
+        float *row = p + r * n;
+        if (bias)
+            for (int64_t jj = 0; jj < n; jj++)
+                row[jj] += bias[jj];
+        if (direct)
+            continue;
+        if (beta != 0.0f) {
+            assert(c.dt == DT_FP32);
+            float *cf = (float *)c.p + r * c.ld;
+            for (int64_t jj = 0; jj < n; jj++)
+                cf[jj] = beta * cf[jj] + row[jj];
+        } else {
+            dtype_convert(elem_ptr(c.p, c.dt, (size_t)(r * c.ld)), c.dt, row, DT_FP32, (size_t)n);
+        }
+    }
 }

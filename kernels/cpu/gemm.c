@@ -139,6 +139,10 @@ void cpu_gemm_core(struct cpu_backend *cb, bool ta, bool tb, int64_t m, int64_t 
     assert(!c.row_bias || (beta == 0.0f && !bias));
     if (m <= 0 || n <= 0)
         return;
+    if (a.blocks || b.blocks) {
+        cpu_gemm_blockwise(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
+        return;
+    }
     if (dtype_is_fp8(a.dt) || dtype_is_fp8(b.dt)) {
         gemm_core_fp8(cb, ta, tb, m, n, k, alpha, a, b, beta, c, bias);
         return;
@@ -212,8 +216,8 @@ static void gemm_relu(struct cpu_backend *cb, const struct gemm_args *g)
     assert(g->batch == 1 && g->beta == 0.0f && gemm_dtypes_ok(g));
     assert(!mask || (g->aux && g->aux->dtype == g->c->dtype && (int64_t)g->aux->numel == g->m * g->n));
     const float *bias = g->bias ? (const float *)g->bias->data : NULL;
-    struct mat_in a = { g->a->data, g->a->dtype, g->trans_a ? g->m : g->k };
-    struct mat_in b = { g->b->data, g->b->dtype, g->trans_b ? g->k : g->n };
+    struct mat_in a = { g->a->data, g->a->dtype, g->trans_a ? g->m : g->k, blocks_of(&g->a_blocks) };
+    struct mat_in b = { g->b->data, g->b->dtype, g->trans_b ? g->k : g->n, blocks_of(&g->b_blocks) };
     struct mat_out c = { .p = g->c->data, .dt = g->c->dtype, .ld = g->n };
     const bool fused = gemm_takes_avx512(cb, g->k, a.dt, b.dt, c.dt);
     if (fused) {
@@ -248,9 +252,9 @@ void cpu_gemm(struct backend *be, const struct gemm_args *g)
     const float alpha = gemm_alpha(g);
     for (int64_t i = 0; i < g->batch; i++) {
         struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(i * g->stride_a)), g->a->dtype,
-                            g->trans_a ? g->m : g->k };
+                            g->trans_a ? g->m : g->k, blocks_of(&g->a_blocks) };
         struct mat_in b = { elem_ptr(g->b->data, g->b->dtype, (size_t)(i * g->stride_b)), g->b->dtype,
-                            g->trans_b ? g->k : g->n };
+                            g->trans_b ? g->k : g->n, blocks_of(&g->b_blocks) };
         struct mat_out c = { .p = elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), .dt = g->c->dtype,
                              .ld = g->n };
         cpu_gemm_core(cb, g->trans_a, g->trans_b, g->m, g->n, g->k, alpha, a, b, g->beta, c, bias);

@@ -370,6 +370,7 @@ static void fill_table(struct backend *be)
     be->count_zeros = cuda_count_zeros;
     be->fp8_cast = cuda_fp8_cast;
     be->fp8_update = cuda_fp8_update;
+    be->fp8_block_cast = cuda_fp8_block_cast;
     be->adamw_update = cuda_adamw_update;
     be->sgd_update = cuda_sgd_update;
     be->status = cu_status;

@@ -114,6 +114,7 @@ struct cuda_backend {
     bool fp8_warned;     /* the fp8 emulation warning was printed */
     bool fp8_refused;    /* cublasLtMatmul refused a native fp8 product at its first call: fp8 products are
                           * emulated in bf16 from then on (cuda_gemm_fp8), with one warning saying so */
+    bool blockwise_noted; /* recipe blockwise's note (its products run the CPU's arithmetic, not tensor cores) */
     bool pools;          /* cudaDevAttrMemoryPoolsSupported: scratch by cudaMallocAsync, else cudaMalloc */
     cudaEvent_t stage_done[BACKEND_STAGING_SLOTS]; /* upload_staged: each slot's last queued copy */
     bool staged[BACKEND_STAGING_SLOTS];            /* a copy was queued since the slot's last wait */
@@ -280,10 +281,12 @@ void cuda_attention_backward(struct backend *be, struct tensor *dqkv, const stru
 void cuda_attention_decode(struct backend *be, struct tensor *out, struct tensor *cache, const struct tensor *qkv,
                            int64_t pos, int64_t n, int64_t C, int64_t H);
 
-/* fp8.cu: the scaled cast, the delayed recipe's update, and products of fp8 operands (cuda_gemm sends them) */
+/* fp8.cu: the scaled casts, the delayed recipe's update, and products of fp8 operands (cuda_gemm sends them) */
 void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a);
 void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a);
 void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g);
+/* recipe blockwise: the tile-scaled cast, and (from cuda_gemm_fp8) the product of block-scaled operands */
+void cuda_fp8_block_cast(struct backend *be, const struct fp8_block_cast_args *a);
 
 /* conv_cudnn.cu */
 void cuda_conv2d_forward(struct backend *be, const struct conv_args *a, struct tensor *y, const struct tensor *x,

@@ -20,6 +20,13 @@
  * simulation of that accumulator, and measured on the H200 (2026-12-04): 1.12e-4 (k = 128) and 8.9e-5 (k = 512,
  * tests/test_cuda_backend.c fp8_gemm_runs_native_on_fp8_tensor_cores).
  * Only a bf16 or fp32 D is made, so cuBLASLt's D-amax output (for an fp8 D) is not used.
+ *
+ * Recipe blockwise (backend.h fp8_block_cast and gemm_args a_blocks / b_blocks): not yet cuBLASLt's block-scaled
+ * products (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, docs/precision.md says what they need) but
+ * the CPU's arithmetic in plain kernels: one thread a tile for the cast (fp8_block_scale, the same codes and scales
+ * as kernels/cpu/fp8.c), and one thread an element of C for the product (each 128-wide block's exact sum in double
+ * rounded once to fp32, times the tiles' scale_inv, into an fp32 accumulator, blocks in order), followed by the
+ * epilogue kernel above: the CPU's bits but for GELU's tanhf. Correct, not fast: no tensor cores.
  */
 #include "backend_cuda_internal.h"
 
@@ -28,7 +35,7 @@
 #include <cstring>
 
 extern "C" {
-#include "fp8.h" /* fp8_scale_from_amax, fp8_amax_fold: the recipes' arithmetic */
+#include "fp8.h" /* fp8_scale_from_amax, fp8_amax_fold, fp8_block_scale, the tilings: the recipes' arithmetic */
 }
 
 #define GRID_STRIDE(i, n)                                                                                      \
@@ -305,8 +312,14 @@ static bool fp8_product(struct cuda_backend *cb, const struct gemm_args *g, floa
     return true;
 }
 
+static void cuda_gemm_fp8_blocks(struct cuda_backend *cb, const struct gemm_args *g);
+
 void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
 {
+    if (g->a_blocks.scale_inv || g->b_blocks.scale_inv) { /* recipe blockwise */
+        cuda_gemm_fp8_blocks(cb, g);
+        return;
+    }
     enum dtype da = g->a->dtype, db = g->b->dtype, dc = g->c->dtype;
     bool ok = dtype_is_fp8(da) && dtype_is_fp8(db) && !(da == DT_FP8_E5M2 && db == DT_FP8_E5M2) &&
               (dc == DT_FP32 || dc == DT_BF16) && g->batch == 1 && g->a->scale_inv && g->b->scale_inv &&
@@ -344,5 +357,147 @@ void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
         g->c->data, dc, g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL, p,
         g->bias ? static_cast<const float *>(g->bias->data) : NULL, g->alpha, native ? NULL : g->a->scale_inv,
         native ? NULL : g->b->scale_inv, g->beta, m, n);
+    CB_LAUNCHED(cb, "fp8_epilogue_kernel");
+}
+
+/* ---- recipe blockwise ---------------------------------------------------------------------------------- */
+
+/* One thread a tile of the (rows, cols) matrix (lib/base/fp8.h, enum fp8_tiling): its amax (fmaxf: NaN ignored),
+ * its power-of-two scale, the codes and scale_inv; the counts as cast_kernel's, at each tile's scale. */
+__global__ void block_cast_kernel(void *dst, const void *src, int src_dt, int64_t rows, int64_t cols, int tiling,
+                                  float *scale_inv, int64_t *counts)
+{
+    const int64_t tr = tiling == FP8_TILES_ROWS ? 1 : FP8_BLOCK, tc = tiling == FP8_TILES_COLS ? 1 : FP8_BLOCK;
+    const int64_t col_tiles = (cols + tc - 1) / tc, tiles = (rows + tr - 1) / tr * col_tiles;
+    unsigned long long sat = 0, flushed = 0, nonzero = 0;
+    GRID_STRIDE(t, (size_t)tiles)
+    {
+        const int64_t r0 = (int64_t)t / col_tiles * tr, c0 = (int64_t)t % col_tiles * tc;
+        const int64_t r1 = r0 + tr < rows ? r0 + tr : rows, c1 = c0 + tc < cols ? c0 + tc : cols;
+        float amax = 0.0f;
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t c = c0; c < c1; c++)
+                amax = fp8_amax_fold(amax, load_elem(src, src_dt, (size_t)(r * cols + c)));
+        const float scale = fp8_block_scale(amax);
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t c = c0; c < c1; c++) {
+                const size_t i = (size_t)(r * cols + c);
+                const float v = load_elem(src, src_dt, i);
+                store_elem(dst, DT_FP8_E4M3, i, v * scale);
+                if (counts && v != 0.0f && !isnan(v)) {
+                    nonzero++;
+                    sat += (__nv_cvt_float_to_fp8(v * scale, __NV_NOSAT, __NV_E4M3) & 0x7Fu) == 0x7Fu;
+                    flushed += (__nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, __NV_E4M3) & 0x7Fu) == 0;
+                }
+            }
+        scale_inv[fp8_tiling_index((enum fp8_tiling)tiling, cols, r0, c0)] = 1.0f / scale;
+    }
+    if (!counts)
+        return;
+    if (sat)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[0]), sat);
+    if (flushed)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[1]), flushed);
+    if (nonzero)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[2]), nonzero);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[3]), (unsigned long long)(rows * cols));
+}
+
+void cuda_fp8_block_cast(struct backend *be, const struct fp8_block_cast_args *a)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (a->dst->dtype != DT_FP8_E4M3 || dtype_is_fp8(a->src->dtype) || (int64_t)a->dst->numel < a->rows * a->cols ||
+        (int64_t)a->src->numel < a->rows * a->cols) {
+        cuda_record(cb, "this is a bug in the caller (see fp8_block_cast_args in lib/base/backend.h)",
+                    "fp8_block_cast: %s (%zu) from %s (%zu) as (%lld, %lld)", dtype_name(a->dst->dtype), a->dst->numel,
+                    dtype_name(a->src->dtype), a->src->numel, (long long)a->rows, (long long)a->cols);
+        return;
+    }
+    if (!cb->blockwise_noted) {
+        fprintf(stderr, "ampTrain: note: %s: precision.fp8.recipe blockwise runs the CPU's arithmetic in plain CUDA "
+                        "kernels (not cuBLASLt's block-scaled fp8 products yet): correct, but slower than bf16\n",
+                cb->name);
+        cb->blockwise_noted = true;
+    }
+    const int64_t tiles = fp8_tiling_scales(a->tiling, a->rows, a->cols);
+    if (tiles <= 0)
+        return;
+    block_cast_kernel<<<grid_for((size_t)tiles), kThreads, 0, cb->stream>>>(
+        a->dst->data, a->src->data, a->src->dtype, a->rows, a->cols, a->tiling, a->scale_inv, a->counts);
+    CB_LAUNCHED(cb, "block_cast_kernel");
+}
+
+/* The stored position of op(X)'s element (outer, kk) and its tile scale's index: X is (outer, k) row-major, or
+ * (k, outer) when k_rows (K is its stored rows). */
+__device__ __forceinline__ size_t block_at(bool k_rows, int64_t outer_n, int64_t k, int64_t outer, int64_t kk)
+{
+    return (size_t)(k_rows ? kk * outer_n + outer : outer * k + kk);
+}
+
+__device__ __forceinline__ float block_scale_of(const float *inv, int tiling, bool k_rows, int64_t outer_n, int64_t k,
+                                                int64_t outer, int64_t kk)
+{
+    const int64_t cols = k_rows ? outer_n : k, r = k_rows ? kk : outer, c = k_rows ? outer : kk;
+    return inv[fp8_tiling_index((enum fp8_tiling)tiling, cols, r, c)];
+}
+
+/* P (m, n) fp32: one thread an element, the CPU's arithmetic (kernels/cpu/fp8.c, cpu_gemm_blockwise) without alpha,
+ * which the epilogue applies. A's K is its stored rows when trans_a; B's when !trans_b. */
+__global__ void block_product_kernel(float *p, const void *a, const void *b, bool ta, bool tb, int64_t m, int64_t n,
+                                     int64_t k, const float *sa, int a_tiling, const float *sb, int b_tiling)
+{
+    GRID_STRIDE(e, (size_t)(m * n))
+    {
+        const int64_t i = (int64_t)e / n, j = (int64_t)e % n;
+        float acc = 0.0f;
+        for (int64_t k0 = 0; k0 < k; k0 += FP8_BLOCK) {
+            const int64_t k1 = k0 + FP8_BLOCK < k ? k0 + FP8_BLOCK : k;
+            double s = 0.0; /* exact: products of E4M3 values are multiples of 2^-18 below 2^18 */
+            for (int64_t kk = k0; kk < k1; kk++)
+                s += (double)(load_elem(a, DT_FP8_E4M3, block_at(ta, m, k, i, kk)) *
+                              load_elem(b, DT_FP8_E4M3, block_at(!tb, n, k, j, kk)));
+            const float f = block_scale_of(sa, a_tiling, ta, m, k, i, k0) * block_scale_of(sb, b_tiling, !tb, n, k, j, k0);
+            acc += (float)s * f;
+        }
+        p[e] = acc;
+    }
+}
+
+/* Whether an operand's tiles lie along K (FP8_TILES_COLS where K is its stored rows, FP8_TILES_ROWS where its
+ * stored columns; blocks either way). */
+static bool block_tiles_along_k(enum fp8_tiling t, bool k_rows)
+{
+    return t == FP8_BLOCKS || (t == FP8_TILES_COLS) == k_rows;
+}
+
+static void cuda_gemm_fp8_blocks(struct cuda_backend *cb, const struct gemm_args *g)
+{
+    enum dtype dc = g->c->dtype;
+    bool ok = g->a->dtype == DT_FP8_E4M3 && g->b->dtype == DT_FP8_E4M3 && g->a_blocks.scale_inv &&
+              g->b_blocks.scale_inv && (dc == DT_FP32 || dc == DT_BF16) && g->batch == 1 &&
+              (!g->bias || (g->bias->dtype == DT_FP32 && g->beta == 0.0f)) &&
+              block_tiles_along_k(g->a_blocks.tiling, g->trans_a) && block_tiles_along_k(g->b_blocks.tiling, !g->trans_b);
+    if (!ok) {
+        cuda_record(cb, "this is a bug in the caller (see the block-scaled operands of gemm_args in lib/base/backend.h)",
+                    "gemm: unsupported block-scaled product A %s, B %s, C %s (batch %lld, scales %s, tilings %d/%d)",
+                    dtype_name(g->a->dtype), dtype_name(g->b->dtype), dtype_name(dc), (long long)g->batch,
+                    g->a_blocks.scale_inv && g->b_blocks.scale_inv ? "set" : "missing", (int)g->a_blocks.tiling,
+                    (int)g->b_blocks.tiling);
+        return;
+    }
+    const int64_t m = g->m, n = g->n, k = g->k;
+    if (m <= 0 || n <= 0)
+        return;
+    float *p = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_P, (size_t)(m * n) * sizeof(float)));
+    if (!p)
+        return;
+    block_product_kernel<<<grid_for((size_t)(m * n)), kThreads, 0, cb->stream>>>(
+        p, g->a->data, g->b->data, g->trans_a, g->trans_b, m, n, k, g->a_blocks.scale_inv, g->a_blocks.tiling,
+        g->b_blocks.scale_inv, g->b_blocks.tiling);
+    CB_LAUNCHED(cb, "block_product_kernel");
+    fp8_epilogue_kernel<<<grid_for((size_t)(m * n)), kThreads, 0, cb->stream>>>(
+        g->c->data, dc, g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL, p,
+        g->bias ? static_cast<const float *>(g->bias->data) : NULL, g->alpha, NULL, NULL, g->beta, m, n);
     CB_LAUNCHED(cb, "fp8_epilogue_kernel");
 }

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "error.h"  /* enum amp_status, struct amp_error */
+#include "fp8.h"    /* enum fp8_tiling: recipe blockwise's scale layouts */
 #include "step_rule.h" /* struct step_params, step_state, step_row, grad_check, step_scalars */
 #include "tensor.h" /* struct tensor */
 
@@ -57,7 +58,21 @@ enum gemm_epilogue {
  * (tensor.h); the exact products of the codes are summed in fp32 (on the CPU; a GPU's FP8 tensor cores sum them
  * in a narrower accumulator: kernels/cuda/fp8.cu) and the sum multiplied by
  * alpha * *A.scale_inv * *B.scale_inv (that factor formed in fp32, left to right) before the bias, the
- * epilogue and the one rounding. C is then fp32 or bf16. */
+ * epilogue and the one rounding. C is then fp32 or bf16.
+ * Block-scaled fp8 operands (recipe blockwise: a_blocks.scale_inv and b_blocks.scale_inv both set, A and B E4M3,
+ * batch 1, no row bias): each operand's scales are laid out as its tiling says (lib/base/fp8.h), and the tiles lie
+ * along K (FP8_TILES_ROWS when K is the operand's stored columns, FP8_TILES_COLS when its stored rows; FP8_BLOCKS
+ * either way). The tensors' own scale_inv is not read. Element (i, j) is, on the CPU (kernels/cpu/fp8.c), in fp32:
+ * acc = 0; for each 128-wide block b of K in order: s = the exact sum of the block's code products rounded once to
+ * fp32 (exact in any order: lib/base/fp8.h's E4M3 products are multiples of 2^-18 below 2^18); acc = acc + s * (A's
+ * scale_inv of (i, b) * B's of (b, j)); then alpha * acc, + bias, epilogue, rounding. The scales are powers of two,
+ * so s * scale is exact and each block costs two roundings (s and acc). A GPU sums in its own order and
+ * accumulator (cuBLASLt), so its last bits differ. */
+struct fp8_blocks {
+    const float *scale_inv;  /* fp8_tiling_scales(tiling, stored rows, stored cols) fp32, backend memory; NULL: none */
+    enum fp8_tiling tiling;
+};
+
 struct gemm_args {
     const struct tensor *a;   /* op(A) is (m, k): A is (m, k), or (k, m) when trans_a */
     const struct tensor *b;   /* op(B) is (k, n): B is (k, n), or (n, k) when trans_b */
@@ -72,6 +87,7 @@ struct gemm_args {
     enum gemm_epilogue epilogue; /* GEMM_EPI_NONE (0) unless set */
     struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype (written);
                                * GEMM_EPI_RELU_MASK: the mask (m, n), C's dtype (read) */
+    struct fp8_blocks a_blocks, b_blocks; /* recipe blockwise: the operands' tile scales (above); zero otherwise */
 };
 
 struct conv_args {
@@ -162,6 +178,18 @@ struct fp8_cast_args {
     int64_t *counts;          /* non-NULL (ampTrain numerics): 4 int64 in backend memory, raised by the elements
                                * whose scaled value saturates (would round beyond max; Inf too), the nonzero finite
                                * ones that round to zero, the nonzero ones, and all of them */
+};
+
+/* Recipe blockwise's cast of a (rows, cols) matrix to E4M3 with one scale per tile (lib/base/fp8.h, enum
+ * fp8_tiling): for each tile, scale = fp8_block_scale(max |src| over the tile), scale_inv[tile] = 1 / scale (exact),
+ * and dst = saturate(round-to-nearest-even(src * scale)) over the tile. No state is read or kept. */
+struct fp8_block_cast_args {
+    struct tensor *dst;       /* E4M3, rows * cols elements, src's layout */
+    const struct tensor *src; /* any non-fp8 dtype, rows * cols elements, row-major */
+    int64_t rows, cols;
+    enum fp8_tiling tiling;
+    float *scale_inv;         /* fp8_tiling_scales(tiling, rows, cols) fp32 in backend memory, written */
+    int64_t *counts;          /* as fp8_cast_args.counts, at each element's own tile scale; or NULL */
 };
 
 /* The delayed recipe's update after a step, for the n tensors of one group (lib/base/fp8.h): amax from the history
@@ -316,6 +344,8 @@ struct backend {
     /* fp8 (precision.mode fp8): the scaled cast, and the delayed recipe's scale update */
     void (*fp8_cast)(struct backend *be, const struct fp8_cast_args *a);
     void (*fp8_update)(struct backend *be, const struct fp8_update_args *a);
+    /* recipe blockwise's cast (NULL where the backend has none yet: the model refuses the recipe at setup) */
+    void (*fp8_block_cast)(struct backend *be, const struct fp8_block_cast_args *a);
 
     /* optimizer updates: n parameters' in one call (the CUDA backend: one launch for all of them, as grad_stats);
      * the n entries share sc, betas, eps, momentum and nesterov, and name distinct tensors */

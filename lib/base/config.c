@@ -54,7 +54,7 @@ static const char *const data_format_names[] = {"idx", "hdf5", "text", "tokens",
 static const char *const data_sampling_names[] = {"random", "sequential", NULL};
 static const char *const optim_kind_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_kind_names[] = {"constant", "step", "cosine", "linear", "wsd", "inverse_sqrt", NULL};
-static const char *const fp8_recipe_names[] = {"delayed", "current", NULL};
+static const char *const fp8_recipe_names[] = {"delayed", "current", "blockwise", NULL};
 static const char *const fp8_amax_compute_names[] = {"max", "most_recent", NULL};
 static const char *const fp8_loss_scale_names[] = {"none", "static", "dynamic", NULL};
 static const char *const store_dtype_names[] = {"fp32", "bf16", NULL};
@@ -2674,6 +2674,13 @@ int config_print_warnings(const struct config *cfg, FILE *out)
                (f8->amax_history_len != df8->amax_history_len || f8->amax_compute != df8->amax_compute)) {
         fprintf(out, "ampTrain: warning: %s: precision.fp8.amax_history_len and amax_compute apply to recipe delayed; "
                      "recipe current scales each tensor by its amax at the cast\n", cfg->source);
+        n++;
+    } else if (cfg->precision.mode == PREC_FP8 && f8->recipe == FP8_RECIPE_BLOCKWISE &&
+               (f8->amax_history_len != df8->amax_history_len || f8->amax_compute != df8->amax_compute ||
+                f8->margin != df8->margin)) {
+        fprintf(out, "ampTrain: warning: %s: precision.fp8.amax_history_len, amax_compute and margin do not apply to "
+                     "recipe blockwise, which scales each 1x128 tile or 128x128 block by a power of two from its "
+                     "amax at the cast\n", cfg->source);
         n++;
     }
     if (precision_is_loss_scaled(&cfg->precision) && cfg->stability.on_nonfinite == NONFINITE_STOP) {

@@ -38,7 +38,7 @@ enum data_format { DATA_IDX, DATA_HDF5, DATA_TEXT, DATA_TOKENS };
 enum data_sampling { SAMPLING_RANDOM, SAMPLING_SEQUENTIAL }; /* tokens: windows at random offsets | consecutive */
 enum optim_kind { OPTIM_SGD, OPTIM_ADAMW };
 enum sched_kind { SCHED_CONSTANT, SCHED_STEP, SCHED_COSINE, SCHED_LINEAR, SCHED_WSD, SCHED_INVERSE_SQRT };
-enum fp8_recipe_kind { FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT };
+enum fp8_recipe_kind { FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT, FP8_RECIPE_BLOCKWISE };
 enum fp8_amax_compute { FP8_AMAX_MAX, FP8_AMAX_MOST_RECENT };
 enum fp8_loss_scale { FP8_LS_NONE, FP8_LS_STATIC, FP8_LS_DYNAMIC };
 /* How master weights or optimizer moments are stored (precision.master_weights, optim.state_dtype). */
@@ -216,7 +216,7 @@ struct autocast_config {
 
 /* precision.mode fp8 (docs/precision.md "fp8"; lib/base/fp8.h). */
 struct fp8_config {
-    enum fp8_recipe_kind recipe;       /* delayed (default) | current */
+    enum fp8_recipe_kind recipe;       /* delayed (default) | current | blockwise */
     int64_t amax_history_len;          /* delayed: steps of amax kept (default 1024), 1..CFG_MAX_AMAX_HISTORY */
     enum fp8_amax_compute amax_compute;/* delayed: max (default) | most_recent */
     int64_t margin;                    /* scale = (fmax / amax) / 2^margin (default 0), 0..64 */

@@ -19,7 +19,7 @@ enum amp_status fp8_add_slot(struct fp8_state *st, bool backward, const char *na
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory registering fp8 tensor %s", name);
     g->names = names;
     snprintf(g->names[g->n], sizeof g->names[g->n], "%s", name);
-    g->dt = backward ? DT_FP8_E5M2 : DT_FP8_E4M3;
+    g->dt = backward && st->recipe != FP8_BLOCKWISE ? DT_FP8_E5M2 : DT_FP8_E4M3; /* blockwise: E4M3 throughout */
     *out = (struct fp8_slot){ .g = g, .index = g->n };
     g->n++;
     return AMP_OK;

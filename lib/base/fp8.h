@@ -15,6 +15,11 @@
  *   current (torchao tensorwise): a cast first takes the amax of its tensor now and sets the scale from it
  *     (the same formula, in double, amax clamped to at least 1e-12 as torchao does; a non-finite amax keeps the
  *     old scale), then casts. There is no history.
+ *   blockwise (DeepSeek-V3's, Transformer Engine's Float8BlockScaling): no per-tensor scale at all. Each operand
+ *     of a product is cast with one scale per tile along the product's contraction dimension K: an input or an
+ *     output gradient in 1x128 tiles (one scale per row for each 128 consecutive K elements), a weight in
+ *     128x128 blocks; E4M3 everywhere, gradients too. The scale of a tile is fp8_block_scale(its amax), a power
+ *     of two. Nothing carries over from one cast to the next: no history, no scale state in a checkpoint.
  *
  * The arithmetic below is shared by the CPU backend and the CUDA kernels (AMP_HD), so both compute the same
  * scale from the same amax. Scales start at 1.
@@ -75,12 +80,67 @@ AMP_HD static inline float fp8_history_amax(const float *history, int n, int len
     return amax;
 }
 
+/* ---- recipe blockwise -------------------------------------------------------------------------------------- */
+
+#define FP8_BLOCK 128 /* the tile's length along K, and the weight block's side */
+
+/* How a 2-D (rows, cols) fp8 operand's scales are laid out, one fp32 scale_inv per tile (the factor that turns
+ * its codes into values). A tile at the edge of a matrix whose side is not a multiple of 128 holds the elements
+ * there are (as if padded with zeros: a zero changes neither its amax nor its sums).
+ *   FP8_TILES_ROWS:   1x128 tiles along each row: scales (rows, ceil(cols / 128)). K is the stored columns.
+ *   FP8_TILES_COLS:   128x1 tiles down each column: scales (ceil(rows / 128), cols). K is the stored rows (the
+ *                     1x128 tiles of the transposed matrix).
+ *   FP8_BLOCKS:       128x128 blocks: scales (ceil(rows / 128), ceil(cols / 128)), row-major. Either side is K. */
+enum fp8_tiling { FP8_TILES_ROWS, FP8_TILES_COLS, FP8_BLOCKS };
+
+AMP_HD static inline int64_t fp8_tiles(int64_t n)
+{
+    return (n + FP8_BLOCK - 1) / FP8_BLOCK;
+}
+
+/* The number of scales of a (rows, cols) operand. */
+AMP_HD static inline int64_t fp8_tiling_scales(enum fp8_tiling t, int64_t rows, int64_t cols)
+{
+    return t == FP8_TILES_ROWS ? rows * fp8_tiles(cols)
+         : t == FP8_TILES_COLS ? fp8_tiles(rows) * cols
+                               : fp8_tiles(rows) * fp8_tiles(cols);
+}
+
+/* The index of element (r, c)'s scale in a (rows, cols) operand's scales. */
+AMP_HD static inline int64_t fp8_tiling_index(enum fp8_tiling t, int64_t cols, int64_t r, int64_t c)
+{
+    return t == FP8_TILES_ROWS ? r * fp8_tiles(cols) + c / FP8_BLOCK
+         : t == FP8_TILES_COLS ? (r / FP8_BLOCK) * cols + c
+                               : (r / FP8_BLOCK) * fp8_tiles(cols) + c / FP8_BLOCK;
+}
+
+/* A tile's scale from its amax: the largest power of two 2^e with amax * 2^e <= 448 (E4M3's max), as Transformer
+ * Engine's Float8BlockScaling computes it by default (power_2_scale): the scale and its inverse are exact, so a
+ * code times its scale_inv is the value it stands for, exactly, on any device. e is found from 448 / amax in
+ * double, which lands on a power of two only when the exact quotient is one. An amax of 0, Inf or NaN gives 1 (a
+ * NaN casts to NaN and an Inf saturates to 448, as in every recipe; the step's check sees the non-finite
+ * gradients). e is kept within [-126, 126] so that both the scale and its inverse are normal fp32 numbers: a tile
+ * whose amax is below 448 * 2^-126 has its tiny values flushed toward zero. */
+AMP_HD static inline float fp8_block_scale(float amax)
+{
+    const float flt_max = 3.402823466e38f;
+    if (!(amax > 0.0f && amax <= flt_max))
+        return 1.0f;
+    int e;
+    frexp(448.0 / (double)amax, &e); /* 448 / amax = f * 2^e, f in [0.5, 1): floor(log2) is e - 1 */
+    e -= 1;
+    e = e < -126 ? -126 : e > 126 ? 126 : e;
+    return ldexpf(1.0f, e);
+}
+
 #ifndef __CUDACC__
 
-enum fp8_recipe { FP8_DELAYED, FP8_CURRENT };
+enum fp8_recipe { FP8_DELAYED, FP8_CURRENT, FP8_BLOCKWISE };
 
 /* The tensors of one format: the forward's (E4M3: inputs and weights) or the backward's (E5M2: output
- * gradients). Each array is in backend memory. */
+ * gradients; E4M3 with recipe blockwise). Each array is in backend memory; with recipe blockwise, where the scales
+ * belong to the tiles of each cast (struct linear_op), scale and scale_inv stay 1 and only the names and the
+ * numerics counters use the slots. */
 struct fp8_group {
     enum dtype dt;
     int n;

@@ -235,21 +235,22 @@ static void write_attrs_ok(struct writer *w, int rc, const char *what)
 
 /* The HDF5 part of a checkpoint: everything but the user block. */
 /* /fp8 (precision.mode fp8, lib/base/fp8.h): its attributes; with recipe delayed, per group (fwd: E4M3 inputs and weights,
- * bwd: E5M2 output gradients) the scales (n) and the amax history (amax_history_len, n) (recipe current has no
- * state: each cast computes its scale); the n tensors in the order the
+ * bwd: E5M2 output gradients) the scales (n) and the amax history (amax_history_len, n) (recipes current and
+ * blockwise have no state: each cast computes its scales); the n tensors in the order the
  * model's layers register them (`ampTrain check` lists them). scale_inv is 1 / scale, not stored. */
 static void write_fp8(struct writer *w, const struct fp8_state *st, struct backend *be)
 {
     hid_t g = make_group(w, "fp8");
     if (g < 0)
         return;
-    int rc = attr_str(g, "recipe", st->recipe == FP8_CURRENT ? "current" : "delayed");
+    int rc = attr_str(g, "recipe", st->recipe == FP8_CURRENT ? "current" : st->recipe == FP8_BLOCKWISE ? "blockwise"
+                                                                                                   : "delayed");
     rc |= attr_i64(g, "amax_history_len", st->len);
     rc |= attr_str(g, "amax_compute", st->most_recent ? "most_recent" : "max");
     rc |= attr_i64(g, "margin", st->margin);
     write_attrs_ok(w, rc, "writing /fp8");
     h5_close_id(g);
-    if (st->recipe == FP8_CURRENT) /* every cast computes its scale afresh: no state to carry */
+    if (st->recipe != FP8_DELAYED) /* every cast computes its scales afresh: no state to carry */
         return;
     const struct fp8_group *groups[2] = {&st->fwd, &st->bwd};
     const char *names[2] = {"fwd", "bwd"};
@@ -1290,7 +1291,7 @@ static enum amp_status read_tensor(const struct reader *r, const char *name, str
 static enum amp_status load_fp8(const struct reader *r, struct model *m)
 {
     enum precision_mode file_mode;
-    if (!m->has_fp8 || m->fp8.recipe == FP8_CURRENT || !precision_mode_from_name(r->info->precision_mode, &file_mode) ||
+    if (!m->has_fp8 || m->fp8.recipe != FP8_DELAYED || !precision_mode_from_name(r->info->precision_mode, &file_mode) ||
         file_mode != PREC_FP8)
         return AMP_OK;
     hid_t g = open_group(r, "fp8", "the fp8 scales and amax histories");

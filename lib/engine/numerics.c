@@ -424,9 +424,13 @@ static void fp8_collect(struct numerics *nm, const struct trainer *t)
             nm->fp8_total[4 * i + k] += c[4 * i + k];
         if (!nm->csv || c[4 * i + 3] == 0)
             continue;
+        const bool blockwise = m->fp8.recipe == FP8_BLOCKWISE; /* E4M3 throughout, a scale per tile: none here */
         fprintf(nm->csv, "%lld,%s,fp8_cast,%s,%lld", (long long)t->step, nm->fp8_names[i],
-                i < m->fp8.fwd.n ? "e4m3" : "e5m2", (long long)c[4 * i + 3]);
-        csv_num(nm->csv, nm->fp8_scale[i]);
+                i < m->fp8.fwd.n || blockwise ? "e4m3" : "e5m2", (long long)c[4 * i + 3]);
+        if (blockwise)
+            fprintf(nm->csv, ",");
+        else
+            csv_num(nm->csv, nm->fp8_scale[i]);
         fprintf(nm->csv, ",,,");
         csv_num(nm->csv, (double)c[4 * i] / (double)c[4 * i + 3]);
         csv_num(nm->csv, c[4 * i + 2] ? (double)c[4 * i + 1] / (double)c[4 * i + 2] : 0.0);
@@ -563,7 +567,10 @@ static void fp8_report(const struct numerics *nm, const struct config *cfg, FILE
 {
     fprintf(out, "fp8 casts of this run (recipe %s; the first micro-batch of each measured step, at the scale each "
                  "tensor was cast with; numerics.csv kind fp8_cast):\n",
-            cfg->precision.fp8.recipe == FP8_RECIPE_CURRENT ? "current" : "delayed");
+            cfg->precision.fp8.recipe == FP8_RECIPE_CURRENT     ? "current"
+            : cfg->precision.fp8.recipe == FP8_RECIPE_BLOCKWISE ? "blockwise, a scale per tile: none shown"
+                                                                : "delayed");
+    const bool blockwise = cfg->precision.fp8.recipe == FP8_RECIPE_BLOCKWISE;
     fprintf(out, "  %-28s %-6s %12s %12s %12s\n", "tensor", "format", "scale", "saturated", "flushed");
     double worst_sat = 0, worst_flush = 0;
     int ws = -1, wf = -1;
@@ -571,8 +578,11 @@ static void fp8_report(const struct numerics *nm, const struct config *cfg, FILE
         const int64_t *c = nm->fp8_total + 4 * i;
         double sat = c[3] ? (double)c[0] / (double)c[3] : 0, fl = c[2] ? (double)c[1] / (double)c[2] : 0;
         bool fwd = i < nm->fp8_nfwd;
-        fprintf(out, "  %-28s %-6s %12.4g %11.3g%% %11.3g%%\n", nm->fp8_names[i], fwd ? "e4m3" : "e5m2",
-                (double)nm->fp8_scale[i], 100 * sat, 100 * fl);
+        if (blockwise)
+            fprintf(out, "  %-28s %-6s %12s %11.3g%% %11.3g%%\n", nm->fp8_names[i], "e4m3", "-", 100 * sat, 100 * fl);
+        else
+            fprintf(out, "  %-28s %-6s %12.4g %11.3g%% %11.3g%%\n", nm->fp8_names[i], fwd ? "e4m3" : "e5m2",
+                    (double)nm->fp8_scale[i], 100 * sat, 100 * fl);
         if (sat > worst_sat) {
             worst_sat = sat;
             ws = i;
