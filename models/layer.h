@@ -39,11 +39,15 @@ enum param_init {
 
 struct param {
     char name[96];        /* "LAYER/PARAM" */
-    struct tensor master; /* the weights: fp32, or bf16 with precision.master_weights: bf16 */
+    struct tensor master; /* the weights: fp32, or bf16 with precision.master_weights: bf16; with master_block, only
+                           * this rank's block of them, flat */
     struct tensor grad;   /* fp32 gradient, accumulated over micro-batches */
     struct tensor copy;   /* the weights in the dtype the ops read them in (the run's fp16/bf16 for a lowp op's
                            * weight, fp32 for a bias, a norm gain or an embedding table) where that is not
                            * master's dtype, made once per optimizer step; empty where the ops read master */
+    bool master_block;    /* dist.zero 1 (lib/engine/zero.h): master holds only the elements [lo, hi) this rank
+                           * updates (its optimizer state's), 1-D; copy, which the ops read, stays whole. Only where
+                           * param_master_private */
     bool decay;           /* weight decay applies (weights: yes; biases, norm and embedding gains: no) */
     int layer;            /* index of the owning layer, for overflow attribution */
     enum param_init init; /* how model_init fills master */
@@ -60,6 +64,19 @@ struct param {
 static inline const struct tensor *param_value(const struct param *p)
 {
     return p->copy.data ? &p->copy : &p->master;
+}
+
+/* Whether the ops never read master, only the copy: the optimizer alone reads it, so it may be sharded over ranks
+ * (dist.zero 1). A tied weight is read as master too (the embedding's fp32 lookup, or an fp8 product's cast). */
+static inline bool param_master_private(const struct param *p)
+{
+    return p->copy.data && !p->tied;
+}
+
+/* The parameter's number of elements (master's, or the copy's where master is a block). */
+static inline size_t param_numel(const struct param *p)
+{
+    return p->master_block ? p->copy.numel : p->master.numel;
 }
 
 /* The weights in dtype `dt`: master, or the copy, whichever has it (a tied parameter is read in two dtypes:

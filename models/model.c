@@ -415,7 +415,7 @@ void model_refresh_copies(struct model *m)
 {
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
-        if (p->copy.data)
+        if (p->copy.data && !p->master_block) /* a block's copy is the optimizer's to refresh (dist.zero 1) */
             m->be->convert(m->be, &p->copy, &p->master);
     }
 }

@@ -105,9 +105,40 @@ Test(dist, text_gpt_two_ranks_equal_one_fp16_static)
 
 /* ---- ZeRO-1 (dist.zero 1): the optimizer state sharded, the bits of dist.zero 0 ------------------------ */
 
+/* What rank 0 says of the masters under dist.zero 1 (check_zero). */
+#define ALL_WHOLE_FP32 "the masters stay whole: in fp32 they are the weights the ops read"
+#define SOME_WHOLE "masters stay whole, read by the ops themselves"
+
+/* Rank 0's ZeRO-1 line in out checked: sharded over np ranks, `masters` said, and (where not ALL_WHOLE_FP32) fewer
+ * master weights held than the model has; *ratio its "moments and masters" against dist.zero 0's. */
+static void check_zero_line(const char *out, int np, const char *masters, double *ratio)
+{
+    char said[96], line[1024];
+    snprintf(said, sizeof said, "ZeRO-1 (dist.zero 1): the optimizer state is sharded over %d ranks", np);
+    const char *at = strstr(out, said);
+    cr_assert(at, "%s", out);
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(at, "\n"), at);
+    long long held, params, whole = -1;
+    const char *of = strstr(line, "parameters, and ");
+    cr_assert(of && sscanf(of, "parameters, and %lld of their %lld", &held, &params) == 2, "%s", line);
+    const char *x = strstr(line, " whole: ");
+    cr_assert(x && sscanf(x, " whole: %lfx", ratio) == 1, "%s", line);
+    cr_assert(strstr(line, masters), "no '%s' in: %s", masters, line);
+    if (strcmp(masters, SOME_WHOLE) != 0) {
+        cr_assert_eq(held, params, "%s", line);
+    } else { /* rank 0 holds its blocks of the sharded masters and the rest whole */
+        cr_assert_lt(held, params, "%s", line);
+        const char *k = strstr(line, "); ");
+        cr_assert(k && sscanf(k, "); %lld masters stay whole", &whole) == 1, "%s", line);
+        cr_assert(whole > 0 && whole < held, "%s", line);
+    }
+}
+
 /* dist.zero 1 against dist.zero 0 on np ranks, `extra` on both: scale_log.csv but for samples_per_s, eval.jsonl and
- * every checkpoint tensor (the optimizer's moments, gathered from the ranks' blocks, included) byte-identical. */
-static void check_zero(int np, const char *cfg, const char *extra, int steps)
+ * every checkpoint tensor (the optimizer's moments and the sharded masters, gathered from the ranks' blocks,
+ * included) byte-identical; rank 0 says how the masters are held (`masters`, check_zero_line), and *ratio (if not
+ * NULL) gets its "moments and masters" against dist.zero 0's. */
+static void check_zero_said(int np, const char *cfg, const char *extra, int steps, const char *masters, double *ratio)
 {
     NEED_MPI();
     make_scratch();
@@ -115,50 +146,65 @@ static void check_zero(int np, const char *cfg, const char *extra, int steps)
     cr_assert_eq(r.code, 0, "dist.zero 0:\n%s", r.out);
     r = mpi(np, NULL, "run %s %s dist.zero=1 run.out_dir=%s/z1", cfg, extra, scratch);
     cr_assert_eq(r.code, 0, "dist.zero 1:\n%s", r.out);
-    char said[96];
-    snprintf(said, sizeof said, "ZeRO-1 (dist.zero 1): the optimizer state is sharded over %d ranks", np);
-    cr_assert(strstr(r.out, said), "%s", r.out);
+    double x;
+    check_zero_line(r.out, np, masters, ratio ? ratio : &x);
     compare_runs("z0", "z1", steps, 1000);
     remove_scratch();
+}
+
+static void check_zero(int np, const char *cfg, const char *extra, int steps, const char *masters)
+{
+    check_zero_said(np, cfg, extra, steps, masters, NULL);
 }
 
 /* three ranks: every tensor's blocks uneven (32 = 11 + 11 + 10), and the second hidden layer's bias of 2 elements
  * leaves the third rank an empty block */
 Test(dist, zero1_equals_zero0_fp32_uneven_and_empty_blocks)
 {
-    check_zero(3, MLP, "precision.mode=fp32 model.layers.3.out=2 " HARD, 20);
+    check_zero(3, MLP, "precision.mode=fp32 model.layers.3.out=2 " HARD, 20, ALL_WHOLE_FP32);
 }
-Test(dist, zero1_equals_zero0_bf16) { check_zero(3, MLP, "precision.mode=bf16 " HARD, 20); }
+/* bf16 and fp16: the linear weights' masters sharded (the ops read their copies), the biases' whole */
+Test(dist, zero1_equals_zero0_bf16) { check_zero(3, MLP, "precision.mode=bf16 " HARD, 20, SOME_WHOLE); }
+/* fc2's weight of 1 x 2 elements: its sharded master's blocks 1, 1 and 0 (the third rank's empty) */
+Test(dist, zero1_equals_zero0_bf16_uneven_and_empty_blocks)
+{
+    check_zero(3, MLP, "precision.mode=bf16 model.layers.1.out=2 model.layers.3.out=1 " HARD, 20, SOME_WHOLE);
+}
+/* a scale that never overflows here: every step updates (at 1e9 every step was skipped, and nothing was compared) */
 Test(dist, zero1_equals_zero0_fp16_static)
 {
-    check_zero(3, MLP, "precision.mode=fp16-static precision.loss_scale.value=1e9 " HARD, 20);
+    check_zero(3, MLP, "precision.mode=fp16-static precision.loss_scale.value=1024 " HARD, 20, SOME_WHOLE);
 }
 /* skips, backoff and hysteresis, clipping of the global norm, dropout, accumulation */
 Test(dist, zero1_equals_zero0_fp16_dynamic_overflowing)
 {
     check_zero(3, MLP, "precision.mode=fp16-dynamic " OVERFLOWING " precision.loss_scale.hysteresis=2 accum_steps=2 "
-               HARD, 20);
+               HARD, 20, SOME_WHOLE);
 }
-/* bf16 masters and moments rounded stochastically: a block draws the bits the whole tensor draws there */
+/* bf16 masters and moments rounded stochastically: a block draws the bits the whole tensor draws there; the ops read
+ * the weights' bf16 masters (whole) and the biases' fp32 copies (their bf16 masters sharded) */
 Test(dist, zero1_equals_zero0_bf16_state_stochastic_rounding)
 {
     check_zero(3, MLP,
                "precision.mode=bf16 precision.master_weights=bf16 optim.state_dtype=bf16 optim.stochastic_rounding=true "
-               HARD, 20);
+               HARD, 20, SOME_WHOLE);
 }
+/* fc1 kept in bf16 (its master sharded), fc2 and head in fp8 (their products cast the masters: whole) */
 Test(dist, zero1_equals_zero0_fp8_delayed)
 {
-    check_zero(2, MLP, "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[]' "
-               "'precision.fp8.min_size=[0,0]' " HARD, 20);
+    check_zero(2, MLP, "precision.mode=fp8 precision.fp8.amax_history_len=4 'precision.fp8.keep_bf16=[first]' "
+               "'precision.fp8.min_size=[0,0]' " HARD, 20, SOME_WHOLE);
 }
 Test(dist, zero1_equals_zero0_sgd_nesterov)
 {
-    check_zero(2, MLP, "precision.mode=bf16 optim.kind=sgd optim.momentum=0.9 optim.nesterov=true " HARD, 20);
+    check_zero(2, MLP, "precision.mode=bf16 optim.kind=sgd optim.momentum=0.9 optim.nesterov=true " HARD, 20,
+               SOME_WHOLE);
 }
 /* every update would store a non-finite weight: each rank's trial of its blocks, the verdict combined */
 Test(dist, zero1_equals_zero0_when_the_update_would_be_non_finite)
 {
-    check_zero(2, MLP, "precision.mode=fp32 optim.lr=1e38", 20);
+    check_zero(2, MLP, "precision.mode=fp32 optim.lr=1e38", 20, ALL_WHOLE_FP32);
+    check_zero(2, MLP, "precision.mode=bf16 optim.lr=1e38", 20, SOME_WHOLE); /* the trial of sharded masters */
     /* check_zero removed its runs: once more, for the log's words */
     make_scratch();
     struct result r = mpi(2, NULL, "run %s precision.mode=fp32 optim.lr=1e38 run.steps=2 dist.zero=1 run.out_dir=%s/u",
@@ -170,11 +216,20 @@ Test(dist, zero1_equals_zero0_when_the_update_would_be_non_finite)
     cr_assert(strstr(r.out, "the update of fc1/weight (non-finite)"), "%s", r.out);
     remove_scratch();
 }
+/* and the target of sharding: moments and masters a rank at most 0.3x of dist.zero 0's at 4 ranks */
 Test(dist, zero1_equals_zero0_text_gpt_fp16_dynamic_four_ranks)
 {
-    check_zero(4, GPT, "precision.mode=fp16-dynamic " OVERFLOWING, 20);
+    double ratio;
+    check_zero_said(4, GPT, "precision.mode=fp16-dynamic " OVERFLOWING, 20, SOME_WHOLE, &ratio);
+    cr_assert_leq(ratio, 0.30, "%g", ratio);
 }
-Test(dist, zero1_equals_zero0_text_gpt_bf16) { check_zero(2, GPT, "precision.mode=bf16", 20); }
+Test(dist, zero1_equals_zero0_text_gpt_bf16) { check_zero(2, GPT, "precision.mode=bf16", 20, SOME_WHOLE); }
+/* run.numerics_every: rank 0's FP32 shadow reads the masters, so they stay whole (the moments are still sharded) */
+Test(dist, zero1_keeps_the_masters_whole_for_numerics_every)
+{
+    check_zero(2, GPT, "precision.mode=bf16 run.numerics_every=10", 20,
+               "the masters stay whole: run.numerics_every's FP32 shadow reads them on rank 0");
+}
 
 /* dir (a mkdtemp template) made, and in it train.bin and val.bin from the fortunes text by
  * scripts/tools/make_tokens.py in `format` (llmc or nanogpt), a tenth held out. */
@@ -423,6 +478,21 @@ Test(dist, diverged_replica_stops_with_exit_5_naming_tensor_and_rank)
     remove_scratch();
 }
 
+/* dist.zero 1 in bf16: fc1/weight's master is sharded (no replica to compare), so its bf16 copy, which every rank
+ * holds whole, is compared; a flipped bit of rank 1's copy is found at the next flush */
+Test(dist, zero1_diverged_copy_stops_with_exit_5_naming_tensor_and_rank)
+{
+    NEED_MPI();
+    make_scratch();
+    struct result r = mpi(2, "-x AMPTRAIN_TEST_PERTURB=1:4",
+                          "run " MLP " run.log_every=2 precision.mode=bf16 dist.zero=1 run.out_dir=%s/p", scratch);
+    cr_assert_eq(r.code, 5, "%s", r.out);
+    cr_assert(strstr(r.out, "replicas diverged at step 4: fc1/weight on rank 1 differs from rank 0's"), "%s", r.out);
+    r = mpi(2, NULL, "run " MLP " run.log_every=2 precision.mode=bf16 dist.zero=1 run.out_dir=%s/q", scratch);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    remove_scratch();
+}
+
 Test(dist, ranks_with_different_configs_are_refused)
 {
     NEED_MPI();
@@ -645,6 +715,8 @@ Test(dist, zero1_resume_at_the_same_world_size_is_bit_exact)
     cr_assert_eq(r.code, 0, "%s", r.out);
     r = mpi(3, NULL, "resume %s/b/ckpt-8.h5 run.steps=20", scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
+    double ratio;
+    check_zero_line(r.out, 3, SOME_WHOLE, &ratio); /* the loaded masters sharded again */
     compare_runs("a", "b", 20, 1);
     remove_scratch();
 }
@@ -657,17 +729,24 @@ Test(dist, zero1_resumes_across_world_sizes_four_two_one_three)
     NEED_MPI();
     make_scratch();
     const char *m = MLP " precision.mode=bf16 run.keep_ckpts=5 " HARD;
-    for (int z = 0; z < 2; z++) {
+    double ratio;
+    for (int z = 0; z < 2; z++) { /* bf16: with dist.zero 1 the linear weights' masters are sharded at 4, 2 and 3 */
         struct result r = mpi(4, NULL, "run %s dist.zero=%d run.steps=6 run.out_dir=%s/c%d", m, z, scratch, z);
         cr_assert_eq(r.code, 0, "%s", r.out);
+        if (z)
+            check_zero_line(r.out, 4, SOME_WHOLE, &ratio);
         r = mpi(2, NULL, "resume %s/c%d/ckpt-6.h5 run.steps=10 dist.zero=%d", scratch, z, z);
         cr_assert_eq(r.code, 0, "%s", r.out);
         cr_assert(strstr(r.out, "was written by 4 ranks"), "%s", r.out);
+        if (z)
+            check_zero_line(r.out, 2, SOME_WHOLE, &ratio);
         r = amp("resume %s/c%d/ckpt-10.h5 run.steps=14 dist.zero=%d", scratch, z, z);
         cr_assert_eq(r.code, 0, "%s", r.out);
         r = mpi(3, NULL, "resume %s/c%d/ckpt-14.h5 run.steps=18 dist.zero=%d", scratch, z, z);
         cr_assert_eq(r.code, 0, "%s", r.out);
         cr_assert(strstr(r.out, "was written by 1 rank"), "%s", r.out);
+        if (z)
+            check_zero_line(r.out, 3, SOME_WHOLE, &ratio);
     }
     static const int stages[] = {6, 10, 14, 18};
     for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {

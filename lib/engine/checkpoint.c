@@ -604,6 +604,11 @@ enum amp_status ckpt_save(const struct trainer *t, const char *dir, int64_t keep
     snprintf(name, sizeof name, "ckpt-%lld.h5", (long long)t->step);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    for (int i = 0; i < t->model.nparams; i++) /* a file holds every parameter whole: zero_gather_begin first */
+        if (t->model.params[i]->master_block)
+            return amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: report it with the run's config",
+                            "%s: the master weights of %s are this rank's block only (dist.zero 1); nothing was "
+                            "written", path, t->model.params[i]->name);
 
     /* HDF5 builds the file in memory (core driver, no backing store); we write the bytes ourselves. HDF5
      * never touches the disk, so a full disk is one clean write error, not a half-closed HDF5 file (which

@@ -351,6 +351,13 @@ enum amp_status dist_check_data(struct comm *c, const struct dataset *ds, const 
                            err);
 }
 
+/* What the replicas hold alike of a parameter: its master, or its copy where the master is this rank's block alone
+ * (dist.zero 1; the blocks have no replica, and the copy gathered from them is whole on every rank). */
+static const struct tensor *replicated(const struct param *p)
+{
+    return p->master_block ? &p->copy : &p->master;
+}
+
 static uint64_t hash_tensor(struct dist *d, const struct tensor *t)
 {
     size_t bytes = tensor_bytes(t);
@@ -369,7 +376,7 @@ enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const
     struct comm *c = d->comm;
     if (c->world == 1)
         return AMP_OK;
-    size_t n = (size_t)m->nparams + 1; /* every master, then the scaler and step counters */
+    size_t n = (size_t)m->nparams + 1; /* every master (or copy), then the scaler and step counters */
     uint64_t *mine = calloc(n, sizeof *mine), *all = calloc(n * (size_t)c->world, sizeof *all);
     if (!mine || !all) {
         free(mine);
@@ -378,7 +385,7 @@ enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const
         return AMP_ERR_INTERNAL;
     }
     for (int i = 0; i < m->nparams; i++)
-        mine[i] = hash_tensor(d, &m->params[i]->master);
+        mine[i] = hash_tensor(d, replicated(m->params[i]));
     const int64_t counters[] = {step, opt_step, s->growth_tracker, s->hysteresis_left, s->consecutive_skips,
                                 s->skips_total, s->last_overflow_step};
     uint64_t h = digest_bytes(DIGEST_INIT, &s->scale, sizeof s->scale);
@@ -434,11 +441,20 @@ void dist_test_perturb(struct dist *d, struct model *m, int64_t step)
 {
     if (m->nparams == 0 || !test_switch_perturb(d->comm->rank, step))
         return;
-    struct tensor *w = &m->params[0]->master;
-    float x;
-    d->be->download(d->be, &x, w->data, sizeof x);
-    x += 1e-3f;
-    d->be->upload(d->be, w->data, &x, sizeof x);
+    struct tensor *w = (struct tensor *)replicated(m->params[0]); /* what the replica check compares */
+    if (w->numel == 0)
+        return;
+    if (w->dtype == DT_FP32) {
+        float x;
+        d->be->download(d->be, &x, w->data, sizeof x);
+        x += 1e-3f;
+        d->be->upload(d->be, w->data, &x, sizeof x);
+    } else { /* a 16-bit copy: its last bit */
+        unsigned char x;
+        d->be->download(d->be, &x, w->data, 1);
+        x ^= 1;
+        d->be->upload(d->be, w->data, &x, 1);
+    }
     fprintf(stderr, "[rank %d] ampTrain: test switch AMPTRAIN_TEST_PERTURB: %s[0] perturbed after step %lld\n",
             d->comm->rank, m->params[0]->name, (long long)step);
 }

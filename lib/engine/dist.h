@@ -105,7 +105,8 @@ enum amp_status dist_check_same(struct comm *c, uint64_t h, enum amp_status code
  * counts. Before any step: a rank training on other samples is otherwise silent. */
 enum amp_status dist_check_data(struct comm *c, const struct dataset *ds, const char *source, struct amp_error *err);
 
-/* Replicas never diverge silently: hash every parameter's FP32 master and the scaler state and step,
+/* Replicas never diverge silently: hash every parameter's master (its copy where the master is sharded, dist.zero
+ * 1: what the ranks hold alike) and the scaler state and step,
  * gather the hashes, and on any difference fail with AMP_ERR_UNSTABLE naming the first differing tensor
  * and the ranks that differ from rank 0. `loaded_from` (else NULL): the check before the first step of weights
  * each rank read from that file (model.init_from), where a difference is the file's, AMP_ERR_CKPT naming it. */
@@ -117,7 +118,8 @@ enum amp_status dist_check_replicas(struct dist *d, const struct model *m, const
 void dist_broadcast_buffers(struct dist *d, struct model *m);
 
 /* Test-only (docs/distributed.md): AMPTRAIN_TEST_PERTURB=R:S adds 1e-3 to the first weight of rank R
- * after step S, so that the replica check has something to find. */
+ * after step S (flips the last bit of its 16-bit copy where the master is sharded), so that the replica check has
+ * something to find. */
 void dist_test_perturb(struct dist *d, struct model *m, int64_t step);
 
 #endif

@@ -107,7 +107,8 @@ void optim_step(struct optimizer *o, struct model *m, struct step_state *st, int
         const struct tensor *grad = &p->grad;
         if (o->shard_world > 1) { /* this rank's block of the weights, gradient and copy (lib/engine/zero.h) */
             struct tensor *v = &o->views[3 * i];
-            v[0] = view_of(&p->master, s->lo, s->hi);
+            /* a sharded master holds the block only (param.master_block) */
+            v[0] = p->master_block ? view_of(&p->master, 0, s->hi - s->lo) : view_of(&p->master, s->lo, s->hi);
             v[1] = view_of(&p->grad, s->lo, s->hi);
             master = &v[0];
             grad = &v[1];

@@ -21,7 +21,7 @@
 #include "setup.h"    /* setup_open: backend, threads, data, policy, model */
 #include "scaler.h"   /* loss scaler */
 #include "test_switches.h" /* test_switch_raise */
-#include "zero.h"     /* dist.zero 1: the sharded optimizer state */
+#include "zero.h"     /* dist.zero 1: the sharded optimizer state and masters */
 
 static enum amp_status batch_io_init(struct batch_io *io, struct backend *be, const struct dataset *ds, int64_t max_n,
                                      struct amp_error *err)
@@ -395,7 +395,7 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
 
     int64_t nweights = 0; /* a tied table is one parameter, counted once */
     for (int i = 0; i < n; i++)
-        nweights += (int64_t)t->model.params[i]->master.numel;
+        nweights += (int64_t)param_numel(t->model.params[i]);
     printf("model: %d layers, %d parameter tensors (%lld parameters); data: %lld train / %lld test samples; %lld steps "
            "(batch %lld x accum %lld), precision %s\n",
            t->model.nlayers, n, (long long)nweights, (long long)t->ds.split[SPLIT_TRAIN].n,
@@ -413,23 +413,45 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
                cfg->dist.bucket_mb);
     else if (t->world > 1)
         printf("gradient reduce: one after backward\n");
-    if (t->opt.shard_world > 1) { /* rank 0's block: the largest (comm_shard) */
-        int64_t mine = 0;
-        double bytes = 0, whole = 0;
-        for (int i = 0; i < n; i++) {
-            const struct optim_state *s = &t->opt.state[i];
-            mine += (int64_t)(s->hi - s->lo);
-            for (const struct tensor *k = &s->m; k <= &s->v; k++)
-                if (k->data) {
-                    bytes += (double)tensor_bytes(k);
-                    whole += (double)(t->model.params[i]->master.numel * dtype_size(k->dtype));
-                }
-        }
-        printf("ZeRO-1 (dist.zero 1): the optimizer state is sharded over %d ranks; rank 0 holds it for %lld of the "
-               "%lld parameters (%.2f MiB of moments, of %.2f MiB whole)\n", t->opt.shard_world, (long long)mine,
-               (long long)nweights, bytes / 1048576.0, whole / 1048576.0);
-    }
     return AMP_OK;
+}
+
+/* dist.zero 1, once the masters are sharded: what rank 0 holds of the optimizer state and the masters, against
+ * dist.zero 0's whole ones (rank 0's block is the largest: comm_shard). `why_whole`: why no master is sharded, or
+ * NULL. */
+static void say_zero(const struct trainer *t, const char *why_whole)
+{
+    const struct model *m = &t->model;
+    int64_t params = 0, mine = 0, masters = 0, kept_whole = 0;
+    double bytes = 0, whole = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const struct optim_state *s = &t->opt.state[i];
+        const struct param *p = m->params[i];
+        size_t numel = param_numel(p), es = dtype_size(p->master.dtype);
+        params += (int64_t)numel;
+        mine += (int64_t)(s->hi - s->lo);
+        masters += (int64_t)p->master.numel;
+        kept_whole += p->master_block ? 0 : (int64_t)numel;
+        bytes += (double)tensor_bytes(&p->master);
+        whole += (double)(numel * es);
+        for (const struct tensor *k = &s->m; k <= &s->v; k++)
+            if (k->data) {
+                bytes += (double)tensor_bytes(k);
+                whole += (double)(numel * dtype_size(k->dtype));
+            }
+    }
+    const char *mdt = m->nparams ? dtype_name(m->params[0]->master.dtype) : "fp32";
+    printf("ZeRO-1 (dist.zero 1): the optimizer state is sharded over %d ranks; rank 0 holds it for %lld of the %lld "
+           "parameters, and %lld of their %lld %s master weights (%.2f MiB of moments and masters, of %.2f MiB whole: "
+           "%.2fx); ", t->opt.shard_world, (long long)mine, (long long)params, (long long)masters, (long long)params,
+           mdt, bytes / 1048576.0, whole / 1048576.0, whole > 0 ? bytes / whole : 1.0);
+    if (why_whole)
+        printf("the masters stay whole: %s\n", why_whole);
+    else if (kept_whole == 0)
+        printf("every master is sharded\n");
+    else
+        printf("%lld masters stay whole, read by the ops themselves (fp32 biases, norm gains and embedding tables; fp8 "
+               "and tied weights)\n", (long long)kept_whole);
 }
 
 void trainer_teardown(struct trainer *t)
@@ -898,6 +920,17 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         st = comm_agree(
             comm, dist_check_replicas(&t.dist, &t.model, &t.scaler, t.step, t.opt.step, cfg->model.init_from, err),
             err);
+    /* dist.zero 1: now that the weights are set, each rank keeps its block of the masters only the optimizer reads,
+     * except where rank 0's FP32 shadow (run.numerics_every) reads them whole */
+    if (st == AMP_OK && t.opt.shard_world > 1) {
+        const char *why_whole = cfg->precision.mode == PREC_FP32 ? "in fp32 they are the weights the ops read"
+                                : cfg->run.numerics_every > 0     ? "run.numerics_every's FP32 shadow reads them on rank 0"
+                                                                  : NULL;
+        if (!why_whole)
+            st = comm_agree(comm, zero_shard_masters(&t.opt, &t.model, err), err);
+        if (st == AMP_OK && comm->rank == 0)
+            say_zero(&t, why_whole);
+    }
     int sig = stop_signal; /* a stop signal any rank saw, agreed by all after each step */
     st = comm_agree_stop(comm, st, &sig, err);
     if (st == AMP_OK && sig) {

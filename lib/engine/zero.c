@@ -72,20 +72,22 @@ void zero_after_update(struct dist *d, const struct optimizer *o, struct model *
         return;
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
-        gather_tensor(d, &p->master);
+        if (!p->master_block) /* a sharded master stays this rank's block: only the copy the ops read travels */
+            gather_tensor(d, &p->master);
         if (p->copy.data)
             gather_tensor(d, &p->copy);
     }
     dist_reduce_max_f32(d, &bound->pmax, 3);
 }
 
-static enum amp_status alloc_whole(struct tensor *t, const struct tensor *shard, const struct param *p, bool zeroed,
-                                   struct amp_error *err)
+/* t: a whole-size tensor of p's shape in `like`'s dtype and backend, zeroed or not; `what` names it in errors. */
+static enum amp_status alloc_whole(struct tensor *t, const struct tensor *like, const struct param *p, bool zeroed,
+                                   const char *what, struct amp_error *err)
 {
-    char what[160];
-    snprintf(what, sizeof what, "optimizer state of %s (whole, dist.zero 1)", p->name);
-    return (zeroed ? tensor_zeros : tensor_alloc)(t, shard->be, shard->dtype, p->master.ndim, p->master.shape, what,
-                                                 err);
+    const struct tensor *shape = p->master_block ? &p->copy : &p->master; /* the copy is whole */
+    char name[160];
+    snprintf(name, sizeof name, "%s of %s (whole, dist.zero 1)", what, p->name);
+    return (zeroed ? tensor_zeros : tensor_alloc)(t, like->be, like->dtype, shape->ndim, shape->shape, name, err);
 }
 
 static void free_whole(struct optim_state *whole, int n)
@@ -109,20 +111,25 @@ enum amp_status zero_gather_begin(struct dist *d, struct optimizer *o, struct mo
     enum amp_status st = AMP_OK;
     int n = m->nparams;
     struct optim_state *whole = NULL;
-    if (root && !(whole = calloc((size_t)(n ? n : 1), sizeof *whole)))
+    struct tensor *masters = NULL; /* rank 0: the whole masters of the sharded ones */
+    if (root && (!(whole = calloc((size_t)(n ? n : 1), sizeof *whole)) ||
+                 !(masters = calloc((size_t)(n ? n : 1), sizeof *masters))))
         st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory gathering the optimizer state (dist.zero 1)");
     for (int i = 0; i < n; i++) {
         const struct param *p = m->params[i];
-        /* the moments that exist (AdamW: m and v; SGD: m where it has momentum), alike on every rank */
-        struct tensor *mine[2] = {&o->state[i].m, &o->state[i].v};
-        struct tensor *full[2] = {whole ? &whole[i].m : NULL, whole ? &whole[i].v : NULL};
-        for (int j = 0; j < 2; j++) {
-            if (!mine[j]->data)
+        /* the moments that exist (AdamW: m and v; SGD: m where it has momentum) and a sharded master, alike on every
+         * rank */
+        struct tensor *mine[3] = {&o->state[i].m, &o->state[i].v, p->master_block ? &m->params[i]->master : NULL};
+        struct tensor *full[3] = {whole ? &whole[i].m : NULL, whole ? &whole[i].v : NULL,
+                                  masters ? &masters[i] : NULL};
+        static const char *const what[3] = {"optimizer state", "optimizer state", "master weights"};
+        for (int j = 0; j < 3; j++) {
+            if (!mine[j] || (j < 2 && !mine[j]->data))
                 continue;
-            size_t es = dtype_size(mine[j]->dtype), numel = p->master.numel;
+            size_t es = dtype_size(mine[j]->dtype), numel = param_numel(p);
             size_t send_bytes = mine[j]->numel * es, recv_bytes = numel * es;
             if (root && st == AMP_OK)
-                st = alloc_whole(full[j], mine[j], p, false, err);
+                st = alloc_whole(full[j], mine[j], p, false, what[j], err);
             bool direct = be->host_memory && root && st == AMP_OK;
             /* host memory: this rank's block to send, then (root) the whole tensor to receive */
             size_t stage_bytes = (be->host_memory ? 0 : send_bytes) + (root && !direct ? recv_bytes : 0);
@@ -146,19 +153,29 @@ enum amp_status zero_gather_begin(struct dist *d, struct optimizer *o, struct mo
     }
     if (!root)
         return AMP_OK;
+    if (st == AMP_OK && !(sw->shards = calloc((size_t)(n ? n : 1), sizeof *sw->shards)))
+        st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory gathering the optimizer state (dist.zero 1)");
     if (st != AMP_OK) {
         free_whole(whole, n);
+        for (int i = 0; masters && i < n; i++)
+            tensor_free(&masters[i]);
+        free(masters);
         return st;
     }
-    if (!(sw->shards = calloc((size_t)(n ? n : 1), sizeof *sw->shards))) {
-        free_whole(whole, n);
-        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory gathering the optimizer state (dist.zero 1)");
-    }
     sw->n = n;
+    sw->model = m;
+    sw->masters = masters;
     for (int i = 0; i < n; i++) {
         sw->shards[i] = o->state[i];
         o->state[i].m = whole[i].m;
         o->state[i].v = whole[i].v;
+        struct param *p = m->params[i];
+        if (p->master_block) { /* whole for the save; the block waits in sw->masters */
+            struct tensor block = p->master;
+            p->master = masters[i];
+            masters[i] = block;
+            p->master_block = false;
+        }
     }
     free(whole);
     return AMP_OK;
@@ -171,8 +188,15 @@ static void restore(struct optimizer *o, struct zero_swap *sw)
         tensor_free(&o->state[i].m);
         tensor_free(&o->state[i].v);
         o->state[i] = sw->shards[i];
+        if (sw->masters && sw->masters[i].data) {
+            struct param *p = sw->model->params[i];
+            tensor_free(&p->master);
+            p->master = sw->masters[i];
+            p->master_block = true;
+        }
     }
     free(sw->shards);
+    free(sw->masters);
     *sw = (struct zero_swap){0};
 }
 
@@ -197,16 +221,16 @@ enum amp_status zero_load_begin(struct optimizer *o, struct model *m, struct zer
         struct optim_state *s = &o->state[i], *b = &sw->shards[i];
         s->m = s->v = (struct tensor){0};
         if (st == AMP_OK && b->m.data)
-            st = alloc_whole(&s->m, &b->m, m->params[i], true, err);
+            st = alloc_whole(&s->m, &b->m, m->params[i], true, "optimizer state", err);
         if (st == AMP_OK && b->v.data)
-            st = alloc_whole(&s->v, &b->v, m->params[i], true, err);
+            st = alloc_whole(&s->v, &b->v, m->params[i], true, "optimizer state", err);
     }
     if (st != AMP_OK)
         restore(o, sw);
     return st;
 }
 
-/* t's elements [lo, lo + shard->numel) into shard (backend memory both). */
+/* whole's elements [lo, lo + shard->numel) into shard (backend memory both). */
 static enum amp_status take_block(struct tensor *shard, const struct tensor *whole, size_t lo)
 {
     struct backend *be = shard->be;
@@ -243,5 +267,33 @@ enum amp_status zero_load_end(struct optimizer *o, struct zero_swap *sw, bool ok
     if (st != AMP_OK)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL,
                         "out of memory taking this rank's block of the loaded optimizer state (dist.zero 1)");
+    return AMP_OK;
+}
+
+enum amp_status zero_shard_masters(struct optimizer *o, struct model *m, struct amp_error *err)
+{
+    if (!sharded(o))
+        return AMP_OK;
+    for (int i = 0; i < m->nparams; i++) {
+        struct param *p = m->params[i];
+        if (p->master_block || !param_master_private(p))
+            continue;
+        const struct optim_state *s = &o->state[i];
+        const int64_t shape[1] = {(int64_t)(s->hi - s->lo)};
+        char what[160];
+        snprintf(what, sizeof what, "master weights of %s (this rank's block, dist.zero 1)", p->name);
+        struct tensor block;
+        enum amp_status st = tensor_alloc(&block, p->master.be, p->master.dtype, 1, shape, what, err);
+        if (st == AMP_OK && take_block(&block, &p->master, s->lo) != AMP_OK) {
+            tensor_free(&block);
+            st = amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory taking this rank's block of %s (dist.zero 1)",
+                          p->name);
+        }
+        if (st != AMP_OK)
+            return st; /* the parameters before stay sharded, the rest whole: both are consistent */
+        tensor_free(&p->master);
+        p->master = block;
+        p->master_block = true;
+    }
     return AMP_OK;
 }
