@@ -295,6 +295,15 @@ Test(cli, a_second_signal_stops_at_once_and_the_previous_checkpoint_still_loads,
     cr_assert(strstr(r.out, "inspect 0"), "latest names a checkpoint that verifies:\n%s", r.out);
 }
 
+/* The build directory: AMP_BINARY's folder (gpu-check's BUILD_DIR). */
+static void binary_dir(char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", AMP_BINARY);
+    char *slash = strrchr(buf, '/');
+    cr_assert_not_null(slash);
+    *slash = '\0';
+}
+
 /* scripts/gpu/gpu-check.sh is run only where a GPU is lent, rarely: its DRY mode (everything on the CPU, a
  * few steps a run) checks here that it still parses ampTrain's and PyTorch's output and fills every row
  * of its table. Needs /usr/bin/python3 with torch (scripts/install-deps.sh --test installs python3-torch). */
@@ -306,10 +315,7 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
         cr_skip_test("/usr/bin/python3 lacks torch (Debian: python3-torch)");
     char build[1024];
-    snprintf(build, sizeof build, "%s", AMP_BINARY);
-    char *slash = strrchr(build, '/');
-    cr_assert_not_null(slash);
-    *slash = '\0';
+    binary_dir(build, sizeof build);
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "cd %s && out=$(mktemp -d /tmp/amp_gpucheck.XXXXXX) && DRY=1 PYTHON=/usr/bin/python3 STEPS=2 "
@@ -517,10 +523,7 @@ Test(cli, fp8_checkpoints_evaluate_in_bf16_and_say_so)
 Test(cli, gpu_check_fp8_phase_dry_run_fills_its_table)
 {
     char build[1024];
-    snprintf(build, sizeof build, "%s", AMP_BINARY);
-    char *slash = strrchr(build, '/');
-    cr_assert_not_null(slash);
-    *slash = '\0';
+    binary_dir(build, sizeof build);
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "cd %s && out=$(mktemp -d /tmp/amp_gpucheck.XXXXXX) && DRY=1 PHASES='fp8' BUILD_DIR=%s "
