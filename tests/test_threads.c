@@ -200,14 +200,15 @@ static void steal_chunk(void *arg, int64_t chunk, int worker)
     struct steal_job *j = arg;
     atomic_store(&j->ran_by[chunk], worker);
     if (chunk < j->slow_below) {
-        struct timespec pause = { 0, 20000000 };
+        struct timespec pause = { 0, 100000000 };
         nanosleep(&pause, NULL);
     }
 }
 
 /* Each thread starts on its home range (threadpool.c) and then takes what is left of the others': with the
- * caller's four chunks 20 ms each and worker 1's four instant, worker 1 takes some of the caller's while the
- * caller sleeps in its first (it would have to go unscheduled for 60 ms not to). */
+ * caller's four chunks 100 ms each and worker 1's four instant, worker 1 takes some of the caller's while the
+ * caller sleeps in its first (it would have to go unscheduled for 300 ms not to, which a loaded machine running
+ * suites side by side does not do). */
 Test(threads, a_thread_done_with_its_range_takes_chunks_from_the_others)
 {
     struct threadpool *p = threadpool_create(2);
