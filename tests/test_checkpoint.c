@@ -417,7 +417,8 @@ Test(ckpt, kill_9_during_saves_leaves_a_loadable_checkpoint)
         }
         char latest[600];
         snprintf(latest, sizeof latest, "%s/latest", dir);
-        for (int i = 0; i < 500 && !file_exists(latest); i++)
+        /* the first checkpoint, however loaded the machine (up to 60 s), then the kill a moment later */
+        for (int i = 0; i < 6000 && !file_exists(latest); i++)
             nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
         nanosleep(&(struct timespec){.tv_nsec = (37 + 29 * trial) * 1000 * 1000}, NULL);
         kill(pid, SIGKILL);

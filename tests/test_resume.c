@@ -113,11 +113,11 @@ Test(resume, sigterm_then_resume_equals_uninterrupted)
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    /* Wait until training has started (a few log rows: they are written every log_every = 10 steps), then
-     * SIGTERM. */
+    /* Wait until training has started (a few log rows: they are written every log_every = 10 steps; up to 60 s
+     * on a loaded machine), then SIGTERM. */
     char csv[512];
     snprintf(csv, sizeof csv, "%s/b/scale_log.csv", scratch);
-    for (int i = 0; i < 400 && (!file_exists(csv) || file_size(csv) < 200); i++)
+    for (int i = 0; i < 6000 && (!file_exists(csv) || file_size(csv) < 200); i++)
         nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
     kill(pid, SIGTERM);
     int status;

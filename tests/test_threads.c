@@ -4,7 +4,8 @@
  *
  *  - The pool (lib/base/threadpool.h): every chunk runs exactly once, on a worker id below the thread count, for
  *    chunk counts below, at and far above the thread count; a nested parallel_for runs inline; a thread done
- *    with its home range takes chunks from the others'; AMPTRAIN_POOL_PROFILE counts each call by function and caller.
+ *    with its home range takes chunks from the others'; AMPTRAIN_POOL_PROFILE counts each call by function and caller;
+ *    idle threads spin as long as AMPTRAIN_POOL_SPIN_US says, and a bad value is refused.
  *  - The threaded ops, one by one, on random inputs: the products (fp32, fp16, bf16 inputs; fp32 and 16-bit
  *    C; beta 0 and 1; bias; transposes; several k blocks, so the partial sums; more columns than one n
  *    block), the elementwise ops (every activation forward and backward, add, dropout), the optimizer
@@ -199,14 +200,15 @@ static void steal_chunk(void *arg, int64_t chunk, int worker)
     struct steal_job *j = arg;
     atomic_store(&j->ran_by[chunk], worker);
     if (chunk < j->slow_below) {
-        struct timespec pause = { 0, 20000000 };
+        struct timespec pause = { 0, 100000000 };
         nanosleep(&pause, NULL);
     }
 }
 
 /* Each thread starts on its home range (threadpool.c) and then takes what is left of the others': with the
- * caller's four chunks 20 ms each and worker 1's four instant, worker 1 takes some of the caller's while the
- * caller sleeps in its first (it would have to go unscheduled for 60 ms not to). */
+ * caller's four chunks 100 ms each and worker 1's four instant, worker 1 takes some of the caller's while the
+ * caller sleeps in its first (it would have to go unscheduled for 300 ms not to, which a loaded machine running
+ * suites side by side does not do). */
 Test(threads, a_thread_done_with_its_range_takes_chunks_from_the_others)
 {
     struct threadpool *p = threadpool_create(2);
@@ -845,6 +847,84 @@ Test(threads, bad_counts_are_refused_naming_the_key)
     struct result r = amp("check configs/fashion_mlp.yaml run.threads=1024");
     if (threadpool_available_cpus() < 1024)
         cr_assert(strstr(r.out, "warning") && strstr(r.out, "run.threads is 1024"), "%s", r.out);
+}
+
+/* ---- AMPTRAIN_POOL_SPIN_US ---------------------------------------------------------------------------- */
+
+/* CPU seconds used so far by this process's threads other than the calling one (a pool's workers). */
+static double other_threads_cpu_s(void)
+{
+    struct timespec p, t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &p);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)(p.tv_sec - t.tv_sec) + 1e-9 * (double)(p.tv_nsec - t.tv_nsec);
+}
+
+/* A 2-thread CPU backend made under AMPTRAIN_POOL_SPIN_US=`us` runs one job of several chunks, then has nothing
+ * to do: the CPU seconds its worker uses while the caller waits up to `idle_s` (it stops waiting at 20 ms). */
+static double idle_worker_cpu_s(const char *us, double idle_s)
+{
+    cr_assert_eq(setenv("AMPTRAIN_POOL_SPIN_US", us, 1), 0);
+    struct backend *be = backend_cpu_create();
+    cr_assert_not_null(be);
+    struct amp_error err;
+    cr_assert_eq(be->set_threads(be, 2, &err), AMP_OK, "%s", err.msg);
+    struct tensor x, y;
+    const int64_t n = (int64_t)EW_N;
+    cr_assert_eq(tensor_alloc(&x, be, DT_FP32, 1, &n, "x", &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(tensor_alloc(&y, be, DT_FP32, 1, &n, "y", &err), AMP_OK, "%s", err.msg);
+    memset(x.data, 0, tensor_bytes(&x));
+    be->act_forward(be, ACT_RELU, &y, &x);
+    const double start = other_threads_cpu_s();
+    double used = 0;
+    for (int i = 0; i < (int)(idle_s * 100) && used < 0.02; i++) {
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+        used = other_threads_cpu_s() - start;
+    }
+    tensor_free(&x);
+    tensor_free(&y);
+    backend_close(be);
+    cr_assert_eq(unsetenv("AMPTRAIN_POOL_SPIN_US"), 0);
+    return used;
+}
+
+/* The pool's idle threads spin as long as AMPTRAIN_POOL_SPIN_US says (the default, 2 ms, would use at most
+ * that): at 1 s the idle worker burns 20 ms of CPU within a second, even on a machine busy with other work (a
+ * sixth of a CPU would do); at 0 it sleeps at once. */
+Test(threads, pool_threads_spin_as_long_as_amptrain_pool_spin_us_says)
+{
+    double spun = idle_worker_cpu_s("1000000", 2.0);
+    cr_assert_geq(spun, 0.02, "spinning 1 s, the idle worker used only %.4f CPU-s", spun);
+    double slept = idle_worker_cpu_s("0", 0.2);
+    cr_assert_lt(slept, 0.02, "not spinning, the idle worker used %.4f CPU-s in 0.2 s", slept);
+}
+
+/* A value that is not a whole number of microseconds from 0 to 10^6 is refused naming the variable (exit 2),
+ * at one thread too; an empty one is the default. */
+Test(threads, a_bad_amptrain_pool_spin_us_is_refused_naming_it)
+{
+    make_scratch();
+    const char *bad[] = {"-1", "2.5", "20us", "1000001", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "cd %s && AMPTRAIN_POOL_SPIN_US=%s %s run configs/fashion_mlp.yaml " SMALL
+                 " run.steps=1 run.threads=%d run.out_dir=%s/bad%zu 2>&1", AMP_SOURCE_DIR, bad[i], amp_binary(),
+                 i % 2 ? 1 : 2, scratch, i);
+        struct result r = shell(cmd);
+        cr_assert_eq(r.code, 2, "AMPTRAIN_POOL_SPIN_US=%s: exit %d\n%s", bad[i], r.code, r.out);
+        cr_assert(strstr(r.out, "AMPTRAIN_POOL_SPIN_US is '") && strstr(r.out, bad[i]) &&
+                      strstr(r.out, "0 to 1000000") && strstr(r.out, "hint: "), "%s", r.out);
+    }
+    const char *good[] = {"", "0"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "cd %s && AMPTRAIN_POOL_SPIN_US=%s %s run configs/fashion_mlp.yaml " SMALL
+                 " run.steps=1 run.threads=2 run.out_dir=%s/good%zu 2>&1", AMP_SOURCE_DIR, good[i], amp_binary(),
+                 scratch, i);
+        struct result r = shell(cmd);
+        cr_assert_eq(r.code, 0, "AMPTRAIN_POOL_SPIN_US='%s':\n%s", good[i], r.out);
+    }
+    remove_scratch();
 }
 
 /* ---- attention, layernorm, embedding, losses, grad_stats, fp8 ---- */

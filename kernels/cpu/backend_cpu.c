@@ -225,17 +225,41 @@ static void free_workers(struct cpu_backend *cb)
     cb->wpack_b = NULL;
 }
 
+/* AMPTRAIN_POOL_SPIN_US: how long an idle pool thread spins before it sleeps, in microseconds (0 to 10^6), into
+ * *spin_ns; -1 where unset or empty (the pool's default). Where other busy processes share the machine, as the
+ * test suites' side-by-side runs do, a spinning thread holds a CPU they need. Anything else is refused. */
+static enum amp_status spin_from_env(int64_t *spin_ns, struct amp_error *err)
+{
+    *spin_ns = -1;
+    const char *v = getenv("AMPTRAIN_POOL_SPIN_US");
+    if (!v || !*v)
+        return AMP_OK;
+    int64_t us = 0;
+    const char *c = v;
+    for (; *c >= '0' && *c <= '9' && us <= 1000000; c++)
+        us = us * 10 + (*c - '0');
+    if (*c || us > 1000000)
+        return amp_fail(err, AMP_ERR_CONFIG, "unset it, or give a whole number of microseconds from 0 to 1000000",
+                        "AMPTRAIN_POOL_SPIN_US is '%.64s': not a whole number of microseconds from 0 to 1000000", v);
+    *spin_ns = us * 1000;
+    return AMP_OK;
+}
+
 /* The pool is made once (the engine calls this once, after backend_open); calling it again replaces it. */
 static enum amp_status cpu_set_threads(struct backend *be, int threads, struct amp_error *err)
 {
     struct cpu_backend *cb = cpu_of(be);
     assert(threads >= 1);
     free_workers(cb);
+    int64_t spin_ns;
+    enum amp_status st = spin_from_env(&spin_ns, err); /* checked at 1 thread too: a bad value never passes */
+    if (st != AMP_OK)
+        return st;
     /* one thread runs without a pool, except under AMPTRAIN_POOL_PROFILE: a one-thread pool runs every job inline
      * (the same bits at any count) and so gives the per-operation table at 1 thread too */
     if (threads == 1 && !getenv("AMPTRAIN_POOL_PROFILE"))
         return AMP_OK;
-    cb->pool = threadpool_create(threads);
+    cb->pool = threadpool_create_spinning(threads, spin_ns);
     cb->wpack_a = calloc((size_t)threads, sizeof *cb->wpack_a);
     cb->wpack_b = calloc((size_t)threads, sizeof *cb->wpack_b);
     if (!cb->pool || !cb->wpack_a || !cb->wpack_b) {

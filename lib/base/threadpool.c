@@ -203,13 +203,20 @@ static void *worker_main(void *wa)
 
 struct threadpool *threadpool_create(int threads)
 {
+    return threadpool_create_spinning(threads, -1);
+}
+
+struct threadpool *threadpool_create_spinning(int threads, int64_t spin_ns)
+{
     if (threads < 1 || threads > (1 << 20)) /* run.threads allows 1024 */
         return NULL;
     struct threadpool *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
     p->threads = 1;
-    p->spin_ns = threads > threadpool_available_cpus() ? SPIN_NS_OVERSUBSCRIBED : SPIN_NS_OWN_CPUS;
+    if (spin_ns < 0)
+        spin_ns = threads > threadpool_available_cpus() ? SPIN_NS_OVERSUBSCRIBED : SPIN_NS_OWN_CPUS;
+    p->spin_ns = spin_ns;
     p->profile = pool_profile_open();
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);

@@ -21,7 +21,9 @@
  *
  * Between jobs the threads spin up to 2 ms (pause) before sleeping on a condition variable, and the caller
  * spins as long for the last chunk: a training step issues dozens of short jobs with short serial stretches
- * between them. When a thread looks for work never decides which chunks it runs.
+ * between them (20 us when the pool has more threads than the process has CPUs). On a machine shared with other
+ * busy processes a spinning thread holds a CPU they need: AMPTRAIN_POOL_SPIN_US (the CPU backend) sets the time.
+ * When a thread looks for work never decides which chunks it runs.
  *
  * A parallel_for called from inside a chunk (nested) runs its chunks inline on that thread, in order.
  * Only one thread may call parallel_for on a pool at a time (the backend is single-caller, as its
@@ -40,6 +42,9 @@ typedef void (*parallel_fn)(void *arg, int64_t chunk, int worker);
 /* A pool of `threads` workers (1 .. 2^20; the calling thread is worker 0, so threads - 1 are started).
  * NULL on failure (a count out of range, out of memory, or pthread_create failed). */
 struct threadpool *threadpool_create(int threads);
+/* The same, with the time an idle thread spins before it sleeps (and the caller for the last chunk) given in
+ * nanoseconds; negative: the default above. The CPU backend passes AMPTRAIN_POOL_SPIN_US here. */
+struct threadpool *threadpool_create_spinning(int threads, int64_t spin_ns);
 void threadpool_free(struct threadpool *p); /* joins the threads; NULL is fine */
 int threadpool_threads(const struct threadpool *p); /* 1 for NULL */
 
