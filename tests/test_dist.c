@@ -998,7 +998,7 @@ Test(dist, sigkill_of_one_rank_ends_the_job)
     make_scratch();
     start_long_run("k");
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "for i in $(seq 300); do [ -s %s/k/latest ] && break; sleep 0.1; done; cat %s/k/latest",
+    snprintf(cmd, sizeof cmd, "for i in $(seq 600); do [ -s %s/k/latest ] && break; sleep 0.1; done; cat %s/k/latest",
              scratch, scratch);
     struct result r = shell(cmd);
     cr_assert(strstr(r.out, "ckpt-"), "no checkpoint before the kill: %s", r.out);
@@ -1025,7 +1025,7 @@ Test(dist, a_stalled_rank_ends_the_job_after_dist_timeout)
     make_scratch();
     start_long_run_with("st", "", "dist.timeout_s=2");
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "for i in $(seq 300); do [ -s %s/st/latest ] && break; sleep 0.1; done; cat %s/st/latest",
+    snprintf(cmd, sizeof cmd, "for i in $(seq 600); do [ -s %s/st/latest ] && break; sleep 0.1; done; cat %s/st/latest",
              scratch, scratch);
     struct result r = shell(cmd);
     cr_assert(strstr(r.out, "ckpt-"), "no checkpoint before the stall: %s", r.out);
@@ -1074,13 +1074,15 @@ Test(dist, watch_ends_a_wait_past_its_limit, .exit_code = 1)
  * never ends a wait; the thread stops when the watch is freed. */
 Test(dist, watch_lets_shorter_waits_and_idle_time_pass)
 {
-    struct comm_watch *w = comm_watch_new(0, 0.3);
+    /* a limit far above the 50 ms waits, so that a loaded machine (two suites side by side) cannot stretch one past
+     * it; the idle time between them adds up to three limits */
+    struct comm_watch *w = comm_watch_new(0, 1.0);
     cr_assert_not_null(w);
     for (int i = 0; i < 12; i++) {
         comm_watch_begin(w, "a short wait");
         nanosleep(&(struct timespec){.tv_nsec = 50000000}, NULL);
         comm_watch_end(w);
-        nanosleep(&(struct timespec){.tv_nsec = 150000000}, NULL); /* 2.4 s idle in all, 8 limits */
+        nanosleep(&(struct timespec){.tv_nsec = 250000000}, NULL); /* 3 s idle in all, 3 limits */
     }
     comm_watch_set_timeout(w, 0);
     cr_assert_eq(comm_watch_timeout(w), 0);
