@@ -44,9 +44,10 @@
 #include "digest.h" /* digest_str: the host name */
 
 #define COMM_BUCKET ((size_t)1 << 22) /* elements per MPI call: 16 MiB of fp32 */
-/* The progress thread's pause between two rounds of tests while a reduce is in flight. At 1 Gbit/s 50 us carry
- * 6 KB, well within a TCP socket's buffer, so the link does not idle between rounds; each round costs a few
- * microseconds of CPU (docs/distributed.md, "Speed"). */
+/* The progress thread's pause between two rounds of tests while a reduce is in flight (nanosleep's timer slack, 50 us
+ * by default, adds about as much). At 1 Gbit/s 100 us carry 12 KB, well within a TCP socket's buffer, so the link
+ * does not idle between rounds; the thread took at most 2% of the CPU time of a rank's main thread in the runs of
+ * docs/distributed.md, "Speed". */
 #define COMM_PROGRESS_PAUSE_US 50
 
 static MPI_Datatype mpi_type(enum comm_dtype dt)
@@ -234,6 +235,8 @@ static void start_progress(struct comm *c, struct mpi_state *s)
         pthread_sigmask(SIG_SETMASK, &all, &old);
         s->running = pthread_create(&s->thread, NULL, progress_main, s) == 0;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (s->running) /* its name in top -H, ps -L, gdb and /proc/PID/task */
+            pthread_setname_np(s->thread, "mpi-progress");
         why = s->running ? NULL : "no thread could be started";
     }
     if (!why)
