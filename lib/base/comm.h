@@ -17,8 +17,9 @@
  * The non-blocking reduce (reduce_start, reduce_progress, reduce_wait) lets the trainer reduce a step's
  * gradients in buckets while backward still runs (lib/engine/dist_overlap.h): none finishes it at once, mpi starts
  * MPI_Iallreduce and a progress thread moves it on with MPI_Test while backward computes (MPI progresses a
- * non-blocking collective only inside MPI calls; comm_mpi.c), nccl queues ncclAllReduce on a second CUDA stream that waits, by an event, for the backend's stream to reach
- * the point of the start, and the backend's stream waits, by another, for the reduce at its wait.
+ * non-blocking collective only inside MPI calls; comm_mpi.c), nccl queues ncclAllReduce on a second CUDA stream
+ * that waits, by an event, for the backend's stream to reach the point of the start, and the backend's stream
+ * waits, by another, for the reduce at its wait.
  *
  * Rules every implementation keeps:
  *  - Every rank calls the same collectives in the same order with the same sizes. A rank that would
