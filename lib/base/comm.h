@@ -16,9 +16,10 @@
  *
  * The non-blocking reduce (reduce_start, reduce_progress, reduce_wait) lets the trainer reduce a step's
  * gradients in buckets while backward still runs (lib/engine/dist_overlap.h): none finishes it at once, mpi starts
- * MPI_Iallreduce and moves it on with MPI_Test (MPI progresses a non-blocking collective only inside MPI calls),
- * nccl queues ncclAllReduce on a second CUDA stream that waits, by an event, for the backend's stream to reach
- * the point of the start, and the backend's stream waits, by another, for the reduce at its wait.
+ * MPI_Iallreduce and a progress thread moves it on with MPI_Test while backward computes (MPI progresses a
+ * non-blocking collective only inside MPI calls; comm_mpi.c), nccl queues ncclAllReduce on a second CUDA stream
+ * that waits, by an event, for the backend's stream to reach the point of the start, and the backend's stream
+ * waits, by another, for the reduce at its wait.
  *
  * Rules every implementation keeps:
  *  - Every rank calls the same collectives in the same order with the same sizes. A rank that would
@@ -130,6 +131,10 @@ int comm_launched_world(void);
 
 #ifdef AMP_HAVE_MPI
 enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct amp_error *err);
+/* For tests of the MPI communicator c: whether every MPI request of the started reduce r has been seen complete
+ * (by the progress thread, or by reduce_progress; no MPI call here), and whether c's progress thread runs. */
+bool comm_mpi_reduce_complete(struct comm *c, const struct comm_request *r);
+bool comm_mpi_progress_thread(struct comm *c);
 #endif
 
 struct backend;

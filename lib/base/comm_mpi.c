@@ -11,25 +11,44 @@
  * message keeps the transport's buffers bounded).
  *
  * The non-blocking reduce is MPI_Iallreduce (one per COMM_BUCKET elements). Open MPI moves a non-blocking
- * collective only inside MPI calls (it has no progress thread by default), so reduce_progress tests every
- * started request: the trainer calls it between layers while backward runs. Only the main thread calls MPI.
+ * collective only inside MPI calls (this build of it has no asynchronous progress: `ompi_info` says "OMPI
+ * progress: no"), and the trainer makes none while a layer's backward computes. So the first reduce_start
+ * starts a progress thread that, while a started request is not complete, tests them (MPI_Test) every
+ * COMM_PROGRESS_PAUSE_US microseconds, and sleeps on a condition variable otherwise: the buckets travel while
+ * backward runs, not only between layers. Two threads call MPI, never at once: MPI_Init_thread asks for
+ * MPI_THREAD_SERIALIZED (Open MPI then takes none of MPI_THREAD_MULTIPLE's locks), and every MPI call of this
+ * file holds the communicator's mutex `mu` (a blocking collective holds it throughout; the thread then waits,
+ * which it may: the blocking call moves every request on itself). The thread calls MPI only with a request in
+ * flight, so the MPI calls of other files (kernels/cuda/comm_nccl.cu's MPI_Bcast, made while none is) need no
+ * mutex. Where MPI grants less than MPI_THREAD_SERIALIZED there is no thread: reduce_progress then tests the
+ * requests between layers, as it does where the thread cannot be started, and rank 0 says so once.
+ * A job that never starts a non-blocking reduce (one rank, dist.bucket_mb 0, NCCL) never starts the thread.
+ * How often a request is tested changes when it completes, never its sum: the bits are the same.
  */
 #ifdef AMP_HAVE_MPI
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
 #include "comm.h"
 
 #include <mpi.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h> /* pthread_sigmask: the progress thread takes no signal */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>   /* nanosleep, clock_gettime */
 #include <unistd.h> /* gethostname */
 
 #include "comm_watch.h"
 #include "digest.h" /* digest_str: the host name */
 
 #define COMM_BUCKET ((size_t)1 << 22) /* elements per MPI call: 16 MiB of fp32 */
+/* The progress thread's pause between two rounds of tests while a reduce is in flight (nanosleep's timer slack, 50 us
+ * by default, adds about as much). At 1 Gbit/s 100 us carry 12 KB, well within a TCP socket's buffer, so the link
+ * does not idle between rounds; the thread took at most 2% of the CPU time of a rank's main thread in the runs of
+ * docs/distributed.md, "Speed". */
+#define COMM_PROGRESS_PAUSE_US 50
 
 static MPI_Datatype mpi_type(enum comm_dtype dt)
 {
@@ -56,13 +75,69 @@ static const char *op_name(enum comm_op op)
     return op == COMM_SUM ? "all-reduce (sum)" : op == COMM_MAX ? "all-reduce (max)" : "all-reduce (min)";
 }
 
-/* End the job from a rank that cannot make a collective the others are in. */
-static _Noreturn void mpi_abort_now(int rank)
+/* One started reduce: its MPI requests, one per COMM_BUCKET elements, on the communicator's list of those in
+ * flight (the progress thread and reduce_progress test them all). */
+struct comm_request {
+    struct comm_request *next;
+    size_t count;
+    enum comm_dtype dt;
+    int n;
+    int left; /* requests not yet seen complete */
+    MPI_Request req[];
+};
+
+struct mpi_state {
+    pthread_mutex_t mu;   /* held around every MPI call of this file, and for everything below */
+    pthread_cond_t work;  /* a reduce started, or the thread is to stop */
+    pthread_t thread;
+    bool serialized;      /* MPI granted MPI_THREAD_SERIALIZED: a progress thread may call it */
+    bool running, stop;   /* the thread started; ... and is to end */
+    bool said;            /* rank 0 said why there is no thread */
+    int pending;          /* MPI requests in flight not yet seen complete: the thread tests while there are */
+    struct comm_request *in_flight; /* started and not yet waited for, the newest first */
+};
+
+/* What comm_mpi_open allocates: the communicator it hands out, then its state. The functions here find the state
+ * from the communicator's address, not from c->impl: comm_use_nccl (kernels/cuda/comm_nccl.cu) takes impl over
+ * for its own state while the host collectives, abort and close stay these. */
+struct mpi_comm {
+    struct comm c; /* first */
+    struct mpi_state s;
+};
+
+static struct mpi_state *state_of(struct comm *c)
 {
-    (void)rank;
+    return &((struct mpi_comm *)c)->s;
+}
+
+static struct mpi_state *mpi_lock(struct comm *c)
+{
+    struct mpi_state *s = state_of(c);
+    pthread_mutex_lock(&s->mu);
+    return s;
+}
+
+static void mpi_unlock(struct mpi_state *s)
+{
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* End the job now, from any rank (comm.h, abort; and where a rank cannot make a collective the others are in).
+ * Called with mu not held (no function of this file aborts while it holds it). MPI_Abort runs holding mu, so
+ * that the progress thread makes no MPI call beside it; the thread holds mu only for a round of MPI_Test, but
+ * should one never return, the abort goes ahead after a second rather than wait for it. */
+static _Noreturn void mpi_abort(struct comm *c, int code)
+{
+    struct mpi_state *s = state_of(c);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 1;
+    pthread_mutex_timedlock(&s->mu, &until);
+    s->stop = true;
+    fflush(stdout);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    _Exit(1);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _Exit(code);
 }
 
 /* This rank starts waiting for the others in a collective that fmt describes (comm_watch_begin). */
@@ -81,6 +156,7 @@ static void watch_begin(struct comm *c, const char *fmt, ...)
 
 static void mpi_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
+    struct mpi_state *s = mpi_lock(c);
     char *p = buf;
     for (size_t done = 0; done < count;) {
         size_t n = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
@@ -89,6 +165,7 @@ static void mpi_host_allreduce(struct comm *c, void *buf, size_t count, enum com
         comm_watch_end(c->watch);
         done += n;
     }
+    mpi_unlock(s);
 }
 
 /* The CPU backend's memory is host memory: the same call. */
@@ -97,23 +174,81 @@ static void mpi_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dt
     mpi_host_allreduce(c, buf, count, dt, COMM_SUM);
 }
 
-/* One started reduce: its MPI requests, one per COMM_BUCKET elements, on the communicator's list of those in
- * flight (reduce_progress tests them all). */
-struct comm_request {
-    struct comm_request *next;
-    size_t count;
-    enum comm_dtype dt;
-    int n;
-    MPI_Request req[];
-};
+/* Tests every started request that is not complete yet (mu held). */
+static void test_in_flight(struct mpi_state *s)
+{
+    for (struct comm_request *r = s->in_flight; r; r = r->next)
+        for (int i = 0; i < r->n; i++)
+            if (r->req[i] != MPI_REQUEST_NULL) {
+                int done = 0;
+                MPI_Test(&r->req[i], &done, MPI_STATUS_IGNORE); /* a complete one becomes MPI_REQUEST_NULL */
+                if (done) {
+                    r->left--;
+                    s->pending--;
+                }
+            }
+}
 
-struct mpi_state {
-    struct comm_request *in_flight; /* started and not yet waited for, the newest first */
-};
+/* The progress thread: tests the requests in flight every COMM_PROGRESS_PAUSE_US while one is not complete,
+ * sleeps on `work` while none is. It holds mu only while it tests, so it never calls MPI beside another thread. */
+static void *progress_main(void *arg)
+{
+    struct mpi_state *s = arg;
+    const struct timespec pause = {.tv_sec = 0, .tv_nsec = COMM_PROGRESS_PAUSE_US * 1000L};
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        if (s->pending == 0) {
+            pthread_cond_wait(&s->work, &s->mu);
+            continue;
+        }
+        test_in_flight(s);
+        pthread_mutex_unlock(&s->mu);
+        nanosleep(&pause, NULL);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static const char *thread_level_name(int level)
+{
+    return level == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED"
+           : level == MPI_THREAD_SERIALIZED                 ? "MPI_THREAD_SERIALIZED"
+                                                            : "MPI_THREAD_MULTIPLE";
+}
+
+/* The progress thread, at the first reduce started (mu held). Signals are the main thread's (the stop signals of
+ * lib/engine/train.c): the thread blocks them all. Where it cannot run, rank 0 says so once and reduce_progress
+ * tests the requests between layers instead. */
+static void start_progress(struct comm *c, struct mpi_state *s)
+{
+    if (s->running || s->said)
+        return;
+    const char *why = NULL;
+    int level = MPI_THREAD_SINGLE;
+    if (!s->serialized) {
+        MPI_Query_thread(&level);
+        why = thread_level_name(level);
+    } else {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        s->running = pthread_create(&s->thread, NULL, progress_main, s) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (s->running) /* its name in top -H, ps -L, gdb and /proc/PID/task */
+            pthread_setname_np(s->thread, "mpi-progress");
+        why = s->running ? NULL : "no thread could be started";
+    }
+    if (!why)
+        return;
+    s->said = true;
+    if (c->rank == 0)
+        fprintf(stderr, "ampTrain: note: no MPI progress thread (%s%s): the gradient buckets move on only between "
+                "layers\n", s->serialized ? "" : "MPI grants only ", why);
+}
 
 static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
 {
-    struct mpi_state *s = c->impl;
     size_t n = (count + COMM_BUCKET - 1) / COMM_BUCKET;
     struct comm_request *r = malloc(sizeof *r + n * sizeof r->req[0]);
     if (!r) { /* the others start theirs, and a blocking reduce does not match a started one: end the job */
@@ -122,7 +257,8 @@ static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t c
         c->abort(c, AMP_ERR_INTERNAL);
         return NULL;
     }
-    *r = (struct comm_request){.next = s->in_flight, .count = count, .dt = dt, .n = (int)n};
+    struct mpi_state *s = mpi_lock(c);
+    *r = (struct comm_request){.next = s->in_flight, .count = count, .dt = dt, .n = (int)n, .left = (int)n};
     char *p = buf;
     for (size_t i = 0; i < n; i++) {
         size_t done = i * COMM_BUCKET, k = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
@@ -130,38 +266,63 @@ static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t c
                        &r->req[i]);
     }
     s->in_flight = r;
+    s->pending += r->left;
+    start_progress(c, s);
+    pthread_cond_signal(&s->work);
+    mpi_unlock(s);
     return r;
 }
 
+/* Between layers: the progress thread's work where there is none (MPI's thread level, or no thread). */
 static void mpi_reduce_progress(struct comm *c)
 {
-    struct mpi_state *s = c->impl;
-    for (struct comm_request *r = s->in_flight; r; r = r->next)
-        for (int i = 0; i < r->n; i++)
-            if (r->req[i] != MPI_REQUEST_NULL) {
-                int done = 0;
-                MPI_Test(&r->req[i], &done, MPI_STATUS_IGNORE);
-            }
+    struct mpi_state *s = state_of(c);
+    if (s->running)
+        return;
+    pthread_mutex_lock(&s->mu);
+    test_in_flight(s);
+    mpi_unlock(s);
 }
 
 static void mpi_reduce_wait(struct comm *c, struct comm_request *r)
 {
     if (!r)
         return;
-    struct mpi_state *s = c->impl;
+    struct mpi_state *s = mpi_lock(c);
     for (struct comm_request **at = &s->in_flight; *at; at = &(*at)->next)
         if (*at == r) {
             *at = r->next;
             break;
         }
-    watch_begin(c, "an %s of %zu %s values (a gradient bucket)", op_name(COMM_SUM), r->count, type_name(r->dt));
-    MPI_Waitall(r->n, r->req, MPI_STATUSES_IGNORE);
-    comm_watch_end(c->watch);
+    s->pending -= r->left;
+    if (r->left > 0) {
+        watch_begin(c, "an %s of %zu %s values (a gradient bucket)", op_name(COMM_SUM), r->count, type_name(r->dt));
+        MPI_Waitall(r->n, r->req, MPI_STATUSES_IGNORE);
+        comm_watch_end(c->watch);
+    }
+    mpi_unlock(s);
     free(r);
+}
+
+bool comm_mpi_reduce_complete(struct comm *c, const struct comm_request *r)
+{
+    struct mpi_state *s = mpi_lock(c);
+    bool done = r && r->left == 0;
+    mpi_unlock(s);
+    return done;
+}
+
+bool comm_mpi_progress_thread(struct comm *c)
+{
+    struct mpi_state *s = mpi_lock(c);
+    bool running = s->running;
+    mpi_unlock(s);
+    return running;
 }
 
 static void mpi_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
 {
+    struct mpi_state *s = mpi_lock(c);
     char *p = buf;
     for (size_t done = 0; done < bytes;) {
         size_t n = bytes - done < COMM_BUCKET ? bytes - done : COMM_BUCKET;
@@ -170,13 +331,16 @@ static void mpi_host_bcast(struct comm *c, void *buf, size_t bytes, int root)
         comm_watch_end(c->watch);
         done += n;
     }
+    mpi_unlock(s);
 }
 
 static void mpi_host_allgather(struct comm *c, const void *send, void *recv, size_t bytes)
 {
+    struct mpi_state *s = mpi_lock(c);
     watch_begin(c, "an all-gather of %zu bytes a rank", bytes);
     MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
     comm_watch_end(c->watch);
+    mpi_unlock(s);
 }
 
 /* The ranks' blocks (comm_shard) as MPI counts and displacements in units of `unit`, a contiguous type of
@@ -209,7 +373,7 @@ static int *shard_table(struct comm *c, size_t count, const char *what)
         fprintf(stderr, "[rank %d] ampTrain: error: cannot make the %s of %zu elements (%s)\n", c->rank, what,
                 count, t ? "a rank's block is over 2^31 elements" : "out of memory");
         free(t);
-        mpi_abort_now(c->rank);
+        mpi_abort(c, 1);
     }
     return t;
 }
@@ -218,36 +382,46 @@ static int *shard_table(struct comm *c, size_t count, const char *what)
 static void mpi_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
 {
     int *t = shard_table(c, count, "all-gather");
+    struct mpi_state *s = mpi_lock(c);
     MPI_Datatype type = elem_type(elem_bytes);
     watch_begin(c, "an all-gather of %zu elements of %zu bytes", count, elem_bytes);
     MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, t, t + c->world, type, MPI_COMM_WORLD);
     comm_watch_end(c->watch);
     MPI_Type_free(&type);
+    mpi_unlock(s);
     free(t);
 }
 
 static void mpi_host_gather(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root)
 {
     int *t = shard_table(c, count, "gather");
+    struct mpi_state *s = mpi_lock(c);
     MPI_Datatype type = elem_type(elem_bytes);
     watch_begin(c, "a gather to rank %d of %zu elements of %zu bytes", root, count, elem_bytes);
     MPI_Gatherv(send, t[c->rank], type, recv, t, t + c->world, type, root, MPI_COMM_WORLD);
     comm_watch_end(c->watch);
     MPI_Type_free(&type);
+    mpi_unlock(s);
     free(t);
 }
 
-static void mpi_abort(struct comm *c, int code)
+/* Ends the progress thread: it leaves its loop at its next look at `stop`, a pause at most. */
+static void stop_progress(struct mpi_state *s)
 {
-    (void)c;
-    fflush(stdout);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, code);
-    _Exit(code);
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->work);
+    bool running = s->running;
+    s->running = false;
+    pthread_mutex_unlock(&s->mu);
+    if (running)
+        pthread_join(s->thread, NULL);
 }
 
 static void mpi_close(struct comm *c)
 {
+    struct mpi_state *s = state_of(c);
+    stop_progress(s);
     int done = 0;
     MPI_Finalized(&done);
     if (!done) {
@@ -256,8 +430,9 @@ static void mpi_close(struct comm *c)
         comm_watch_end(c->watch);
     }
     comm_watch_free(c->watch);
-    free(c->impl);
-    free(c);
+    pthread_cond_destroy(&s->work);
+    pthread_mutex_destroy(&s->mu);
+    free((struct mpi_comm *)c); /* the state with it */
 }
 
 /* What one rank tells the others at start: a hash of its host's name and the CPUs it may run on. */
@@ -327,19 +502,21 @@ static void count_hosts(struct comm *c)
 
 enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct amp_error *err)
 {
-    int inited = 0;
+    int inited = 0, level = MPI_THREAD_SINGLE;
     MPI_Initialized(&inited);
-    if (!inited && MPI_Init(argc, argv) != MPI_SUCCESS)
+    /* MPI_THREAD_SERIALIZED: the progress thread and the main thread call MPI, one at a time (mu) */
+    if (!inited && MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &level) != MPI_SUCCESS)
         return amp_fail(err, AMP_ERR_INTERNAL, "check the mpirun command and the MPI installation",
-                        "MPI_Init failed");
-    struct comm *c = calloc(1, sizeof *c);
-    struct mpi_state *state = calloc(1, sizeof *state);
-    if (!c || !state) {
-        free(c);
-        free(state);
+                        "MPI_Init_thread failed");
+    if (inited)
+        MPI_Query_thread(&level);
+    struct mpi_comm *mc = calloc(1, sizeof *mc);
+    if (!mc) {
         MPI_Finalize();
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory");
     }
+    struct comm *c = &mc->c;
+    struct mpi_state *state = &mc->s;
     *c = (struct comm){
         .transport = "mpi",
         .device_memory = false,
@@ -356,6 +533,9 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
         .close = mpi_close,
         .impl = state,
     };
+    pthread_mutex_init(&state->mu, NULL);
+    pthread_cond_init(&state->work, NULL);
+    state->serialized = level >= MPI_THREAD_SERIALIZED;
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);
     /* out of memory for it: the job runs unwatched (every comm_watch call takes NULL) */

@@ -10,8 +10,9 @@
  * blocking collective, or around making the NCCL communicator). One thread per process, started at the
  * first wait of a watch with a limit, wakes every tenth of the limit (at most 1 s, at least 10 ms) and, when
  * the current wait has lasted longer than the limit, prints which wait and how long, naming the key, then
- * ends this process with exit code 1; mpirun then ends the other ranks. The thread never calls MPI (the ranks
- * run MPI_THREAD_SINGLE): a rank that leaves without MPI_Finalize is what makes mpirun end the job.
+ * ends this process with exit code 1; mpirun then ends the other ranks. The thread never calls MPI (so no call
+ * stuck inside MPI, the main thread's or comm_mpi.c's progress thread's, holds it up): a rank that leaves without
+ * MPI_Finalize is what makes mpirun end the job.
  *
  * The waits cost one uncontended mutex each; the collectives themselves are the same calls as without it,
  * so no result changes.

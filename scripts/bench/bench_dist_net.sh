@@ -4,8 +4,8 @@
 # over TCP (Open MPI's `--mca btl tcp,self`, no shared memory) on the loopback of a private network namespace
 # (`unshare --net`: the machine's own network is not touched), whose link is limited by a token bucket
 # (`tc qdisc add dev lo root tbf rate R burst 32kb latency 50ms`; netem is not available here), at each rate of
-# RATES and unlimited, the loopback's MTU set to 9000 (below). For each model, rate and reduction mode it prints
-# the median over ROUNDS runs of:
+# RATES and unlimited, the loopback's MTU set to 9000 (below). For each model, rate, reduction mode and binary it
+# prints the median over ROUNDS runs of:
 #   step ms     the training steps' wall time a step (ampTrain's "train: ... s of training steps" / steps)
 #   reduce ms   the gradients' all-reduce's wall time a step on rank 0 (ampTrain's "reduce: X ms a step" line)
 #   wire ms     the least the link can take for it: each rank's fp32 gradients once over the link at the rate
@@ -21,17 +21,20 @@
 #   scripts/bench/bench_dist_net.sh [RATES="1gbit 10gbit"] [MODELS="text_gpt gpt2_tiny"] [ROUNDS=3] [STEPS=...]
 # STEPS defaults to 40 for text_gpt and 200 for gpt2_tiny. Each rank has one thread (run.threads=1,
 # OPENBLAS_NUM_THREADS=1) and the ranks are not bound to cores (--bind-to none; BIND=core to bind).
-# AMPTRAIN_BIN (default build/ampTrain) picks the binary. Needs root (namespaces, tc), util-linux unshare,
+# AMPTRAIN_BIN (default build/ampTrain) picks the binary; several, separated by spaces ("OLD NEW"), run beside each
+# other: each round runs every binary in turn, so a change of load falls on each alike, and the table has a
+# binary column (1, 2, ... in AMPTRAIN_BIN's order). Needs root (namespaces, tc), util-linux unshare,
 # iproute2 (tc) with the sch_tbf module, Open MPI; for gpt2_tiny, python3 (scripts/tools/make_tokens.py makes its token
 # files from the fortunes text where data/fortunes/ has none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin=$(realpath "${AMPTRAIN_BIN:-build/ampTrain}")
+bins=()
+for b in ${AMPTRAIN_BIN:-build/ampTrain}; do bins+=("$(realpath "$b")"); done
 rates=${RATES:-1gbit 10gbit}; models=${MODELS:-text_gpt gpt2_tiny}; rounds=${ROUNDS:-3}; bind=${BIND:-none}
 die() { echo "bench_dist_net: $*" >&2; exit 1; }
 
 if [ "${1:-}" != --inside ]; then
-  [ -x "$bin" ] || die "$bin not built; run scripts/build.sh"
+  for bin in "${bins[@]}"; do [ -x "$bin" ] || die "$bin not built; run scripts/build.sh"; done
   [ "$(id -u)" = 0 ] || die "needs root (a network namespace and tc)"
   for tool in unshare ip tc mpirun; do
     command -v $tool > /dev/null || die "no $tool (util-linux, iproute2, Open MPI)"
@@ -52,19 +55,23 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-if "$bin" check configs/text_gpt.yaml dist.bucket_mb=0 > "$tmp/check.log" 2>&1; then
-  modes="off on"
-  echo "bench_dist_net: $bin knows dist.bucket_mb: without overlap (dist.bucket_mb=0) and with" \
-    "(dist.bucket_mb ${BUCKET_MB:-default})"
-elif grep -q "unknown key 'bucket_mb'" "$tmp/check.log"; then
-  modes="off"
-  echo "bench_dist_net: $bin has no dist.bucket_mb (no overlapped reduction): without overlap only"
-else
-  cat "$tmp/check.log" >&2
-  die "ampTrain check failed"
-fi
+# the overlapped mode where every binary knows dist.bucket_mb
+modes="off on"
+for bin in "${bins[@]}"; do
+  if "$bin" check configs/text_gpt.yaml dist.bucket_mb=0 > "$tmp/check.log" 2>&1; then
+    echo "bench_dist_net: $bin knows dist.bucket_mb: without overlap (dist.bucket_mb=0) and with" \
+      "(dist.bucket_mb ${BUCKET_MB:-default})"
+  elif grep -q "unknown key 'bucket_mb'" "$tmp/check.log"; then
+    modes="off"
+    echo "bench_dist_net: $bin has no dist.bucket_mb (no overlapped reduction): without overlap only"
+  else
+    cat "$tmp/check.log" >&2
+    die "ampTrain check failed"
+  fi
+done
 echo "bench_dist_net: $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \
-     "$(mpirun --version 2> /dev/null | head -n 1), $bin, np 2 over TCP on a private loopback"
+     "$(mpirun --version 2> /dev/null | head -n 1), np 2 over TCP on a private loopback"
+for k in "${!bins[@]}"; do echo "bench_dist_net: binary $((k + 1)): ${bins[$k]}"; done
 
 # gpt2_tiny's token files (its config's comment makes them the same way)
 tokens=data/fortunes
@@ -76,10 +83,10 @@ if [[ " $models " == *" gpt2_tiny "* ]] && [ ! -f $tokens/train.bin ]; then
     die "scripts/tools/make_tokens.py failed"
 fi
 
-# run NAME MODE ARGS...: one np 2 run; prints "STEP_MS REDUCE_MS VALUES" from its summary lines
+# run BINARY NAME MODE ARGS...: one np 2 run; prints "STEP_MS REDUCE_MS VALUES" from its summary lines
 run() {
-  local name=$1 mode=$2 log="$tmp/$1.log"
-  shift 2
+  local bin=$1 name=$2 mode=$3 log="$tmp/$2.log"
+  shift 3
   local extra=()
   [ "$mode" = off ] && [ "$modes" != off ] && extra=(dist.bucket_mb=0)
   [ "$mode" = on ] && [ -n "${BUCKET_MB:-}" ] && extra=("dist.bucket_mb=$BUCKET_MB")
@@ -112,7 +119,7 @@ wire_ms() {
     printf "%.3f", 1e3 * 4 * n * 8 / x }'
 }
 
-printf '%-10s %-9s %-8s %10s %10s %8s %7s\n' model rate overlap "step ms" "reduce ms" "wire ms" hidden
+printf '%-10s %-9s %-8s %6s %10s %10s %8s %7s\n' model rate overlap binary "step ms" "reduce ms" "wire ms" hidden
 for model in $models; do
   case $model in
     text_gpt) steps=${STEPS:-40}; args=(configs/text_gpt.yaml) ;;
@@ -126,30 +133,40 @@ for model in $models; do
     tc qdisc del dev lo root 2> /dev/null || true
     [ "$rate" = unlimited ] || tc qdisc add dev lo root tbf rate "$rate" burst 32kb latency 50ms
     for mode in $modes; do
-      s=""; r=""
+      declare -A s=() r=()
       for i in $(seq "$rounds"); do
-        out=$(run "$model-$rate-$mode-$i" "$mode" "${args[@]}")
-        read -r a b values <<< "$out"
-        s="$s $a"; r="$r $b"
+        for k in "${!bins[@]}"; do
+          out=$(run "${bins[$k]}" "$model-$rate-$mode-$i-$k" "$mode" "${args[@]}")
+          read -r a b values <<< "$out"
+          s[$k]="${s[$k]:-} $a"; r[$k]="${r[$k]:-} $b"
+        done
       done
-      step_ms[$rate/$mode]=$(echo "$s" | median); reduce_ms[$rate/$mode]=$(echo "$r" | median)
+      for k in "${!bins[@]}"; do
+        step_ms[$k/$rate/$mode]=$(echo "${s[$k]}" | median); reduce_ms[$k/$rate/$mode]=$(echo "${r[$k]}" | median)
+      done
+      unset s r
     done
   done
   tc qdisc del dev lo root 2> /dev/null || true
   for rate in unlimited $rates; do
     for mode in $modes; do
-      hidden=-; wire=-
-      [ "$rate" = unlimited ] || wire=$(wire_ms "$values" "$rate")
-      [ "$rate" = unlimited ] || hidden=$(awk -v s="${step_ms[$rate/$mode]}" -v u="${step_ms[unlimited/$mode]}" \
-        -v r="${reduce_ms[$rate/off]}" 'BEGIN{printf "%.2f", (r > 0) ? 1 - (s - u) / r : 0}')
-      printf '%-10s %-9s %-8s %10.3f %10.3f %8s %7s\n' "$model" "$rate" "$mode" "${step_ms[$rate/$mode]}" \
-        "${reduce_ms[$rate/$mode]}" "$wire" "$hidden"
+      for k in "${!bins[@]}"; do
+        hidden=-; wire=-
+        [ "$rate" = unlimited ] || wire=$(wire_ms "$values" "$rate")
+        [ "$rate" = unlimited ] || hidden=$(awk -v s="${step_ms[$k/$rate/$mode]}" -v u="${step_ms[$k/unlimited/$mode]}" \
+          -v r="${reduce_ms[$k/$rate/off]}" 'BEGIN{printf "%.2f", (r > 0) ? 1 - (s - u) / r : 0}')
+        printf '%-10s %-9s %-8s %6s %10.3f %10.3f %8s %7s\n' "$model" "$rate" "$mode" "$((k + 1))" \
+          "${step_ms[$k/$rate/$mode]}" "${reduce_ms[$k/$rate/$mode]}" "$wire" "$hidden"
+      done
     done
   done
   if [[ " $modes " == *" on "* ]] && [ "$model" = gpt2_tiny ] && [[ " $rates " == *" 1gbit "* ]]; then
-    awk -v s="${step_ms[1gbit/on]}" -v u="${step_ms[unlimited/on]}" -v r="${reduce_ms[1gbit/off]}" 'BEGIN{
-      h = 1 - (s - u) / r; printf "  target gpt2_tiny at 1gbit: overlap hides >= 70%%: %.0f%%, %s\n", 100 * h,
-      (h >= 0.7) ? "met" : "NOT met"}'
+    for k in "${!bins[@]}"; do
+      awk -v s="${step_ms[$k/1gbit/on]}" -v u="${step_ms[$k/unlimited/on]}" -v r="${reduce_ms[$k/1gbit/off]}" \
+        -v k=$((k + 1)) 'BEGIN{ h = 1 - (s - u) / r
+        printf "  target gpt2_tiny at 1gbit: overlap hides >= 70%%: binary %d: %.0f%%, %s\n", k, 100 * h,
+        (h >= 0.7) ? "met" : "NOT met"}'
+    done
   fi
   unset step_ms reduce_ms
 done
