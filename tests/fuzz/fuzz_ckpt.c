@@ -22,7 +22,10 @@
  * when the load is accepted and the step is below the run's total, one training step runs from the loaded
  * state (as `ampTrain resume` would), so values that load but cannot be trained from show up too. An
  * accepted load overwrites all the state that step reads (the scaler is reset first, for fresh_scaler), so an
- * input's outcome does not depend on the ones before.
+ * input's outcome does not depend on the ones before. The trainer computes on one thread (run.threads 1): the
+ * checkpoint readers fork a trial child (lib/base/trial.h), and ASan's allocator is not fork-safe with other threads
+ * in the process; with the CPU backend's pool workers, a fork on a loaded machine left a child waiting on an
+ * allocator lock (a 10 s "timeout" in trial_run, CI 2026-12-05).
  *
  * The seed checkpoint is made at start (LLVMFuzzerInitialize) with the library itself: a 4x4-pixel IDX
  * dataset written into the scratch directory, a conv2d + batchnorm2d + linear model in fp16-dynamic (built with
@@ -87,6 +90,7 @@ static const char SEED_YAML[] = "run:\n"
                                 "  out_dir: %s/run\n"
                                 "  seed: 7\n"
                                 "  device: cpu\n"
+                                "  threads: 1\n"
                                 "  steps: 1000\n"
                                 "  log_every: 1\n"
                                 "data:\n"
