@@ -367,6 +367,21 @@ Test(cuda_backend, fp8_update_matches_the_cpu_bit_for_bit, .init = open_both, .f
     }
 }
 
+/* A product's (m, n) output C in dc (random where beta accumulates onto it, else an output), its bias (n) where
+ * asked and GELU's pre-activation (m, n) where asked: the fp8 and block-scaled product tests share these. */
+static void gemm_outputs(struct pair *c, struct pair *bi, struct pair *aux, enum dtype dc, int64_t m, int64_t n,
+                         bool bias, float beta, bool gelu)
+{
+    if (beta != 0.0f)
+        pair_rand(c, dc, 1, (int64_t[]){m * n}, -1, 1);
+    else
+        pair_out(c, dc, 1, (int64_t[]){m * n});
+    if (bias)
+        pair_rand(bi, DT_FP32, 1, (int64_t[]){n}, -1, 1);
+    if (gelu)
+        pair_out(aux, dc, 1, (int64_t[]){m * n});
+}
+
 /* Products of fp8 operands against the CPU: cuBLASLt's FP8 path (sm_89+, every dimension a multiple of 16, with
  * the transposes Hopper's TN layout needs) and the bf16 emulation (odd shapes), all the layouts the linear layer
  * uses, bias, accumulation and the GELU epilogue. */
@@ -377,14 +392,7 @@ static double fp8_gemm_case(enum dtype da, enum dtype db, enum dtype dc, bool ta
     struct pair a, b, c, bi, aux;
     pair_rand(&a, da, 1, (int64_t[]){m * k}, -400.0f, 400.0f);
     pair_rand(&b, db, 1, (int64_t[]){k * n}, -400.0f, 400.0f);
-    if (beta != 0.0f)
-        pair_rand(&c, dc, 1, (int64_t[]){m * n}, -1, 1);
-    else
-        pair_out(&c, dc, 1, (int64_t[]){m * n});
-    if (bias)
-        pair_rand(&bi, DT_FP32, 1, (int64_t[]){n}, -1, 1);
-    if (gelu)
-        pair_out(&aux, dc, 1, (int64_t[]){m * n});
+    gemm_outputs(&c, &bi, &aux, dc, m, n, bias, beta, gelu);
     float sc[2] = {1.0f / 300.0f, 0.0021f};
     float *gs = be_put(gpu, sc, sizeof sc);
     a.c.scale_inv = &sc[0], b.c.scale_inv = &sc[1], a.g.scale_inv = &gs[0], b.g.scale_inv = &gs[1];
@@ -2268,14 +2276,7 @@ static void block_gemm_case(bool ta, bool tb, enum fp8_tiling at, enum fp8_tilin
     block_pair_cast(&a, ta ? k : m, ta ? m : k, at, NULL);
     block_pair_cast(&b, tb ? n : k, tb ? k : n, bt, NULL);
     struct pair c, bi, aux;
-    if (beta != 0.0f)
-        pair_rand(&c, dc, 1, (int64_t[]){m * n}, -1, 1);
-    else
-        pair_out(&c, dc, 1, (int64_t[]){m * n});
-    if (bias)
-        pair_rand(&bi, DT_FP32, 1, (int64_t[]){n}, -1, 1);
-    if (gelu)
-        pair_out(&aux, dc, 1, (int64_t[]){m * n});
+    gemm_outputs(&c, &bi, &aux, dc, m, n, bias, beta, gelu);
     struct gemm_args g = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta,
                           .batch = 1, .epilogue = gelu ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE};
     g.a = &a.q.c, g.b = &b.q.c, g.c = &c.c, g.bias = bias ? &bi.c : NULL, g.aux = gelu ? &aux.c : NULL;

@@ -463,34 +463,33 @@ Test(dist, three_ranks_within_1e6) { check_bounded(3, 1, 3); }
 
 /* ---- replicas, configs, data ----------------------------------------------------------------------- */
 
-Test(dist, diverged_replica_stops_with_exit_5_naming_tensor_and_rank)
+/* Rank 1's fc1/weight perturbed by AMPTRAIN_TEST_PERTURB=PERTURB: the run stops with exit 5 at step 4 naming the
+ * tensor and the rank; unperturbed, the same run (ARGS) passes its checks. */
+static void check_diverged_replica(const char *perturb, const char *args)
 {
     NEED_MPI();
     make_scratch();
-    struct result r = mpi(2, "-x AMPTRAIN_TEST_PERTURB=1:3",
-                          "run " MLP " run.log_every=2 precision.mode=fp32 run.out_dir=%s/p", scratch);
+    char opt[64];
+    snprintf(opt, sizeof opt, "-x AMPTRAIN_TEST_PERTURB=%s", perturb);
+    struct result r = mpi(2, opt, "run " MLP " run.log_every=2 %s run.out_dir=%s/p", args, scratch);
     cr_assert_eq(r.code, 5, "%s", r.out);
     cr_assert(strstr(r.out, "replicas diverged at step 4: fc1/weight on rank 1 differs from rank 0's"), "%s", r.out);
     cr_assert(strstr(r.out, "hint:"), "%s", r.out);
-    /* unperturbed, the same run passes its checks */
-    r = mpi(2, NULL, "run " MLP " run.log_every=2 precision.mode=fp32 run.out_dir=%s/q", scratch);
+    r = mpi(2, NULL, "run " MLP " run.log_every=2 %s run.out_dir=%s/q", args, scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
     remove_scratch();
+}
+
+Test(dist, diverged_replica_stops_with_exit_5_naming_tensor_and_rank)
+{
+    check_diverged_replica("1:3", "precision.mode=fp32");
 }
 
 /* dist.zero 1 in bf16: fc1/weight's master is sharded (no replica to compare), so its bf16 copy, which every rank
  * holds whole, is compared; a flipped bit of rank 1's copy is found at the next flush */
 Test(dist, zero1_diverged_copy_stops_with_exit_5_naming_tensor_and_rank)
 {
-    NEED_MPI();
-    make_scratch();
-    struct result r = mpi(2, "-x AMPTRAIN_TEST_PERTURB=1:4",
-                          "run " MLP " run.log_every=2 precision.mode=bf16 dist.zero=1 run.out_dir=%s/p", scratch);
-    cr_assert_eq(r.code, 5, "%s", r.out);
-    cr_assert(strstr(r.out, "replicas diverged at step 4: fc1/weight on rank 1 differs from rank 0's"), "%s", r.out);
-    r = mpi(2, NULL, "run " MLP " run.log_every=2 precision.mode=bf16 dist.zero=1 run.out_dir=%s/q", scratch);
-    cr_assert_eq(r.code, 0, "%s", r.out);
-    remove_scratch();
+    check_diverged_replica("1:4", "precision.mode=bf16 dist.zero=1");
 }
 
 Test(dist, ranks_with_different_configs_are_refused)
