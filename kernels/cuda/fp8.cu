@@ -2,7 +2,9 @@
  * fp8.cu — precision.mode fp8 on the GPU (lib/base/fp8.h, backend.h fp8_cast / fp8_update and the fp8 rules of gemm).
  *
  * Casts: a grid-stride amax (fmaxf, so NaN is ignored as on the CPU; an atomicMax on the bits of a non-negative
- * float orders like the float), the recipe's scale (lib/base/fp8.h, one thread), then the cast: x * scale rounded to
+ * float orders like the float), the recipe's scale (lib/base/fp8.h, one thread), then the cast. Recipe current needs
+ * the amax before the cast (two passes over x); the delayed recipe casts at the scale it already has and takes the
+ * amax in the cast's own pass (one read of x), then folds it into its history row. The cast: x * scale rounded to
  * nearest even with saturation (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the
  * CPU's fp8_from_fp32 against bit for bit). The scale is read from device memory: nothing waits for the host.
  *
@@ -71,15 +73,19 @@ __global__ void cast_scale_kernel(float *scale, float *scale_inv, const float *n
         *amax = fp8_amax_fold(*amax, *now);
 }
 
+/* The cast at *scale; with `amax` (the delayed recipe, whose scale is known before the cast) it also folds max |src|
+ * into *amax in the same pass (a zeroed scratch float: cast_scale_kernel folds it into the history afterwards). */
 __global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, const float *scale, size_t n,
-                            int64_t *counts)
+                            int64_t *counts, float *amax)
 {
     const float s = *scale;
     const __nv_fp8_interpretation_t fi = dst_dt == DT_FP8_E4M3 ? __NV_E4M3 : __NV_E5M2;
     unsigned long long sat = 0, flushed = 0, nonzero = 0;
+    float m = 0.0f;
     GRID_STRIDE(i, n)
     {
         float v = load_elem(src, src_dt, i);
+        m = fp8_amax_fold(m, v);
         store_elem(dst, dst_dt, i, v * s);
         if (counts && v != 0.0f && !isnan(v)) {
             nonzero++;
@@ -87,6 +93,12 @@ __global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, 
             sat += dst_dt == DT_FP8_E4M3 ? raw == 0x7Fu : raw >= 0x7Cu;
             flushed += (__nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, fi) & 0x7Fu) == 0;
         }
+    }
+    if (amax) {
+        for (int off = 16; off > 0; off >>= 1)
+            m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, off));
+        if ((threadIdx.x & 31) == 0)
+            atomic_max_nonneg(amax, m);
     }
     if (!counts)
         return;
@@ -116,22 +128,30 @@ void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
         return;
     }
     size_t n = src->numel;
+    float fmax = dst->dtype == DT_FP8_E4M3 ? 448.0f : 57344.0f;
+    float *now = NULL;
     if (a->current || a->amax) {
-        float *now = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_AMAX, sizeof(float)));
+        now = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_AMAX, sizeof(float)));
         if (!now)
             return;
         if (!CB_CUDA(cb, cudaMemsetAsync(now, 0, sizeof(float), cb->stream)))
             return;
+    }
+    if (a->current) { /* the scale needs the whole tensor's amax first: a pass of its own */
         if (n)
             amax_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(now, src->data, src->dtype, n);
-        float fmax = dst->dtype == DT_FP8_E4M3 ? 448.0f : 57344.0f;
-        cast_scale_kernel<<<1, 1, 0, cb->stream>>>(a->scale, a->scale_inv, now, a->amax, fmax, a->margin, a->current);
+        cast_scale_kernel<<<1, 1, 0, cb->stream>>>(a->scale, a->scale_inv, now, a->amax, fmax, a->margin, true);
         CB_LAUNCHED(cb, "amax_kernel / cast_scale_kernel");
     }
-    if (n) {
+    if (n) { /* delayed: the amax is taken by the cast's own pass over src */
+        float *fold = a->amax && !a->current ? now : NULL;
         cast_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(dst->data, dst->dtype, src->data, src->dtype, a->scale, n,
-                                                              a->counts);
+                                                              a->counts, fold);
         CB_LAUNCHED(cb, "cast_kernel");
+    }
+    if (a->amax && !a->current) {
+        cast_scale_kernel<<<1, 1, 0, cb->stream>>>(a->scale, a->scale_inv, now, a->amax, fmax, a->margin, false);
+        CB_LAUNCHED(cb, "cast_scale_kernel");
     }
 }
 
