@@ -21,7 +21,10 @@
  *   promote: x fp32 plus a bf16 branch gives fp32, so the residual stream stays fp32 as in PyTorch
  *   autocast. The block has no dropout (put dropout layers between blocks).
  *   Backward follows autograd: a gradient reaching a tensor of another dtype is cast to it, the two
- *   gradients of r1 (through the add and through ln2) and of x are summed in those tensors' dtypes.
+ *   gradients of r1 (through the add and through ln2) and of x (through the add and through ln1) are summed in
+ *   those tensors' dtypes, each inside the layernorm backward that meets it (layernorm_op_backward_add: dy plus
+ *   ln2's dx into d_r1, d_r1 plus ln1's dx into dx), no separate add pass. The add that ends the block stays its
+ *   own op: the next layer's layernorm reads its output as its input.
  *   Gradients on their way through the block live in the model's shared workspace (layers.h).
  *
  * run.recompute (llm.c's -r, Megatron's selective recomputation) keeps activations in the model's shared workspace
@@ -440,11 +443,12 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     count_grad_zeros(ctx, &d_att, false);
     count_grad_zeros(ctx, &d_qkv, false);
     count_grad_zeros(ctx, &d_h1, p->qkv.d != DT_FP32);
-    struct tensor d_ln1x = grad_of(p, p->d_ln1x, x);
-    layernorm_op_backward(be, &p->ln1, &d_ln1x, &d_h1, x, rows, beta);
-    if (l->needs_dx) {
+    if (l->needs_dx) { /* dx = d_r1 through the residual plus ln1's dx, in one pass */
         l->dx = batch_view_like(&l->dx, x);
-        be->add(be, &l->dx, &d_r1, &d_ln1x);
+        layernorm_op_backward_add(be, &p->ln1, &l->dx, &d_h1, x, &d_r1, rows, beta);
+    } else { /* ln1's parameter gradients still count; its dx, nobody's input gradient, goes to scratch */
+        struct tensor d_ln1x = grad_of(p, p->d_ln1x, x);
+        layernorm_op_backward(be, &p->ln1, &d_ln1x, &d_h1, x, rows, beta);
     }
 }
 
@@ -538,7 +542,8 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     enum dtype r1_dt = autocast_dtype(pol, OP_RESIDUAL_ADD, x_dt, p->proj.d);
     if ((st = block_tensor(l, b, &p->r1, all, &p->d_r1, r1_dt, C, "first residual")))
         return st;
-    p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
+    if (!l->needs_dx)
+        p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
     /* mlp half */
     enum dtype h2_dt = ln_out_dtype(b, autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt));
     if ((st = layernorm_op_setup(&p->ln2, l, b, "ln2/", C, eps, rows)) ||
