@@ -21,7 +21,14 @@
  *   promote: x fp32 plus a bf16 branch gives fp32, so the residual stream stays fp32 as in PyTorch
  *   autocast. The block has no dropout (put dropout layers between blocks).
  *   Backward follows autograd: a gradient reaching a tensor of another dtype is cast to it, the two
- *   gradients of r1 (through the add and through ln2) and of x are summed in those tensors' dtypes.
+ *   gradients of r1 (through the add and through ln2) and of x (through the add and through ln1) are summed in
+ *   those tensors' dtypes, each inside the layernorm backward that meets it (layernorm_op_backward_add: dy plus
+ *   ln2's dx into d_r1, d_r1 plus ln1's dx into dx), no separate add pass.
+ *   The add that ends the block, y = r1 + mlp, runs inside the layernorm after it where there is one (the next
+ *   block's ln1, a final layernorm layer: block_hand_over_add at setup), which writes y and its own output in one
+ *   pass; the block then only keeps the views of r1 and the mlp output for it. Not where fusing is off
+ *   (run.numerics_every measures each layer's own output) or under run.recompute block (r1 and the mlp output live
+ *   in the shared workspace, which the next layer's forward reuses): the block adds.
  *   Gradients on their way through the block live in the model's shared workspace (layers.h).
  *
  * run.recompute (llm.c's -r, Megatron's selective recomputation) keeps activations in the model's shared workspace
@@ -290,6 +297,11 @@ struct block_layer {
     /* scratch offsets of the gradients, each shaped and typed like the tensor it is the gradient of */
     size_t d_fc2_y, d_g, d_fc_y, d_h2, d_r1, d_proj_y, d_att, d_qkv_y, d_h1, d_ln1x;
     const struct tensor *workspace;
+    /* the add that ends the block, handed to the next layer's layernorm (block_hand_over_add): y is written there,
+     * from the two inputs of this forward or decode pass, their views kept here (r1 and fc2 of its B) */
+    bool add_handed;
+    struct tensor out_r1, out_mlp;
+    struct layer *add_from; /* the block before, whose last add ln1 runs (NULL: ln1 reads x as it is) */
 };
 
 /* The views of one batch of B: every activation the block's forward writes and its backward reads. */
@@ -340,13 +352,18 @@ static struct tensor grad_cast(struct backend *be, const struct block_layer *p, 
 }
 
 /* Everything of the forward but the last residual add, into v: what backward reads. With `d` (generation), x and
- * v are d's positions of one sequence and the attention goes through the cache. */
+ * v are d's positions of one sequence and the attention goes through the cache. `take_add`: x is the block
+ * before's y, written here by ln1 with that block's last add (the forward and decode; backward's recompute finds x
+ * written). */
 static void block_forward_to(const struct step_ctx *ctx, struct block_layer *p, const struct tensor *x, int64_t B,
-                             struct block_views *v, const struct decode_step *d)
+                             struct block_views *v, const struct decode_step *d, bool take_add)
 {
     struct backend *be = ctx->be;
     int64_t rows = d ? d->n : B * p->core.T;
-    layernorm_op_forward(be, &p->ln1, &v->h1, x, rows);
+    if (take_add && p->add_from)
+        layernorm_op_forward_from(be, &p->ln1, &v->h1, p->add_from, rows);
+    else
+        layernorm_op_forward(be, &p->ln1, &v->h1, x, rows);
     linear_op_forward(ctx, &p->qkv, &v->qkv, &v->h1, rows);
     if (d)
         attention_core_decode(be, &p->core, &v->att, &v->qkv, d);
@@ -358,6 +375,17 @@ static void block_forward_to(const struct step_ctx *ctx, struct block_layer *p, 
     linear_op_forward(ctx, &p->fc2, &v->fc2, &v->g, rows);
 }
 
+/* y = r1 + fc2: here, or, handed over, by the next layer's layernorm, which reads the two views kept for it. */
+static void block_add_out(struct backend *be, struct block_layer *p, struct layer *l, const struct block_views *v)
+{
+    if (p->add_handed) {
+        p->out_r1 = v->r1;
+        p->out_mlp = v->fc2;
+        return;
+    }
+    be->add(be, &l->y, &v->r1, &v->fc2);
+}
+
 static void block_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
                           const struct batch *b)
 {
@@ -366,8 +394,8 @@ static void block_forward(struct layer *l, const struct step_ctx *ctx, const str
     int64_t B = x->shape[0];
     struct block_views v = block_views_of(p, B);
     l->y = batch_view(&l->y, B);
-    block_forward_to(ctx, p, x, B, &v, NULL);
-    ctx->be->add(ctx->be, &l->y, &v.r1, &v.fc2);
+    block_forward_to(ctx, p, x, B, &v, NULL, true);
+    block_add_out(ctx->be, p, l, &v);
 }
 
 static void block_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
@@ -380,8 +408,8 @@ static void block_decode(struct layer *l, const struct step_ctx *ctx, const stru
         .fc = saved_seq(p, &p->fc_y, d->n), .g = saved_seq(p, &p->g, d->n), .fc2 = saved_seq(p, &p->fc2_y, d->n),
     };
     l->y = seq_view(&l->y, d->n);
-    block_forward_to(ctx, p, x, 1, &v, d);
-    ctx->be->add(ctx->be, &l->y, &v.r1, &v.fc2);
+    block_forward_to(ctx, p, x, 1, &v, d, true);
+    block_add_out(ctx->be, p, l, &v);
 }
 
 static enum amp_status block_cache_alloc(struct layer *l, struct backend *be, struct amp_error *err)
@@ -395,7 +423,7 @@ static void block_recompute(const struct step_ctx *ctx, struct block_layer *p, c
                             struct block_views *v)
 {
     if (p->recompute == RECOMPUTE_BLOCK)
-        block_forward_to(ctx, p, x, B, v, NULL);
+        block_forward_to(ctx, p, x, B, v, NULL, false);
     else if (p->recompute == RECOMPUTE_ATTENTION)
         attention_core_forward(ctx->be, &p->core, &v->att, &v->qkv, B);
     else if (p->recompute == RECOMPUTE_GELU)
@@ -440,11 +468,12 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     count_grad_zeros(ctx, &d_att, false);
     count_grad_zeros(ctx, &d_qkv, false);
     count_grad_zeros(ctx, &d_h1, p->qkv.d != DT_FP32);
-    struct tensor d_ln1x = grad_of(p, p->d_ln1x, x);
-    layernorm_op_backward(be, &p->ln1, &d_ln1x, &d_h1, x, rows, beta);
-    if (l->needs_dx) {
+    if (l->needs_dx) { /* dx = d_r1 through the residual plus ln1's dx, in one pass */
         l->dx = batch_view_like(&l->dx, x);
-        be->add(be, &l->dx, &d_r1, &d_ln1x);
+        layernorm_op_backward_add(be, &p->ln1, &l->dx, &d_h1, x, &d_r1, rows, beta);
+    } else { /* ln1's parameter gradients still count; its dx, nobody's input gradient, goes to scratch */
+        struct tensor d_ln1x = grad_of(p, p->d_ln1x, x);
+        layernorm_op_backward(be, &p->ln1, &d_ln1x, &d_h1, x, rows, beta);
     }
 }
 
@@ -466,6 +495,27 @@ static void block_free(struct layer *l)
 }
 
 static const struct layer_ops block_ops = {block_forward, block_backward, block_free, block_decode, block_cache_alloc};
+
+struct layer *block_hand_over_add(struct layer_build *b)
+{
+    if (!b->fuse || b->nbuilt < 1)
+        return NULL;
+    struct layer *prev = &b->built[b->nbuilt - 1];
+    if (prev->ops != &block_ops)
+        return NULL;
+    struct block_layer *p = prev->priv;
+    if (p->r1.scratch || p->fc2_y.scratch)
+        return NULL;
+    p->add_handed = true;
+    return prev;
+}
+
+void layernorm_op_forward_from(struct backend *be, struct layernorm_op *op, struct tensor *y, struct layer *from,
+                               int64_t rows)
+{
+    struct block_layer *f = from->priv;
+    layernorm_op_forward_add(be, op, y, &from->y, &f->out_r1, &f->out_mlp, rows);
+}
 
 /* Set up saved activation `s` (N, T, width): the layer's own tensor, or, when `recomputed`, a share of the workspace;
  * and reserve the scratch for its gradient. */
@@ -521,6 +571,7 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     int64_t N = b->in_shape[0], T = b->in_shape[1], rows = N * T, hidden = ratio * C;
     float eps = (float)l->cfg.eps;
     enum dtype x_dt = b->in_dtype;
+    p->add_from = block_hand_over_add(b);
 
     if ((st = layer_reserve_params(l, b, 12)) != AMP_OK)
         return st;
@@ -538,7 +589,8 @@ enum amp_status transformer_block_setup(struct layer *l, struct layer_build *b)
     enum dtype r1_dt = autocast_dtype(pol, OP_RESIDUAL_ADD, x_dt, p->proj.d);
     if ((st = block_tensor(l, b, &p->r1, all, &p->d_r1, r1_dt, C, "first residual")))
         return st;
-    p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
+    if (!l->needs_dx)
+        p->d_ln1x = scratch_reserve(b, x_dt, (size_t)(rows * C));
     /* mlp half */
     enum dtype h2_dt = ln_out_dtype(b, autocast_dtype(pol, OP_LAYERNORM, r1_dt, r1_dt));
     if ((st = layernorm_op_setup(&p->ln2, l, b, "ln2/", C, eps, rows)) ||

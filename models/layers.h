@@ -222,6 +222,16 @@ void layernorm_op_forward_add(struct backend *be, struct layernorm_op *op, struc
 void layernorm_op_backward_add(struct backend *be, struct layernorm_op *op, struct tensor *dx, const struct tensor *dy,
                                const struct tensor *x, const struct tensor *dsum, int64_t rows, float beta);
 void layernorm_op_free(struct layernorm_op *op);
+/* The add that ends a transformer block (y = r1 + mlp) run inside the first layernorm of the layer after it, one
+ * pass instead of two (attention.c). For the layer being set up: the block before it, when fusing is on
+ * (layer_build.fuse) and the add's inputs are the block's own tensors (not run.recompute block's share of the
+ * workspace, which the next layer's forward reuses); that block then leaves its y to the layernorm, which must
+ * run layernorm_op_forward_from in every forward and decode. NULL otherwise: the block adds. */
+struct layer *block_hand_over_add(struct layer_build *b);
+/* op's forward on `from`'s y (from: block_hand_over_add's), the block's add first: y = layernorm(from's y), from's
+ * y = its r1 + mlp of the pass just run, the bits of the add then layernorm_op_forward. */
+void layernorm_op_forward_from(struct backend *be, struct layernorm_op *op, struct tensor *y, struct layer *from,
+                               int64_t rows);
 
 /* Causal multi-head self-attention core on qkv (B, T, 3C): out (B, T, C) in d = autocast(attention_matmul,
  * qkv's dtype); qkv is cast to d first when it is not (kept, qkvc), the probabilities (B, H, T, T) in d

@@ -7,7 +7,9 @@
  * Backward writes dx in the input's dtype, and dgain / dshift fp32 with beta = accumulate.
  *
  * layernorm: normalises the last dimension of (N, D) or (N, T, D); "NAME/weight" (D) = 1 and
- *   "NAME/bias" (D) = 0 at init. Mean and 1/std per row (fp32) are saved for backward.
+ *   "NAME/bias" (D) = 0 at init. Mean and 1/std per row (fp32) are saved for backward. Right after a
+ *   transformer block it also runs that block's last residual add, writing the block's y on its way
+ *   (block_hand_over_add, attention.c): the same bits, one pass less.
  * batchnorm2d: (N, C, H, W), statistics per channel over N*H*W. Training: batch statistics, and the
  *   running ones move by `momentum` (unbiased variance, as PyTorch); eval: the running statistics.
  *   Parameters "NAME/weight", "NAME/bias" (C); buffers "NAME/running_mean" (C) = 0 and
@@ -101,7 +103,18 @@ struct layernorm_layer {
     struct layernorm_op op;
     size_t dx_off;               /* first layer: scratch for the dx nobody reads */
     const struct tensor *workspace;
+    struct layer *add_from;      /* the transformer block before, whose last add runs here (block_hand_over_add) */
 };
+
+/* y = layernorm(x), with the block before's last add first where it was handed over (x is that block's y) */
+static void layernorm_layer_run(struct layer *l, struct backend *be, const struct tensor *x, int64_t rows)
+{
+    struct layernorm_layer *p = l->priv;
+    if (p->add_from)
+        layernorm_op_forward_from(be, &p->op, &l->y, p->add_from, rows);
+    else
+        layernorm_op_forward(be, &p->op, &l->y, x, rows);
+}
 
 static void layernorm_forward(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
                               const struct batch *b)
@@ -109,7 +122,7 @@ static void layernorm_forward(struct layer *l, const struct step_ctx *ctx, const
     (void)b;
     struct layernorm_layer *p = l->priv;
     l->y = batch_view(&l->y, x->shape[0]);
-    layernorm_op_forward(ctx->be, &p->op, &l->y, x, (int64_t)(x->numel / (size_t)p->op.cols));
+    layernorm_layer_run(l, ctx->be, x, (int64_t)(x->numel / (size_t)p->op.cols));
 }
 
 static void layernorm_backward(struct layer *l, const struct step_ctx *ctx, const struct tensor *dy,
@@ -132,9 +145,8 @@ static void layernorm_free(struct layer *l)
 static void layernorm_decode(struct layer *l, const struct step_ctx *ctx, const struct tensor *x,
                              const struct decode_step *d)
 {
-    struct layernorm_layer *p = l->priv;
     l->y = seq_view(&l->y, d->n);
-    layernorm_op_forward(ctx->be, &p->op, &l->y, x, d->n);
+    layernorm_layer_run(l, ctx->be, x, d->n);
 }
 
 static const struct layer_ops layernorm_ops = {layernorm_forward, layernorm_backward, layernorm_free,
@@ -157,6 +169,7 @@ enum amp_status layernorm_setup(struct layer *l, struct layer_build *b)
     l->op = OP_LAYERNORM;
     p->workspace = b->workspace;
     p->dx_off = reserve_unused_dx(l, b);
+    p->add_from = block_hand_over_add(b);
     int64_t cols = b->in_shape[b->in_ndim - 1];
     int64_t max_rows = b->in_shape[0] * shape_inner(b->in_ndim, b->in_shape) / cols;
     enum amp_status st = layer_reserve_params(l, b, 2);

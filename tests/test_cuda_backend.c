@@ -1869,6 +1869,35 @@ Test(cuda_backend, recompute_is_the_same_bits_on_the_gpu, .timeout = 900)
     }
 }
 
+/* The transformer blocks' residual adds run inside the layernorms after them (models/attention.c: ln2 both ways,
+ * the block's last add inside the next layernorm, ln1's backward): the byte GPT on cuda:0 with them (the default)
+ * and apart (run.numerics_every turns fusing off: each block adds its y) gives the same checkpoint tensors and
+ * scale_log.csv, in bf16 and fp16-dynamic, with accumulation. */
+Test(cuda_backend, residual_adds_in_the_layernorms_are_the_same_bits_on_the_gpu, .timeout = 600)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: the GPU's fused residual adds were not run");
+    const char *modes[] = {"bf16", "fp16-dynamic"}, *sides[] = {"fused", "apart"};
+    for (int i = 0; i < 2; i++) {
+        make_scratch();
+        for (int k = 0; k < 2; k++) {
+            struct result r = amp("run configs/text_gpt.yaml run.device=cuda run.steps=3 run.log_every=1 accum_steps=2 "
+                                  "precision.mode=%s run.numerics_every=%d run.out_dir=%s/%s",
+                                  modes[i], k ? 1000 : 0, scratch, sides[k]);
+            cr_assert_eq(r.code, 0, "%s %s:\n%s", modes[i], sides[k], r.out);
+            cr_assert(strstr(r.out, "device: cuda:0"), "not on the GPU:\n%s", r.out);
+        }
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/fused/ckpt-3.h5", scratch);
+        snprintf(b, sizeof b, "%s/apart/ckpt-3.h5", scratch);
+        cr_assert_geq(assert_same_tensors(a, b), 20, "%s: too few tensors compared", modes[i]);
+        snprintf(a, sizeof a, "%s/fused/scale_log.csv", scratch);
+        snprintf(b, sizeof b, "%s/apart/scale_log.csv", scratch);
+        assert_same_logs(a, b);
+        remove_scratch();
+    }
+}
+
 /* ---- the binary the end-to-end tests run (no GPU needed) -------------------------------------------- */
 
 /* amp() runs $AMPTRAIN_BIN where set: on a GPU machine the bundle's binary lies away from the build path

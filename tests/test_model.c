@@ -1002,6 +1002,101 @@ Test(passes, loss_in_backward_gives_the_losses_and_gradients_of_forward_then_bac
     loss_in_backward_case(SMALL_GPT, 7, token_spec(5, 11), DT_FP16);
 }
 
+/* The backend's add, counted (the residual adds the blocks leave to their layernorms run nowhere else). */
+static int adds_run;
+static void (*plain_add)(struct backend *be, struct tensor *y, const struct tensor *a, const struct tensor *b);
+static void counted_add(struct backend *be, struct tensor *y, const struct tensor *a, const struct tensor *b)
+{
+    adds_run++;
+    plain_add(be, y, a, b);
+}
+
+/* Every layer's output (host fp32) after one forward of `tb`, the gradients after its backward, and the adds each
+ * pass ran. */
+struct residual_run {
+    float *y[8];
+    float **g;
+    int forward_adds, backward_adds;
+};
+
+static void residual_case_run(struct built *b, const struct test_batch *tb, struct residual_run *out)
+{
+    plain_add = b->be->add;
+    b->be->add = counted_add;
+    struct step_ctx ctx = train_ctx(b, false);
+    adds_run = 0;
+    model_forward(&b->m, &ctx, &tb->b);
+    out->forward_adds = adds_run;
+    cr_assert_leq(b->m.nlayers, 8);
+    for (int i = 0; i < b->m.nlayers; i++) { /* before backward: the loss may write dlogits over the head's y */
+        const struct tensor *y = &b->m.layers[i].y;
+        out->y[i] = malloc(y->numel * sizeof *out->y[i]);
+        tensor_to_host_f32(y, out->y[i]);
+    }
+    adds_run = 0;
+    model_backward(&b->m, &ctx, &tb->b);
+    out->backward_adds = adds_run;
+    b->be->add = plain_add;
+    out->g = grads_host(&b->m);
+}
+
+/* A transformer block's last residual add (y = r1 + mlp) runs inside the layernorm after it (the next block's
+ * ln1, the final layernorm layer), and a block's backward sums each residual gradient inside the layernorm
+ * backward that meets it: with fusing on, the backend's add runs in neither pass; with it off (a run that measures
+ * numerics, run.numerics_every) each block adds its y. Every layer's output (the blocks' y included, written by the
+ * layernorm after them) and every gradient has the same bits either way: fp32, and bf16 autocast (an fp32
+ * residual stream, bf16 branches). */
+Test(passes, a_blocks_residual_adds_run_inside_the_layernorms_after_them)
+{
+    static const struct layer_config gpt[] = {
+        {.kind = LAYER_EMBEDDING, .name = "emb", .vocab = 11, .dim = 8},
+        {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b0", .heads = 2, .mlp_ratio = 2, .eps = 1e-5},
+        {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b1", .heads = 2, .mlp_ratio = 2, .eps = 1e-5},
+        {.kind = LAYER_LAYERNORM, .name = "ln_f", .eps = 1e-5},
+        {.kind = LAYER_LINEAR, .name = "head", .out = 11, .bias = true},
+        {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
+    };
+    const int n = 6;
+    const enum dtype modes[] = {DT_FP32, DT_BF16};
+    for (int k = 0; k < 2; k++) {
+        struct built b[2];
+        struct residual_run run[2];
+        struct data_spec spec = token_spec(5, 11);
+        for (int apart = 0; apart < 2; apart++) {
+            b[apart].be = backend_cpu_create();
+            b[apart].spec = spec;
+            make_config(&b[apart].cfg, gpt, n, 5);
+            b[apart].cfg.run.numerics_every = apart ? 5 : 0;
+            b[apart].pol = policy(modes[k]);
+            struct amp_error err = {0};
+            cr_assert_eq(model_build(&b[apart].m, &b[apart].cfg, &b[apart].spec, b[apart].be, &b[apart].pol, 3, &err),
+                         AMP_OK, "%s", err.msg);
+            cr_assert_eq(model_init(&b[apart].m, &b[apart].cfg, 1234, &err), AMP_OK);
+            struct test_batch tb;
+            batch_fill(&tb, b[apart].be, &spec, 3, 31);
+            residual_case_run(&b[apart], &tb, &run[apart]);
+            batch_free(&tb);
+        }
+        const char *mode = dtype_name(modes[k]);
+        cr_assert_eq(run[0].forward_adds, 0, "%s: fused, the forward ran %d adds", mode, run[0].forward_adds);
+        cr_assert_eq(run[1].forward_adds, 2, "%s: apart, each block adds its y (%d adds)", mode, run[1].forward_adds);
+        for (int apart = 0; apart < 2; apart++)
+            cr_assert_eq(run[apart].backward_adds, 0, "%s: the backward ran %d adds", mode, run[apart].backward_adds);
+        for (int i = 0; i < n; i++)
+            cr_assert_eq(memcmp(run[0].y[i], run[1].y[i], b[0].m.layers[i].y.numel * sizeof(float)), 0,
+                         "%s: %s's output differs fused and apart", mode, b[0].m.layers[i].cfg.name);
+        for (int i = 0; i < b[0].m.nparams; i++)
+            cr_assert_eq(memcmp(run[0].g[i], run[1].g[i], b[0].m.params[i]->grad.numel * sizeof(float)), 0,
+                         "%s: %s's gradient differs fused and apart", mode, b[0].m.params[i]->name);
+        for (int apart = 0; apart < 2; apart++) {
+            for (int i = 0; i < n; i++)
+                free(run[apart].y[i]);
+            grads_free(&b[apart].m, run[apart].g);
+            built_free(&b[apart]);
+        }
+    }
+}
+
 static void accumulation_doubles(const struct layer_config *layers, int n, struct data_spec spec, enum dtype lowp)
 {
     struct autocast_policy pol = policy(lowp);
