@@ -163,6 +163,7 @@ struct linear_op {
     struct param *w;        /* (out, in) */
     struct param *b;        /* (out) or NULL */
     int64_t in, out;        /* out: the product's N, the padded vocabulary where linear_setup padded it */
+    int64_t out_valid;      /* 0, or the vocabulary V where out is padded: dx's product reads V columns of dy */
     enum dtype in_dtype;    /* x's dtype */
     enum dtype d;           /* the GEMM's (and y's) dtype */
     struct tensor xc;       /* (max_rows, in) in d: x cast to d; empty when x is already d or the op is fp8 */

@@ -327,6 +327,11 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
         .m = rows, .n = op->in, .k = op->out, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
         .a_blocks = dyb, .b_blocks = wb,
     };
+    if (op->out_valid) { /* a padded head: the V logical columns of dy's rows, against the table's V rows. K = Vp
+                          * would add the padding's zero products, in another order of the sum on some paths */
+        gx.k = op->out_valid;
+        gx.lda = op->out;
+    }
     struct tensor mask = matrix_view(x, rows, op->in);
     if (op->mask_dx && !ctx->zeros) { /* linear_setup made sure dx is d: dxc is dx itself */
         gx.epilogue = GEMM_EPI_RELU_MASK;
@@ -439,8 +444,10 @@ static enum amp_status linear_pad_vocab(struct linear_op *op, struct layer_build
     enum amp_status st = layer_pad_param_rows(op->w, b, vp);
     if (st == AMP_OK && op->b)
         st = layer_pad_param_rows(op->b, b, vp);
-    if (st == AMP_OK)
+    if (st == AMP_OK) {
+        op->out_valid = op->out;
         op->out = vp;
+    }
     return st;
 }
 
@@ -494,9 +501,10 @@ enum amp_status linear_setup(struct layer *l, struct layer_build *b)
         l->out_shape[i] = b->in_shape[i];
     l->out_shape[b->in_ndim - 1] = p->op.out;
     l->out_dtype = p->op.d;
-    /* after a relu fused into a linear: dx masked here, in the product's epilogue, where no cast follows it */
+    /* after a relu fused into a linear: dx masked here, in the product's epilogue, where no cast follows it (not
+     * a padded head's: its dx product reads dy with a stride, which no epilogue takes) */
     if (b->fuse && b->nbuilt > 0 && l->needs_dx && relu_fused_into_linear(&b->built[b->nbuilt - 1]) && !p->op.fp8 &&
-        p->op.in_dtype == p->op.d) {
+        !p->op.out_valid && p->op.in_dtype == p->op.d) {
         p->op.mask_dx = true;
         relu_masked_by_next(&b->built[b->nbuilt - 1]);
     }

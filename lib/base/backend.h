@@ -84,6 +84,9 @@ struct gemm_args {
     float alpha, beta;
     int64_t batch;            /* >= 1 */
     int64_t stride_a, stride_b, stride_c; /* elements between consecutive batch matrices */
+    int64_t lda;              /* elements between A's stored rows where they are longer than op(A) needs (0: dense,
+                               * k, or m when trans_a): the padded token head's dx reads the first V columns of its
+                               * (rows, Vp) dlogits. No epilogue; not fp8 */
     enum gemm_epilogue epilogue; /* GEMM_EPI_NONE (0) unless set */
     struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype (written);
                                * GEMM_EPI_RELU_MASK: the mask (m, n), C's dtype (read) */
