@@ -490,7 +490,8 @@ enum amp_status linear_setup(struct layer *l, struct layer_build *b)
                              PINIT_LINEAR_WEIGHT, shared);
     const int64_t align = b->vocab_align > 1 ? b->vocab_align : 1;
     const int64_t vp = (l->cfg.out + align - 1) / align * align;
-    if (st == AMP_OK && vp > l->cfg.out && !p->op.fp8) {
+    /* a head whose out is not the vocabulary fails at the loss: its message shows the shape unpadded */
+    if (st == AMP_OK && vp > l->cfg.out && !p->op.fp8 && l->cfg.out == b->spec->num_classes) {
         st = linear_pad_vocab(&p->op, b, vp);
         l->out_valid = l->cfg.out;
     }
