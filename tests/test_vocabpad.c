@@ -6,14 +6,15 @@
  * End to end through the binary: configs/gpt2_tiny.yaml at vocabulary 300 (padded to 320), its head tied to the
  * embedding table and untied with a bias, in fp32, bf16, fp16-dynamic and fp8 (the head kept in bf16, so padded;
  * the blocks' products in fp8), with accumulation: scale_log.csv (every column but samples_per_s), eval.jsonl and
- * every checkpoint tensor the same; export's files the same bytes; `ampTrain sample` the same text (a byte model,
- * vocabulary 256 padded to 288). In-process (the trainer): the padding is really there (the logits' last dimension,
- * the table's storage rows), its rows are zero after training, and values planted in them are never read into a
- * result nor written by the optimizer. tests/test_cpu_loss.c holds the loss op on padded rows to the dense bits;
- * tests/test_cuda_backend.c the CUDA loss against the CPU's.
+ * every checkpoint tensor the same; two ranks with dist.zero 1 the same; export's files the same bytes; `ampTrain
+ * sample` the same text (a byte model, vocabulary 256 padded to 288). In-process (the trainer): the padding is
+ * really there (the logits' last dimension, the table's storage rows), its rows are zero after training, and values
+ * planted in them are never read into a result nor written by the optimizer. tests/test_cpu_loss.c holds the loss
+ * op on padded rows to the dense bits; tests/test_cuda_backend.c the CUDA loss against the CPU's.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "ckpt_testlib.h" /* amp, scratch, assert_same_tensors, assert_same_logs */
+#include "disttest.h"     /* mpi, NEED_MPI: two ranks */
 
 #include "train.h" /* trainer_setup, trainer_step: the in-process runs */
 
@@ -84,6 +85,26 @@ Test(vocabpad, bf16_is_the_same_bits) { check_mode("bf16", ""); }
 Test(vocabpad, fp16_dynamic_is_the_same_bits) { check_mode("fp16-dynamic", ""); }
 /* fp8: the blocks' products in fp8 however small; the head stays bf16 (keep_bf16's default `last`), and padded */
 Test(vocabpad, fp8_is_the_same_bits) { check_mode("fp8", "'precision.fp8.min_size=[0,0]'"); }
+
+/* Two ranks with dist.zero 1: the reduce walks grad_flat, padding included, and the untied bf16 head's master is
+ * sharded into blocks of the logical tensor while its padded copy stays whole; the same bits padded or not. */
+Test(vocabpad, two_ranks_with_zero_are_the_same_bits)
+{
+    NEED_MPI();
+    for (int h = 0; h < 2; h++) {
+        const char *head = h ? UNTIED : "";
+        for (int padded = 0; padded < 2; padded++) {
+            struct result r = mpi(2, padded ? "-x AMPTRAIN_TEST_VOCAB_ALIGN=64" : NULL,
+                                  "run " TINY300 " precision.mode=bf16 dist.zero=1 %s %s run.out_dir=%s/z%d-%d", head,
+                                  tokens, scratch, h, padded);
+            cr_assert_eq(r.code, 0, "%s", r.out);
+        }
+        char a[64], b[64];
+        snprintf(a, sizeof a, "z%d-0", h);
+        snprintf(b, sizeof b, "z%d-1", h);
+        assert_same_runs(a, b, "ckpt-3.h5");
+    }
+}
 
 /* export reads the checkpoint and the model it describes: the same files, padded or not (hf-gpt2 names need the
  * tied head without a bias) */
