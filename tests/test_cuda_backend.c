@@ -1983,9 +1983,9 @@ Test(cuda_backend, the_padded_head_trains_on_the_gpu, .timeout = 600)
     double first[2];
     const char *devices[] = {"cpu", "cuda"};
     for (int i = 0; i < 2; i++) {
-        struct result r = amp("run configs/gpt2_tiny.yaml run.device=%s run.steps=2 run.log_every=1 precision.mode=bf16 "
-                              "data.vocab=300 model.layers.0.vocab=300 model.layers.4.out=300 data.train_bin=%s/train.bin "
-                              "data.val_bin=%s/val.bin run.out_dir=%s/%s",
+        struct result r = amp("run configs/gpt2_tiny.yaml run.device=%s run.steps=2 run.log_every=1 "
+                              "precision.mode=bf16 data.vocab=300 model.layers.0.vocab=300 model.layers.4.out=300 "
+                              "data.train_bin=%s/train.bin data.val_bin=%s/val.bin run.out_dir=%s/%s",
                               devices[i], scratch, scratch, scratch, devices[i]);
         cr_assert_eq(r.code, 0, "%s:\n%s", devices[i], r.out);
         char path[600];
@@ -1998,7 +1998,8 @@ Test(cuda_backend, the_padded_head_trains_on_the_gpu, .timeout = 600)
         fclose(f);
         cr_assert_eq(sscanf(line, "%*[^,],%*[^,],%lf", &first[i]), 1, "%s", line);
     }
-    cr_assert(fabs(first[1] - first[0]) <= 0.01 * fabs(first[0]), "step 1 loss: GPU %.6f, CPU %.6f", first[1], first[0]);
+    cr_assert(fabs(first[1] - first[0]) <= 0.01 * fabs(first[0]), "step 1 loss: GPU %.6f, CPU %.6f", first[1],
+              first[0]);
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 -c \"import h5py; print(h5py.File('%s/cuda/ckpt-2.h5')"
              "['model/wte/wte'].shape)\"", scratch);
     struct result r = shell(cmd);
