@@ -751,7 +751,7 @@ static enum amp_status cmd_sample(int argc, char **argv, struct amp_error *err)
         size_t len = a.prompt_file ? file_len : strlen(text);
         /* --tokenizer, else the run's own data.tokenizer, else bytes */
         st = sample_codec_open(&codec, a.tokenizer ? a.tokenizer : cfg.data.tokenizer,
-                               head->out_shape[head->ndim_out - 1], "sample", err);
+                               layer_out_cols(head), "sample", err);
         if (st == AMP_OK)
             st = sample_codec_encode(&codec, text, len, "sample", &prompt, &n_prompt, err);
     }

@@ -58,7 +58,23 @@ struct param {
     struct tensor tied_grad; /* tied, accum_steps > 1: one micro-batch's gradient (fp32), both uses summed, before it
                               * is added to grad: grad += (head + table), the order in which two ranks' all-reduce
                               * adds them, so one rank with accumulation gives their bits; empty otherwise */
+    int64_t stored_rows;  /* 0, or the rows along dim 0 that master, grad, copy and tied_grad hold in memory, more
+                           * than shape[0]: the token head's padded vocabulary (docs/model.md, "Vocabulary
+                           * padding"). The tensors' shape and numel are the logical ones, a prefix of the storage
+                           * (row-major); the rows past it are zero. Only the head's product reads them
+                           * (param_stored); everything else walks the logical tensor. */
 };
+
+/* t (one of p's tensors, not a master block) as its storage holds it: (stored_rows, ...) where p is padded. */
+static inline struct tensor param_stored(const struct param *p, const struct tensor *t)
+{
+    struct tensor v = *t;
+    if (p->stored_rows > v.shape[0] && v.shape[0] > 0) {
+        v.numel = v.numel / (size_t)v.shape[0] * (size_t)p->stored_rows;
+        v.shape[0] = p->stored_rows;
+    }
+    return v;
+}
 
 /* The tensor the ops read: the copy where there is one, else master. */
 static inline const struct tensor *param_value(const struct param *p)
@@ -97,7 +113,9 @@ struct buffer {
 /* Zero count of low-precision activation gradients (scale_log.csv's grad_zero_frac). */
 struct grad_zeros {
     int64_t *zeros;       /* one int64 in backend memory: count_zeros adds to it */
-    int64_t total;        /* elements counted (host) */
+    int64_t total;        /* elements counted (host), a padded vocabulary's columns left out */
+    int64_t padding;      /* zeros the device count includes that are a padded vocabulary's dlogits columns (written
+                           * 0, docs/model.md): the trainer takes them off the count it downloads (host) */
 };
 
 /* What one forward/backward pass needs to know. */
@@ -173,7 +191,15 @@ struct layer {
                                 the batchnorm2d or linear layer before it (layer_build.fuse) */
     bool dx_is_input;        /* dx is written over x, the layer before's y (cross_entropy's dlogits over the logits):
                                 a view, not the layer's own tensor */
+    int64_t out_valid;       /* 0, or the logical size of y's last dimension where out_shape's is padded (the token
+                                head's vocabulary V of Vp columns: docs/model.md, "Vocabulary padding") */
     void *priv;              /* layer-private saved tensors (masks, statistics, attention probabilities) */
 };
+
+/* The size of y's last dimension that holds results: the vocabulary for a padded token head. */
+static inline int64_t layer_out_cols(const struct layer *l)
+{
+    return l->out_valid > 0 ? l->out_valid : l->out_shape[l->ndim_out - 1];
+}
 
 #endif

@@ -39,6 +39,8 @@ struct layer_build {
     int64_t in_shape[TENSOR_MAX_DIMS];    /* in_shape[0] is max_batch */
     enum dtype in_dtype;
     bool in_tokens;                       /* the input is the data's int32 token ids */
+    int64_t in_valid;                     /* 0, or the logical size of the input's padded last dimension (the
+                                           * layer before's out_valid) */
     char in_from[128];                    /* "the data" or "'fc1' (linear)", for messages */
     /* set by setup */
     bool y_is_view;                       /* y (and dx) are views of x (and dy): nothing to allocate */
@@ -54,6 +56,10 @@ struct layer_build {
                                            * report measures every layer's own output (run.numerics_every) */
     enum recompute recompute;             /* run.recompute: what transformer blocks (and, for attention, attention
                                            * layers) keep in the shared workspace and recompute in backward */
+    int vocab_align;                      /* > 1 for a linear layer right before a cross_entropy on text, where
+                                           * fuse is on: pad its out (the vocabulary) to a multiple of this (the
+                                           * backend's vocab_align; docs/model.md, "Vocabulary padding"); 1
+                                           * otherwise */
     int nbuilt;
     struct amp_error *err;
 };
@@ -106,6 +112,11 @@ struct param *layer_add_param(struct layer *l, struct layer_build *b, const char
                               const int64_t *shape, enum param_init init, int64_t fan_in, bool decay,
                               enum dtype read_as);
 
+/* Give p's tensors (master, grad, copy, tied_grad) storage for `rows` rows along dim 0, more than their shape's,
+ * the rows past it zero (struct param, stored_rows). Before model_init and flatten_grads: nothing is lost. NULL-safe
+ * for the absent ones; AMP_ERR_INTERNAL naming p on out of memory. */
+enum amp_status layer_pad_param_rows(struct param *p, struct layer_build *b, int64_t rows);
+
 /* Create buffer "LAYER/local" (fp32). l->buffers must be sized by the caller. */
 enum amp_status layer_add_buffer(struct layer *l, struct layer_build *b, const char *local, int ndim,
                                  const int64_t *shape);
@@ -121,6 +132,9 @@ size_t scratch_reserve(struct layer_build *b, enum dtype dt, size_t numel);
 /* With ctx->zeros set, add g's zero count if g holds low-precision values (stored in 16 bits, or
  * `computed_lowp`: rounded to 16 bits before being widened). */
 void count_grad_zeros(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp);
+/* The same for g whose last dimension holds `valid` columns of results and padding after them (zeros: the padded
+ * vocabulary's dlogits), which grad_zeros.padding takes off the count; valid 0: none padded. */
+void count_grad_zeros_padded(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp, int64_t valid);
 
 struct tensor scratch_view(const struct tensor *workspace, size_t off, enum dtype dt, int ndim,
                            const int64_t *shape);
@@ -148,7 +162,8 @@ int64_t shape_inner(int ndim, const int64_t *shape);
 struct linear_op {
     struct param *w;        /* (out, in) */
     struct param *b;        /* (out) or NULL */
-    int64_t in, out;
+    int64_t in, out;        /* out: the product's N, the padded vocabulary where linear_setup padded it */
+    int64_t out_valid;      /* 0, or the vocabulary V where out is padded: dx's product reads V columns of dy */
     enum dtype in_dtype;    /* x's dtype */
     enum dtype d;           /* the GEMM's (and y's) dtype */
     struct tensor xc;       /* (max_rows, in) in d: x cast to d; empty when x is already d or the op is fp8 */

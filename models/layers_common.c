@@ -61,6 +61,39 @@ struct param *layer_add_param(struct layer *l, struct layer_build *b, const char
     return p;
 }
 
+/* One tensor of a parameter, reallocated zeroed with `rows` outer rows and given back its logical shape. */
+static enum amp_status pad_tensor_rows(struct tensor *t, struct layer_build *b, const char *name, int64_t rows)
+{
+    if (!t->data)
+        return AMP_OK;
+    int64_t shape[TENSOR_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[0] = rows;
+    struct tensor padded;
+    enum amp_status st = tensor_zeros(&padded, t->be, t->dtype, t->ndim, shape, name, b->err);
+    if (st != AMP_OK)
+        return st;
+    padded.shape[0] = t->shape[0];
+    padded.numel = t->numel;
+    tensor_free(t);
+    *t = padded;
+    return AMP_OK;
+}
+
+enum amp_status layer_pad_param_rows(struct param *p, struct layer_build *b, int64_t rows)
+{
+    if (rows <= p->master.shape[0])
+        return AMP_OK;
+    struct tensor *ts[] = {&p->master, &p->grad, &p->copy, &p->tied_grad};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        enum amp_status st = pad_tensor_rows(ts[i], b, p->name, rows);
+        if (st != AMP_OK)
+            return st;
+    }
+    p->stored_rows = rows;
+    return AMP_OK;
+}
+
 enum amp_status layer_add_buffer(struct layer *l, struct layer_build *b, const char *local, int ndim,
                                  const int64_t *shape)
 {
@@ -131,8 +164,16 @@ int64_t shape_inner(int ndim, const int64_t *shape)
 
 void count_grad_zeros(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp)
 {
+    count_grad_zeros_padded(ctx, g, computed_lowp, 0);
+}
+
+void count_grad_zeros_padded(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp, int64_t valid)
+{
     if (!ctx->zeros || !g->data || (g->dtype == DT_FP32 && !computed_lowp))
         return;
     ctx->be->count_zeros(ctx->be, g, ctx->zeros->zeros);
-    ctx->zeros->total += (int64_t)g->numel;
+    int64_t cols = g->shape[g->ndim - 1];
+    int64_t pad = valid > 0 && valid < cols ? (int64_t)g->numel / cols * (cols - valid) : 0;
+    ctx->zeros->total += (int64_t)g->numel - pad;
+    ctx->zeros->padding += pad;
 }

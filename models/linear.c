@@ -22,6 +22,10 @@
  * casts x in 1x128 tiles along its rows (x8, for y) and in 128x1 tiles down its columns (x8t, kept for dW, whose K
  * is the rows), the weight in 128x128 blocks (w8, for y and dx alike); backward casts dy both ways, 1x128 for dx
  * and 128x1 for dW. The products take the tile scales (backend.h, gemm_args a_blocks, b_blocks).
+ * The token head (the linear layer before a cross_entropy on text) pads its out, the vocabulary V, to Vp, a
+ * multiple of the backend's vocab_align, outside fp8 and the numerics report: the product's N and the logits'
+ * last dimension are Vp; the weight, bias and their gradients are the logical (V, ...) tensors, a prefix of
+ * storage whose rows past V stay zero (docs/model.md, "Vocabulary padding").
  *
  * `tie: LAYER/wte` (GPT-2's lm_head): the layer has no weight of its own and reads an earlier embedding's
  * table (vocab, C) as its (out, in) weight. The table stays one parameter (one master, one gradient, one
@@ -156,10 +160,11 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
     return AMP_OK;
 }
 
-static const struct tensor *linear_op_weight(const struct linear_op *op)
+static struct tensor linear_op_weight(const struct linear_op *op)
 {
-    /* the copy made once per optimizer step, or master; an fp8 op casts the master itself */
-    return param_value_as(op->w, op->fp8 ? op->w->master.dtype : op->d);
+    /* the copy made once per optimizer step, or master; an fp8 op casts the master itself. A padded head's is
+     * (Vp, in), its rows past the vocabulary zero. */
+    return param_stored(op->w, param_value_as(op->w, op->fp8 ? op->w->master.dtype : op->d));
 }
 
 /* Cast `src` to the fp8 tensor `dst` with slot s's scale (lib/base/fp8.h): the recipe current computes the scale
@@ -203,8 +208,9 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
     struct tensor x2 = matrix_view(x, rows, op->in);
     struct tensor y2 = matrix_view(y, rows, op->out);
     struct tensor pre2 = pre ? matrix_view(pre, rows, op->out) : y2;
-    struct tensor xc;
-    const struct tensor *xin = &x2, *w = linear_op_weight(op);
+    struct tensor xc, wv = linear_op_weight(op);
+    const struct tensor *xin = &x2, *w = &wv;
+    struct tensor bias = op->b ? param_stored(op->b, param_value(op->b)) : (struct tensor){0};
     struct fp8_blocks xb = {0}, wb = {0};
     if (op->fp8) {
         xc = matrix_view(&op->x8, rows, op->in);
@@ -233,7 +239,7 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
         xin = &xc;
     }
     struct gemm_args g = {
-        .a = xin, .b = w, .c = &y2, .bias = op->b ? param_value(op->b) : NULL,
+        .a = xin, .b = w, .c = &y2, .bias = op->b ? &bias : NULL,
         .trans_b = true, .m = rows, .n = op->out, .k = op->in, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
         .epilogue = pre ? GEMM_EPI_GELU_TANH : op->relu ? GEMM_EPI_RELU : GEMM_EPI_NONE, .aux = pre ? &pre2 : NULL,
         .a_blocks = xb, .b_blocks = wb,
@@ -265,7 +271,8 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
     struct tensor dy2 = matrix_view(dy, rows, op->out);
     struct tensor xin = op->fp8 ? matrix_view(&op->x8, rows, op->in)
                       : op->xc.data ? matrix_view(&op->xc, rows, op->in) : matrix_view(x, rows, op->in);
-    const struct tensor *dyin = &dy2, *w = linear_op_weight(op);
+    struct tensor wv = linear_op_weight(op);
+    const struct tensor *dyin = &dy2, *w = &wv;
     struct tensor dy8, dy8t, xt;
     /* blockwise: dW reads dy and x in 128x1 tiles (its K is the rows), dx reads dy in 1x128 tiles and W's blocks */
     const struct tensor *dw_a = &dy2, *dw_b = &xin;
@@ -296,14 +303,17 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
     /* dW (out, in) = dy^T (out, rows) @ x (rows, in); a tied table accumulating over micro-batches gets this
      * micro-batch's gradient in its tied_grad first (the embedding adds its part and then the sum to grad) */
     bool apart = op->w->tied && beta != 0.0f && op->w->tied_grad.data;
+    struct tensor dw = param_stored(op->w, apart ? &op->w->tied_grad : &op->w->grad); /* a padded head's: (Vp, in) */
     struct gemm_args gw = {
-        .a = dw_a, .b = dw_b, .c = apart ? &op->w->tied_grad : &op->w->grad, .trans_a = true,
+        .a = dw_a, .b = dw_b, .c = &dw, .trans_a = true,
         .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = apart ? 0.0f : beta, .batch = 1,
         .a_blocks = dytb, .b_blocks = xtb,
     };
     be->gemm(be, &gw);
-    if (op->b)
-        be->bias_grad(be, &op->b->grad, &dy2, rows, op->out, beta);
+    if (op->b) {
+        struct tensor db = param_stored(op->b, &op->b->grad);
+        be->bias_grad(be, &db, &dy2, rows, op->out, beta);
+    }
     if (!dx)
         return;
 
@@ -317,6 +327,11 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
         .m = rows, .n = op->in, .k = op->out, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
         .a_blocks = dyb, .b_blocks = wb,
     };
+    if (op->out_valid) { /* a padded head: the V logical columns of dy's rows, against the table's V rows. K = Vp
+                          * would add the padding's zero products, in another order of the sum on some paths */
+        gx.k = op->out_valid;
+        gx.lda = op->out;
+    }
     struct tensor mask = matrix_view(x, rows, op->in);
     if (op->mask_dx && !ctx->zeros) { /* linear_setup made sure dx is d: dxc is dx itself */
         gx.epilogue = GEMM_EPI_RELU_MASK;
@@ -421,6 +436,21 @@ static enum amp_status tied_weight(struct layer *l, struct layer_build *b, int64
     return layer_fail(l, b, hint, "tie: %s is not a parameter of an earlier layer", l->cfg.tie);
 }
 
+/* The token head's vocabulary padded to vp columns (b->vocab_align; docs/model.md, "Vocabulary padding"): the
+ * weight (its own, or the tied embedding table) and the bias get vp rows of storage, the rows past out zero, and
+ * the product's N becomes vp. Not an fp8 product: its casts would count the padding's zeros in the numerics. */
+static enum amp_status linear_pad_vocab(struct linear_op *op, struct layer_build *b, int64_t vp)
+{
+    enum amp_status st = layer_pad_param_rows(op->w, b, vp);
+    if (st == AMP_OK && op->b)
+        st = layer_pad_param_rows(op->b, b, vp);
+    if (st == AMP_OK) {
+        op->out_valid = op->out;
+        op->out = vp;
+    }
+    return st;
+}
+
 bool linear_is_plain(const struct layer *l)
 {
     return l->ops == &linear_ops;
@@ -458,16 +488,24 @@ enum amp_status linear_setup(struct layer *l, struct layer_build *b)
     if (st == AMP_OK)
         st = linear_op_setup(&p->op, l, b, "", in, l->cfg.out, l->cfg.bias, b->in_dtype, max_rows,
                              PINIT_LINEAR_WEIGHT, shared);
+    const int64_t align = b->vocab_align > 1 ? b->vocab_align : 1;
+    const int64_t vp = (l->cfg.out + align - 1) / align * align;
+    /* a head whose out is not the vocabulary fails at the loss: its message shows the shape unpadded */
+    if (st == AMP_OK && vp > l->cfg.out && !p->op.fp8 && l->cfg.out == b->spec->num_classes) {
+        st = linear_pad_vocab(&p->op, b, vp);
+        l->out_valid = l->cfg.out;
+    }
     if (st != AMP_OK)
         return st;
     l->ndim_out = b->in_ndim;
     for (int i = 0; i < b->in_ndim; i++)
         l->out_shape[i] = b->in_shape[i];
-    l->out_shape[b->in_ndim - 1] = l->cfg.out;
+    l->out_shape[b->in_ndim - 1] = p->op.out;
     l->out_dtype = p->op.d;
-    /* after a relu fused into a linear: dx masked here, in the product's epilogue, where no cast follows it */
+    /* after a relu fused into a linear: dx masked here, in the product's epilogue, where no cast follows it (not
+     * a padded head's: its dx product reads dy with a stride, which no epilogue takes) */
     if (b->fuse && b->nbuilt > 0 && l->needs_dx && relu_fused_into_linear(&b->built[b->nbuilt - 1]) && !p->op.fp8 &&
-        p->op.in_dtype == p->op.d) {
+        !p->op.out_valid && p->op.in_dtype == p->op.d) {
         p->op.mask_dx = true;
         relu_masked_by_next(&b->built[b->nbuilt - 1]);
     }

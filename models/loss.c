@@ -22,6 +22,8 @@
  * backward (layer_build.fuse): at a GPT-2 vocabulary that is one (B*T, V) tensor less (1.6 GB in bf16 at 16 x
  * 1024 tokens). The backends read a row whole before they write its gradient (xent_forward_backward may be given
  * dlogits == logits).
+ * A padded vocabulary (docs/model.md, "Vocabulary padding"): the logits are (N, T, Vp), K the V classes; the backend
+ * reads rows Vp apart and writes the padding's dlogits 0.
  */
 #include <stdlib.h>
 
@@ -97,7 +99,7 @@ enum amp_status loss_setup(struct layer *l, struct layer_build *b)
                           want_ndim == 3 ? "(N, T, K) (logits per token)" : "(N, K)",
                           shape_str_n(got, sizeof got, b->in_ndim, b->in_shape), b->in_from);
     }
-    int64_t K = b->in_shape[want_ndim - 1];
+    int64_t K = b->in_valid > 0 ? b->in_valid : b->in_shape[want_ndim - 1]; /* the classes, not the padding */
     if (xent && !text && K < b->spec->num_classes && b->spec->labels_from[0])
         /* more labels than the model has classes: most often one bad label (a corrupt or foreign file) */
         return amp_fail(b->err, AMP_ERR_DATA,

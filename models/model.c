@@ -82,6 +82,7 @@ static void input_from_data(struct layer_build *b, const struct data_spec *spec,
         b->in_shape[i] = 1;
     b->in_dtype = DT_FP32;
     b->in_tokens = spec->is_tokens;
+    b->in_valid = 0;
     snprintf(b->in_from, sizeof b->in_from, "the data");
 }
 
@@ -92,6 +93,7 @@ static void input_from_layer(struct layer_build *b, const struct layer *l)
         b->in_shape[i] = i < l->ndim_out ? l->out_shape[i] : 1;
     b->in_dtype = l->out_dtype;
     b->in_tokens = false;
+    b->in_valid = l->out_valid;
     snprintf(b->in_from, sizeof b->in_from, "model.layers[%d] '%s' (%s)", l->index, l->cfg.name,
              layer_kind_name(l->cfg.kind));
 }
@@ -151,9 +153,9 @@ static enum amp_status gather_params(struct model *m, struct amp_error *err)
 static enum amp_status flatten_grads(struct model *m, struct amp_error *err)
 {
     const size_t align = 64; /* floats: 256 bytes */
-    size_t total = 0;
+    size_t total = 0; /* a padded head's gradient takes its storage's rows (struct param, stored_rows) */
     for (int i = 0; i < m->nparams; i++)
-        total += (m->params[i]->grad.numel + align - 1) / align * align;
+        total += (param_stored(m->params[i], &m->params[i]->grad).numel + align - 1) / align * align;
     if (total == 0)
         return AMP_OK;
     struct tensor flat;
@@ -169,7 +171,7 @@ static enum amp_status flatten_grads(struct model *m, struct amp_error *err)
         if (g->data)
             g->be->free(g->be, g->data);
         g->data = m->grad_flat + off;
-        off += (g->numel + align - 1) / align * align;
+        off += (param_stored(m->params[i], g).numel + align - 1) / align * align;
     }
     return AMP_OK;
 }
@@ -263,6 +265,10 @@ enum amp_status model_build(struct model *m, const struct config *cfg, const str
         l->index = i;
         l->needs_dx = params_before || (i > 0 && spec->input_grad);
         b.fp8_layer = m->has_fp8 && model_layer_in_fp8(cfg, i);
+        /* the token head: padded where the backend asks, except under the numerics report, which measures the
+         * logits and their gradient as they are (docs/model.md, "Vocabulary padding") */
+        bool head = i + 1 < m->nlayers && cfg->model.layers[i + 1].kind == LAYER_CROSS_ENTROPY && spec->is_tokens;
+        b.vocab_align = head && b.fuse && be->vocab_align > 1 ? be->vocab_align : 1;
         b.built = m->layers;
         b.nbuilt = i;
         if ((st = build_layer(m, l, &b)) != AMP_OK) {
@@ -444,7 +450,7 @@ void model_backward_hooked(struct model *m, const struct step_ctx *ctx, const st
         l->ops->backward(l, ctx, dy, layer_input(m, i, b), b);
         /* a view's dx (flatten's, a fused relu's) is its neighbour's gradient: counted there */
         if (l->needs_dx && !l->is_view)
-            count_grad_zeros(ctx, &l->dx, l->out_dtype != DT_FP32);
+            count_grad_zeros_padded(ctx, &l->dx, l->out_dtype != DT_FP32, i > 0 ? m->layers[i - 1].out_valid : 0);
         if (hook)
             hook->layer_done(hook->user, i);
     }

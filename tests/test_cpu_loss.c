@@ -240,3 +240,55 @@ Test(cpu_loss, xent_in_place_is_xent_into_another_tensor)
             free(c1);
         }
 }
+
+/* A padded vocabulary (backend.h, xent_forward_backward; docs/model.md, "Vocabulary padding"): logits whose rows are
+ * S > K elements apart give the losses, marks and dlogits of the dense (N, K) logits to the bit, the padding's dlogits
+ * written +0, in place too. The padding holds the row's largest values, so a kernel that lets a padded column into
+ * the max, the sum or the argmax moves every loss. Both row paths: K = 300 (the fast one) and 9000 (the formula). */
+Test(cpu_loss, xent_padded_rows_give_the_dense_bits)
+{
+    seed(91);
+    const enum dtype dts[] = { DT_FP32, DT_BF16, DT_FP16 };
+    const int64_t Ks[] = { 300, 9000 }, Ss[] = { 320, 9024 };
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 2; k++)
+            for (int in_place = 0; in_place < 2; in_place++) {
+                const int64_t N = 37, K = Ks[k], S = Ss[k];
+                float *h, *hp = falloc((size_t)(N * S));
+                struct tensor *x = trand(dts[d], (size_t)(N * K), -8, 8, &h);
+                for (int64_t i = 0; i < N; i++)
+                    for (int64_t j = 0; j < S; j++)
+                        hp[i * S + j] = j < K ? h[i * K + j] : 30.0f + (float)(j - K);
+                struct tensor *xp = tfrom(dts[d], (size_t)(N * S), hp);
+                struct tensor *dl = tnew(dts[d], (size_t)(N * K));
+                struct tensor *dlp = in_place ? xp : tnew(dts[d], (size_t)(N * S));
+                int32_t *labels = (int32_t *)falloc((size_t)N), *c0 = (int32_t *)falloc((size_t)N);
+                int32_t *c1 = (int32_t *)falloc((size_t)N);
+                for (int64_t i = 0; i < N; i++)
+                    labels[i] = (int32_t)(urand() * (double)K);
+                labels[0] = (int32_t)K - 1; /* the last logical class, next to the padding */
+                struct tensor *l0 = tnew(DT_FP32, (size_t)N), *l1 = tnew(DT_FP32, (size_t)N);
+                float seed_v = 3.0f;
+                be->xent_forward_backward(be, l0, c0, dl, x, labels, N, K, &seed_v);
+                be->xent_forward_backward(be, l1, c1, dlp, xp, labels, N, K, &seed_v);
+                cr_assert_eq(memcmp(l0->data, l1->data, tensor_bytes(l0)), 0, "dtype %d K %lld: losses differ", d,
+                             (long long)K);
+                cr_assert_eq(memcmp(c0, c1, (size_t)N * sizeof *c0), 0, "dtype %d K %lld: marks differ", d,
+                             (long long)K);
+                size_t es = dtype_size(dts[d]);
+                for (int64_t i = 0; i < N; i++) {
+                    const char *row = (const char *)dlp->data + (size_t)(i * S) * es;
+                    cr_assert_eq(memcmp((const char *)dl->data + (size_t)(i * K) * es, row, (size_t)K * es), 0,
+                                 "dtype %d K %lld in place %d: row %lld of dlogits differs", d, (long long)K, in_place,
+                                 (long long)i);
+                    for (int64_t j = K; j < S; j++)
+                        for (size_t b = 0; b < es; b++)
+                            cr_assert_eq(row[(size_t)j * es + b], 0, "row %lld padding column %lld is not +0",
+                                         (long long)i, (long long)j);
+                }
+                /* eval: no dlogits, the same losses and marks */
+                be->xent_forward_backward(be, l1, c1, NULL, tfrom(dts[d], (size_t)(N * S), hp), labels, N, K, NULL);
+                cr_assert_eq(memcmp(l0->data, l1->data, tensor_bytes(l0)), 0, "eval: losses differ");
+                cr_assert_eq(memcmp(c0, c1, (size_t)N * sizeof *c0), 0, "eval: marks differ");
+            }
+}

@@ -1108,6 +1108,102 @@ Test(cuda_backend, losses, .init = open_both, .fini = close_both)
     gpu->free(gpu, ms_g);
 }
 
+/* A padded vocabulary (backend.h, xent_forward_backward): rows S = 320 apart, K = 300 classes, the padding holding
+ * the row's largest values (30 and up), so a kernel that lets it into the max, the sum or the argmax moves every loss.
+ * The GPU against the CPU (which tests/test_cpu_loss.c holds to its dense bits) with the losses test's tolerances,
+ * into another tensor and in place, and the padding's dlogits exactly +0 on the GPU. */
+Test(cuda_backend, xent_on_padded_rows, .init = open_both, .fini = close_both)
+{
+    rng_state = 42;
+    cr_assert_eq(gpu->vocab_align, 64, "the CUDA backend pads the vocabulary to a multiple of 64");
+    const int64_t N = 65, K = 300, S = 320;
+    int32_t labels[65], correct_c[65], correct_g[65];
+    for (int i = 0; i < N; i++)
+        labels[i] = (int32_t)(next_u64() % (uint64_t)K);
+    labels[0] = (int32_t)K - 1;
+    int32_t *dlab = ints_upload(labels, (size_t)N);
+    int32_t *dcor = gpu->alloc(gpu, (size_t)N * sizeof(int32_t));
+    float seed = 64.0f;
+    float *s_c = be_put(cpu, &seed, sizeof seed), *s_g = be_put(gpu, &seed, sizeof seed);
+    for (int d = 0; d < 3; d++)
+        for (int in_place = 0; in_place < 2; in_place++) {
+            enum dtype dt = all_dtypes[d];
+            struct pair x, losses, dx;
+            pair_rand(&x, dt, 2, (int64_t[]){N, S}, -4, 4);
+            float *h = malloc((size_t)(N * S) * sizeof *h);
+            cr_assert_not_null(h);
+            tensor_to_host_f32(&x.c, h);
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = K; j < S; j++)
+                    h[i * S + j] = 30.0f + (float)(j - K);
+            tensor_from_host_f32(&x.c, h);
+            gpu->upload(gpu, x.g.data, x.c.data, tensor_bytes(&x.c));
+            pair_out(&losses, DT_FP32, 1, &N);
+            if (!in_place)
+                pair_out(&dx, dt, 2, (int64_t[]){N, S});
+            struct pair *out = in_place ? &x : &dx;
+            cpu->xent_forward_backward(cpu, &losses.c, correct_c, &out->c, &x.c, labels, N, K, s_c);
+            gpu->xent_forward_backward(gpu, &losses.g, dcor, &out->g, &x.g, dlab, N, K, s_g);
+            char what[96];
+            snprintf(what, sizeof what, "padded xent (%s)", in_place ? "in place" : "into dlogits");
+            pair_expect(&losses, 1e-6, what);
+            pair_expect(out, tol_of(dt) * 0.1, what);
+            gpu->download(gpu, correct_g, dcor, sizeof correct_g);
+            cr_assert_eq(memcmp(correct_c, correct_g, sizeof correct_c), 0, "%s: correct flags differ", what);
+            size_t es = dtype_size(dt);
+            unsigned char *g = malloc(tensor_bytes(&out->c));
+            cr_assert_not_null(g);
+            gpu->download(gpu, g, out->g.data, tensor_bytes(&out->c));
+            for (int64_t i = 0; i < N; i++)
+                for (size_t b = (size_t)K * es; b < (size_t)S * es; b++)
+                    cr_assert_eq(g[(size_t)(i * S) * es + b], 0, "%s: row %lld's padding is not +0 (byte %zu)", what,
+                                 (long long)i, b);
+            free(g);
+            free(h);
+            pair_free(&x);
+            pair_free(&losses);
+            if (!in_place)
+                pair_free(&dx);
+        }
+    gpu->free(gpu, dlab);
+    gpu->free(gpu, dcor);
+    cpu->free(cpu, s_c);
+    gpu->free(gpu, s_g);
+}
+
+/* gemm_args.lda: A's rows stored longer than op(A) needs, as the padded head's dx reads the V columns of its (rows,
+ * Vp) dlogits; the columns past k hold NaN, so a product that reads them fails. Tolerances as the gemm test's. */
+Test(cuda_backend, gemm_reads_a_by_its_row_stride, .init = open_both, .fini = close_both)
+{
+    rng_state = 43;
+    const int64_t m = 37, n = 32, k = 300, lda = 320;
+    for (int d = 0; d < 3; d++) {
+        enum dtype dt = all_dtypes[d];
+        struct pair a, b, c;
+        pair_rand(&a, dt, 2, (int64_t[]){m, lda}, -1, 1);
+        float *h = malloc((size_t)(m * lda) * sizeof *h);
+        cr_assert_not_null(h);
+        tensor_to_host_f32(&a.c, h);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = k; j < lda; j++)
+                h[i * lda + j] = NAN;
+        tensor_from_host_f32(&a.c, h);
+        gpu->upload(gpu, a.g.data, a.c.data, tensor_bytes(&a.c));
+        pair_rand(&b, dt, 2, (int64_t[]){k, n}, -1, 1);
+        pair_out(&c, dt, 2, (int64_t[]){m, n});
+        struct gemm_args g = {.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f, .batch = 1, .lda = lda};
+        g.a = &a.c, g.b = &b.c, g.c = &c.c;
+        cpu->gemm(cpu, &g);
+        g.a = &a.g, g.b = &b.g, g.c = &c.g;
+        gpu->gemm(gpu, &g);
+        pair_expect(&c, dt == DT_FP32 ? 1e-5 : 1e-2, "gemm with lda");
+        free(h);
+        pair_free(&a);
+        pair_free(&b);
+        pair_free(&c);
+    }
+}
+
 /* A step's loss: the mean of a prefix of the row losses, in double, added to a double in backend memory
  * (or replacing it). Each case's tensor holds rows past n set to 1e30, which must not count, and the
  * accumulator starts at 1e300, which the first (non-accumulating) case must drop. */
@@ -1896,6 +1992,48 @@ Test(cuda_backend, residual_adds_in_the_layernorms_are_the_same_bits_on_the_gpu,
         assert_same_logs(a, b);
         remove_scratch();
     }
+}
+
+/* The padded head on the GPU: configs/gpt2_tiny.yaml at vocabulary 300 (the GPU pads it to 320) trains, its
+ * checkpoint holds the (300, 32) table, and its first loss (the same initial weights and batch, before any update)
+ * agrees with the CPU's unpadded run to bf16's precision: each rounding of the logits' path is within 2^-9 relative,
+ * a handful of them deep, so 1% of a loss near ln 300 = 5.7 is a generous bound. */
+Test(cuda_backend, the_padded_head_trains_on_the_gpu, .timeout = 600)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: the padded head was not run on the GPU");
+    if (access("/usr/share/games/fortunes/cookie", R_OK) != 0)
+        cr_skip_test("the fortunes corpus is not installed (Debian package fortunes)");
+    make_scratch();
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/tools/make_tokens.py --format nanogpt --val-fraction 0.1 -o "
+             "%s/train.bin /usr/share/games/fortunes/cookie >/dev/null 2>&1", AMP_SOURCE_DIR, scratch);
+    cr_assert_eq(shell(cmd).code, 0, "make_tokens.py failed");
+    double first[2];
+    const char *devices[] = {"cpu", "cuda"};
+    for (int i = 0; i < 2; i++) {
+        struct result r = amp("run configs/gpt2_tiny.yaml run.device=%s run.steps=2 run.log_every=1 "
+                              "precision.mode=bf16 data.vocab=300 model.layers.0.vocab=300 model.layers.4.out=300 "
+                              "data.train_bin=%s/train.bin data.val_bin=%s/val.bin run.out_dir=%s/%s",
+                              devices[i], scratch, scratch, scratch, devices[i]);
+        cr_assert_eq(r.code, 0, "%s:\n%s", devices[i], r.out);
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s/scale_log.csv", scratch, devices[i]);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f, "%s", path);
+        char line[1024];
+        cr_assert_not_null(fgets(line, sizeof line, f)); /* the header */
+        cr_assert_not_null(fgets(line, sizeof line, f));
+        fclose(f);
+        cr_assert_eq(sscanf(line, "%*[^,],%*[^,],%lf", &first[i]), 1, "%s", line);
+    }
+    cr_assert(fabs(first[1] - first[0]) <= 0.01 * fabs(first[0]), "step 1 loss: GPU %.6f, CPU %.6f", first[1],
+              first[0]);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 -c \"import h5py; print(h5py.File('%s/cuda/ckpt-2.h5')"
+             "['model/wte/wte'].shape)\"", scratch);
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "(300, 32)"), "the checkpoint's table: %s", r.out);
+    remove_scratch();
 }
 
 /* ---- the binary the end-to-end tests run (no GPU needed) -------------------------------------------- */

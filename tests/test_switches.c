@@ -40,3 +40,22 @@ Test(switches, raise_sends_sigterm_at_the_named_point_only)
     unsetenv("AMPTRAIN_TEST_RAISE");
     signal(SIGTERM, SIG_DFL);
 }
+
+Test(switches, vocab_align_reads_an_integer_from_1_to_4096_or_refuses)
+{
+    int a = -1;
+    unsetenv("AMPTRAIN_TEST_VOCAB_ALIGN");
+    cr_assert(test_switch_vocab_align(1, &a));
+    cr_assert_eq(a, 1, "unset: the backend's own");
+    setenv("AMPTRAIN_TEST_VOCAB_ALIGN", "64", 1);
+    cr_assert(test_switch_vocab_align(1, &a));
+    cr_assert_eq(a, 64);
+    setenv("AMPTRAIN_TEST_VOCAB_ALIGN", "4096", 1);
+    cr_assert(test_switch_vocab_align(1, &a) && a == 4096);
+    static const char *const bad[] = {"", "x", "64x", "0", "-64", "4097", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("AMPTRAIN_TEST_VOCAB_ALIGN", bad[i], 1);
+        cr_assert_not(test_switch_vocab_align(1, &a), "'%s' is refused", bad[i]);
+    }
+    unsetenv("AMPTRAIN_TEST_VOCAB_ALIGN");
+}

@@ -299,6 +299,7 @@ struct backend *backend_cpu_create(void)
     struct backend *be = &cb->base;
     be->name = "cpu";
     be->host_memory = true;
+    be->vocab_align = 1; /* backend_open applies the test switch AMPTRAIN_TEST_VOCAB_ALIGN */
     be->alloc = cpu_alloc;
     be->free = cpu_free;
     be->upload = cpu_copy;

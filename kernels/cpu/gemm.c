@@ -237,6 +237,7 @@ static void gemm_relu(struct cpu_backend *cb, const struct gemm_args *g)
 void cpu_gemm(struct backend *be, const struct gemm_args *g)
 {
     struct cpu_backend *cb = cpu_of(be);
+    assert(!g->lda || (g->epilogue == GEMM_EPI_NONE && g->lda >= (g->trans_a ? g->m : g->k)));
     if (g->epilogue == GEMM_EPI_GELU_TANH) {
         cpu_gemm_gelu(cb, g);
         return;
@@ -252,7 +253,7 @@ void cpu_gemm(struct backend *be, const struct gemm_args *g)
     const float alpha = gemm_alpha(g);
     for (int64_t i = 0; i < g->batch; i++) {
         struct mat_in a = { elem_ptr(g->a->data, g->a->dtype, (size_t)(i * g->stride_a)), g->a->dtype,
-                            g->trans_a ? g->m : g->k, blocks_of(&g->a_blocks) };
+                            g->lda ? g->lda : g->trans_a ? g->m : g->k, blocks_of(&g->a_blocks) };
         struct mat_in b = { elem_ptr(g->b->data, g->b->dtype, (size_t)(i * g->stride_b)), g->b->dtype,
                             g->trans_b ? g->k : g->n, blocks_of(&g->b_blocks) };
         struct mat_out c = { .p = elem_ptr(g->c->data, g->c->dtype, (size_t)(i * g->stride_c)), .dt = g->c->dtype,

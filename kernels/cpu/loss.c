@@ -20,6 +20,7 @@ struct loss_job {
     const struct tensor *x, *target;        /* (N, K) logits or y; mse: target */
     const int32_t *labels;                  /* xent: (N) */
     int64_t N, K, rows_per;
+    int64_t S;                              /* xent: elements between rows, >= K (padding: K..S-1) */
     float g;                                /* the gradient's factor */
 };
 
@@ -142,16 +143,17 @@ static bool xent_row_fast(double *e, const float *x, float mx, int64_t K, int32_
 static void xent_chunk(void *arg, int64_t chunk, int worker)
 {
     const struct loss_job *j = arg;
-    int64_t K = j->K, i0 = chunk * j->rows_per, i1 = i0 + j->rows_per < j->N ? i0 + j->rows_per : j->N;
+    int64_t K = j->K, S = j->S, i0 = chunk * j->rows_per, i1 = i0 + j->rows_per < j->N ? i0 + j->rows_per : j->N;
     float *xb = wscratch(j->cb, worker, WSCR_TMP0), *db = wscratch(j->cb, worker, WSCR_TMP1);
     double *e = (double *)(void *)wscratch(j->cb, worker, WSCR_TMP2);
     struct tensor *dlogits = j->grad;
     /* dlogits over the logits (models/loss.c): an fp32 row is read in place, so it is copied first (a 16-bit one is
-     * widened into xb anyway, and its gradient staged in db) */
+     * widened into xb anyway, and its gradient staged in db). A padded row (S > K) is read as its first K
+     * elements, and its gradient row is written whole, the padding's S - K elements as 0. */
     bool in_place = dlogits && dlogits->data == j->x->data && j->x->dtype == DT_FP32;
     for (int64_t i = i0; i < i1; i++) {
-        const float *x = in_place ? memcpy(xb, (const float *)j->x->data + i * K, (size_t)K * sizeof *xb)
-                                  : load_f32(j->x->data, j->x->dtype, (size_t)(i * K), (size_t)K, xb);
+        const float *x = in_place ? memcpy(xb, (const float *)j->x->data + i * S, (size_t)K * sizeof *xb)
+                                  : load_f32(j->x->data, j->x->dtype, (size_t)(i * S), (size_t)K, xb);
         float mx = x[0];
         int64_t arg_max = 0;
         for (int64_t k = 1; k < K; k++)
@@ -165,11 +167,14 @@ static void xent_chunk(void *arg, int64_t chunk, int worker)
         if (j->correct)
             j->correct[i] = ok && arg_max == label;
         float *loss = j->losses ? &j->losses[i] : NULL;
-        float *d = dlogits ? out_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), db) : NULL;
+        float *d = dlogits ? out_f32(dlogits->data, dlogits->dtype, (size_t)(i * S), db) : NULL;
         if (!ok || K > XENT_FAST_MAX_K || !xent_row_fast(e, x, mx, K, label, loss, d, j->g))
             xent_row_formula(x, mx, K, label, ok, loss, d, j->g);
-        if (d)
-            store_f32(dlogits->data, dlogits->dtype, (size_t)(i * K), (size_t)K, d);
+        if (!d)
+            continue;
+        for (int64_t k = K; k < S; k++)
+            d[k] = 0.0f;
+        store_f32(dlogits->data, dlogits->dtype, (size_t)(i * S), (size_t)S, d);
     }
 }
 
@@ -178,16 +183,17 @@ void cpu_xent_forward_backward(struct backend *be, struct tensor *losses, int32_
                                       int64_t N, int64_t K, const float *grad_seed)
 {
     struct cpu_backend *cb = cpu_of(be);
-    assert((int64_t)logits->numel == N * K && K >= 1);
+    const int64_t S = N > 0 ? (int64_t)logits->numel / N : K; /* the row stride: K, or the padded vocabulary */
+    assert(N > 0 && (int64_t)logits->numel == N * S && S >= K && K >= 1);
     assert(!losses || (losses->dtype == DT_FP32 && (int64_t)losses->numel >= N));
-    assert(!dlogits || (int64_t)dlogits->numel == N * K);
+    assert(!dlogits || (int64_t)dlogits->numel == N * S);
     if (!cpu_wscratch_reserve(cb, WSCR_TMP0, (size_t)K * sizeof(float)) ||
-        !cpu_wscratch_reserve(cb, WSCR_TMP1, (size_t)K * sizeof(float)) ||
+        !cpu_wscratch_reserve(cb, WSCR_TMP1, (size_t)S * sizeof(float)) ||
         !cpu_wscratch_reserve(cb, WSCR_TMP2, (size_t)K * sizeof(double)))
         return;
     assert(!dlogits || grad_seed);
     struct loss_job j = { .cb = cb, .losses = losses ? (float *)losses->data : NULL, .correct = correct,
-                          .grad = dlogits, .x = logits, .labels = labels, .N = N, .K = K,
+                          .grad = dlogits, .x = logits, .labels = labels, .N = N, .K = K, .S = S,
                           .rows_per = rows_per_chunk(K),
                           .g = dlogits ? (float)((double)*grad_seed / (double)N) : 0.0f };
     parallel_for(cb->pool, div_up(N, j.rows_per), xent_chunk, &j);

@@ -605,7 +605,7 @@ void cuda_gemm(struct backend *be, const struct gemm_args *g)
     mm.m = g->m;
     mm.n = g->n;
     mm.k = g->k;
-    mm.lda = g->trans_a ? g->m : g->k;
+    mm.lda = g->lda ? g->lda : g->trans_a ? g->m : g->k; /* lda: the padded head's dlogits rows (backend.h) */
     mm.ldb = g->trans_b ? g->k : g->n;
     mm.ldc = g->n;
     mm.alpha = g->alpha;

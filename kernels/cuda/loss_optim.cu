@@ -59,13 +59,15 @@ __device__ void argmax_merge(float &v, int64_t &i, float v2, int64_t i2)
     }
 }
 
+/* Rows S >= K elements apart: columns K..S-1 are the padded vocabulary's, left out of the max, the sum and the
+ * argmax, their gradient written 0 (backend.h). */
 __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int d_dt, const void *logits, int x_dt,
-                            const int32_t *labels, int64_t N, int64_t K, const float *seed)
+                            const int32_t *labels, int64_t N, int64_t K, int64_t S, const float *seed)
 {
     __shared__ float sv[32];
     __shared__ long long si[32];
     __shared__ double red[32];
-    size_t base = (size_t)blockIdx.x * (size_t)K;
+    size_t base = (size_t)blockIdx.x * (size_t)S;
     float mv = -INFINITY;
     int64_t mi = K;
     for (int64_t j = threadIdx.x; j < K; j += blockDim.x)
@@ -112,6 +114,8 @@ __global__ void xent_kernel(float *losses, int32_t *correct, void *dlogits, int 
         float p = (float)exp((double)load_elem(logits, x_dt, base + j) - lse);
         store_elem(dlogits, d_dt, base + j, (p - (j == label ? 1.0f : 0.0f)) * g);
     }
+    for (int64_t j = K + threadIdx.x; j < S; j += blockDim.x)
+        store_elem(dlogits, d_dt, base + j, 0.0f);
 }
 
 __global__ void mse_kernel(float *losses, void *dy, int dy_dt, const void *y, int y_dt, const void *t, int t_dt,
@@ -586,9 +590,15 @@ void cuda_xent_forward_backward(struct backend *be, struct tensor *losses, int32
         cuda_record(cb, "this is a bug in the caller", "xent_forward_backward: dlogits without a grad_seed");
         return;
     }
+    const int64_t S = (int64_t)logits->numel / N; /* the row stride: K, or the padded vocabulary */
+    if (S < K || (int64_t)logits->numel != N * S || (dlogits && dlogits->numel != logits->numel)) {
+        cuda_record(cb, "this is a bug in the caller", "xent_forward_backward: logits of %zu elements are not %lld "
+                    "rows of at least %lld classes", logits->numel, (long long)N, (long long)K);
+        return;
+    }
     xent_kernel<<<(unsigned)N, kLossThreads, 0, cb->stream>>>(
         losses ? static_cast<float *>(losses->data) : NULL, correct, dlogits ? dlogits->data : NULL,
-        dlogits ? dlogits->dtype : DT_FP32, logits->data, logits->dtype, labels, N, K, grad_seed);
+        dlogits ? dlogits->dtype : DT_FP32, logits->data, logits->dtype, labels, N, K, S, grad_seed);
     CB_LAUNCHED(cb, "xent_kernel");
 }
 

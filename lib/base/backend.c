@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "device_module.h" /* the CUDA backend, a module loaded on first use */
+#include "test_switches.h" /* test_switch_vocab_align */
 #include "threadpool.h"    /* threadpool_available_cpus: run.threads auto */
 
 /* Parse run.device. Returns 0 and sets *is_auto / *cuda_index (-1 for the CPU), or -1 when the string
@@ -54,6 +55,12 @@ static enum amp_status open_cpu(struct backend **out, const char *why, char *cho
     if (!*out)
         return amp_fail(err, AMP_ERR_INTERNAL, "free some memory and try again",
                         "out of memory creating the CPU backend");
+    if (!test_switch_vocab_align(1, &(*out)->vocab_align)) {
+        backend_close(*out);
+        *out = NULL;
+        return amp_fail(err, AMP_ERR_CONFIG, "set it to an integer from 1 to 4096, or unset it",
+                        "AMPTRAIN_TEST_VOCAB_ALIGN is '%s'", getenv("AMPTRAIN_TEST_VOCAB_ALIGN"));
+    }
     if (chosen && chosen_len)
         snprintf(chosen, chosen_len, "device: cpu%s", why);
     return AMP_OK;

@@ -84,6 +84,9 @@ struct gemm_args {
     float alpha, beta;
     int64_t batch;            /* >= 1 */
     int64_t stride_a, stride_b, stride_c; /* elements between consecutive batch matrices */
+    int64_t lda;              /* elements between A's stored rows where they are longer than op(A) needs (0: dense,
+                               * k, or m when trans_a): the padded token head's dx reads the first V columns of its
+                               * (rows, Vp) dlogits. No epilogue; not fp8 */
     enum gemm_epilogue epilogue; /* GEMM_EPI_NONE (0) unless set */
     struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype (written);
                                * GEMM_EPI_RELU_MASK: the mask (m, n), C's dtype (read) */
@@ -314,7 +317,10 @@ struct backend {
     /* losses, FP32. softmax cross-entropy over logits (N, K) of any dtype with int32 labels (N):
      * losses (N) fp32 per sample; dlogits (N, K) in its dtype = (softmax - onehot) * seed / N with
      * seed = *grad_seed, one fp32 in backend memory (the loss scale lives there; NULL when dlogits is);
-     * correct (N) int32: 1 where argmax == label. dlogits may be NULL (eval). */
+     * correct (N) int32: 1 where argmax == label. dlogits may be NULL (eval).
+     * Rows are S = logits->numel / N >= K elements apart (a vocabulary padded to vocab_align): columns K..S-1
+     * are padding, left out of the max, the sum and the argmax, and their dlogits are written 0; dlogits has
+     * the logits' shape. S == K is the dense case. */
     void (*xent_forward_backward)(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,
                                   const struct tensor *logits, const int32_t *labels, int64_t N, int64_t K,
                                   const float *grad_seed);
@@ -360,6 +366,11 @@ struct backend {
     /* first error recorded, AMP_OK when none; `err` filled */
     enum amp_status (*status)(struct backend *be, struct amp_error *err);
     void (*destroy)(struct backend *be);
+
+    /* The token head's product is (rows, Vp) with Vp the vocabulary rounded up to a multiple of this (>= 1):
+     * cuBLASLt runs N = 50304 far faster than 50257. CUDA 64; the CPU 1 (no padding), or what the test switch
+     * AMPTRAIN_TEST_VOCAB_ALIGN says (lib/base/test_switches.h). docs/model.md, "Vocabulary padding". */
+    int vocab_align;
 };
 
 /* Open a backend from run.device: "auto" (a GPU if present, else the CPU), "cpu", "cuda", "cuda:N".

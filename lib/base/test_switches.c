@@ -23,3 +23,17 @@ bool test_switch_perturb(int rank, int64_t step)
     long long at;
     return v && sscanf(v, "%d:%lld", &r, &at) == 2 && r == rank && at == step;
 }
+
+bool test_switch_vocab_align(int otherwise, int *align)
+{
+    const char *v = getenv("AMPTRAIN_TEST_VOCAB_ALIGN");
+    *align = otherwise;
+    if (!v)
+        return true;
+    char *end;
+    long a = strtol(v, &end, 10);
+    if (end == v || *end || a < 1 || a > 4096)
+        return false;
+    *align = (int)a;
+    return true;
+}

@@ -25,6 +25,11 @@ void test_switch_raise(const char *where);
  * to the first weight, so that the replica check has something to find (tests/test_dist.c, mpirun -x). */
 bool test_switch_perturb(int rank, int64_t step);
 
+/* AMPTRAIN_TEST_VOCAB_ALIGN=A: the CPU backend's vocab_align (backend.h) is A instead of 1, so that the CPU pads the
+ * vocabulary as CUDA does and tests/test_vocabpad.c proves padded and unpadded runs give the same bits. Returns
+ * `otherwise` where the variable is unset; a value that is not an integer in [1, 4096] is refused (false). */
+bool test_switch_vocab_align(int otherwise, int *align);
+
 /* fp8_state.recast_weights (lib/base/fp8.h): when set, every training pass casts each fp8 layer's weight again instead of
  * reusing the codes of the step's first micro-batch; tests/test_fp8.c's weights_are_cast_once_per_optimizer_step
  * runs it as the reference the kept codes must match bit for bit. */

@@ -63,12 +63,14 @@ int32_t sample_pick(const float *logits, int64_t V, const struct sample_opts *o,
     return k[kept - 1].token;
 }
 
-/* The logits of the view's last position (1, n, V), widened to fp32 into out (V). */
+/* The logits of the view's last position (1, n, Vp), its first V widened to fp32 into out (V): a padded vocabulary's
+ * rows are Vp apart (docs/model.md, "Vocabulary padding"). */
 static void last_logits(struct backend *be, const struct tensor *logits, int64_t n, int64_t V, float *out,
                         void *raw)
 {
     size_t es = dtype_size(logits->dtype);
-    be->download(be, raw, (const char *)logits->data + (size_t)((n - 1) * V) * es, (size_t)V * es);
+    int64_t stride = logits->shape[logits->ndim - 1];
+    be->download(be, raw, (const char *)logits->data + (size_t)((n - 1) * stride) * es, (size_t)V * es);
     dtype_convert(out, DT_FP32, raw, logits->dtype, (size_t)V);
 }
 
@@ -76,7 +78,7 @@ enum amp_status sample_generate(struct model *m, int64_t context, const int32_t 
                                 const struct sample_opts *o, struct sample_result *r, struct amp_error *err)
 {
     memset(r, 0, sizeof *r);
-    int64_t V = m->layers[m->nlayers - 2].out_shape[m->layers[m->nlayers - 2].ndim_out - 1];
+    int64_t V = layer_out_cols(&m->layers[m->nlayers - 2]);
     if (n_prompt < 1 || n_prompt >= context)
         return amp_fail(err, AMP_ERR_CONFIG, "shorten the prompt: the model reads at most data.seq_len tokens",
                         "the prompt has %lld tokens, but the model's context is %lld positions and one must be left "
@@ -225,7 +227,7 @@ enum amp_status run_sampler_open(struct run_sampler *s, struct model *m, const s
     }
     const struct layer *head = &m->layers[m->nlayers - 2];
     const char *p = cfg->run.sample_prompt;
-    st = sample_codec_open(&s->codec, cfg->data.tokenizer, head->out_shape[head->ndim_out - 1], "run.sample_every",
+    st = sample_codec_open(&s->codec, cfg->data.tokenizer, layer_out_cols(head), "run.sample_every",
                            err);
     if (st == AMP_OK)
         st = sample_codec_encode(&s->codec, p, strlen(p), "run.sample_prompt", &s->prompt, &s->n_prompt, err);

@@ -313,8 +313,9 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
     t->host = calloc(1, bytes);
     t->pend_epoch = calloc(w, sizeof *t->pend_epoch);
     t->pend_zero_total = calloc(w, sizeof *t->pend_zero_total);
+    t->pend_zero_pad = calloc(w, sizeof *t->pend_zero_pad);
     t->recs = calloc(w, sizeof *t->recs);
-    if (!t->dev || !t->host || !t->pend_epoch || !t->pend_zero_total || !t->recs)
+    if (!t->dev || !t->host || !t->pend_epoch || !t->pend_zero_total || !t->pend_zero_pad || !t->recs)
         return amp_fail(err, AMP_ERR_INTERNAL, "lower run.log_every", "out of memory allocating the step log window");
     t->ncounts = (int64_t)nc;
     t->counts_off = off_counts;
@@ -467,6 +468,7 @@ void trainer_teardown(struct trainer *t)
         t->be->free(t->be, t->dev);
     free(t->pend_epoch);
     free(t->pend_zero_total);
+    free(t->pend_zero_pad);
     free(t->host);
     free(t->recs);
     optim_free(&t->opt);
@@ -590,6 +592,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     t->pend_epoch[t->pending] = t->sampler.epoch;
     /* fraction of the last micro-batch's low-precision activation-gradient elements that are zero */
     t->pend_zero_total[t->pending] = zeros.total;
+    t->pend_zero_pad[t->pending] = zeros.padding;
     t->pending++;
     t->step++;
     t->samples_seen += config_global_batch(n, accum, world);
@@ -630,6 +633,8 @@ enum amp_status trainer_flush(struct trainer *t, struct amp_error *err)
     /* one download, one wait: the state, the check, the window's rows and the first n rows' counts */
     be->download(be, t->host, t->dev, t->counts_off + (size_t)(n * nc) * sizeof(int64_t));
     enum amp_status status = be->status(be, err);
+    for (int64_t i = 0; i < n; i++) /* the padded vocabulary's zeros off, before the last rank's are shared */
+        t->rows_host[i].grad_zeros -= t->pend_zero_pad[i];
     share_zero_counts(t, n);
     if (status != AMP_OK)
         return status;

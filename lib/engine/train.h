@@ -92,6 +92,7 @@ struct trainer {
     int64_t pending;             /* steps queued since the last flush */
     int64_t *pend_epoch;         /* host side of the pending rows */
     int64_t *pend_zero_total;    /* elements the sampled grad_zero_frac counted (0: not sampled) */
+    int64_t *pend_zero_pad;      /* zeros in the device count that are a padded vocabulary's (grad_zeros.padding) */
     void *host;                  /* the host copy of the dev block (trainer_flush reads it in one download) */
     struct step_row *rows_host;  /* views into host, at dev_rows' and dev_counts' offsets */
     int64_t *counts_host;
