@@ -199,13 +199,13 @@ static void mpi_host_allreduce(struct comm *c, void *buf, size_t count, enum com
 }
 
 /* Piece p's tables (struct piece, t) for `count` elements at buf, receiving into recv; false where they do not fit
- * MPI's int counts (a block over 2^31 elements). The piece's elements [lo, hi) are this rank's: comm_shard. */
+ * MPI's int counts and offsets (count, or world x this rank's block, over 2^31 - 1 elements). The piece's elements [lo, hi) are this rank's: comm_shard. */
 static bool plan_piece(struct comm *c, struct piece *p, void *buf, size_t count, int *t, void *recv)
 {
     size_t lo, hi;
     comm_shard(count, c->world, c->rank, &lo, &hi);
     size_t mine = hi - lo;
-    if (mine * (size_t)c->world > (size_t)INT32_MAX)
+    if (count > (size_t)INT32_MAX || mine * (size_t)c->world > (size_t)INT32_MAX)
         return false;
     int w = c->world;
     for (int q = 0; q < w; q++) {
@@ -279,7 +279,7 @@ static int *blocking_scratch(struct comm *c, struct mpi_state *s, size_t count, 
     return s->scratch;
 }
 
-/* The blocking reduce-scatter of one piece (mu held): false where it cannot be made (no memory, a block over 2^31
+/* The blocking reduce-scatter of one piece (mu held): false where it cannot be made (no memory, over 2^31 - 1
  * elements; the caller ends the job). *p is left planned, for the gather of mpi_reduce_sum. */
 static bool reduce_scatter_piece(struct comm *c, struct mpi_state *s, struct piece *p, void *buf, size_t count,
                                  enum comm_dtype dt)
@@ -300,8 +300,8 @@ static _Noreturn void cannot_reduce(struct comm *c, struct mpi_state *s, const c
                                     enum comm_dtype dt)
 {
     mpi_unlock(s);
-    fprintf(stderr, "[rank %d] ampTrain: error: cannot make the %s of %zu %s values (out of memory, or a rank's "
-            "block over 2^31 elements)\n", c->rank, what, count, type_name(dt));
+    fprintf(stderr, "[rank %d] ampTrain: error: cannot make the %s of %zu %s values (out of memory, or over 2^31 - 1 "
+            "elements for MPI's int counts)\n", c->rank, what, count, type_name(dt));
     mpi_abort(c, AMP_ERR_INTERNAL);
 }
 
