@@ -11,8 +11,9 @@
  *    gradient reduce works on backend memory only where that is host memory (the CPU backend); the
  *    trainer stages through the host otherwise.
  *  - nccl (kernels/cuda/comm_nccl.cu, built where CUDA and NCCL are found): the mpi communicator whose
- *    `reduce_sum` is ncclAllReduce on the CUDA backend's stream, on device memory; the NCCL unique id
- *    goes to every rank by MPI_Bcast. Host collectives stay MPI's.
+ *    `reduce_sum` is ncclAllReduce and `reduce_scatter` ncclReduceScatter (grouped ncclReduce where the blocks
+ *    are unequal) on the CUDA backend's stream, on device memory; the NCCL unique id goes to every rank by
+ *    MPI_Bcast. Host collectives stay MPI's.
  *
  * The non-blocking reduce (reduce_start, reduce_progress, reduce_wait) lets the trainer reduce a step's
  * gradients in buckets while backward still runs (lib/engine/dist_overlap.h): none finishes it at once, mpi starts
