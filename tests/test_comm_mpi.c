@@ -8,6 +8,14 @@
  * only sleeps and reads the request's state, which nothing but the progress thread can change while the main
  * thread makes no MPI call (comm_mpi_reduce_complete reads a count under the communicator's mutex). Without the
  * thread the request stays incomplete until the wait, whatever the timing: the test cannot pass by accident.
+ *
+ * The second probe (AMP_COMM_MPI_PROBE=order, at 3 and 4 ranks) holds the communicator's sums to comm.h's
+ * association: every element added in rank order, ((x0 + x1) + x2) + ..., rounded to fp32 (or fp64) at each step.
+ * Each rank draws every rank's values from one seeded formula, so it computes that sum itself and compares bit for
+ * bit: reduce_scatter (its block summed, the rest untouched), reduce_sum, and two reduces started together and waited
+ * for, at sizes that leave blocks uneven or empty and one over 2^22 elements (the communicator's pieces). The values
+ * are chosen so that other associations give other bits for many elements (the probe counts them), so a sum in MPI's
+ * order, or in reverse rank order, fails.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "disttest.h" /* shell, NEED_MPI, MPI_ENV; and ckpt_testlib.h: scratch */
@@ -57,6 +65,125 @@ static int probe(int *argc, char ***argv)
     comm_close(c);
     return 0;
 }
+
+/* Rank q's value at element i: a fraction of 24 random bits times 2^e, e in [-12, 12], either sign (splitmix64). */
+static double order_value(int q, size_t i)
+{
+    uint64_t z = ((uint64_t)q << 40) ^ (uint64_t)i;
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    double frac = (double)(z & 0xFFFFFF) / 16777216.0;
+    int e = (int)((z >> 24) % 25) - 12;
+    return ((z >> 60) & 1 ? -1.0 : 1.0) * ldexp(1.0 + frac, e);
+}
+
+/* The sum over `world` ranks of element i in rank order, in fp32; *other: whether reverse rank order differs. */
+static float rank_order_f32(int world, size_t i, bool *other)
+{
+    float a = (float)order_value(0, i), b = (float)order_value(world - 1, i);
+    for (int q = 1; q < world; q++)
+        a += (float)order_value(q, i);
+    for (int q = world - 2; q >= 0; q--)
+        b += (float)order_value(q, i);
+    *other = a != b;
+    return a;
+}
+
+/* Rank q's fp64 value at element i: order_value with 30 more random bits below its 24, so that sums round. */
+static double order_value_f64(int q, size_t i)
+{
+    return order_value(q, i) + ldexp(order_value(q, i + ((size_t)1 << 39)), -30);
+}
+
+static double rank_order_f64(int world, size_t i)
+{
+    double a = order_value_f64(0, i);
+    for (int q = 1; q < world; q++)
+        a += order_value_f64(q, i);
+    return a;
+}
+
+static void fill_f32(float *x, size_t n, int rank)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)order_value(rank, i);
+}
+
+/* Elements of x[0..n) that are not the rank-order sum (bits); *sensitive += those whose sum another order changes. */
+static size_t wrong_sums(const float *x, size_t n, int world, size_t *sensitive)
+{
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool other;
+        float want = rank_order_f32(world, i, &other);
+        wrong += memcmp(&x[i], &want, sizeof want) != 0;
+        *sensitive += other;
+    }
+    return wrong;
+}
+
+/* One rank of the order probe: prints "rank R of W: reduce_scatter wrong A, reduce_sum wrong B, started wrong C,
+ * fp64 wrong D, association-sensitive K". */
+static int probe_order(int *argc, char ***argv)
+{
+    struct comm *c = NULL;
+    struct amp_error err;
+    if (comm_open(&c, argc, argv, &err) != AMP_OK || strcmp(c->transport, "mpi") != 0 || c->world < 3) {
+        fprintf(stderr, "probe: not three or more MPI ranks\n");
+        return 1;
+    }
+    const size_t sizes[] = {1, (size_t)c->world - 1, 1000, 4097, ((size_t)1 << 22) + 1001};
+    size_t rs_wrong = 0, sum_wrong = 0, started_wrong = 0, f64_wrong = 0, sensitive = 0;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k], lo, hi;
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        double *d = malloc(n * sizeof *d);
+        if (!x || !y || !d)
+            c->abort(c, 1);
+        /* reduce_scatter: this rank's block summed, every other element still its own value */
+        fill_f32(x, n, c->rank);
+        c->reduce_scatter(c, x, n, COMM_F32);
+        comm_shard(n, c->world, c->rank, &lo, &hi);
+        fill_f32(y, n, c->rank);
+        size_t ignored = 0;
+        for (size_t i = 0; i < n; i++) {
+            bool other;
+            float want = i >= lo && i < hi ? rank_order_f32(c->world, i, &other) : y[i];
+            rs_wrong += memcmp(&x[i], &want, sizeof want) != 0;
+        }
+        /* reduce_sum */
+        fill_f32(x, n, c->rank);
+        c->reduce_sum(c, x, n, COMM_F32);
+        sum_wrong += wrong_sums(x, n, c->world, &sensitive);
+        /* two reduces of x's first third and the rest in flight at once, waited for in order: elementwise, so the
+         * same sums as one reduce of x (the blocks differ, the bits must not) */
+        fill_f32(x, n, c->rank);
+        size_t third = n / 3;
+        struct comm_request *a = c->reduce_start(c, x, third, COMM_F32);
+        struct comm_request *b = c->reduce_start(c, x + third, n - third, COMM_F32);
+        c->reduce_wait(c, a);
+        c->reduce_wait(c, b);
+        started_wrong += wrong_sums(x, n, c->world, &ignored);
+        /* fp64 */
+        for (size_t i = 0; i < n; i++)
+            d[i] = order_value_f64(c->rank, i);
+        c->reduce_sum(c, d, n, COMM_F64);
+        for (size_t i = 0; i < n; i++) {
+            double want = rank_order_f64(c->world, i);
+            f64_wrong += memcmp(&d[i], &want, sizeof want) != 0;
+        }
+        free(x);
+        free(y);
+        free(d);
+    }
+    printf("rank %d of %d: reduce_scatter wrong %zu, reduce_sum wrong %zu, started wrong %zu, fp64 wrong %zu, "
+           "association-sensitive %zu\n", c->rank, c->world, rs_wrong, sum_wrong, started_wrong, f64_wrong, sensitive);
+    fflush(stdout);
+    comm_close(c);
+    return 0;
+}
 #endif
 
 TestSuite(comm_mpi, .init = make_scratch, .fini = remove_scratch); /* the ranks run in scratch */
@@ -83,11 +210,44 @@ Test(comm_mpi, a_started_reduce_completes_while_the_main_thread_makes_no_mpi_cal
     }
 }
 
+/* The order probe on np ranks: every rank's sums are the rank-order ones, bit for bit, and the values are such that
+ * another order gives other bits for many elements. */
+static void check_rank_order(int np)
+{
+    NEED_MPI();
+    char self[1024], cmd[2048];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert_gt(n, 0);
+    self[n] = '\0';
+    snprintf(cmd, sizeof cmd,
+             "cd %s && { unset BXFI_MAP; " MPI_ENV "AMP_COMM_MPI_PROBE=order timeout -s KILL 120 mpirun -np %d "
+             "--oversubscribe --bind-to none -x AMP_COMM_MPI_PROBE %s ; } 2>&1",
+             scratch, np, self);
+    struct result r = shell(cmd);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    for (int rank = 0; rank < np; rank++) {
+        char want[160];
+        snprintf(want, sizeof want,
+                 "rank %d of %d: reduce_scatter wrong 0, reduce_sum wrong 0, started wrong 0, fp64 wrong 0, "
+                 "association-sensitive ", rank, np);
+        const char *at = strstr(r.out, want);
+        cr_assert(at, "no '%s' in:\n%s", want, r.out);
+        long long sensitive = 0;
+        cr_assert_eq(sscanf(at + strlen(want), "%lld", &sensitive), 1, "%s", r.out);
+        /* a sum in reverse rank order differs from the rank-order one for many of the elements */
+        cr_assert_gt(sensitive, 1000, "%s", r.out);
+    }
+}
+
+Test(comm_mpi, three_ranks_sum_in_rank_order) { check_rank_order(3); }
+Test(comm_mpi, four_ranks_sum_in_rank_order) { check_rank_order(4); }
+
 int main(int argc, char *argv[])
 {
 #ifdef AMP_HAVE_MPI
-    if (getenv("AMP_COMM_MPI_PROBE"))
-        return probe(&argc, &argv);
+    const char *which = getenv("AMP_COMM_MPI_PROBE");
+    if (which)
+        return strcmp(which, "order") == 0 ? probe_order(&argc, &argv) : probe(&argc, &argv);
 #endif
     struct criterion_test_set *tests = criterion_initialize();
     int status = 0;

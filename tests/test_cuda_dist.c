@@ -7,7 +7,8 @@
 #include "disttest.h" /* amp, mpi, compare_runs, max_rel_diff */
 #include "skip_main.h"
 
-#include "backend.h" /* backend_cuda_device_count */
+#include "backend.h" /* backend_cuda_device_count, backend_open, the op table */
+#include "comm.h"    /* comm_single, comm_use_nccl: the one-rank NCCL communicator in process */
 
 static int gpus(void)
 {
@@ -39,6 +40,46 @@ Test(cuda_dist, nccl_one_rank_on_a_gpu_equals_no_nccl)
     cr_assert_eq(r.code, 0, "%s", r.out);
     compare_runs("plain", "once", 30, 1000);
     remove_scratch();
+}
+
+/* The one-rank NCCL communicator's reduce-scatter (ncclReduceScatter, in place: this rank's block is the whole buffer)
+ * and all-reduce in process: a sum over one rank is the rank's values, bit for bit, and no NCCL or CUDA error is
+ * recorded. The only run of nccl_reduce_scatter until a machine has two GPUs (its grouped-ncclReduce branch, for
+ * blocks of unequal size, needs two ranks). */
+Test(cuda_dist, nccl_one_rank_reduce_scatter_and_all_reduce_keep_the_values)
+{
+    if (gpus() < 1)
+        cr_skip_test("no CUDA device, or built without CUDA and NCCL: the NCCL path was not run");
+    struct backend *be = NULL;
+    struct amp_error err;
+    cr_assert_eq(backend_open(&be, "cuda:0", NULL, 0, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
+    struct comm *c = comm_single();
+    cr_assert_eq(comm_use_nccl(c, be, &err), AMP_OK, "%s (hint: %s)", err.msg, err.hint);
+    cr_assert_str_eq(c->transport, "nccl");
+    enum { N = 100003 };
+    float *want = malloc(N * sizeof *want), *got = malloc(N * sizeof *got);
+    cr_assert(want && got);
+    for (int i = 0; i < N; i++)
+        want[i] = ldexpf(1.0f + (float)(i % 977) / 977.0f, i % 41 - 20) * (i % 2 ? -1.0f : 1.0f);
+    float *dev = be->alloc(be, N * sizeof *dev);
+    cr_assert_not_null(dev);
+    for (int k = 0; k < 2; k++) {
+        be->upload(be, dev, want, N * sizeof *dev);
+        if (k == 0)
+            c->reduce_scatter(c, dev, N, COMM_F32);
+        else
+            c->reduce_sum(c, dev, N, COMM_F32);
+        be->download(be, got, dev, N * sizeof *dev);
+        cr_assert_eq(be->status(be, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(memcmp(got, want, N * sizeof *got), 0, "%s changed the values of one rank",
+                     k == 0 ? "reduce_scatter" : "reduce_sum");
+    }
+    be->free(be, dev);
+    comm_release_nccl(c);
+    cr_assert_str_eq(c->transport, "none");
+    backend_close(be);
+    free(want);
+    free(got);
 }
 
 /* Two ranks on two GPUs reduce by NCCL (in the default buckets, on the second stream) and train as one GPU with

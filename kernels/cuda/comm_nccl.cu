@@ -146,6 +146,39 @@ static void nccl_all_gather(struct comm *c, void *buf, size_t count, size_t elem
                     "the all-gather (ncclBroadcast) of %zu elements failed: %s", count, ncclGetErrorString(r));
 }
 
+/* This rank's block (comm_shard) = the sum over the ranks, in place, on the backend's stream: ncclReduceScatter where
+ * the blocks are equal (count a multiple of the world: in place, the block at buf + rank x count / world), else one
+ * ncclReduce a block to its owner, grouped. The association is NCCL's (comm.h): fixed for a topology and an NCCL
+ * version, not MPI's rank order, and not necessarily ncclAllReduce's. The rest of buf is undefined afterwards.
+ * Queued after an error too, as nccl_reduce_sum. */
+static void nccl_reduce_scatter(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    ncclDataType_t type = dt == COMM_F32 ? ncclFloat : dt == COMM_F64 ? ncclDouble : ncclInt64;
+    size_t es = dt == COMM_F32 ? 4 : 8, w = (size_t)c->world;
+    ncclResult_t r;
+    if (count % w == 0) {
+        size_t block = count / w;
+        r = ncclReduceScatter(buf, (char *)buf + (size_t)c->rank * block * es, block, type, ncclSum, s->nccl,
+                              s->cb->stream);
+    } else {
+        r = ncclGroupStart();
+        for (int k = 0; k < c->world && r == ncclSuccess; k++) {
+            size_t lo, hi;
+            comm_shard(count, c->world, k, &lo, &hi);
+            char *p = (char *)buf + lo * es;
+            if (hi > lo)
+                r = ncclReduce(p, p, hi - lo, type, ncclSum, k, s->nccl, s->cb->stream);
+        }
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess)
+            r = e;
+    }
+    if (r != ncclSuccess)
+        cuda_record(s->cb, "check NCCL_DEBUG=INFO output and that every rank has its own GPU",
+                    "the reduce-scatter of %zu elements failed: %s", count, ncclGetErrorString(r));
+}
+
 /* Before the backend goes (the NCCL communicator uses its device and stream). */
 extern "C" void nccl_comm_release(struct comm *c)
 {
@@ -216,6 +249,7 @@ extern "C" enum amp_status nccl_comm_use(struct comm *c, struct backend *be, str
     c->transport = "nccl";
     c->device_memory = true;
     c->reduce_sum = nccl_reduce_sum;
+    c->reduce_scatter = nccl_reduce_scatter;
     c->reduce_start = nccl_reduce_start;
     c->reduce_progress = nccl_reduce_progress;
     c->reduce_wait = nccl_reduce_wait;

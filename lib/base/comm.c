@@ -19,6 +19,11 @@ static void single_reduce_sum(struct comm *c, void *buf, size_t count, enum comm
     (void)c, (void)buf, (void)count, (void)dt;
 }
 
+static void single_reduce_scatter(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    (void)c, (void)buf, (void)count, (void)dt;
+}
+
 static struct comm_request *single_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
 {
     (void)c, (void)buf, (void)count, (void)dt;
@@ -82,6 +87,7 @@ struct comm *comm_single(void)
         .transport = "none",
         .device_memory = true, /* the identity works on any memory */
         .reduce_sum = single_reduce_sum,
+        .reduce_scatter = single_reduce_scatter,
         .reduce_start = single_reduce_start,
         .reduce_progress = single_reduce_progress,
         .reduce_wait = single_reduce_wait,

@@ -11,13 +11,15 @@
  *    gradient reduce works on backend memory only where that is host memory (the CPU backend); the
  *    trainer stages through the host otherwise.
  *  - nccl (kernels/cuda/comm_nccl.cu, built where CUDA and NCCL are found): the mpi communicator whose
- *    `reduce_sum` is ncclAllReduce on the CUDA backend's stream, on device memory; the NCCL unique id
- *    goes to every rank by MPI_Bcast. Host collectives stay MPI's.
+ *    `reduce_sum` is ncclAllReduce and `reduce_scatter` ncclReduceScatter (grouped ncclReduce where the blocks
+ *    are unequal) on the CUDA backend's stream, on device memory; the NCCL unique id goes to every rank by
+ *    MPI_Bcast. Host collectives stay MPI's.
  *
  * The non-blocking reduce (reduce_start, reduce_progress, reduce_wait) lets the trainer reduce a step's
  * gradients in buckets while backward still runs (lib/engine/dist_overlap.h): none finishes it at once, mpi starts
- * MPI_Iallreduce and a progress thread moves it on with MPI_Test while backward computes (MPI progresses a
- * non-blocking collective only inside MPI calls; comm_mpi.c), nccl queues ncclAllReduce on a second CUDA stream
+ * the exchange of a reduce-scatter (MPI_Ialltoallv) and a progress thread moves it on with MPI_Test while backward
+ * computes, adds the blocks and starts their all-gather (MPI_Iallgatherv) (MPI progresses a non-blocking
+ * collective only inside MPI calls; comm_mpi.c), nccl queues ncclAllReduce on a second CUDA stream
  * that waits, by an event, for the backend's stream to reach the point of the start, and the backend's stream
  * waits, by another, for the reduce at its wait.
  *
@@ -25,13 +27,23 @@
  *  - Every rank calls the same collectives in the same order with the same sizes. A rank that would
  *    skip one (an error, a signal) first tells the others through comm_agree (lib/engine/dist.h), so that no
  *    rank ever waits for a collective another rank will not make.
- *  - reduce_sum gives every rank the same bits (all-reduce; with two ranks a + b == b + a exactly, so
- *    it equals one rank summing the same two micro-batches). It may run asynchronously on the backend's
- *    queue (NCCL): the result is ready for the backend's next operation, not for the host.
+ *  - reduce_sum gives every rank the same bits. It may run asynchronously on the backend's queue (NCCL): the
+ *    result is ready for the backend's next operation, not for the host.
+ *  - The association of a sum over the ranks (mpi): every element is added in rank order, ((x0 + x1) + x2) + ...,
+ *    each addition rounded to the dtype, by reduce_scatter, reduce_sum and a started reduce alike. reduce_scatter
+ *    is an exchange of the blocks (MPI_Alltoallv: each rank gets every rank's values of its block of comm_shard)
+ *    and the owner's sum of the N contributions; reduce_sum and a started reduce are that reduce-scatter followed
+ *    by an all-gather of the blocks, in pieces of at most 2^22 elements. An element's sum does not depend on which
+ *    rank adds it nor on how a buffer is cut into buckets or pieces, so a bucketed step gives the bits of one
+ *    reduce after backward at any world size; with two ranks it is a + b, the bits of MPI_Allreduce and of one
+ *    rank adding two micro-batches, and with N ranks it is one rank's accumulation of N micro-batches in order.
+ *    MPI's own reduction algorithms choose an association by message size and world size; this one is fixed.
+ *    nccl: NCCL's association (its ring or tree, fixed for a given topology and NCCL version, not rank order),
+ *    the same on every run; ncclAllReduce and ncclReduceScatter need not associate alike. none: the identity.
+ *    host_allreduce keeps MPI's own association (it sums values that are exact in any order: counts, and
+ *    sums of one nonzero term a rank).
  *  - A started reduce is the communicator's until its wait: nothing reads or writes its buffer meanwhile. Every
- *    rank starts the same reduces in the same order, and waits for each. With two ranks a reduce gives
- *    reduce_sum's bits (a + b); with more, MPI's non-blocking algorithm may associate the sum otherwise than
- *    its blocking one (so bucketing may move the last bits), but the same way on every run.
+ *    rank starts the same reduces in the same order, and waits for each.
  *  - Host collectives (host_*) are synchronous and take host memory.
  *  - A lost rank ends the job: MPI's default error handler aborts every rank (mpirun kills them).
  *    A stalled one ends it too: every wait of this rank for the others (each blocking collective, making
@@ -73,6 +85,10 @@ struct comm {
 
     /* buf[0..count) = its sum over all ranks, in place, f32 or f64; device or host memory as above */
     void (*reduce_sum)(struct comm *c, void *buf, size_t count, enum comm_dtype dt);
+    /* this rank's block [lo, hi) of buf (comm_shard of count) = the sum over all ranks of their buf[lo, hi), in
+     * place, f32 or f64; the rest of buf is left as it was (mpi, none) or undefined (nccl). Memory as reduce_sum.
+     * Per rank it sends (N-1)/N of buf and keeps 1/N summed: half of an all-reduce's traffic. */
+    void (*reduce_scatter)(struct comm *c, void *buf, size_t count, enum comm_dtype dt);
     /* reduce_sum without waiting: starts it and returns its request, or NULL where the sum is done already
      * (one rank; no memory for a request: reduced at once). The buffer is the communicator's until reduce_wait. */
     struct comm_request *(*reduce_start)(struct comm *c, void *buf, size_t count, enum comm_dtype dt);

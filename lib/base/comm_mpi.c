@@ -10,7 +10,18 @@
  * Large buffers go in buckets of at most COMM_BUCKET elements (MPI counts are int, and a bounded
  * message keeps the transport's buffers bounded).
  *
- * The non-blocking reduce is MPI_Iallreduce (one per COMM_BUCKET elements). Open MPI moves a non-blocking
+ * The gradients' sums (reduce_sum, reduce_start, reduce_scatter) are not MPI_Allreduce's, whose association depends
+ * on the message size and the world size (Open MPI's tuned module picks among recursive doubling, ring, Rabenseifner
+ * and others), and not MPI_Reduce_scatter's either: each is an MPI_Alltoallv that brings the owner of each block
+ * (comm_shard) every rank's values of it, the owner's sum of them in rank order, and, for an all-reduce, an
+ * MPI_Allgatherv of the blocks (comm.h, "The association"). The owner holds N x its block of received values while
+ * it adds (a scratch buffer for the blocking calls, the request's own memory for a started one: N x 1/N of a bucket).
+ *
+ * The non-blocking reduce is the same two collectives per COMM_BUCKET elements, MPI_Ialltoallv then
+ * MPI_Iallgatherv: reduce_start starts the exchanges; whoever next sees one complete (the progress thread,
+ * reduce_progress, reduce_wait) adds the block and starts the gather. The gathers start in the order of the
+ * pieces on every rank, on a duplicate of MPI_COMM_WORLD (`gather`), so that the order of collectives on each
+ * communicator is one on every rank however the threads interleave. Open MPI moves a non-blocking
  * collective only inside MPI calls (this build of it has no asynchronous progress: `ompi_info` says "OMPI
  * progress: no"), and the trainer makes none while a layer's backward computes. So the first reduce_start
  * starts a progress thread that, while a started request is not complete, tests them (MPI_Test) every
@@ -23,7 +34,8 @@
  * mutex. Where MPI grants less than MPI_THREAD_SERIALIZED there is no thread: reduce_progress then tests the
  * requests between layers, as it does where the thread cannot be started, and rank 0 says so once.
  * A job that never starts a non-blocking reduce (one rank, dist.bucket_mb 0, NCCL) never starts the thread.
- * How often a request is tested changes when it completes, never its sum: the bits are the same.
+ * How often a request is tested changes when it completes, never its sum: the bits are the same, and the same as the
+ * blocking reduce_sum's.
  */
 #ifdef AMP_HAVE_MPI
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
@@ -75,15 +87,30 @@ static const char *op_name(enum comm_op op)
     return op == COMM_SUM ? "all-reduce (sum)" : op == COMM_MAX ? "all-reduce (max)" : "all-reduce (min)";
 }
 
-/* One started reduce: its MPI requests, one per COMM_BUCKET elements, on the communicator's list of those in
- * flight (the progress thread and reduce_progress test them all). */
+/* One piece of a sum over the ranks (at most COMM_BUCKET elements), in two collectives: the exchange
+ * (MPI_Alltoallv) brings this rank every rank's values of its block of the piece (comm_shard), which it adds in rank
+ * order; the gather (MPI_Allgatherv, in place) then gives every rank every block. */
+enum piece_phase { PIECE_EXCHANGE, PIECE_SUM, PIECE_GATHER, PIECE_DONE };
+
+struct piece {
+    char *buf;             /* the piece's first element */
+    size_t count;
+    enum piece_phase phase; /* PIECE_EXCHANGE and PIECE_GATHER: req is in flight */
+    MPI_Request req;
+    int *t;                /* 4 world ints: the blocks' counts and offsets (sent and gathered), then what this rank
+                            * receives: its block's count from each rank, and where (rank q's at q x its count) */
+    void *recv;            /* world x this rank's block of received values, rank by rank */
+};
+
+/* One started reduce: its pieces, on the communicator's list of those in flight (the progress thread and
+ * reduce_progress move them all on). */
 struct comm_request {
-    struct comm_request *next;
+    struct comm_request *next; /* started after this one */
     size_t count;
     enum comm_dtype dt;
     int n;
-    int left; /* requests not yet seen complete */
-    MPI_Request req[];
+    int left; /* pieces not yet done */
+    struct piece p[];
 };
 
 struct mpi_state {
@@ -93,8 +120,11 @@ struct mpi_state {
     bool serialized;      /* MPI granted MPI_THREAD_SERIALIZED: a progress thread may call it */
     bool running, stop;   /* the thread started; ... and is to end */
     bool said;            /* rank 0 said why there is no thread */
-    int pending;          /* MPI requests in flight not yet seen complete: the thread tests while there are */
-    struct comm_request *in_flight; /* started and not yet waited for, the newest first */
+    int pending;          /* pieces of started reduces not yet done: the thread works while there are */
+    struct comm_request *in_flight; /* started and not yet waited for, the oldest first */
+    MPI_Comm gather;      /* MPI_COMM_WORLD's duplicate: the non-blocking reduces' gathers (see mpi_reduce_start) */
+    void *scratch;        /* the blocking sums' received values */
+    size_t scratch_bytes;
 };
 
 /* What comm_mpi_open allocates: the communicator it hands out, then its state. The functions here find the state
@@ -168,32 +198,192 @@ static void mpi_host_allreduce(struct comm *c, void *buf, size_t count, enum com
     mpi_unlock(s);
 }
 
-/* The CPU backend's memory is host memory: the same call. */
-static void mpi_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+/* Piece p's tables (struct piece, t) for `count` elements at buf, receiving into recv; false where they do not fit
+ * MPI's int counts and offsets (count, or world x this rank's block, over 2^31 - 1 elements). The piece's elements [lo, hi) are this rank's: comm_shard. */
+static bool plan_piece(struct comm *c, struct piece *p, void *buf, size_t count, int *t, void *recv)
 {
-    mpi_host_allreduce(c, buf, count, dt, COMM_SUM);
+    size_t lo, hi;
+    comm_shard(count, c->world, c->rank, &lo, &hi);
+    size_t mine = hi - lo;
+    if (count > (size_t)INT32_MAX || mine * (size_t)c->world > (size_t)INT32_MAX)
+        return false;
+    int w = c->world;
+    for (int q = 0; q < w; q++) {
+        size_t qlo, qhi;
+        comm_shard(count, w, q, &qlo, &qhi);
+        t[q] = (int)(qhi - qlo);
+        t[w + q] = (int)qlo;
+        t[2 * w + q] = (int)mine;
+        t[3 * w + q] = q * (int)mine;
+    }
+    *p = (struct piece){.buf = buf, .count = count, .phase = PIECE_EXCHANGE, .req = MPI_REQUEST_NULL, .t = t,
+                        .recv = recv};
+    return true;
 }
 
-/* Tests every started request that is not complete yet (mu held). */
-static void test_in_flight(struct mpi_state *s)
+/* The bytes of received values a piece of `count` elements needs: world x this rank's block. */
+static size_t piece_recv_bytes(const struct comm *c, size_t count, enum comm_dtype dt)
 {
+    size_t lo, hi;
+    comm_shard(count, c->world, c->rank, &lo, &hi);
+    return (hi - lo) * (size_t)c->world * type_size(dt);
+}
+
+/* This rank's block of the piece = the ranks' values added in rank order, ((r0 + r1) + r2) + ..., each sum rounded
+ * to the dtype: what every rank's block gets whatever the pieces and buckets, and with two ranks r0 + r1, the sum
+ * MPI_Allreduce gives. */
+static void sum_in_rank_order(const struct comm *c, const struct piece *p, enum comm_dtype dt)
+{
+    size_t lo, hi;
+    comm_shard(p->count, c->world, c->rank, &lo, &hi);
+    size_t b = hi - lo;
+    if (dt == COMM_F32) {
+        float *out = (float *)(void *)p->buf + lo;
+        const float *in = p->recv;
+        for (size_t i = 0; i < b; i++)
+            out[i] = in[i];
+        for (int q = 1; q < c->world; q++)
+            for (size_t i = 0; i < b; i++)
+                out[i] += in[(size_t)q * b + i];
+    } else if (dt == COMM_F64) {
+        double *out = (double *)(void *)p->buf + lo;
+        const double *in = p->recv;
+        for (size_t i = 0; i < b; i++)
+            out[i] = in[i];
+        for (int q = 1; q < c->world; q++)
+            for (size_t i = 0; i < b; i++)
+                out[i] += in[(size_t)q * b + i];
+    } else {
+        int64_t *out = (int64_t *)(void *)p->buf + lo;
+        const int64_t *in = p->recv;
+        for (size_t i = 0; i < b; i++)
+            out[i] = in[i];
+        for (int q = 1; q < c->world; q++)
+            for (size_t i = 0; i < b; i++)
+                out[i] += in[(size_t)q * b + i];
+    }
+}
+
+/* The blocking sums' tables and received values for `count` elements (mu held); NULL out of memory. */
+static int *blocking_scratch(struct comm *c, struct mpi_state *s, size_t count, enum comm_dtype dt, void **recv)
+{
+    size_t tb = 4 * (size_t)c->world * sizeof(int), need = tb + piece_recv_bytes(c, count, dt) + sizeof(double);
+    if (need > s->scratch_bytes) {
+        void *p = realloc(s->scratch, need);
+        if (!p)
+            return NULL;
+        s->scratch = p;
+        s->scratch_bytes = need;
+    }
+    *recv = (char *)s->scratch + (tb + sizeof(double) - 1) / sizeof(double) * sizeof(double);
+    return s->scratch;
+}
+
+/* The blocking reduce-scatter of one piece (mu held): false where it cannot be made (no memory, over 2^31 - 1
+ * elements; the caller ends the job). *p is left planned, for the gather of mpi_reduce_sum. */
+static bool reduce_scatter_piece(struct comm *c, struct mpi_state *s, struct piece *p, void *buf, size_t count,
+                                 enum comm_dtype dt)
+{
+    void *recv = NULL;
+    int *t = blocking_scratch(c, s, count, dt, &recv);
+    if (!t || !plan_piece(c, p, buf, count, t, recv))
+        return false;
+    int w = c->world;
+    watch_begin(c, "a reduce-scatter (sum) of %zu %s values", count, type_name(dt));
+    MPI_Alltoallv(buf, t, t + w, mpi_type(dt), recv, t + 2 * w, t + 3 * w, mpi_type(dt), MPI_COMM_WORLD);
+    comm_watch_end(c->watch);
+    sum_in_rank_order(c, p, dt);
+    return true;
+}
+
+static _Noreturn void cannot_reduce(struct comm *c, struct mpi_state *s, const char *what, size_t count,
+                                    enum comm_dtype dt)
+{
+    mpi_unlock(s);
+    fprintf(stderr, "[rank %d] ampTrain: error: cannot make the %s of %zu %s values (out of memory, or over 2^31 - 1 "
+            "elements for MPI's int counts)\n", c->rank, what, count, type_name(dt));
+    mpi_abort(c, AMP_ERR_INTERNAL);
+}
+
+/* The reduce-scatter of comm.h: one exchange and one rank-order sum over the whole buffer. */
+static void mpi_reduce_scatter(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    struct mpi_state *s = mpi_lock(c);
+    struct piece p;
+    if (!reduce_scatter_piece(c, s, &p, buf, count, dt))
+        cannot_reduce(c, s, "reduce-scatter", count, dt);
+    mpi_unlock(s);
+}
+
+/* The CPU backend's memory is host memory. The sum of each piece is reduce-scattered, then gathered: every element
+ * the rank-order sum of reduce_scatter, whichever rank's block it falls in. */
+static void mpi_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    struct mpi_state *s = mpi_lock(c);
+    char *at = buf;
+    for (size_t done = 0; done < count;) {
+        size_t n = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
+        struct piece p;
+        if (!reduce_scatter_piece(c, s, &p, at + done * type_size(dt), n, dt))
+            cannot_reduce(c, s, "all-reduce", count, dt);
+        watch_begin(c, "an all-gather of the summed blocks of %zu %s values", n, type_name(dt));
+        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p.buf, p.t, p.t + c->world, mpi_type(dt),
+                       MPI_COMM_WORLD);
+        comm_watch_end(c->watch);
+        done += n;
+    }
+    mpi_unlock(s);
+}
+
+/* Piece p of r has finished its collective in flight (mu held). */
+static void piece_advanced(struct mpi_state *s, struct comm_request *r, struct piece *p)
+{
+    if (p->phase == PIECE_EXCHANGE) {
+        p->phase = PIECE_SUM;
+        return;
+    }
+    p->phase = PIECE_DONE;
+    r->left--;
+    s->pending--;
+}
+
+/* Sums piece p's block and starts its gather (mu held), on the duplicate communicator: the gathers start in the
+ * order of the pieces on every rank (test_in_flight), but that order and the main thread's next exchanges
+ * interleave differently on each rank, and MPI wants the collectives of one communicator started in one order. */
+static void start_gather(struct comm *c, struct mpi_state *s, const struct comm_request *r, struct piece *p)
+{
+    sum_in_rank_order(c, p, r->dt);
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p->buf, p->t, p->t + c->world, mpi_type(r->dt), s->gather,
+                    &p->req);
+    p->phase = PIECE_GATHER;
+}
+
+/* Tests every piece in flight, oldest first, and starts the gather of each summed piece whose elders have all
+ * started theirs (mu held). */
+static void test_in_flight(struct comm *c, struct mpi_state *s)
+{
+    bool in_order = true;
     for (struct comm_request *r = s->in_flight; r; r = r->next)
-        for (int i = 0; i < r->n; i++)
-            if (r->req[i] != MPI_REQUEST_NULL) {
+        for (int i = 0; i < r->n; i++) {
+            struct piece *p = &r->p[i];
+            if (p->phase == PIECE_EXCHANGE || p->phase == PIECE_GATHER) {
                 int done = 0;
-                MPI_Test(&r->req[i], &done, MPI_STATUS_IGNORE); /* a complete one becomes MPI_REQUEST_NULL */
-                if (done) {
-                    r->left--;
-                    s->pending--;
-                }
+                MPI_Test(&p->req, &done, MPI_STATUS_IGNORE); /* a complete one becomes MPI_REQUEST_NULL */
+                if (done)
+                    piece_advanced(s, r, p);
             }
+            if (p->phase == PIECE_SUM && in_order)
+                start_gather(c, s, r, p);
+            in_order = in_order && p->phase >= PIECE_GATHER;
+        }
 }
 
 /* The progress thread: tests the requests in flight every COMM_PROGRESS_PAUSE_US while one is not complete,
  * sleeps on `work` while none is. It holds mu only while it tests, so it never calls MPI beside another thread. */
 static void *progress_main(void *arg)
 {
-    struct mpi_state *s = arg;
+    struct comm *c = arg;
+    struct mpi_state *s = state_of(c);
     const struct timespec pause = {.tv_sec = 0, .tv_nsec = COMM_PROGRESS_PAUSE_US * 1000L};
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
@@ -201,7 +391,7 @@ static void *progress_main(void *arg)
             pthread_cond_wait(&s->work, &s->mu);
             continue;
         }
-        test_in_flight(s);
+        test_in_flight(c, s);
         pthread_mutex_unlock(&s->mu);
         nanosleep(&pause, NULL);
         pthread_mutex_lock(&s->mu);
@@ -233,7 +423,7 @@ static void start_progress(struct comm *c, struct mpi_state *s)
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        s->running = pthread_create(&s->thread, NULL, progress_main, s) == 0;
+        s->running = pthread_create(&s->thread, NULL, progress_main, c) == 0;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (s->running) /* its name in top -H, ps -L, gdb and /proc/PID/task */
             pthread_setname_np(s->thread, "mpi-progress");
@@ -247,25 +437,42 @@ static void start_progress(struct comm *c, struct mpi_state *s)
                 "layers\n", s->serialized ? "" : "MPI grants only ", why);
 }
 
+/* Every piece's exchange is started here, by the main thread, in the order of the reduces: the same on every rank.
+ * The progress thread, reduce_progress and reduce_wait then sum and gather. */
 static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
 {
-    size_t n = (count + COMM_BUCKET - 1) / COMM_BUCKET;
-    struct comm_request *r = malloc(sizeof *r + n * sizeof r->req[0]);
+    size_t n = (count + COMM_BUCKET - 1) / COMM_BUCKET, tables = n * 4 * (size_t)c->world * sizeof(int), recv = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = count - i * COMM_BUCKET < COMM_BUCKET ? count - i * COMM_BUCKET : COMM_BUCKET;
+        recv += piece_recv_bytes(c, k, dt);
+    }
+    size_t head = sizeof(struct comm_request) + n * sizeof(struct piece);
+    head = (head + sizeof(double) - 1) / sizeof(double) * sizeof(double);
+    struct comm_request *r = malloc(head + recv + tables);
     if (!r) { /* the others start theirs, and a blocking reduce does not match a started one: end the job */
         fprintf(stderr, "[rank %d] ampTrain: error: out of memory starting an all-reduce of %zu %s values\n", c->rank,
                 count, type_name(dt));
         c->abort(c, AMP_ERR_INTERNAL);
         return NULL;
     }
+    *r = (struct comm_request){.count = count, .dt = dt, .n = (int)n, .left = (int)n};
+    char *at = buf, *rv = (char *)r + head;
+    int *t = (int *)(void *)(rv + recv);
     struct mpi_state *s = mpi_lock(c);
-    *r = (struct comm_request){.next = s->in_flight, .count = count, .dt = dt, .n = (int)n, .left = (int)n};
-    char *p = buf;
+    int w = c->world;
     for (size_t i = 0; i < n; i++) {
         size_t done = i * COMM_BUCKET, k = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
-        MPI_Iallreduce(MPI_IN_PLACE, p + done * type_size(dt), (int)k, mpi_type(dt), MPI_SUM, MPI_COMM_WORLD,
-                       &r->req[i]);
+        struct piece *p = &r->p[i];
+        plan_piece(c, p, at + done * type_size(dt), k, t, rv); /* a piece's blocks fit an int */
+        MPI_Ialltoallv(p->buf, t, t + w, mpi_type(dt), rv, t + 2 * w, t + 3 * w, mpi_type(dt), MPI_COMM_WORLD,
+                       &p->req);
+        rv += piece_recv_bytes(c, k, dt);
+        t += 4 * w;
     }
-    s->in_flight = r;
+    struct comm_request **tail = &s->in_flight;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = r;
     s->pending += r->left;
     start_progress(c, s);
     pthread_cond_signal(&s->work);
@@ -280,8 +487,29 @@ static void mpi_reduce_progress(struct comm *c)
     if (s->running)
         return;
     pthread_mutex_lock(&s->mu);
-    test_in_flight(s);
+    test_in_flight(c, s);
     mpi_unlock(s);
+}
+
+/* What r's wait blocks on next (mu held, test_in_flight just made): the oldest piece, of r or of a reduce started
+ * before it, whose exchange is still in flight (its gather must start before any later one), else r's oldest gather
+ * in flight. Sets *owner to the piece's reduce. */
+static struct piece *next_to_wait(struct mpi_state *s, struct comm_request *r, struct comm_request **owner)
+{
+    for (struct comm_request *q = s->in_flight; q; q = q->next) {
+        for (int i = 0; i < q->n; i++)
+            if (q->p[i].phase == PIECE_EXCHANGE) {
+                *owner = q;
+                return &q->p[i];
+            }
+        if (q == r)
+            break;
+    }
+    *owner = r;
+    for (int i = 0; i < r->n; i++)
+        if (r->p[i].phase == PIECE_GATHER)
+            return &r->p[i];
+    return NULL;
 }
 
 static void mpi_reduce_wait(struct comm *c, struct comm_request *r)
@@ -289,17 +517,28 @@ static void mpi_reduce_wait(struct comm *c, struct comm_request *r)
     if (!r)
         return;
     struct mpi_state *s = mpi_lock(c);
+    bool watched = false;
+    for (test_in_flight(c, s); r->left > 0; test_in_flight(c, s)) {
+        struct comm_request *owner;
+        struct piece *p = next_to_wait(s, r, &owner);
+        if (!p)
+            break; /* cannot happen: a piece not done is in flight, or summed behind one that is */
+        if (!watched) {
+            watch_begin(c, "an %s of %zu %s values (a gradient bucket)", op_name(COMM_SUM), r->count,
+                        type_name(r->dt));
+            watched = true;
+        }
+        MPI_Wait(&p->req, MPI_STATUS_IGNORE);
+        piece_advanced(s, owner, p);
+    }
+    if (watched)
+        comm_watch_end(c->watch);
     for (struct comm_request **at = &s->in_flight; *at; at = &(*at)->next)
         if (*at == r) {
             *at = r->next;
             break;
         }
     s->pending -= r->left;
-    if (r->left > 0) {
-        watch_begin(c, "an %s of %zu %s values (a gradient bucket)", op_name(COMM_SUM), r->count, type_name(r->dt));
-        MPI_Waitall(r->n, r->req, MPI_STATUSES_IGNORE);
-        comm_watch_end(c->watch);
-    }
     mpi_unlock(s);
     free(r);
 }
@@ -424,12 +663,15 @@ static void mpi_close(struct comm *c)
     stop_progress(s);
     int done = 0;
     MPI_Finalized(&done);
+    if (!done)
+        MPI_Comm_free(&s->gather);
     if (!done) {
         comm_watch_begin(c->watch, "MPI_Finalize (the ranks' last meeting)"); /* it waits for every rank */
         MPI_Finalize();
         comm_watch_end(c->watch);
     }
     comm_watch_free(c->watch);
+    free(s->scratch);
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->mu);
     free((struct mpi_comm *)c); /* the state with it */
@@ -521,6 +763,7 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
         .transport = "mpi",
         .device_memory = false,
         .reduce_sum = mpi_reduce_sum,
+        .reduce_scatter = mpi_reduce_scatter,
         .reduce_start = mpi_reduce_start,
         .reduce_progress = mpi_reduce_progress,
         .reduce_wait = mpi_reduce_wait,
@@ -538,6 +781,7 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
     state->serialized = level >= MPI_THREAD_SERIALIZED;
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    MPI_Comm_dup(MPI_COMM_WORLD, &state->gather);
     /* out of memory for it: the job runs unwatched (every comm_watch call takes NULL) */
     c->watch = comm_watch_new(c->rank, COMM_TIMEOUT_DEFAULT_S);
     count_hosts(c);

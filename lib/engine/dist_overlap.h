@@ -14,11 +14,9 @@
  * so with MPI the sums move on between layers. dist_overlap_finish, right after backward, waits for what is
  * still in flight; on GPUs it only orders the backend's stream after the reduces (no host wait).
  *
- * Each element of grad_flat is still summed over the ranks exactly once, elementwise: with two ranks the
- * result is a + b whatever the buckets, so the bits equal dist.bucket_mb 0's (one reduce after backward) and
- * one rank's with two micro-batches. With more ranks MPI's non-blocking algorithm may associate the sum
- * otherwise than its blocking one; the buckets, and the algorithm each gets, are the same on every run, so a
- * run repeats its bits.
+ * Each element of grad_flat is still summed over the ranks exactly once, elementwise, in rank order whatever the
+ * bucket (comm.h, the association): the bits equal dist.bucket_mb 0's (one reduce after backward) at any world size,
+ * and N ranks' equal one rank's with N micro-batches.
  *
  * It uses the communicator (comm.h) and the dist binding (dist.h) only; the model (model.h) only for the layout
  * of grad_flat and the hook's type.

@@ -560,7 +560,8 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     }
 
     /* reduce: once per step, after the last micro-batch (or in buckets during its backward, above); then every
-     * rank checks identical gradients */
+     * rank checks identical gradients. dist.zero 1 too: the reduce-scatter inside the sum (comm.h) gives each rank its
+     * blocks, and the all-gather after it the whole gradient the statistics read in one order (zero.h) */
     if (t->dist.active) {
         double t0 = runlog_now();
         if (!grads_reduced)

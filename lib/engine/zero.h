@@ -9,9 +9,12 @@
  * param.master_block), and the step gathers the copies' blocks alone; where the ops read the master (fp32 mode, fp32
  * biases and norm gains, embedding tables, fp8 and tied weights) it stays whole and its blocks are gathered too.
  *
- * The step's other parts are those of dist.zero 0, so the bits are too: the same all-reduce of the gradients,
- * the same gradient statistics over the whole reduced gradient (norm, overflow check, clipping), the same step
- * rule. What differs is combined exactly:
+ * The step's other parts are those of dist.zero 0, so the bits are too: the same reduce of the gradients (a
+ * reduce-scatter, each rank's block summed in rank order, then an all-gather of the blocks: comm.h), the same
+ * gradient statistics over the whole reduced gradient (norm, overflow check, clipping), the same step rule. The
+ * all-gather of the gradients stays because the norm is one sum over the whole gradient in the backend's chunk order,
+ * which partial sums over this rank's blocks (not aligned to the chunks) cannot give bit for bit. What differs is
+ * combined exactly:
  *  - the trial of an update (step_rule_propose's check) runs on each rank's block; its verdict, the smallest
  *    parameter index whose update would store a non-finite value, is the minimum over the ranks
  *    (zero_after_trial): the index one rank trying every element finds;
