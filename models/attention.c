@@ -4,7 +4,10 @@
  * attention: x (N, T, C) -> y (N, T, C).
  *   qkv = x Wqkv^T + bqkv         (N, T, 3C)   linear_op "NAME/qkv/weight" (3C, C), "NAME/qkv/bias"
  *   a   = attention core(qkv)     (N, T, C)    backend attention_forward: softmax(Q K^T / sqrt(C/H)),
- *                                              causal, fp32 softmax, probabilities (N, H, T, T) kept
+ *                                              causal, fp32 softmax, probabilities (N, H, T, T) kept; or,
+ *                                              where the backend's fused attention serves the shape
+ *                                              (cuDNN's flash attention), attention_fused_forward
+ *                                              keeping only the softmax statistics (N, H, T) fp32
  *   y   = a Wproj^T + bproj       (N, T, C)    linear_op "NAME/proj/weight" (C, C), "NAME/proj/bias"
  *   The two projections are linear ops, the core an attention_matmul op (lowp under a policy; its
  *   softmax is fp32 inside the backend); y has the proj's dtype.
@@ -36,6 +39,8 @@
  * the same bits: `attention` the probabilities (N, H, T, T) (attention layers too), `gelu` the block's GELU output
  * (N, T, rC), by the fc product and its epilogue again, `block` all of a block's activations, by its whole forward
  * again (only the block's input and output stay). The workspace grows by one layer's share; the layers shrink.
+ * A fused attention core keeps no probabilities, only its statistics (N*H*T floats, in the layer): `attention` has
+ * nothing to recompute there and runs nothing again; `block` runs the fused forward again with the rest.
  *
  * dim 0 means "the input's last dimension"; a given dim must equal it, and be divisible by heads.
  * The attention proj and the block's mlp proj are residual projections: gpt2 init scales them by
@@ -44,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h" /* backend_attention_fused: which tensor the attention core keeps */
 #include "layers.h" /* struct linear_op, struct layernorm_op, struct attention_core, views, scratch */
 
 /* ---- the attention core -------------------------------------------------------------------------- */
@@ -58,9 +64,12 @@ enum amp_status attention_core_setup(struct attention_core *op, struct layer *l,
     op->in_dtype = in_dtype;
     op->d = autocast_dtype(b->policy, OP_ATTENTION_MATMUL, in_dtype, in_dtype);
     op->workspace = b->workspace;
-    op->recompute = recompute;
+    op->fused = backend_attention_fused(b->be, max_B, T, C, H, op->d);
+    op->recompute = recompute && !op->fused;
     enum amp_status st = AMP_OK;
-    if (recompute)
+    if (op->fused)
+        st = layer_alloc(l, b, &op->stats, DT_FP32, 3, (int64_t[]){max_B, H, T}, "attention softmax statistics");
+    else if (op->recompute)
         op->probs_off = scratch_reserve(b, op->d, (size_t)(max_B * H * T * T));
     else
         st = layer_alloc(l, b, &op->probs, op->d, 4, (int64_t[]){max_B, H, T, T}, "attention probs");
@@ -83,7 +92,6 @@ static struct tensor core_probs(const struct attention_core *op, int64_t B)
 void attention_core_forward(struct backend *be, struct attention_core *op, struct tensor *out,
                             const struct tensor *qkv, int64_t B)
 {
-    struct tensor probs = core_probs(op, B);
     struct tensor qkvc;
     const struct tensor *in = qkv;
     if (op->qkvc.data) {
@@ -91,20 +99,39 @@ void attention_core_forward(struct backend *be, struct attention_core *op, struc
         be->convert(be, &qkvc, qkv);
         in = &qkvc;
     }
+    if (op->fused) {
+        struct tensor stats = batch_view(&op->stats, B);
+        be->attention_fused_forward(be, out, &stats, in, B, op->T, op->C, op->H);
+        return;
+    }
+    struct tensor probs = core_probs(op, B);
     be->attention_forward(be, out, &probs, in, B, op->T, op->C, op->H);
 }
 
-void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,
-                             const struct tensor *dout, const struct tensor *qkv, int64_t B)
+/* The backend's backward of the core on qkv (in d), into dqkv (in d). */
+static void core_backward_in_d(struct backend *be, const struct attention_core *op, struct tensor *dqkv,
+                               const struct tensor *dout, const struct tensor *qkv, const struct tensor *out,
+                               int64_t B)
 {
+    if (op->fused) {
+        struct tensor stats = batch_view(&op->stats, B);
+        be->attention_fused_backward(be, dqkv, dout, qkv, out, &stats, B, op->T, op->C, op->H);
+        return;
+    }
     struct tensor probs = core_probs(op, B);
+    be->attention_backward(be, dqkv, dout, qkv, &probs, B, op->T, op->C, op->H);
+}
+
+void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,
+                             const struct tensor *dout, const struct tensor *qkv, const struct tensor *out, int64_t B)
+{
     if (!op->qkvc.data) {
-        be->attention_backward(be, dqkv, dout, qkv, &probs, B, op->T, op->C, op->H);
+        core_backward_in_d(be, op, dqkv, dout, qkv, out, B);
         return;
     }
     struct tensor qkvc = batch_view(&op->qkvc, B);
     struct tensor dqkvc = scratch_view(op->workspace, op->dqkvc_off, op->d, 3, (int64_t[]){B, op->T, 3 * op->C});
-    be->attention_backward(be, &dqkvc, dout, &qkvc, &probs, B, op->T, op->C, op->H);
+    core_backward_in_d(be, op, &dqkvc, dout, &qkvc, out, B);
     be->convert(be, dqkv, &dqkvc);
 }
 
@@ -133,6 +160,7 @@ void attention_core_free(struct attention_core *op)
     tensor_free(&op->kv);
     tensor_free(&op->qkvc);
     tensor_free(&op->probs);
+    tensor_free(&op->stats);
 }
 
 /* ---- shared checks ------------------------------------------------------------------------------- */
@@ -207,7 +235,7 @@ static void attention_backward(struct layer *l, const struct step_ctx *ctx, cons
     linear_op_backward(ctx, &p->proj, &datt, dy, &att, rows, beta);
     if (p->core.recompute) /* the probabilities again (att gets the same bits again) */
         attention_core_forward(be, &p->core, &att, &qkv, B);
-    attention_core_backward(be, &p->core, &dqkv, &datt, &qkv, B);
+    attention_core_backward(be, &p->core, &dqkv, &datt, &qkv, &att, B);
     struct tensor *dx = NULL;
     if (l->needs_dx) {
         l->dx = batch_view_like(&l->dx, x);
@@ -424,7 +452,7 @@ static void block_recompute(const struct step_ctx *ctx, struct block_layer *p, c
 {
     if (p->recompute == RECOMPUTE_BLOCK)
         block_forward_to(ctx, p, x, B, v, NULL, false);
-    else if (p->recompute == RECOMPUTE_ATTENTION)
+    else if (p->recompute == RECOMPUTE_ATTENTION && p->core.recompute) /* a fused core kept its statistics */
         attention_core_forward(ctx->be, &p->core, &v->att, &v->qkv, B);
     else if (p->recompute == RECOMPUTE_GELU)
         linear_op_forward_act(ctx, &p->fc, p->act, &v->g, &v->fc, &v->h2, B * p->core.T);
@@ -461,7 +489,7 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     struct tensor d_att = grad_of(p, p->d_att, &v.att);
     linear_op_backward(ctx, &p->proj, &d_att, &d_proj, &v.att, rows, beta);
     struct tensor d_qkv = grad_of(p, p->d_qkv_y, &v.qkv);
-    attention_core_backward(be, &p->core, &d_qkv, &d_att, &v.qkv, B);
+    attention_core_backward(be, &p->core, &d_qkv, &d_att, &v.qkv, &v.att, B);
     struct tensor d_h1 = grad_of(p, p->d_h1, &v.h1);
     linear_op_backward(ctx, &p->qkv, &d_h1, &d_qkv, &v.h1, rows, beta);
     count_grad_zeros(ctx, &d_proj, false);

@@ -249,15 +249,20 @@ void layernorm_op_forward_from(struct backend *be, struct layernorm_op *op, stru
                                int64_t rows);
 
 /* Causal multi-head self-attention core on qkv (B, T, 3C): out (B, T, C) in d = autocast(attention_matmul,
- * qkv's dtype); qkv is cast to d first when it is not (kept, qkvc), the probabilities (B, H, T, T) in d
- * are kept for backward. */
+ * qkv's dtype); qkv is cast to d first when it is not (kept, qkvc). What it keeps for backward is the backend's
+ * choice, asked once at setup (backend_attention_fused): where the backend's fused attention serves the shape and
+ * d, only the softmax statistics (B, H, T) fp32, and backward reads the forward's out besides; elsewhere (the CPU,
+ * fp32, a shape the fused path refuses) the probabilities (B, H, T, T) in d. */
 struct attention_core {
     int64_t T, C, H;
     enum dtype in_dtype, d;
+    bool fused;             /* the backend's attention_fused_* pair runs this core */
+    struct tensor stats;    /* fused: (max_B, H, T) fp32, always the core's own (nothing to recompute) */
     struct tensor qkvc;     /* (max_B, T, 3C) in d, empty when qkv is already d */
-    struct tensor probs;    /* (max_B, H, T, T) in d; empty when recomputed (run.recompute attention or block) */
+    struct tensor probs;    /* (max_B, H, T, T) in d; empty when fused or recomputed (run.recompute attention or
+                             * block) */
     size_t probs_off;       /* then: scratch for them, filled by the forward and again in backward */
-    bool recompute;
+    bool recompute;         /* the probabilities are recomputed: never when fused */
     size_t dqkvc_off;       /* scratch (max_B, T, 3C) in d, when qkv is not d */
     struct tensor kv;       /* generation: the key/value cache (2, H, T, C/H) in d (backend.h attention_decode);
                              * empty until attention_core_cache_alloc */
@@ -265,14 +270,16 @@ struct attention_core {
 };
 
 /* `recompute`: the probabilities live in the shared workspace, and the layer calls attention_core_forward again in
- * its backward, before attention_core_backward (the same kernels on the same inputs: the same bits). */
+ * its backward, before attention_core_backward (the same kernels on the same inputs: the same bits). A fused core
+ * ignores it (op->recompute stays false): its statistics are B*H*T floats, kept, and nothing is computed again.
+ * attention_core_backward's `out` is the forward's output, unchanged since (the fused backward reads it). */
 enum amp_status attention_core_setup(struct attention_core *op, struct layer *l, struct layer_build *b,
                                      int64_t T, int64_t C, int64_t H, enum dtype in_dtype, int64_t max_B,
                                      bool recompute);
 void attention_core_forward(struct backend *be, struct attention_core *op, struct tensor *out,
                             const struct tensor *qkv, int64_t B);
 void attention_core_backward(struct backend *be, struct attention_core *op, struct tensor *dqkv,
-                             const struct tensor *dout, const struct tensor *qkv, int64_t B);
+                             const struct tensor *dout, const struct tensor *qkv, const struct tensor *out, int64_t B);
 void attention_core_free(struct attention_core *op);
 /* Generation: the cache (once), and the core over d's positions, qkv and out (1, n, ...), through the cache. */
 enum amp_status attention_core_cache_alloc(struct attention_core *op, struct backend *be, struct amp_error *err);

@@ -1036,6 +1036,213 @@ Test(cuda_backend, attention, .init = open_both, .fini = close_both)
     }
 }
 
+/* ---- the fused attention (cuDNN's flash attention, kernels/cuda/attention_cudnn.cu) ---------------------- */
+
+/* Whether the GPU's fused attention serves (B, T, C, H) in dt; a skip where the module was built without cuDNN's
+ * frontend, a failure where it refuses head sizes 64 and 128 in 16 bits on an Ampere or newer GPU. */
+static bool fused_or_skip(int64_t B, int64_t T, int64_t C, int64_t H, enum dtype dt)
+{
+    if (!gpu->attention_fused_supported)
+        cr_skip_test("the CUDA module was built without cuDNN's frontend headers: the fused attention was not run");
+    bool ok = backend_attention_fused(gpu, B, T, C, H, dt);
+    cr_assert(ok || device_cc() < 80, "cuDNN refused the fused attention of B=%lld T=%lld C=%lld H=%lld %s on "
+              "compute capability %d (see the note above)", (long long)B, (long long)T, (long long)C, (long long)H,
+              dtype_name(dt), device_cc());
+    return ok;
+}
+
+/* log-sum-exp of each causal row of the scaled scores, in double from the 16-bit qkv values: what the fused
+ * forward's statistics hold (backend.h). stats_want (B*H*T). */
+static void attention_lse(const struct pair *qkv, int64_t B, int64_t T, int64_t C, int64_t H, double *stats_want)
+{
+    int64_t D = C / H;
+    float *x = malloc(qkv->c.numel * sizeof *x);
+    cr_assert_not_null(x);
+    tensor_to_host_f32(&qkv->c, x);
+    double scale = 1.0 / sqrt((double)D);
+    double *s = malloc((size_t)T * sizeof *s);
+    cr_assert_not_null(s);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                const float *q = x + (b * T + i) * 3 * C + h * D;
+                double mx = -INFINITY, sum = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const float *k = x + (b * T + j) * 3 * C + C + h * D;
+                    double dot = 0.0;
+                    for (int64_t e = 0; e < D; e++)
+                        dot += (double)q[e] * (double)k[e];
+                    s[j] = dot * scale;
+                    mx = fmax(mx, s[j]);
+                }
+                for (int64_t j = 0; j <= i; j++)
+                    sum += exp(s[j] - mx);
+                stats_want[(b * H + h) * T + i] = mx + log(sum);
+            }
+    free(s);
+    free(x);
+}
+
+/* The fused forward and backward against the CPU's attention op (probabilities kept), bf16 and fp16, head sizes 64
+ * and 128, T = 77 (not a multiple of the 64-row tiles: the last tile is partial and the causal edge cuts through
+ * tiles). Tolerances from the roundings the two sides make differently, u = 2^-8 (bf16) or 2^-11 (fp16) each:
+ * forward, the CPU rounds the scores to d (the fused path keeps them fp32) and both round P (the fused path before
+ * normalising, the CPU after) and out: at most three roundings of relative size u apart, 4u in relative L2. Backward,
+ * dP, dS and the three products again, where dS = P (dP - rowsum(dO O)) cancels: 8u. The statistics are fp32
+ * throughout on the GPU: 1e-3 absolute against double (products of 16-bit values are exact in fp32; the rest is
+ * fp32 exp and log over at most 77 terms). */
+Test(cuda_backend, attention_fused_matches_the_cpu, .init = open_both, .fini = close_both)
+{
+    rng_state = 41;
+    const enum dtype dts[] = {DT_BF16, DT_FP16};
+    const int64_t heads[] = {64, 128};
+    int64_t B = 2, T = 77, H = 3;
+    for (int di = 0; di < 2; di++)
+        for (int hi = 0; hi < 2; hi++) {
+            enum dtype dt = dts[di];
+            int64_t D = heads[hi], C = H * D;
+            if (!fused_or_skip(B, T, C, H, dt))
+                continue;
+            double u = dt == DT_BF16 ? 0x1p-8 : 0x1p-11;
+            struct pair qkv, out, probs, dout, dqkv, stats;
+            pair_rand(&qkv, dt, 3, (int64_t[]){B, T, 3 * C}, -1, 1);
+            pair_rand(&dout, dt, 3, (int64_t[]){B, T, C}, -1, 1);
+            pair_out(&out, dt, 3, (int64_t[]){B, T, C});
+            pair_out(&probs, dt, 4, (int64_t[]){B, H, T, T});
+            pair_out(&dqkv, dt, 3, (int64_t[]){B, T, 3 * C});
+            pair_out(&stats, DT_FP32, 3, (int64_t[]){B, H, T});
+            cpu->attention_forward(cpu, &out.c, &probs.c, &qkv.c, B, T, C, H);
+            gpu->attention_fused_forward(gpu, &out.g, &stats.g, &qkv.g, B, T, C, H);
+            char what[96];
+            snprintf(what, sizeof what, "fused forward out, head size %lld", (long long)D);
+            pair_expect(&out, 4 * u, what);
+
+            double *want = malloc(stats.c.numel * sizeof *want);
+            float *got = malloc(stats.c.numel * sizeof *got);
+            cr_assert(want && got);
+            attention_lse(&qkv, B, T, C, H, want);
+            check_gpu();
+            gpu->download(gpu, got, stats.g.data, stats.c.numel * sizeof *got);
+            for (size_t i = 0; i < stats.c.numel; i++)
+                cr_assert(fabs((double)got[i] - want[i]) <= 1e-3, "%s head size %lld: statistic [%zu] %.6g, want %.6g",
+                          dtype_name(dt), (long long)D, i, (double)got[i], want[i]);
+            free(want);
+            free(got);
+
+            /* the backward reads the GPU's own out, as the model gives it */
+            cpu->attention_backward(cpu, &dqkv.c, &dout.c, &qkv.c, &probs.c, B, T, C, H);
+            gpu->attention_fused_backward(gpu, &dqkv.g, &dout.g, &qkv.g, &out.g, &stats.g, B, T, C, H);
+            snprintf(what, sizeof what, "fused backward dqkv, head size %lld", (long long)D);
+            pair_expect(&dqkv, 8 * u, what);
+            struct pair *all[] = {&qkv, &out, &probs, &dout, &dqkv, &stats};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                pair_free(all[i]);
+        }
+}
+
+/* The same inputs give the same bits: forward twice, backward twice (cuDNN's deterministic backward: resume and
+ * run.recompute stay bit-exact on the GPU), each into a freshly poisoned output. */
+Test(cuda_backend, attention_fused_is_deterministic, .init = open_both, .fini = close_both)
+{
+    rng_state = 42;
+    int64_t B = 4, T = 200, H = 4, D = 64, C = H * D;
+    enum dtype dt = DT_BF16;
+    if (!fused_or_skip(B, T, C, H, dt))
+        return;
+    struct pair qkv, dout, out[2], stats[2], dqkv[2];
+    pair_rand(&qkv, dt, 3, (int64_t[]){B, T, 3 * C}, -1, 1);
+    pair_rand(&dout, dt, 3, (int64_t[]){B, T, C}, -1, 1);
+    for (int r = 0; r < 2; r++) {
+        pair_out(&out[r], dt, 3, (int64_t[]){B, T, C});
+        pair_out(&stats[r], DT_FP32, 3, (int64_t[]){B, H, T});
+        pair_out(&dqkv[r], dt, 3, (int64_t[]){B, T, 3 * C});
+        gpu->attention_fused_forward(gpu, &out[r].g, &stats[r].g, &qkv.g, B, T, C, H);
+        gpu->attention_fused_backward(gpu, &dqkv[r].g, &dout.g, &qkv.g, &out[r].g, &stats[r].g, B, T, C, H);
+    }
+    check_gpu();
+    const char *names[] = {"out", "statistics", "dqkv"};
+    struct pair *runs[][2] = {{&out[0], &out[1]}, {&stats[0], &stats[1]}, {&dqkv[0], &dqkv[1]}};
+    for (int t = 0; t < 3; t++) {
+        size_t bytes = tensor_bytes(&runs[t][0]->c);
+        unsigned char *a = malloc(bytes), *b = malloc(bytes);
+        cr_assert(a && b);
+        gpu->download(gpu, a, runs[t][0]->g.data, bytes);
+        gpu->download(gpu, b, runs[t][1]->g.data, bytes);
+        cr_assert_eq(memcmp(a, b, bytes), 0, "two fused runs gave different %s", names[t]);
+        /* and something was written: the poison (0xFF) is gone */
+        size_t poisoned = 0;
+        for (size_t i = 0; i < bytes; i++)
+            poisoned += a[i] == 0xFF;
+        cr_assert(poisoned < bytes / 4, "%s: %zu of %zu bytes still poisoned", names[t], poisoned, bytes);
+        free(a);
+        free(b);
+    }
+    for (int r = 0; r < 2; r++) {
+        pair_free(&out[r]);
+        pair_free(&stats[r]);
+        pair_free(&dqkv[r]);
+    }
+    pair_free(&qkv);
+    pair_free(&dout);
+}
+
+/* Where the fused path does not apply the backend says so and the model keeps the probabilities (the unfused op,
+ * tested by cuda_backend::attention above): fp32, a head size cuDNN cannot take (12: not a multiple of 8), and any
+ * shape with AMPTRAIN_CUDNN_ATTENTION=0 (read when a backend is created). */
+Test(cuda_backend, attention_fused_declines_where_it_does_not_apply, .init = open_both, .fini = close_both)
+{
+    int64_t B = 2, T = 64, H = 2;
+    if (!fused_or_skip(B, T, H * 64, H, DT_BF16))
+        return;
+    cr_assert_not(backend_attention_fused(gpu, B, T, H * 64, H, DT_FP32), "fp32 keeps the unfused path");
+    cr_assert_not(backend_attention_fused(gpu, B, T, H * 12, H, DT_BF16), "head size 12 keeps the unfused path");
+    check_gpu(); /* a refusal is no error */
+    setenv("AMPTRAIN_CUDNN_ATTENTION", "0", 1);
+    struct backend *off = NULL;
+    struct amp_error err = {0};
+    enum amp_status st = backend_open(&off, "cuda:0", NULL, 0, &err);
+    unsetenv("AMPTRAIN_CUDNN_ATTENTION");
+    cr_assert_eq(st, AMP_OK, "%s", err.msg);
+    cr_assert_not(backend_attention_fused(off, B, T, H * 64, H, DT_BF16), "AMPTRAIN_CUDNN_ATTENTION=0 turns it off");
+    backend_close(off);
+}
+
+/* The byte GPT (head size 32) on the GPU in bf16, with the fused attention and with it off
+ * (AMPTRAIN_CUDNN_ATTENTION=0): both train, no refusal is noted, and the first step's losses agree within 1% (the
+ * two paths round differently: not the same bits). cuda_backend::recompute_is_the_same_bits_on_the_gpu and the
+ * resume test run the same model, fused, for the bit-exact contracts. */
+Test(cuda_backend, gpt_trains_with_and_without_the_fused_attention, .timeout = 600)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: the fused attention end to end was not run");
+    make_scratch();
+    const char *env[] = {"1", "0"};
+    double first[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        setenv("AMPTRAIN_CUDNN_ATTENTION", env[i], 1);
+        struct result r = amp("run configs/text_gpt.yaml run.device=cuda run.steps=3 run.log_every=1 "
+                              "precision.mode=bf16 run.out_dir=%s/fused%s", scratch, env[i]);
+        unsetenv("AMPTRAIN_CUDNN_ATTENTION");
+        cr_assert_eq(r.code, 0, "AMPTRAIN_CUDNN_ATTENTION=%s:\n%s", env[i], r.out);
+        cr_assert_null(strstr(r.out, "fused attention refuses"), "text_gpt's head size 32 was refused:\n%s", r.out);
+        char path[512];
+        snprintf(path, sizeof path, "%s/fused%s/scale_log.csv", scratch, env[i]);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f, "%s", path);
+        char line[1024];
+        cr_assert_not_null(fgets(line, sizeof line, f)); /* header */
+        cr_assert_not_null(fgets(line, sizeof line, f));
+        fclose(f);
+        char *c = strchr(line, ',');
+        c = c ? strchr(c + 1, ',') : NULL; /* the third column: the loss */
+        cr_assert_not_null(c, "%s", line);
+        first[i] = strtod(c + 1, NULL);
+    }
+    cr_assert(fabs(first[0] - first[1]) <= 1e-2 * fabs(first[1]), "first loss %.6g fused, %.6g unfused", first[0],
+              first[1]);
+    remove_scratch();
+}
+
 /* ---- losses, statistics, optimizers ------------------------------------------------------------- */
 
 Test(cuda_backend, losses, .init = open_both, .fini = close_both)

@@ -288,6 +288,7 @@ static void cu_destroy(struct backend *be)
         fprintf(stderr, "%s: peak device memory in use %.1f MiB\n", cb->name, (double)cb->peak_used / 1048576.0);
     cuda_gemm_plans_free(cb);
     cuda_conv_plans_free(cb);
+    cuda_attention_fused_free(cb);
     for (int i = 0; i < CSCR_COUNT; i++)
         if (cb->scr[i].p)
             scratch_release(cb, cb->scr[i].p);
@@ -375,6 +376,7 @@ static void fill_table(struct backend *be)
     be->sgd_update = cuda_sgd_update;
     be->status = cu_status;
     be->destroy = cu_destroy;
+    cuda_attention_fused_install(cuda_of(be)); /* where built with cuDNN's frontend */
 }
 
 extern "C" enum amp_status cuda_backend_create(struct backend **out, int device_index, struct amp_error *err)
@@ -447,9 +449,9 @@ extern "C" void cuda_versions(char *buf, size_t len)
         count = 0;
     }
     size_t lt = cublasLtGetVersion(), dnn = cudnnGetVersion();
-    int n = snprintf(buf, len, "CUDA loaded: driver %d.%d, runtime %d.%d, cuBLASLt %zu, cuDNN %zu.%zu.%zu; ",
+    int n = snprintf(buf, len, "CUDA loaded: driver %d.%d, runtime %d.%d, cuBLASLt %zu, cuDNN %zu.%zu.%zu (%s); ",
                      driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10, lt, dnn / 10000,
-                     dnn / 100 % 100, dnn % 100);
+                     dnn / 100 % 100, dnn % 100, cuda_attention_fused_build());
     cudaDeviceProp prop;
     if (n > 0 && (size_t)n < len) {
         if (count > 0 && cudaGetDeviceProperties(&prop, 0) == cudaSuccess)

@@ -103,7 +103,15 @@ const void *device_table_commit(struct cuda_backend *cb, struct device_table *t,
 void device_table_free(struct device_table *t);
 
 struct gemm_plan; /* gemm_cublaslt.cu */
-struct conv_plan; /* conv_cudnn.cu */
+struct conv_plan; /* attention_cudnn.cu: the fused attention (backend.h attention_fused_*), where built with cuDNN's frontend.
+ * install fills the table's three entries (left NULL without the frontend) and reads AMPTRAIN_CUDNN_ATTENTION;
+ * free drops the cached graphs; build says which, for --version. */
+void cuda_attention_fused_install(struct cuda_backend *cb);
+void cuda_attention_fused_free(struct cuda_backend *cb);
+const char *cuda_attention_fused_build(void);
+
+/* conv_cudnn.cu */
+struct sdpa_plan; /* attention_cudnn.cu */
 
 struct cuda_backend {
     struct backend base; /* first member */
@@ -125,6 +133,8 @@ struct cuda_backend {
     struct gemm_plan *gemm_plans; /* linked list, most recently used first */
     int n_gemm_plans;
     struct conv_plan *conv_plans;
+    struct sdpa_plan *sdpa_plans; /* the fused attention's graphs, most recently used first */
+    bool sdpa_off;       /* AMPTRAIN_CUDNN_ATTENTION=0: the fused attention reports no shape */
     struct device_table gs_table; /* grad_stats (CSCR_GS_DESC) */
     struct device_table opt_table; /* adamw / sgd (CSCR_OPT_DESC) */
     size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */

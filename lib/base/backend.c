@@ -162,6 +162,12 @@ enum amp_status backend_set_threads(struct backend *be, int threads, struct amp_
     return be->set_threads(be, threads > 0 ? threads : threadpool_available_cpus(), err);
 }
 
+bool backend_attention_fused(struct backend *be, int64_t B, int64_t T, int64_t C, int64_t H, enum dtype d)
+{
+    return be->attention_fused_supported && be->attention_fused_forward && be->attention_fused_backward &&
+           be->attention_fused_supported(be, B, T, C, H, d);
+}
+
 void backend_describe_build(char *buf, size_t len)
 {
 #ifdef AMP_HAVE_CUDA

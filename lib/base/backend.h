@@ -371,6 +371,25 @@ struct backend {
      * cuBLASLt runs N = 50304 far faster than 50257. CUDA 64; the CPU 1 (no padding), or what the test switch
      * AMPTRAIN_TEST_VOCAB_ALIGN says (lib/base/test_switches.h). docs/model.md, "Vocabulary padding". */
     int vocab_align;
+
+    /* Fused causal attention (flash attention: CUDA through cuDNN's SDPA). All three NULL where the backend has none
+     * (the CPU): then attention_forward/attention_backward with probs (B, H, T, T) are the op.
+     * attention_fused_supported says, for a batch of up to B sequences of qkv (B, T, 3C) in d, whether the fused
+     * pair serves it; it decides which tensor attention_forward keeps for backward, so the model asks it once, at
+     * setup, and allocates that tensor: where it says true, the softmax statistics `stats` (B, H, T) fp32 (row i of
+     * head h: the log-sum-exp of its scaled scores over its causal keys, what the backward needs to rebuild the
+     * probabilities), never (B, H, T, T). It may print one note (stderr) naming a shape it refuses.
+     * attention_fused_forward: out (B, T, C) in d = causal softmax(Q K^T / sqrt(C/H)) V, Q, K, V read from qkv
+     * in place; out, qkv, dout and dqkv share the dtype d. attention_fused_backward: dqkv (B, T, 3C) in d, from
+     * dout, qkv, the forward's own out (unchanged since) and stats; deterministic (the same bits on every run). The
+     * arithmetic is the library's (online softmax in fp32 tiles, P rounded to d before P V): within the 16-bit
+     * tolerance of the present path, not its bits. */
+    bool (*attention_fused_supported)(struct backend *be, int64_t B, int64_t T, int64_t C, int64_t H, enum dtype d);
+    void (*attention_fused_forward)(struct backend *be, struct tensor *out, struct tensor *stats,
+                                    const struct tensor *qkv, int64_t B, int64_t T, int64_t C, int64_t H);
+    void (*attention_fused_backward)(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
+                                     const struct tensor *qkv, const struct tensor *out, const struct tensor *stats,
+                                     int64_t B, int64_t T, int64_t C, int64_t H);
 };
 
 /* Open a backend from run.device: "auto" (a GPU if present, else the CPU), "cpu", "cuda", "cuda:N".
@@ -386,6 +405,10 @@ void backend_close(struct backend *be);
 /* be->set_threads where the backend has it (a no-op otherwise): threads 0 means auto, the CPUs this process
  * may run on (sched_getaffinity). */
 enum amp_status backend_set_threads(struct backend *be, int threads, struct amp_error *err);
+
+/* Whether be's fused attention serves a batch of up to B sequences (struct backend, attention_fused_supported):
+ * false where the backend has none. */
+bool backend_attention_fused(struct backend *be, int64_t B, int64_t T, int64_t C, int64_t H, enum dtype d);
 
 /* What the devices' libraries are at run time ("CUDA loaded: driver 13.0, runtime 13.0, cuBLASLt ..., cuDNN
  * ...; 1 GPU, GPU 0: NVIDIA H200, compute capability 9.0"), for --version. */

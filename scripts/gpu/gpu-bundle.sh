@@ -10,6 +10,10 @@
 #          (cudart, cuBLAS, cuBLASLt, cuDNN come from the GPU machine)
 #   data/  Fashion-MNIST and the fortunes corpus, for /usr/share/datasets and /usr/share/games there
 #   COMMIT the commit built (gpu-check.sh warns when the checkout differs)
+#   cudnn-frontend/include   cuDNN's frontend headers the build compiled the fused attention with (PyPI's
+#          nvidia-cudnn-frontend, scripts/install-deps.sh): the GPU machine cannot fetch them, and a build there
+#          (gpu-check.sh's build phase, CUDNN_FRONTEND_DIR) needs them for the fused attention. The bundle is refused
+#          where the build here has no fused attention: it exists to measure the GPU path as users get it.
 #   llmc/  with LLMC=DIR (a checkout or snapshot of karpathy/llm.c, e.g. the search tool's `fetch` mirror): its
 #          train_gpt2cu built here for sm_90 in bf16 without cuDNN, MPI or NCCL, the benchmark input of
 #          scripts/gpu/bench_gpt2.sh (gpu-check's gpt2 phase); its source is never part of this repository. CUDA 13's
@@ -32,10 +36,13 @@ for need in "$netlib" "$fashion/train-images-idx3-ubyte.gz" "$fortunes"; do
   [ -e "$need" ] || { echo "gpu-bundle: $need is missing: run scripts/install-deps.sh --test (and apt-get install libblas3)" >&2; exit 1; }
 done
 
-cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
-  -DAMP_BLAS_VENDOR=Generic > /dev/null
+configure=$(cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+  -DAMP_BLAS_VENDOR=Generic 2>&1) || { echo "$configure" >&2; exit 1; }
 grep -q "^AMP_CUDA:BOOL=ON" "$build/CMakeCache.txt" && command -v nvcc > /dev/null ||
   { echo "gpu-bundle: no CUDA toolkit here (nvcc): the bundle needs the CUDA backend" >&2; exit 1; }
+grep -q "fused attention ON" <<< "$configure" ||
+  { echo "gpu-bundle: the build found no cuDNN frontend headers (the fused attention): run scripts/install-deps.sh" >&2; exit 1; }
+cfe_dir=$(sed -n 's/^AMP_CUDNN_FRONTEND_DIR:PATH=//p' "$build/CMakeCache.txt")
 cmake --build "$build" -j "$jobs" --target ampTrain amp_cuda test_cuda_backend test_cuda_convert test_cuda_dist fp8_probe > /dev/null
 
 stage=$(mktemp -d)
@@ -71,6 +78,8 @@ if [ -n "${LLMC:-}" ]; then
   cp "$stage/llmc-src/train_gpt2cu" "$stage/llmc/"
   rm -rf "$stage/llmc-src"
 fi
+mkdir -p "$stage/cudnn-frontend"
+cp -r "$cfe_dir" "$stage/cudnn-frontend/include"
 cp -r "$fashion" "$stage/data/fashion-mnist"
 cp -r "$fortunes" "$stage/data/fortunes"
 git rev-parse HEAD > "$stage/COMMIT"

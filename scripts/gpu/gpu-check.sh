@@ -25,6 +25,9 @@
 # has CUDA, cuDNN (PyTorch's), CMake and PyTorch but none of our Debian packages or datasets, and can fetch
 # nothing. It unpacks the bundle to /tmp, installs the datasets where the configs expect them, links the
 # checkout to the path the tests were built in, and finds cuDNN; the build phase is then skipped.
+# The build phase compiles the fused attention with cuDNN's frontend headers from CUDNN_FRONTEND_DIR when set (a
+# machine without PyPI: the bundle's cudnn-frontend/include, `tar -xzf bundle.tar.gz ./cudnn-frontend`), else from
+# CMake's default (scripts/install-deps.sh's); the summary's versions line says whether the binary has it.
 # DRY=1 checks the script itself on a machine without a GPU: the same runs on the CPU (ampTrain
 # run.device=cpu, PyTorch on the CPU), a few steps each, GPU tests and the nvidia-smi check left out, so
 # that the logs' parsing and the table can be seen to work before a GPU's limited time is spent. The text_gpt
@@ -96,7 +99,8 @@ t0=$(date +%s)
 if ! has_phase build; then
   [ -x "$build/ampTrain" ] || { fail "no $build/ampTrain: run the build phase first"; exit 1; }
   note "build: skipped (PHASES), using $build"
-elif cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
+elif cmake -S . -B "$build" -DAMP_CUDA_ARCHITECTURES=90 -DAMP_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+     ${CUDNN_FRONTEND_DIR:+-DAMP_CUDNN_FRONTEND_DIR="$CUDNN_FRONTEND_DIR"} > "$out/build.log" 2>&1 &&
    cmake --build "$build" -j "$jobs" >> "$out/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - t0 )) s)"
 else
