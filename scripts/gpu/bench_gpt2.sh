@@ -100,6 +100,10 @@ if [ -n "${LLMC:-}" ] && [ "$dry" != 1 ]; then
          > "$out/gpt2-llmc-build.log" 2>&1; then llmc_bin=$LLMC/train_gpt2cu
   else fail "llm.c: $LLMC is neither train_gpt2cu nor a source directory that builds (see gpt2-llmc-build.log)"; fi
 fi
+# the bundle's llmc/CUDNN says how gpu-bundle.sh built it; a checkout built here is without cuDNN
+llmc_attn="attention without cuDNN (USE_CUDNN=0)"
+[ -n "$llmc_bin" ] && [ "$(cat "$(dirname "$llmc_bin")/CUDNN" 2>/dev/null)" = 1 ] &&
+  llmc_attn="cuDNN flash attention (USE_CUDNN=1)"
 run_llmc() { # key batch
   local key=$1 b=$2 log="$out/gpt2-llmc-$1.log"
   (cd "$runs" && timeout "$run_timeout" "$llmc_bin" -i train_llmc.bin -j train_llmc.bin -e d12 -b "$b" -t $seq \
@@ -118,6 +122,7 @@ write_table() {
     if [ "$dry" = 1 ]; then echo "DRY run of bench_gpt2 on the CPU, $(date -u +%Y-%m-%d): checks the script; these figures measure nothing"
     else echo "GPT-2 124M, T = $seq, on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD 2>/dev/null)"; fi
     echo "($steps steps a run, the first $warm warm-up; MFU: 6N + 12LdT = $flops FLOPs a token over 989.4 TFLOP/s dense bf16)"
+    [ -n "$llmc_bin" ] && echo "(llm.c: $llmc_attn)"
     echo
     echo "| micro-batch | run | tokens/s | MFU | / PyTorch | device MiB |"
     echo "|---|---|---|---|---|---|"

@@ -15,9 +15,12 @@
 #          (gpu-check.sh's build phase, CUDNN_FRONTEND_DIR) needs them for the fused attention. The bundle is refused
 #          where the build here has no fused attention: it exists to measure the GPU path as users get it.
 #   llmc/  with LLMC=DIR (a checkout or snapshot of karpathy/llm.c, e.g. the search tool's `fetch` mirror): its
-#          train_gpt2cu built here for sm_90 in bf16 without cuDNN, MPI or NCCL, the benchmark input of
-#          scripts/gpu/bench_gpt2.sh (gpu-check's gpt2 phase); its source is never part of this repository. CUDA 13's
-#          cudaMemAdvise takes a cudaMemLocation where llm.c passes cudaCpuDeviceId: patched in the copy.
+#          train_gpt2cu built here for sm_90 in bf16 without MPI or NCCL, with its cuDNN flash attention (USE_CUDNN=1,
+#          the same frontend headers; llmc/CUDNN says 1, or 0 where that build failed and it was built without), the
+#          benchmark input of scripts/gpu/bench_gpt2.sh (gpu-check's gpt2 phase); its source is never part of this
+#          repository. CUDA 13's cudaMemAdvise takes a cudaMemLocation where llm.c passes cudaCpuDeviceId: patched in
+#          the copy. The frontend's headers reference NVRTC for engines neither program reaches; llm.c is linked with
+#          the same stand-ins the module uses (kernels/cuda/frontend_nvrtc.cu) instead of the 110 MB libnvrtc.
 # Run it here (the development machine), then on the GPU machine:
 #   BUNDLE=.gpu-bundle/bundle.tar.gz PHASES="tests" scripts/gpu/gpu-check.sh OUT      (carry: .gpu-bundle)
 # The test binaries have this checkout's path compiled in (AMP_SOURCE_DIR); gpu-check.sh links that path
@@ -72,8 +75,16 @@ if [ -n "${LLMC:-}" ]; then
   fi
   sed -i 's/cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' \
     "$stage/llmc-src/llmc/cuda_utils.cuh"
-  make -C "$stage/llmc-src" train_gpt2cu GPU_COMPUTE_CAPABILITY=90 NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 PRECISION=BF16 \
-    NVCC_LDFLAGS="-lcublas -lcublasLt" > "$stage/llmc/build.log" 2>&1 ||
+  mkdir -p "$stage/llmc-src/cudnn-frontend"
+  ln -s "$cfe_dir" "$stage/llmc-src/cudnn-frontend/include" # where llm.c's Makefile looks for the headers
+  nvcc -c -DAMP_HAVE_CUDNN_FRONTEND -o "$stage/llmc-src/nvrtc_stand_ins.o" kernels/cuda/frontend_nvrtc.cu &&
+    make -C "$stage/llmc-src" train_gpt2cu GPU_COMPUTE_CAPABILITY=90 NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=1 \
+      PRECISION=BF16 NVCC_LDFLAGS="-lcublas -lcublasLt -lcudnn $stage/llmc-src/nvrtc_stand_ins.o" \
+      > "$stage/llmc/build.log" 2>&1 && echo 1 > "$stage/llmc/CUDNN" ||
+  { echo "gpu-bundle: note: llm.c did not build with cuDNN (see llmc/build.log); building it without" >&2
+    make -C "$stage/llmc-src" clean > /dev/null 2>&1
+    make -C "$stage/llmc-src" train_gpt2cu GPU_COMPUTE_CAPABILITY=90 NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 \
+      PRECISION=BF16 NVCC_LDFLAGS="-lcublas -lcublasLt" >> "$stage/llmc/build.log" 2>&1 && echo 0 > "$stage/llmc/CUDNN"; } ||
     { echo "gpu-bundle: llm.c's train_gpt2cu did not build (see its build log):" >&2; tail -n 5 "$stage/llmc/build.log" >&2; exit 1; }
   cp "$stage/llmc-src/train_gpt2cu" "$stage/llmc/"
   rm -rf "$stage/llmc-src"
