@@ -14,7 +14,7 @@
 # Idempotent: installs only what is missing. Needs root (or sudo) on a Debian/Ubuntu machine.
 # The CUDA toolkit is not a Debian package here: where nvcc is on PATH (or /usr/local/cuda), the
 # CUDA backend is built; otherwise the build is CPU-only and says so. Where nvcc is there, both sets also get
-# cuDNN's frontend, the header-only C++ API of the fused attention (kernels/cuda/attention_cudnn.cu): PyPI's
+# cuDNN's frontend, the header-only C++ API of the fused attention (kernels/cuda/attention_cudnn.cpp): PyPI's
 # `nvidia-cudnn-frontend` wheel (pinned below) is downloaded with pip and its include/ unpacked to
 # /usr/local/cudnn-frontend/include, CMake's default AMP_CUDNN_FRONTEND_DIR (nothing of it is installed into a
 # Python). Without it the CUDA build builds, without the fused attention, and says so.

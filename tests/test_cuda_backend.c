@@ -1036,7 +1036,7 @@ Test(cuda_backend, attention, .init = open_both, .fini = close_both)
     }
 }
 
-/* ---- the fused attention (cuDNN's flash attention, kernels/cuda/attention_cudnn.cu) ---------------------- */
+/* ---- the fused attention (cuDNN's flash attention, kernels/cuda/attention_cudnn.cpp) ---------------------- */
 
 /* Whether the GPU's fused attention serves (B, T, C, H) in dt; a skip where the module was built without cuDNN's
  * frontend, a failure where it refuses head sizes 64 and 128 in 16 bits on an Ampere or newer GPU. */

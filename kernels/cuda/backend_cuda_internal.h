@@ -1,5 +1,6 @@
 /*
- * backend_cuda_internal.h — what the CUDA backend's translation units share (CUDA C++ only).
+ * backend_cuda_internal.h — what the CUDA backend's translation units share (C++: the .cu files nvcc compiles, and
+ * host-only .cpp files, which see everything but the device functions).
  *
  * The backend is one `struct cuda_backend` (its first member the `struct backend` table callers hold),
  * one non-blocking stream every op is queued on, a cuBLASLt handle with a 32 MB workspace, a cuDNN
@@ -103,15 +104,15 @@ const void *device_table_commit(struct cuda_backend *cb, struct device_table *t,
 void device_table_free(struct device_table *t);
 
 struct gemm_plan; /* gemm_cublaslt.cu */
-struct conv_plan; /* attention_cudnn.cu: the fused attention (backend.h attention_fused_*), where built with cuDNN's frontend.
+struct conv_plan; /* conv_cudnn.cu */
+struct sdpa_plan; /* attention_cudnn.cpp */
+
+/* attention_cudnn.cpp: the fused attention (backend.h attention_fused_*), where built with cuDNN's frontend.
  * install fills the table's three entries (left NULL without the frontend) and reads AMPTRAIN_CUDNN_ATTENTION;
  * free drops the cached graphs; build says which, for --version. */
 void cuda_attention_fused_install(struct cuda_backend *cb);
 void cuda_attention_fused_free(struct cuda_backend *cb);
 const char *cuda_attention_fused_build(void);
-
-/* conv_cudnn.cu */
-struct sdpa_plan; /* attention_cudnn.cu */
 
 struct cuda_backend {
     struct backend base; /* first member */
@@ -171,6 +172,10 @@ static inline unsigned grid_for(size_t n, unsigned threads = kThreads)
         b = 65535u * 4u;
     return (unsigned)(b ? b : 1);
 }
+
+/* Device code from here to the cross-file entry points: compiled by nvcc only (the host-only translation unit
+ * attention_cudnn.cpp includes this header through the host compiler). */
+#ifdef __CUDACC__
 
 /* ---- block reductions ---- */
 
@@ -260,6 +265,8 @@ __device__ __forceinline__ float round_to(float v, int dt)
     default: return v;
     }
 }
+
+#endif /* __CUDACC__ */
 
 /* ---- cross-file entry points ---- */
 

@@ -1,7 +1,7 @@
 /*
  * frontend_nvrtc.cu — the NVRTC entry points the cuDNN frontend's headers reference, answered "unavailable".
  *
- * cudnn_frontend.h (attention_cudnn.cu) compiles, inline, experimental engines of its own (an sm_100 RMSNorm+SiLU
+ * cudnn_frontend.h (attention_cudnn.cpp) compiles, inline, experimental engines of its own (an sm_100 RMSNorm+SiLU
  * kernel) that build CUDA source at run time through NVRTC. We never reach them: the fused attention asks cuDNN for
  * its SDPA engines only. But the module is linked with --no-undefined, and linking libnvrtc itself (110 MB, CUDA 13)
  * would make every GPU machine need it and would not fit the GPU bundle. So the seven functions those engines call

@@ -1,5 +1,5 @@
 /*
- * attention_cudnn.cu — the fused causal attention (backend.h attention_fused_*): cuDNN's scaled-dot-product
+ * attention_cudnn.cpp — the fused causal attention (backend.h attention_fused_*): cuDNN's scaled-dot-product
  * attention (flash attention), forward and backward, through the cuDNN frontend's graph API (header-only C++,
  * cudnn_frontend.h, from PyPI's nvidia-cudnn-frontend: scripts/install-deps.sh; CMake's AMP_CUDNN_FRONTEND_DIR).
  * Built without those headers, this file gives the backend no fused attention (the table entries stay NULL) and
