@@ -188,19 +188,25 @@ static int probe_order(int *argc, char ***argv)
 
 TestSuite(comm_mpi, .init = make_scratch, .fini = remove_scratch); /* the ranks run in scratch */
 
-Test(comm_mpi, a_started_reduce_completes_while_the_main_thread_makes_no_mpi_call)
+/* This test binary run as `np` MPI ranks in scratch, each running probe `probe` (AMP_COMM_MPI_PROBE) */
+static struct result run_probe(const char *probe, int np)
 {
-    NEED_MPI();
     char self[1024], cmd[2048];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     cr_assert_gt(n, 0);
     self[n] = '\0';
     /* BXFI_MAP (Criterion's sandbox) would make the ranks Criterion workers: they run the probe instead */
     snprintf(cmd, sizeof cmd,
-             "cd %s && { unset BXFI_MAP; " MPI_ENV "AMP_COMM_MPI_PROBE=1 timeout -s KILL 120 mpirun -np 2 --oversubscribe --bind-to none "
-             "-x AMP_COMM_MPI_PROBE %s ; } 2>&1",
-             scratch, self);
-    struct result r = shell(cmd);
+             "cd %s && { unset BXFI_MAP; " MPI_ENV "AMP_COMM_MPI_PROBE=%s timeout -s KILL 120 mpirun -np %d "
+             "--oversubscribe --bind-to none -x AMP_COMM_MPI_PROBE %s ; } 2>&1",
+             scratch, probe, np, self);
+    return shell(cmd);
+}
+
+Test(comm_mpi, a_started_reduce_completes_while_the_main_thread_makes_no_mpi_call)
+{
+    NEED_MPI();
+    struct result r = run_probe("1", 2);
     cr_assert_eq(r.code, 0, "%s", r.out);
     for (int rank = 0; rank < 2; rank++) {
         char want[128];
@@ -215,15 +221,7 @@ Test(comm_mpi, a_started_reduce_completes_while_the_main_thread_makes_no_mpi_cal
 static void check_rank_order(int np)
 {
     NEED_MPI();
-    char self[1024], cmd[2048];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    cr_assert_gt(n, 0);
-    self[n] = '\0';
-    snprintf(cmd, sizeof cmd,
-             "cd %s && { unset BXFI_MAP; " MPI_ENV "AMP_COMM_MPI_PROBE=order timeout -s KILL 120 mpirun -np %d "
-             "--oversubscribe --bind-to none -x AMP_COMM_MPI_PROBE %s ; } 2>&1",
-             scratch, np, self);
-    struct result r = shell(cmd);
+    struct result r = run_probe("order", np);
     cr_assert_eq(r.code, 0, "%s", r.out);
     for (int rank = 0; rank < np; rank++) {
         char want[160];
