@@ -84,6 +84,12 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
     if (parse_device(dev, &is_auto, &cuda_index) != 0)
         return amp_fail(err, AMP_ERR_CONFIG, "set run.device: auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:0)",
                         "run.device is '%s': expected auto, cpu, cuda or cuda:N", dev);
+    /* read by the CUDA backend (kernels/cuda/attention_cudnn.cpp); checked here, on every device, so a typo is
+     * never a silent default */
+    const char *fused = getenv("AMPTRAIN_CUDNN_ATTENTION");
+    if (fused && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0)
+        return amp_fail(err, AMP_ERR_CONFIG, "set it to 0 (the unfused attention everywhere) or 1, or unset it",
+                        "AMPTRAIN_CUDNN_ATTENTION is '%s'", fused);
     if (cuda_index < 0 && !is_auto)
         return open_cpu(out, "", chosen, chosen_len, err);
 #ifdef AMP_HAVE_CUDA
