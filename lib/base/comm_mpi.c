@@ -237,31 +237,24 @@ static void sum_in_rank_order(const struct comm *c, const struct piece *p, enum 
     size_t lo, hi;
     comm_shard(p->count, c->world, c->rank, &lo, &hi);
     size_t b = hi - lo;
-    if (dt == COMM_F32) {
-        float *out = (float *)(void *)p->buf + lo;
-        const float *in = p->recv;
-        for (size_t i = 0; i < b; i++)
-            out[i] = in[i];
-        for (int q = 1; q < c->world; q++)
-            for (size_t i = 0; i < b; i++)
-                out[i] += in[(size_t)q * b + i];
-    } else if (dt == COMM_F64) {
-        double *out = (double *)(void *)p->buf + lo;
-        const double *in = p->recv;
-        for (size_t i = 0; i < b; i++)
-            out[i] = in[i];
-        for (int q = 1; q < c->world; q++)
-            for (size_t i = 0; i < b; i++)
-                out[i] += in[(size_t)q * b + i];
-    } else {
-        int64_t *out = (int64_t *)(void *)p->buf + lo;
-        const int64_t *in = p->recv;
-        for (size_t i = 0; i < b; i++)
-            out[i] = in[i];
-        for (int q = 1; q < c->world; q++)
-            for (size_t i = 0; i < b; i++)
-                out[i] += in[(size_t)q * b + i];
-    }
+    /* out = the first rank's values, then each other rank's added, in rank order */
+#define ADD_IN_RANK_ORDER(T)                                                                                  \
+    do {                                                                                                      \
+        T *out = (T *)(void *)p->buf + lo;                                                                    \
+        const T *in = p->recv;                                                                                \
+        for (size_t i = 0; i < b; i++)                                                                        \
+            out[i] = in[i];                                                                                   \
+        for (int q = 1; q < c->world; q++)                                                                    \
+            for (size_t i = 0; i < b; i++)                                                                    \
+                out[i] += in[(size_t)q * b + i];                                                              \
+    } while (0)
+    if (dt == COMM_F32)
+        ADD_IN_RANK_ORDER(float);
+    else if (dt == COMM_F64)
+        ADD_IN_RANK_ORDER(double);
+    else
+        ADD_IN_RANK_ORDER(int64_t);
+#undef ADD_IN_RANK_ORDER
 }
 
 /* The blocking sums' tables and received values for `count` elements (mu held); NULL out of memory. */
