@@ -374,6 +374,7 @@ static void fill_table(struct backend *be)
     be->fp8_block_cast = cuda_fp8_block_cast;
     be->adamw_update = cuda_adamw_update;
     be->sgd_update = cuda_sgd_update;
+    be->window_store = cuda_window_store;
     be->status = cu_status;
     be->destroy = cu_destroy;
     cuda_attention_fused_install(cuda_of(be)); /* where built with cuDNN's frontend */

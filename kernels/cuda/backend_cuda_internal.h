@@ -357,6 +357,9 @@ void cuda_batchnorm_backward(struct backend *be, const struct norm_args *a, stru
                              const struct tensor *y, const struct tensor *mean, const struct tensor *rstd,
                              const struct tensor *gamma, float beta_acc);
 
+/* graphs.cu: window_store */
+void cuda_window_store(struct backend *be, const struct window_store_args *a);
+
 /* loss_optim.cu */
 void cuda_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,
                                 const struct tensor *logits, const int32_t *labels, int64_t N, int64_t K,

@@ -129,11 +129,30 @@ struct norm_args {
 };
 
 /* Key of a counter-based random stream: dropout masks are a pure function of (seed, layer, step, micro)
- * and the element index, so backward regenerates the forward's mask and a resumed run gets the same ones. */
+ * and the element index, so backward regenerates the forward's mask and a resumed run gets the same ones.
+ * A training step names its step through backend memory: with `step` set, the counter the op uses is
+ * *step * per_step + counter, *step read when the op runs (the trainer's step_state.step, which step_finish
+ * advances on the device), so one recorded sequence of launches could serve every step; the CPU backend reads it from its memory the same way. step NULL: counter alone. */
 struct rng_key {
     uint64_t seed;
     uint64_t stream; /* layer index */
-    uint64_t counter;/* optimizer step * accum_steps + micro-batch */
+    uint64_t counter;/* optimizer step * accum_steps + micro-batch; with `step`: the part within the step */
+    const int64_t *step; /* or NULL: one int64 in backend memory, the optimizer step */
+    uint64_t per_step;   /* with `step`: the counters a step spans (accum_steps x ranks) */
+};
+
+/* The step's log row and gradient counts into the trainer's window, as a training step's last op: the step writes
+ * its row and counts at fixed places (`row`, `counts`), and this copies them to slot *slot of the window (`rows`,
+ * `window_counts`: slot * ncounts onwards), zeroes the fixed row (count_zeros adds into it) and raises *slot by one.
+ * *slot (one int64 in backend memory) is set to 0 by the host at a window's start, so the same launch serves every
+ * step of a window. */
+struct window_store_args {
+    struct step_row *row;          /* backend memory: the step's row, zeroed after the copy */
+    const int64_t *counts;         /* backend memory: ncounts int64, the step's per-tensor counts */
+    struct step_row *rows;         /* backend memory: the window's rows */
+    int64_t *window_counts;        /* backend memory: the window's counts, ncounts per slot */
+    int64_t ncounts;
+    int64_t *slot;                 /* backend memory: the next slot; raised by one */
 };
 
 /* One parameter's optimizer update. The step's scalars (unscale * clip factor, learning rate, step
@@ -390,6 +409,9 @@ struct backend {
     void (*attention_fused_backward)(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
                                      const struct tensor *qkv, const struct tensor *out, const struct tensor *stats,
                                      int64_t B, int64_t T, int64_t C, int64_t H);
+
+    /* The step's row and counts into the log window (struct window_store_args). */
+    void (*window_store)(struct backend *be, const struct window_store_args *a);
 };
 
 /* Open a backend from run.device: "auto" (a GPU if present, else the CPU), "cpu", "cuda", "cuda:N".

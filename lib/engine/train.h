@@ -86,6 +86,8 @@ struct trainer {
     void *dev;                   /* one backend allocation holding the four below, in this order */
     struct step_state *dev_state;
     struct grad_check *dev_check;
+    struct step_row *dev_row;    /* the running step's row and counts, copied into the window by window_store */
+    int64_t *dev_row_counts;
     struct step_row *dev_rows;   /* window rows */
     int64_t *dev_counts;         /* per row: Inf counts then NaN counts of every gradient tensor */
     int64_t window;              /* rows the buffers hold: min(run.log_every, TRAIN_MAX_WINDOW) */
