@@ -150,6 +150,29 @@ Test(backend_cpu, a_bad_amptrain_cudnn_attention_is_refused_naming_it)
     cr_assert_eq(unsetenv("AMPTRAIN_CUDNN_ATTENTION"), 0);
 }
 
+/* AMPTRAIN_CUDA_GRAPHS (the CUDA backend's step graphs) is 0 or 1 likewise; the CPU backend has no graphs */
+Test(backend_cpu, a_bad_amptrain_cuda_graphs_is_refused_naming_it)
+{
+    struct backend *b = NULL;
+    struct amp_error err;
+    const char *bad[4] = { "on", "", "2", "1 " };
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(setenv("AMPTRAIN_CUDA_GRAPHS", bad[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_ERR_CONFIG, "'%s'", bad[i]);
+        cr_assert_null(b);
+        cr_assert(strstr(err.msg, "AMPTRAIN_CUDA_GRAPHS"), "msg: %s", err.msg);
+        cr_assert(err.hint[0]);
+    }
+    const char *good[2] = { "0", "1" };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(setenv("AMPTRAIN_CUDA_GRAPHS", good[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "'%s': %s", good[i], err.msg);
+        cr_assert(!b->graph_begin && !b->graph_end && !b->graph_launch, "the CPU records no graphs");
+        backend_close(b);
+    }
+    cr_assert_eq(unsetenv("AMPTRAIN_CUDA_GRAPHS"), 0);
+}
+
 /* ---- the CUDA backend's module (lib/base/device_module.h) ---------------------------------------------- */
 
 /* Whether this process has mapped a file whose path contains `name` (/proc/self/maps). */

@@ -2688,6 +2688,73 @@ Test(cuda_backend, fp8_block_gemm_matches_the_cpu_bit_for_bit, .init = open_both
     block_gemm_case(true, false, FP8_TILES_COLS, FP8_TILES_COLS, DT_FP32, false, 1.0f, false); /* accumulating */
 }
 
+/* ---- CUDA graphs (kernels/cuda/graphs.cu, lib/engine/train.c graph_piece) ----------------------------------- */
+
+/* The first integer after `key` in out, or -1. */
+static long long count_after(const char *out, const char *key)
+{
+    const char *p = strstr(out, key);
+    return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/* A step recorded once and replayed (AMPTRAIN_CUDA_GRAPHS=1, the default) gives the checkpoint tensors and
+ * scale_log.csv of the same run with every op queued one by one (=0), bit for bit: the CNN with dropout (the masks'
+ * step read from device memory) in fp16-dynamic from a 2^24 scale (skipped steps), with accumulation, steps that
+ * sample grad_zero_frac (their own graph), and evaluations between steps; the byte GPT in bf16 with accumulation; and
+ * fp8 (recipe current, every product in fp8). The graphs run says it recorded pieces and replayed them; the other
+ * says nothing of graphs. Recipe delayed is not recorded: the run says why once, and trains. */
+Test(cuda_backend, graphs_replay_the_bits_of_plain_launches, .timeout = 900)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: CUDA graphs were not run");
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    static const struct {
+        const char *name, *args;
+        int steps;
+    } cases[] = {
+        {"cnn", "configs/fashion_cnn_fp16_dynamic.yaml precision.loss_scale.init=16777216 accum_steps=2 "
+                "run.log_every=5 run.eval_every=4", 12},
+        {"gpt", "configs/text_gpt.yaml precision.mode=bf16 accum_steps=2 run.log_every=3", 8},
+        {"fp8", "configs/text_gpt.yaml precision.mode=fp8 precision.fp8.recipe=current precision.fp8.min_size=[0,0] "
+                "precision.fp8.keep_bf16=[] run.log_every=4", 8},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_scratch();
+        const char *env[] = {"1", "0"};
+        for (int i = 0; i < 2; i++) {
+            setenv("AMPTRAIN_CUDA_GRAPHS", env[i], 1);
+            struct result r = amp("run %s run.device=cuda run.steps=%d run.out_dir=%s/g%s", cases[c].args,
+                                  cases[c].steps, scratch, env[i]);
+            unsetenv("AMPTRAIN_CUDA_GRAPHS");
+            cr_assert_eq(r.code, 0, "%s, AMPTRAIN_CUDA_GRAPHS=%s:\n%s", cases[c].name, env[i], r.out);
+            cr_assert(strstr(r.out, "device: cuda:0"), "not on the GPU:\n%s", r.out);
+            cr_assert_null(strstr(r.out, "CUDA graphs off"), "%s: %s", cases[c].name, r.out);
+            long long recorded = count_after(r.out, "cuda graphs: "), replayed = count_after(r.out, "recorded, ");
+            if (i == 0)
+                cr_assert(recorded > 0 && replayed > 0, "%s: no piece was recorded and replayed:\n%s",
+                          cases[c].name, r.out);
+            else
+                cr_assert_eq(recorded, -1, "%s: AMPTRAIN_CUDA_GRAPHS=0 recorded graphs:\n%s", cases[c].name, r.out);
+        }
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/g1/ckpt-%d.h5", scratch, cases[c].steps);
+        snprintf(b, sizeof b, "%s/g0/ckpt-%d.h5", scratch, cases[c].steps);
+        cr_assert_geq(assert_same_tensors(a, b), 6, "%s: too few tensors compared", cases[c].name);
+        snprintf(a, sizeof a, "%s/g1/scale_log.csv", scratch);
+        snprintf(b, sizeof b, "%s/g0/scale_log.csv", scratch);
+        assert_same_logs(a, b);
+        remove_scratch();
+    }
+    make_scratch();
+    struct result r = amp("run configs/text_gpt.yaml run.device=cuda precision.mode=fp8 run.steps=3 run.out_dir=%s/d",
+                          scratch);
+    cr_assert_eq(r.code, 0, "fp8 delayed:\n%s", r.out);
+    cr_assert(strstr(r.out, "CUDA graphs off for this run: precision.fp8.recipe delayed"), "%s", r.out);
+    cr_assert_eq(count_after(r.out, "cuda graphs: "), -1, "%s", r.out);
+    remove_scratch();
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)

@@ -132,7 +132,8 @@ struct norm_args {
  * and the element index, so backward regenerates the forward's mask and a resumed run gets the same ones.
  * A training step names its step through backend memory: with `step` set, the counter the op uses is
  * *step * per_step + counter, *step read when the op runs (the trainer's step_state.step, which step_finish
- * advances on the device), so one recorded sequence of launches could serve every step; the CPU backend reads it from its memory the same way. step NULL: counter alone. */
+ * advances on the device), so one recorded sequence of launches serves every step (a CUDA graph: docs/backend.md,
+ * "CUDA Graphs"); the CPU backend reads it from its memory the same way. step NULL: counter alone. */
 struct rng_key {
     uint64_t seed;
     uint64_t stream; /* layer index */
@@ -145,7 +146,7 @@ struct rng_key {
  * its row and counts at fixed places (`row`, `counts`), and this copies them to slot *slot of the window (`rows`,
  * `window_counts`: slot * ncounts onwards), zeroes the fixed row (count_zeros adds into it) and raises *slot by one.
  * *slot (one int64 in backend memory) is set to 0 by the host at a window's start, so the same launch serves every
- * step of a window. */
+ * step of a window (a CUDA graph). */
 struct window_store_args {
     struct step_row *row;          /* backend memory: the step's row, zeroed after the copy */
     const int64_t *counts;         /* backend memory: ncounts int64, the step's per-tensor counts */
@@ -412,7 +413,22 @@ struct backend {
 
     /* The step's row and counts into the log window (struct window_store_args). */
     void (*window_store)(struct backend *be, const struct window_store_args *a);
+
+    /* CUDA Graphs (docs/backend.md, "CUDA Graphs"): record a sequence of ops once and replay it. All three NULL where
+     * the backend has none (the CPU) or AMPTRAIN_CUDA_GRAPHS=0. graph_begin starts recording the ops the calling
+     * thread queues (nothing runs until the graph is launched); false: recording cannot start (the reason is said
+     * once on stderr). graph_end stops recording and keeps the sequence as graph `key` (0 <= key < BACKEND_GRAPHS,
+     * replacing one kept there); false: the recording failed (the reason is said once on stderr, nothing of it ran,
+     * the backend's status is untouched, and the caller runs the ops again plainly). graph_launch queues graph
+     * `key` on the backend's stream; false: none is kept under key, or it is stale (a scratch buffer it names was
+     * replaced since), and nothing was queued. Between graph_begin and graph_end the caller makes no call that
+     * waits (download, synchronize, staging_wait) and no upload. */
+    bool (*graph_begin)(struct backend *be);
+    bool (*graph_end)(struct backend *be, int key);
+    bool (*graph_launch)(struct backend *be, int key);
 };
+
+#define BACKEND_GRAPHS 64 /* graph keys a backend keeps */
 
 /* Open a backend from run.device: "auto" (a GPU if present, else the CPU), "cpu", "cuda", "cuda:N".
  * `chosen` gets a line saying which ("device: cpu (no CUDA device found)"). */

@@ -499,10 +499,24 @@ static void push_state(struct trainer *t)
     t->be->upload(t->be, t->dev_row, t->rows_host, sizeof *t->rows_host);
 }
 
+/* Why a run's steps are not recorded as CUDA graphs, or NULL when they may be. The backend has graphs (and
+ * AMPTRAIN_CUDA_GRAPHS is not 0): these are the steps whose ops depend on the host between them, or on host values
+ * that change from step to step. */
+static const char *graphs_refused(const struct trainer *t)
+{
+    const struct config *cfg = t->cfg;
+    if (t->dist.active)
+        return "data parallel: the gradients' reduce is made between the ops by the communicator";
+    if (t->model.has_fp8 && t->model.fp8.recipe == FP8_DELAYED)
+        return "precision.fp8.recipe delayed: the amax history row the casts write moves with the step";
+    if (cfg->accum_steps >= BACKEND_GRAPHS)
+        return "accum_steps is 64 or more: one graph a micro-batch";
+    return NULL;
+}
+
 /* One micro-batch of the step (forward, backward, loss sum) and, after the last, the step's tail: check, trial,
  * update, scale and the log row into the window. Every value these ops take that changes from step to step is read
- * from backend memory (the step, the window's slot, the loss seed), so the same calls serve every step (a recorded
- * sequence of launches could replay them). */
+ * from backend memory (the step, the window's slot, the loss seed), so the same calls serve every step. */
 static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_ctx *ctx, struct fp8_pass *fp8,
                                  struct amp_error *err)
 {
@@ -562,6 +576,56 @@ static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_c
     return AMP_OK;
 }
 
+/* Micro-batch `micro`'s piece of the step as a CUDA graph: replayed where one is kept, else recorded where its
+ * piece has run plainly once (so the recording allocates nothing), else run plainly. *ran: the piece's ops are
+ * queued (false: the caller runs them). A recording that fails turns graphs off for the run, said once. */
+static enum amp_status graph_piece(struct trainer *t, int key, int64_t micro, struct step_ctx *ctx,
+                                   struct fp8_pass *fp8, struct grad_zeros *zeros, bool *ran, struct amp_error *err)
+{
+    struct train_graphs *g = &t->graphs;
+    struct backend *be = t->be;
+    *ran = false;
+    if (g->kept[key] && be->graph_launch(be, key)) {
+        g->replayed++;
+        if (ctx->zeros) { /* what the recorded count_zeros calls added on the host */
+            zeros->total = g->zero_total;
+            zeros->padding = g->zero_pad;
+        }
+        *ran = true;
+        return AMP_OK;
+    }
+    g->kept[key] = false; /* stale (the backend replaced a buffer it names): recorded again */
+    if (!g->seen[key]) {
+        g->seen[key] = true;
+        return AMP_OK;
+    }
+    if (!be->graph_begin(be)) {
+        g->off = true;
+        return AMP_OK;
+    }
+    enum amp_status st = run_micro(t, micro, ctx, fp8, err);
+    bool kept = be->graph_end(be, key);
+    if (st != AMP_OK)
+        return st;
+    if (kept && be->graph_launch(be, key)) {
+        g->kept[key] = true;
+        g->recorded++;
+        if (ctx->zeros) {
+            g->zero_total = zeros->total;
+            g->zero_pad = zeros->padding;
+        }
+        *ran = true;
+        return AMP_OK;
+    }
+    /* nothing recorded ran: the caller runs the piece plainly, its fp8 weights cast anew (the layers noted the
+     * recorded cast as done) and its zero counts from nothing */
+    g->off = true;
+    if (fp8->weights)
+        fp8->weights = ++t->model.fp8.weights;
+    zeros->total = zeros->padding = 0;
+    return AMP_OK;
+}
+
 /* One optimizer step: accum_steps micro-batches, check, step or skip, scale update; queued. */
 enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
 {
@@ -587,6 +651,17 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         fp8_first.counts_fwd = t->fp8_counts;
         fp8_first.counts_bwd = t->fp8_counts + 4 * (size_t)m->fp8.fwd.n;
     }
+    /* CUDA graphs: where the backend has them, for steps whose every op the same calls serve; a step measured or
+     * hooked (numerics, tests) runs plainly */
+    struct train_graphs *g = &t->graphs;
+    if (!g->off && !be->graph_begin)
+        g->off = true;
+    const char *refused = g->off ? NULL : graphs_refused(t);
+    if (refused && t->rank == 0)
+        fprintf(stderr, "note: CUDA graphs off for this run: %s; the step's ops are queued one by one\n", refused);
+    if (refused)
+        g->off = true;
+    bool graphs = !g->off && !t->after_first_micro && !t->test_hook.after_backward && !t->fp8_counts;
     for (int64_t micro = 0; micro < accum; micro++) {
         /* The global order gives each micro-batch slot `world` consecutive batches, one per rank: so world
          * ranks see per step the samples one rank sees with world x the accumulation, and the dropout
@@ -610,7 +685,12 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
              * gives its counts to every rank) */
             .zeros = sample_zeros && last && t->rank == world - 1 ? &zeros : NULL,
         };
-        enum amp_status st = run_micro(t, micro, &ctx, &fp8, err);
+        bool ran = false;
+        enum amp_status st = AMP_OK;
+        if (graphs)
+            st = graph_piece(t, ctx.zeros ? (int)accum : (int)micro, micro, &ctx, &fp8, &zeros, &ran, err);
+        if (st == AMP_OK && !ran)
+            st = run_micro(t, micro, &ctx, &fp8, err);
         if (st != AMP_OK)
             return st;
     }
@@ -1076,6 +1156,9 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                    1e3 * t.reduce_seconds / (double)lm.steps_done,
                    lm.train_seconds > 0 ? 100.0 * t.reduce_seconds / lm.train_seconds : 0.0,
                    (long long)t.model.grad_flat_count);
+        if (t.graphs.recorded > 0) /* CUDA graphs (docs/backend.md): how the steps were queued */
+            printf("cuda graphs: %lld step pieces recorded, %lld replayed\n", (long long)t.graphs.recorded,
+                   (long long)t.graphs.replayed);
         if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMPTRAIN_CUDA_MEMLOG=1) */
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);
