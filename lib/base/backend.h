@@ -215,15 +215,19 @@ struct fp8_block_cast_args {
     int64_t *counts;          /* as fp8_cast_args.counts, at each element's own tile scale; or NULL */
 };
 
-/* The delayed recipe's update after a step, for the n tensors of one group (lib/base/fp8.h): amax from the history
- * (len rows of n; `max` over the rows or row `row` alone), scale = fp8_scale_from_amax(amax, fmax, margin, scale,
- * delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to 0. */
+/* The delayed recipe's update after a step, for the n tensors of one group (lib/base/fp8.h): with `pending`, first
+ * history row `row` = fmaxf(itself, pending) and pending = 0 (the step's casts raised pending, not the row); then amax
+ * from the history (len rows of n; `max` over the rows or row `row` alone), scale = fp8_scale_from_amax(amax, fmax,
+ * margin, scale, delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to 0. With `step`, row is *step mod
+ * len, *step read when the op runs (the trainer's step_state.step), so the same launch serves every step. */
 struct fp8_update_args {
     float *scale, *scale_inv, *history;
     int n, len, row;
     bool most_recent;
     int margin;
     float fmax;
+    const int64_t *step;      /* or NULL (then `row`): one int64 in backend memory, the optimizer step */
+    float *pending;           /* or NULL: n fp32 in backend memory, the step's amaxes, folded into the row and zeroed */
 };
 
 struct backend {

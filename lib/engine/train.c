@@ -507,8 +507,6 @@ static const char *graphs_refused(const struct trainer *t)
     const struct config *cfg = t->cfg;
     if (t->dist.active)
         return "data parallel: the gradients' reduce is made between the ops by the communicator";
-    if (t->model.has_fp8 && t->model.fp8.recipe == FP8_DELAYED)
-        return "precision.fp8.recipe delayed: the amax history row the casts write moves with the step";
     if (cfg->accum_steps >= BACKEND_GRAPHS)
         return "accum_steps is 64 or more: one graph a micro-batch";
     return NULL;
@@ -553,6 +551,16 @@ static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_c
     }
     if (t->test_hook.after_backward)
         t->test_hook.after_backward(t, t->test_hook.user);
+    if (m->has_fp8) {
+        /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
+         * ranks of this step's amaxes, so replicas keep one fp8 state and a checkpoint holds it. The update reads
+         * the step from backend memory, before step_finish advances it; nothing of the step rule reads the scales */
+        if (t->dist.active && fp8->amax_fwd)
+            dist_reduce_max_f32(&t->dist, fp8->amax_fwd, (size_t)m->fp8.fwd.n);
+        if (t->dist.active && fp8->amax_bwd)
+            dist_reduce_max_f32(&t->dist, fp8->amax_bwd, (size_t)m->fp8.bwd.n);
+        fp8_step_end(&m->fp8, t->step, &t->dev_state->step);
+    }
     be->grad_stats(be, t->grads, m->nparams, t->dev_check, t->dev_row_counts);
     /* an update that would store a non-finite weight or moment is never applied: its trial first */
     be->step_propose(be, &t->params, t->dev_state, t->dev_check);
@@ -561,15 +569,6 @@ static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_c
     be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_row);
     optim_step(&t->opt, m, t->dev_state, NULL);
     zero_after_update(&t->dist, &t->opt, m, &t->dev_state->bound); /* dist.zero 1: every rank's block to all */
-    if (m->has_fp8) {
-        /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
-         * ranks of this step's rows, so replicas keep one fp8 state and a checkpoint holds it */
-        if (t->dist.active && fp8->amax_fwd)
-            dist_reduce_max_f32(&t->dist, fp8->amax_fwd, (size_t)m->fp8.fwd.n);
-        if (t->dist.active && fp8->amax_bwd)
-            dist_reduce_max_f32(&t->dist, fp8->amax_bwd, (size_t)m->fp8.bwd.n);
-        fp8_step_end(&m->fp8, t->step);
-    }
     be->window_store(be, &(struct window_store_args){.row = t->dev_row, .counts = t->dev_row_counts,
                                                      .rows = t->dev_rows, .window_counts = t->dev_counts,
                                                      .ncounts = t->ncounts, .slot = &t->dev_state->window_slot});
@@ -644,7 +643,7 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
     struct grad_zeros zeros = {.zeros = &t->dev_row->grad_zeros, .total = 0};
 
     int64_t world = t->world;
-    /* fp8: every micro-batch raises this step's amax rows (recipe delayed) */
+    /* fp8: every micro-batch raises this step's pending amaxes (recipe delayed) */
     struct fp8_pass fp8 = m->has_fp8 ? fp8_pass_of(&m->fp8, step, true) : (struct fp8_pass){ 0 };
     struct fp8_pass fp8_first = fp8; /* ampTrain numerics counts the first micro-batch's casts */
     if (t->fp8_counts) {
