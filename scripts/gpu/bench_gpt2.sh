@@ -87,6 +87,9 @@ run_torch() { # key batch
     --lr 6e-4 --min-lr 6e-5 --warmup-steps 200 --total-steps $steps > "$log" 2>&1
   local rc=$?
   tps[$key]=$(sed -n 's/^bench_gpt2: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$log")
+  # torch.compile failing (no Triton or C compiler there) leaves the run eager: said in the table, not silent
+  grep -q "^bench_gpt2: torch.compile failed\|^bench_gpt2: torch.compile unavailable" "$log" &&
+    { torch_eager="eager: torch.compile failed (gpt2-torch-$key.log)"; note "torch $key ran $torch_eager"; }
   mem[$key]="$(sed -n 's/.*device in use \([0-9.]*\) MiB.*/\1/p' "$log") ($(sed -n 's/.*peak \([0-9.]*\) MiB.*/\1/p' "$log") tensors)"
   [ $rc -eq 0 ] && [ -n "${tps[$key]}" ] || fail "torch $key: rc $rc (see gpt2-torch-$key.log)"
 }
@@ -123,6 +126,7 @@ write_table() {
     else echo "GPT-2 124M, T = $seq, on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD 2>/dev/null)"; fi
     echo "($steps steps a run, the first $warm warm-up; MFU: 6N + 12LdT = $flops FLOPs a token over 989.4 TFLOP/s dense bf16)"
     [ -n "$llmc_bin" ] && echo "(llm.c: $llmc_attn)"
+    [ -n "$torch_eager" ] && echo "(PyTorch ran $torch_eager)"
     echo
     echo "| micro-batch | run | tokens/s | MFU | / PyTorch | device MiB |"
     echo "|---|---|---|---|---|---|"
@@ -137,7 +141,7 @@ write_table() {
   } > "$out/gpt2.md"
 }
 
-agreement=""
+agreement=""; torch_eager=""
 for b in $batches; do
   for mode in $modes; do run_amp "amp-$mode-$b" "$mode" "$b"; write_table; done
   run_torch "torch-$b" "$b"; write_table
