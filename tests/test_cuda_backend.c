@@ -1186,6 +1186,43 @@ Test(cuda_backend, attention_fused_is_deterministic, .init = open_both, .fini = 
     pair_free(&dout);
 }
 
+/* A batch smaller than the one the model asked about at setup (an epoch's last, an evaluation's) gets graphs of its
+ * own on first use (the plan key holds B): batches 2, 4 and 2 after the setup's question for 4, each against the CPU
+ * with attention_fused_matches_the_cpu's tolerances, so a plan run on another batch's dims, a cache that returned the
+ * wrong plan after reordering, or a workspace sized for another batch, fails. */
+Test(cuda_backend, attention_fused_serves_smaller_batches_than_its_setup, .init = open_both, .fini = close_both)
+{
+    rng_state = 44;
+    int64_t T = 77, H = 2, D = 64, C = H * D;
+    enum dtype dt = DT_BF16;
+    double u = 0x1p-8;
+    if (!fused_or_skip(4, T, C, H, dt))
+        return;
+    const int64_t batches[] = {2, 4, 2};
+    for (int i = 0; i < 3; i++) {
+        int64_t B = batches[i];
+        struct pair qkv, out, probs, dout, dqkv, stats;
+        pair_rand(&qkv, dt, 3, (int64_t[]){B, T, 3 * C}, -1, 1);
+        pair_rand(&dout, dt, 3, (int64_t[]){B, T, C}, -1, 1);
+        pair_out(&out, dt, 3, (int64_t[]){B, T, C});
+        pair_out(&probs, dt, 4, (int64_t[]){B, H, T, T});
+        pair_out(&dqkv, dt, 3, (int64_t[]){B, T, 3 * C});
+        pair_out(&stats, DT_FP32, 3, (int64_t[]){B, H, T});
+        cpu->attention_forward(cpu, &out.c, &probs.c, &qkv.c, B, T, C, H);
+        gpu->attention_fused_forward(gpu, &out.g, &stats.g, &qkv.g, B, T, C, H);
+        char what[96];
+        snprintf(what, sizeof what, "fused forward out, batch %lld after setup for 4", (long long)B);
+        pair_expect(&out, 4 * u, what);
+        cpu->attention_backward(cpu, &dqkv.c, &dout.c, &qkv.c, &probs.c, B, T, C, H);
+        gpu->attention_fused_backward(gpu, &dqkv.g, &dout.g, &qkv.g, &out.g, &stats.g, B, T, C, H);
+        snprintf(what, sizeof what, "fused backward dqkv, batch %lld after setup for 4", (long long)B);
+        pair_expect(&dqkv, 8 * u, what);
+        struct pair *all[] = {&qkv, &out, &probs, &dout, &dqkv, &stats};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+            pair_free(all[k]);
+    }
+}
+
 /* Where the fused path does not apply the backend says so and the model keeps the probabilities (the unfused op,
  * tested by cuda_backend::attention above): fp32, a head size cuDNN cannot take (12: not a multiple of 8), and any
  * shape with AMPTRAIN_CUDNN_ATTENTION=0 (read when a backend is created). */
