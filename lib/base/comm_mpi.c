@@ -36,6 +36,11 @@
  * A job that never starts a non-blocking reduce (one rank, dist.bucket_mb 0, NCCL) never starts the thread.
  * How often a request is tested changes when it completes, never its sum: the bits are the same, and the same as the
  * blocking reduce_sum's.
+ *
+ * The collectives on the caller's blocks (comm.h: reduce_scatter_blocks, reduce_scatter_start, all_gather_blocks,
+ * host_gather_blocks; dist.zero 1's partition) are the same calls with other counts: a piece's blocks are its
+ * intersections with the caller's (piece_block), and a started reduce-scatter's pieces are done once summed, with
+ * no gather to start in order.
  */
 #ifdef AMP_HAVE_MPI
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
