@@ -73,6 +73,14 @@ struct fp8_blocks {
     enum fp8_tiling tiling;
 };
 
+/* One part's gradient statistics (grad_stats_parts, below): the finite squares in 8 double lanes (element i of the
+ * part to lane i % 8, added in element order), the finite max |g|, and the Inf and NaN elements. 88 bytes. */
+struct grad_part {
+    double lanes[8];
+    double absmax;
+    int64_t n_inf, n_nan;
+};
+
 struct gemm_args {
     const struct tensor *a;   /* op(A) is (m, k): A is (m, k), or (k, m) when trans_a */
     const struct tensor *b;   /* op(B) is (k, n): B is (k, n), or (n, k) when trans_b */
@@ -390,6 +398,21 @@ struct backend {
     void (*attention_fused_backward)(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
                                      const struct tensor *qkv, const struct tensor *out, const struct tensor *stats,
                                      int64_t B, int64_t T, int64_t C, int64_t H);
+
+    /* grad_stats in two halves, for ranks that each hold part of the reduced gradient (dist.zero 1,
+     * lib/engine/zero.h): grad_stats cuts every tensor into parts of grad_part_numel elements from its start (the
+     * last part of a tensor may be shorter) and combines their results (struct grad_part) in a fixed order.
+     * grad_stats_parts writes, tensor by tensor and part by part, the results of the parts of `grads` (each tensor a
+     * view that starts at a part boundary of its parameter, so its parts are the parameter's), into backend memory;
+     * grad_stats_combine then combines the parts of whole tensors, parts[first[t] .. first[t + 1]) being tensor t's,
+     * into what grad_stats writes: the same bits, whichever rank computed which part. grad_part_numel 0 and both
+     * NULL where the backend has no such split (CUDA: the ranks then all-gather the reduced gradient and run
+     * grad_stats on all of it). */
+    size_t grad_part_numel;
+    void (*grad_stats_parts)(struct backend *be, const struct tensor *const *grads, int ntensors,
+                             struct grad_part *out);
+    void (*grad_stats_combine)(struct backend *be, const struct grad_part *parts, const int64_t *first, int ntensors,
+                               struct grad_check *out, int64_t *counts);
 };
 
 /* Open a backend from run.device: "auto" (a GPU if present, else the CPU), "cpu", "cuda", "cuda:N".

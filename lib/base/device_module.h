@@ -25,7 +25,7 @@ extern "C" {
 struct backend;
 struct comm;
 
-#define DEVICE_MODULE_ABI 5 /* bumped whenever the table, struct backend or struct comm changes shape */
+#define DEVICE_MODULE_ABI 6 /* bumped whenever the table, struct backend or struct comm changes shape */
 #define DEVICE_MODULE_SYMBOL "amp_device_module_cuda"
 #define DEVICE_MODULE_FILE "libamp_cuda.so"
 
