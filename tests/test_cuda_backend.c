@@ -2688,6 +2688,57 @@ Test(cuda_backend, fp8_block_gemm_matches_the_cpu_bit_for_bit, .init = open_both
     block_gemm_case(true, false, FP8_TILES_COLS, FP8_TILES_COLS, DT_FP32, false, 1.0f, false); /* accumulating */
 }
 
+/* ---- fp8: the cast-transpose ------------------------------------------------------------------------------ */
+
+/* The cast-transpose (backend.h fp8_cast_args.dst_t; kernels/cuda/fp8.cu, cast_transpose_kernel) against the CPU's, bit
+ * for bit: the codes, the transposed codes, the amax, the scale and the counts, on shapes whose sides are not
+ * multiples of the 32 x 32 tile, a single row and column, and more row tiles than a grid's 65535 (the stride). */
+Test(cuda_backend, fp8_cast_transpose_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
+{
+    const int64_t shapes[5][2] = {{100, 77}, {33, 1000}, {1, 50}, {50, 1}, {65535 * 32 + 40, 3}};
+    const enum dtype dsts[2] = {DT_FP8_E4M3, DT_FP8_E5M2}, srcs[2] = {DT_BF16, DT_FP32};
+    for (int sh = 0; sh < 5; sh++)
+        for (int d = 0; d < 2; d++)
+            for (int current = 0; current < 2; current++) {
+                const int64_t rows = shapes[sh][0], cols = shapes[sh][1], n = rows * cols;
+                const enum dtype sdt = srcs[(sh + d) % 2];
+                struct pair src, dst, dst_t;
+                pair_rand(&src, sdt, 1, &n, -900.0f, 900.0f); /* saturates E4M3 at scale 1 */
+                pair_out(&dst, dsts[d], 1, &n);
+                pair_out(&dst_t, dsts[d], 1, &n);
+                float init[3] = {current ? 1.0f : 0.37f, 1.0f, 2.0f}; /* scale, scale_inv, amax */
+                float cs[3];
+                memcpy(cs, init, sizeof cs);
+                float *gs = be_put(gpu, init, sizeof init);
+                int64_t cc[4] = {0}, gc[4] = {-1};
+                int64_t *gcd = be_put(gpu, cc, sizeof cc);
+                struct fp8_cast_args a = {.dst = &dst.c, .src = &src.c, .scale = &cs[0], .scale_inv = &cs[1],
+                                          .amax = &cs[2], .current = current, .margin = 1, .counts = cc,
+                                          .dst_t = &dst_t.c, .rows = rows, .cols = cols};
+                cpu->fp8_cast(cpu, &a);
+                a.dst = &dst.g, a.src = &src.g, a.scale = &gs[0], a.scale_inv = &gs[1], a.amax = &gs[2], a.counts = gcd;
+                a.dst_t = &dst_t.g;
+                gpu->fp8_cast(gpu, &a);
+                gpu->download(gpu, gc, gcd, sizeof gc);
+                gpu->free(gpu, gcd);
+                char what[128];
+                snprintf(what, sizeof what, "fp8 cast-transpose (%lld, %lld) %s <- %s current %d", (long long)rows,
+                         (long long)cols, dtype_name(dsts[d]), dtype_name(sdt), current);
+                for (int i = 0; i < 4; i++)
+                    cr_assert_eq(gc[i], cc[i], "%s: counter %d: GPU %lld, CPU %lld", what, i, (long long)gc[i],
+                                 (long long)cc[i]);
+                pair_expect_bits(&dst, what);
+                pair_expect_bits(&dst_t, what);
+                for (int i = 0; i < 3; i++)
+                    cr_assert_eq(gpu_float(&gs[i]), cs[i], "%s: state %d: GPU %.9g, CPU %.9g", what, i,
+                                 (double)gpu_float(&gs[i]), (double)cs[i]);
+                gpu->free(gpu, gs);
+                pair_free(&src);
+                pair_free(&dst);
+                pair_free(&dst_t);
+            }
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)
