@@ -12,21 +12,30 @@
  * src read once, both outputs written coalesced), with the same codes, amax and counts.
  *
  * Products: cuBLASLt FP8 matmuls on sm_89 and newer (compute 32F, our B's scale_inv as its A scale pointer and our
- * A's as its B scale pointer, D in fp32). Hopper's FP8 kernels take only the "TN" layout (cuBLASLt's A transposed,
- * its B not), i.e. in our row-major terms !trans_a and trans_b: the forward product (x W^T) is already so; dx
- * (dy W) reads W's transposed codes and dW (dy^T x) dy's and x's, which the casts made (gemm_args a_t, b_t: the
- * linear layer's weight cast once a step, its input's cast in training, its output gradient's cast); an operand
- * without them is transposed into scratch first. D goes to an fp32 scratch, and one epilogue kernel adds beta * C,
- * the fp32 bias and the GELU, and rounds once into C: the CPU's order (sum, scale, bias, one rounding). Below sm_89
- * (with a warning, once), and for shapes whose m, n or k is not a multiple of 16 (cuBLASLt's FP8 alignment), the
- * codes are widened to bf16 (exactly), multiplied by cuBLASLt in bf16 with FP32 accumulation, and the epilogue
- * applies the scales: the same values up to summation order. On the native path Hopper's FP8
+ * A's as its B scale pointer). Hopper's FP8 kernels take only the "TN" layout (cuBLASLt's A transposed, its B not),
+ * i.e. in our row-major terms !trans_a and trans_b: the forward product (x W^T) is already so; dx (dy W) reads W's
+ * transposed codes and dW (dy^T x) dy's and x's, which the casts made (gemm_args a_t, b_t: the linear layer's
+ * weight cast once a step, its input's cast in training, its output gradient's cast); an operand without them is
+ * transposed into scratch first. Where C is a fresh bf16 tensor (beta 0: the forward y = x W^T + b, with GELU where
+ * it follows, and dx), cuBLASLt writes it itself: alpha * sa * sb * sum + the fp32 bias, rounded once to bf16, with
+ * CUBLASLT_EPILOGUE_BIAS or GELU_AUX_BIAS (the pre-activation into aux), no scratch and no second pass
+ * (fp8_product_into_c; cuBLASLt's order is the CPU's: sum, scale, bias, one rounding; its GELU's tanh may differ
+ * by ulps, invisible but where a value lies on a bf16 rounding boundary). cublasLt.h gives a bf16 D's bias the
+ * type bf16; ours is fp32, as the CPU adds it, so a heuristic without such a kernel or a call refusing it (the
+ * plan remembers, and a note says so once) sends the product to the scratch path. Otherwise (beta != 0: a
+ * gradient accumulated over micro-batches; an fp32 C, whose bits follow the CPU's order; the heuristic's refusal;
+ * AMPTRAIN_FP8_CUBLASLT_EPILOGUE=0) D goes to an fp32 scratch, and one epilogue kernel adds beta * C, the fp32 bias
+ * and the GELU, and rounds once into C: the CPU's order (sum, scale, bias, one rounding). cuBLASLt's amax of D
+ * (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER) is not used: cublasLt.h does not say it is computed for a bf16 D, and the
+ * delayed recipe's next cast takes its amax in its own single pass anyway. Below sm_89 (with a warning, once),
+ * and for shapes whose m, n or k is not a multiple of 16 (cuBLASLt's FP8 alignment), the codes are widened to
+ * bf16 (exactly), multiplied by cuBLASLt in bf16 with FP32 accumulation, and the epilogue applies the scales: the
+ * same values up to summation order. On the native path Hopper's FP8
  * tensor cores add the products in a narrower accumulator (about 22 bits, moved into fp32 every few 32-product
  * groups; fast accumulation is off, the most accurate setting), so an fp32 C differs from the CPU's exact-product
  * fp32 sums by more than summation order: about 1e-4 relative on the GPU test's operands by a reviewer's
  * simulation of that accumulator, and measured on the H200 (2026-12-04): 1.12e-4 (k = 128) and 8.9e-5 (k = 512,
  * tests/test_cuda_backend.c fp8_gemm_runs_native_on_fp8_tensor_cores).
- * Only a bf16 or fp32 D is made, so cuBLASLt's D-amax output (for an fp8 D) is not used.
  *
  * Recipe blockwise (backend.h fp8_block_cast and gemm_args a_blocks / b_blocks): not yet cuBLASLt's block-scaled
  * products (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, docs/precision.md says what they need) but
@@ -429,6 +438,30 @@ static bool fp8_product(struct cuda_backend *cb, const struct gemm_args *g, floa
     return true;
 }
 
+/* A native product whose C is a fresh bf16 tensor (beta 0): cuBLASLt writes C itself, alpha * sa * sb * sum + the
+ * fp32 bias (and GELU, its pre-activation into aux) rounded once, in its epilogue: no fp32 scratch and no epilogue
+ * kernel. true where that ran (or an error was recorded); false where cuBLASLt offers no such kernel or refused it
+ * (cuda_lt_matmul_fused: the plan remembers), and the caller takes the scratch path. */
+static bool fp8_product_into_c(struct cuda_backend *cb, const struct gemm_args *g)
+{
+    struct lt_matmul mm;
+    memset(&mm, 0, sizeof mm);
+    if (!fp8_native_operands(cb, g, &mm))
+        return true;
+    mm.c = g->c->data;
+    mm.c_dt = g->c->dtype;
+    mm.bias = g->bias ? static_cast<const float *>(g->bias->data) : NULL;
+    mm.aux = g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL;
+    mm.m = g->m;
+    mm.n = g->n;
+    mm.k = g->k;
+    mm.ldc = g->n;
+    mm.alpha = g->alpha;
+    mm.beta = 0.0f;
+    mm.batch = 1;
+    return cuda_lt_matmul_fused(cb, &mm);
+}
+
 static void cuda_gemm_fp8_blocks(struct cuda_backend *cb, const struct gemm_args *g);
 
 void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
@@ -456,6 +489,19 @@ void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
     /* cuBLASLt's FP8 kernels want 16-byte multiples for every dimension (leading dimensions included); a
      * product cuBLASLt refused once (cb->fp8_refused, the warning printed by plan_refused) is not asked again */
     bool native = cb->cc >= 89 && !cb->fp8_refused && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+    if (native && dc == DT_BF16 && g->beta == 0.0f && k > 0 && !cb->fp8_epilogue_off) {
+        if (fp8_product_into_c(cb, g))
+            return;
+        if (!cb->fp8_refused && !cb->fp8_epilogue_noted) {
+            fprintf(stderr, "ampTrain: note: %s: cuBLASLt does not write an fp8 product's bf16 C with its epilogue here "
+                            "(m=%lld n=%lld k=%lld, %s%s): such products go through an fp32 scratch and an epilogue "
+                            "kernel, the same values, slower\n",
+                    cb->name, (long long)m, (long long)n, (long long)k, g->bias ? "fp32 bias" : "no bias",
+                    g->epilogue == GEMM_EPI_GELU_TANH ? ", GELU" : "");
+            cb->fp8_epilogue_noted = true;
+        }
+    }
+    native = native && !cb->fp8_refused; /* (fp8_product_into_c may have met the refusal) */
     float *p = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_P, (size_t)(m * n) * sizeof(float)));
     if (!p)
         return;
