@@ -2730,6 +2730,196 @@ Test(cuda_backend, fp8_block_gemm_matches_the_cpu_bit_for_bit, .init = open_both
     block_gemm_case(true, false, FP8_TILES_COLS, FP8_TILES_COLS, DT_FP32, false, 1.0f, false); /* accumulating */
 }
 
+/* ---- fp8: the cast-transpose and products that write their bf16 C themselves ------------------------------ */
+
+/* The cast-transpose (backend.h fp8_cast_args.dst_t; kernels/cuda/fp8.cu, cast_transpose_kernel) against the CPU's, bit
+ * for bit: the codes, the transposed codes, the amax, the scale and the counts, on shapes whose sides are not
+ * multiples of the 32 x 32 tile, a single row and column, and more row tiles than a grid's 65535 (the stride). */
+Test(cuda_backend, fp8_cast_transpose_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
+{
+    const int64_t shapes[5][2] = {{100, 77}, {33, 1000}, {1, 50}, {50, 1}, {65535 * 32 + 40, 3}};
+    const enum dtype dsts[2] = {DT_FP8_E4M3, DT_FP8_E5M2}, srcs[2] = {DT_BF16, DT_FP32};
+    for (int sh = 0; sh < 5; sh++)
+        for (int d = 0; d < 2; d++)
+            for (int current = 0; current < 2; current++) {
+                const int64_t rows = shapes[sh][0], cols = shapes[sh][1], n = rows * cols;
+                const enum dtype sdt = srcs[(sh + d) % 2];
+                struct pair src, dst, dst_t;
+                pair_rand(&src, sdt, 1, &n, -900.0f, 900.0f); /* saturates E4M3 at scale 1 */
+                pair_out(&dst, dsts[d], 1, &n);
+                pair_out(&dst_t, dsts[d], 1, &n);
+                float init[3] = {current ? 1.0f : 0.37f, 1.0f, 2.0f}; /* scale, scale_inv, amax */
+                float cs[3];
+                memcpy(cs, init, sizeof cs);
+                float *gs = be_put(gpu, init, sizeof init);
+                int64_t cc[4] = {0}, gc[4] = {-1};
+                int64_t *gcd = be_put(gpu, cc, sizeof cc);
+                struct fp8_cast_args a = {.dst = &dst.c, .src = &src.c, .scale = &cs[0], .scale_inv = &cs[1],
+                                          .amax = &cs[2], .current = current, .margin = 1, .counts = cc,
+                                          .dst_t = &dst_t.c, .rows = rows, .cols = cols};
+                cpu->fp8_cast(cpu, &a);
+                a.dst = &dst.g, a.src = &src.g, a.scale = &gs[0], a.scale_inv = &gs[1], a.amax = &gs[2], a.counts = gcd;
+                a.dst_t = &dst_t.g;
+                gpu->fp8_cast(gpu, &a);
+                gpu->download(gpu, gc, gcd, sizeof gc);
+                gpu->free(gpu, gcd);
+                char what[128];
+                snprintf(what, sizeof what, "fp8 cast-transpose (%lld, %lld) %s <- %s current %d", (long long)rows,
+                         (long long)cols, dtype_name(dsts[d]), dtype_name(sdt), current);
+                for (int i = 0; i < 4; i++)
+                    cr_assert_eq(gc[i], cc[i], "%s: counter %d: GPU %lld, CPU %lld", what, i, (long long)gc[i],
+                                 (long long)cc[i]);
+                pair_expect_bits(&dst, what);
+                pair_expect_bits(&dst_t, what);
+                for (int i = 0; i < 3; i++)
+                    cr_assert_eq(gpu_float(&gs[i]), cs[i], "%s: state %d: GPU %.9g, CPU %.9g", what, i,
+                                 (double)gpu_float(&gs[i]), (double)cs[i]);
+                gpu->free(gpu, gs);
+                pair_free(&src);
+                pair_free(&dst);
+                pair_free(&dst_t);
+            }
+}
+
+/* A bf16 C's tolerance against the CPU where cuBLASLt's fp8 product writes it (kernels/cuda/fp8.cu,
+ * fp8_product_into_c): before its one rounding each element is the CPU's fp32 value up to Hopper's fp8 accumulator
+ * (1.12e-4 relative measured, fp8_gemm_runs_native_on_fp8_tensor_cores; 1e-3 allowed) and, with GELU, a tanh that
+ * may be a fast one (~1e-4); the two values then round to bf16 apart, so an element may land one bf16 ulp away,
+ * 2^-7 of it relative at most. Relative L2 within 2^-7 + 1e-3. */
+static double fp8_bf16_tolerance(void)
+{
+    return ldexp(1.0, -7) + 1e-3;
+}
+
+/* The linear layer's fp8 products as the model now calls them: the forward into a fresh bf16 C with the bias
+ * (and GELU), which cuBLASLt writes itself; dx with W's transposed codes (b_t); dW with dy's and x's (a_t, b_t),
+ * accumulating into fp32 through the scratch. The transposed operands are made by the CPU's cast-transpose and
+ * uploaded, so a wrong choice between a and a_t shows. Shapes in multiples of 16 (native on sm_89 and later)
+ * and odd ones (the emulation, which reads a and b). */
+static void fp8_transposed_gemm_case(enum dtype da, enum dtype db, enum dtype dc, bool ta, bool tb, int64_t m,
+                                     int64_t n, int64_t k, bool bias, float beta, bool gelu)
+{
+    struct pair a, b, at, bt, c, bi, aux;
+    const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    pair_rand(&a, da, 1, (int64_t[]){m * k}, -400.0f, 400.0f);
+    pair_rand(&b, db, 1, (int64_t[]){k * n}, -400.0f, 400.0f);
+    pair_out(&at, da, 1, (int64_t[]){m * k});
+    pair_out(&bt, db, 1, (int64_t[]){k * n});
+    uint8_t *ha = malloc((size_t)(m * k)), *hb = malloc((size_t)(k * n));
+    cr_assert(ha && hb);
+    const uint8_t *ca = a.c.data, *cb8 = b.c.data;
+    for (int64_t r = 0; r < ar; r++)
+        for (int64_t j = 0; j < ac; j++)
+            ha[j * ar + r] = ca[r * ac + j];
+    for (int64_t r = 0; r < br; r++)
+        for (int64_t j = 0; j < bc; j++)
+            hb[j * br + r] = cb8[r * bc + j];
+    memcpy(at.c.data, ha, (size_t)(m * k));
+    memcpy(bt.c.data, hb, (size_t)(k * n));
+    gpu->upload(gpu, at.g.data, ha, (size_t)(m * k));
+    gpu->upload(gpu, bt.g.data, hb, (size_t)(k * n));
+    free(ha);
+    free(hb);
+    gemm_outputs(&c, &bi, &aux, dc, m, n, bias, beta, gelu);
+    float sc[2] = {1.0f / 300.0f, 0.0021f};
+    float *gs = be_put(gpu, sc, sizeof sc);
+    a.c.scale_inv = at.c.scale_inv = &sc[0], b.c.scale_inv = bt.c.scale_inv = &sc[1];
+    a.g.scale_inv = at.g.scale_inv = &gs[0], b.g.scale_inv = bt.g.scale_inv = &gs[1];
+    struct gemm_args g = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta,
+                          .batch = 1, .epilogue = gelu ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE};
+    g.a = &a.c, g.b = &b.c, g.c = &c.c, g.bias = bias ? &bi.c : NULL, g.aux = gelu ? &aux.c : NULL;
+    g.a_t = ta ? &at.c : NULL, g.b_t = tb ? NULL : &bt.c;
+    cpu->gemm(cpu, &g);
+    g.a = &a.g, g.b = &b.g, g.c = &c.g, g.bias = bias ? &bi.g : NULL, g.aux = gelu ? &aux.g : NULL;
+    g.a_t = ta ? &at.g : NULL, g.b_t = tb ? NULL : &bt.g;
+    gpu->gemm(gpu, &g);
+    char what[160];
+    snprintf(what, sizeof what, "fp8 gemm %s x %s -> %s ta=%d tb=%d (%lld, %lld, %lld) bias=%d beta=%g gelu=%d "
+             "(transposed codes given)", dtype_name(da), dtype_name(db), dtype_name(dc), ta, tb, (long long)m,
+             (long long)n, (long long)k, bias, beta, gelu);
+    const bool native_shape = m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+    pair_expect(&c, dc == DT_FP32 ? (native_shape ? 1e-3 : 1e-5) : fp8_bf16_tolerance(), what);
+    if (gelu)
+        pair_expect(&aux, fp8_bf16_tolerance(), what);
+    gpu->free(gpu, gs);
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&at);
+    pair_free(&bt);
+    pair_free(&c);
+    if (bias)
+        pair_free(&bi);
+    if (gelu)
+        pair_free(&aux);
+}
+
+Test(cuda_backend, fp8_gemm_with_transposed_codes_and_cublaslt_epilogue, .init = open_both, .fini = close_both)
+{
+    const int64_t shapes[2][3] = {{64, 96, 128}, {37, 50, 72}};
+    for (int s = 0; s < 2; s++) {
+        int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        fp8_transposed_gemm_case(DT_FP8_E4M3, DT_FP8_E4M3, DT_BF16, false, true, m, n, k, true, 0.0f, false);
+        fp8_transposed_gemm_case(DT_FP8_E4M3, DT_FP8_E4M3, DT_BF16, false, true, m, n, k, false, 0.0f, false);
+        fp8_transposed_gemm_case(DT_FP8_E4M3, DT_FP8_E4M3, DT_BF16, false, true, m, n, k, true, 0.0f, true);
+        fp8_transposed_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_BF16, false, false, m, n, k, false, 0.0f, false);
+        fp8_transposed_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_FP32, true, false, m, n, k, false, 1.0f, false);
+        fp8_transposed_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_FP32, true, false, m, n, k, false, 0.0f, false);
+    }
+}
+
+/* The first scale_log.csv rows' losses of a run (the third column), up to `steps`. */
+static void run_losses(const char *dir, double *losses, int steps)
+{
+    char path[640];
+    snprintf(path, sizeof path, "%s/scale_log.csv", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    char line[1024];
+    cr_assert_not_null(fgets(line, sizeof line, f)); /* header */
+    for (int s = 0; s < steps; s++) {
+        cr_assert_not_null(fgets(line, sizeof line, f), "%s: step %d", path, s + 1);
+        char *c = strchr(line, ',');
+        c = c ? strchr(c + 1, ',') : NULL;
+        cr_assert_not_null(c, "%s", line);
+        losses[s] = strtod(c + 1, NULL);
+    }
+    fclose(f);
+}
+
+/* text_gpt with every product in fp8 (keep_bf16 [], min_size [0, 0]), both per-tensor recipes, with cuBLASLt
+ * writing the bf16 products (the default) and with every product through the fp32 scratch and the epilogue kernel
+ * (AMPTRAIN_FP8_CUBLASLT_EPILOGUE=0): both train, and the losses of the first 3 steps agree within 1% (the two
+ * round each bf16 output apart, fp8_bf16_tolerance; not the same bits). */
+Test(cuda_backend, fp8_gpt_trains_the_same_with_and_without_cublaslt_epilogue, .timeout = 600)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: the fp8 epilogue end to end was not run");
+    make_scratch();
+    const char *recipes[2] = {"delayed", "current"}, *env[2] = {"1", "0"};
+    for (int r = 0; r < 2; r++) {
+        double losses[2][3];
+        for (int i = 0; i < 2; i++) {
+            setenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE", env[i], 1);
+            struct result res = amp("run configs/text_gpt.yaml run.device=cuda run.steps=3 run.log_every=1 "
+                                    "precision.mode=fp8 precision.fp8.recipe=%s 'precision.fp8.keep_bf16=[]' "
+                                    "'precision.fp8.min_size=[0,0]' run.out_dir=%s/%s%s",
+                                    recipes[r], scratch, recipes[r], env[i]);
+            unsetenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
+            cr_assert_eq(res.code, 0, "recipe %s, AMPTRAIN_FP8_CUBLASLT_EPILOGUE=%s:\n%s", recipes[r], env[i], res.out);
+            printf("fp8 text_gpt, recipe %s, AMPTRAIN_FP8_CUBLASLT_EPILOGUE=%s:\n%s\n", recipes[r], env[i], res.out);
+            char dir[512];
+            snprintf(dir, sizeof dir, "%s/%s%s", scratch, recipes[r], env[i]);
+            run_losses(dir, losses[i], 3);
+        }
+        for (int s = 0; s < 3; s++)
+            cr_assert(isfinite(losses[0][s]) && fabs(losses[0][s] - losses[1][s]) <= 1e-2 * fabs(losses[1][s]),
+                      "recipe %s, step %d: loss %.6g with cuBLASLt's epilogue, %.6g through the scratch", recipes[r],
+                      s + 1, losses[0][s], losses[1][s]);
+    }
+    fflush(stdout);
+    remove_scratch();
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)

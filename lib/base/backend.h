@@ -99,6 +99,12 @@ struct gemm_args {
     struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype (written);
                                * GEMM_EPI_RELU_MASK: the mask (m, n), C's dtype (read) */
     struct fp8_blocks a_blocks, b_blocks; /* recipe blockwise: the operands' tile scales (above); zero otherwise */
+    /* fp8 operands with a per-tensor scale, optional: A's and B's codes stored transposed ((k, m) where A is stored
+     * (m, k), (m, k) where it is stored (k, m) as trans_a says; B likewise), bit for bit the transpose of a and b
+     * (fp8_cast_args.dst_t makes them). The product is the same; a backend may read them in place of a and b: the
+     * CUDA backend does, since Hopper's fp8 kernels take one layout only (kernels/cuda/fp8.cu), and the CPU ignores
+     * them. NULL: none. */
+    const struct tensor *a_t, *b_t;
 };
 
 struct conv_args {
@@ -189,6 +195,13 @@ struct fp8_cast_args {
     int64_t *counts;          /* non-NULL (ampTrain numerics): 4 int64 in backend memory, raised by the elements
                                * whose scaled value saturates (would round beyond max; Inf too), the nonzero finite
                                * ones that round to zero, the nonzero ones, and all of them */
+    /* The cast-transpose (Transformer Engine's): with dst_t, src and dst are also (rows, cols) matrices
+     * (rows * cols == numel) and dst_t (cols, rows), dst's dtype, gets the same codes transposed, bit for bit:
+     * dst_t[c * rows + r] = dst[r * cols + c], made in the cast's own pass (the CUDA backend: one kernel through
+     * shared-memory tiles), for a product that reads the operand the other way round (gemm_args a_t, b_t). The amax
+     * and the counts are the cast's, counted once. NULL: none (rows and cols unread). */
+    struct tensor *dst_t;
+    int64_t rows, cols;
 };
 
 /* Recipe blockwise's cast of a (rows, cols) matrix to E4M3 with one scale per tile (lib/base/fp8.h, enum
