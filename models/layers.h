@@ -179,6 +179,12 @@ struct linear_op {
                              * backward and by the step's later micro-batches (lib/base/fp8.h, struct fp8_pass) */
     uint64_t w8_weights;    /* the fp8_pass.weights w8 was cast for; 0: cast at every pass */
     size_t dy8_off;         /* scratch (max_rows, out) E5M2 (blockwise: E4M3 in 1x128 tiles): dy cast */
+    /* recipes delayed and current: the codes transposed, made by the casts in the same pass (backend.h fp8_cast_args
+     * dst_t) for the backward's products, which read W and both of dW's operands the other way round (gemm_args
+     * a_t, b_t: a GPU's fp8 kernels take one layout only). Made in training only. */
+    struct tensor w8_tr;    /* (in, out) E4M3: w8 transposed, cast and kept with it */
+    struct tensor x8_tr;    /* (in, max_rows) E4M3, seen as (in, rows): x8 transposed, saved for dW */
+    size_t dy8_tr_off;      /* scratch (out, max_rows) E5M2, seen as (out, rows): dy8 transposed, for dW */
     /* recipe blockwise (lib/base/fp8.h): each cast has one scale per tile along its product's K, so x and dy are
      * each cast twice, along their rows for one product and down their columns for the other (dW's K is the
      * rows); x8 and w8 above then hold 1x128 tiles and 128x128 blocks. All scales fp32 scale_inv. */

@@ -17,7 +17,10 @@
  * to E4M3 with their scales (x's cast is saved for dW, the weight's for dx; the weight is cast on a step's first
  * micro-batch only, its codes kept for the others: lib/base/fp8.h, struct fp8_pass), the product of the codes sums in
  * fp32 and gives y in d (bf16) with the fp32 bias; backward casts dy to E5M2 and forms dW = dy8^T x8 (fp32) and
- * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it.
+ * dx = dy8 W8 (d); db is the column sum of dy itself, as Transformer Engine computes it. In training (recipes
+ * delayed and current) the casts of x, W and dy also write their codes transposed, in the same pass, for the
+ * products that read them the other way round (gemm_args a_t, b_t: a GPU's fp8 kernels take one layout); the CPU
+ * makes them too and reads the operands as stored.
  * Recipe blockwise: every cast is E4M3 with one scale per tile along its product's K (lib/base/fp8.h): the forward
  * casts x in 1x128 tiles along its rows (x8, for y) and in 128x1 tiles down its columns (x8t, kept for dW, whose K
  * is the rows), the weight in 128x128 blocks (w8, for y and dx alike); backward casts dy both ways, 1x128 for dx
@@ -75,6 +78,23 @@ static enum amp_status blockwise_setup(struct linear_op *op, struct layer *l, st
     op->dy8t_off = scratch_reserve(b, DT_FP8_E4M3, (size_t)(max_rows * out));
     op->dys_off = scratch_reserve(b, DT_FP32, (size_t)(max_rows * fp8_tiles(out)));
     op->dyts_off = scratch_reserve(b, DT_FP32, (size_t)(fp8_tiles(max_rows) * out));
+    return AMP_OK;
+}
+
+/* Recipes delayed and current: the transposed codes of w8 and x8 (kept) and of dy8 (scratch). */
+static enum amp_status transposed_setup(struct linear_op *op, struct layer *l, struct layer_build *b,
+                                        const char *prefix, int64_t max_rows)
+{
+    char name[96];
+    snprintf(name, sizeof name, "%sweight cast to e4m3, transposed", prefix);
+    enum amp_status st = layer_alloc(l, b, &op->w8_tr, DT_FP8_E4M3, 2, (int64_t[]){op->in, op->out}, name);
+    if (st != AMP_OK)
+        return st;
+    snprintf(name, sizeof name, "%sinput cast to e4m3, transposed", prefix);
+    st = layer_alloc(l, b, &op->x8_tr, DT_FP8_E4M3, 2, (int64_t[]){op->in, max_rows}, name);
+    if (st != AMP_OK)
+        return st;
+    op->dy8_tr_off = scratch_reserve(b, DT_FP8_E5M2, (size_t)(max_rows * op->out));
     return AMP_OK;
 }
 
@@ -148,6 +168,8 @@ enum amp_status linear_op_setup(struct linear_op *op, struct layer *l, struct la
         op->dy8_off = scratch_reserve(b, op->blockwise ? DT_FP8_E4M3 : DT_FP8_E5M2, (size_t)(max_rows * out));
         if (op->blockwise && (st = blockwise_setup(op, l, b, prefix, max_rows)) != AMP_OK)
             return st;
+        if (!op->blockwise && (st = transposed_setup(op, l, b, prefix, max_rows)) != AMP_OK)
+            return st;
     } else if (in_dtype != op->d) {
         int64_t xshape[2] = {max_rows, in};
         snprintf(name, sizeof name, "%sinput cast to %s", prefix, dtype_name(op->d));
@@ -168,9 +190,11 @@ static struct tensor linear_op_weight(const struct linear_op *op)
 }
 
 /* Cast `src` to the fp8 tensor `dst` with slot s's scale (lib/base/fp8.h): the recipe current computes the scale
- * now; delayed uses it as it is and records src's amax in this pass's history row (training only). */
+ * now; delayed uses it as it is and records src's amax in this pass's history row (training only). With dst_t, src
+ * is a (rows, cols) matrix and dst_t (cols, rows) gets the codes transposed in the same pass. */
 static void fp8_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, struct tensor *dst,
-                        const struct tensor *src, const struct fp8_slot *s)
+                        const struct tensor *src, const struct fp8_slot *s, struct tensor *dst_t, int64_t rows,
+                        int64_t cols)
 {
     const struct fp8_pass *pass = ctx->fp8;
     bool bwd = s->g->dt == DT_FP8_E5M2;
@@ -179,9 +203,11 @@ static void fp8_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, 
     struct fp8_cast_args a = {
         .dst = dst, .src = src, .scale = s->g->scale + s->index, .scale_inv = s->g->scale_inv + s->index,
         .amax = row ? row + s->index : NULL, .current = st->recipe == FP8_CURRENT, .margin = st->margin,
-        .counts = counts ? counts + 4 * s->index : NULL,
+        .counts = counts ? counts + 4 * s->index : NULL, .dst_t = dst_t, .rows = rows, .cols = cols,
     };
     dst->scale_inv = a.scale_inv;
+    if (dst_t)
+        dst_t->scale_inv = a.scale_inv;
     ctx->be->fp8_cast(ctx->be, &a);
 }
 
@@ -218,16 +244,17 @@ static void linear_op_gemm(const struct step_ctx *ctx, struct linear_op *op, str
             struct tensor xt = matrix_view(&op->x8t, rows, op->in);
             xb = fp8_block_cast_to(ctx, op->fp8_state, &xc, &x2, rows, op->in, FP8_TILES_ROWS, op->xs.data, &op->sx);
             fp8_block_cast_to(ctx, op->fp8_state, &xt, &x2, rows, op->in, FP8_TILES_COLS, op->xts.data, NULL);
-        } else {
-            fp8_cast_to(ctx, op->fp8_state, &xc, &x2, &op->sx);
+        } else { /* in training with its transpose, which dW reads */
+            struct tensor x8_tr = matrix_view(&op->x8_tr, op->in, rows);
+            fp8_cast_to(ctx, op->fp8_state, &xc, &x2, &op->sx, ctx->training ? &x8_tr : NULL, rows, op->in);
             op->x8.scale_inv = xc.scale_inv; /* for backward's views */
         }
         /* the weight once per optimizer step: its codes kept for the step's other micro-batches (lib/base/fp8.h) */
         uint64_t version = ctx->fp8 ? ctx->fp8->weights : 0;
         if ((version == 0 || op->w8_weights != version) && op->blockwise)
             fp8_block_cast_to(ctx, op->fp8_state, &op->w8, w, op->out, op->in, FP8_BLOCKS, op->ws.data, &op->sw);
-        else if (version == 0 || op->w8_weights != version)
-            fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw);
+        else if (version == 0 || op->w8_weights != version) /* in training with its transpose, which dx reads */
+            fp8_cast_to(ctx, op->fp8_state, &op->w8, w, &op->sw, ctx->training ? &op->w8_tr : NULL, op->out, op->in);
         if (op->blockwise)
             wb = (struct fp8_blocks){ .scale_inv = op->ws.data, .tiling = FP8_BLOCKS };
         op->w8_weights = version;
@@ -273,9 +300,11 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
                       : op->xc.data ? matrix_view(&op->xc, rows, op->in) : matrix_view(x, rows, op->in);
     struct tensor wv = linear_op_weight(op);
     const struct tensor *dyin = &dy2, *w = &wv;
-    struct tensor dy8, dy8t, xt;
+    struct tensor dy8, dy8t, xt, dy8_tr, x8_tr;
     /* blockwise: dW reads dy and x in 128x1 tiles (its K is the rows), dx reads dy in 1x128 tiles and W's blocks */
     const struct tensor *dw_a = &dy2, *dw_b = &xin;
+    /* delayed and current: dW's operands and dx's W also transposed (gemm_args a_t, b_t) */
+    const struct tensor *dw_a_t = NULL, *dw_b_t = NULL, *dx_b_t = NULL;
     struct fp8_blocks dyb = {0}, dytb = {0}, xtb = {0}, wb = {0};
     if (op->fp8 && op->blockwise) {
         const struct fp8_state *st = op->fp8_state;
@@ -294,10 +323,16 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
         w = &op->w8;
     } else if (op->fp8) {
         dy8 = scratch_view(op->workspace, op->dy8_off, DT_FP8_E5M2, 2, (int64_t[]){rows, op->out});
-        fp8_cast_to(ctx, op->fp8_state, &dy8, &dy2, &op->sdy);
+        dy8_tr = scratch_view(op->workspace, op->dy8_tr_off, DT_FP8_E5M2, 2, (int64_t[]){op->out, rows});
+        fp8_cast_to(ctx, op->fp8_state, &dy8, &dy2, &op->sdy, &dy8_tr, rows, op->out);
+        x8_tr = matrix_view(&op->x8_tr, op->in, rows);
+        x8_tr.scale_inv = op->x8.scale_inv;
         dyin = &dy8;
         dw_a = &dy8;
         w = &op->w8;
+        dw_a_t = &dy8_tr;
+        dw_b_t = &x8_tr;
+        dx_b_t = &op->w8_tr;
     }
 
     /* dW (out, in) = dy^T (out, rows) @ x (rows, in); a tied table accumulating over micro-batches gets this
@@ -307,7 +342,7 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
     struct gemm_args gw = {
         .a = dw_a, .b = dw_b, .c = &dw, .trans_a = true,
         .m = op->out, .n = op->in, .k = rows, .alpha = 1.0f, .beta = apart ? 0.0f : beta, .batch = 1,
-        .a_blocks = dytb, .b_blocks = xtb,
+        .a_blocks = dytb, .b_blocks = xtb, .a_t = dw_a_t, .b_t = dw_b_t,
     };
     be->gemm(be, &gw);
     if (op->b) {
@@ -325,7 +360,7 @@ void linear_op_backward(const struct step_ctx *ctx, struct linear_op *op, struct
     struct gemm_args gx = {
         .a = dyin, .b = w, .c = &dxc,
         .m = rows, .n = op->in, .k = op->out, .alpha = 1.0f, .beta = 0.0f, .batch = 1,
-        .a_blocks = dyb, .b_blocks = wb,
+        .a_blocks = dyb, .b_blocks = wb, .b_t = dx_b_t,
     };
     if (op->out_valid) { /* a padded head: the V logical columns of dy's rows, against the table's V rows. K = Vp
                           * would add the padding's zero products, in another order of the sum on some paths */
@@ -347,6 +382,8 @@ void linear_op_free(struct linear_op *op)
     tensor_free(&op->xc);
     tensor_free(&op->x8);
     tensor_free(&op->w8);
+    tensor_free(&op->w8_tr);
+    tensor_free(&op->x8_tr);
     tensor_free(&op->x8t);
     tensor_free(&op->xs);
     tensor_free(&op->xts);

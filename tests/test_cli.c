@@ -377,6 +377,35 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     cr_assert(strstr(gpt2, "Loss agreement (ampTrain bf16 against PyTorch") && strstr(gpt2, ": PASS"), "%s", gpt2);
 }
 
+/* gpu-check's gpt2 phase where torch.compile fails (a GPU machine without Triton or a C compiler): the PyTorch run goes
+ * on eager and the table says so, and the loss agreement is still measured (it was a failed run and no agreement).
+ * Here PYTHON is a wrapper that asks bench_gpt2.py for --compile (DRY leaves it out) under a torch.compile whose model
+ * raises at its first call, as Inductor does. */
+Test(cli, bench_gpt2_goes_on_eager_where_torch_compile_fails)
+{
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+        cr_skip_test("/usr/bin/python3 lacks torch (Debian: python3-torch)");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && d=$(mktemp -d /tmp/amp_gpt2eager.XXXXXX) && "
+             "printf '%%s\\n' 'import runpy, sys, torch' 'def compiled(m):' '    def call(*a, **k):' "
+             "'        raise RuntimeError(\"Cannot find a working triton installation\")' '    return call' "
+             "'torch.compile = compiled' 'sys.argv = sys.argv[1:]' 'runpy.run_path(sys.argv[0], run_name=\"__main__\")' "
+             "> $d/fake.py && "
+             "printf '%%s\\n' '#!/bin/sh' 'case \"$1\" in *bench_gpt2.py) exec /usr/bin/python3 '$d'/fake.py \"$@\" "
+             "--compile ;; esac' 'exec /usr/bin/python3 \"$@\"' > $d/py && chmod +x $d/py && "
+             "DRY=1 PYTHON=$d/py AMPTRAIN_BIN=%s OPENBLAS_NUM_THREADS=1 scripts/gpu/bench_gpt2.sh $d/out >/dev/null 2>&1; "
+             "echo \"rc $?\"; cat $d/out/gpt2.md $d/out/gpt2-torch-torch-2.log; rm -rf $d",
+             AMP_SOURCE_DIR, amp_binary());
+    struct result r = shell(cmd);
+    cr_assert(strstr(r.out, "rc 0\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "torch.compile failed at step 1 (Cannot find a working triton installation)"), "%s", r.out);
+    cr_assert(strstr(r.out, "(PyTorch ran eager: torch.compile failed"), "%s", r.out);
+    const char *row = strstr(r.out, "| 2 | torch | ");
+    cr_assert(row && row[strlen("| 2 | torch | ")] >= '1' && row[strlen("| 2 | torch | ")] <= '9', "%s", r.out);
+    cr_assert(strstr(r.out, "Loss agreement (ampTrain bf16 against PyTorch") && strstr(r.out, ": PASS"), "%s", r.out);
+}
+
 /* `run` or `check` given a checkpoint or a run directory names it as such (it said "tab
  * character (YAML forbids tabs)"); any other binary file is "not a YAML text file". Exit 2, nothing trained. */
 Test(cli, a_checkpoint_or_binary_file_given_as_config_is_named)

@@ -15,7 +15,10 @@
  * bit: reduce_scatter (its block summed, the rest untouched), reduce_sum, and two reduces started together and waited
  * for, at sizes that leave blocks uneven or empty and one over 2^22 elements (the communicator's pieces). The values
  * are chosen so that other associations give other bits for many elements (the probe counts them), so a sum in MPI's
- * order, or in reverse rank order, fails.
+ * order, or in reverse rank order, fails. The same for the collectives on the caller's blocks (dist.zero 1's
+ * partition): reduce_scatter_blocks and a started reduce_scatter_start sum this rank's block and leave the rest,
+ * all_gather_blocks then gives every rank every sum, and host_gather_blocks gives rank 0 each rank's block, on
+ * blocks that are uneven, with rank 0's empty.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "disttest.h" /* shell, NEED_MPI, MPI_ENV; and ckpt_testlib.h: scratch */
@@ -124,8 +127,74 @@ static size_t wrong_sums(const float *x, size_t n, int world, size_t *sensitive)
     return wrong;
 }
 
+/* Blocks for the collectives that take them: rank 0's empty, the others growing with q (q^2 / world^2 of n). */
+static void uneven_bounds(size_t n, int world, size_t *b)
+{
+    b[0] = b[1] = 0;
+    for (int q = 2; q < world; q++)
+        b[q] = (size_t)((double)n * q * q / ((double)world * world));
+    b[world] = n;
+}
+
+/* Elements of x[0..n) wrong after a reduce-scatter onto bounds b: this rank's block the rank-order sum, the rest
+ * this rank's own values. */
+static size_t scatter_wrong(const float *x, size_t n, const size_t *b, int rank, int world)
+{
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool other;
+        float want = i >= b[rank] && i < b[rank + 1] ? rank_order_f32(world, i, &other) : (float)order_value(rank, i);
+        wrong += memcmp(&x[i], &want, sizeof want) != 0;
+    }
+    return wrong;
+}
+
+/* The collectives on the caller's blocks (comm.h) for n elements: the elements they get wrong. */
+static size_t blocks_wrong(struct comm *c, size_t n)
+{
+    size_t *b = malloc(((size_t)c->world + 1) * sizeof *b), wrong = 0, ignored = 0;
+    float *x = malloc(n * sizeof *x), *all = c->rank == 0 ? malloc(n * sizeof *all) : NULL;
+    if (!b || !x || (c->rank == 0 && !all))
+        c->abort(c, 1);
+    uneven_bounds(n, c->world, b);
+    fill_f32(x, n, c->rank);
+    c->reduce_scatter_blocks(c, x, b, COMM_F32);
+    wrong += scatter_wrong(x, n, b, c->rank, c->world);
+    /* rank 0 gathers each rank's summed block */
+    c->host_gather_blocks(c, x + b[c->rank], all, b, sizeof *x, 0);
+    if (c->rank == 0)
+        wrong += wrong_sums(all, n, c->world, &ignored);
+    c->all_gather_blocks(c, x, b, sizeof *x);
+    wrong += wrong_sums(x, n, c->world, &ignored);
+    /* started: the first third and the rest, each onto its own blocks, waited for in order */
+    fill_f32(x, n, c->rank);
+    size_t third = n / 3, *b2 = malloc(((size_t)c->world + 1) * sizeof *b2);
+    if (!b2)
+        c->abort(c, 1);
+    uneven_bounds(third, c->world, b);
+    uneven_bounds(n - third, c->world, b2);
+    struct comm_request *r1 = c->reduce_scatter_start(c, x, b, COMM_F32);
+    struct comm_request *r2 = c->reduce_scatter_start(c, x + third, b2, COMM_F32);
+    c->reduce_wait(c, r1);
+    c->reduce_wait(c, r2);
+    for (int q = 0; q <= c->world; q++)
+        b2[q] += third; /* the second reduce's blocks as elements of x */
+    for (size_t i = 0; i < n; i++) {
+        bool other;
+        const size_t *bb = i < third ? b : b2;
+        float want = i >= bb[c->rank] && i < bb[c->rank + 1] ? rank_order_f32(c->world, i, &other)
+                                                             : (float)order_value(c->rank, i);
+        wrong += memcmp(&x[i], &want, sizeof want) != 0;
+    }
+    free(b);
+    free(b2);
+    free(x);
+    free(all);
+    return wrong;
+}
+
 /* One rank of the order probe: prints "rank R of W: reduce_scatter wrong A, reduce_sum wrong B, started wrong C,
- * fp64 wrong D, association-sensitive K". */
+ * fp64 wrong D, blocks wrong E, association-sensitive K". */
 static int probe_order(int *argc, char ***argv)
 {
     struct comm *c = NULL;
@@ -135,7 +204,7 @@ static int probe_order(int *argc, char ***argv)
         return 1;
     }
     const size_t sizes[] = {1, (size_t)c->world - 1, 1000, 4097, ((size_t)1 << 22) + 1001};
-    size_t rs_wrong = 0, sum_wrong = 0, started_wrong = 0, f64_wrong = 0, sensitive = 0;
+    size_t rs_wrong = 0, sum_wrong = 0, started_wrong = 0, f64_wrong = 0, sensitive = 0, blk_wrong = 0;
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         size_t n = sizes[k], lo, hi;
         float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
@@ -177,9 +246,11 @@ static int probe_order(int *argc, char ***argv)
         free(x);
         free(y);
         free(d);
+        blk_wrong += blocks_wrong(c, n);
     }
     printf("rank %d of %d: reduce_scatter wrong %zu, reduce_sum wrong %zu, started wrong %zu, fp64 wrong %zu, "
-           "association-sensitive %zu\n", c->rank, c->world, rs_wrong, sum_wrong, started_wrong, f64_wrong, sensitive);
+           "blocks wrong %zu, association-sensitive %zu\n", c->rank, c->world, rs_wrong, sum_wrong, started_wrong,
+           f64_wrong, blk_wrong, sensitive);
     fflush(stdout);
     comm_close(c);
     return 0;
@@ -227,7 +298,7 @@ static void check_rank_order(int np)
         char want[160];
         snprintf(want, sizeof want,
                  "rank %d of %d: reduce_scatter wrong 0, reduce_sum wrong 0, started wrong 0, fp64 wrong 0, "
-                 "association-sensitive ", rank, np);
+                 "blocks wrong 0, association-sensitive ", rank, np);
         const char *at = strstr(r.out, want);
         cr_assert(at, "no '%s' in:\n%s", want, r.out);
         long long sensitive = 0;

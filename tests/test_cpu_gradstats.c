@@ -77,3 +77,78 @@ Test(cpu_gradstats, count_zeros_counts_both_signs)
     be->count_zeros(be, tb, &acc);
     cr_assert_eq(acc, 3);
 }
+
+/* grad_stats in two halves (backend.h, grad_stats_parts and grad_stats_combine), as ranks that each hold some of a
+ * gradient's parts run it (dist.zero 1): each tensor cut at part boundaries into pieces computed apart, in an order
+ * other than the tensors', the parts put back in their places and combined, give grad_stats' bits, counts and all.
+ * The values span 2^-20 to 2^20 so that any other order of the double additions would give other bits. */
+Test(cpu_gradstats, parts_combined_give_the_bits_of_grad_stats)
+{
+    seed(45);
+    size_t part = be->grad_part_numel;
+    cr_assert_gt(part, 0, "the CPU backend has parts");
+    cr_assert(be->grad_stats_parts && be->grad_stats_combine);
+    /* smaller than a part, exactly one, several with a short last one, and one of 3 parts with an Inf and a NaN */
+    size_t sizes[4] = { 7, part, 2 * part + 1001, 3 * part };
+    const struct tensor *grads[4];
+    int64_t first[5] = { 0 };
+    for (int t = 0; t < 4; t++) {
+        float *h;
+        grads[t] = trand(DT_FP32, sizes[t], -1, 1, &h);
+        for (size_t i = 0; i < sizes[t]; i++)
+            h[i] = ldexpf(h[i], (int)(urand() * 41.0) - 20);
+        if (t == 3) {
+            h[5] = INFINITY;
+            h[2 * part + 3] = NAN;
+        }
+        memcpy(grads[t]->data, h, sizes[t] * sizeof(float));
+        first[t + 1] = first[t] + (int64_t)((sizes[t] + part - 1) / part);
+    }
+    int64_t want_counts[8], counts[8];
+    struct grad_check want, got;
+    be->grad_stats(be, grads, 4, &want, want_counts);
+    /* two "ranks": rank A the first part of every tensor, rank B the rest (empty for the small ones), B first */
+    struct tensor va[4], vb[4];
+    const struct tensor *a[4], *b[4];
+    size_t na = 0, nb = 0;
+    for (int t = 0; t < 4; t++) {
+        size_t cut = sizes[t] < part ? sizes[t] : part;
+        va[t] = *grads[t];
+        va[t].numel = cut;
+        va[t].shape[0] = (int64_t)cut;
+        vb[t] = *grads[t];
+        vb[t].data = (float *)grads[t]->data + cut;
+        vb[t].numel = sizes[t] - cut;
+        vb[t].shape[0] = (int64_t)vb[t].numel;
+        a[t] = &va[t];
+        b[t] = &vb[t];
+        na += 1;
+        nb += (size_t)(first[t + 1] - first[t]) - 1;
+    }
+    struct grad_part *pa = calloc(na, sizeof *pa), *pb = calloc(nb, sizeof *pb), *all = calloc(8, sizeof *all);
+    cr_assert(pa && pb && all);
+    be->grad_stats_parts(be, b, 4, pb);
+    be->grad_stats_parts(be, a, 4, pa);
+    size_t ka = 0, kb = 0;
+    for (int t = 0; t < 4; t++)
+        for (int64_t c = first[t]; c < first[t + 1]; c++)
+            all[c] = c == first[t] ? pa[ka++] : pb[kb++];
+    cr_assert(ka == na && kb == nb && first[4] == 8);
+    be->grad_stats_combine(be, all, first, 4, &got, counts);
+    cr_assert(memcmp(&got.sumsq, &want.sumsq, sizeof got.sumsq) == 0, "sumsq %.17g, grad_stats %.17g", got.sumsq,
+              want.sumsq);
+    cr_assert(memcmp(&got.absmax, &want.absmax, sizeof got.absmax) == 0);
+    cr_assert_eq(got.found_nonfinite, 1);
+    cr_assert_eq(want.found_nonfinite, 1);
+    cr_assert(memcmp(counts, want_counts, sizeof counts) == 0, "per-tensor counts");
+    cr_assert(counts[3] == 1 && counts[7] == 1, "tensor 3: one Inf, one NaN");
+    /* the parts are told apart by their place alone: tensor 3's last part (its NaN) put in tensor 2's place */
+    struct grad_part tmp = all[4];
+    all[4] = all[7];
+    all[7] = tmp;
+    be->grad_stats_combine(be, all, first, 4, &got, counts);
+    cr_assert(counts[4 + 2] == 1 && counts[4 + 3] == 0, "the NaN counted for tensor 2");
+    free(pa);
+    free(pb);
+    free(all);
+}

@@ -42,11 +42,12 @@ Test(cuda_dist, nccl_one_rank_on_a_gpu_equals_no_nccl)
     remove_scratch();
 }
 
-/* The one-rank NCCL communicator's reduce-scatter (ncclReduceScatter, in place: this rank's block is the whole buffer)
- * and all-reduce in process: a sum over one rank is the rank's values, bit for bit, and no NCCL or CUDA error is
- * recorded. The only run of nccl_reduce_scatter until a machine has two GPUs (its grouped-ncclReduce branch, for
- * blocks of unequal size, needs two ranks). */
-Test(cuda_dist, nccl_one_rank_reduce_scatter_and_all_reduce_keep_the_values)
+/* The one-rank NCCL communicator's reduce-scatter (ncclReduceScatter, in place: this rank's block is the whole buffer),
+ * all-reduce and all-gather (one grouped ncclBroadcast of bytes from rank 0, in place) in process: a sum over one rank
+ * is the rank's values and a gather of one block is that block, bit for bit, and no NCCL or CUDA error is recorded.
+ * The only run of nccl_reduce_scatter and nccl_all_gather (ZeRO's) until a machine has two GPUs (their grouped
+ * branches for blocks of unequal size need two ranks). */
+Test(cuda_dist, nccl_one_rank_reduce_scatter_all_reduce_and_all_gather_keep_the_values)
 {
     if (gpus() < 1)
         cr_skip_test("no CUDA device, or built without CUDA and NCCL: the NCCL path was not run");
@@ -63,16 +64,18 @@ Test(cuda_dist, nccl_one_rank_reduce_scatter_and_all_reduce_keep_the_values)
         want[i] = ldexpf(1.0f + (float)(i % 977) / 977.0f, i % 41 - 20) * (i % 2 ? -1.0f : 1.0f);
     float *dev = be->alloc(be, N * sizeof *dev);
     cr_assert_not_null(dev);
-    for (int k = 0; k < 2; k++) {
+    const char *ops[] = {"reduce_scatter", "reduce_sum", "all_gather"};
+    for (int k = 0; k < 3; k++) {
         be->upload(be, dev, want, N * sizeof *dev);
         if (k == 0)
             c->reduce_scatter(c, dev, N, COMM_F32);
-        else
+        else if (k == 1)
             c->reduce_sum(c, dev, N, COMM_F32);
+        else
+            c->all_gather(c, dev, N, sizeof *dev);
         be->download(be, got, dev, N * sizeof *dev);
-        cr_assert_eq(be->status(be, &err), AMP_OK, "%s", err.msg);
-        cr_assert_eq(memcmp(got, want, N * sizeof *got), 0, "%s changed the values of one rank",
-                     k == 0 ? "reduce_scatter" : "reduce_sum");
+        cr_assert_eq(be->status(be, &err), AMP_OK, "%s: %s", ops[k], err.msg);
+        cr_assert_eq(memcmp(got, want, N * sizeof *got), 0, "%s changed the values of one rank", ops[k]);
     }
     be->free(be, dev);
     comm_release_nccl(c);

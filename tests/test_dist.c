@@ -120,7 +120,8 @@ Test(dist, text_gpt_two_ranks_equal_one_fp16_static)
 #define SOME_WHOLE "masters stay whole, read by the ops themselves"
 
 /* Rank 0's ZeRO-1 line in out checked: sharded over np ranks, `masters` said, and (where not ALL_WHOLE_FP32) fewer
- * master weights held than the model has; *ratio its "moments and masters" against dist.zero 0's. */
+ * master weights held than the model has; *ratio the "moments and masters" of the rank that holds most against
+ * dist.zero 0's (rank 0's own is at most that). */
 static void check_zero_line(const char *out, int np, const char *masters, double *ratio)
 {
     char said[96], line[1024];
@@ -132,15 +133,19 @@ static void check_zero_line(const char *out, int np, const char *masters, double
     const char *of = strstr(line, "parameters, and ");
     cr_assert(of && sscanf(of, "parameters, and %lld of their %lld", &held, &params) == 2, "%s", line);
     const char *x = strstr(line, " whole: ");
-    cr_assert(x && sscanf(x, " whole: %lfx", ratio) == 1, "%s", line);
+    double own, most_mib;
+    cr_assert(x && sscanf(x, " whole: %lfx; the most on one rank: %lf MiB, %lfx", &own, &most_mib, ratio) == 3, "%s",
+              line);
+    cr_assert_leq(own, *ratio, "%s", line);
     cr_assert(strstr(line, masters), "no '%s' in: %s", masters, line);
     if (strcmp(masters, SOME_WHOLE) != 0) {
         cr_assert_eq(held, params, "%s", line);
-    } else { /* rank 0 holds its blocks of the sharded masters and the rest whole */
+    } else { /* rank 0 holds its blocks of the sharded masters (on the CPU whole parts of them, maybe none: a
+              * tensor smaller than a part is one rank's) and the rest whole */
         cr_assert_lt(held, params, "%s", line);
         const char *k = strstr(line, "); ");
         cr_assert(k && sscanf(k, "); %lld masters stay whole", &whole) == 1, "%s", line);
-        cr_assert(whole > 0 && whole < held, "%s", line);
+        cr_assert(whole > 0 && whole <= held, "%s", line);
     }
 }
 
@@ -158,6 +163,11 @@ static void check_zero_said(int np, const char *cfg, const char *extra, int step
     cr_assert_eq(r.code, 0, "dist.zero 1:\n%s", r.out);
     double x;
     check_zero_line(r.out, np, masters, ratio ? ratio : &x);
+    /* on the CPU the gradients are only reduce-scattered, except where rank 0's probe reads them whole */
+    const char *how = strstr(masters, "numerics_every")
+                          ? "all-gathered after the reduce-scatter (dist.zero 1: run.numerics_every's probe"
+                          : "reduce-scattered only (dist.zero 1: no all-gather of the gradients)";
+    cr_assert(strstr(r.out, how), "no '%s' in:\n%s", how, r.out);
     compare_runs("z0", "z1", steps, 1000);
     remove_scratch();
 }
@@ -167,15 +177,26 @@ static void check_zero(int np, const char *cfg, const char *extra, int steps, co
     check_zero_said(np, cfg, extra, steps, masters, NULL);
 }
 
-/* three ranks: every tensor's blocks uneven (32 = 11 + 11 + 10), and the second hidden layer's bias of 2 elements
- * leaves the third rank an empty block */
+/* three ranks: fc1/weight (25,088 elements) of two parts of the CPU's statistics (16,384 and 8,704), the other tensors
+ * smaller than a part, each held whole by one rank (empty blocks on the others), the second hidden layer's bias of
+ * 2 elements smaller than the world */
 Test(dist, zero1_equals_zero0_fp32_uneven_and_empty_blocks)
 {
     check_zero(3, MLP, "precision.mode=fp32 model.layers.3.out=2 " HARD, 20, ALL_WHOLE_FP32);
 }
+/* four ranks, a bucket a linear layer (dist.bucket_mb 0.001), each cut into four blocks at the statistics' parts:
+ * fc1/weight 64 wide (50,176 elements: three parts and a short fourth) split between ranks, the other tensors smaller
+ * than a part and fc2's bias (3 elements) smaller than the world, each held whole by one rank; skips, clipping and
+ * dropout */
+Test(dist, zero1_equals_zero0_four_ranks_tensors_smaller_than_a_part_and_the_world)
+{
+    check_zero(4, MLP, "precision.mode=fp16-dynamic " OVERFLOWING " model.layers.1.out=64 model.layers.3.out=3 "
+               "dist.bucket_mb=0.001 " HARD, 20, SOME_WHOLE);
+}
 /* bf16 and fp16: the linear weights' masters sharded (the ops read their copies), the biases' whole */
 Test(dist, zero1_equals_zero0_bf16) { check_zero(3, MLP, "precision.mode=bf16 " HARD, 20, SOME_WHOLE); }
-/* fc2's weight of 1 x 2 elements: its sharded master's blocks 1, 1 and 0 (the third rank's empty) */
+/* fc2's weight of 1 x 2 elements, and the whole model (1,593 parameters) smaller than a part: one rank holds all of
+ * it, the others' blocks of every sharded master are empty */
 Test(dist, zero1_equals_zero0_bf16_uneven_and_empty_blocks)
 {
     check_zero(3, MLP, "precision.mode=bf16 model.layers.1.out=2 model.layers.3.out=1 " HARD, 20, SOME_WHOLE);
@@ -1382,4 +1403,149 @@ Test(dist, zero_trial_verdict_is_the_smallest_over_the_ranks)
     peer_verdict = 3;
     zero_after_trial(&d, &o, &check);
     cr_assert_eq(check.update_nonfinite, 5);
+}
+
+/* ---- in process: dist.zero 1 reduce-scatters the gradients and all-gathers only the parts' statistics ---------- */
+
+/* A stand-in communicator of 4 ranks, this one rank 0, with the collectives on the caller's blocks: it counts what a
+ * step asks of it and where the buffers it all-gathers lie. The peers' values are this rank's (a sum doubles the
+ * block); what they would send back is not made up, so only the traffic is checked here, and the bits end to end. */
+static int64_t zb_scatters, zb_starts, zb_parts_gathers, zb_grad_gathers, zb_weight_gathers;
+static size_t zb_parts_gathered;
+static const float *zb_flat;
+static size_t zb_flat_count;
+static void zb_double(void *buf, const size_t *bounds)
+{
+    float *x = buf;
+    for (size_t i = bounds[0]; i < bounds[1]; i++) /* rank 0's block */
+        x[i] *= 2;
+}
+static void zb_reduce_scatter_blocks(struct comm *c, void *buf, const size_t *bounds, enum comm_dtype dt)
+{
+    (void)c;
+    cr_assert_eq(dt, COMM_F32);
+    zb_scatters++;
+    zb_double(buf, bounds);
+}
+static struct comm_request *zb_reduce_scatter_start(struct comm *c, void *buf, const size_t *bounds,
+                                                    enum comm_dtype dt)
+{
+    (void)c;
+    cr_assert_eq(dt, COMM_F32);
+    zb_scatters++;
+    zb_double(buf, bounds);
+    return (struct comm_request *)&zb_scatters; /* any request but NULL: a wait must follow */
+}
+static struct comm_request *zb_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    zb_starts++; /* a started all-reduce: the gradients' all-gather with it */
+    fake_reduce_sum(c, buf, count, dt);
+    fake_reduces--;
+    return (struct comm_request *)&zb_starts;
+}
+static void zb_all_gather_blocks(struct comm *c, void *buf, const size_t *bounds, size_t elem_bytes)
+{
+    (void)c;
+    const float *at = buf;
+    if (elem_bytes == sizeof(struct grad_part)) {
+        zb_parts_gathers++;
+        zb_parts_gathered = bounds[4];
+    } else if (at >= zb_flat && at < zb_flat + zb_flat_count) {
+        zb_grad_gathers++;
+    } else {
+        zb_weight_gathers++;
+    }
+}
+static void zb_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
+{
+    zb_all_gather_blocks(c, buf, (const size_t[]){0, count, count, count, count}, elem_bytes);
+}
+static void zb_host_gather_blocks(struct comm *c, const void *send, void *recv, const size_t *bounds,
+                                  size_t elem_bytes, int root)
+{
+    (void)c, (void)send, (void)recv, (void)bounds, (void)elem_bytes, (void)root;
+    cr_assert_fail("no checkpoint is gathered here");
+}
+
+/* fashion_mlp 64 wide in bf16 (fc1/weight 50,176 elements: four parts, the last short; the biases and the head far
+ * smaller than a part), dist.zero 1 on the stand-in's 4 ranks with dist.bucket_mb `mb`. */
+static void check_zero1_traffic(const char *mb)
+{
+    struct comm fake = {
+        .rank = 0, .world = 4, .local_rank = 0, .local_world = 1, .hosts = 1, .transport = "fake",
+        .device_memory = false, .reduce_sum = fake_reduce_sum, .reduce_start = zb_reduce_start,
+        .reduce_progress = fake_reduce_progress, .reduce_wait = fake_reduce_wait, .all_gather = zb_all_gather,
+        .host_allreduce = fake_host_allreduce, .host_bcast = fake_host_bcast, .host_allgather = fake_host_allgather,
+        .abort = fake_abort, .close = fake_close, .reduce_scatter_blocks = zb_reduce_scatter_blocks,
+        .reduce_scatter_start = zb_reduce_scatter_start, .all_gather_blocks = zb_all_gather_blocks,
+        .host_gather_blocks = zb_host_gather_blocks,
+    };
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    struct config cfg;
+    struct amp_error err;
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    char key[64];
+    snprintf(key, sizeof key, "dist.bucket_mb=%s", mb);
+    const char *ov[] = {"model.layers.1.out=64", "model.layers.3.out=3", "data.batch_size=8", "run.device=cpu",
+                        "precision.mode=bf16", "accum_steps=2", "run.log_every=4", "dist.zero=1", key};
+    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    struct trainer t;
+    cr_assert_eq(trainer_setup(&t, &cfg, &fake, &err), AMP_OK, "%s", err.msg);
+    const struct model *m = &t.model;
+    const struct zero_plan *z = &t.zero;
+    cr_assert(z->sharded && z->aligned && z->exact, "dist.zero 1 on the CPU: exact partial statistics");
+    size_t part = t.be->grad_part_numel;
+    cr_assert_eq(part, 16384, "the CPU's parts: its statistics' chunks");
+    /* one partition: every parameter's blocks are in rank order, cover it, and start on its parts */
+    int64_t owned[4] = {0}, small = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const size_t *b = z->blocks + (size_t)i * 5, numel = m->params[i]->grad.numel;
+        cr_assert(b[0] == 0 && b[4] == numel, "%s", m->params[i]->name);
+        int holders = 0;
+        for (int q = 0; q < 4; q++) {
+            cr_assert_leq(b[q], b[q + 1], "%s", m->params[i]->name);
+            cr_assert(b[q] % part == 0 || b[q] == numel, "%s: rank %d starts at %zu", m->params[i]->name, q, b[q]);
+            cr_assert_eq(t.opt.blocks[(size_t)i * 5 + q], b[q], "the optimizer's blocks are the plan's");
+            owned[q] += (int64_t)(b[q + 1] - b[q]);
+            holders += b[q + 1] > b[q];
+        }
+        if (numel < part) { /* a tensor smaller than a part, or than the world: one rank has all of it */
+            cr_assert_eq(holders, 1, "%s", m->params[i]->name);
+            small++;
+        }
+    }
+    cr_assert_geq(small, 4, "biases and the head: smaller than a part");
+    for (int q = 0; q < 4; q++)
+        cr_assert_gt(owned[q], 0, "rank %d owns nothing", q);
+    zb_flat = m->grad_flat;
+    zb_flat_count = m->grad_flat_count;
+    int nb = z->nbuckets;
+    cr_assert_eq(nb, atof(mb) > 0 ? 3 : 1, "dist.bucket_mb %s: %d buckets", mb, nb);
+    for (int s = 0; s < 3; s++) {
+        int64_t reduces = fake_reduces, scatters = zb_scatters, starts = zb_starts, waits = fake_waits;
+        int64_t parts = zb_parts_gathers, grads = zb_grad_gathers, weights = zb_weight_gathers;
+        cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+        cr_assert_eq(zb_scatters - scatters, nb, "step %d: each bucket reduce-scattered once", s);
+        cr_assert_eq(fake_waits - waits, atof(mb) > 0 ? nb : 0, "step %d: each started bucket waited for", s);
+        cr_assert_eq(fake_reduces - reduces, 1, "step %d: one all-reduce, the loss's", s);
+        cr_assert_eq(zb_starts - starts, 0, "step %d: no bucket all-reduced", s);
+        cr_assert_eq(zb_grad_gathers - grads, 0, "step %d: nothing of the gradients all-gathered", s);
+        cr_assert_eq(zb_parts_gathers - parts, 1, "step %d: the parts' statistics all-gathered once", s);
+        cr_assert_eq((int64_t)zb_parts_gathered, z->first[m->nparams], "every part of every tensor");
+        cr_assert_gt(zb_weight_gathers - weights, 0, "step %d: the weights' blocks all-gathered", s);
+    }
+    cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
+Test(dist, zero1_reduce_scatters_the_gradients_and_gathers_only_their_statistics_one_bucket)
+{
+    check_zero1_traffic("0");
+}
+Test(dist, zero1_reduce_scatters_the_gradients_and_gathers_only_their_statistics_in_buckets)
+{
+    check_zero1_traffic("1e-6");
 }

@@ -128,6 +128,54 @@ Test(fp8, cast_raises_the_amax_ignoring_nan_and_counting_inf)
     cr_assert(isinf(amax), "Inf counts: %g", (double)amax);
 }
 
+/* The cast-transpose (backend.h fp8_cast_args.dst_t): on odd shapes (no side a multiple of 32, one row, one column),
+ * both formats, both recipes, with the counts: dst_t is the transpose of dst bit for bit, and dst, the amax, the
+ * scale and the counts are those of the plain cast, counted once. */
+Test(fp8, cast_transpose_writes_the_same_codes_transposed)
+{
+    seed(46);
+    const int64_t shapes[4][2] = {{37, 53}, {1, 70}, {70, 1}, {64, 33}};
+    const enum dtype dts[2] = {DT_FP8_E4M3, DT_FP8_E5M2};
+    for (int sh = 0; sh < 4; sh++)
+        for (int d = 0; d < 2; d++)
+            for (int current = 0; current < 2; current++) {
+                const int64_t rows = shapes[sh][0], cols = shapes[sh][1];
+                const size_t n = (size_t)(rows * cols);
+                struct tensor *src = host_tensor(DT_BF16, n), *plain = host_tensor(dts[d], n);
+                struct tensor *dst = host_tensor(dts[d], n), *dst_t = host_tensor(dts[d], n);
+                float *h = falloc(n);
+                for (size_t i = 0; i < n; i++)
+                    h[i] = (float)(urand() * 1200.0 - 600.0); /* saturates E4M3 at the delayed scale below */
+                tensor_from_host_f32(src, h);
+                float st[2][4]; /* scale, scale_inv, amax of the plain cast and of the cast-transpose */
+                int64_t counts[2][4] = {{0}};
+                for (int k = 0; k < 2; k++) {
+                    st[k][0] = 0.75f, st[k][1] = 1.0f, st[k][2] = 3.0f;
+                    struct fp8_cast_args a = {.dst = k ? dst : plain, .src = src, .scale = &st[k][0],
+                                              .scale_inv = &st[k][1], .amax = &st[k][2], .current = current,
+                                              .margin = 1, .counts = counts[k], .dst_t = k ? dst_t : NULL,
+                                              .rows = rows, .cols = cols};
+                    be->fp8_cast(be, &a);
+                }
+                const uint8_t *p = plain->data, *c = dst->data, *t = dst_t->data;
+                cr_assert_eq(memcmp(p, c, n), 0, "(%lld, %lld) %s: the codes moved", (long long)rows,
+                             (long long)cols, dtype_name(dts[d]));
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t j = 0; j < cols; j++)
+                        cr_assert_eq(t[j * rows + r], c[r * cols + j],
+                                     "(%lld, %lld) %s current %d: dst_t[%lld][%lld] 0x%02x, dst[%lld][%lld] 0x%02x",
+                                     (long long)rows, (long long)cols, dtype_name(dts[d]), current, (long long)j,
+                                     (long long)r, t[j * rows + r], (long long)r, (long long)j, c[r * cols + j]);
+                for (int i = 0; i < 3; i++)
+                    cr_assert_eq(st[1][i], st[0][i], "state %d: %g against the plain cast's %g", i, (double)st[1][i],
+                                 (double)st[0][i]);
+                for (int i = 0; i < 4; i++)
+                    cr_assert_eq(counts[1][i], counts[0][i], "counter %d: %lld against %lld", i,
+                                 (long long)counts[1][i], (long long)counts[0][i]);
+                cr_assert_gt(counts[0][2], 0, "the counts counted");
+            }
+}
+
 Test(fp8, current_recipe_takes_the_scale_from_this_tensor_in_double)
 {
     const size_t n = 5;
@@ -1222,4 +1270,80 @@ Test(fp8, numerics_of_a_blockwise_run_shows_e4m3_casts_and_no_tensor_scale)
     fclose(f);
     cr_assert_eq(rows, 2 * 9, "9 fp8 tensors, 2 measured steps");
     remove_scratch();
+}
+
+/* ---- the products read the transposed codes the casts made -------------------------------------------------- */
+
+static struct {
+    void (*gemm)(struct backend *be, const struct gemm_args *g);
+    int dw, dx;    /* fp8 products given their transposed operands: dW (a_t and b_t), dx (b_t) */
+    int untransposed; /* fp8 products that a layout-bound GPU would have to transpose into scratch */
+} seen;
+
+/* t (stored (rows, cols)) and its transpose tt, one byte a code: the same codes, the same scale_inv */
+static void expect_transposed(const struct tensor *t, const struct tensor *tt, int64_t rows, int64_t cols,
+                              const char *what)
+{
+    cr_assert_eq(tt->dtype, t->dtype, "%s: dtype", what);
+    cr_assert_eq(tt->numel, t->numel, "%s: numel", what);
+    cr_assert_eq(tt->scale_inv, t->scale_inv, "%s: scale_inv", what);
+    const uint8_t *c = t->data, *ct = tt->data;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++)
+            cr_assert_eq(ct[j * rows + r], c[r * cols + j], "%s (%lld, %lld): [%lld][%lld]", what, (long long)rows,
+                         (long long)cols, (long long)r, (long long)j);
+}
+
+static void checking_gemm(struct backend *b, const struct gemm_args *g)
+{
+    if (dtype_is_fp8(g->a->dtype)) {
+        const int64_t m = g->m, n = g->n, k = g->k;
+        if (g->a_t)
+            expect_transposed(g->a, g->a_t, g->trans_a ? k : m, g->trans_a ? m : k, "a_t");
+        if (g->b_t)
+            expect_transposed(g->b, g->b_t, g->trans_b ? n : k, g->trans_b ? k : n, "b_t");
+        seen.dw += g->trans_a && g->a_t && g->b_t;
+        seen.dx += !g->trans_a && !g->trans_b && g->b_t;
+        seen.untransposed += (g->trans_a && !g->a_t) || (!g->trans_b && !g->b_t);
+    }
+    seen.gemm(b, g);
+}
+
+/* text_gpt with every product in fp8, accum_steps 2, both per-tensor recipes: in training every dW product gets dy's
+ * and x's transposed codes and every dx product W's (gemm_args a_t, b_t), each bit for bit the transpose of the
+ * operand it stands for with its scale, so no product is left for a GPU to transpose (the CPU reads the operands as
+ * stored, so only this shows a wrong view). */
+Test(fp8, backward_products_get_the_transposed_codes_of_their_operands)
+{
+    const char *recipes[2] = {"delayed", "current"};
+    for (int r = 0; r < 2; r++) {
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        struct config cfg;
+        struct amp_error err = {0};
+        cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/text_gpt.yaml", &err), AMP_OK, "%s", err.msg);
+        char rec[64];
+        snprintf(rec, sizeof rec, "precision.fp8.recipe=%s", recipes[r]);
+        const char *ov[] = {"run.device=cpu", "accum_steps=2", "precision.mode=fp8", "precision.fp8.keep_bf16=[]",
+                            "precision.fp8.min_size=[0, 0]", rec, NULL};
+        for (int i = 0; ov[i]; i++)
+            cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+        cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+        struct trainer t;
+        cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
+        cr_assert(t.model.has_fp8);
+        seen = (__typeof__(seen)){.gemm = t.be->gemm};
+        t.be->gemm = checking_gemm;
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
+            cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
+        }
+        t.be->gemm = seen.gemm;
+        /* 9 products (2 blocks of 4, the head), 2 steps of 2 micro-batches; every one has a dx */
+        cr_assert_eq(seen.dw, 9 * 4, "recipe %s: %d dW products with transposed codes", recipes[r], seen.dw);
+        cr_assert_eq(seen.dx, 9 * 4, "recipe %s: %d dx products with transposed codes", recipes[r], seen.dx);
+        cr_assert_eq(seen.untransposed, 0, "recipe %s: %d fp8 products without their transposed operands", recipes[r],
+                     seen.untransposed);
+        trainer_teardown(&t);
+        config_free(&cfg);
+    }
 }

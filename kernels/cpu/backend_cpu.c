@@ -348,6 +348,9 @@ struct backend *backend_cpu_create(void)
     be->mse_forward_backward = cpu_mse_forward_backward;
     be->loss_sum = cpu_loss_sum;
     be->grad_stats = cpu_grad_stats;
+    be->grad_part_numel = EW_CHUNK;
+    be->grad_stats_parts = cpu_grad_stats_parts;
+    be->grad_stats_combine = cpu_grad_stats_combine;
     be->step_propose = cpu_step_propose;
     be->step_finish = cpu_step_finish;
     be->count_zeros = cpu_count_zeros;

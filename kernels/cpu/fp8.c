@@ -1,7 +1,7 @@
 /*
  * fp8.c — the CPU backend's fp8 ops: fp8_cast (a tensor to E4M3 or E5M2 with a scale, its amax and saturation
- * counts), fp8_update (the delayed-scaling history and scale, lib/base/fp8.h's recipe arithmetic), and recipe
- * blockwise's emulation: fp8_block_cast (a matrix to E4M3 with one scale per 1x128 tile or 128x128 block) and
+ * counts, and where asked its codes transposed too), fp8_update (the delayed-scaling history and scale,
+ * lib/base/fp8.h's recipe arithmetic), and recipe blockwise's emulation: fp8_block_cast (a matrix to E4M3 with one scale per 1x128 tile or 128x128 block) and
  * cpu_gemm_blockwise, the product of two block-scaled operands (backend.h, gemm_args: per 128-wide block of K the
  * exact sum of the code products rounded once to fp32, times the two tiles' scale_inv, added to an fp32
  * accumulator, blocks in order).
@@ -70,12 +70,23 @@ static void fp8_cast_chunk(void *arg, int64_t chunk, int worker)
     t[2] = nonzero;
 }
 
+/* The cast-transpose's second output: the codes of dst (rows, cols) transposed into dst_t (cols, rows), a plain
+ * loop over the codes the cast wrote, so they are the same bits by construction. */
+static void fp8_transpose_codes(uint8_t *dst_t, const uint8_t *dst, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst_t[c * rows + r] = dst[r * cols + c];
+}
+
 void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
 {
     struct cpu_backend *cb = cpu_of(be);
     const struct tensor *src = a->src;
     struct tensor *dst = a->dst;
     assert(dtype_is_fp8(dst->dtype) && !dtype_is_fp8(src->dtype) && dst->numel == src->numel);
+    assert(!a->dst_t || (a->dst_t->dtype == dst->dtype && a->rows >= 0 && a->cols >= 0 &&
+                         (size_t)(a->rows * a->cols) == dst->numel && a->dst_t->numel == dst->numel));
     size_t n = src->numel;
     int64_t n_chunks = ew_chunks(n), slots = n_chunks > 0 ? n_chunks : 1;
     struct fp8_cast_job j = { .src = src, .out = dst->data, .f = dst->dtype == DT_FP8_E4M3 ? FP8_E4M3 : FP8_E5M2,
@@ -106,6 +117,8 @@ void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
         }
         a->counts[3] += (int64_t)n;
     }
+    if (a->dst_t)
+        fp8_transpose_codes(a->dst_t->data, dst->data, a->rows, a->cols);
 }
 
 void cpu_fp8_update(struct backend *be, const struct fp8_update_args *a)

@@ -5,6 +5,10 @@
  *
  * The plain loop (grad_stats_one) is the reference; beside it its AVX-512 main loop (grad_stats_avx512), element i
  * to lane i % 8, multiply then add (no FMA), so the same double sums bit for bit.
+ *
+ * A part is one EW_CHUNK-element chunk of a tensor (the backend's grad_part_numel). grad_stats is the parts' results
+ * (grad_stats_parts, threaded) combined in tensor and chunk order (grad_stats_combine); ranks that each hold some of
+ * a reduced gradient's parts (dist.zero 1) run the two halves apart and get the same bits.
  */
 #include "cpu_internal.h" /* struct cpu_backend, scratch, dtype helpers */
 
@@ -13,19 +17,15 @@ static bool bits_nonfinite(uint32_t u)
     return (u & 0x7F800000u) == 0x7F800000u;
 }
 
-/* One chunk's statistics (struct gs_part): sumsq into 8 lanes (element i of the chunk to lane i % 8), absmax,
- * the non-finite elements counted, and told apart only when present. */
-struct gs_part {
-    double lanes[8], absmax;
-    int64_t n_inf, n_nan;
-};
+/* One chunk's statistics are a struct grad_part (backend.h): sumsq into 8 lanes (element i of the chunk to lane
+ * i % 8), absmax, the non-finite elements counted, and told apart only when present. */
 
 #ifdef HAVE_AVX512_INTRIN
 __attribute__((target("avx512f,avx512vl"))) static size_t grad_stats_avx512(const float *g, size_t n, double sq[8],
                                                                    double *mx, int64_t *bad);
 #endif
 
-HOT_LOOP static void grad_stats_one(const float *g, size_t n, struct gs_part *out)
+HOT_LOOP static void grad_stats_one(const float *g, size_t n, struct grad_part *out)
 {
     int64_t bad = 0;
     double mx = 0.0;
@@ -101,7 +101,7 @@ struct gs_job {
     const struct tensor *const *grads;
     int n;
     const int64_t *first; /* n + 1 */
-    struct gs_part *part;
+    struct grad_part *part;
 };
 
 /* Which of n tensors chunk `chunk` belongs to, their chunks numbered on from tensor to tensor (first[i] is
@@ -119,7 +119,7 @@ int cpu_chunk_owner(const int64_t *first, int n, int64_t chunk)
     return lo;
 }
 
-static void gs_chunk(const struct gs_job *j, int64_t chunk, struct gs_part *out)
+static void gs_chunk(const struct gs_job *j, int64_t chunk, struct grad_part *out)
 {
     const int i = cpu_chunk_owner(j->first, j->n, chunk);
     const struct tensor *t = j->grads[i];
@@ -136,54 +136,115 @@ static void gs_chunk_job(void *arg, int64_t chunk, int worker)
     gs_chunk(j, chunk, &j->part[chunk]);
 }
 
-/* The fused check over fixed chunks (fixed by the tensors' sizes alone), threaded; then, in chunk order,
- * each chunk's 8 lanes added into 8 totals (lane by lane), absmax taken, and the non-finite counts summed
- * per tensor. So the sum of squares has the same bits for any thread count. Without scratch for the
- * chunks' results the chunks run here one at a time, each combined as it is done: the same additions. */
-void cpu_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors,
-                           struct grad_check *out, int64_t *counts)
+/* The combination, in one order whoever computed the parts: the totals start at zero (and the per-tensor counts), then
+ * gs_add of every part in tensor and chunk order, then gs_end. */
+static void gs_begin(struct grad_check *out, int64_t *counts, int ntensors, double lanes[8])
 {
-    struct cpu_backend *cb = cpu_of(be);
-    double lanes[8] = { 0 };
+    for (int l = 0; l < 8; l++)
+        lanes[l] = 0.0;
     out->absmax = 0.0;
     out->found_nonfinite = 0;
     out->update_nonfinite = 0; /* the whole struct is this pass's (step_propose zeroes it again for its trial) */
     for (int t = 0; t < 2 * ntensors; t++)
         counts[t] = 0;
-    int64_t stack_first[65], *first = ntensors < 65 ? stack_first : malloc(((size_t)ntensors + 1) * sizeof *first);
-    struct gs_job job = { .grads = grads, .n = ntensors, .first = first };
+}
+
+/* Part r of tensor t: its 8 lanes added into the 8 totals (lane by lane), absmax taken, its counts added. */
+static void gs_add(struct grad_check *out, int64_t *counts, int ntensors, int t, double lanes[8],
+                   const struct grad_part *r)
+{
+    for (int l = 0; l < 8; l++)
+        lanes[l] += r->lanes[l];
+    out->absmax = r->absmax > out->absmax ? r->absmax : out->absmax;
+    counts[t] += r->n_inf;
+    counts[ntensors + t] += r->n_nan;
+    if (r->n_inf || r->n_nan)
+        out->found_nonfinite = 1;
+}
+
+static void gs_end(struct grad_check *out, const double lanes[8])
+{
+    out->sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+void cpu_grad_stats_combine(struct backend *be, const struct grad_part *parts, const int64_t *first, int ntensors,
+                            struct grad_check *out, int64_t *counts)
+{
+    (void)be;
+    double lanes[8];
+    gs_begin(out, counts, ntensors, lanes);
+    for (int t = 0; t < ntensors; t++)
+        for (int64_t c = first[t]; c < first[t + 1]; c++)
+            gs_add(out, counts, ntensors, t, lanes, &parts[c]);
+    gs_end(out, lanes);
+}
+
+/* first[0..n]: the tensors' chunks numbered on from tensor to tensor (first[n] the total); NULL out of memory (a
+ * caller's stack_first where n < 65). */
+static int64_t *gs_first(const struct tensor *const *grads, int n, int64_t *stack_first)
+{
+    int64_t *first = n < 65 ? stack_first : malloc(((size_t)n + 1) * sizeof *first);
+    if (!first)
+        return NULL;
+    first[0] = 0;
+    for (int t = 0; t < n; t++)
+        first[t + 1] = first[t] + ew_chunks(grads[t]->numel);
+    return first;
+}
+
+/* Tensor t's chunk c directly (no chunk table). */
+static void gs_direct(const struct tensor *t, int64_t c, struct grad_part *out)
+{
+    size_t off = (size_t)c * EW_CHUNK, n = t->numel - off < EW_CHUNK ? t->numel - off : EW_CHUNK;
+    assert(t->dtype == DT_FP32);
+    grad_stats_one((const float *)t->data + off, n, out);
+}
+
+void cpu_grad_stats_parts(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_part *out)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t stack_first[65], *first = gs_first(grads, ntensors, stack_first);
     if (first) {
-        first[0] = 0;
-        for (int t = 0; t < ntensors; t++)
-            first[t + 1] = first[t] + ew_chunks(grads[t]->numel);
-        job.part = scratch_get(cb, SCR_ACC1, (size_t)(first[ntensors] > 0 ? first[ntensors] : 1) * sizeof *job.part);
-        if (job.part)
-            parallel_for(cb->pool, first[ntensors], gs_chunk_job, &job);
+        struct gs_job job = {.grads = grads, .n = ntensors, .first = first, .part = out};
+        parallel_for(cb->pool, first[ntensors], gs_chunk_job, &job);
+        if (first != stack_first)
+            free(first);
+        return;
     }
-    for (int t = 0; t < ntensors; t++) {
-        int64_t c0 = first ? first[t] : 0, nc = ew_chunks(grads[t]->numel);
-        for (int64_t c = 0; c < nc; c++) {
-            struct gs_part one, *r = &one;
-            if (job.part)
-                r = &job.part[c0 + c];
-            else if (first)
-                gs_chunk(&job, c0 + c, r);
-            else { /* no memory even for the chunk table: tensor t's chunk c directly */
-                size_t off = (size_t)c * EW_CHUNK, n = grads[t]->numel - off < EW_CHUNK ? grads[t]->numel - off : EW_CHUNK;
-                grad_stats_one((const float *)grads[t]->data + off, n, r);
+    int64_t k = 0; /* no memory for the chunk table: one chunk at a time, the same results */
+    for (int t = 0; t < ntensors; t++)
+        for (int64_t c = 0; c < ew_chunks(grads[t]->numel); c++)
+            gs_direct(grads[t], c, &out[k++]);
+}
+
+/* The fused check over fixed chunks (fixed by the tensors' sizes alone), threaded; then, in chunk order,
+ * each chunk's 8 lanes added into 8 totals (lane by lane), absmax taken, and the non-finite counts summed
+ * per tensor (cpu_grad_stats_combine). So the sum of squares has the same bits for any thread count. Without scratch
+ * for the chunks' results the chunks run here one at a time, each combined as it is done: the same additions. */
+void cpu_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors,
+                           struct grad_check *out, int64_t *counts)
+{
+    struct cpu_backend *cb = cpu_of(be);
+    int64_t stack_first[65], *first = gs_first(grads, ntensors, stack_first);
+    struct grad_part *part = NULL;
+    if (first)
+        part = scratch_get(cb, SCR_ACC1, (size_t)(first[ntensors] > 0 ? first[ntensors] : 1) * sizeof *part);
+    if (part) {
+        cpu_grad_stats_parts(be, grads, ntensors, part);
+        cpu_grad_stats_combine(be, part, first, ntensors, out, counts);
+    } else {
+        double lanes[8];
+        gs_begin(out, counts, ntensors, lanes);
+        for (int t = 0; t < ntensors; t++)
+            for (int64_t c = 0; c < ew_chunks(grads[t]->numel); c++) {
+                struct grad_part one;
+                gs_direct(grads[t], c, &one);
+                gs_add(out, counts, ntensors, t, lanes, &one);
             }
-            for (int l = 0; l < 8; l++)
-                lanes[l] += r->lanes[l];
-            out->absmax = r->absmax > out->absmax ? r->absmax : out->absmax;
-            counts[t] += r->n_inf;
-            counts[ntensors + t] += r->n_nan;
-        }
-        if (counts[t] || counts[ntensors + t])
-            out->found_nonfinite = 1;
+        gs_end(out, lanes);
     }
     if (first && first != stack_first)
         free(first);
-    out->sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 void cpu_step_propose(struct backend *be, const struct step_params *p, struct step_state *state,

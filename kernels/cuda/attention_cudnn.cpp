@@ -9,11 +9,14 @@
  * 1/sqrt(D), causal: key j <= query i) V, fp32 inside (scores, the online softmax, the products' accumulators), O
  * rounded once to d. Q, K and V are read where they lie: dims {B, H, T, D} with strides {T*3C, D, 3C, 1} from qkv,
  * qkv + C and qkv + 2C; O is written into out (B, T, C) by strides {T*C, D, C, 1}; dQ, dK, dV into dqkv (B, T, 3C)
- * as Q, K, V are read (no split or merge copies, no (B, H, T, T) tensor anywhere). The forward also writes the
- * softmax statistics, stats (B, H, T) fp32 (dims {B, H, T, 1}): per row the log-sum-exp of its scaled causal
+ * as Q, K, V are read (no split or merge copies, no (B, H, T, T) tensor kept between calls). The forward also writes
+ * the softmax statistics, stats (B, H, T) fp32 (dims {B, H, T, 1}): per row the log-sum-exp of its scaled causal
  * scores, which is all the backward needs, with O and dO, to rebuild the probabilities tile by tile. The backward
  * runs cuDNN's deterministic algorithm (SDPA_backward_attributes::set_deterministic_algorithm): dQ is summed in a
- * fixed order, so the same inputs give the same bits on every run and resume stays bit-exact.
+ * fixed order, so the same inputs give the same bits on every run and resume stays bit-exact. On Hopper the frontend
+ * serves that flag with its dP-workspace graph (scaled_dot_product_flash_attention.h: dQ = dS K with dS, (B, H, T, T)
+ * in 16 bits, in the plan's workspace): the backward's workspace is then about B*H*T^2*2 bytes (T rounded up to 64),
+ * for the call only.
  *
  * Plans: one frontend graph per (B, T, H, D, d, forward or backward), validated, lowered, checked for support,
  * built once and kept (most recently used first) until destroy, as conv_cudnn.cu keeps its convolution plans; a

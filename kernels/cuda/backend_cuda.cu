@@ -393,6 +393,9 @@ static void fill_table(struct backend *be)
     be->status = cu_status;
     be->destroy = cu_destroy;
     cuda_attention_fused_install(cuda_of(be)); /* where built with cuDNN's frontend */
+    /* checked to be 0 or 1 by backend_open (lib/base/backend.c) */
+    const char *fp8_epilogue = getenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
+    cuda_of(be)->fp8_epilogue_off = fp8_epilogue && strcmp(fp8_epilogue, "0") == 0;
     cuda_graphs_install(cuda_of(be));          /* unless AMPTRAIN_CUDA_GRAPHS=0 */
 }
 

@@ -124,6 +124,9 @@ struct cuda_backend {
     bool fp8_refused;    /* cublasLtMatmul refused a native fp8 product at its first call: fp8 products are
                           * emulated in bf16 from then on (cuda_gemm_fp8), with one warning saying so */
     bool blockwise_noted; /* recipe blockwise's note (its products run the CPU's arithmetic, not tensor cores) */
+    bool fp8_epilogue_off; /* AMPTRAIN_FP8_CUBLASLT_EPILOGUE=0: every fp8 product through the fp32 scratch and the
+                            * epilogue kernel, none with cuBLASLt writing its bf16 C (kernels/cuda/fp8.cu) */
+    bool fp8_epilogue_noted; /* the note that cuBLASLt declined to write an fp8 product's bf16 C was printed */
     bool pools;          /* cudaDevAttrMemoryPoolsSupported: scratch by cudaMallocAsync, else cudaMalloc */
     cudaEvent_t stage_done[BACKEND_STAGING_SLOTS]; /* upload_staged: each slot's last queued copy */
     bool staged[BACKEND_STAGING_SLOTS];            /* a copy was queued since the slot's last wait */
@@ -298,6 +301,12 @@ struct lt_matmul {
     int64_t batch, stride_a, stride_b, stride_c;
 };
 void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm);
+/* mm (batch 1, beta 0, a 16-bit C, k > 0) with its bias and GELU (aux) in cuBLASLt's own epilogue, never the
+ * fallbacks cuda_lt_matmul takes (a bias or GELU kernel after a rounded product: more roundings). true where it ran
+ * or an error was recorded; false, having written nothing that counts, where cuBLASLt offers no kernel for that
+ * epilogue or refused it at a plan's first call (the plan remembers: later calls return false at once) or refused
+ * a native fp8 product (cuda_backend.fp8_refused), so the caller takes another path. */
+bool cuda_lt_matmul_fused(struct cuda_backend *cb, const struct lt_matmul *mm);
 void cuda_gemm(struct backend *be, const struct gemm_args *g);
 void cuda_gemm_plans_free(struct cuda_backend *cb);
 void cuda_attention_forward(struct backend *be, struct tensor *out, struct tensor *probs, const struct tensor *qkv,

@@ -7,21 +7,35 @@
  * amax in the cast's own pass (one read of x), then folds it into its history row. The cast: x * scale rounded to
  * nearest even with saturation (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the
  * CPU's fp8_from_fp32 against bit for bit). The scale is read from device memory: nothing waits for the host.
+ * The cast-transpose (fp8_cast_args.dst_t, Transformer Engine's): where a product reads the codes the other way
+ * round, the same pass also writes them transposed, through 32 x 32 tiles in shared memory (cast_transpose_kernel:
+ * src read once, both outputs written coalesced), with the same codes, amax and counts.
  *
  * Products: cuBLASLt FP8 matmuls on sm_89 and newer (compute 32F, our B's scale_inv as its A scale pointer and our
- * A's as its B scale pointer, D in fp32). Hopper's FP8 kernels take only the "TN" layout (cuBLASLt's A transposed,
- * its B not), i.e. in our row-major terms !trans_a and trans_b: the forward product (x W^T) is already so; for dx
- * (dy W) W is transposed into scratch, for dW (dy^T x) both are. D goes to an fp32 scratch, and one epilogue kernel
- * adds beta * C, the fp32 bias and the GELU, and rounds once into C: the CPU's order (sum, scale, bias, one
- * rounding). Below sm_89 (with a warning, once), and for shapes whose m, n or k is not a multiple of 16 (cuBLASLt's
- * FP8 alignment), the codes are widened to bf16 (exactly), multiplied by cuBLASLt in bf16 with FP32 accumulation,
- * and the epilogue applies the scales: the same values up to summation order. On the native path Hopper's FP8
+ * A's as its B scale pointer). Hopper's FP8 kernels take only the "TN" layout (cuBLASLt's A transposed, its B not),
+ * i.e. in our row-major terms !trans_a and trans_b: the forward product (x W^T) is already so; dx (dy W) reads W's
+ * transposed codes and dW (dy^T x) dy's and x's, which the casts made (gemm_args a_t, b_t: the linear layer's
+ * weight cast once a step, its input's cast in training, its output gradient's cast); an operand without them is
+ * transposed into scratch first. Where C is a fresh bf16 tensor (beta 0: the forward y = x W^T + b, with GELU where
+ * it follows, and dx), cuBLASLt writes it itself: alpha * sa * sb * sum + the fp32 bias, rounded once to bf16, with
+ * CUBLASLT_EPILOGUE_BIAS or GELU_AUX_BIAS (the pre-activation into aux), no scratch and no second pass
+ * (fp8_product_into_c; cuBLASLt's order is the CPU's: sum, scale, bias, one rounding; its GELU's tanh may differ
+ * by ulps, invisible but where a value lies on a bf16 rounding boundary). cublasLt.h gives a bf16 D's bias the
+ * type bf16; ours is fp32, as the CPU adds it, so a heuristic without such a kernel or a call refusing it (the
+ * plan remembers, and a note says so once) sends the product to the scratch path. Otherwise (beta != 0: a
+ * gradient accumulated over micro-batches; an fp32 C, whose bits follow the CPU's order; the heuristic's refusal;
+ * AMPTRAIN_FP8_CUBLASLT_EPILOGUE=0) D goes to an fp32 scratch, and one epilogue kernel adds beta * C, the fp32 bias
+ * and the GELU, and rounds once into C: the CPU's order (sum, scale, bias, one rounding). cuBLASLt's amax of D
+ * (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER) is not used: cublasLt.h does not say it is computed for a bf16 D, and the
+ * delayed recipe's next cast takes its amax in its own single pass anyway. Below sm_89 (with a warning, once),
+ * and for shapes whose m, n or k is not a multiple of 16 (cuBLASLt's FP8 alignment), the codes are widened to
+ * bf16 (exactly), multiplied by cuBLASLt in bf16 with FP32 accumulation, and the epilogue applies the scales: the
+ * same values up to summation order. On the native path Hopper's FP8
  * tensor cores add the products in a narrower accumulator (about 22 bits, moved into fp32 every few 32-product
  * groups; fast accumulation is off, the most accurate setting), so an fp32 C differs from the CPU's exact-product
  * fp32 sums by more than summation order: about 1e-4 relative on the GPU test's operands by a reviewer's
  * simulation of that accumulator, and measured on the H200 (2026-12-04): 1.12e-4 (k = 128) and 8.9e-5 (k = 512,
  * tests/test_cuda_backend.c fp8_gemm_runs_native_on_fp8_tensor_cores).
- * Only a bf16 or fp32 D is made, so cuBLASLt's D-amax output (for an fp8 D) is not used.
  *
  * Recipe blockwise (backend.h fp8_block_cast and gemm_args a_blocks / b_blocks): not yet cuBLASLt's block-scaled
  * products (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, docs/precision.md says what they need) but
@@ -116,6 +130,77 @@ __global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, 
         atomicAdd(reinterpret_cast<unsigned long long *>(&counts[3]), (unsigned long long)n);
 }
 
+/* The cast-transpose (backend.h fp8_cast_args.dst_t; Transformer Engine's): src (rows, cols) cast at *scale into dst
+ * (rows, cols) and, through a 32 x 32 tile of codes in shared memory, into dst_t (cols, rows). A block of 32 x 8
+ * threads reads a tile's rows once (a warp a row: coalesced), writes dst's rows, then dst_t's rows (the tile's
+ * columns, coalesced too); row tiles are strided over gridDim.y (at most 65535). The codes, amax and counts are
+ * cast_kernel's, element by element: store_elem's conversion, the same folds. */
+__global__ void cast_transpose_kernel(uint8_t *dst, uint8_t *dst_t, int dst_dt, const void *src, int src_dt,
+                                      const float *scale, int64_t rows, int64_t cols, int64_t *counts, float *amax)
+{
+    __shared__ uint8_t tile[32][33];
+    const float s = *scale;
+    const __nv_fp8_interpretation_t fi = dst_dt == DT_FP8_E4M3 ? __NV_E4M3 : __NV_E5M2;
+    unsigned long long sat = 0, flushed = 0, nonzero = 0;
+    float m = 0.0f;
+    const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x, c0 = (int64_t)blockIdx.x * 32;
+    for (int64_t r0 = (int64_t)blockIdx.y * 32; r0 < rows; r0 += (int64_t)gridDim.y * 32) { /* uniform per block */
+        for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+            if (r0 + j >= rows || c >= cols)
+                continue;
+            const size_t i = (size_t)((r0 + j) * cols + c);
+            const float v = load_elem(src, src_dt, i);
+            m = fp8_amax_fold(m, v);
+            const uint8_t code = __nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, fi); /* store_elem's conversion */
+            dst[i] = code;
+            tile[j][threadIdx.x] = code;
+            if (counts && v != 0.0f && !isnan(v)) {
+                nonzero++;
+                unsigned raw = __nv_cvt_float_to_fp8(v * s, __NV_NOSAT, fi) & 0x7Fu;
+                sat += dst_dt == DT_FP8_E4M3 ? raw == 0x7Fu : raw >= 0x7Cu;
+                flushed += (code & 0x7Fu) == 0;
+            }
+        }
+        __syncthreads();
+        const int64_t r = r0 + threadIdx.x;
+        for (int j = threadIdx.y; j < 32; j += blockDim.y)
+            if (c0 + j < cols && r < rows)
+                dst_t[(c0 + j) * rows + r] = tile[threadIdx.x][j];
+        __syncthreads(); /* the tile is read before the next row block writes it */
+    }
+    if (amax) {
+        for (int off = 16; off > 0; off >>= 1)
+            m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, off));
+        if (threadIdx.x == 0)
+            atomic_max_nonneg(amax, m);
+    }
+    if (!counts)
+        return;
+    for (int off = 16; off > 0; off >>= 1) {
+        sat += __shfl_down_sync(0xffffffffu, sat, off);
+        flushed += __shfl_down_sync(0xffffffffu, flushed, off);
+        nonzero += __shfl_down_sync(0xffffffffu, nonzero, off);
+    }
+    if (threadIdx.x == 0) {
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[0]), sat);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[1]), flushed);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[2]), nonzero);
+    }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[3]), (unsigned long long)(rows * cols));
+}
+
+/* 32 x 32 tiles: one block a column of tiles' width, row tiles strided over at most 65535 blocks */
+static void launch_cast_transpose(struct cuda_backend *cb, const struct fp8_cast_args *a, float *fold)
+{
+    const int64_t row_blocks = (a->rows + 31) / 32;
+    dim3 block(32, 8), grid((unsigned)((a->cols + 31) / 32), (unsigned)(row_blocks < 65535 ? row_blocks : 65535));
+    cast_transpose_kernel<<<grid, block, 0, cb->stream>>>(
+        static_cast<uint8_t *>(a->dst->data), static_cast<uint8_t *>(a->dst_t->data), a->dst->dtype, a->src->data,
+        a->src->dtype, a->scale, a->rows, a->cols, a->counts, fold);
+    CB_LAUNCHED(cb, "cast_transpose_kernel");
+}
+
 void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
 {
     struct cuda_backend *cb = cuda_of(be);
@@ -125,6 +210,14 @@ void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
         cuda_record(cb, "this is a bug in the caller (see fp8_cast_args in lib/base/backend.h)",
                     "fp8_cast: %s (%zu) from %s (%zu)", dtype_name(dst->dtype), dst->numel, dtype_name(src->dtype),
                     src->numel);
+        return;
+    }
+    if (a->dst_t && (a->dst_t->dtype != dst->dtype || a->rows < 0 || a->cols < 0 ||
+                     (size_t)(a->rows * a->cols) != dst->numel || a->dst_t->numel != dst->numel)) {
+        cuda_record(cb, "this is a bug in the caller (see fp8_cast_args.dst_t in lib/base/backend.h)",
+                    "fp8_cast: transposed codes %s (%zu) of a (%lld, %lld) %s cast of %zu elements",
+                    dtype_name(a->dst_t->dtype), a->dst_t->numel, (long long)a->rows, (long long)a->cols,
+                    dtype_name(dst->dtype), dst->numel);
         return;
     }
     size_t n = src->numel;
@@ -145,9 +238,13 @@ void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
     }
     if (n) { /* delayed: the amax is taken by the cast's own pass over src */
         float *fold = a->amax && !a->current ? now : NULL;
-        cast_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(dst->data, dst->dtype, src->data, src->dtype, a->scale, n,
-                                                              a->counts, fold);
-        CB_LAUNCHED(cb, "cast_kernel");
+        if (a->dst_t) {
+            launch_cast_transpose(cb, a, fold);
+        } else {
+            cast_kernel<<<grid_for(n), kThreads, 0, cb->stream>>>(dst->data, dst->dtype, src->data, src->dtype,
+                                                                  a->scale, n, a->counts, fold);
+            CB_LAUNCHED(cb, "cast_kernel");
+        }
     }
     if (a->amax && !a->current) {
         cast_scale_kernel<<<1, 1, 0, cb->stream>>>(a->scale, a->scale_inv, now, a->amax, fmax, a->margin, false);
@@ -293,6 +390,23 @@ static bool fp8_aligned_scales(struct cuda_backend *cb, const struct gemm_args *
     return true;
 }
 
+/* mm's operands for a native product: TN, A (m, k) row-major untransposed, B (n, k) row-major, i.e. trans_b. An
+ * operand stored the other way is read from its transposed codes where the caller has them (gemm_args a_t, b_t: the
+ * cast made them), else transposed into scratch. false where nothing may run (an error recorded). */
+static bool fp8_native_operands(struct cuda_backend *cb, const struct gemm_args *g, struct lt_matmul *mm)
+{
+    const int64_t m = g->m, n = g->n, k = g->k;
+    mm->a = !g->trans_a ? g->a->data : g->a_t ? g->a_t->data : transposed(cb, CSCR_FP8_A, g->a->data, k, m);
+    mm->b = g->trans_b ? g->b->data : g->b_t ? g->b_t->data : transposed(cb, CSCR_FP8_B, g->b->data, k, n);
+    mm->ab_dt = g->a->dtype;
+    mm->b_dt = g->b->dtype;
+    mm->trans_a = false;
+    mm->trans_b = true;
+    mm->lda = k;
+    mm->ldb = k;
+    return mm->a && mm->b && fp8_aligned_scales(cb, g, &mm->a_scale, &mm->b_scale);
+}
+
 /* P (m, n, fp32) = A B of g's fp8 operands: natively (cuBLASLt's fp8 kernels, TN, the scales applied by the
  * product), or widened to bf16 with FP32 accumulation (the scales left to the epilogue). false where nothing ran
  * (an error recorded). */
@@ -311,17 +425,9 @@ static bool fp8_product(struct cuda_backend *cb, const struct gemm_args *g, floa
     mm.alpha = 1.0f;
     mm.beta = 0.0f;
     mm.batch = 1;
-    if (native) { /* TN: A (m, k) row-major untransposed, B (n, k) row-major, i.e. trans_b */
-        mm.a = g->trans_a ? transposed(cb, CSCR_FP8_A, g->a->data, k, m) : g->a->data;
-        mm.b = g->trans_b ? g->b->data : transposed(cb, CSCR_FP8_B, g->b->data, k, n);
-        mm.ab_dt = da;
-        mm.b_dt = db;
-        if (!fp8_aligned_scales(cb, g, &mm.a_scale, &mm.b_scale))
+    if (native) {
+        if (!fp8_native_operands(cb, g, &mm))
             return false;
-        mm.trans_a = false;
-        mm.trans_b = true;
-        mm.lda = k;
-        mm.ldb = k;
     } else {
         mm.a = widened(cb, CSCR_FP8_A, g->a->data, da, (size_t)(m * k));
         mm.b = widened(cb, CSCR_FP8_B, g->b->data, db, (size_t)(k * n));
@@ -340,6 +446,30 @@ static bool fp8_product(struct cuda_backend *cb, const struct gemm_args *g, floa
     return true;
 }
 
+/* A native product whose C is a fresh bf16 tensor (beta 0): cuBLASLt writes C itself, alpha * sa * sb * sum + the
+ * fp32 bias (and GELU, its pre-activation into aux) rounded once, in its epilogue: no fp32 scratch and no epilogue
+ * kernel. true where that ran (or an error was recorded); false where cuBLASLt offers no such kernel or refused it
+ * (cuda_lt_matmul_fused: the plan remembers), and the caller takes the scratch path. */
+static bool fp8_product_into_c(struct cuda_backend *cb, const struct gemm_args *g)
+{
+    struct lt_matmul mm;
+    memset(&mm, 0, sizeof mm);
+    if (!fp8_native_operands(cb, g, &mm))
+        return true;
+    mm.c = g->c->data;
+    mm.c_dt = g->c->dtype;
+    mm.bias = g->bias ? static_cast<const float *>(g->bias->data) : NULL;
+    mm.aux = g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL;
+    mm.m = g->m;
+    mm.n = g->n;
+    mm.k = g->k;
+    mm.ldc = g->n;
+    mm.alpha = g->alpha;
+    mm.beta = 0.0f;
+    mm.batch = 1;
+    return cuda_lt_matmul_fused(cb, &mm);
+}
+
 static void cuda_gemm_fp8_blocks(struct cuda_backend *cb, const struct gemm_args *g);
 
 void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
@@ -351,7 +481,9 @@ void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
     enum dtype da = g->a->dtype, db = g->b->dtype, dc = g->c->dtype;
     bool ok = dtype_is_fp8(da) && dtype_is_fp8(db) && !(da == DT_FP8_E5M2 && db == DT_FP8_E5M2) &&
               (dc == DT_FP32 || dc == DT_BF16) && g->batch == 1 && g->a->scale_inv && g->b->scale_inv &&
-              (!g->bias || (g->bias->dtype == DT_FP32 && g->beta == 0.0f));
+              (!g->bias || (g->bias->dtype == DT_FP32 && g->beta == 0.0f)) &&
+              (!g->a_t || (g->a_t->dtype == da && g->a_t->numel == g->a->numel)) &&
+              (!g->b_t || (g->b_t->dtype == db && g->b_t->numel == g->b->numel));
     if (!ok) {
         cuda_record(cb, "this is a bug in the caller (see the fp8 rules of gemm_args in lib/base/backend.h)",
                     "gemm: unsupported fp8 product A %s, B %s, C %s (batch %lld, scales %s)", dtype_name(da),
@@ -362,12 +494,25 @@ void cuda_gemm_fp8(struct cuda_backend *cb, const struct gemm_args *g)
     int64_t m = g->m, n = g->n, k = g->k;
     if (m <= 0 || n <= 0)
         return;
-    float *p = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_P, (size_t)(m * n) * sizeof(float)));
-    if (!p)
-        return;
     /* cuBLASLt's FP8 kernels want 16-byte multiples for every dimension (leading dimensions included); a
      * product cuBLASLt refused once (cb->fp8_refused, the warning printed by plan_refused) is not asked again */
     bool native = cb->cc >= 89 && !cb->fp8_refused && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+    if (native && dc == DT_BF16 && g->beta == 0.0f && k > 0 && !cb->fp8_epilogue_off) {
+        if (fp8_product_into_c(cb, g))
+            return;
+        if (!cb->fp8_refused && !cb->fp8_epilogue_noted) {
+            fprintf(stderr, "ampTrain: note: %s: cuBLASLt does not write an fp8 product's bf16 C with its epilogue here "
+                            "(m=%lld n=%lld k=%lld, %s%s): such products go through an fp32 scratch and an epilogue "
+                            "kernel, the same values, slower\n",
+                    cb->name, (long long)m, (long long)n, (long long)k, g->bias ? "fp32 bias" : "no bias",
+                    g->epilogue == GEMM_EPI_GELU_TANH ? ", GELU" : "");
+            cb->fp8_epilogue_noted = true;
+        }
+    }
+    native = native && !cb->fp8_refused; /* (fp8_product_into_c may have met the refusal) */
+    float *p = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_P, (size_t)(m * n) * sizeof(float)));
+    if (!p)
+        return;
     if (!native && !cb->fp8_warned && cb->cc < 89) {
         fprintf(stderr, "ampTrain: warning: %s (compute capability %d.%d) has no fp8 matrix products (sm_89 or newer): "
                         "they are emulated in bf16 with FP32 accumulation, the same values, without fp8's speed\n",

@@ -24,7 +24,9 @@
  * or cublasLtMatmul refusing it at the first call: refusals the plan remembers) the product
  * with the bias goes into aux, rounded to its dtype, and elementwise.cu's GELU kernel maps aux into C:
  * GELU of the rounded pre-activation, so a 16-bit C is rounded twice (three times where the bias
- * fallback applies as well).
+ * fallback applies as well). cuda_lt_matmul_fused takes neither fallback: where cuBLASLt has no kernel for the
+ * epilogue, or refuses it, it says so and the caller takes its own path (fp8.cu: an fp8 product's bf16 C, which
+ * must be rounded once).
  *
  * Plans: the matmul descriptor, the three layouts and the heuristic's algorithm are built once per
  * shape key (transposes, m, n, k, leading dimensions, batch and strides, dtypes, bias, epilogue,
@@ -258,6 +260,11 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
              plan_set_bias_probe(cb, p, probe->bias);
         if (ok)
             ok = plan_pick_algo(cb, p, true, &found);
+        if (ok && !found && key->scaled) { /* fp8 (cuda_lt_matmul_fused): kept, so the heuristic is asked once; the
+                                            * caller takes its own path, never this plan */
+            p->bias_by_kernel = true;
+            return p;
+        }
         if (ok && !found) /* no fused-bias kernel for this combination: a separate bias kernel */
             ok = plan_unfuse_bias(cb, p);
     }
@@ -377,6 +384,17 @@ static bool key_of(struct cuda_backend *cb, const struct lt_matmul *mm, enum gem
  * GELU to lt_matmul_gelu's fallback. false: the caller must take the unfused path (GELU). */
 static bool plan_refused(struct cuda_backend *cb, struct gemm_plan *p, cublasStatus_t st)
 {
+    const bool fused = p->key.epilogue == GEMM_EPI_GELU_TANH || (p->key.has_bias && !p->bias_by_kernel);
+    if (p->key.scaled && fused && !p->ran && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+        /* a native fp8 product with its epilogue (cuda_lt_matmul_fused: only it asks for one) refused: the plan
+         * remembers, and the caller takes its fp32 scratch, whose plain product is asked for on its own (a refusal
+         * of that one is the fp8 refusal below) */
+        if (p->key.epilogue == GEMM_EPI_GELU_TANH)
+            p->gelu_by_kernel = true;
+        else
+            p->bias_by_kernel = true;
+        return true;
+    }
     if (p->key.scaled && !p->ran && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
         /* a native fp8 product the heuristic offered and the call refused: cuda_gemm_fp8 sees the flag and
          * emulates it in bf16 (the same values), as it does on GPUs without fp8 products */
@@ -388,7 +406,6 @@ static bool plan_refused(struct cuda_backend *cb, struct gemm_plan *p, cublasSta
         cb->fp8_refused = true;
         return true;
     }
-    bool fused = p->key.epilogue == GEMM_EPI_GELU_TANH || (p->key.has_bias && !p->bias_by_kernel);
     if (p->ran || !fused || (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE))
         return false;
     if (p->key.epilogue == GEMM_EPI_GELU_TANH) {
@@ -519,6 +536,25 @@ void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm)
     struct gemm_plan *p = plan_get(cb, &key, &probe);
     if (p)
         plan_run(cb, p, mm);
+}
+
+bool cuda_lt_matmul_fused(struct cuda_backend *cb, const struct lt_matmul *mm)
+{
+    const bool gelu = mm->aux != NULL;
+    if (mm->m <= 0 || mm->n <= 0 || mm->k <= 0 || mm->batch != 1 || mm->beta != 0.0f || mm->c_dt == DT_FP32 ||
+        mm->ldc != mm->n || (gelu && (mm->trans_a || mm->ldc % 8 != 0 || alignment_of(mm->aux, 0, 1) < 16)))
+        return false;
+    struct gemm_key key;
+    if (!key_of(cb, mm, gelu ? GEMM_EPI_GELU_TANH : GEMM_EPI_NONE, &key))
+        return true;
+    struct plan_probes probe = {.aux = mm->aux, .bias = mm->bias, .a_scale = mm->a_scale, .b_scale = mm->b_scale};
+    struct gemm_plan *p = plan_get(cb, &key, &probe);
+    if (!p)
+        return true;
+    if (p->gelu_by_kernel || p->bias_by_kernel) /* the heuristic had no kernel with the epilogue, or a call refused it */
+        return false;
+    plan_run(cb, p, mm);
+    return !(p->gelu_by_kernel || p->bias_by_kernel || (key.scaled && !p->ran));
 }
 
 /* The GELU epilogue's preconditions (backend.h) that only the tensors show. */

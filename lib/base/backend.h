@@ -73,6 +73,14 @@ struct fp8_blocks {
     enum fp8_tiling tiling;
 };
 
+/* One part's gradient statistics (grad_stats_parts, below): the finite squares in 8 double lanes (element i of the
+ * part to lane i % 8, added in element order), the finite max |g|, and the Inf and NaN elements. 88 bytes. */
+struct grad_part {
+    double lanes[8];
+    double absmax;
+    int64_t n_inf, n_nan;
+};
+
 struct gemm_args {
     const struct tensor *a;   /* op(A) is (m, k): A is (m, k), or (k, m) when trans_a */
     const struct tensor *b;   /* op(B) is (k, n): B is (k, n), or (n, k) when trans_b */
@@ -91,6 +99,12 @@ struct gemm_args {
     struct tensor *aux;       /* GEMM_EPI_GELU_TANH: the pre-activation (m, n), C's dtype (written);
                                * GEMM_EPI_RELU_MASK: the mask (m, n), C's dtype (read) */
     struct fp8_blocks a_blocks, b_blocks; /* recipe blockwise: the operands' tile scales (above); zero otherwise */
+    /* fp8 operands with a per-tensor scale, optional: A's and B's codes stored transposed ((k, m) where A is stored
+     * (m, k), (m, k) where it is stored (k, m) as trans_a says; B likewise), bit for bit the transpose of a and b
+     * (fp8_cast_args.dst_t makes them). The product is the same; a backend may read them in place of a and b: the
+     * CUDA backend does, since Hopper's fp8 kernels take one layout only (kernels/cuda/fp8.cu), and the CPU ignores
+     * them. NULL: none. */
+    const struct tensor *a_t, *b_t;
 };
 
 struct conv_args {
@@ -201,6 +215,13 @@ struct fp8_cast_args {
     int64_t *counts;          /* non-NULL (ampTrain numerics): 4 int64 in backend memory, raised by the elements
                                * whose scaled value saturates (would round beyond max; Inf too), the nonzero finite
                                * ones that round to zero, the nonzero ones, and all of them */
+    /* The cast-transpose (Transformer Engine's): with dst_t, src and dst are also (rows, cols) matrices
+     * (rows * cols == numel) and dst_t (cols, rows), dst's dtype, gets the same codes transposed, bit for bit:
+     * dst_t[c * rows + r] = dst[r * cols + c], made in the cast's own pass (the CUDA backend: one kernel through
+     * shared-memory tiles), for a product that reads the operand the other way round (gemm_args a_t, b_t). The amax
+     * and the counts are the cast's, counted once. NULL: none (rows and cols unread). */
+    struct tensor *dst_t;
+    int64_t rows, cols;
 };
 
 /* Recipe blockwise's cast of a (rows, cols) matrix to E4M3 with one scale per tile (lib/base/fp8.h, enum
@@ -414,6 +435,21 @@ struct backend {
     void (*attention_fused_backward)(struct backend *be, struct tensor *dqkv, const struct tensor *dout,
                                      const struct tensor *qkv, const struct tensor *out, const struct tensor *stats,
                                      int64_t B, int64_t T, int64_t C, int64_t H);
+
+    /* grad_stats in two halves, for ranks that each hold part of the reduced gradient (dist.zero 1,
+     * lib/engine/zero.h): grad_stats cuts every tensor into parts of grad_part_numel elements from its start (the
+     * last part of a tensor may be shorter) and combines their results (struct grad_part) in a fixed order.
+     * grad_stats_parts writes, tensor by tensor and part by part, the results of the parts of `grads` (each tensor a
+     * view that starts at a part boundary of its parameter, so its parts are the parameter's), into backend memory;
+     * grad_stats_combine then combines the parts of whole tensors, parts[first[t] .. first[t + 1]) being tensor t's,
+     * into what grad_stats writes: the same bits, whichever rank computed which part. grad_part_numel 0 and both
+     * NULL where the backend has no such split (CUDA: the ranks then all-gather the reduced gradient and run
+     * grad_stats on all of it). */
+    size_t grad_part_numel;
+    void (*grad_stats_parts)(struct backend *be, const struct tensor *const *grads, int ntensors,
+                             struct grad_part *out);
+    void (*grad_stats_combine)(struct backend *be, const struct grad_part *parts, const int64_t *first, int ntensors,
+                               struct grad_check *out, int64_t *counts);
 
     /* The step's row and counts into the log window (struct window_store_args). */
     void (*window_store)(struct backend *be, const struct window_store_args *a);

@@ -52,6 +52,29 @@ static void single_host_gather(struct comm *c, const void *send, void *recv, siz
         memmove(recv, send, count * elem_bytes);
 }
 
+static void single_reduce_scatter_blocks(struct comm *c, void *buf, const size_t *bounds, enum comm_dtype dt)
+{
+    (void)c, (void)buf, (void)bounds, (void)dt;
+}
+
+static struct comm_request *single_reduce_scatter_start(struct comm *c, void *buf, const size_t *bounds,
+                                                        enum comm_dtype dt)
+{
+    (void)c, (void)buf, (void)bounds, (void)dt;
+    return NULL;
+}
+
+static void single_all_gather_blocks(struct comm *c, void *buf, const size_t *bounds, size_t elem_bytes)
+{
+    (void)c, (void)buf, (void)bounds, (void)elem_bytes;
+}
+
+static void single_host_gather_blocks(struct comm *c, const void *send, void *recv, const size_t *bounds,
+                                      size_t elem_bytes, int root)
+{
+    single_host_gather(c, send, recv, bounds[1], elem_bytes, root);
+}
+
 static void single_host_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_op op)
 {
     (void)c, (void)buf, (void)count, (void)dt, (void)op;
@@ -98,6 +121,10 @@ struct comm *comm_single(void)
         .host_gather = single_host_gather,
         .abort = single_abort,
         .close = single_close,
+        .reduce_scatter_blocks = single_reduce_scatter_blocks,
+        .reduce_scatter_start = single_reduce_scatter_start,
+        .all_gather_blocks = single_all_gather_blocks,
+        .host_gather_blocks = single_host_gather_blocks,
     };
     return &single;
 }

@@ -36,6 +36,11 @@
  * A job that never starts a non-blocking reduce (one rank, dist.bucket_mb 0, NCCL) never starts the thread.
  * How often a request is tested changes when it completes, never its sum: the bits are the same, and the same as the
  * blocking reduce_sum's.
+ *
+ * The collectives on the caller's blocks (comm.h: reduce_scatter_blocks, reduce_scatter_start, all_gather_blocks,
+ * host_gather_blocks; dist.zero 1's partition) are the same calls with other counts: a piece's blocks are its
+ * intersections with the caller's (piece_block), and a started reduce-scatter's pieces are done once summed, with
+ * no gather to start in order.
  */
 #ifdef AMP_HAVE_MPI
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
@@ -108,6 +113,7 @@ struct comm_request {
     struct comm_request *next; /* started after this one */
     size_t count;
     enum comm_dtype dt;
+    bool scatter_only; /* reduce_scatter_start: each piece done once its block is summed, no all-gather */
     int n;
     int left; /* pieces not yet done */
     struct piece p[];
@@ -198,19 +204,37 @@ static void mpi_host_allreduce(struct comm *c, void *buf, size_t count, enum com
     mpi_unlock(s);
 }
 
-/* Piece p's tables (struct piece, t) for `count` elements at buf, receiving into recv; false where they do not fit
- * MPI's int counts and offsets (count, or world x this rank's block, over 2^31 - 1 elements). The piece's elements [lo, hi) are this rank's: comm_shard. */
-static bool plan_piece(struct comm *c, struct piece *p, void *buf, size_t count, int *t, void *recv)
+/* Rank q's block [*lo, *hi) of the piece of `count` elements that starts at element `at` of a buffer whose blocks are
+ * `bounds` (comm.h, the blocks version), relative to the piece; bounds NULL: the piece's own comm_shard blocks. */
+static void piece_block(const struct comm *c, const size_t *bounds, size_t at, size_t count, int q, size_t *lo,
+                        size_t *hi)
+{
+    if (!bounds) {
+        comm_shard(count, c->world, q, lo, hi);
+        return;
+    }
+    size_t a = bounds[q] > at ? bounds[q] - at : 0, b = bounds[q + 1] > at ? bounds[q + 1] - at : 0;
+    *lo = a < count ? a : count;
+    *hi = b < count ? b : count;
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+/* Piece p's tables (struct piece, t) for `count` elements at buf (element `at` of the buffer whose blocks are `bounds`,
+ * or NULL: comm_shard's of the piece), receiving into recv; false where they do not fit MPI's int counts and offsets
+ * (count, or world x this rank's block, over 2^31 - 1 elements). */
+static bool plan_piece(struct comm *c, struct piece *p, void *buf, size_t at, size_t count, const size_t *bounds,
+                       int *t, void *recv)
 {
     size_t lo, hi;
-    comm_shard(count, c->world, c->rank, &lo, &hi);
+    piece_block(c, bounds, at, count, c->rank, &lo, &hi);
     size_t mine = hi - lo;
     if (count > (size_t)INT32_MAX || mine * (size_t)c->world > (size_t)INT32_MAX)
         return false;
     int w = c->world;
     for (int q = 0; q < w; q++) {
         size_t qlo, qhi;
-        comm_shard(count, w, q, &qlo, &qhi);
+        piece_block(c, bounds, at, count, q, &qlo, &qhi);
         t[q] = (int)(qhi - qlo);
         t[w + q] = (int)qlo;
         t[2 * w + q] = (int)mine;
@@ -221,11 +245,12 @@ static bool plan_piece(struct comm *c, struct piece *p, void *buf, size_t count,
     return true;
 }
 
-/* The bytes of received values a piece of `count` elements needs: world x this rank's block. */
-static size_t piece_recv_bytes(const struct comm *c, size_t count, enum comm_dtype dt)
+/* The bytes of received values a piece needs: world x this rank's block of it. */
+static size_t piece_recv_bytes(const struct comm *c, const size_t *bounds, size_t at, size_t count,
+                               enum comm_dtype dt)
 {
     size_t lo, hi;
-    comm_shard(count, c->world, c->rank, &lo, &hi);
+    piece_block(c, bounds, at, count, c->rank, &lo, &hi);
     return (hi - lo) * (size_t)c->world * type_size(dt);
 }
 
@@ -234,9 +259,7 @@ static size_t piece_recv_bytes(const struct comm *c, size_t count, enum comm_dty
  * MPI_Allreduce gives. */
 static void sum_in_rank_order(const struct comm *c, const struct piece *p, enum comm_dtype dt)
 {
-    size_t lo, hi;
-    comm_shard(p->count, c->world, c->rank, &lo, &hi);
-    size_t b = hi - lo;
+    size_t lo = (size_t)p->t[c->world + c->rank], b = (size_t)p->t[c->rank]; /* this rank's block (plan_piece) */
     /* out = the first rank's values, then each other rank's added, in rank order */
 #define ADD_IN_RANK_ORDER(T)                                                                                  \
     do {                                                                                                      \
@@ -258,9 +281,11 @@ static void sum_in_rank_order(const struct comm *c, const struct piece *p, enum 
 }
 
 /* The blocking sums' tables and received values for `count` elements (mu held); NULL out of memory. */
-static int *blocking_scratch(struct comm *c, struct mpi_state *s, size_t count, enum comm_dtype dt, void **recv)
+static int *blocking_scratch(struct comm *c, struct mpi_state *s, const size_t *bounds, size_t at, size_t count,
+                             enum comm_dtype dt, void **recv)
 {
-    size_t tb = 4 * (size_t)c->world * sizeof(int), need = tb + piece_recv_bytes(c, count, dt) + sizeof(double);
+    size_t tb = 4 * (size_t)c->world * sizeof(int), need = tb + piece_recv_bytes(c, bounds, at, count, dt) +
+                                                          sizeof(double);
     if (need > s->scratch_bytes) {
         void *p = realloc(s->scratch, need);
         if (!p)
@@ -274,12 +299,12 @@ static int *blocking_scratch(struct comm *c, struct mpi_state *s, size_t count, 
 
 /* The blocking reduce-scatter of one piece (mu held): false where it cannot be made (no memory, over 2^31 - 1
  * elements; the caller ends the job). *p is left planned, for the gather of mpi_reduce_sum. */
-static bool reduce_scatter_piece(struct comm *c, struct mpi_state *s, struct piece *p, void *buf, size_t count,
-                                 enum comm_dtype dt)
+static bool reduce_scatter_piece(struct comm *c, struct mpi_state *s, struct piece *p, void *buf, size_t at,
+                                 size_t count, const size_t *bounds, enum comm_dtype dt)
 {
     void *recv = NULL;
-    int *t = blocking_scratch(c, s, count, dt, &recv);
-    if (!t || !plan_piece(c, p, buf, count, t, recv))
+    int *t = blocking_scratch(c, s, bounds, at, count, dt, &recv);
+    if (!t || !plan_piece(c, p, buf, at, count, bounds, t, recv))
         return false;
     int w = c->world;
     watch_begin(c, "a reduce-scatter (sum) of %zu %s values", count, type_name(dt));
@@ -303,8 +328,25 @@ static void mpi_reduce_scatter(struct comm *c, void *buf, size_t count, enum com
 {
     struct mpi_state *s = mpi_lock(c);
     struct piece p;
-    if (!reduce_scatter_piece(c, s, &p, buf, count, dt))
+    if (!reduce_scatter_piece(c, s, &p, buf, 0, count, NULL, dt))
         cannot_reduce(c, s, "reduce-scatter", count, dt);
+    mpi_unlock(s);
+}
+
+/* The reduce-scatter on the caller's blocks, in pieces of at most COMM_BUCKET elements: each piece's blocks are its
+ * intersections with the buffer's, and every element is summed in rank order as in one piece. */
+static void mpi_reduce_scatter_blocks(struct comm *c, void *buf, const size_t *bounds, enum comm_dtype dt)
+{
+    struct mpi_state *s = mpi_lock(c);
+    size_t count = bounds[c->world];
+    char *at = buf;
+    for (size_t done = 0; done < count;) {
+        size_t n = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
+        struct piece p;
+        if (!reduce_scatter_piece(c, s, &p, at + done * type_size(dt), done, n, bounds, dt))
+            cannot_reduce(c, s, "reduce-scatter", count, dt);
+        done += n;
+    }
     mpi_unlock(s);
 }
 
@@ -317,7 +359,7 @@ static void mpi_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dt
     for (size_t done = 0; done < count;) {
         size_t n = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
         struct piece p;
-        if (!reduce_scatter_piece(c, s, &p, at + done * type_size(dt), n, dt))
+        if (!reduce_scatter_piece(c, s, &p, at + done * type_size(dt), 0, n, NULL, dt))
             cannot_reduce(c, s, "all-reduce", count, dt);
         watch_begin(c, "an all-gather of the summed blocks of %zu %s values", n, type_name(dt));
         MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p.buf, p.t, p.t + c->world, mpi_type(dt),
@@ -328,7 +370,7 @@ static void mpi_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dt
     mpi_unlock(s);
 }
 
-/* Piece p of r has finished its collective in flight (mu held). */
+/* Piece p of r has finished its collective in flight, or (scatter-only) its sum (mu held). */
 static void piece_advanced(struct mpi_state *s, struct comm_request *r, struct piece *p)
 {
     if (p->phase == PIECE_EXCHANGE) {
@@ -364,6 +406,10 @@ static void test_in_flight(struct comm *c, struct mpi_state *s)
                 MPI_Test(&p->req, &done, MPI_STATUS_IGNORE); /* a complete one becomes MPI_REQUEST_NULL */
                 if (done)
                     piece_advanced(s, r, p);
+            }
+            if (p->phase == PIECE_SUM && r->scatter_only) { /* no gather to start in order: done here */
+                sum_in_rank_order(c, p, r->dt);
+                piece_advanced(s, r, p);
             }
             if (p->phase == PIECE_SUM && in_order)
                 start_gather(c, s, r, p);
@@ -432,12 +478,13 @@ static void start_progress(struct comm *c, struct mpi_state *s)
 
 /* Every piece's exchange is started here, by the main thread, in the order of the reduces: the same on every rank.
  * The progress thread, reduce_progress and reduce_wait then sum and gather. */
-static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+static struct comm_request *start_reduce(struct comm *c, void *buf, size_t count, const size_t *bounds,
+                                         enum comm_dtype dt, bool scatter_only)
 {
     size_t n = (count + COMM_BUCKET - 1) / COMM_BUCKET, tables = n * 4 * (size_t)c->world * sizeof(int), recv = 0;
     for (size_t i = 0; i < n; i++) {
         size_t k = count - i * COMM_BUCKET < COMM_BUCKET ? count - i * COMM_BUCKET : COMM_BUCKET;
-        recv += piece_recv_bytes(c, k, dt);
+        recv += piece_recv_bytes(c, bounds, i * COMM_BUCKET, k, dt);
     }
     size_t head = sizeof(struct comm_request) + n * sizeof(struct piece);
     head = (head + sizeof(double) - 1) / sizeof(double) * sizeof(double);
@@ -448,7 +495,7 @@ static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t c
         c->abort(c, AMP_ERR_INTERNAL);
         return NULL;
     }
-    *r = (struct comm_request){.count = count, .dt = dt, .n = (int)n, .left = (int)n};
+    *r = (struct comm_request){.count = count, .dt = dt, .scatter_only = scatter_only, .n = (int)n, .left = (int)n};
     char *at = buf, *rv = (char *)r + head;
     int *t = (int *)(void *)(rv + recv);
     struct mpi_state *s = mpi_lock(c);
@@ -456,10 +503,10 @@ static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t c
     for (size_t i = 0; i < n; i++) {
         size_t done = i * COMM_BUCKET, k = count - done < COMM_BUCKET ? count - done : COMM_BUCKET;
         struct piece *p = &r->p[i];
-        plan_piece(c, p, at + done * type_size(dt), k, t, rv); /* a piece's blocks fit an int */
+        plan_piece(c, p, at + done * type_size(dt), done, k, bounds, t, rv); /* a piece's blocks fit an int */
         MPI_Ialltoallv(p->buf, t, t + w, mpi_type(dt), rv, t + 2 * w, t + 3 * w, mpi_type(dt), MPI_COMM_WORLD,
                        &p->req);
-        rv += piece_recv_bytes(c, k, dt);
+        rv += piece_recv_bytes(c, bounds, done, k, dt);
         t += 4 * w;
     }
     struct comm_request **tail = &s->in_flight;
@@ -471,6 +518,18 @@ static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t c
     pthread_cond_signal(&s->work);
     mpi_unlock(s);
     return r;
+}
+
+static struct comm_request *mpi_reduce_start(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
+{
+    return start_reduce(c, buf, count, NULL, dt, false);
+}
+
+/* The exchange and the owner's sum only, on the caller's blocks: each piece is done once its block is summed. */
+static struct comm_request *mpi_reduce_scatter_start(struct comm *c, void *buf, const size_t *bounds,
+                                                     enum comm_dtype dt)
+{
+    return start_reduce(c, buf, bounds[c->world], bounds, dt, true);
 }
 
 /* Between layers: the progress thread's work where there is none (MPI's thread level, or no thread). */
@@ -517,8 +576,8 @@ static void mpi_reduce_wait(struct comm *c, struct comm_request *r)
         if (!p)
             break; /* cannot happen: a piece not done is in flight, or summed behind one that is */
         if (!watched) {
-            watch_begin(c, "an %s of %zu %s values (a gradient bucket)", op_name(COMM_SUM), r->count,
-                        type_name(r->dt));
+            watch_begin(c, "%s of %zu %s values (a gradient bucket)",
+                        r->scatter_only ? "a reduce-scatter (sum)" : "an all-reduce (sum)", r->count, type_name(r->dt));
             watched = true;
         }
         MPI_Wait(&p->req, MPI_STATUS_IGNORE);
@@ -610,10 +669,27 @@ static int *shard_table(struct comm *c, size_t count, const char *what)
     return t;
 }
 
-/* Each rank's block of buf to every rank, in place. */
-static void mpi_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
+/* The caller's blocks (comm.h, the blocks version) as MPI counts and displacements; ends the job where one does not
+ * fit an int. */
+static int *bounds_table(struct comm *c, const size_t *bounds, const char *what)
 {
-    int *t = shard_table(c, count, "all-gather");
+    int *t = malloc(2 * (size_t)c->world * sizeof *t);
+    bool fits = t && bounds[c->world] <= (size_t)INT32_MAX;
+    for (int r = 0; fits && r < c->world; r++) {
+        t[r] = (int)(bounds[r + 1] - bounds[r]);
+        t[c->world + r] = (int)bounds[r];
+    }
+    if (!fits) {
+        fprintf(stderr, "[rank %d] ampTrain: error: cannot make the %s of %zu elements (%s)\n", c->rank, what,
+                bounds[c->world], t ? "over 2^31 elements" : "out of memory");
+        free(t);
+        mpi_abort(c, 1);
+    }
+    return t;
+}
+
+static void all_gather_table(struct comm *c, void *buf, size_t count, size_t elem_bytes, int *t)
+{
     struct mpi_state *s = mpi_lock(c);
     MPI_Datatype type = elem_type(elem_bytes);
     watch_begin(c, "an all-gather of %zu elements of %zu bytes", count, elem_bytes);
@@ -624,9 +700,14 @@ static void mpi_all_gather(struct comm *c, void *buf, size_t count, size_t elem_
     free(t);
 }
 
-static void mpi_host_gather(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root)
+static void mpi_all_gather_blocks(struct comm *c, void *buf, const size_t *bounds, size_t elem_bytes)
 {
-    int *t = shard_table(c, count, "gather");
+    all_gather_table(c, buf, bounds[c->world], elem_bytes, bounds_table(c, bounds, "all-gather"));
+}
+
+static void gather_table(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root,
+                         int *t)
+{
     struct mpi_state *s = mpi_lock(c);
     MPI_Datatype type = elem_type(elem_bytes);
     watch_begin(c, "a gather to rank %d of %zu elements of %zu bytes", root, count, elem_bytes);
@@ -635,6 +716,23 @@ static void mpi_host_gather(struct comm *c, const void *send, void *recv, size_t
     MPI_Type_free(&type);
     mpi_unlock(s);
     free(t);
+}
+
+static void mpi_host_gather_blocks(struct comm *c, const void *send, void *recv, const size_t *bounds,
+                                   size_t elem_bytes, int root)
+{
+    gather_table(c, send, recv, bounds[c->world], elem_bytes, root, bounds_table(c, bounds, "gather"));
+}
+
+/* Each rank's block of buf to every rank, in place. */
+static void mpi_all_gather(struct comm *c, void *buf, size_t count, size_t elem_bytes)
+{
+    all_gather_table(c, buf, count, elem_bytes, shard_table(c, count, "all-gather"));
+}
+
+static void mpi_host_gather(struct comm *c, const void *send, void *recv, size_t count, size_t elem_bytes, int root)
+{
+    gather_table(c, send, recv, count, elem_bytes, root, shard_table(c, count, "gather"));
 }
 
 /* Ends the progress thread: it leaves its loop at its next look at `stop`, a pause at most. */
@@ -768,6 +866,10 @@ enum amp_status comm_mpi_open(struct comm **out, int *argc, char ***argv, struct
         .abort = mpi_abort,
         .close = mpi_close,
         .impl = state,
+        .reduce_scatter_blocks = mpi_reduce_scatter_blocks,
+        .reduce_scatter_start = mpi_reduce_scatter_start,
+        .all_gather_blocks = mpi_all_gather_blocks,
+        .host_gather_blocks = mpi_host_gather_blocks,
     };
     pthread_mutex_init(&state->mu, NULL);
     pthread_cond_init(&state->work, NULL);

@@ -19,6 +19,8 @@ struct dist_overlap {
     int n;
     int next;                   /* buckets started in this step's backward */
     struct comm_request **req;  /* req[i]: bucket i's reduce, while started */
+    const size_t *scatter;      /* else NULL: bucket i reduce-scattered onto scatter[i (world + 1) ..] only */
+    int world;
     struct backward_hook hook;
 };
 
@@ -33,7 +35,9 @@ static void start(struct dist_overlap *o, int i)
 {
     struct comm *c = o->d->comm;
     o->d->reduces++;
-    o->req[i] = c->reduce_start(c, o->grad_flat + o->b[i].begin, o->b[i].end - o->b[i].begin, COMM_F32);
+    float *at = o->grad_flat + o->b[i].begin;
+    o->req[i] = o->scatter ? c->reduce_scatter_start(c, at, o->scatter + (size_t)i * (size_t)(o->world + 1), COMM_F32)
+                           : c->reduce_start(c, at, o->b[i].end - o->b[i].begin, COMM_F32);
 }
 
 static void layer_done(void *user, int layer)
@@ -133,6 +137,12 @@ bool dist_overlap_finish(struct dist_overlap *o)
     }
     o->next = 0;
     return true;
+}
+
+void dist_overlap_scatter_only(struct dist_overlap *o, const size_t *bounds, int world)
+{
+    o->scatter = bounds;
+    o->world = world;
 }
 
 int dist_overlap_buckets(const struct dist_overlap *o)

@@ -49,6 +49,11 @@ const struct backward_hook *dist_overlap_hook(struct dist_overlap *o);
  * gradients were reduced here: false where o is NULL (the caller reduces grad_flat itself). */
 bool dist_overlap_finish(struct dist_overlap *o);
 
+/* From now on each bucket i is reduce-scattered only, onto the blocks bounds[i (world + 1) ..] (comm.h,
+ * reduce_scatter_start; relative to the bucket's start), with no all-gather after it (dist.zero 1's exact partial
+ * statistics, lib/engine/zero.h). bounds stays the caller's. */
+void dist_overlap_scatter_only(struct dist_overlap *o, const size_t *bounds, int world);
+
 /* The number of buckets a step reduces (0 where o is NULL), and bucket i's range of grad_flat in floats. */
 int dist_overlap_buckets(const struct dist_overlap *o);
 void dist_overlap_bucket(const struct dist_overlap *o, int i, size_t *begin, size_t *end);

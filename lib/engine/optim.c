@@ -13,21 +13,24 @@
 enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                              int64_t total_steps, uint64_t run_seed, struct amp_error *err)
 {
-    return optim_create_sharded(o, cfg, m, total_steps, run_seed, 0, 1, err);
+    return optim_create_sharded(o, cfg, m, total_steps, run_seed, 0, 1, NULL, err);
 }
 
 enum amp_status optim_create_sharded(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                                      int64_t total_steps, uint64_t run_seed, int rank, int world,
-                                     struct amp_error *err)
+                                     const size_t *blocks, struct amp_error *err)
 {
     *o = (struct optimizer){.cfg = *cfg, .total_steps = total_steps, .sr_seed = sr_seed(run_seed),
                             .shard_rank = world > 1 ? rank : 0, .shard_world = world > 1 ? world : 1};
     enum dtype sdt = cfg->state_dtype == STORE_BF16 ? DT_BF16 : DT_FP32;
     o->state = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->state);
     o->args = calloc((size_t)(m->nparams ? m->nparams : 1), sizeof *o->args);
-    if (o->shard_world > 1)
+    size_t w1 = (size_t)o->shard_world + 1;
+    if (o->shard_world > 1) {
         o->views = calloc(3 * (size_t)(m->nparams ? m->nparams : 1), sizeof *o->views);
-    if (!o->state || !o->args || (o->shard_world > 1 && !o->views)) {
+        o->blocks = calloc((size_t)(m->nparams ? m->nparams : 1) * w1, sizeof *o->blocks);
+    }
+    if (!o->state || !o->args || (o->shard_world > 1 && (!o->views || !o->blocks))) {
         optim_free(o);
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory creating optimizer state");
     }
@@ -40,7 +43,22 @@ enum amp_status optim_create_sharded(struct optimizer *o, const struct optim_con
         snprintf(what, sizeof what, "optimizer state of %s", m->params[i]->name);
         enum amp_status st = AMP_OK;
         struct optim_state *s = &o->state[i];
-        comm_shard(w->numel, o->shard_world, o->shard_rank, &s->lo, &s->hi);
+        if (o->shard_world == 1) {
+            s->lo = 0;
+            s->hi = w->numel;
+        } else {
+            size_t *b = o->blocks + (size_t)i * w1;
+            for (int q = 0; q < o->shard_world; q++) {
+                if (blocks) {
+                    b[q] = blocks[(size_t)i * w1 + (size_t)q];
+                    b[q + 1] = blocks[(size_t)i * w1 + (size_t)q + 1];
+                } else {
+                    comm_shard(w->numel, o->shard_world, q, &b[q], &b[q + 1]);
+                }
+            }
+            s->lo = b[o->shard_rank];
+            s->hi = b[o->shard_rank + 1];
+        }
         int ndim = w->ndim;
         const int64_t *shape = w->shape, block[1] = {(int64_t)(s->hi - s->lo)};
         if (o->shard_world > 1) { /* this rank's block, flat */
@@ -155,6 +173,8 @@ void optim_free(struct optimizer *o)
     free(o->state);
     free(o->args);
     free(o->views);
+    free(o->blocks);
+    o->blocks = NULL;
     o->state = NULL;
     o->args = NULL;
     o->views = NULL;

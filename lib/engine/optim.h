@@ -37,7 +37,9 @@ struct optimizer {
     struct optim_update_args *args; /* one per parameter: the update call's table, filled each step */
     uint64_t sr_seed;     /* sr_seed(run.seed): the stochastic rounding streams */
     int shard_rank, shard_world; /* sharded over shard_world ranks (lib/engine/zero.h): this rank holds and updates block
-                                  * shard_rank of every parameter (comm_shard); 0 and 1 when not sharded */
+                                  * shard_rank of every parameter; 0 and 1 when not sharded */
+    size_t *blocks;       /* sharded: nstate x (shard_world + 1), parameter i's rank q block [blocks[i (w + 1) + q], ..
+                           * + 1) (comm.h's bounds); NULL when not sharded */
     struct tensor *views; /* sharded: 3 per parameter, the master's, gradient's and copy's views of [lo, hi) */
 };
 
@@ -46,11 +48,12 @@ enum amp_status optim_create(struct optimizer *o, const struct optim_config *cfg
                              int64_t total_steps, uint64_t run_seed, struct amp_error *err);
 
 /* The same with the state sharded over `world` ranks (dist.zero 1, lib/engine/zero.h): this rank's moments hold only its
- * block `rank` of each parameter's elements (comm_shard), and optim_step updates only that block of the weights
- * (and their copies), which the caller then gathers from the other ranks. world 1: optim_create. */
+ * block `rank` of each parameter's elements, and optim_step updates only that block of the weights (and their
+ * copies), which the caller then gathers from the other ranks. `blocks`: every rank's block of every parameter
+ * (struct optimizer's layout; copied), or NULL: comm_shard's. world 1: optim_create. */
 enum amp_status optim_create_sharded(struct optimizer *o, const struct optim_config *cfg, struct model *m,
                                      int64_t total_steps, uint64_t run_seed, int rank, int world,
-                                     struct amp_error *err);
+                                     const size_t *blocks, struct amp_error *err);
 
 /* The schedule as plain data, for the step rule (lib/base/step_rule.h). */
 struct schedule_params optim_schedule_params(const struct optimizer *o);

@@ -374,8 +374,12 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
                         "samples", cfg->source, too_many ? "the run's" : "its", (long long)per_step);
     /* dist.zero 1: each rank holds its block of the optimizer state (lib/engine/zero.h) */
     int shards = cfg->dist.zero == 1 ? t->world : 1;
+    bool whole_gradient = cfg->run.numerics_every > 0; /* rank 0's probe reads it (and the masters) whole */
+    if ((st = zero_plan_init(&t->zero, &t->dist, &t->model, t->overlap, cfg->dist.zero, whole_gradient,
+                             cfg->precision.mode != PREC_FP32 && !whole_gradient, err)) != AMP_OK)
+        return st;
     if ((st = optim_create_sharded(&t->opt, &cfg->optim, &t->model, t->total_steps, cfg->run.seed, t->rank, shards,
-                                   err)) != AMP_OK)
+                                   t->zero.sharded ? t->zero.blocks : NULL, err)) != AMP_OK)
         return st;
     scaler_init(&t->scaler, &cfg->precision);
     t->best = (struct eval_watch){.metric = cfg->run.keep_best, .best = NAN, .best_step = -1};
@@ -413,17 +417,24 @@ enum amp_status trainer_setup(struct trainer *t, const struct config *cfg, struc
                t->world, comm->hosts, comm->hosts == 1 ? "" : "s", comm->transport, t->be->name, (long long)micro,
                (long long)per_step, (long long)micro, (long long)cfg->accum_steps,
                t->world);
-    if (t->world > 1 && t->overlap) /* how the step's gradients travel (dist.bucket_mb) */
-        printf("gradient reduce: %d buckets during backward (dist.bucket_mb %g)\n", dist_overlap_buckets(t->overlap),
-               cfg->dist.bucket_mb);
+    /* how the step's gradients travel (dist.bucket_mb; dist.zero 1's exact statistics need no all-gather) */
+    const char *scatter = t->zero.exact ? ", reduce-scattered only (dist.zero 1: no all-gather of the gradients)"
+                          : t->zero.aligned ? ", all-gathered after the reduce-scatter (dist.zero 1: run.numerics_every's "
+                                              "probe reads the whole reduced gradient on rank 0)"
+                          : t->zero.sharded ? ", all-reduced (dist.zero 1: this backend reports no partial gradient "
+                                              "statistics)"
+                                            : "";
+    if (t->world > 1 && t->overlap)
+        printf("gradient reduce: %d buckets during backward (dist.bucket_mb %g)%s\n", dist_overlap_buckets(t->overlap),
+               cfg->dist.bucket_mb, scatter);
     else if (t->world > 1)
-        printf("gradient reduce: one after backward\n");
+        printf("gradient reduce: one after backward%s\n", scatter);
     return AMP_OK;
 }
 
-/* dist.zero 1, once the masters are sharded: what rank 0 holds of the optimizer state and the masters, against
- * dist.zero 0's whole ones (rank 0's block is the largest: comm_shard). `why_whole`: why no master is sharded, or
- * NULL. */
+/* dist.zero 1, once the masters are sharded: what rank 0 holds of the optimizer state and the masters, and the most
+ * any rank holds, against dist.zero 0's whole ones. A collective (the maximum over the ranks); rank 0 prints.
+ * `why_whole`: why no master is sharded, or NULL. */
 static void say_zero(const struct trainer *t, const char *why_whole)
 {
     const struct model *m = &t->model;
@@ -445,11 +456,16 @@ static void say_zero(const struct trainer *t, const char *why_whole)
                 whole += (double)(numel * dtype_size(k->dtype));
             }
     }
+    double most = bytes;
+    t->dist.comm->host_allreduce(t->dist.comm, &most, 1, COMM_F64, COMM_MAX);
+    if (t->rank != 0)
+        return;
     const char *mdt = m->nparams ? dtype_name(m->params[0]->master.dtype) : "fp32";
     printf("ZeRO-1 (dist.zero 1): the optimizer state is sharded over %d ranks; rank 0 holds it for %lld of the %lld "
            "parameters, and %lld of their %lld %s master weights (%.2f MiB of moments and masters, of %.2f MiB whole: "
-           "%.2fx); ", t->opt.shard_world, (long long)mine, (long long)params, (long long)masters, (long long)params,
-           mdt, bytes / 1048576.0, whole / 1048576.0, whole > 0 ? bytes / whole : 1.0);
+           "%.2fx; the most on one rank: %.2f MiB, %.2fx); ", t->opt.shard_world, (long long)mine, (long long)params,
+           (long long)masters, (long long)params, mdt, bytes / 1048576.0, whole / 1048576.0,
+           whole > 0 ? bytes / whole : 1.0, most / 1048576.0, whole > 0 ? most / whole : 1.0);
     if (why_whole)
         printf("the masters stay whole: %s\n", why_whole);
     else if (kept_whole == 0)
@@ -467,6 +483,7 @@ void trainer_teardown(struct trainer *t)
     free(t->grads);
     free(t->idx_skip);
     dist_overlap_free(t->overlap);
+    zero_plan_free(&t->zero);
     dist_free(&t->dist);
     if (t->dev)
         t->be->free(t->be, t->dev);
@@ -540,12 +557,12 @@ static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_c
         return AMP_OK;
 
     /* reduce: once per step, after the last micro-batch (or in buckets during its backward, above); then every
-     * rank checks identical gradients. dist.zero 1 too: the reduce-scatter inside the sum (comm.h) gives each rank its
-     * blocks, and the all-gather after it the whole gradient the statistics read in one order (zero.h) */
+     * rank checks identical gradients, or (dist.zero 1 on the CPU) the statistics of its reduce-scattered blocks
+     * combined with the other ranks' in one order (zero.h) */
     if (t->dist.active) {
         double t0 = runlog_now();
         if (!grads_reduced)
-            dist_reduce_sum(&t->dist, m->grad_flat, m->grad_flat_count, COMM_F32);
+            zero_reduce_gradients(&t->zero, &t->dist, m);
         dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
         t->reduce_seconds += runlog_now() - t0;
     }
@@ -561,7 +578,7 @@ static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_c
             dist_reduce_max_f32(&t->dist, fp8->amax_bwd, (size_t)m->fp8.bwd.n);
         fp8_step_end(&m->fp8, t->step, &t->dev_state->step);
     }
-    be->grad_stats(be, t->grads, m->nparams, t->dev_check, t->dev_row_counts);
+    zero_grad_stats(&t->zero, &t->dist, t->grads, m->nparams, t->dev_check, t->dev_row_counts);
     /* an update that would store a non-finite weight or moment is never applied: its trial first */
     be->step_propose(be, &t->params, t->dev_state, t->dev_check);
     optim_step(&t->opt, m, t->dev_state, &t->dev_check->update_nonfinite);
@@ -1038,7 +1055,7 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                                                                   : NULL;
         if (!why_whole)
             st = comm_agree(comm, zero_shard_masters(&t.opt, &t.model, err), err);
-        if (st == AMP_OK && comm->rank == 0)
+        if (st == AMP_OK)
             say_zero(&t, why_whole);
     }
     int sig = stop_signal; /* a stop signal any rank saw, agreed by all after each step */
@@ -1150,10 +1167,11 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
         /* the reduce's own time where the host waits for it: MPI on the CPU backend (on a GPU the reduce is queued,
          * or staged through a download that waits for the backward too) */
         if (t.world > 1 && t.be->host_memory && !comm->device_memory && lm.steps_done > 0)
-            printf("reduce: %.3f ms a step, %.1f%% of the training steps' time (the gradients' all-reduce, %lld fp32 "
+            printf("reduce: %.3f ms a step, %.1f%% of the training steps' time (the gradients' %s, %lld fp32 "
                    "values; rank 0's wall time in it)\n",
                    1e3 * t.reduce_seconds / (double)lm.steps_done,
                    lm.train_seconds > 0 ? 100.0 * t.reduce_seconds / lm.train_seconds : 0.0,
+                   t.zero.exact ? "reduce-scatter" : "all-reduce",
                    (long long)t.model.grad_flat_count);
         if (t.graphs.recorded > 0) /* CUDA graphs (docs/backend.md): how the steps were queued */
             printf("cuda graphs: %lld step pieces recorded, %lld replayed\n", (long long)t.graphs.recorded,

@@ -32,6 +32,7 @@
 #include "scaler.h" /* struct scaler */
 #include "step_rule.h" /* struct step_params, step_state, step_row, grad_check */
 #include "test_switches.h" /* struct trainer_test_hook */
+#include "zero.h" /* struct zero_plan: dist.zero 1's partition */
 
 #define TRAIN_MAX_WINDOW 256 /* steps queued at most between two flushes */
 
@@ -79,6 +80,7 @@ struct trainer {
     struct backend *be;
     struct dist dist;            /* the communicator bound to the backend; one rank: collectives are no-ops */
     struct dist_overlap *overlap; /* the gradient buckets reduced during backward (dist_overlap.h); NULL: none */
+    struct zero_plan zero;       /* dist.zero 1: which elements each rank reduces, holds and updates (zero.h) */
     int rank, world;
     double reduce_seconds;       /* wall time of the steps' gradient reduces so far (trainer_step) */
     int64_t *idx_skip;           /* sampler indices of the other ranks' micro-batches (read past) */

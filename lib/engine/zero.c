@@ -7,6 +7,7 @@
  */
 #include "zero.h"
 
+#include <math.h>   /* fabs */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,12 +49,19 @@ void zero_after_trial(struct dist *d, const struct optimizer *o, struct grad_che
         be->upload(be, &check->update_nonfinite, &v, sizeof v);
 }
 
-/* Every rank's block of t to every rank. */
-static void gather_tensor(struct dist *d, struct tensor *t)
+/* Every rank's block (bounds: the optimizer's blocks of its parameter) of t to every rank. On host memory the
+ * communicator takes the blocks as they are; device memory (NCCL) only comm_shard's, which are the blocks there
+ * (the partition is aligned to the statistics' parts only on host memory: zero_plan_init). */
+static void gather_tensor(struct dist *d, struct tensor *t, const size_t *bounds)
 {
+    struct comm *c = d->comm;
     size_t es = dtype_size(t->dtype), bytes = t->numel * es;
+    bool blocks = c->all_gather_blocks != NULL;
     if (!d->stage) {
-        d->comm->all_gather(d->comm, t->data, t->numel, es);
+        if (blocks && !c->device_memory)
+            c->all_gather_blocks(c, t->data, bounds, es);
+        else
+            c->all_gather(c, t->data, t->numel, es);
         return;
     }
     void *h = dist_stage(d, bytes);
@@ -62,7 +70,10 @@ static void gather_tensor(struct dist *d, struct tensor *t)
         return;
     }
     d->be->download(d->be, h, t->data, bytes);
-    d->comm->all_gather(d->comm, h, t->numel, es);
+    if (blocks)
+        c->all_gather_blocks(c, h, bounds, es);
+    else
+        c->all_gather(c, h, t->numel, es);
     d->be->upload(d->be, t->data, h, bytes);
 }
 
@@ -72,10 +83,11 @@ void zero_after_update(struct dist *d, const struct optimizer *o, struct model *
         return;
     for (int i = 0; i < m->nparams; i++) {
         struct param *p = m->params[i];
+        const size_t *bounds = o->blocks + (size_t)i * (size_t)(o->shard_world + 1);
         if (!p->master_block) /* a sharded master stays this rank's block: only the copy the ops read travels */
-            gather_tensor(d, &p->master);
+            gather_tensor(d, &p->master, bounds);
         if (p->copy.data)
-            gather_tensor(d, &p->copy);
+            gather_tensor(d, &p->copy, bounds);
     }
     dist_reduce_max_f32(d, &bound->pmax, 3);
 }
@@ -146,7 +158,10 @@ enum amp_status zero_gather_begin(struct dist *d, struct optimizer *o, struct mo
             void *recv = NULL;
             if (root)
                 recv = direct ? full[j]->data : h + (be->host_memory ? 0 : send_bytes);
-            c->host_gather(c, send, recv, numel, es, 0);
+            if (c->host_gather_blocks)
+                c->host_gather_blocks(c, send, recv, o->blocks + (size_t)i * (size_t)(o->shard_world + 1), es, 0);
+            else
+                c->host_gather(c, send, recv, numel, es, 0);
             if (root && !direct && st == AMP_OK)
                 be->upload(be, full[j]->data, recv, recv_bytes);
         }
@@ -296,4 +311,265 @@ enum amp_status zero_shard_masters(struct optimizer *o, struct model *m, struct 
         p->master_block = true;
     }
     return AMP_OK;
+}
+
+/* ---- the partition and the step's exact statistics ------------------------------------------------------------ */
+
+/* A place where a block may end, and the weight of the bucket's elements before it. */
+struct cut_at {
+    size_t at;     /* floats of grad_flat */
+    double before; /* the sum of the weights of the elements in [begin, at) */
+};
+
+static int cmp_param_off(const void *a, const void *b)
+{
+    size_t x = ((const size_t *)a)[0], y = ((const size_t *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* Bucket [begin, end) of grad_flat cut into `world` blocks at part boundaries: cuts[0..world], relative to begin.
+ * Where a block may end: the first element of each part of a parameter that starts in the bucket, and the bucket's
+ * end. The blocks are balanced by weight (parameter i's elements weigh weight[i] each: what a rank holds for them)
+ * over the buckets cut so far: held[q] is what rank q holds of them (updated here), and each cut is the place nearest
+ * to where rank q would hold its share of all of them, never before the previous cut (the lower on a tie). `cand`
+ * has room for every part of the model and the end, `po` for 2 x nparams. */
+static void cut_bucket(const struct model *m, size_t begin, size_t end, size_t part, int world, const double *weight,
+                       double *held, struct cut_at *cand, size_t *po, size_t *cuts)
+{
+    size_t np = 0, n = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        size_t off = (size_t)((const float *)m->params[i]->grad.data - m->grad_flat);
+        if (off >= begin && off < end) {
+            po[2 * np] = off;
+            po[2 * np + 1] = (size_t)i;
+            np++;
+        }
+    }
+    qsort(po, np, 2 * sizeof *po, cmp_param_off);
+    double acc = 0;
+    for (size_t k = 0; k < np; k++) {
+        const struct param *p = m->params[po[2 * k + 1]];
+        double wt = weight[po[2 * k + 1]];
+        for (size_t e = 0; e < p->grad.numel; e += part)
+            cand[n++] = (struct cut_at){.at = po[2 * k] + e, .before = acc + wt * (double)e};
+        acc += wt * (double)p->grad.numel;
+    }
+    cand[n++] = (struct cut_at){.at = end, .before = acc};
+    double all = acc;
+    for (int q = 0; q < world; q++)
+        all += held[q];
+    size_t prev = 0; /* index into cand */
+    double target = 0;
+    cuts[0] = 0;
+    for (int q = 1; q < world; q++) {
+        double share = all / world - held[q - 1]; /* what rank q - 1 still lacks of its share */
+        target += share > 0 ? share : 0;
+        size_t best = prev;
+        for (size_t j = prev; j < n; j++)
+            if (fabs(cand[j].before - target) < fabs(cand[best].before - target))
+                best = j;
+        held[q - 1] += cand[best].before - cand[prev].before;
+        prev = best;
+        target = cand[best].before;
+        cuts[q] = cand[best].at - begin;
+    }
+    held[world - 1] += acc - cand[prev].before;
+    cuts[world] = end - begin;
+}
+
+/* Parameter p's blocks from the bucket cuts (relative to `begin`) that hold it: false where it does not lie in one
+ * bucket (then the plan is not aligned). */
+static bool param_blocks(const struct model *m, const struct param *p, const struct zero_plan *z, size_t *b)
+{
+    size_t off = (size_t)((const float *)p->grad.data - m->grad_flat), numel = p->grad.numel;
+    for (int k = 0; k < z->nbuckets; k++) {
+        const size_t *cuts = z->buckets + (size_t)k * (size_t)(z->world + 1);
+        size_t begin = z->bucket_at[k], end = begin + cuts[z->world];
+        if (off < begin || off >= end)
+            continue;
+        if (off + numel > end)
+            return false;
+        for (int q = 0; q <= z->world; q++) {
+            size_t at = begin + cuts[q];
+            b[q] = at <= off ? 0 : at - off < numel ? at - off : numel;
+        }
+        return true;
+    }
+    return numel == 0;
+}
+
+static bool grads_in_flat(const struct model *m)
+{
+    if (!m->grad_flat)
+        return false;
+    for (int i = 0; i < m->nparams; i++) {
+        const struct tensor *g = &m->params[i]->grad;
+        const float *at = g->data;
+        if (g->dtype != DT_FP32 || at < m->grad_flat || at + g->numel > m->grad_flat + m->grad_flat_count)
+            return false;
+    }
+    return true;
+}
+
+/* The exact step's tables: each parameter's parts, the ranks' parts in the all-gather's order, and this rank's views
+ * of its gradient blocks. */
+static enum amp_status plan_parts(struct zero_plan *z, const struct model *m, size_t part, struct amp_error *err)
+{
+    int n = m->nparams, w = z->world;
+    size_t w1 = (size_t)w + 1, nn = (size_t)(n ? n : 1);
+    z->first = calloc(nn + 1, sizeof *z->first);
+    z->part_bounds = calloc(w1, sizeof *z->part_bounds);
+    z->views = calloc(nn, sizeof *z->views);
+    z->view_ptrs = calloc(nn, sizeof *z->view_ptrs);
+    if (!z->first || !z->part_bounds || !z->views || !z->view_ptrs)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the gradient statistics (dist.zero 1)");
+    for (int i = 0; i < n; i++)
+        z->first[i + 1] = z->first[i] + (int64_t)((m->params[i]->grad.numel + part - 1) / part);
+    size_t total = (size_t)z->first[n];
+    z->parts = calloc(total ? total : 1, sizeof *z->parts);
+    z->gathered = calloc(total ? total : 1, sizeof *z->gathered);
+    z->order = calloc(total ? total : 1, sizeof *z->order);
+    if (!z->parts || !z->gathered || !z->order)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the gradient statistics (dist.zero 1)");
+    size_t k = 0;
+    for (int q = 0; q < w; q++) {
+        z->part_bounds[q] = k;
+        for (int i = 0; i < n; i++) {
+            const size_t *b = z->blocks + (size_t)i * w1;
+            if (b[q + 1] > b[q])
+                for (size_t c = b[q] / part; c < (b[q + 1] + part - 1) / part; c++)
+                    z->order[k++] = z->first[i] + (int64_t)c;
+        }
+    }
+    z->part_bounds[w] = k;
+    if (k != total) /* the blocks do not fall on parts: a bug of the partition */
+        return amp_fail(err, AMP_ERR_INTERNAL, "this is a bug: report it with the model's config",
+                        "dist.zero 1: the ranks' blocks cover %zu of the gradients' %zu parts", k, total);
+    for (int i = 0; i < n; i++) {
+        const struct tensor *g = &m->params[i]->grad;
+        const size_t *b = z->blocks + (size_t)i * w1;
+        struct tensor *v = &z->views[i];
+        *v = *g; /* this rank's block, flat: starts at a part boundary of the parameter */
+        v->data = (float *)g->data + b[z->rank];
+        v->ndim = 1;
+        for (int d = 0; d < TENSOR_MAX_DIMS; d++)
+            v->shape[d] = 1;
+        v->numel = b[z->rank + 1] - b[z->rank];
+        v->shape[0] = (int64_t)v->numel;
+        z->view_ptrs[i] = v;
+    }
+    return AMP_OK;
+}
+
+enum amp_status zero_plan_init(struct zero_plan *z, struct dist *d, const struct model *m, struct dist_overlap *o,
+                               int zero, bool whole_gradient, bool masters_sharded, struct amp_error *err)
+{
+    *z = (struct zero_plan){0};
+    struct comm *c = d->comm;
+    struct backend *be = d->be;
+    if (zero != 1 || c->world < 2)
+        return AMP_OK;
+    int n = m->nparams, w = c->world;
+    size_t w1 = (size_t)w + 1, part = be->grad_part_numel;
+    *z = (struct zero_plan){.sharded = true, .world = w, .rank = c->rank, .nparams = n};
+    z->blocks = calloc((size_t)(n ? n : 1) * w1, sizeof *z->blocks);
+    if (!z->blocks)
+        return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the optimizer's shards (dist.zero 1)");
+    z->aligned = part > 0 && be->grad_stats_parts && be->grad_stats_combine && be->host_memory && d->active &&
+                 !d->stage && !c->device_memory && c->reduce_scatter_blocks && c->reduce_scatter_start &&
+                 c->all_gather_blocks && c->host_gather_blocks && grads_in_flat(m) && m->grad_flat_count > 0;
+    if (z->aligned) {
+        z->nbuckets = o ? dist_overlap_buckets(o) : 1;
+        size_t parts = 1;
+        for (int i = 0; i < n; i++)
+            parts += (m->params[i]->grad.numel + part - 1) / part;
+        struct cut_at *cand = malloc(parts * sizeof *cand);
+        size_t *po = malloc(2 * (size_t)(n ? n : 1) * sizeof *po);
+        double *weight = malloc((size_t)(n ? n : 1) * sizeof *weight), *held = calloc((size_t)w, sizeof *held);
+        z->bucket_at = calloc((size_t)z->nbuckets, sizeof *z->bucket_at);
+        z->buckets = calloc((size_t)z->nbuckets * w1, sizeof *z->buckets);
+        if (!cand || !po || !weight || !held || !z->bucket_at || !z->buckets) {
+            free(cand);
+            free(po);
+            free(weight);
+            free(held);
+            return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the gradients' blocks (dist.zero 1)");
+        }
+        /* what a rank holds for an element it owns: its moments (two, AdamW's), and its master where that is
+         * sharded (zero_shard_masters) rather than whole on every rank */
+        for (int i = 0; i < n; i++)
+            weight[i] = 2.0 + (masters_sharded && param_master_private(m->params[i]) ? 1.0 : 0.0);
+        for (int k = 0; k < z->nbuckets; k++) {
+            size_t begin = 0, end = m->grad_flat_count;
+            if (o)
+                dist_overlap_bucket(o, k, &begin, &end);
+            z->bucket_at[k] = begin;
+            cut_bucket(m, begin, end, part, w, weight, held, cand, po, z->buckets + (size_t)k * w1);
+        }
+        free(cand);
+        free(po);
+        free(weight);
+        free(held);
+        for (int i = 0; i < n && z->aligned; i++)
+            z->aligned = param_blocks(m, m->params[i], z, z->blocks + (size_t)i * w1);
+    }
+    if (!z->aligned) /* comm_shard's blocks, the gradients all-reduced */
+        for (int i = 0; i < n; i++)
+            for (int q = 0; q < w; q++)
+                comm_shard(m->params[i]->grad.numel, w, q, &z->blocks[(size_t)i * w1 + q],
+                           &z->blocks[(size_t)i * w1 + q + 1]);
+    z->exact = z->aligned && !whole_gradient;
+    if (!z->exact)
+        return AMP_OK;
+    enum amp_status st = plan_parts(z, m, part, err);
+    if (st == AMP_OK && o)
+        dist_overlap_scatter_only(o, z->buckets, w);
+    return st;
+}
+
+void zero_plan_free(struct zero_plan *z)
+{
+    if (!z)
+        return;
+    free(z->bucket_at);
+    free(z->buckets);
+    free(z->blocks);
+    free(z->first);
+    free(z->parts);
+    free(z->gathered);
+    free(z->part_bounds);
+    free(z->order);
+    free(z->views);
+    free(z->view_ptrs);
+    *z = (struct zero_plan){0};
+}
+
+void zero_reduce_gradients(struct zero_plan *z, struct dist *d, struct model *m)
+{
+    if (!z->exact) {
+        dist_reduce_sum(d, m->grad_flat, m->grad_flat_count, COMM_F32);
+        return;
+    }
+    d->reduces++;
+    for (int k = 0; k < z->nbuckets; k++)
+        d->comm->reduce_scatter_blocks(d->comm, m->grad_flat + z->bucket_at[k],
+                                       z->buckets + (size_t)k * (size_t)(z->world + 1), COMM_F32);
+}
+
+void zero_grad_stats(struct zero_plan *z, struct dist *d, const struct tensor *const *grads, int n,
+                     struct grad_check *out, int64_t *counts)
+{
+    struct backend *be = d->be;
+    if (!z->exact) {
+        be->grad_stats(be, grads, n, out, counts);
+        return;
+    }
+    (void)grads; /* the same tensors as the plan's views of this rank's blocks */
+    (void)n;
+    /* this rank's parts straight into its place of the all-gather's buffer, then every part in its own place */
+    be->grad_stats_parts(be, z->view_ptrs, z->nparams, z->gathered + z->part_bounds[z->rank]);
+    d->comm->all_gather_blocks(d->comm, z->gathered, z->part_bounds, sizeof *z->gathered);
+    for (size_t k = 0; k < z->part_bounds[z->world]; k++)
+        z->parts[z->order[k]] = z->gathered[k];
+    be->grad_stats_combine(be, z->parts, z->first, z->nparams, out, counts);
 }

@@ -2,19 +2,29 @@
  * zero.h — ZeRO stage 1 (dist.zero: 1, docs/distributed.md "ZeRO-1"): the optimizer's moments sharded over the
  * ranks.
  *
- * Every parameter's elements are split into the ranks' blocks (comm_shard: blocks of ceil(numel / N), the last
- * ones shorter or empty, so any size works). Rank r holds AdamW's m and v (SGD's momentum buffer) for its block
- * of every parameter only (lib/engine/optim.h, optim_create_sharded) and updates only that block of the weights and
- * their low-precision copy. Where the ops read only the copy, the master itself is sharded too (zero_shard_masters:
- * param.master_block), and the step gathers the copies' blocks alone; where the ops read the master (fp32 mode, fp32
- * biases and norm gains, embedding tables, fp8 and tied weights) it stays whole and its blocks are gathered too.
+ * One partition (struct zero_plan) decides which elements each rank reduces, holds and updates. Where the backend
+ * reports partial gradient statistics (backend.h, grad_stats_parts: the CPU) and the communicator reduces host memory
+ * (mpi), each bucket of the flat gradient buffer (dist_overlap.h; one bucket, the whole buffer, with dist.bucket_mb
+ * 0) is cut into N contiguous blocks at the boundaries of the statistics' parts (a part: grad_part_numel elements of
+ * a parameter from its start, the last part of a tensor shorter), balanced by elements; rank r owns block r of every
+ * bucket, and its block of a parameter is that parameter's intersection with it (a whole tensor, a range of whole
+ * parts, or nothing: any size works). Elsewhere (GPUs: the CUDA backend has no such parts) a parameter's blocks are
+ * comm_shard's, ceil(numel / N) elements in rank order. Rank r holds AdamW's m and v (SGD's momentum buffer) for its
+ * block of every parameter only (lib/engine/optim.h, optim_create_sharded) and updates only that block of the
+ * weights and their low-precision copy. Where the ops read only the copy, the master itself is sharded too
+ * (zero_shard_masters: param.master_block), and the step gathers the copies' blocks alone; where the ops read the
+ * master (fp32 mode, fp32 biases and norm gains, embedding tables, fp8 and tied weights) it stays whole and its blocks
+ * are gathered too.
  *
- * The step's other parts are those of dist.zero 0, so the bits are too: the same reduce of the gradients (a
- * reduce-scatter, each rank's block summed in rank order, then an all-gather of the blocks: comm.h), the same
- * gradient statistics over the whole reduced gradient (norm, overflow check, clipping), the same step rule. The
- * all-gather of the gradients stays because the norm is one sum over the whole gradient in the backend's chunk order,
- * which partial sums over this rank's blocks (not aligned to the chunks) cannot give bit for bit. What differs is
- * combined exactly:
+ * The step (zero_reduce_gradients, zero_grad_stats), exact partial statistics: the gradients are only
+ * reduce-scattered onto the blocks (comm.h, reduce_scatter_blocks and reduce_scatter_start: each element summed in
+ * rank order, as at dist.zero 0), each rank computes the statistics of the parts it owns (8 double lanes of squares,
+ * the max magnitude, the Inf and NaN counts: 88 bytes a part), the parts' results are all-gathered, and every rank
+ * combines all of them in part order with the code grad_stats runs (grad_stats_combine). So the sum of squares, the
+ * max, the overflow verdict and the per-tensor counts have the bits of dist.zero 0, and skips, the loss scale and
+ * the clip coefficient with them; the gradients themselves are never all-gathered. Where the parts do not apply (GPUs;
+ * run.numerics_every, whose probe reads rank 0's whole reduced gradient) the reduce is dist.zero 0's all-reduce and
+ * the statistics grad_stats over the whole gradient. What else differs is combined exactly:
  *  - the trial of an update (step_rule_propose's check) runs on each rank's block; its verdict, the smallest
  *    parameter index whose update would store a non-finite value, is the minimum over the ranks
  *    (zero_after_trial): the index one rank trying every element finds;
@@ -26,14 +36,56 @@
  * to rank 0 for a save; zero_load_begin/end give each rank its block of loaded moments; the masters are loaded whole
  * and sharded afterwards), so a checkpoint resumes at any world size and with either dist.zero.
  *
- * Every function here is a collective where the optimizer is sharded and a no-op where it is not.
+ * Every function here is a collective where the optimizer is sharded and a no-op (or dist.zero 0's step) where it is
+ * not.
  */
 #ifndef AMP_ZERO_H
 #define AMP_ZERO_H
 
-#include "dist.h"  /* struct dist */
-#include "model.h" /* struct model */
-#include "optim.h" /* struct optimizer */
+#include "dist.h"         /* struct dist */
+#include "dist_overlap.h" /* struct dist_overlap: the buckets the partition cuts */
+#include "model.h"        /* struct model */
+#include "optim.h"        /* struct optimizer */
+
+/* dist.zero 1's partition (above) and the buffers of its step. */
+struct zero_plan {
+    bool sharded;         /* dist.zero 1 over several ranks: the rest is meaningful */
+    bool aligned;         /* the blocks lie on the statistics' parts (else comm_shard's) */
+    bool exact;           /* aligned, and the step reduce-scatters and combines the parts: no gradient all-gather */
+    int world, rank;
+    int nbuckets;         /* the gradients' buckets (dist_overlap's order; without it one, the whole grad_flat): */
+    size_t *bucket_at;    /* bucket i starts at float bucket_at[i] of grad_flat, and its blocks are */
+    size_t *buckets;      /* buckets[i (world + 1) ..] (comm.h's bounds: from 0 to the bucket's length) */
+    size_t *blocks;       /* nparams x (world + 1): parameter i's rank q block is [blocks[i (world + 1) + q], .. + 1) */
+    int nparams;
+    /* exact: the step's statistics */
+    int64_t *first;       /* nparams + 1: parameter i's parts are parts[first[i] .. first[i + 1]) */
+    struct grad_part *parts; /* every part's results, in parameter and part order (host memory) */
+    struct grad_part *gathered; /* the ranks' parts, rank by rank: the all-gather's buffer */
+    size_t *part_bounds;  /* world + 1: each rank's parts in `gathered` */
+    int64_t *order;       /* gathered[k] is parts[order[k]] */
+    struct tensor *views; /* this rank's block of each parameter's gradient */
+    const struct tensor **view_ptrs;
+};
+
+/* The partition for d and m: dist.zero `zero` (0 or 1) over d's ranks, the gradients' buckets o (NULL: one, the
+ * whole grad_flat). The blocks of a bucket are balanced by what a rank holds for its elements: two moments each, and
+ * the master of those that zero_shard_masters will shard (`masters_sharded`: it will run). `whole_gradient`: a
+ * reader of the whole reduced gradient (run.numerics_every) keeps the all-gather. Not sharded (dist.zero 0, one
+ * rank): z->sharded false, nothing allocated. Also tells o to reduce-scatter only, where the plan is exact.
+ * AMP_ERR_INTERNAL out of memory. Not a collective. */
+enum amp_status zero_plan_init(struct zero_plan *z, struct dist *d, const struct model *m, struct dist_overlap *o,
+                               int zero, bool whole_gradient, bool masters_sharded, struct amp_error *err);
+void zero_plan_free(struct zero_plan *z);
+
+/* The step's gradient reduce where the buckets did not make it during backward: exact, the reduce-scatter onto the
+ * blocks; otherwise dist_reduce_sum of grad_flat (dist.zero 0's). */
+void zero_reduce_gradients(struct zero_plan *z, struct dist *d, struct model *m);
+
+/* The step's gradient statistics (backend->grad_stats' contract) of the reduced gradients: exact, this rank's parts,
+ * all-gathered and combined; otherwise grad_stats over grads. */
+void zero_grad_stats(struct zero_plan *z, struct dist *d, const struct tensor *const *grads, int n,
+                     struct grad_check *out, int64_t *counts);
 
 /* After the trial updates (optim_step with a trial): check->update_nonfinite (backend memory) becomes the
  * smallest nonzero value of any rank's, 0 where none has one. */

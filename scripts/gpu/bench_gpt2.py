@@ -14,7 +14,10 @@ window, as ampTrain's sequential sampler does.
 
 Prints one line per step ("step S loss L ms M") and at the end
     "bench_gpt2: torch X.Y, B x T, N steps: TOK tokens/s (steps W+1..N), peak P MiB (device in use D MiB)"
-Timing starts after W steps (torch.compile's first steps compile). Python standard library and torch only.
+Timing starts after W steps (torch.compile's first steps compile). torch.compile compiles at the first call and
+fails there where the machine lacks what it needs (Triton, a C compiler): the step then runs eager, from there on,
+and the last line says "eager (torch.compile failed)" instead of "compiled", so the loss comparison still has its
+steps. Python standard library and torch only.
 """
 import argparse
 import math
@@ -66,6 +69,12 @@ def lr_at(step, a):
     return a.min_lr + (a.lr - a.min_lr) * 0.5 * (1.0 + math.cos(math.pi * frac))
 
 
+def first_line(e):
+    """An exception's first line, or its type where it has no message."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("init")
@@ -96,7 +105,12 @@ def main():
     fused = {"fused": True} if dev.type == "cuda" else {}  # (an older CPU PyTorch has no `fused` argument)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8, **fused)
-    step_fn = torch.compile(m) if a.compile else m
+    step_fn, compiled = m, False
+    if a.compile:
+        try:
+            step_fn, compiled = torch.compile(m), True
+        except Exception as e:  # a PyTorch without torch.compile
+            print("bench_gpt2: torch.compile unavailable (%s): eager" % first_line(e), flush=True)
     with open(a.tokens_file, "rb") as f:
         ids = torch.frombuffer(bytearray(f.read()), dtype=torch.int16).long() & 0xFFFF
     T, B = a.seq, a.batch
@@ -121,7 +135,15 @@ def main():
             t_timed = time.perf_counter()
         t0 = time.perf_counter()
         with amp:
-            logits = step_fn(w[:, :-1])
+            try:
+                logits = step_fn(w[:, :-1])
+            except Exception as e:
+                if not compiled:
+                    raise
+                print("bench_gpt2: torch.compile failed at step %d (%s): eager from here" % (s + 1, first_line(e)),
+                      flush=True)
+                step_fn, compiled = m, False
+                logits = step_fn(w[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
@@ -139,8 +161,9 @@ def main():
     if dev.type == "cuda":
         free, total = torch.cuda.mem_get_info()
         used = (total - free) / 2**20
+    how = " compiled" if compiled else " eager (torch.compile failed)" if a.compile else ""
     print("bench_gpt2: torch %s%s, %d x %d, %d steps: %.0f tokens/s (steps %d..%d), peak %.0f MiB (device in use "
-          "%.0f MiB)" % (torch.__version__, " compiled" if a.compile else "", B, T, a.steps, rate, a.warmup + 1,
+          "%.0f MiB)" % (torch.__version__, how, B, T, a.steps, rate, a.warmup + 1,
                          a.steps, peak, used))
 
 
