@@ -4,9 +4,10 @@
  * Casts: a grid-stride amax (fmaxf, so NaN is ignored as on the CPU; an atomicMax on the bits of a non-negative
  * float orders like the float), the recipe's scale (lib/base/fp8.h, one thread), then the cast. Recipe current needs
  * the amax before the cast (two passes over x); the delayed recipe casts at the scale it already has and takes the
- * amax in the cast's own pass (one read of x), then folds it into its history row. The cast: x * scale rounded to
- * nearest even with saturation (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the
- * CPU's fp8_from_fp32 against bit for bit). The scale is read from device memory: nothing waits for the host.
+ * amax in the cast's own pass (one read of x), then folds it into the step's amax (the group's pending one, which
+ * fp8_update files into the history row). The cast: x * scale rounded to nearest even with saturation
+ * (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the CPU's fp8_from_fp32 against bit for
+ * bit). The scale is read from device memory: nothing waits for the host.
  * The cast-transpose (fp8_cast_args.dst_t, Transformer Engine's): where a product reads the codes the other way
  * round, the same pass also writes them transposed, through 32 x 32 tiles in shared memory (cast_transpose_kernel:
  * src read once, both outputs written coalesced), with the same codes, amax and counts.
