@@ -190,8 +190,9 @@ static struct tensor linear_op_weight(const struct linear_op *op)
 }
 
 /* Cast `src` to the fp8 tensor `dst` with slot s's scale (lib/base/fp8.h): the recipe current computes the scale
- * now; delayed uses it as it is and records src's amax in this pass's history row (training only). With dst_t, src
- * is a (rows, cols) matrix and dst_t (cols, rows) gets the codes transposed in the same pass. */
+ * now; delayed uses it as it is and records src's amax in this pass's pending amaxes (training only; fp8_step_end
+ * files them into the history). With dst_t, src is a (rows, cols) matrix and dst_t (cols, rows) gets the codes
+ * transposed in the same pass. */
 static void fp8_cast_to(const struct step_ctx *ctx, const struct fp8_state *st, struct tensor *dst,
                         const struct tensor *src, const struct fp8_slot *s, struct tensor *dst_t, int64_t rows,
                         int64_t cols)

@@ -85,6 +85,49 @@ Test(backend_cpu, backend_open_device_strings)
     backend_close(NULL);
 }
 
+/* window_store (backend.h): the step's row and counts go to slot *slot of the window, the row is zeroed (count_zeros
+ * adds into it next step) and the slot advances, all read from and written to backend memory; a later store leaves
+ * the earlier slots alone. */
+Test(backend_cpu, window_store_files_the_step_at_the_slot_in_memory)
+{
+    const int64_t nc = 5, w = 3;
+    struct step_row *row = be->alloc(be, sizeof *row), *rows = be->alloc(be, (size_t)w * sizeof *rows);
+    int64_t *counts = be->alloc(be, (size_t)nc * sizeof *counts);
+    int64_t *wcounts = be->alloc(be, (size_t)(w * nc) * sizeof *wcounts);
+    int64_t *slot = be->alloc(be, sizeof *slot);
+    cr_assert(row && rows && counts && wcounts && slot);
+    memset(rows, 0xA5, (size_t)w * sizeof *rows);
+    memset(wcounts, 0xA5, (size_t)(w * nc) * sizeof *wcounts);
+    *slot = 0;
+    struct window_store_args a = { .row = row, .counts = counts, .rows = rows, .window_counts = wcounts,
+                                   .ncounts = nc, .slot = slot };
+    for (int64_t s = 0; s < w; s++) {
+        memset(row, 0, sizeof *row);
+        row->step = 10 + s;
+        row->loss = 0.5 * (double)s;
+        row->grad_zeros = 7 * s + 1;
+        for (int64_t i = 0; i < nc; i++)
+            counts[i] = 100 * s + i;
+        be->window_store(be, &a);
+        cr_assert_eq(*slot, s + 1);
+        for (int64_t r = 0; r <= s; r++) { /* this step's slot and every earlier one */
+            cr_assert_eq(rows[r].step, 10 + r);
+            cr_assert_eq(rows[r].loss, 0.5 * (double)r);
+            cr_assert_eq(rows[r].grad_zeros, 7 * r + 1);
+            for (int64_t i = 0; i < nc; i++)
+                cr_assert_eq(wcounts[r * nc + i], 100 * r + i, "slot %lld count %lld", (long long)r, (long long)i);
+        }
+        const unsigned char *z = (const unsigned char *)row;
+        for (size_t b = 0; b < sizeof *row; b++)
+            cr_assert_eq(z[b], 0, "the step's row is zeroed after the store (byte %zu)", b);
+    }
+    be->free(be, row);
+    be->free(be, rows);
+    be->free(be, counts);
+    be->free(be, wcounts);
+    be->free(be, slot);
+}
+
 /* AMPTRAIN_CUDNN_ATTENTION (the CUDA backend's fused attention switch) is 0 or 1: anything else is refused naming
  * it, on the CPU too, rather than read as "on" */
 Test(backend_cpu, a_bad_amptrain_cudnn_attention_is_refused_naming_it)
@@ -127,6 +170,29 @@ Test(backend_cpu, a_bad_amptrain_fp8_cublaslt_epilogue_is_refused_naming_it)
         backend_close(b);
     }
     cr_assert_eq(unsetenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE"), 0);
+}
+
+/* AMPTRAIN_CUDA_GRAPHS (the CUDA backend's step graphs) is 0 or 1 likewise; the CPU backend has no graphs */
+Test(backend_cpu, a_bad_amptrain_cuda_graphs_is_refused_naming_it)
+{
+    struct backend *b = NULL;
+    struct amp_error err;
+    const char *bad[4] = { "on", "", "2", "1 " };
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(setenv("AMPTRAIN_CUDA_GRAPHS", bad[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_ERR_CONFIG, "'%s'", bad[i]);
+        cr_assert_null(b);
+        cr_assert(strstr(err.msg, "AMPTRAIN_CUDA_GRAPHS"), "msg: %s", err.msg);
+        cr_assert(err.hint[0]);
+    }
+    const char *good[2] = { "0", "1" };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(setenv("AMPTRAIN_CUDA_GRAPHS", good[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "'%s': %s", good[i], err.msg);
+        cr_assert(!b->graph_begin && !b->graph_end && !b->graph_launch, "the CPU records no graphs");
+        backend_close(b);
+    }
+    cr_assert_eq(unsetenv("AMPTRAIN_CUDA_GRAPHS"), 0);
 }
 
 /* ---- the CUDA backend's module (lib/base/device_module.h) ---------------------------------------------- */

@@ -353,6 +353,17 @@ Test(cli, gpu_check_dry_run_fills_its_table, .timeout = 1100)
     cr_assert(strstr(out, "| text_gpt768 | fp8 | "), "%s", out);
     cr_assert(strstr(out, "Targets (text_gpt width 768): bf16 / fp32 = "), "%s", out);
     cr_assert(strstr(out, "fp8 / bf16 = "), "%s", out);
+    /* CUDA graphs off and on, side by side (on the CPU there are none: the two runs must still log the same bits) */
+    const char *graph_models[] = {"fashion_mlp", "fashion_cnn", "text_gpt"};
+    for (size_t i = 0; i < 3; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "gpu-check: graphs: %s bf16 on / off ", graph_models[i]);
+        const char *note = strstr(out, want);
+        cr_assert_not_null(note, "no graphs note for %s\n%s", graph_models[i], out);
+        const char *eol = strchr(note, '\n'), *same = strstr(note, "same log: yes");
+        cr_assert(same && (!eol || same < eol), "%s: the logs with and without graphs differ\n%s", graph_models[i],
+                  out);
+    }
     /* the gpt2 phase (scripts/gpu/bench_gpt2.sh): a row for each of ampTrain's three modes and PyTorch, each with a
      * figure, and the loss agreement checked (on the CPU, bf16 emulated against PyTorch's bf16 autocast) */
     const char *gpt2_rows[] = {"| 2 | amp-bf16 | ", "| 2 | amp-fp16-dynamic | ", "| 2 | amp-fp8 | ", "| 2 | torch | "};

@@ -244,6 +244,46 @@ Test(cpu_elementwise, dropout_mask_is_a_pure_function_of_key)
         cr_assert_eq(((uint16_t *)y16->data)[i], bf16_from_fp32(hx[i]));
 }
 
+/* A training step names its step through backend memory (backend.h struct rng_key: counter + *step * per_step, the
+ * step read when the op runs), so that one recorded launch serves every step on a GPU: the CPU reads it from its
+ * memory the same way. The mask is that of the plain key with the whole counter, and writing another step into the
+ * memory, with the same key, gives the next step's mask (a counter above 2^32 too: its high half moves the stream). */
+Test(cpu_elementwise, dropout_reads_the_step_from_backend_memory)
+{
+    seed(10);
+    size_t n = 5000;
+    float p = 0.3f;
+    float *hx, *hdy;
+    struct tensor *x = trand(DT_BF16, n, 0.5f, 2.0f, &hx), *dy = trand(DT_FP32, n, -1.0f, 1.0f, &hdy);
+    int64_t *step = be->alloc(be, sizeof *step);
+    cr_assert_not_null(step);
+    const uint64_t per_step = 6, within = 4;
+    struct rng_key dev = { .seed = 99, .stream = 2, .counter = within, .step = step, .per_step = per_step };
+    const int64_t steps[3] = { 5, 6, INT64_C(3000000000) };
+    uint16_t *before = NULL;
+    for (int k = 0; k < 3; k++) {
+        be->upload(be, step, &steps[k], sizeof *step);
+        struct rng_key plain = { .seed = 99, .stream = 2, .counter = (uint64_t)steps[k] * per_step + within };
+        struct tensor *y_dev = tnew(DT_BF16, n), *y_plain = tnew(DT_BF16, n);
+        struct tensor *dx_dev = tnew(DT_FP32, n), *dx_plain = tnew(DT_FP32, n);
+        be->dropout_forward(be, y_dev, x, p, dev);
+        be->dropout_forward(be, y_plain, x, p, plain);
+        be->dropout_backward(be, dx_dev, dy, p, dev);
+        be->dropout_backward(be, dx_plain, dy, p, plain);
+        cr_assert_eq(memcmp(y_dev->data, y_plain->data, n * 2), 0, "step %lld: forward", (long long)steps[k]);
+        cr_assert_eq(memcmp(dx_dev->data, dx_plain->data, n * 4), 0, "step %lld: backward", (long long)steps[k]);
+        if (before) { /* the same key, another step in memory: another mask */
+            size_t differ = 0;
+            for (size_t i = 0; i < n; i++)
+                differ += (before[i] == 0) != (((uint16_t *)y_dev->data)[i] == 0);
+            cr_assert_gt(differ, n / 5, "step %lld: the mask did not follow the step in memory (%zu differ)",
+                         (long long)steps[k], differ);
+        }
+        before = y_dev->data;
+    }
+    be->free(be, step);
+}
+
 Test(cpu_elementwise, dropout_lowp_rounds_scaled_values)
 {
     seed(9);

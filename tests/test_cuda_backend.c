@@ -2920,6 +2920,162 @@ Test(cuda_backend, fp8_gpt_trains_the_same_with_and_without_cublaslt_epilogue, .
     remove_scratch();
 }
 
+/* ---- CUDA graphs (kernels/cuda/graphs.cu, lib/engine/train.c graph_piece) ----------------------------------- */
+
+/* The per-step values a recorded step reads from device memory: the delayed fp8 update's step (its row: step mod len)
+ * and pending amaxes, as the CPU reads them, bit for bit (history, scales, pending zeroed), at two steps with the same
+ * arguments; and window_store's slot. */
+Test(cuda_backend, per_step_values_in_memory_match_the_cpu, .init = open_both, .fini = close_both)
+{
+    const int len = 5, n = 200;
+    const int64_t steps[2] = {8, 9};
+    int64_t *cstep = cpu->alloc(cpu, sizeof *cstep), *gstep = be_put(gpu, &steps[0], sizeof steps[0]);
+    cr_assert(cstep && gstep);
+    for (int mr = 0; mr < 2; mr++) {
+        float *hist = malloc((size_t)(len * n) * sizeof *hist), *scale = malloc((size_t)(2 * n) * sizeof *scale);
+        float *pend = malloc((size_t)n * sizeof *pend), *back = malloc((size_t)(len * n) * sizeof *back);
+        cr_assert(hist && scale && pend && back);
+        for (int i = 0; i < len * n; i++)
+            hist[i] = i % 11 == 0 ? 0.0f : uniform(0.0f, 1000.0f);
+        for (int i = 0; i < 2 * n; i++)
+            scale[i] = uniform(0.5f, 2.0f);
+        float *gh = be_put(gpu, hist, (size_t)(len * n) * sizeof *hist);
+        float *gsc = be_put(gpu, scale, (size_t)(2 * n) * sizeof *scale);
+        float *gp = be_put(gpu, hist, (size_t)n * sizeof *pend); /* filled below */
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < n; i++)
+                pend[i] = i % 7 == 0 ? 0.0f : uniform(0.0f, 2000.0f);
+            gpu->upload(gpu, gp, pend, (size_t)n * sizeof *pend);
+            gpu->upload(gpu, gstep, &steps[k], sizeof steps[k]);
+            *cstep = steps[k];
+            struct fp8_update_args a = {.scale = scale, .scale_inv = scale + n, .history = hist, .n = n, .len = len,
+                                        .row = 0, .most_recent = mr, .margin = 1, .fmax = 448.0f, .step = cstep,
+                                        .pending = pend};
+            cpu->fp8_update(cpu, &a);
+            a.scale = gsc, a.scale_inv = gsc + n, a.history = gh, a.step = gstep, a.pending = gp;
+            gpu->fp8_update(gpu, &a);
+            gpu->download(gpu, back, gsc, (size_t)(2 * n) * sizeof *back);
+            cr_assert_eq(memcmp(back, scale, (size_t)(2 * n) * sizeof *back), 0, "scales (mr %d, step %lld)", mr,
+                         (long long)steps[k]);
+            gpu->download(gpu, back, gh, (size_t)(len * n) * sizeof *back);
+            cr_assert_eq(memcmp(back, hist, (size_t)(len * n) * sizeof *back), 0, "history (mr %d, step %lld)", mr,
+                         (long long)steps[k]);
+            gpu->download(gpu, back, gp, (size_t)n * sizeof *back);
+            for (int i = 0; i < n; i++)
+                cr_assert_eq(back[i], 0.0f, "pending[%d] zeroed on the GPU", i);
+        }
+        gpu->free(gpu, gh);
+        gpu->free(gpu, gsc);
+        gpu->free(gpu, gp);
+        free(hist);
+        free(scale);
+        free(pend);
+        free(back);
+    }
+    cpu->free(cpu, cstep);
+    gpu->free(gpu, gstep);
+
+    /* window_store: two steps filed at slots 0 and 1 from the same arguments, the row zeroed, the slot advanced */
+    const int64_t nc = 6;
+    struct step_row rows_h[2];
+    int64_t counts_h[2 * 6], slot = 0;
+    struct step_row *row = be_put(gpu, rows_h, sizeof rows_h[0]), *rows = be_put(gpu, rows_h, sizeof rows_h);
+    int64_t *counts = be_put(gpu, counts_h, (size_t)nc * sizeof *counts_h);
+    int64_t *wcounts = be_put(gpu, counts_h, sizeof counts_h), *gslot = be_put(gpu, &slot, sizeof slot);
+    struct window_store_args w = {.row = row, .counts = counts, .rows = rows, .window_counts = wcounts, .ncounts = nc,
+                                  .slot = gslot};
+    for (int s = 0; s < 2; s++) {
+        struct step_row r = {.step = 40 + s, .loss = 1.25 * s, .grad_zeros = 9 + s};
+        int64_t c[6];
+        for (int i = 0; i < nc; i++)
+            c[i] = 100 * s + i;
+        gpu->upload(gpu, row, &r, sizeof r);
+        gpu->upload(gpu, counts, c, sizeof c);
+        gpu->window_store(gpu, &w);
+    }
+    gpu->download(gpu, rows_h, rows, sizeof rows_h);
+    gpu->download(gpu, counts_h, wcounts, sizeof counts_h);
+    gpu->download(gpu, &slot, gslot, sizeof slot);
+    cr_assert_eq(slot, 2);
+    for (int s = 0; s < 2; s++) {
+        cr_assert(rows_h[s].step == 40 + s && rows_h[s].loss == 1.25 * s && rows_h[s].grad_zeros == 9 + s, "slot %d", s);
+        for (int i = 0; i < nc; i++)
+            cr_assert_eq(counts_h[s * nc + i], 100 * s + i, "slot %d count %d", s, i);
+    }
+    struct step_row z;
+    gpu->download(gpu, &z, row, sizeof z);
+    const unsigned char *zb = (const unsigned char *)&z;
+    for (size_t b = 0; b < sizeof z; b++)
+        cr_assert_eq(zb[b], 0, "the step's row is zeroed (byte %zu)", b);
+    gpu->free(gpu, row);
+    gpu->free(gpu, rows);
+    gpu->free(gpu, counts);
+    gpu->free(gpu, wcounts);
+    gpu->free(gpu, gslot);
+    struct amp_error err = {0};
+    cr_assert_eq(gpu->status(gpu, &err), AMP_OK, "%s", err.msg);
+}
+
+/* The first integer after `key` in out, or -1. */
+static long long count_after(const char *out, const char *key)
+{
+    const char *p = strstr(out, key);
+    return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/* A step recorded once and replayed (AMPTRAIN_CUDA_GRAPHS=1, the default) gives the checkpoint tensors and
+ * scale_log.csv of the same run with every op queued one by one (=0), bit for bit: the CNN with dropout (the masks'
+ * step read from device memory) in fp16-dynamic from a 2^24 scale (skipped steps), with accumulation, steps that
+ * sample grad_zero_frac (their own graph), and evaluations between steps; the byte GPT in bf16 with accumulation; and
+ * fp8 with every product in fp8, recipe delayed (a 3-step amax history, so its row wraps; accumulation) and recipe
+ * current. The graphs run says it recorded pieces and replayed them; the other says nothing of graphs. */
+Test(cuda_backend, graphs_replay_the_bits_of_plain_launches, .timeout = 900)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: CUDA graphs were not run");
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    static const struct {
+        const char *name, *args;
+        int steps;
+    } cases[] = {
+        {"cnn", "configs/fashion_cnn_fp16_dynamic.yaml precision.loss_scale.init=16777216 accum_steps=2 "
+                "run.log_every=5 run.eval_every=4", 12},
+        {"gpt", "configs/text_gpt.yaml precision.mode=bf16 accum_steps=2 run.log_every=3", 8},
+        {"fp8 delayed", "configs/text_gpt.yaml precision.mode=fp8 precision.fp8.amax_history_len=3 accum_steps=2 "
+                        "precision.fp8.min_size=[0,0] precision.fp8.keep_bf16=[] run.log_every=4", 8},
+        {"fp8 current", "configs/text_gpt.yaml precision.mode=fp8 precision.fp8.recipe=current "
+                        "precision.fp8.min_size=[0,0] precision.fp8.keep_bf16=[] run.log_every=4", 8},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_scratch();
+        const char *env[] = {"1", "0"};
+        for (int i = 0; i < 2; i++) {
+            setenv("AMPTRAIN_CUDA_GRAPHS", env[i], 1);
+            struct result r = amp("run %s run.device=cuda run.steps=%d run.out_dir=%s/g%s", cases[c].args,
+                                  cases[c].steps, scratch, env[i]);
+            unsetenv("AMPTRAIN_CUDA_GRAPHS");
+            cr_assert_eq(r.code, 0, "%s, AMPTRAIN_CUDA_GRAPHS=%s:\n%s", cases[c].name, env[i], r.out);
+            cr_assert(strstr(r.out, "device: cuda:0"), "not on the GPU:\n%s", r.out);
+            cr_assert_null(strstr(r.out, "CUDA graphs off"), "%s: %s", cases[c].name, r.out);
+            long long recorded = count_after(r.out, "cuda graphs: "), replayed = count_after(r.out, "recorded, ");
+            if (i == 0)
+                cr_assert(recorded > 0 && replayed > 0, "%s: no piece was recorded and replayed:\n%s",
+                          cases[c].name, r.out);
+            else
+                cr_assert_eq(recorded, -1, "%s: AMPTRAIN_CUDA_GRAPHS=0 recorded graphs:\n%s", cases[c].name, r.out);
+        }
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/g1/ckpt-%d.h5", scratch, cases[c].steps);
+        snprintf(b, sizeof b, "%s/g0/ckpt-%d.h5", scratch, cases[c].steps);
+        cr_assert_geq(assert_same_tensors(a, b), 6, "%s: too few tensors compared", cases[c].name);
+        snprintf(a, sizeof a, "%s/g1/scale_log.csv", scratch);
+        snprintf(b, sizeof b, "%s/g0/scale_log.csv", scratch);
+        assert_same_logs(a, b);
+        remove_scratch();
+    }
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)

@@ -256,6 +256,51 @@ Test(fp8, delayed_update_is_transformer_engines_over_the_history)
             }
 }
 
+/* A training step's update reads its step from backend memory (fp8_update_args.step: row = *step mod len) and first
+ * folds the step's pending amaxes into that row (fmaxf, then pending zeroed): the bits of the plain update on a history
+ * whose row already holds them. Steps 5, 6 and 11 in memory move the row, with the same arguments. */
+Test(fp8, delayed_update_reads_the_step_and_the_pending_amaxes_from_memory)
+{
+    seed(3);
+    const int len = 4, n = 6;
+    int64_t *step = be->alloc(be, sizeof *step);
+    float *pending = be->alloc(be, (size_t)n * sizeof(float));
+    cr_assert(step && pending);
+    const int64_t steps[3] = {5, 6, 11};
+    for (int mr = 0; mr < 2; mr++)
+        for (int k = 0; k < 3; k++) {
+            int row = (int)(steps[k] % len);
+            float *hist = falloc((size_t)(len * n)), *plain = falloc((size_t)(len * n));
+            float scale[6], inv[6], scale_p[6], inv_p[6];
+            for (int i = 0; i < len * n; i++)
+                hist[i] = (float)urand() * 10.0f;
+            for (int i = 0; i < n; i++) {
+                hist[row * n + i] = 0.0f; /* as the previous step's update left it */
+                pending[i] = i == 5 ? 0.0f : (float)urand() * 20.0f; /* tensor 5: not cast this step */
+                scale[i] = inv[i] = scale_p[i] = inv_p[i] = 0.5f + (float)i;
+            }
+            memcpy(plain, hist, (size_t)(len * n) * sizeof(float));
+            for (int i = 0; i < n; i++)
+                plain[row * n + i] = fmaxf(plain[row * n + i], pending[i]);
+            be->upload(be, step, &steps[k], sizeof *step);
+            struct fp8_update_args dev = {.scale = scale, .scale_inv = inv, .history = hist, .n = n, .len = len,
+                                          .row = 0, .most_recent = mr, .margin = 0, .fmax = 57344.0f, .step = step,
+                                          .pending = pending};
+            struct fp8_update_args ref = {.scale = scale_p, .scale_inv = inv_p, .history = plain, .n = n, .len = len,
+                                          .row = row, .most_recent = mr, .margin = 0, .fmax = 57344.0f};
+            be->fp8_update(be, &dev);
+            be->fp8_update(be, &ref);
+            cr_assert_eq(memcmp(hist, plain, (size_t)(len * n) * sizeof(float)), 0, "step %lld: the history",
+                         (long long)steps[k]);
+            cr_assert_eq(memcmp(scale, scale_p, sizeof scale), 0, "step %lld: the scales", (long long)steps[k]);
+            cr_assert_eq(memcmp(inv, inv_p, sizeof inv), 0, "step %lld: scale_inv", (long long)steps[k]);
+            for (int i = 0; i < n; i++)
+                cr_assert_eq(pending[i], 0.0f, "pending[%d] is zeroed", i);
+        }
+    be->free(be, step);
+    be->free(be, pending);
+}
+
 /* Products of fp8 operands: the exact products of the decoded codes summed (here in double), times alpha and both
  * scale_inv, then the bias, rounded once to C's dtype. The CPU sums in fp32, so fp32 C agrees to ~k ulp and
  * bf16 C to one bf16 ulp. */

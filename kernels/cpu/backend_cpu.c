@@ -180,6 +180,17 @@ static void cpu_zero(struct backend *be, struct tensor *t)
         memset(t->data, 0, tensor_bytes(t));
 }
 
+/* The step's row and counts into the window's slot *slot (backend.h window_store_args). */
+static void cpu_window_store(struct backend *be, const struct window_store_args *a)
+{
+    (void)be;
+    int64_t slot = *a->slot;
+    a->rows[slot] = *a->row;
+    memcpy(a->window_counts + slot * a->ncounts, a->counts, (size_t)a->ncounts * sizeof *a->counts);
+    memset(a->row, 0, sizeof *a->row);
+    *a->slot = slot + 1;
+}
+
 static void cpu_synchronize(struct backend *be)
 {
     (void)be;
@@ -348,6 +359,7 @@ struct backend *backend_cpu_create(void)
     be->fp8_block_cast = cpu_fp8_block_cast;
     be->adamw_update = cpu_adamw_update;
     be->sgd_update = cpu_sgd_update;
+    be->window_store = cpu_window_store;
     be->set_threads = cpu_set_threads;
     be->status = cpu_status;
     be->destroy = cpu_destroy;

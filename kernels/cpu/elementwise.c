@@ -332,6 +332,10 @@ static void dropout_range(struct tensor *y, const struct tensor *x, float p, str
 static void dropout_apply(struct cpu_backend *cb, struct tensor *y, const struct tensor *x, float p, struct rng_key key)
 {
     assert(y->numel == x->numel);
+    if (key.step) { /* the step read from backend memory now, as a device reads it when the op runs */
+        key.counter += (uint64_t)*key.step * key.per_step;
+        key.step = NULL;
+    }
     assert((uint64_t)x->numel <= 0x100000000ULL && key.stream < (1ULL << 44) && key.counter < (1ULL << 52));
     if (p <= 0.0f) {
         dtype_convert(y->data, y->dtype, x->data, x->dtype, x->numel);

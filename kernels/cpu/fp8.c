@@ -124,13 +124,20 @@ void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
 void cpu_fp8_update(struct backend *be, const struct fp8_update_args *a)
 {
     (void)be;
-    assert(a->len >= 1 && a->row >= 0 && a->row < a->len);
+    assert(a->len >= 1);
+    int row = a->step ? (int)(*a->step % a->len) : a->row; /* the step read from memory now, as a device reads it */
+    assert(row >= 0 && row < a->len);
+    for (int i = 0; a->pending && i < a->n; i++) {
+        float *h = &a->history[(size_t)row * (size_t)a->n + (size_t)i];
+        *h = fmaxf(*h, a->pending[i]);
+        a->pending[i] = 0.0f;
+    }
     for (int i = 0; i < a->n; i++) {
-        float amax = fp8_history_amax(a->history, a->n, a->len, a->row, i, a->most_recent);
+        float amax = fp8_history_amax(a->history, a->n, a->len, row, i, a->most_recent);
         a->scale[i] = fp8_scale_from_amax(amax, a->fmax, a->margin, a->scale[i], false);
         a->scale_inv[i] = 1.0f / a->scale[i];
     }
-    int next = (a->row + 1) % a->len;
+    int next = (row + 1) % a->len;
     memset(a->history + (size_t)next * (size_t)a->n, 0, (size_t)a->n * sizeof(float));
 }
 

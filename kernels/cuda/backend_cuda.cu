@@ -27,13 +27,18 @@
 
 void cuda_record(struct cuda_backend *cb, const char *hint, const char *fmt, ...)
 {
-    if (cb->status != AMP_OK)
+    if (cb->status != AMP_OK || (cb->capturing && cb->capture_failed))
         return;
     char msg[sizeof cb->err.msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (cb->capturing) { /* a failed recording: graphs.cu says why, and the caller runs the ops plainly */
+        cb->capture_failed = true;
+        snprintf(cb->capture_why, sizeof cb->capture_why, "%.300s", msg);
+        return;
+    }
     cb->status = amp_fail(&cb->err, AMP_ERR_INTERNAL, hint, "%s: %s", cb->name, msg);
 }
 
@@ -90,7 +95,12 @@ void *cuda_scratch(struct cuda_backend *cb, enum cuda_scratch_slot slot, size_t 
     struct device_scratch *s = &cb->scr[slot];
     if (s->p && bytes <= s->cap)
         return s->p;
+    if (cb->capturing) { /* a graph must not own the buffer: the ops run plainly, and grow it then */
+        cuda_record(cb, NULL, "scratch slot %d grew to %zu bytes during the recording", (int)slot, bytes);
+        return NULL;
+    }
     size_t cap = ((bytes ? bytes : 1) + bytes / 4 + 255) & ~(size_t)255;
+    cb->scratch_gen++; /* every graph naming the slot's old buffer is stale */
     if (s->p) {
         scratch_release(cb, s->p);
         s->p = NULL;
@@ -141,6 +151,10 @@ const void *device_table_commit(struct cuda_backend *cb, struct device_table *t,
     }
     if (t->sent_bytes == bytes && memcmp(t->sent, t->build, bytes) == 0)
         return dev;
+    if (cb->capturing) { /* a graph would read the pageable copy when replayed: the ops run plainly instead */
+        cuda_record(cb, NULL, "a %zu-byte tensor table changed during the recording", bytes);
+        return NULL;
+    }
     memcpy(t->sent, t->build, bytes);
     t->sent_bytes = 0;
     if (!CB_CUDA(cb, cudaMemcpyAsync(dev, t->sent, bytes, cudaMemcpyHostToDevice, cb->stream)))
@@ -289,6 +303,7 @@ static void cu_destroy(struct backend *be)
     cuda_gemm_plans_free(cb);
     cuda_conv_plans_free(cb);
     cuda_attention_fused_free(cb);
+    cuda_graphs_free(cb);
     for (int i = 0; i < CSCR_COUNT; i++)
         if (cb->scr[i].p)
             scratch_release(cb, cb->scr[i].p);
@@ -374,12 +389,14 @@ static void fill_table(struct backend *be)
     be->fp8_block_cast = cuda_fp8_block_cast;
     be->adamw_update = cuda_adamw_update;
     be->sgd_update = cuda_sgd_update;
+    be->window_store = cuda_window_store;
     be->status = cu_status;
     be->destroy = cu_destroy;
     cuda_attention_fused_install(cuda_of(be)); /* where built with cuDNN's frontend */
     /* checked to be 0 or 1 by backend_open (lib/base/backend.c) */
     const char *fp8_epilogue = getenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
     cuda_of(be)->fp8_epilogue_off = fp8_epilogue && strcmp(fp8_epilogue, "0") == 0;
+    cuda_graphs_install(cuda_of(be));          /* unless AMPTRAIN_CUDA_GRAPHS=0 */
 }
 
 extern "C" enum amp_status cuda_backend_create(struct backend **out, int device_index, struct amp_error *err)

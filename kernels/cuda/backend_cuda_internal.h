@@ -144,6 +144,17 @@ struct cuda_backend {
     size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */
     enum amp_status status;
     struct amp_error err;
+    /* CUDA Graphs (graphs.cu): the kept graphs, the scratch generation each was recorded at (cuda_scratch raises
+     * scratch_gen whenever it replaces a slot's buffer, which leaves every graph naming the old one stale), and the
+     * recording in progress: its first failure goes to capture_why, never to status (the caller runs the ops again
+     * plainly, and a failure there is recorded as usual). */
+    cudaGraphExec_t graph_exec[BACKEND_GRAPHS];
+    uint64_t graph_gen[BACKEND_GRAPHS];
+    uint64_t scratch_gen;
+    bool capturing;
+    bool capture_failed;
+    char capture_why[320];
+    bool graph_noted;    /* a recording's failure was said (once a backend) */
 };
 
 static inline struct cuda_backend *cuda_of(struct backend *be)
@@ -365,6 +376,11 @@ void cuda_batchnorm_backward(struct backend *be, const struct norm_args *a, stru
                              struct tensor *dbeta, const struct tensor *dy, const struct tensor *x,
                              const struct tensor *y, const struct tensor *mean, const struct tensor *rstd,
                              const struct tensor *gamma, float beta_acc);
+
+/* graphs.cu: the CUDA Graphs entries (installed unless AMPTRAIN_CUDA_GRAPHS=0), their teardown, and window_store */
+void cuda_graphs_install(struct cuda_backend *cb);
+void cuda_graphs_free(struct cuda_backend *cb);
+void cuda_window_store(struct backend *be, const struct window_store_args *a);
 
 /* loss_optim.cu */
 void cuda_xent_forward_backward(struct backend *be, struct tensor *losses, int32_t *correct, struct tensor *dlogits,

@@ -84,9 +84,16 @@ __device__ __forceinline__ float rng_uniform_dev(uint64_t seed, uint64_t stream,
 
 /* y = x * (kept ? 1/(1-p) : 0); element i kept iff rng_uniform(seed, (stream << 20) + (counter >> 32),
  * (counter << 32) | i) >= p (kernels/cpu/elementwise.c, dropout_apply). */
+/* The key's counter is counter + *step * per_step where step is set (backend.h struct rng_key: the trainer's step,
+ * read from device memory as the kernel runs, so a recorded graph serves every step), then split as the CPU splits
+ * it (kernels/cpu/elementwise.c, dropout_stream and dropout_counter). */
 __global__ void dropout_kernel(void *y, int y_dt, const void *x, int x_dt, size_t n, float p, float scale,
-                               uint64_t seed, uint64_t stream, uint64_t counter_hi)
+                               uint64_t seed, uint64_t key_stream, uint64_t counter, const int64_t *step,
+                               uint64_t per_step)
 {
+    if (step)
+        counter += (uint64_t)*step * per_step;
+    uint64_t stream = (key_stream << 20) + (counter >> 32), counter_hi = counter << 32;
     GRID_STRIDE(i, n)
     {
         float u = rng_uniform_dev(seed, stream, counter_hi | (uint64_t)i);
@@ -370,9 +377,9 @@ static void dropout_apply(struct cuda_backend *cb, struct tensor *y, const struc
                     x->numel, (unsigned long long)key.stream, (unsigned long long)key.counter);
         return;
     }
-    uint64_t stream = (key.stream << 20) + (key.counter >> 32);
     dropout_kernel<<<grid_for(x->numel), kThreads, 0, cb->stream>>>(y->data, y->dtype, x->data, x->dtype, x->numel, p,
-                                                                    1.0f / (1.0f - p), key.seed, stream, key.counter << 32);
+                                                                    1.0f / (1.0f - p), key.seed, key.stream,
+                                                                    key.counter, key.step, key.per_step);
     CB_LAUNCHED(cb, "dropout_kernel");
 }
 

@@ -4,9 +4,10 @@
  * Casts: a grid-stride amax (fmaxf, so NaN is ignored as on the CPU; an atomicMax on the bits of a non-negative
  * float orders like the float), the recipe's scale (lib/base/fp8.h, one thread), then the cast. Recipe current needs
  * the amax before the cast (two passes over x); the delayed recipe casts at the scale it already has and takes the
- * amax in the cast's own pass (one read of x), then folds it into its history row. The cast: x * scale rounded to
- * nearest even with saturation (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the
- * CPU's fp8_from_fp32 against bit for bit). The scale is read from device memory: nothing waits for the host.
+ * amax in the cast's own pass (one read of x), then folds it into the step's amax (the group's pending one, which
+ * fp8_update files into the history row). The cast: x * scale rounded to nearest even with saturation
+ * (__nv_cvt_float_to_fp8 with __NV_SATFINITE, which tests/test_dtype.c checks the CPU's fp8_from_fp32 against bit for
+ * bit). The scale is read from device memory: nothing waits for the host.
  * The cast-transpose (fp8_cast_args.dst_t, Transformer Engine's): where a product reads the codes the other way
  * round, the same pass also writes them transposed, through 32 x 32 tiles in shared memory (cast_transpose_kernel:
  * src read once, both outputs written coalesced), with the same codes, amax and counts.
@@ -252,29 +253,37 @@ void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
     }
 }
 
-/* one thread per tensor: the history's amax, the scale, its reciprocal; then the next step's row cleared */
-__global__ void update_kernel(float *scale, float *scale_inv, const float *history, int n, int len, int row,
-                              bool most_recent, int margin, float fmax)
+/* one thread per tensor (its column of the history): the pending amax folded into the row (the row read from
+ * device memory where step is set: backend.h fp8_update_args), the history's amax, the scale, its reciprocal; then
+ * the next step's row cleared */
+__global__ void update_kernel(float *scale, float *scale_inv, float *history, int n, int len, int row,
+                              bool most_recent, int margin, float fmax, const int64_t *step, float *pending)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
+    if (step)
+        row = (int)(*step % len);
+    if (pending) {
+        float *h = &history[(size_t)row * (size_t)n + (size_t)i];
+        *h = fmaxf(*h, pending[i]);
+        pending[i] = 0.0f;
+    }
     float amax = fp8_history_amax(history, n, len, row, i, most_recent);
     scale[i] = fp8_scale_from_amax(amax, fmax, margin, scale[i], false);
     scale_inv[i] = 1.0f / scale[i];
+    history[(size_t)((row + 1) % len) * (size_t)n + (size_t)i] = 0.0f; /* this thread's column only */
 }
 
 void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a)
 {
     struct cuda_backend *cb = cuda_of(be);
-    if (a->n <= 0 || a->len < 1 || a->row < 0 || a->row >= a->len)
+    if (a->n <= 0 || a->len < 1 || (!a->step && (a->row < 0 || a->row >= a->len)))
         return;
     update_kernel<<<(unsigned)((a->n + 127) / 128), 128, 0, cb->stream>>>(a->scale, a->scale_inv, a->history, a->n,
                                                                           a->len, a->row, a->most_recent, a->margin,
-                                                                          a->fmax);
+                                                                          a->fmax, a->step, a->pending);
     CB_LAUNCHED(cb, "update_kernel");
-    int next = (a->row + 1) % a->len;
-    CB_CUDA(cb, cudaMemsetAsync(a->history + (size_t)next * (size_t)a->n, 0, (size_t)a->n * sizeof(float), cb->stream));
 }
 
 /* ---- products ----------------------------------------------------------------------------------- */

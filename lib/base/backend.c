@@ -97,6 +97,11 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
                         "set it to 0 (every fp8 product through the fp32 scratch and the epilogue kernel) or 1, or "
                         "unset it",
                         "AMPTRAIN_FP8_CUBLASLT_EPILOGUE is '%s'", fp8_epilogue);
+    /* read by the CUDA backend (kernels/cuda/graphs.cu): the training step recorded and replayed as CUDA graphs */
+    const char *graphs = getenv("AMPTRAIN_CUDA_GRAPHS");
+    if (graphs && strcmp(graphs, "0") != 0 && strcmp(graphs, "1") != 0)
+        return amp_fail(err, AMP_ERR_CONFIG, "set it to 0 (every op queued one by one) or 1, or unset it",
+                        "AMPTRAIN_CUDA_GRAPHS is '%s'", graphs);
     if (cuda_index < 0 && !is_auto)
         return open_cpu(out, "", chosen, chosen_len, err);
 #ifdef AMP_HAVE_CUDA

@@ -143,11 +143,31 @@ struct norm_args {
 };
 
 /* Key of a counter-based random stream: dropout masks are a pure function of (seed, layer, step, micro)
- * and the element index, so backward regenerates the forward's mask and a resumed run gets the same ones. */
+ * and the element index, so backward regenerates the forward's mask and a resumed run gets the same ones.
+ * A training step names its step through backend memory: with `step` set, the counter the op uses is
+ * *step * per_step + counter, *step read when the op runs (the trainer's step_state.step, which step_finish
+ * advances on the device), so one recorded sequence of launches serves every step (a CUDA graph: docs/backend.md,
+ * "CUDA Graphs"); the CPU backend reads it from its memory the same way. step NULL: counter alone. */
 struct rng_key {
     uint64_t seed;
     uint64_t stream; /* layer index */
-    uint64_t counter;/* optimizer step * accum_steps + micro-batch */
+    uint64_t counter;/* optimizer step * accum_steps + micro-batch; with `step`: the part within the step */
+    const int64_t *step; /* or NULL: one int64 in backend memory, the optimizer step */
+    uint64_t per_step;   /* with `step`: the counters a step spans (accum_steps x ranks) */
+};
+
+/* The step's log row and gradient counts into the trainer's window, as a training step's last op: the step writes
+ * its row and counts at fixed places (`row`, `counts`), and this copies them to slot *slot of the window (`rows`,
+ * `window_counts`: slot * ncounts onwards), zeroes the fixed row (count_zeros adds into it) and raises *slot by one.
+ * *slot (one int64 in backend memory) is set to 0 by the host at a window's start, so the same launch serves every
+ * step of a window (a CUDA graph). */
+struct window_store_args {
+    struct step_row *row;          /* backend memory: the step's row, zeroed after the copy */
+    const int64_t *counts;         /* backend memory: ncounts int64, the step's per-tensor counts */
+    struct step_row *rows;         /* backend memory: the window's rows */
+    int64_t *window_counts;        /* backend memory: the window's counts, ncounts per slot */
+    int64_t ncounts;
+    int64_t *slot;                 /* backend memory: the next slot; raised by one */
 };
 
 /* One parameter's optimizer update. The step's scalars (unscale * clip factor, learning rate, step
@@ -216,15 +236,19 @@ struct fp8_block_cast_args {
     int64_t *counts;          /* as fp8_cast_args.counts, at each element's own tile scale; or NULL */
 };
 
-/* The delayed recipe's update after a step, for the n tensors of one group (lib/base/fp8.h): amax from the history
- * (len rows of n; `max` over the rows or row `row` alone), scale = fp8_scale_from_amax(amax, fmax, margin, scale,
- * delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to 0. */
+/* The delayed recipe's update after a step, for the n tensors of one group (lib/base/fp8.h): with `pending`, first
+ * history row `row` = fmaxf(itself, pending) and pending = 0 (the step's casts raised pending, not the row); then amax
+ * from the history (len rows of n; `max` over the rows or row `row` alone), scale = fp8_scale_from_amax(amax, fmax,
+ * margin, scale, delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to 0. With `step`, row is *step mod
+ * len, *step read when the op runs (the trainer's step_state.step), so the same launch serves every step. */
 struct fp8_update_args {
     float *scale, *scale_inv, *history;
     int n, len, row;
     bool most_recent;
     int margin;
     float fmax;
+    const int64_t *step;      /* or NULL (then `row`): one int64 in backend memory, the optimizer step */
+    float *pending;           /* or NULL: n fp32 in backend memory, the step's amaxes, folded into the row and zeroed */
 };
 
 struct backend {
@@ -426,7 +450,25 @@ struct backend {
                              struct grad_part *out);
     void (*grad_stats_combine)(struct backend *be, const struct grad_part *parts, const int64_t *first, int ntensors,
                                struct grad_check *out, int64_t *counts);
+
+    /* The step's row and counts into the log window (struct window_store_args). */
+    void (*window_store)(struct backend *be, const struct window_store_args *a);
+
+    /* CUDA Graphs (docs/backend.md, "CUDA Graphs"): record a sequence of ops once and replay it. All three NULL where
+     * the backend has none (the CPU) or AMPTRAIN_CUDA_GRAPHS=0. graph_begin starts recording the ops the calling
+     * thread queues (nothing runs until the graph is launched); false: recording cannot start (the reason is said
+     * once on stderr). graph_end stops recording and keeps the sequence as graph `key` (0 <= key < BACKEND_GRAPHS,
+     * replacing one kept there); false: the recording failed (the reason is said once on stderr, nothing of it ran,
+     * the backend's status is untouched, and the caller runs the ops again plainly). graph_launch queues graph
+     * `key` on the backend's stream; false: none is kept under key, or it is stale (a scratch buffer it names was
+     * replaced since), and nothing was queued. Between graph_begin and graph_end the caller makes no call that
+     * waits (download, synchronize, staging_wait) and no upload. */
+    bool (*graph_begin)(struct backend *be);
+    bool (*graph_end)(struct backend *be, int key);
+    bool (*graph_launch)(struct backend *be, int key);
 };
+
+#define BACKEND_GRAPHS 64 /* graph keys a backend keeps */
 
 /* Open a backend from run.device: "auto" (a GPU if present, else the CPU), "cpu", "cuda", "cuda:N".
  * `chosen` gets a line saying which ("device: cpu (no CUDA device found)"). */

@@ -54,8 +54,9 @@ static enum amp_status group_alloc(struct fp8_group *g, const struct fp8_state *
     g->scale = be->alloc(be, n * sizeof(float));
     g->scale_inv = be->alloc(be, n * sizeof(float));
     g->history = rows ? be->alloc(be, rows * n * sizeof(float)) : NULL;
+    g->pending = rows ? be->alloc(be, n * sizeof(float)) : NULL;
     float *ones = malloc(n * sizeof(float));
-    if (!g->scale || !g->scale_inv || (rows && !g->history) || !ones) {
+    if (!g->scale || !g->scale_inv || (rows && (!g->history || !g->pending)) || !ones) {
         free(ones);
         return amp_fail(err, AMP_ERR_INTERNAL, "lower precision.fp8.amax_history_len",
                         "out of memory allocating the fp8 scales and amax histories (%zu tensors, %zu rows)", n, rows);
@@ -70,6 +71,9 @@ static enum amp_status group_alloc(struct fp8_group *g, const struct fp8_state *
         struct tensor h = { .data = g->history, .dtype = DT_FP32, .ndim = 1, .shape = {count, 1, 1, 1},
                             .numel = (size_t)count, .be = be };
         be->zero(be, &h);
+        struct tensor p = { .data = g->pending, .dtype = DT_FP32, .ndim = 1, .shape = {g->n, 1, 1, 1},
+                            .numel = n, .be = be };
+        be->zero(be, &p);
     }
     return AMP_OK;
 }
@@ -92,6 +96,8 @@ static void group_free(struct fp8_group *g, struct backend *be)
             be->free(be, g->scale_inv);
         if (g->history)
             be->free(be, g->history);
+        if (g->pending)
+            be->free(be, g->pending);
     }
     free(g->names);
     *g = (struct fp8_group){ 0 };
@@ -118,31 +124,30 @@ struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training)
         st->weights++;
         p.weights = st->recast_weights ? 0 : st->weights;
     }
+    (void)step; /* the casts raise the pending amaxes, the same place every step: fp8_step_end files them */
     if (training && st->recipe == FP8_DELAYED && st->len > 0) {
-        size_t row = (size_t)row_of(st, step);
-        if (st->fwd.history)
-            p.amax_fwd = st->fwd.history + row * (size_t)st->fwd.n;
-        if (st->bwd.history)
-            p.amax_bwd = st->bwd.history + row * (size_t)st->bwd.n;
+        p.amax_fwd = st->fwd.pending;
+        p.amax_bwd = st->bwd.pending;
     }
     return p;
 }
 
-static void group_update(const struct fp8_state *st, const struct fp8_group *g, int64_t step)
+static void group_update(const struct fp8_state *st, const struct fp8_group *g, int64_t step, const int64_t *dev_step)
 {
     if (g->n == 0 || !g->history)
         return;
     struct fp8_update_args a = {
         .scale = g->scale, .scale_inv = g->scale_inv, .history = g->history, .n = g->n, .len = st->len,
         .row = row_of(st, step), .most_recent = st->most_recent, .margin = st->margin, .fmax = fp8_group_max(g),
+        .step = dev_step, .pending = g->pending,
     };
     st->be->fp8_update(st->be, &a);
 }
 
-void fp8_step_end(const struct fp8_state *st, int64_t step)
+void fp8_step_end(const struct fp8_state *st, int64_t step, const int64_t *dev_step)
 {
     if (st->recipe != FP8_DELAYED)
         return;
-    group_update(st, &st->fwd, step);
-    group_update(st, &st->bwd, step);
+    group_update(st, &st->fwd, step, dev_step);
+    group_update(st, &st->bwd, step, dev_step);
 }

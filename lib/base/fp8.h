@@ -147,6 +147,8 @@ struct fp8_group {
     float *scale;      /* n */
     float *scale_inv;  /* n */
     float *history;    /* delayed: len rows of n (row r holds the amaxes of the steps t with t mod len == r) */
+    float *pending;    /* delayed: n, the running step's amaxes (the casts raise it; fp8_step_end folds it into the
+                        * step's row and zeroes it), so the casts write one place every step */
     char (*names)[96]; /* host: "fc2/input", "fc2/weight", "fc2/grad_output" (checkpoint and `check`) */
 };
 
@@ -180,8 +182,8 @@ struct fp8_slot {
     int index;
 };
 
-/* What a pass records: with recipe delayed in training, the rows of this step's amaxes (NULL otherwise: eval
- * and `current` record nothing).
+/* What a pass records: with recipe delayed in training, where this step's amaxes go (the groups' `pending`, folded
+ * into the step's history row by fp8_step_end; NULL otherwise: eval and `current` record nothing).
  *
  * Weights are cast once per optimizer step (Transformer Engine's is_first_microbatch): the first micro-batch of a
  * step casts each fp8 layer's weight and the layer keeps the codes, with their scale, for the step's other
@@ -216,8 +218,10 @@ void fp8_free(struct fp8_state *st);
 /* The pass of optimizer step `step` (training: once per step, before its first micro-batch; it raises
  * st->weights, so the step casts the weights anew) or of an evaluation (training false). */
 struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training);
-/* After optimizer step `step`: delayed recipe's scale update (a no-op for `current`). */
-void fp8_step_end(const struct fp8_state *st, int64_t step);
+/* After optimizer step `step`: delayed recipe's scale update (a no-op for `current`), the pending amaxes folded into
+ * the step's row first. dev_step (or NULL): the step in backend memory, read when the update runs instead of `step`
+ * (the trainer's step_state.step, before step_finish advances it), so the same launch serves every step. */
+void fp8_step_end(const struct fp8_state *st, int64_t step, const int64_t *dev_step);
 
 /* The group's largest finite value (448 or 57344). */
 float fp8_group_max(const struct fp8_group *g);

@@ -118,7 +118,8 @@ struct step_row {
     int64_t update_nonfinite; /* skipped because the update would have stored a non-finite weight or moment: 1 +
                                * the first such parameter's index (grad_check.update_nonfinite), else 0 */
     int64_t grad_zeros;       /* zeros of the sampled activation gradients: count_zeros adds them here (the
-                               * trainer zeroes the window's rows first; step_rule_finish leaves it) */
+                               * trainer's running row, zeroed at a window's start and by window_store after each
+                               * step; step_rule_finish leaves it) */
 };
 
 /* The largest magnitudes of the optimizer state as the last applied update stored it, in backend memory (+Inf: not
@@ -141,6 +142,7 @@ struct step_state {
     float seed;               /* the loss gradient's seed for the next step: scale / (accum_steps x world) */
     struct step_scalars sc;   /* the decision of the last finished step */
     struct state_bound bound; /* the optimizer state's magnitudes, for step_rule_bounded */
+    int64_t window_slot;      /* the log window's next row (backend.h window_store): 0 at a window's start */
 };
 
 /* The loss gradient's seed for a step run at the scaler's current scale. */

@@ -306,7 +306,9 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
     t->window = cfg->run.log_every < TRAIN_MAX_WINDOW ? cfg->run.log_every : TRAIN_MAX_WINDOW;
     size_t w = (size_t)t->window, nc = 2 * (size_t)(t->model.nparams ? t->model.nparams : 1);
     size_t off_check = align256(sizeof(struct step_state));
-    size_t off_rows = off_check + align256(sizeof(struct grad_check));
+    size_t off_row = off_check + align256(sizeof(struct grad_check));
+    size_t off_row_counts = off_row + align256(sizeof(struct step_row));
+    size_t off_rows = off_row_counts + align256(nc * sizeof(int64_t));
     size_t off_counts = off_rows + align256(w * sizeof(struct step_row));
     size_t bytes = off_counts + w * nc * sizeof(int64_t);
     t->dev = t->be->alloc(t->be, bytes);
@@ -322,6 +324,8 @@ static enum amp_status step_buffers_init(struct trainer *t, struct amp_error *er
     char *base = t->dev, *host = t->host;
     t->dev_state = (struct step_state *)base;
     t->dev_check = (struct grad_check *)(base + off_check);
+    t->dev_row = (struct step_row *)(base + off_row);
+    t->dev_row_counts = (int64_t *)(base + off_row_counts);
     t->dev_rows = (struct step_row *)(base + off_rows);
     t->dev_counts = (int64_t *)(base + off_counts);
     t->rows_host = (struct step_row *)(host + off_rows);
@@ -506,10 +510,136 @@ static void push_state(struct trainer *t)
         .seed = step_rule_seed(&t->scaler, t->params.micro_batches),
         .bound = t->bound,
     };
-    t->be->upload(t->be, t->dev_state, &st, sizeof st);
-    /* the window's rows start at zero: count_zeros adds into them (grad_zeros) */
-    memset(t->rows_host, 0, (size_t)t->window * sizeof *t->rows_host);
-    t->be->upload(t->be, t->dev_rows, t->rows_host, (size_t)t->window * sizeof *t->rows_host);
+    t->be->upload(t->be, t->dev_state, &st, sizeof st); /* window_slot 0 */
+    /* the step's row starts at zero: count_zeros adds into it (grad_zeros); window_store zeroes it after each step */
+    memset(t->rows_host, 0, sizeof *t->rows_host);
+    t->be->upload(t->be, t->dev_row, t->rows_host, sizeof *t->rows_host);
+}
+
+/* Why a run's steps are not recorded as CUDA graphs, or NULL when they may be. The backend has graphs (and
+ * AMPTRAIN_CUDA_GRAPHS is not 0): these are the steps whose ops depend on the host between them, or on host values
+ * that change from step to step. */
+static const char *graphs_refused(const struct trainer *t)
+{
+    const struct config *cfg = t->cfg;
+    if (t->dist.active)
+        return "data parallel: the gradients' reduce is made between the ops by the communicator";
+    if (cfg->accum_steps >= BACKEND_GRAPHS)
+        return "accum_steps is 64 or more: one graph a micro-batch";
+    return NULL;
+}
+
+/* One micro-batch of the step (forward, backward, loss sum) and, after the last, the step's tail: check, trial,
+ * update, scale and the log row into the window. Every value these ops take that changes from step to step is read
+ * from backend memory (the step, the window's slot, the loss seed), so the same calls serve every step. */
+static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_ctx *ctx, struct fp8_pass *fp8,
+                                 struct amp_error *err)
+{
+    struct model *m = &t->model;
+    struct backend *be = t->be;
+    int64_t accum = t->cfg->accum_steps, n = t->cfg->data.batch_size;
+    const struct layer *loss = &m->layers[m->nlayers - 1];
+    model_forward(m, ctx, &t->io.b);
+    /* the last micro-batch's gradients are reduced in buckets while its backward runs (dist.bucket_mb) */
+    bool last = micro == accum - 1;
+    model_backward_hooked(m, ctx, &t->io.b, last ? dist_overlap_hook(t->overlap) : NULL);
+    double wait0 = runlog_now(); /* the buckets still in flight: the part of the reduce the step waits for */
+    bool grads_reduced = last && dist_overlap_finish(t->overlap);
+    if (grads_reduced)
+        t->reduce_seconds += runlog_now() - wait0;
+    if (micro == 0 && t->after_first_micro) {
+        enum amp_status st = t->after_first_micro(t, ctx, &t->io.b, t->micro_user, err);
+        if (st != AMP_OK)
+            return st;
+    }
+    be->loss_sum(be, &t->dev_state->loss_acc, &loss->y, model_loss_rows(m, n), micro > 0);
+    if (!last)
+        return AMP_OK;
+
+    /* reduce: once per step, after the last micro-batch (or in buckets during its backward, above); then every
+     * rank checks identical gradients, or (dist.zero 1 on the CPU) the statistics of its reduce-scattered blocks
+     * combined with the other ranks' in one order (zero.h) */
+    if (t->dist.active) {
+        double t0 = runlog_now();
+        if (!grads_reduced)
+            zero_reduce_gradients(&t->zero, &t->dist, m);
+        dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
+        t->reduce_seconds += runlog_now() - t0;
+    }
+    if (t->test_hook.after_backward)
+        t->test_hook.after_backward(t, t->test_hook.user);
+    if (m->has_fp8) {
+        /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
+         * ranks of this step's amaxes, so replicas keep one fp8 state and a checkpoint holds it. The update reads
+         * the step from backend memory, before step_finish advances it; nothing of the step rule reads the scales */
+        if (t->dist.active && fp8->amax_fwd)
+            dist_reduce_max_f32(&t->dist, fp8->amax_fwd, (size_t)m->fp8.fwd.n);
+        if (t->dist.active && fp8->amax_bwd)
+            dist_reduce_max_f32(&t->dist, fp8->amax_bwd, (size_t)m->fp8.bwd.n);
+        fp8_step_end(&m->fp8, t->step, &t->dev_state->step);
+    }
+    zero_grad_stats(&t->zero, &t->dist, t->grads, m->nparams, t->dev_check, t->dev_row_counts);
+    /* an update that would store a non-finite weight or moment is never applied: its trial first */
+    be->step_propose(be, &t->params, t->dev_state, t->dev_check);
+    optim_step(&t->opt, m, t->dev_state, &t->dev_check->update_nonfinite);
+    zero_after_trial(&t->dist, &t->opt, t->dev_check); /* dist.zero 1: the ranks' blocks' verdicts combined */
+    be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_row);
+    optim_step(&t->opt, m, t->dev_state, NULL);
+    zero_after_update(&t->dist, &t->opt, m, &t->dev_state->bound); /* dist.zero 1: every rank's block to all */
+    be->window_store(be, &(struct window_store_args){.row = t->dev_row, .counts = t->dev_row_counts,
+                                                     .rows = t->dev_rows, .window_counts = t->dev_counts,
+                                                     .ncounts = t->ncounts, .slot = &t->dev_state->window_slot});
+    return AMP_OK;
+}
+
+/* Micro-batch `micro`'s piece of the step as a CUDA graph: replayed where one is kept, else recorded where its
+ * piece has run plainly once (so the recording allocates nothing), else run plainly. *ran: the piece's ops are
+ * queued (false: the caller runs them). A recording that fails turns graphs off for the run, said once. */
+static enum amp_status graph_piece(struct trainer *t, int key, int64_t micro, struct step_ctx *ctx,
+                                   struct fp8_pass *fp8, struct grad_zeros *zeros, bool *ran, struct amp_error *err)
+{
+    struct train_graphs *g = &t->graphs;
+    struct backend *be = t->be;
+    *ran = false;
+    if (g->kept[key] && be->graph_launch(be, key)) {
+        g->replayed++;
+        if (ctx->zeros) { /* what the recorded count_zeros calls added on the host */
+            zeros->total = g->zero_total;
+            zeros->padding = g->zero_pad;
+        }
+        *ran = true;
+        return AMP_OK;
+    }
+    g->kept[key] = false; /* stale (the backend replaced a buffer it names): recorded again */
+    if (!g->seen[key]) {
+        g->seen[key] = true;
+        return AMP_OK;
+    }
+    if (!be->graph_begin(be)) {
+        g->off = true;
+        return AMP_OK;
+    }
+    enum amp_status st = run_micro(t, micro, ctx, fp8, err);
+    bool kept = be->graph_end(be, key);
+    if (st != AMP_OK)
+        return st;
+    if (kept && be->graph_launch(be, key)) {
+        g->kept[key] = true;
+        g->recorded++;
+        if (ctx->zeros) {
+            g->zero_total = zeros->total;
+            g->zero_pad = zeros->padding;
+        }
+        *ran = true;
+        return AMP_OK;
+    }
+    /* nothing recorded ran: the caller runs the piece plainly, its fp8 weights cast anew (the layers noted the
+     * recorded cast as done) and its zero counts from nothing */
+    g->off = true;
+    if (fp8->weights)
+        fp8->weights = ++t->model.fp8.weights;
+    zeros->total = zeros->padding = 0;
+    return AMP_OK;
 }
 
 /* One optimizer step: accum_steps micro-batches, check, step or skip, scale update; queued. */
@@ -527,84 +657,58 @@ enum amp_status trainer_step(struct trainer *t, struct amp_error *err)
         push_state(t);
     int64_t accum = cfg->accum_steps, n = cfg->data.batch_size;
     bool sample_zeros = (step + 1) % cfg->run.log_every == 0; /* log_every >= 1 (config) */
-    struct grad_zeros zeros = {.zeros = &t->dev_rows[t->pending].grad_zeros, .total = 0};
-    const struct layer *loss = &m->layers[m->nlayers - 1];
+    struct grad_zeros zeros = {.zeros = &t->dev_row->grad_zeros, .total = 0};
 
     int64_t world = t->world;
-    /* fp8: every micro-batch raises this step's amax rows (recipe delayed) */
+    /* fp8: every micro-batch raises this step's pending amaxes (recipe delayed) */
     struct fp8_pass fp8 = m->has_fp8 ? fp8_pass_of(&m->fp8, step, true) : (struct fp8_pass){ 0 };
     struct fp8_pass fp8_first = fp8; /* ampTrain numerics counts the first micro-batch's casts */
     if (t->fp8_counts) {
         fp8_first.counts_fwd = t->fp8_counts;
         fp8_first.counts_bwd = t->fp8_counts + 4 * (size_t)m->fp8.fwd.n;
     }
-    bool grads_reduced = false;
+    /* CUDA graphs: where the backend has them, for steps whose every op the same calls serve; a step measured or
+     * hooked (numerics, tests) runs plainly */
+    struct train_graphs *g = &t->graphs;
+    if (!g->off && !be->graph_begin)
+        g->off = true;
+    const char *refused = g->off ? NULL : graphs_refused(t);
+    if (refused && t->rank == 0)
+        fprintf(stderr, "note: CUDA graphs off for this run: %s; the step's ops are queued one by one\n", refused);
+    if (refused)
+        g->off = true;
+    bool graphs = !g->off && !t->after_first_micro && !t->test_hook.after_backward && !t->fp8_counts;
     for (int64_t micro = 0; micro < accum; micro++) {
         /* The global order gives each micro-batch slot `world` consecutive batches, one per rank: so world
          * ranks see per step the samples one rank sees with world x the accumulation, and the dropout
-         * counter is that one rank's micro-batch index. */
+         * counter is that one rank's micro-batch index (step * accum * world + micro * world + rank, the step
+         * read from backend memory when the masks are drawn). */
         for (int r = 0; r < world; r++)
             sampler_next(&t->sampler, n, r == t->rank ? t->io.idx : t->idx_skip);
         batch_io_load(&t->io, be, &t->ds, SPLIT_TRAIN, n);
-        uint64_t global_micro = (uint64_t)((step * accum + micro) * world + t->rank);
+        bool last = micro == accum - 1;
         struct step_ctx ctx = {
             .be = be,
             .policy = &m->policy,
             .training = true,
-            .key = {.seed = cfg->run.seed, .counter = global_micro},
+            .key = {.seed = cfg->run.seed, .counter = (uint64_t)(micro * world + t->rank),
+                    .step = &t->dev_state->step, .per_step = (uint64_t)(accum * world)},
             .grad_seed = &t->dev_state->seed,
             .accumulate = micro > 0,
             .loss_in_backward = true, /* model_backward follows below */
             .fp8 = m->has_fp8 ? (micro == 0 && t->fp8_counts ? &fp8_first : &fp8) : NULL,
             /* sampled on the step's last micro-batch: with several ranks, the last rank's (trainer_flush
              * gives its counts to every rank) */
-            .zeros = sample_zeros && micro == accum - 1 && t->rank == world - 1 ? &zeros : NULL,
+            .zeros = sample_zeros && last && t->rank == world - 1 ? &zeros : NULL,
         };
-        model_forward(m, &ctx, &t->io.b);
-        /* the last micro-batch's gradients are reduced in buckets while its backward runs (dist.bucket_mb) */
-        bool last = micro == accum - 1;
-        model_backward_hooked(m, &ctx, &t->io.b, last ? dist_overlap_hook(t->overlap) : NULL);
-        double wait0 = runlog_now(); /* the buckets still in flight: the part of the reduce the step waits for */
-        grads_reduced = last && dist_overlap_finish(t->overlap);
-        if (grads_reduced)
-            t->reduce_seconds += runlog_now() - wait0;
-        if (micro == 0 && t->after_first_micro) {
-            enum amp_status st = t->after_first_micro(t, &ctx, &t->io.b, t->micro_user, err);
-            if (st != AMP_OK)
-                return st;
-        }
-        be->loss_sum(be, &t->dev_state->loss_acc, &loss->y, model_loss_rows(m, n), micro > 0);
-    }
-
-    /* reduce: once per step, after the last micro-batch (or in buckets during its backward, above); then every
-     * rank checks identical gradients, or (dist.zero 1 on the CPU) the statistics of its reduce-scattered blocks
-     * combined with the other ranks' in one order (zero.h) */
-    if (t->dist.active) {
-        double t0 = runlog_now();
-        if (!grads_reduced)
-            zero_reduce_gradients(&t->zero, &t->dist, m);
-        dist_reduce_sum(&t->dist, &t->dev_state->loss_acc, 1, COMM_F64);
-        t->reduce_seconds += runlog_now() - t0;
-    }
-    if (t->test_hook.after_backward)
-        t->test_hook.after_backward(t, t->test_hook.user);
-    int64_t *counts = t->dev_counts + t->pending * t->ncounts;
-    zero_grad_stats(&t->zero, &t->dist, t->grads, m->nparams, t->dev_check, counts);
-    /* an update that would store a non-finite weight or moment is never applied: its trial first */
-    be->step_propose(be, &t->params, t->dev_state, t->dev_check);
-    optim_step(&t->opt, m, t->dev_state, &t->dev_check->update_nonfinite);
-    zero_after_trial(&t->dist, &t->opt, t->dev_check); /* dist.zero 1: the ranks' blocks' verdicts combined */
-    be->step_finish(be, &t->params, t->dev_state, t->dev_check, t->dev_rows + t->pending);
-    optim_step(&t->opt, m, t->dev_state, NULL);
-    zero_after_update(&t->dist, &t->opt, m, &t->dev_state->bound); /* dist.zero 1: every rank's block to all */
-    if (m->has_fp8) {
-        /* the delayed recipe's scales from amaxes every rank agrees on (TE reduces them too): the max over the
-         * ranks of this step's rows, so replicas keep one fp8 state and a checkpoint holds it */
-        if (t->dist.active && fp8.amax_fwd)
-            dist_reduce_max_f32(&t->dist, fp8.amax_fwd, (size_t)m->fp8.fwd.n);
-        if (t->dist.active && fp8.amax_bwd)
-            dist_reduce_max_f32(&t->dist, fp8.amax_bwd, (size_t)m->fp8.bwd.n);
-        fp8_step_end(&m->fp8, step);
+        bool ran = false;
+        enum amp_status st = AMP_OK;
+        if (graphs)
+            st = graph_piece(t, ctx.zeros ? (int)accum : (int)micro, micro, &ctx, &fp8, &zeros, &ran, err);
+        if (st == AMP_OK && !ran)
+            st = run_micro(t, micro, &ctx, &fp8, err);
+        if (st != AMP_OK)
+            return st;
     }
 
     t->pend_epoch[t->pending] = t->sampler.epoch;
@@ -1069,6 +1173,9 @@ static enum amp_status run_loop(const struct config *cfg, const char *resume, bo
                    lm.train_seconds > 0 ? 100.0 * t.reduce_seconds / lm.train_seconds : 0.0,
                    t.zero.exact ? "reduce-scatter" : "all-reduce",
                    (long long)t.model.grad_flat_count);
+        if (t.graphs.recorded > 0) /* CUDA graphs (docs/backend.md): how the steps were queued */
+            printf("cuda graphs: %lld step pieces recorded, %lld replayed\n", (long long)t.graphs.recorded,
+                   (long long)t.graphs.replayed);
         if (lm.train_peak_kb) /* host memory: on a GPU the device's is what counts (AMPTRAIN_CUDA_MEMLOG=1) */
             printf("memory: peak RSS %.1f MiB training (before the first checkpoint), %.1f MiB so far\n",
                    (double)lm.train_peak_kb / 1024.0, (double)peak_rss_kb() / 1024.0);

@@ -60,6 +60,20 @@ struct eval_watch {
     int64_t since;           /* evaluations after the best that did not improve on it */
 };
 
+/* CUDA Graphs of a training step (docs/backend.md, "CUDA Graphs"). A step is cut into pieces, one per micro-batch
+ * (its forward, backward and loss sum; the last one also the step's tail: check, update, scale, log row), each
+ * recorded once by the backend (graph_begin / graph_end) and replayed afterwards (graph_launch). The batch uploads
+ * run between the pieces. Key k < accum_steps is micro-batch k's piece; key accum_steps the last micro-batch's
+ * piece on a step that samples grad_zero_frac (it counts zeros as well). */
+struct train_graphs {
+    bool off;                    /* none this run (the backend has none, or a refusal said once why) */
+    bool seen[BACKEND_GRAPHS];   /* the key's piece ran plainly once (plans and scratch settled): record next */
+    bool kept[BACKEND_GRAPHS];   /* the backend keeps the key's graph */
+    int64_t zero_total, zero_pad;/* the grad_zero_frac piece's (key accum_steps) host counts (grad_zeros), as
+                                  * its recording computed them */
+    int64_t recorded, replayed;  /* pieces recorded, pieces replayed (the run's summary line) */
+};
+
 /* The state of a training run. */
 struct trainer {
     const struct config *cfg;
@@ -88,6 +102,8 @@ struct trainer {
     void *dev;                   /* one backend allocation holding the four below, in this order */
     struct step_state *dev_state;
     struct grad_check *dev_check;
+    struct step_row *dev_row;    /* the running step's row and counts, copied into the window by window_store */
+    int64_t *dev_row_counts;
     struct step_row *dev_rows;   /* window rows */
     int64_t *dev_counts;         /* per row: Inf counts then NaN counts of every gradient tensor */
     int64_t window;              /* rows the buffers hold: min(run.log_every, TRAIN_MAX_WINDOW) */
@@ -117,6 +133,7 @@ struct trainer {
     bool fp8_eval_noted;         /* an fp8 run said once that it evaluates under bf16 autocast */
     int64_t ckpt_world;          /* ckpt_load_trainer: the data-parallel ranks that wrote the checkpoint (0: none loaded) */
     int64_t ckpt_accum;          /* ... and the accum_steps it trained with (0: not recorded) */
+    struct train_graphs graphs;  /* CUDA Graphs of the step's pieces (below) */
 };
 
 /* Open the backend, load data, build and initialise the model, optimizer, scaler and sampler. On

@@ -13,7 +13,8 @@
 #                                      memcheck over the op tests, "cpu": the host's CPU against PyTorch's,
 #                                      scripts/bench/bench_cpu.sh, fashion_mlp fp32 at 1 and all threads, "fp8":
 #                                      scripts/gpu/bench_fp8.sh, every fp8 recipe against bf16, table in
-#                                      OUTDIR/fp8.md, under 4 minutes),
+#                                      OUTDIR/fp8.md, under 4 minutes); the bench phase also runs the small models
+#                                      in bf16 with CUDA graphs off and on, side by side (OUTDIR/graphs.md),
 #                                      TEST_TIMEOUT (120 s a test binary: the H200 ran each in 1-29 s),
 #                                      RUN_TIMEOUT (90 s a training run; 300 s with DRY=1, where
 #                                      width-768 GPT runs on two CPU cores have passed 90 s: PyTorch
@@ -321,6 +322,29 @@ PY
   note "fp8 probe: $(grep '^fp8_probe: ours' "$out/fp8-probe.log" | tr '\n' ';')" \
        "variants accepted $(grep -c ' accepted: ' "$out/fp8-probe.log") (fp8-probe.log); $(tr '\n' ';' < "$out/fp8-torch.log")"
 fi
+# CUDA graphs (docs/backend.md, "CUDA Graphs"): the small models are host-bound, so the steps recorded once and
+# replayed (AMPTRAIN_CUDA_GRAPHS=1, the default) against every op queued one by one (=0), side by side in this call,
+# each pair's logs compared (they must be the same bits); table in OUTDIR/graphs.md
+{ echo "CUDA graphs on and off, $commit, $(date -u +%Y-%m-%d) ($steps steps per run, bf16; samples/s as in table.md)"
+  echo
+  echo "| model | graphs off samples/s | graphs on samples/s | on / off | same log | pieces recorded, replayed |"
+  echo "|---|---|---|---|---|---|"; } > "$out/graphs.md"
+for m in $models; do
+  AMPTRAIN_CUDA_GRAPHS=0 run_amp "$m-bf16-graphs0" "$m" "$steps" precision.mode=bf16
+  AMPTRAIN_CUDA_GRAPHS=1 run_amp "$m-bf16-graphs1" "$m" "$steps" precision.mode=bf16
+  same=no
+  cmp -s <(cut -d, -f1-12 "$out/amp-$m-bf16-graphs0.scale_log.csv") \
+         <(cut -d, -f1-12 "$out/amp-$m-bf16-graphs1.scale_log.csv") && same=yes
+  [ $same = yes ] || fail "graphs: $m's log with CUDA graphs differs from the one without (amp-$m-bf16-graphs*.log)"
+  pieces=$(sed -n 's/^cuda graphs: \([0-9]*\) step pieces recorded, \([0-9]*\) replayed$/\1, \2/p' \
+             "$out/amp-$m-bf16-graphs1.log" | tail -1)
+  grep -q "CUDA graphs off" "$out/amp-$m-bf16-graphs1.log" &&
+    pieces="none: $(grep -o 'CUDA graphs off for this run: [^;]*' "$out/amp-$m-bf16-graphs1.log" | head -1)"
+  echo "| $m | ${amp_sps[$m-bf16-graphs0]:--} | ${amp_sps[$m-bf16-graphs1]:--} |" \
+       "$(ratio "${amp_sps[$m-bf16-graphs1]:-}" "${amp_sps[$m-bf16-graphs0]:-}") | $same | ${pieces:--} |" >> "$out/graphs.md"
+  note "graphs: $m bf16 on / off $(ratio "${amp_sps[$m-bf16-graphs1]:-}" "${amp_sps[$m-bf16-graphs0]:-}"), same log: $same, pieces recorded, replayed: ${pieces:--}"
+done
+
 for m in $models; do
   for mode in $modes fp16-static; do
     run_amp "$m-$mode" "$m" "$steps" "precision.mode=$mode"
