@@ -128,70 +128,49 @@ Test(backend_cpu, window_store_files_the_step_at_the_slot_in_memory)
     be->free(be, slot);
 }
 
-/* AMPTRAIN_CUDNN_ATTENTION (the CUDA backend's fused attention switch) is 0 or 1: anything else is refused naming
- * it, on the CPU too, rather than read as "on" */
-Test(backend_cpu, a_bad_amptrain_cudnn_attention_is_refused_naming_it)
+/* The CUDA backend's switches are 0 or 1: anything else is refused at backend_open, naming the variable, with a
+ * hint, on the CPU too, rather than read as "on"; 0 and 1 open the CPU backend. */
+static void switch_takes_only_0_and_1(const char *name)
 {
     struct backend *b = NULL;
     struct amp_error err;
-    const char *bad[3] = { "yes", "", "00" };
-    for (int i = 0; i < 3; i++) {
-        cr_assert_eq(setenv("AMPTRAIN_CUDNN_ATTENTION", bad[i], 1), 0);
-        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_ERR_CONFIG, "'%s'", bad[i]);
+    const char *bad[5] = { "yes", "", "00", "2", "1 " };
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(setenv(name, bad[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_ERR_CONFIG, "%s='%s'", name, bad[i]);
         cr_assert_null(b);
-        cr_assert(strstr(err.msg, "AMPTRAIN_CUDNN_ATTENTION"), "msg: %s", err.msg);
-    }
-    const char *good[2] = { "0", "1" };
-    for (int i = 0; i < 2; i++) {
-        cr_assert_eq(setenv("AMPTRAIN_CUDNN_ATTENTION", good[i], 1), 0);
-        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "'%s': %s", good[i], err.msg);
-        backend_close(b);
-    }
-    cr_assert_eq(unsetenv("AMPTRAIN_CUDNN_ATTENTION"), 0);
-}
-
-/* AMPTRAIN_FP8_CUBLASLT_EPILOGUE (the CUDA backend's switch for fp8 products that cuBLASLt writes in bf16) is 0 or 1
- * likewise: anything else is refused naming it, on the CPU too */
-Test(backend_cpu, a_bad_amptrain_fp8_cublaslt_epilogue_is_refused_naming_it)
-{
-    struct backend *b = NULL;
-    struct amp_error err;
-    const char *bad[3] = { "off", "", "2" };
-    for (int i = 0; i < 3; i++) {
-        cr_assert_eq(setenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE", bad[i], 1), 0);
-        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_ERR_CONFIG, "'%s'", bad[i]);
-        cr_assert_null(b);
-        cr_assert(strstr(err.msg, "AMPTRAIN_FP8_CUBLASLT_EPILOGUE"), "msg: %s", err.msg);
-    }
-    const char *good[2] = { "0", "1" };
-    for (int i = 0; i < 2; i++) {
-        cr_assert_eq(setenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE", good[i], 1), 0);
-        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "'%s': %s", good[i], err.msg);
-        backend_close(b);
-    }
-    cr_assert_eq(unsetenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE"), 0);
-}
-
-/* AMPTRAIN_CUDA_GRAPHS (the CUDA backend's step graphs) is 0 or 1 likewise; the CPU backend has no graphs */
-Test(backend_cpu, a_bad_amptrain_cuda_graphs_is_refused_naming_it)
-{
-    struct backend *b = NULL;
-    struct amp_error err;
-    const char *bad[4] = { "on", "", "2", "1 " };
-    for (int i = 0; i < 4; i++) {
-        cr_assert_eq(setenv("AMPTRAIN_CUDA_GRAPHS", bad[i], 1), 0);
-        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_ERR_CONFIG, "'%s'", bad[i]);
-        cr_assert_null(b);
-        cr_assert(strstr(err.msg, "AMPTRAIN_CUDA_GRAPHS"), "msg: %s", err.msg);
+        cr_assert(strstr(err.msg, name), "msg: %s", err.msg);
         cr_assert(err.hint[0]);
     }
     const char *good[2] = { "0", "1" };
     for (int i = 0; i < 2; i++) {
-        cr_assert_eq(setenv("AMPTRAIN_CUDA_GRAPHS", good[i], 1), 0);
-        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "'%s': %s", good[i], err.msg);
-        cr_assert(!b->graph_begin && !b->graph_end && !b->graph_launch, "the CPU records no graphs");
+        cr_assert_eq(setenv(name, good[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "%s='%s': %s", name, good[i], err.msg);
         backend_close(b);
     }
+    cr_assert_eq(unsetenv(name), 0);
+}
+
+Test(backend_cpu, a_bad_amptrain_cudnn_attention_is_refused_naming_it)
+{
+    switch_takes_only_0_and_1("AMPTRAIN_CUDNN_ATTENTION");
+}
+
+Test(backend_cpu, a_bad_amptrain_fp8_cublaslt_epilogue_is_refused_naming_it)
+{
+    switch_takes_only_0_and_1("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
+}
+
+/* the CPU backend records no graphs, whatever the switch says */
+Test(backend_cpu, a_bad_amptrain_cuda_graphs_is_refused_naming_it)
+{
+    switch_takes_only_0_and_1("AMPTRAIN_CUDA_GRAPHS");
+    struct backend *b = NULL;
+    struct amp_error err;
+    cr_assert_eq(setenv("AMPTRAIN_CUDA_GRAPHS", "1", 1), 0);
+    cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "%s", err.msg);
+    cr_assert(!b->graph_begin && !b->graph_end && !b->graph_launch, "the CPU records no graphs");
+    backend_close(b);
     cr_assert_eq(unsetenv("AMPTRAIN_CUDA_GRAPHS"), 0);
 }
 

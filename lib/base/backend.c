@@ -84,24 +84,23 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
     if (parse_device(dev, &is_auto, &cuda_index) != 0)
         return amp_fail(err, AMP_ERR_CONFIG, "set run.device: auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:0)",
                         "run.device is '%s': expected auto, cpu, cuda or cuda:N", dev);
-    /* read by the CUDA backend (kernels/cuda/attention_cudnn.cpp); checked here, on every device, so a typo is
-     * never a silent default */
-    const char *fused = getenv("AMPTRAIN_CUDNN_ATTENTION");
-    if (fused && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0)
-        return amp_fail(err, AMP_ERR_CONFIG, "set it to 0 (the unfused attention everywhere) or 1, or unset it",
-                        "AMPTRAIN_CUDNN_ATTENTION is '%s'", fused);
-    /* the same for kernels/cuda/fp8.cu's switch */
-    const char *fp8_epilogue = getenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
-    if (fp8_epilogue && strcmp(fp8_epilogue, "0") != 0 && strcmp(fp8_epilogue, "1") != 0)
-        return amp_fail(err, AMP_ERR_CONFIG,
-                        "set it to 0 (every fp8 product through the fp32 scratch and the epilogue kernel) or 1, or "
-                        "unset it",
-                        "AMPTRAIN_FP8_CUBLASLT_EPILOGUE is '%s'", fp8_epilogue);
-    /* read by the CUDA backend (kernels/cuda/graphs.cu): the training step recorded and replayed as CUDA graphs */
-    const char *graphs = getenv("AMPTRAIN_CUDA_GRAPHS");
-    if (graphs && strcmp(graphs, "0") != 0 && strcmp(graphs, "1") != 0)
-        return amp_fail(err, AMP_ERR_CONFIG, "set it to 0 (every op queued one by one) or 1, or unset it",
-                        "AMPTRAIN_CUDA_GRAPHS is '%s'", graphs);
+    /* the CUDA backend's switches, each 0 or 1: checked here, on every device, so a typo is never a silent default */
+    static const struct {
+        const char *name, *off; /* what 0 means */
+    } switches[] = {
+        { "AMPTRAIN_CUDNN_ATTENTION", "the unfused attention everywhere" },  /* kernels/cuda/attention_cudnn.cpp */
+        { "AMPTRAIN_FP8_CUBLASLT_EPILOGUE",                                   /* kernels/cuda/fp8.cu */
+          "every fp8 product through the fp32 scratch and the epilogue kernel" },
+        { "AMPTRAIN_CUDA_GRAPHS", "every op queued one by one" },             /* kernels/cuda/graphs.cu */
+    };
+    for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
+        const char *v = getenv(switches[i].name);
+        if (v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
+            char hint[160];
+            snprintf(hint, sizeof hint, "set it to 0 (%s) or 1, or unset it", switches[i].off);
+            return amp_fail(err, AMP_ERR_CONFIG, hint, "%s is '%s'", switches[i].name, v);
+        }
+    }
     if (cuda_index < 0 && !is_auto)
         return open_cpu(out, "", chosen, chosen_len, err);
 #ifdef AMP_HAVE_CUDA
