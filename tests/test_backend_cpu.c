@@ -172,6 +172,28 @@ Test(backend_cpu, a_bad_amptrain_fp8_cublaslt_epilogue_is_refused_naming_it)
     cr_assert_eq(unsetenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE"), 0);
 }
 
+/* AMPTRAIN_FP8_BLOCK_CUBLASLT (the CUDA backend's switch for recipe blockwise's products through cuBLASLt) is 0 or
+ * 1 likewise */
+Test(backend_cpu, a_bad_amptrain_fp8_block_cublaslt_is_refused_naming_it)
+{
+    struct backend *b = NULL;
+    struct amp_error err;
+    const char *bad[3] = { "off", "", "no" };
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(setenv("AMPTRAIN_FP8_BLOCK_CUBLASLT", bad[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_ERR_CONFIG, "'%s'", bad[i]);
+        cr_assert_null(b);
+        cr_assert(strstr(err.msg, "AMPTRAIN_FP8_BLOCK_CUBLASLT"), "msg: %s", err.msg);
+    }
+    const char *good[2] = { "0", "1" };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(setenv("AMPTRAIN_FP8_BLOCK_CUBLASLT", good[i], 1), 0);
+        cr_assert_eq(backend_open(&b, "cpu", NULL, 0, &err), AMP_OK, "'%s': %s", good[i], err.msg);
+        backend_close(b);
+    }
+    cr_assert_eq(unsetenv("AMPTRAIN_FP8_BLOCK_CUBLASLT"), 0);
+}
+
 /* AMPTRAIN_CUDA_GRAPHS (the CUDA backend's step graphs) is 0 or 1 likewise; the CPU backend has no graphs */
 Test(backend_cpu, a_bad_amptrain_cuda_graphs_is_refused_naming_it)
 {

@@ -90,13 +90,19 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
     if (fused && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0)
         return amp_fail(err, AMP_ERR_CONFIG, "set it to 0 (the unfused attention everywhere) or 1, or unset it",
                         "AMPTRAIN_CUDNN_ATTENTION is '%s'", fused);
-    /* the same for kernels/cuda/fp8.cu's switch */
+    /* the same for kernels/cuda/fp8.cu's switches */
     const char *fp8_epilogue = getenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
     if (fp8_epilogue && strcmp(fp8_epilogue, "0") != 0 && strcmp(fp8_epilogue, "1") != 0)
         return amp_fail(err, AMP_ERR_CONFIG,
                         "set it to 0 (every fp8 product through the fp32 scratch and the epilogue kernel) or 1, or "
                         "unset it",
                         "AMPTRAIN_FP8_CUBLASLT_EPILOGUE is '%s'", fp8_epilogue);
+    const char *fp8_block = getenv("AMPTRAIN_FP8_BLOCK_CUBLASLT");
+    if (fp8_block && strcmp(fp8_block, "0") != 0 && strcmp(fp8_block, "1") != 0)
+        return amp_fail(err, AMP_ERR_CONFIG,
+                        "set it to 0 (recipe blockwise's products in the plain CUDA kernels, the CPU's arithmetic) or "
+                        "1, or unset it",
+                        "AMPTRAIN_FP8_BLOCK_CUBLASLT is '%s'", fp8_block);
     /* read by the CUDA backend (kernels/cuda/graphs.cu): the training step recorded and replayed as CUDA graphs */
     const char *graphs = getenv("AMPTRAIN_CUDA_GRAPHS");
     if (graphs && strcmp(graphs, "0") != 0 && strcmp(graphs, "1") != 0)
