@@ -161,6 +161,11 @@ Test(backend_cpu, a_bad_amptrain_fp8_cublaslt_epilogue_is_refused_naming_it)
     switch_takes_only_0_and_1("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
 }
 
+Test(backend_cpu, a_bad_amptrain_fp8_block_cublaslt_is_refused_naming_it)
+{
+    switch_takes_only_0_and_1("AMPTRAIN_FP8_BLOCK_CUBLASLT");
+}
+
 /* the CPU backend records no graphs, whatever the switch says */
 Test(backend_cpu, a_bad_amptrain_cuda_graphs_is_refused_naming_it)
 {

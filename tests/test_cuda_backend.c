@@ -2616,18 +2616,12 @@ struct block_pair {
     int64_t nscales;
 };
 
-static void block_pair_cast(struct block_pair *bp, int64_t rows, int64_t cols, enum fp8_tiling tiling, int64_t *counts)
+static void block_pair_cast_from(struct block_pair *bp, const float *h, int64_t rows, int64_t cols,
+                                 enum fp8_tiling tiling, int64_t *counts)
 {
     pair_alloc(&bp->x, DT_FP32, 2, (int64_t[]){rows, cols});
-    float *h = malloc(bp->x.c.numel * sizeof *h);
-    cr_assert_not_null(h);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            h[r * cols + c] = uniform(-1, 1) * ldexpf(1.0f, (int)((r / 16 + c / 64) % 27) - 12);
-    h[3] = NAN;
     tensor_from_host_f32(&bp->x.c, h);
     gpu->upload(gpu, bp->x.g.data, bp->x.c.data, tensor_bytes(&bp->x.c));
-    free(h);
     pair_out(&bp->q, DT_FP8_E4M3, 2, (int64_t[]){rows, cols});
     bp->nscales = fp8_tiling_scales(tiling, rows, cols);
     bp->sc = malloc((size_t)bp->nscales * sizeof(float));
@@ -2659,6 +2653,18 @@ static void block_pair_cast(struct block_pair *bp, int64_t rows, int64_t cols, e
     }
 }
 
+static void block_pair_cast(struct block_pair *bp, int64_t rows, int64_t cols, enum fp8_tiling tiling, int64_t *counts)
+{
+    float *h = malloc((size_t)(rows * cols) * sizeof *h);
+    cr_assert_not_null(h);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            h[r * cols + c] = uniform(-1, 1) * ldexpf(1.0f, (int)((r / 16 + c / 64) % 27) - 12);
+    h[3] = NAN;
+    block_pair_cast_from(bp, h, rows, cols, tiling, counts);
+    free(h);
+}
+
 static void block_pair_free(struct block_pair *bp)
 {
     pair_free(&bp->x);
@@ -2684,10 +2690,9 @@ Test(cuda_backend, fp8_block_cast_matches_the_cpu_bit_for_bit, .init = open_both
 /* A linear layer's three block-scaled products (y = x W^T, dx = dy W, dW = dy^T x accumulating) with K 300 (a
  * partial last block): the GPU runs the CPU's arithmetic, so fp32 and bf16 results have the CPU's bits; GELU's
  * epilogue (tanhf against the CPU's tanh) is held to the bf16 tolerance. */
-static void block_gemm_case(bool ta, bool tb, enum fp8_tiling at, enum fp8_tiling bt, enum dtype dc, bool bias,
-                            float beta, bool gelu)
+static void block_gemm_case_shape(bool ta, bool tb, enum fp8_tiling at, enum fp8_tiling bt, enum dtype dc, bool bias,
+                                  float beta, bool gelu, int64_t m, int64_t n, int64_t k)
 {
-    const int64_t m = 70, n = 140, k = 300;
     struct block_pair a, b;
     block_pair_cast(&a, ta ? k : m, ta ? m : k, at, NULL);
     block_pair_cast(&b, tb ? n : k, tb ? k : n, bt, NULL);
@@ -2717,6 +2722,13 @@ static void block_gemm_case(bool ta, bool tb, enum fp8_tiling at, enum fp8_tilin
         pair_free(&bi);
     if (gelu)
         pair_free(&aux);
+}
+
+static void block_gemm_case(bool ta, bool tb, enum fp8_tiling at, enum fp8_tiling bt, enum dtype dc, bool bias,
+                            float beta, bool gelu)
+{
+    block_gemm_case_shape(ta, tb, at, bt, dc, bias, beta, gelu, 70, 140, 300); /* m, n not multiples of 16: the plain
+                                                                              * kernels on every GPU */
 }
 
 Test(cuda_backend, fp8_block_gemm_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
@@ -2916,6 +2928,229 @@ Test(cuda_backend, fp8_gpt_trains_the_same_with_and_without_cublaslt_epilogue, .
                       "recipe %s, step %d: loss %.6g with cuBLASLt's epilogue, %.6g through the scratch", recipes[r],
                       s + 1, losses[0][s], losses[1][s]);
     }
+    fflush(stdout);
+    remove_scratch();
+}
+
+/* ---- recipe blockwise through cuBLASLt's block-scaled matmul (kernels/cuda/fp8.cu, block_product_lt) ----------- */
+
+/* Values whose magnitude is 2^e, e in [-3, 3] drawn per tile of `tiling` (fp8_tiling_index): neighbouring tiles get
+ * different scales, so a scale read from the wrong tile shows, and none is too small to count. */
+static float *tiled_values(int64_t rows, int64_t cols, enum fp8_tiling tiling)
+{
+    float *h = malloc((size_t)(rows * cols) * sizeof *h);
+    cr_assert_not_null(h);
+    const int64_t tiles = fp8_tiling_scales(tiling, rows, cols);
+    int *e = malloc((size_t)tiles * sizeof *e);
+    cr_assert_not_null(e);
+    for (int64_t t = 0; t < tiles; t++)
+        e[t] = (int)(next_u64() % 7) - 3;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            h[r * cols + c] = uniform(-1, 1) * ldexpf(1.0f, e[fp8_tiling_index(tiling, cols, r, c)]);
+    free(e);
+    return h;
+}
+
+/* The value of op(X)'s element (outer, kk) from the CPU's codes and scales: X (outer_n, k), or stored (k, outer_n)
+ * when k_rows. */
+static double block_value(const struct block_pair *x, enum fp8_tiling t, bool k_rows, int64_t outer_n, int64_t k,
+                          int64_t outer, int64_t kk)
+{
+    const int64_t cols = k_rows ? outer_n : k, r = k_rows ? kk : outer, c = k_rows ? outer : kk;
+    const uint8_t *q = x->q.c.data;
+    return (double)fp8_to_fp32(q[r * cols + c], FP8_E4M3) * (double)x->sc[fp8_tiling_index(t, cols, r, c)];
+}
+
+/* The bound on a block-scaled product's element against the CPU's (backend.h: each 128-wide block's exact sum
+ * rounded once to fp32, times the power-of-two scales, accumulated in fp32), as a multiple of S = sum over k of
+ * |a_ik b_kj|. The CPU: (blocks + 3) u S, u = 2^-24 (docs/precision.md). cuBLASLt on Hopper: each block's 128
+ * products summed on the tensor cores in their narrower accumulator, then scaled and moved into fp32 (the
+ * block-scaled matmul promotes at every scale block, as DeepSeek-V3's recipe does): about 22 bits kept (a
+ * simulation, kernels/cuda/fp8.cu, which the per-tensor products' error measured on the H200 agrees with), so within
+ * 128 additions of truncation at 2^-21 of the running sum, 2^-14 S at worst, plus its fp32 sum over the blocks,
+ * (blocks + 1) u S. 2^-14 + (2 blocks + 4) u, doubled for the accumulator's width being an estimate: about 1.2e-4 S.
+ * A scale read from the wrong tile (neighbouring tiles' scales differ by factors of 2 to 64) moves an element by at
+ * least half its tile's partial sum, typically a few per cent of S. */
+static double block_lt_bound(int64_t k)
+{
+    const double u = ldexp(1.0, -24), blocks = (double)((k + 127) / 128);
+    return 2.0 * (ldexp(1.0, -14) + (2.0 * blocks + 4.0) * u);
+}
+
+/* One product op(A) op(B) of the linear layer's layouts on both backends, C fp32 (beta 0 or 1, no bias): every
+ * element of the GPU's C within block_lt_bound(k) S of the CPU's (plus an fp32 ulp of C for beta's add); with
+ * `bf16` also the forward's bf16 C with bias and GELU, within the bf16 tolerance. Returns the largest |GPU - CPU| / S. */
+static double block_lt_case(bool ta, bool tb, enum fp8_tiling at, enum fp8_tiling bt, int64_t m, int64_t n, int64_t k,
+                            float beta, bool bf16)
+{
+    const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    struct block_pair a, b;
+    float *ha = tiled_values(ar, ac, at), *hb = tiled_values(br, bc, bt);
+    block_pair_cast_from(&a, ha, ar, ac, at, NULL);
+    block_pair_cast_from(&b, hb, br, bc, bt, NULL);
+    free(ha);
+    free(hb);
+    struct pair c, bi, aux;
+    gemm_outputs(&c, &bi, &aux, DT_FP32, m, n, false, beta, false);
+    struct gemm_args g = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = beta, .batch = 1};
+    g.a = &a.q.c, g.b = &b.q.c, g.c = &c.c;
+    g.a_blocks = (struct fp8_blocks){a.sc, at}, g.b_blocks = (struct fp8_blocks){b.sc, bt};
+    cpu->gemm(cpu, &g);
+    g.a = &a.q.g, g.b = &b.q.g, g.c = &c.g;
+    g.a_blocks = (struct fp8_blocks){a.sg, at}, g.b_blocks = (struct fp8_blocks){b.sg, bt};
+    gpu->gemm(gpu, &g);
+    check_gpu();
+    float *got = malloc((size_t)(m * n) * sizeof *got);
+    cr_assert_not_null(got);
+    gpu->download(gpu, got, c.g.data, (size_t)(m * n) * sizeof *got);
+    const float *want = c.c.data;
+    const double bound = block_lt_bound(k);
+    double *va = malloc((size_t)(m * k) * sizeof *va), *vb = malloc((size_t)(n * k) * sizeof *vb); /* |op(X)|, K last */
+    cr_assert(va && vb);
+    for (int64_t kk = 0; kk < k; kk++) {
+        for (int64_t i = 0; i < m; i++)
+            va[i * k + kk] = fabs(block_value(&a, at, ta, m, k, i, kk));
+        for (int64_t j = 0; j < n; j++)
+            vb[j * k + kk] = fabs(block_value(&b, bt, !tb, n, k, j, kk));
+    }
+    double worst = 0.0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double sum_abs = 0.0;
+            for (int64_t kk = 0; kk < k; kk++)
+                sum_abs += va[i * k + kk] * vb[j * k + kk];
+            const double w = want[i * n + j], d = fabs((double)got[i * n + j] - w);
+            const double allowed = bound * sum_abs + ldexp(fabs(w), -23);
+            cr_assert(d <= allowed, "block-scaled gemm ta=%d tb=%d (%lld, %lld, %lld) beta=%g: C[%lld, %lld] GPU %.9g, "
+                      "CPU %.9g: |difference| %.3g > %.3g (%.3g of sum |a b| %.6g)", ta, tb, (long long)m, (long long)n,
+                      (long long)k, beta, (long long)i, (long long)j, got[i * n + j], w, d, allowed, bound, sum_abs);
+            if (sum_abs > 0.0 && d / sum_abs > worst)
+                worst = d / sum_abs;
+        }
+    free(got);
+    free(va);
+    free(vb);
+    pair_free(&c);
+    if (bf16) { /* the forward as the model calls it: bf16 C, fp32 bias, GELU (fp8.cu's epilogue kernel after P) */
+        gemm_outputs(&c, &bi, &aux, DT_BF16, m, n, true, 0.0f, true);
+        g.beta = 0.0f, g.epilogue = GEMM_EPI_GELU_TANH;
+        g.a = &a.q.c, g.b = &b.q.c, g.c = &c.c, g.bias = &bi.c, g.aux = &aux.c;
+        g.a_blocks = (struct fp8_blocks){a.sc, at}, g.b_blocks = (struct fp8_blocks){b.sc, bt};
+        cpu->gemm(cpu, &g);
+        g.a = &a.q.g, g.b = &b.q.g, g.c = &c.g, g.bias = &bi.g, g.aux = &aux.g;
+        g.a_blocks = (struct fp8_blocks){a.sg, at}, g.b_blocks = (struct fp8_blocks){b.sg, bt};
+        gpu->gemm(gpu, &g);
+        char what[128];
+        snprintf(what, sizeof what, "block-scaled gemm -> bf16, bias, GELU (%lld, %lld, %lld)", (long long)m,
+                 (long long)n, (long long)k);
+        pair_expect(&c, fp8_bf16_tolerance(), what);
+        pair_expect(&aux, fp8_bf16_tolerance(), what);
+        pair_free(&c);
+        pair_free(&bi);
+        pair_free(&aux);
+    }
+    block_pair_free(&a);
+    block_pair_free(&b);
+    return worst;
+}
+
+/* Runs f with stderr in a buffer (text, NUL-terminated), then puts what it said back on stderr. */
+static void with_stderr_captured(void (*f)(void), char *text, size_t size)
+{
+    FILE *log = tmpfile();
+    cr_assert_not_null(log);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    cr_assert(saved >= 0 && dup2(fileno(log), STDERR_FILENO) >= 0);
+    f();
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(log);
+    size_t got = fread(text, 1, size - 1, log);
+    text[got] = '\0';
+    fclose(log);
+    fwrite(text, 1, got, stderr);
+}
+
+static void block_lt_cases(void)
+{
+    /* m, n, k: multiples of 128; m and n not (k's 3 blocks: the 128x128 scales' row padded to 4); 5 blocks */
+    const int64_t shapes[3][3] = {{256, 384, 512}, {144, 272, 384}, {48, 80, 640}};
+    for (int s = 0; s < 3; s++) {
+        const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        double fwd = block_lt_case(false, true, FP8_TILES_ROWS, FP8_BLOCKS, m, n, k, 0.0f, true);  /* y = x W^T */
+        double dx = block_lt_case(false, false, FP8_TILES_ROWS, FP8_BLOCKS, m, n, k, 0.0f, false); /* dx = dy W */
+        double dw = block_lt_case(true, false, FP8_TILES_COLS, FP8_TILES_COLS, m, n, k, 1.0f, false); /* dW += */
+        printf("block-scaled products (%lld, %lld, %lld): largest |GPU - CPU| / sum |a b|: forward %.3g, dx %.3g, dW "
+               "%.3g (bound %.3g)\n", (long long)m, (long long)n, (long long)k, fwd, dx, dw, block_lt_bound(k));
+    }
+    fflush(stdout);
+}
+
+/* On Hopper (sm_90) the block-scaled products of shapes that fit (m, n multiples of 16, k of 128) run through
+ * cuBLASLt's block-scaled matmul (1x128 tiles VEC128_32F, 128x128 blocks BLK128x128_32F), no longer the CPU's
+ * arithmetic: every element within block_lt_bound of the CPU's, the three layouts of a linear layer, and the backend
+ * says nothing of the plain kernels (its note goes to stderr, captured here). Elsewhere the products take the plain
+ * kernels, which are within the bound too. */
+Test(cuda_backend, fp8_block_gemm_through_cublaslt_is_within_its_bound, .init = open_both, .fini = close_both)
+{
+    rng_state = 23;
+    char text[4096];
+    with_stderr_captured(block_lt_cases, text, sizeof text);
+    int cc = device_cc();
+    if (cc >= 90)
+        cr_assert(!strstr(text, "plain CUDA kernels"),
+                  "compute capability %d.%d: a block-scaled product took the plain kernels: %s", cc / 10, cc % 10, text);
+}
+
+/* AMPTRAIN_FP8_BLOCK_CUBLASLT=0 sends every block-scaled product to the plain kernels: a shape cuBLASLt would take
+ * gets the CPU's bits, and the backend says so once. */
+static void block_plain_cases(void)
+{
+    block_gemm_case_shape(false, true, FP8_TILES_ROWS, FP8_BLOCKS, DT_BF16, true, 0.0f, false, 256, 384, 512);
+    block_gemm_case_shape(true, false, FP8_TILES_COLS, FP8_TILES_COLS, DT_FP32, false, 1.0f, false, 256, 384, 512);
+}
+
+Test(cuda_backend, fp8_block_gemm_switched_off_is_the_cpus_bits)
+{
+    setenv("AMPTRAIN_FP8_BLOCK_CUBLASLT", "0", 1);
+    open_both();
+    unsetenv("AMPTRAIN_FP8_BLOCK_CUBLASLT");
+    rng_state = 24;
+    char text[4096];
+    with_stderr_captured(block_plain_cases, text, sizeof text);
+    cr_assert(strstr(text, "AMPTRAIN_FP8_BLOCK_CUBLASLT=0"), "the note naming the switch is missing: %s", text);
+    close_both();
+}
+
+/* text_gpt in recipe blockwise with every product in fp8, through cuBLASLt's block-scaled products (the default)
+ * and through the plain kernels (AMPTRAIN_FP8_BLOCK_CUBLASLT=0): both train, and the first 3 losses agree within
+ * 1% (the two differ by the accumulator's rounding, block_lt_bound, and then by bf16 roundings that land apart). */
+Test(cuda_backend, fp8_gpt_trains_the_same_in_blockwise_through_cublaslt_and_the_plain_kernels, .timeout = 600)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: recipe blockwise end to end was not run");
+    make_scratch();
+    const char *env[2] = {"1", "0"};
+    double losses[2][3];
+    for (int i = 0; i < 2; i++) {
+        setenv("AMPTRAIN_FP8_BLOCK_CUBLASLT", env[i], 1);
+        struct result res = amp("run configs/text_gpt.yaml run.device=cuda run.steps=3 run.log_every=1 "
+                                "precision.mode=fp8 precision.fp8.recipe=blockwise 'precision.fp8.keep_bf16=[]' "
+                                "'precision.fp8.min_size=[0,0]' run.out_dir=%s/blockwise%s", scratch, env[i]);
+        unsetenv("AMPTRAIN_FP8_BLOCK_CUBLASLT");
+        cr_assert_eq(res.code, 0, "AMPTRAIN_FP8_BLOCK_CUBLASLT=%s:\n%s", env[i], res.out);
+        printf("fp8 text_gpt, recipe blockwise, AMPTRAIN_FP8_BLOCK_CUBLASLT=%s:\n%s\n", env[i], res.out);
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/blockwise%s", scratch, env[i]);
+        run_losses(dir, losses[i], 3);
+    }
+    for (int s = 0; s < 3; s++)
+        cr_assert(isfinite(losses[0][s]) && fabs(losses[0][s] - losses[1][s]) <= 1e-2 * fabs(losses[1][s]),
+                  "step %d: loss %.6g through cuBLASLt, %.6g through the plain kernels", s + 1, losses[0][s],
+                  losses[1][s]);
     fflush(stdout);
     remove_scratch();
 }

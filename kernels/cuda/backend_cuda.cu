@@ -396,6 +396,8 @@ static void fill_table(struct backend *be)
     /* checked to be 0 or 1 by backend_open (lib/base/backend.c) */
     const char *fp8_epilogue = getenv("AMPTRAIN_FP8_CUBLASLT_EPILOGUE");
     cuda_of(be)->fp8_epilogue_off = fp8_epilogue && strcmp(fp8_epilogue, "0") == 0;
+    const char *fp8_block = getenv("AMPTRAIN_FP8_BLOCK_CUBLASLT");
+    cuda_of(be)->fp8_block_lt_off = fp8_block && strcmp(fp8_block, "0") == 0;
     cuda_graphs_install(cuda_of(be));          /* unless AMPTRAIN_CUDA_GRAPHS=0 */
 }
 

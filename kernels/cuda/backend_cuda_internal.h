@@ -55,6 +55,7 @@ enum cuda_scratch_slot {
     CSCR_FP8_P,                   /* fp8 products: the fp32 product before fp8.cu's epilogue */
     CSCR_FP8_SCALES,              /* fp8 products: A's and B's scale_inv at 16-byte-aligned addresses */
     CSCR_FP8_AMAX,                /* fp8_cast (recipe current): the tensor's amax */
+    CSCR_FP8_SA, CSCR_FP8_SB,     /* recipe blockwise: A's and B's tile scales in cuBLASLt's layout (fp8.cu) */
     CSCR_COUNT
 };
 
@@ -123,7 +124,10 @@ struct cuda_backend {
     bool fp8_warned;     /* the fp8 emulation warning was printed */
     bool fp8_refused;    /* cublasLtMatmul refused a native fp8 product at its first call: fp8 products are
                           * emulated in bf16 from then on (cuda_gemm_fp8), with one warning saying so */
-    bool blockwise_noted; /* recipe blockwise's note (its products run the CPU's arithmetic, not tensor cores) */
+    bool blockwise_noted; /* recipe blockwise's note: a product ran the plain kernels (the CPU's arithmetic, no
+                           * tensor cores), printed once */
+    bool fp8_block_lt_off; /* AMPTRAIN_FP8_BLOCK_CUBLASLT=0: every block-scaled product through the plain kernels,
+                            * none through cuBLASLt's block-scaled fp8 matmul (kernels/cuda/fp8.cu) */
     bool fp8_epilogue_off; /* AMPTRAIN_FP8_CUBLASLT_EPILOGUE=0: every fp8 product through the fp32 scratch and the
                             * epilogue kernel, none with cuBLASLt writing its bf16 C (kernels/cuda/fp8.cu) */
     bool fp8_epilogue_noted; /* the note that cuBLASLt declined to write an fp8 product's bf16 C was printed */
@@ -295,6 +299,9 @@ struct lt_matmul {
     enum dtype b_dt;   /* fp8 ab_dt only: B's format, which may differ from A's (E5M2 x E4M3); else unused */
     const float *a_scale, *b_scale; /* fp8 only: device fp32 factors of A and B (cuBLASLt's scale pointers; NULL
                                      * is 1): D = alpha * a_scale * b_scale * sum + beta * C */
+    int32_t a_scale_mode, b_scale_mode; /* fp8 only: how cuBLASLt reads a_scale and b_scale
+                                         * (cublasLtMatmulMatrixScale_t): 0, one scalar; recipe blockwise's
+                                         * VEC128_32F or BLK128x128_32F, a tensor of scales (fp8.cu) */
     bool trans_a, trans_b;
     int64_t m, n, k, lda, ldb, ldc;
     float alpha, beta;
@@ -307,6 +314,10 @@ void cuda_lt_matmul(struct cuda_backend *cb, const struct lt_matmul *mm);
  * epilogue or refused it at a plan's first call (the plan remembers: later calls return false at once) or refused
  * a native fp8 product (cuda_backend.fp8_refused), so the caller takes another path. */
 bool cuda_lt_matmul_fused(struct cuda_backend *cb, const struct lt_matmul *mm);
+/* mm with block-scaled fp8 operands (a_scale_mode, b_scale_mode set; batch 1, no bias, no aux). true where it ran or
+ * an error was recorded; false, having written nothing, where cuBLASLt offers no algorithm for it or refused it at
+ * a plan's first call (the plan remembers: later calls return false at once), so the caller takes another path. */
+bool cuda_lt_matmul_block_scaled(struct cuda_backend *cb, const struct lt_matmul *mm);
 void cuda_gemm(struct backend *be, const struct gemm_args *g);
 void cuda_gemm_plans_free(struct cuda_backend *cb);
 void cuda_attention_forward(struct backend *be, struct tensor *out, struct tensor *probs, const struct tensor *qkv,

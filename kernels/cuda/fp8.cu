@@ -38,12 +38,22 @@
  * simulation of that accumulator, and measured on the H200 (2026-12-04): 1.12e-4 (k = 128) and 8.9e-5 (k = 512,
  * tests/test_cuda_backend.c fp8_gemm_runs_native_on_fp8_tensor_cores).
  *
- * Recipe blockwise (backend.h fp8_block_cast and gemm_args a_blocks / b_blocks): not yet cuBLASLt's block-scaled
- * products (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, docs/precision.md says what they need) but
- * the CPU's arithmetic in plain kernels: one thread a tile for the cast (fp8_block_scale, the same codes and scales
- * as kernels/cpu/fp8.c), and one thread an element of C for the product (each 128-wide block's exact sum in double
- * rounded once to fp32, times the tiles' scale_inv, into an fp32 accumulator, blocks in order), followed by the
- * epilogue kernel above: the CPU's bits but for GELU's tanhf. Correct, not fast: no tensor cores.
+ * Recipe blockwise (backend.h fp8_block_cast and gemm_args a_blocks / b_blocks). The cast: one thread a tile
+ * (fp8_block_scale: the codes and scales of kernels/cpu/fp8.c, bit for bit). The product, where it fits
+ * (block_lt_unfit: sm_90 or newer, m and n multiples of 16, k of 128, not two 128x128 operands, not switched off by
+ * AMPTRAIN_FP8_BLOCK_CUBLASLT=0): cuBLASLt's block-scaled matmul (block_product_lt; scale modes VEC128_32F for 1x128
+ * tiles and BLK128x128_32F for blocks, compute 32F, fast accumulation off) into the fp32 scratch P, on TN operands
+ * (fp8_tn_codes: an operand stored the other way transposed into scratch) with the scales copied into the layouts
+ * cuBLASLt reads (block_scales_lt_kernel: 1x128 as (ceil(k / 128), outer) outer-contiguous, 128x128 as
+ * (ceil(outer / 128), ceil(k / 128) rounded up to 4) k-contiguous, Transformer Engine's GEMM-ready layouts), then the
+ * epilogue kernel above (alpha, bias, GELU, beta, one rounding). Its numbers are the tensor cores': each block's 128
+ * products in the narrower accumulator above, then scaled and promoted into fp32 at every block (DeepSeek-V3's
+ * promotion interval), so an element differs from the CPU's exact block sums by up to about
+ * (2^-14 + (2 blocks + 4) 2^-24) sum |a b| (tests/test_cuda_backend.c block_lt_bound holds it to twice that).
+ * Anywhere else, and where cuBLASLt's heuristic offers no algorithm or a call refuses the plan (the plan remembers;
+ * a note says so once): the CPU's arithmetic in plain kernels, one thread an element of C (each 128-wide block's
+ * exact sum in double rounded once to fp32, times the tiles' scale_inv, into an fp32 accumulator, blocks in order),
+ * then the same epilogue kernel: the CPU's bits but for GELU's tanhf; correct, no tensor cores.
  */
 #include "backend_cuda_internal.h"
 
@@ -394,7 +404,7 @@ static bool fp8_aligned_scales(struct cuda_backend *cb, const struct gemm_args *
 /* mm's operands for a native product: TN, A (m, k) row-major untransposed, B (n, k) row-major, i.e. trans_b. An
  * operand stored the other way is read from its transposed codes where the caller has them (gemm_args a_t, b_t: the
  * cast made them), else transposed into scratch. false where nothing may run (an error recorded). */
-static bool fp8_native_operands(struct cuda_backend *cb, const struct gemm_args *g, struct lt_matmul *mm)
+static bool fp8_tn_codes(struct cuda_backend *cb, const struct gemm_args *g, struct lt_matmul *mm)
 {
     const int64_t m = g->m, n = g->n, k = g->k;
     mm->a = !g->trans_a ? g->a->data : g->a_t ? g->a_t->data : transposed(cb, CSCR_FP8_A, g->a->data, k, m);
@@ -405,7 +415,12 @@ static bool fp8_native_operands(struct cuda_backend *cb, const struct gemm_args 
     mm->trans_b = true;
     mm->lda = k;
     mm->ldb = k;
-    return mm->a && mm->b && fp8_aligned_scales(cb, g, &mm->a_scale, &mm->b_scale);
+    return mm->a && mm->b;
+}
+
+static bool fp8_native_operands(struct cuda_backend *cb, const struct gemm_args *g, struct lt_matmul *mm)
+{
+    return fp8_tn_codes(cb, g, mm) && fp8_aligned_scales(cb, g, &mm->a_scale, &mm->b_scale);
 }
 
 /* P (m, n, fp32) = A B of g's fp8 operands: natively (cuBLASLt's fp8 kernels, TN, the scales applied by the
@@ -588,12 +603,6 @@ void cuda_fp8_block_cast(struct backend *be, const struct fp8_block_cast_args *a
                     dtype_name(a->src->dtype), a->src->numel, (long long)a->rows, (long long)a->cols);
         return;
     }
-    if (!cb->blockwise_noted) {
-        fprintf(stderr, "ampTrain: note: %s: precision.fp8.recipe blockwise runs the CPU's arithmetic in plain CUDA "
-                        "kernels (not cuBLASLt's block-scaled fp8 products yet): correct, but slower than bf16\n",
-                cb->name);
-        cb->blockwise_noted = true;
-    }
     const int64_t tiles = fp8_tiling_scales(a->tiling, a->rows, a->cols);
     if (tiles <= 0)
         return;
@@ -638,6 +647,86 @@ __global__ void block_product_kernel(float *p, const void *a, const void *b, boo
     }
 }
 
+/* One operand's tile scales in the layout cuBLASLt's block-scaled matmul reads, from the layout the cast wrote
+ * (block_scale_of: X's scales, X (outer_n, k) or, when k_rows, stored (k, outer_n)), into dst:
+ *   VEC128_32F (1x128 tiles):   (ceil(k / 128), outer_n), outer_n contiguous: dst[kb * outer_n + i];
+ *   BLK128x128_32F (blocks):    (ceil(outer_n / 128), ld), ld = ceil(k / 128) rounded up to 4 (16 bytes), K
+ *                               contiguous: dst[ob * ld + kb]; the padding gets 1.
+ * A copy, no arithmetic: the scales are the cast's bits. */
+__global__ void block_scales_lt_kernel(float *dst, const float *inv, int tiling, bool k_rows, int64_t outer_n, int64_t k,
+                                       bool blk, int64_t ld)
+{
+    const int64_t kt = fp8_tiles(k), n = blk ? fp8_tiles(outer_n) * ld : kt * outer_n;
+    GRID_STRIDE(e, (size_t)n)
+    {
+        const int64_t row = (int64_t)e / (blk ? ld : outer_n), col = (int64_t)e % (blk ? ld : outer_n);
+        if (blk)
+            dst[e] = col < kt ? block_scale_of(inv, tiling, k_rows, outer_n, k, row * FP8_BLOCK, col * FP8_BLOCK) : 1.0f;
+        else
+            dst[e] = block_scale_of(inv, tiling, k_rows, outer_n, k, col, row * FP8_BLOCK);
+    }
+}
+
+/* X's scales for cuBLASLt in scratch `slot`; its scale mode in *mode. NULL where nothing may run (an error
+ * recorded). */
+static const float *block_scales_lt(struct cuda_backend *cb, enum cuda_scratch_slot slot, const struct fp8_blocks *x,
+                                    bool k_rows, int64_t outer_n, int64_t k, int32_t *mode)
+{
+    const bool blk = x->tiling == FP8_BLOCKS;
+    const int64_t ld = blk ? (fp8_tiles(k) + 3) / 4 * 4 : outer_n, n = blk ? fp8_tiles(outer_n) * ld : fp8_tiles(k) * ld;
+    float *dst = static_cast<float *>(cuda_scratch(cb, slot, (size_t)n * sizeof(float)));
+    if (!dst)
+        return NULL;
+    block_scales_lt_kernel<<<grid_for((size_t)n), kThreads, 0, cb->stream>>>(dst, x->scale_inv, x->tiling, k_rows,
+                                                                             outer_n, k, blk, ld);
+    CB_LAUNCHED(cb, "block_scales_lt_kernel");
+    *mode = blk ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    return dst;
+}
+
+/* Why g's product does not go to cuBLASLt's block-scaled matmul (NULL: it may): Hopper's block scaling (sm_90,
+ * CUDA 12.9 and later), not switched off, both operands' codes 16-byte aligned along K and the outer sides too
+ * (cuBLASLt's fp8 rule), whole 128-wide blocks of K (a partial last block is the plain kernels'), and at most one
+ * operand in 128x128 blocks (cuBLASLt takes 1x128 by 1x128, 1x128 by 128x128 and 128x128 by 1x128). */
+static const char *block_lt_unfit(const struct cuda_backend *cb, const struct gemm_args *g)
+{
+    if (cb->fp8_block_lt_off)
+        return "AMPTRAIN_FP8_BLOCK_CUBLASLT=0";
+    if (cb->cc < 90)
+        return "cuBLASLt's block-scaled fp8 products need sm_90 or newer";
+    if (g->m % 16 != 0 || g->n % 16 != 0 || g->k % FP8_BLOCK != 0 || g->k == 0)
+        return "its shape: cuBLASLt's block-scaled path takes m and n multiples of 16 and k a multiple of 128";
+    if (g->a_blocks.tiling == FP8_BLOCKS && g->b_blocks.tiling == FP8_BLOCKS)
+        return "two operands in 128x128 blocks";
+    return NULL;
+}
+
+/* P (m, n) fp32 = the block-scaled sum through cuBLASLt (compute 32F, fast accumulation off): TN codes (fp8_tn_codes:
+ * transposed into scratch where an operand is stored the other way), the scales in cuBLASLt's layout. 1 where it
+ * ran or an error was recorded (the backend's status says which), 0 where cuBLASLt offers no algorithm or refused
+ * it (nothing written), -1 where nothing could start (an error recorded). */
+static int block_product_lt(struct cuda_backend *cb, const struct gemm_args *g, float *p)
+{
+    struct lt_matmul mm;
+    memset(&mm, 0, sizeof mm);
+    if (!fp8_tn_codes(cb, g, &mm))
+        return -1;
+    mm.a_scale = block_scales_lt(cb, CSCR_FP8_SA, &g->a_blocks, g->trans_a, g->m, g->k, &mm.a_scale_mode);
+    mm.b_scale = block_scales_lt(cb, CSCR_FP8_SB, &g->b_blocks, !g->trans_b, g->n, g->k, &mm.b_scale_mode);
+    if (!mm.a_scale || !mm.b_scale)
+        return -1;
+    mm.c = p;
+    mm.c_dt = DT_FP32;
+    mm.m = g->m;
+    mm.n = g->n;
+    mm.k = g->k;
+    mm.ldc = g->n;
+    mm.alpha = 1.0f;
+    mm.beta = 0.0f;
+    mm.batch = 1;
+    return cuda_lt_matmul_block_scaled(cb, &mm) ? 1 : 0;
+}
+
 /* Whether an operand's tiles lie along K (FP8_TILES_COLS where K is its stored rows, FP8_TILES_ROWS where its
  * stored columns; blocks either way). */
 static bool block_tiles_along_k(enum fp8_tiling t, bool k_rows)
@@ -666,10 +755,24 @@ static void cuda_gemm_fp8_blocks(struct cuda_backend *cb, const struct gemm_args
     float *p = static_cast<float *>(cuda_scratch(cb, CSCR_FP8_P, (size_t)(m * n) * sizeof(float)));
     if (!p)
         return;
-    block_product_kernel<<<grid_for((size_t)(m * n)), kThreads, 0, cb->stream>>>(
-        p, g->a->data, g->b->data, g->trans_a, g->trans_b, m, n, k, g->a_blocks.scale_inv, g->a_blocks.tiling,
-        g->b_blocks.scale_inv, g->b_blocks.tiling);
-    CB_LAUNCHED(cb, "block_product_kernel");
+    const char *unfit = block_lt_unfit(cb, g);
+    int ran = unfit ? 0 : block_product_lt(cb, g, p);
+    if (ran < 0)
+        return;
+    if (!ran) {
+        if (!cb->blockwise_noted) {
+            fprintf(stderr, "ampTrain: note: %s: a block-scaled fp8 product (m=%lld n=%lld k=%lld) runs the CPU's "
+                            "arithmetic in plain CUDA kernels, not on tensor cores (%s): correct, slower than bf16; "
+                            "said once\n",
+                    cb->name, (long long)m, (long long)n, (long long)k,
+                    unfit ? unfit : "cuBLASLt offers no block-scaled matmul for it here, or refused it");
+            cb->blockwise_noted = true;
+        }
+        block_product_kernel<<<grid_for((size_t)(m * n)), kThreads, 0, cb->stream>>>(
+            p, g->a->data, g->b->data, g->trans_a, g->trans_b, m, n, k, g->a_blocks.scale_inv, g->a_blocks.tiling,
+            g->b_blocks.scale_inv, g->b_blocks.tiling);
+        CB_LAUNCHED(cb, "block_product_kernel");
+    }
     fp8_epilogue_kernel<<<grid_for((size_t)(m * n)), kThreads, 0, cb->stream>>>(
         g->c->data, dc, g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL, p,
         g->bias ? static_cast<const float *>(g->bias->data) : NULL, g->alpha, NULL, NULL, g->beta, m, n);

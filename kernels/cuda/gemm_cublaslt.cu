@@ -26,11 +26,13 @@
  * GELU of the rounded pre-activation, so a 16-bit C is rounded twice (three times where the bias
  * fallback applies as well). cuda_lt_matmul_fused takes neither fallback: where cuBLASLt has no kernel for the
  * epilogue, or refuses it, it says so and the caller takes its own path (fp8.cu: an fp8 product's bf16 C, which
- * must be rounded once).
+ * must be rounded once). cuda_lt_matmul_block_scaled likewise (recipe blockwise: fp8 operands with a tensor of
+ * scales each, CUBLASLT_MATMUL_DESC_A_SCALE_MODE / B_SCALE_MODE): where the heuristic offers no algorithm, or the
+ * first call refuses it, the plan remembers and the caller runs its plain kernels.
  *
  * Plans: the matmul descriptor, the three layouts and the heuristic's algorithm are built once per
  * shape key (transposes, m, n, k, leading dimensions, batch and strides, dtypes, bias, epilogue,
- * alignment of every operand and of the bias, tf32) and kept in a most-recently-used list until destroy;
+ * alignment of every operand and of the bias, tf32, fp8 scale modes) and kept in a most-recently-used list until destroy;
  * a call only sets the bias and aux pointers. While the heuristic chooses, the descriptor holds the first
  * call's bias and aux pointers (struct plan_probes), so it sees their real alignment: a bias that is a
  * view into a larger buffer gets a kernel legal for it, and another alignment gets another plan.
@@ -62,6 +64,7 @@ struct gemm_key {
     int32_t align_a, align_b, align_c;
     int32_t align_bias;  /* the bias's alignment (0: no bias): the heuristic reads it from the probe pointer */
     int32_t epilogue; /* enum gemm_epilogue */
+    int32_t a_scale_mode, b_scale_mode; /* fp8: cublasLtMatmulMatrixScale_t of our A and B (0: a scalar) */
     int64_t m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
 };
 
@@ -73,6 +76,7 @@ struct gemm_plan {
     bool bias_by_kernel; /* the epilogue was refused: bias added by cuda_add_row_bias */
     bool gelu_by_kernel; /* the GELU epilogue was refused: no algorithm, the call falls back (lt_matmul_gelu) */
     bool ran;            /* cublasLtMatmul has accepted this plan once */
+    bool refused;        /* block-scaled fp8: the heuristic offered no algorithm, or a call refused it */
     struct gemm_plan *next;
 };
 
@@ -237,12 +241,19 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
               layout_create(cb, &p->lay_b, ab, key->trans_a ? key->m : key->k, key->trans_a ? key->k : key->m,
                             key->lda, key->batch, key->stride_a) &&
               layout_create(cb, &p->lay_c, c, key->n, key->m, key->ldc, key->batch, key->stride_c);
-    /* fp8: cuBLASLt's A is our B, so its A scale is our B's (as plan_run sets them at every call) */
+    /* fp8: cuBLASLt's A is our B, so its A scale is our B's (as plan_run sets them at every call), and so is its
+     * scale mode (recipe blockwise: a tensor of scales, fp8.cu) */
     if (ok && key->scaled)
         ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &probe->b_scale,
                                                           sizeof probe->b_scale)) &&
              CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &probe->a_scale,
                                                           sizeof probe->a_scale));
+    const bool blocks = key->a_scale_mode != 0 || key->b_scale_mode != 0;
+    if (ok && blocks)
+        ok = CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &key->b_scale_mode,
+                                                          sizeof key->b_scale_mode)) &&
+             CB_CUBLAS(cb, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &key->a_scale_mode,
+                                                          sizeof key->a_scale_mode));
     bool found = false;
     if (ok && key->epilogue == GEMM_EPI_GELU_TANH) {
         ok = plan_set_gelu(cb, p, probe->aux) && plan_set_bias_probe(cb, p, probe->bias) &&
@@ -268,8 +279,12 @@ static struct gemm_plan *plan_build(struct cuda_backend *cb, const struct gemm_k
         if (ok && !found) /* no fused-bias kernel for this combination: a separate bias kernel */
             ok = plan_unfuse_bias(cb, p);
     }
-    if (ok && !found)
-        ok = plan_pick_algo(cb, p, false, &found);
+    if (ok && !found) /* block-scaled: any refusal of the heuristic is "none found" */
+        ok = plan_pick_algo(cb, p, blocks, &found);
+    if (ok && !found && blocks) { /* kept, so the heuristic is asked once; the caller takes its plain kernels */
+        p->refused = true;
+        return p;
+    }
     if (ok && !found) {
         cuda_record(cb, "report this shape; meanwhile try another precision mode",
                     "cuBLASLt has no algorithm for a %s x %s -> %s product m=%lld n=%lld k=%lld (batch %lld, "
@@ -350,6 +365,8 @@ static bool key_of(struct cuda_backend *cb, const struct lt_matmul *mm, enum gem
     key->align_c = alignment_of(mm->c, mm->stride_c * (int64_t)es_c, mm->batch);
     key->align_bias = mm->bias ? alignment_of(mm->bias, 0, 1) : 0;
     key->epilogue = epilogue;
+    key->a_scale_mode = mm->a_scale_mode;
+    key->b_scale_mode = mm->b_scale_mode;
     key->m = mm->m;
     key->n = mm->n;
     key->k = mm->k;
@@ -385,6 +402,13 @@ static bool key_of(struct cuda_backend *cb, const struct lt_matmul *mm, enum gem
 static bool plan_refused(struct cuda_backend *cb, struct gemm_plan *p, cublasStatus_t st)
 {
     const bool fused = p->key.epilogue == GEMM_EPI_GELU_TANH || (p->key.has_bias && !p->bias_by_kernel);
+    if ((p->key.a_scale_mode != 0 || p->key.b_scale_mode != 0) && !p->ran &&
+        (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+        /* a block-scaled product the heuristic offered and the call refused: the plan remembers, and
+         * cuda_lt_matmul_block_scaled's caller runs its plain kernels (fp8.cu says so once) */
+        p->refused = true;
+        return true;
+    }
     if (p->key.scaled && fused && !p->ran && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
         /* a native fp8 product with its epilogue (cuda_lt_matmul_fused: only it asks for one) refused: the plan
          * remembers, and the caller takes its fp32 scratch, whose plain product is asked for on its own (a refusal
@@ -555,6 +579,24 @@ bool cuda_lt_matmul_fused(struct cuda_backend *cb, const struct lt_matmul *mm)
         return false;
     plan_run(cb, p, mm);
     return !(p->gelu_by_kernel || p->bias_by_kernel || (key.scaled && !p->ran));
+}
+
+bool cuda_lt_matmul_block_scaled(struct cuda_backend *cb, const struct lt_matmul *mm)
+{
+    if (mm->m <= 0 || mm->n <= 0 || mm->k <= 0 || mm->batch != 1 || mm->bias || mm->aux ||
+        (mm->a_scale_mode == 0 && mm->b_scale_mode == 0))
+        return false;
+    struct gemm_key key;
+    if (!key_of(cb, mm, GEMM_EPI_NONE, &key))
+        return true;
+    struct plan_probes probe = {.aux = NULL, .bias = NULL, .a_scale = mm->a_scale, .b_scale = mm->b_scale};
+    struct gemm_plan *p = plan_get(cb, &key, &probe);
+    if (!p)
+        return true;
+    if (p->refused)
+        return false;
+    plan_run(cb, p, mm);
+    return !p->refused;
 }
 
 /* The GELU epilogue's preconditions (backend.h) that only the tensors show. */

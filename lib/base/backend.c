@@ -91,6 +91,8 @@ enum amp_status backend_open_rank(struct backend **out, const char *device, int 
         { "AMPTRAIN_CUDNN_ATTENTION", "the unfused attention everywhere" },  /* kernels/cuda/attention_cudnn.cpp */
         { "AMPTRAIN_FP8_CUBLASLT_EPILOGUE",                                   /* kernels/cuda/fp8.cu */
           "every fp8 product through the fp32 scratch and the epilogue kernel" },
+        { "AMPTRAIN_FP8_BLOCK_CUBLASLT",                                      /* kernels/cuda/fp8.cu */
+          "recipe blockwise's products in the plain CUDA kernels, the CPU's arithmetic" },
         { "AMPTRAIN_CUDA_GRAPHS", "every op queued one by one" },             /* kernels/cuda/graphs.cu */
     };
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
