@@ -571,5 +571,5 @@ void zero_grad_stats(struct zero_plan *z, struct dist *d, const struct tensor *c
     d->comm->all_gather_blocks(d->comm, z->gathered, z->part_bounds, sizeof *z->gathered);
     for (size_t k = 0; k < z->part_bounds[z->world]; k++)
         z->parts[z->order[k]] = z->gathered[k];
-    be->grad_stats_combine(be, z->parts, z->first, z->nparams, out, counts);
+    be->grad_stats_combine(be, z->parts, z->first, NULL, z->nparams, out, counts);
 }
