@@ -45,8 +45,9 @@ Test(cuda_dist, nccl_one_rank_on_a_gpu_equals_no_nccl)
 /* The one-rank NCCL communicator's reduce-scatter (ncclReduceScatter, in place: this rank's block is the whole buffer),
  * all-reduce and all-gather (one grouped ncclBroadcast of bytes from rank 0, in place) in process: a sum over one rank
  * is the rank's values and a gather of one block is that block, bit for bit, and no NCCL or CUDA error is recorded.
- * The only run of nccl_reduce_scatter and nccl_all_gather (ZeRO's) until a machine has two GPUs (their grouped
- * branches for blocks of unequal size need two ranks). */
+ * The same for dist.zero 1's collectives on blocks (reduce_scatter_blocks, reduce_scatter_start on the second
+ * stream, all_gather_blocks: grouped ncclReduce and ncclBroadcast). The only run of these until a machine has two
+ * GPUs (their grouped branches for blocks of unequal size need two ranks). */
 Test(cuda_dist, nccl_one_rank_reduce_scatter_all_reduce_and_all_gather_keep_the_values)
 {
     if (gpus() < 1)
@@ -76,6 +77,22 @@ Test(cuda_dist, nccl_one_rank_reduce_scatter_all_reduce_and_all_gather_keep_the_
         be->download(be, got, dev, N * sizeof *dev);
         cr_assert_eq(be->status(be, &err), AMP_OK, "%s: %s", ops[k], err.msg);
         cr_assert_eq(memcmp(got, want, N * sizeof *got), 0, "%s changed the values of one rank", ops[k]);
+    }
+    /* dist.zero 1's collectives on the caller's blocks (one rank: one block, the whole buffer) */
+    const size_t bounds[2] = {0, N};
+    const char *block_ops[] = {"reduce_scatter_blocks", "reduce_scatter_start", "all_gather_blocks"};
+    cr_assert(c->reduce_scatter_blocks && c->reduce_scatter_start && c->all_gather_blocks);
+    for (int k = 0; k < 3; k++) {
+        be->upload(be, dev, want, N * sizeof *dev);
+        if (k == 0)
+            c->reduce_scatter_blocks(c, dev, bounds, COMM_F32);
+        else if (k == 1)
+            c->reduce_wait(c, c->reduce_scatter_start(c, dev, bounds, COMM_F32));
+        else
+            c->all_gather_blocks(c, dev, bounds, sizeof *dev);
+        be->download(be, got, dev, N * sizeof *dev);
+        cr_assert_eq(be->status(be, &err), AMP_OK, "%s: %s", block_ops[k], err.msg);
+        cr_assert_eq(memcmp(got, want, N * sizeof *got), 0, "%s changed the values of one rank", block_ops[k]);
     }
     be->free(be, dev);
     comm_release_nccl(c);
