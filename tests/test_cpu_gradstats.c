@@ -134,7 +134,7 @@ Test(cpu_gradstats, parts_combined_give_the_bits_of_grad_stats)
         for (int64_t c = first[t]; c < first[t + 1]; c++)
             all[c] = c == first[t] ? pa[ka++] : pb[kb++];
     cr_assert(ka == na && kb == nb && first[4] == 8);
-    be->grad_stats_combine(be, all, first, 4, &got, counts);
+    be->grad_stats_combine(be, all, first, NULL, 4, &got, counts);
     cr_assert(memcmp(&got.sumsq, &want.sumsq, sizeof got.sumsq) == 0, "sumsq %.17g, grad_stats %.17g", got.sumsq,
               want.sumsq);
     cr_assert(memcmp(&got.absmax, &want.absmax, sizeof got.absmax) == 0);
@@ -146,8 +146,14 @@ Test(cpu_gradstats, parts_combined_give_the_bits_of_grad_stats)
     struct grad_part tmp = all[4];
     all[4] = all[7];
     all[7] = tmp;
-    be->grad_stats_combine(be, all, first, 4, &got, counts);
+    be->grad_stats_combine(be, all, first, NULL, 4, &got, counts);
     cr_assert(counts[4 + 2] == 1 && counts[4 + 3] == 0, "the NaN counted for tensor 2");
+    /* `at` names where each part lies: the swapped parts read from their places give grad_stats' bits again */
+    const int64_t at[8] = { 0, 1, 2, 3, 7, 5, 6, 4 };
+    be->grad_stats_combine(be, all, first, at, 4, &got, counts);
+    cr_assert(memcmp(&got.sumsq, &want.sumsq, sizeof got.sumsq) == 0, "sumsq through at %.17g, grad_stats %.17g",
+              got.sumsq, want.sumsq);
+    cr_assert(memcmp(counts, want_counts, sizeof counts) == 0, "per-tensor counts through at");
     free(pa);
     free(pb);
     free(all);

@@ -18,6 +18,7 @@
 #include <criterion/hooks.h>
 #include <criterion/logging.h>
 
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -1569,6 +1570,134 @@ Test(cuda_backend, grad_stats_one_launch_many_tensors, .init = open_both, .fini 
     cpu->free(cpu, cnt_c);
     gpu->free(gpu, chk_g);
     gpu->free(gpu, cnt_g);
+    for (int i = 0; i < NT; i++)
+        pair_free(&t[i]);
+}
+
+/* A view of t from element `from` on, flat (as lib/engine/zero.c's views of a rank's blocks). */
+static struct tensor view_from(const struct tensor *t, size_t from)
+{
+    struct tensor v = *t;
+    v.data = (float *)t->data + from;
+    v.ndim = 1;
+    for (int d = 0; d < TENSOR_MAX_DIMS; d++)
+        v.shape[d] = 1;
+    v.numel = t->numel - from;
+    v.shape[0] = (int64_t)v.numel;
+    return v;
+}
+
+/* grad_stats in two halves (backend.h, grad_stats_parts and grad_stats_combine) on the GPU, as ranks that each hold
+ * some of a gradient's parts run it (dist.zero 1): 40 tensors (smaller than a part, one part, several with a short
+ * last one), each cut after its first part into two "ranks'" views computed apart, the second rank's parts first,
+ * combined through `at`, give cuda_grad_stats' bits (sumsq, absmax, the verdict and every per-tensor count); so do
+ * the parts of the whole tensors combined in order. Values span 2^-20 to 2^20, so another order of the double
+ * additions would give other bits; Inf and NaN are planted in a small tensor, in two parts of a large one and in a
+ * last part. Against the CPU: the counts exactly, absmax exactly, sumsq within the bound of two sums of n positive
+ * terms in double, each within (n - 1) eps of the exact sum. */
+Test(cuda_backend, grad_stats_parts_combined_give_the_bits_of_grad_stats, .init = open_both, .fini = close_both)
+{
+    rng_state = 45;
+    enum { NT = 40 };
+    const size_t part = gpu->grad_part_numel;
+    cr_assert_gt(part, 0, "the CUDA backend has parts");
+    cr_assert(gpu->grad_stats_parts && gpu->grad_stats_combine);
+    struct pair t[NT];
+    const struct tensor *gc[NT], *gg[NT];
+    int64_t first[NT + 1] = {0};
+    size_t n_all = 0;
+    for (int i = 0; i < NT; i++) {
+        int64_t n = i % 4 == 0 ? (int64_t)(part * (size_t)(1 + i / 8)) + 3 * i
+                  : i % 4 == 1 ? 1 + 7 * i
+                  : i % 4 == 2 ? (int64_t)part
+                               : (int64_t)(2 * part) + 1001;
+        pair_alloc(&t[i], DT_FP32, 1, &n);
+        float *h = malloc((size_t)n * sizeof *h);
+        cr_assert_not_null(h);
+        for (int64_t k = 0; k < n; k++)
+            h[k] = ldexpf(uniform(-1, 1), (int)(next_u64() % 41) - 20);
+        if (i == 1)
+            h[3] = NAN;                  /* a tensor smaller than a part */
+        if (i == 7) {
+            h[5] = INFINITY;             /* the first part of a three-part tensor, */
+            h[2 * part + 7] = NAN;       /* its short last part */
+        }
+        if (i == 36)
+            h[n - 1] = -INFINITY;        /* the last element of a multi-part tensor */
+        tensor_from_host_f32(&t[i].c, h);
+        gpu->upload(gpu, t[i].g.data, t[i].c.data, tensor_bytes(&t[i].c));
+        free(h);
+        gc[i] = &t[i].c;
+        gg[i] = &t[i].g;
+        first[i + 1] = first[i] + (int64_t)((t[i].c.numel + part - 1) / part);
+        n_all += t[i].c.numel;
+    }
+    const int64_t total = first[NT];
+    /* the whole in one pass, the reference */
+    struct grad_check *chk = be_poisoned(gpu, 3 * sizeof *chk);
+    int64_t *cnt = be_poisoned(gpu, 3 * 2 * NT * sizeof *cnt);
+    gpu->grad_stats(gpu, gg, NT, &chk[0], cnt);
+    /* two ranks: A the first part of every tensor, B the rest (empty for the tensors of one part or less); B's parts
+     * lie first in the gathered buffer, then A's */
+    struct tensor va[NT], vb[NT];
+    const struct tensor *a[NT], *b[NT];
+    int64_t na = NT, nb = total - NT;
+    int64_t *at = malloc((size_t)total * sizeof *at);
+    cr_assert_not_null(at);
+    for (int i = 0, ka = 0, kb = 0; i < NT; i++) {
+        va[i] = view_from(&t[i].g, 0);
+        va[i].numel = t[i].g.numel < part ? t[i].g.numel : part;
+        va[i].shape[0] = (int64_t)va[i].numel;
+        vb[i] = view_from(&t[i].g, va[i].numel);
+        a[i] = &va[i];
+        b[i] = &vb[i];
+        for (int64_t c = first[i]; c < first[i + 1]; c++)
+            at[c] = c == first[i] ? nb + ka++ : kb++;
+    }
+    struct grad_part *gathered = be_poisoned(gpu, (size_t)total * sizeof *gathered);
+    struct grad_part *inorder = be_poisoned(gpu, (size_t)total * sizeof *inorder);
+    gpu->grad_stats_parts(gpu, b, NT, gathered);
+    gpu->grad_stats_parts(gpu, a, NT, gathered + nb);
+    gpu->grad_stats_combine(gpu, gathered, first, at, NT, &chk[1], cnt + 2 * NT);
+    /* the whole tensors' parts in order, combined without `at` */
+    gpu->grad_stats_parts(gpu, gg, NT, inorder);
+    gpu->grad_stats_combine(gpu, inorder, first, NULL, NT, &chk[2], cnt + 4 * NT);
+    struct grad_check hg[3];
+    int64_t counts[3][2 * NT];
+    gpu->download(gpu, hg, chk, sizeof hg);
+    gpu->download(gpu, counts, cnt, sizeof counts);
+    check_gpu();
+    cr_assert_eq(na + nb, total);
+    for (int k = 1; k < 3; k++) {
+        cr_assert(memcmp(&hg[k].sumsq, &hg[0].sumsq, sizeof(double)) == 0, "%s: sumsq %.17g, grad_stats %.17g",
+                  k == 1 ? "two ranks' parts" : "the parts in order", hg[k].sumsq, hg[0].sumsq);
+        cr_assert(memcmp(&hg[k].absmax, &hg[0].absmax, sizeof(double)) == 0, "absmax %.17g, grad_stats %.17g",
+                  hg[k].absmax, hg[0].absmax);
+        cr_assert_eq(hg[k].found_nonfinite, 1);
+        cr_assert_eq(hg[k].update_nonfinite, 0);
+        cr_assert(memcmp(counts[k], counts[0], sizeof counts[0]) == 0, "per-tensor counts (%d)", k);
+    }
+    cr_assert_eq(hg[0].found_nonfinite, 1);
+    cr_assert(counts[0][NT + 1] == 1 && counts[0][7] == 1 && counts[0][NT + 7] == 1 && counts[0][36] == 1,
+              "the planted values, each counted for its tensor");
+    /* against the CPU */
+    struct grad_check *chk_c = cpu->alloc(cpu, sizeof *chk_c), hc;
+    int64_t *cnt_c = cpu->alloc(cpu, 2 * NT * sizeof *cnt_c);
+    cr_assert(chk_c && cnt_c);
+    cpu->grad_stats(cpu, gc, NT, chk_c, cnt_c);
+    cpu->download(cpu, &hc, chk_c, sizeof hc);
+    cr_assert(memcmp(cnt_c, counts[0], sizeof counts[0]) == 0, "per-tensor counts: the CPU's");
+    cr_assert_eq(hg[0].absmax, hc.absmax, "absmax %.17g vs the CPU's %.17g", hg[0].absmax, hc.absmax);
+    double bound = 2.0 * (double)n_all * DBL_EPSILON * hc.sumsq;
+    cr_assert(fabs(hg[0].sumsq - hc.sumsq) <= bound, "sumsq %.17g vs the CPU's %.17g (bound %g)", hg[0].sumsq,
+              hc.sumsq, bound);
+    cpu->free(cpu, chk_c);
+    cpu->free(cpu, cnt_c);
+    gpu->free(gpu, chk);
+    gpu->free(gpu, cnt);
+    gpu->free(gpu, gathered);
+    gpu->free(gpu, inorder);
+    free(at);
     for (int i = 0; i < NT; i++)
         pair_free(&t[i]);
 }

@@ -519,8 +519,8 @@ void cpu_loss_sum(struct backend *be, double *acc, const struct tensor *losses, 
 void cpu_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors,
                     struct grad_check *out, int64_t *counts);
 void cpu_grad_stats_parts(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_part *out);
-void cpu_grad_stats_combine(struct backend *be, const struct grad_part *parts, const int64_t *first, int ntensors,
-                            struct grad_check *out, int64_t *counts);
+void cpu_grad_stats_combine(struct backend *be, const struct grad_part *parts, const int64_t *first,
+                            const int64_t *at, int ntensors, struct grad_check *out, int64_t *counts);
 void cpu_step_propose(struct backend *be, const struct step_params *p, struct step_state *state,
                       struct grad_check *check);
 void cpu_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,

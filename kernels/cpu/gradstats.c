@@ -167,15 +167,15 @@ static void gs_end(struct grad_check *out, const double lanes[8])
     out->sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-void cpu_grad_stats_combine(struct backend *be, const struct grad_part *parts, const int64_t *first, int ntensors,
-                            struct grad_check *out, int64_t *counts)
+void cpu_grad_stats_combine(struct backend *be, const struct grad_part *parts, const int64_t *first,
+                            const int64_t *at, int ntensors, struct grad_check *out, int64_t *counts)
 {
     (void)be;
     double lanes[8];
     gs_begin(out, counts, ntensors, lanes);
     for (int t = 0; t < ntensors; t++)
         for (int64_t c = first[t]; c < first[t + 1]; c++)
-            gs_add(out, counts, ntensors, t, lanes, &parts[c]);
+            gs_add(out, counts, ntensors, t, lanes, &parts[at ? at[c] : c]);
     gs_end(out, lanes);
 }
 
@@ -231,7 +231,7 @@ void cpu_grad_stats(struct backend *be, const struct tensor *const *grads, int n
         part = scratch_get(cb, SCR_ACC1, (size_t)(first[ntensors] > 0 ? first[ntensors] : 1) * sizeof *part);
     if (part) {
         cpu_grad_stats_parts(be, grads, ntensors, part);
-        cpu_grad_stats_combine(be, part, first, ntensors, out, counts);
+        cpu_grad_stats_combine(be, part, first, NULL, ntensors, out, counts);
     } else {
         double lanes[8];
         gs_begin(out, counts, ntensors, lanes);

@@ -310,6 +310,7 @@ static void cu_destroy(struct backend *be)
     if (cb->stream)
         cudaStreamSynchronize(cb->stream);
     device_table_free(&cb->gs_table);
+    device_table_free(&cb->gc_table);
     device_table_free(&cb->opt_table);
     for (int i = 0; i < BACKEND_STAGING_SLOTS; i++)
         if (cb->stage_done[i])
@@ -381,6 +382,9 @@ static void fill_table(struct backend *be)
     be->mse_forward_backward = cuda_mse_forward_backward;
     be->loss_sum = cuda_loss_sum;
     be->grad_stats = cuda_grad_stats;
+    be->grad_part_numel = kGradPart;
+    be->grad_stats_parts = cuda_grad_stats_parts;
+    be->grad_stats_combine = cuda_grad_stats_combine;
     be->step_propose = cuda_step_propose;
     be->step_finish = cuda_step_finish;
     be->count_zeros = cuda_count_zeros;

@@ -49,6 +49,7 @@ enum cuda_scratch_slot {
     CSCR_CHANNEL_STATS,           /* batchnorm: per-channel values between its passes (norm.cu) */
     CSCR_BN_RELU_DY,              /* batchnorm with a fused ReLU: the ReLU's input gradient (norm.cu) */
     CSCR_GS_DESC,                 /* grad_stats: the tensor table (cuda_backend.gs_table, a device_table) */
+    CSCR_GC_DESC,                 /* grad_stats_combine: the parts' places (cuda_backend.gc_table) */
     CSCR_OPT_DESC,                /* adamw / sgd: the parameter table (cuda_backend.opt_table) */
     CSCR_EMB_KEYS, CSCR_EMB_VALS_IN, CSCR_EMB_VALS, CSCR_EMB_SORT, /* embedding backward: sorted tokens */
     CSCR_FP8_A, CSCR_FP8_B,       /* fp8 products: operands transposed (cuBLASLt's TN layout) or widened */
@@ -64,7 +65,12 @@ struct device_scratch {
     size_t cap; /* bytes */
 };
 
-/* grad_stats' tensor table (loss_optim.cu): one entry per gradient tensor, in the caller's order. */
+/* grad_stats' part (backend.grad_part_numel): a fixed element count, so that ranks holding some parts of a gradient
+ * (dist.zero 1) compute the very parts one rank does (loss_optim.cu). */
+constexpr uint64_t kGradPart = 16384;
+
+/* grad_stats' tensor table (loss_optim.cu): one entry per gradient tensor, in the caller's order, followed in the
+ * device table by the tensors' first parts (int64, ntensors + 1). */
 struct grad_table_entry {
     const float *p;  /* fp32 gradient, device */
     uint64_t n;      /* elements */
@@ -143,7 +149,8 @@ struct cuda_backend {
     struct conv_plan *conv_plans;
     struct sdpa_plan *sdpa_plans; /* the fused attention's graphs, most recently used first */
     bool sdpa_off;       /* AMPTRAIN_CUDNN_ATTENTION=0: the fused attention reports no shape */
-    struct device_table gs_table; /* grad_stats (CSCR_GS_DESC) */
+    struct device_table gs_table; /* grad_stats, grad_stats_parts (CSCR_GS_DESC) */
+    struct device_table gc_table; /* grad_stats_combine (CSCR_GC_DESC) */
     struct device_table opt_table; /* adamw / sgd (CSCR_OPT_DESC) */
     size_t peak_used;    /* device bytes in use (cudaMemGetInfo) at the highest point seen in alloc */
     enum amp_status status;
@@ -402,6 +409,10 @@ void cuda_mse_forward_backward(struct backend *be, struct tensor *losses, struct
 void cuda_loss_sum(struct backend *be, double *acc, const struct tensor *losses, int64_t n, bool accumulate);
 void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
                      int64_t *counts);
+void cuda_grad_stats_parts(struct backend *be, const struct tensor *const *grads, int ntensors,
+                           struct grad_part *out);
+void cuda_grad_stats_combine(struct backend *be, const struct grad_part *parts, const int64_t *first,
+                             const int64_t *at, int ntensors, struct grad_check *out, int64_t *counts);
 void cuda_step_propose(struct backend *be, const struct step_params *p, struct step_state *state,
                        struct grad_check *check);
 void cuda_step_finish(struct backend *be, const struct step_params *p, struct step_state *state,

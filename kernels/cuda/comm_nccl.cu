@@ -15,6 +15,9 @@
  * events serves every bucket: a stream's wait takes the event as last recorded. Where the stream or the events
  * cannot be made, `side` is the backend's stream itself: the same sums, in order, without the overlap.
  *
+ * dist.zero 1's collectives on the optimizer's blocks (reduce_scatter_blocks, reduce_scatter_start,
+ * all_gather_blocks) are grouped ncclReduce and ncclBroadcast calls, one a rank's block, on device memory too.
+ *
  * Built where CUDA, MPI and NCCL are found (AMP_HAVE_NCCL); compiled in CI, run only on GPUs.
  */
 #ifdef AMP_HAVE_NCCL
@@ -179,6 +182,67 @@ static void nccl_reduce_scatter(struct comm *c, void *buf, size_t count, enum co
                     "the reduce-scatter of %zu elements failed: %s", count, ncclGetErrorString(r));
 }
 
+/* The collectives on the caller's blocks (comm.h: dist.zero 1's partition, bounds[0..world]) on device memory, as
+ * the two above on comm_shard's: rank q's block [bounds[q], bounds[q + 1]) of buf reduced to q by one ncclReduce
+ * each, grouped (in place: ncclReduce writes the root's buffer alone, so the other blocks stay as they were), on
+ * `stream`; every block broadcast from its owner, grouped, bytes only. Queued after an error too, as
+ * nccl_reduce_sum. */
+static void reduce_blocks_on(struct nccl_state *s, int world, void *buf, const size_t *bounds, enum comm_dtype dt,
+                             cudaStream_t stream)
+{
+    ncclDataType_t type = dt == COMM_F32 ? ncclFloat : dt == COMM_F64 ? ncclDouble : ncclInt64;
+    size_t es = dt == COMM_F32 ? 4 : 8;
+    ncclResult_t r = ncclGroupStart();
+    for (int k = 0; k < world && r == ncclSuccess; k++) {
+        char *p = (char *)buf + bounds[k] * es;
+        if (bounds[k + 1] > bounds[k])
+            r = ncclReduce(p, p, bounds[k + 1] - bounds[k], type, ncclSum, k, s->nccl, stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess)
+        r = e;
+    if (r != ncclSuccess)
+        cuda_record(s->cb, "check NCCL_DEBUG=INFO output and that every rank has its own GPU",
+                    "the reduce-scatter of %zu elements onto the optimizer's blocks failed: %s", bounds[world],
+                    ncclGetErrorString(r));
+}
+
+static void nccl_reduce_scatter_blocks(struct comm *c, void *buf, const size_t *bounds, enum comm_dtype dt)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    reduce_blocks_on(s, c->world, buf, bounds, dt, s->cb->stream);
+}
+
+/* As nccl_reduce_start: queued on `side` after the backend's stream's work so far; nccl_reduce_wait orders the
+ * backend's stream after it. */
+static struct comm_request *nccl_reduce_scatter_start(struct comm *c, void *buf, const size_t *bounds,
+                                                      enum comm_dtype dt)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    if (s->side != s->cb->stream)
+        stream_after(s, s->side, s->cb->stream, s->ready);
+    reduce_blocks_on(s, c->world, buf, bounds, dt, s->side);
+    return &queued_on_side;
+}
+
+static void nccl_all_gather_blocks(struct comm *c, void *buf, const size_t *bounds, size_t elem_bytes)
+{
+    struct nccl_state *s = (struct nccl_state *)c->impl;
+    ncclResult_t r = ncclGroupStart();
+    for (int k = 0; k < c->world && r == ncclSuccess; k++) {
+        char *p = (char *)buf + bounds[k] * elem_bytes;
+        if (bounds[k + 1] > bounds[k])
+            r = ncclBroadcast(p, p, (bounds[k + 1] - bounds[k]) * elem_bytes, ncclUint8, k, s->nccl, s->cb->stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess)
+        r = e;
+    if (r != ncclSuccess)
+        cuda_record(s->cb, "check NCCL_DEBUG=INFO output and that every rank has its own GPU",
+                    "the all-gather (ncclBroadcast) of %zu elements in the optimizer's blocks failed: %s",
+                    bounds[c->world], ncclGetErrorString(r));
+}
+
 /* Before the backend goes (the NCCL communicator uses its device and stream). */
 extern "C" void nccl_comm_release(struct comm *c)
 {
@@ -254,6 +318,9 @@ extern "C" enum amp_status nccl_comm_use(struct comm *c, struct backend *be, str
     c->reduce_progress = nccl_reduce_progress;
     c->reduce_wait = nccl_reduce_wait;
     c->all_gather = nccl_all_gather;
+    c->reduce_scatter_blocks = nccl_reduce_scatter_blocks; /* device memory; host_gather_blocks stays MPI's */
+    c->reduce_scatter_start = nccl_reduce_scatter_start;
+    c->all_gather_blocks = nccl_all_gather_blocks;
     c->close = nccl_close;
     return AMP_OK;
 }

@@ -9,11 +9,14 @@
  * (one fp32, the loss scale / accum_steps) is read on the device: the host never learns the scale.
  * loss_sum: one block adds a step's row losses in double in a fixed order (per-thread strided sums,
  * then a fixed tree) and adds the mean to a double in device memory.
- * grad_stats: ONE launch over all gradient tensors. A table of {pointer, numel} for every tensor lives
- * in device memory; a grid (kStatBlocks, ntensors) reduces each tensor in kStatBlocks fixed slices to
- * per-block partials (sum of squares of finite elements and max |g| in double, inf and nan counts in
- * int64); a second one-block kernel adds the partials per tensor and then over tensors in index order
- * and writes struct grad_check and the per-tensor counts to the caller's device memory. Same inputs,
+ * grad_stats: ONE launch over all gradient tensors, then one to combine. A table of {pointer, numel} for every
+ * tensor, and each tensor's first part, lives in device memory; every tensor is cut into parts of kGradPart
+ * elements from its start (backend.h grad_part_numel, the last part shorter), and a grid of one 256-thread block a
+ * part writes each part's struct grad_part (sum of squares of finite elements and max |g| in double, inf and nan
+ * counts) (grad_stats_parts); a second one-block kernel adds the parts' sums in part order (per-thread contiguous
+ * runs, then a fixed tree), and writes struct grad_check and the per-tensor counts to the caller's device memory
+ * (grad_stats_combine). grad_stats is exactly those two halves, so ranks that each compute some of the parts
+ * (dist.zero 1) and combine the gathered results get its bits. Same inputs,
  * same bits, every run (no atomics). The table is uploaded only when the tensors change (a training
  * run passes the same gradients every step), from a pageable host copy kept in struct cuda_backend:
  * cudaMemcpyAsync stages a pageable source before it returns, so rewriting the copy later can never
@@ -43,8 +46,8 @@ namespace {
 
 constexpr unsigned kLossThreads = 256;
 constexpr unsigned kLossSumThreads = 1024; /* loss_sum: one block */
-constexpr unsigned kStatBlocks = 64;   /* slices per tensor in grad_stats */
-constexpr unsigned kStatThreads = 256;
+constexpr unsigned kStatThreads = 256;     /* grad_stats: threads of a part's block */
+constexpr int kCombineThreads = 256;       /* grad_stats: the combine's one block (a power of two) */
 constexpr unsigned kOptimThreads = 256;
 constexpr unsigned kOptimPerThread = 4;    /* elements a thread at least, over the largest tensor */
 constexpr unsigned kOptimMaxBlocks = 512;  /* blocks per tensor at most; beyond, the threads grid-stride */
@@ -150,22 +153,38 @@ __global__ void loss_sum_kernel(double *acc, const float *losses, int64_t n, boo
         *acc = (accumulate ? *acc : 0.0) + s / (double)n;
 }
 
-struct stat_partial {
-    double sumsq, absmax;
-    long long n_inf, n_nan;
-};
+/* Which of nt tensors part b belongs to, the parts numbered on from tensor to tensor (first[t] is tensor t's first,
+ * first[nt] the total): the t with first[t] <= b < first[t + 1] (a tensor without parts is never chosen). */
+__device__ int part_owner(const int64_t *first, int nt, int64_t b)
+{
+    int lo = 0, hi = nt;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (first[mid] <= b)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
-__global__ void grad_stats_partial_kernel(struct stat_partial *part, const struct grad_table_entry *tab)
+/* One block a part (blockIdx.x: the part's number in tensor and part order): the finite squares and max |g| in
+ * double, the Inf and NaN elements, of the part's kGradPart (or fewer) elements. Thread k adds elements k, k + 256,
+ * ... in order; the 256 sums are added by a fixed tree (warp shuffles, then the 8 warps in order). So a part's
+ * results depend on its elements alone: the same from a whole tensor and from a view that starts at the part. */
+__global__ void grad_stats_parts_kernel(struct grad_part *out, const struct grad_table_entry *tab,
+                                        const int64_t *first, int nt)
 {
     __shared__ double s_sq[kStatThreads / 32], s_mx[kStatThreads / 32];
     __shared__ long long s_inf[kStatThreads / 32], s_nan[kStatThreads / 32];
-    struct grad_table_entry t = tab[blockIdx.y];
-    uint64_t per = (t.n + kStatBlocks - 1) / kStatBlocks;
-    uint64_t lo = per * blockIdx.x, hi = lo + per < t.n ? lo + per : t.n;
+    const int64_t b = blockIdx.x;
+    const int t = part_owner(first, nt, b);
+    const struct grad_table_entry e = tab[t];
+    const uint64_t lo = (uint64_t)(b - first[t]) * kGradPart, hi = lo + kGradPart < e.n ? lo + kGradPart : e.n;
     double sq = 0.0, mx = 0.0;
     long long ni = 0, nn = 0;
     for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float g = t.p[i];
+        float g = e.p[i];
         if (isinf(g)) {
             ni++;
         } else if (isnan(g)) {
@@ -191,43 +210,62 @@ __global__ void grad_stats_partial_kernel(struct stat_partial *part, const struc
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        struct stat_partial r = {0.0, 0.0, 0, 0};
+        struct grad_part r = {};
         for (int k = 0; k < (int)(blockDim.x >> 5); k++) {
-            r.sumsq += s_sq[k];
+            r.lanes[0] += s_sq[k];
             r.absmax = fmax(r.absmax, s_mx[k]);
             r.n_inf += s_inf[k];
             r.n_nan += s_nan[k];
         }
-        part[blockIdx.y * kStatBlocks + blockIdx.x] = r;
+        out[b] = r;
     }
 }
 
-/* Per tensor, its Inf and NaN counts into counts[t] and counts[nt + t] (counts may be NULL); then, in
- * tensor order, the totals into *out, found_nonfinite from the same counts. */
-__global__ void grad_stats_finish_kernel(struct grad_check *out, int64_t *counts, const struct stat_partial *part,
-                                         int nt)
+/* The parts' results combined, in one order whoever computed them: part c (tensor and part order) is part[at[c]]
+ * (part[c] where at is NULL). Thread k adds the squares of parts [k per, (k + 1) per) in order (per: the parts over
+ * kCombineThreads, rounded up), the 256 sums then added by a fixed tree in shared memory; the max and the counts
+ * are exact in any order. Per tensor, its Inf and NaN counts into counts[t] and counts[nt + t]. */
+__global__ void grad_stats_combine_kernel(struct grad_check *out, int64_t *counts, const struct grad_part *part,
+                                          const int64_t *first, const int64_t *at, int nt)
 {
-    for (int t = threadIdx.x; counts && t < nt; t += blockDim.x) {
+    __shared__ double s_sq[kCombineThreads], s_mx[kCombineThreads];
+    __shared__ long long s_bad[kCombineThreads];
+    const int64_t total = first[nt], per = (total + kCombineThreads - 1) / kCombineThreads;
+    const int k = threadIdx.x;
+    double sq = 0.0, mx = 0.0;
+    long long bad = 0;
+    for (int64_t c = k * per; c < (k + 1) * per && c < total; c++) {
+        const struct grad_part *r = &part[at ? at[c] : c];
+        sq += r->lanes[0];
+        mx = fmax(mx, r->absmax);
+        bad += r->n_inf + r->n_nan;
+    }
+    s_sq[k] = sq;
+    s_mx[k] = mx;
+    s_bad[k] = bad;
+    __syncthreads();
+    for (int half = kCombineThreads / 2; half > 0; half >>= 1) {
+        if (k < half) {
+            s_sq[k] += s_sq[k + half];
+            s_mx[k] = fmax(s_mx[k], s_mx[k + half]);
+            s_bad[k] += s_bad[k + half];
+        }
+        __syncthreads();
+    }
+    for (int t = k; counts && t < nt; t += kCombineThreads) {
         long long ni = 0, nn = 0;
-        for (unsigned b = 0; b < kStatBlocks; b++) {
-            ni += part[t * kStatBlocks + b].n_inf;
-            nn += part[t * kStatBlocks + b].n_nan;
+        for (int64_t c = first[t]; c < first[t + 1]; c++) {
+            const struct grad_part *r = &part[at ? at[c] : c];
+            ni += r->n_inf;
+            nn += r->n_nan;
         }
         counts[t] = ni;
         counts[nt + t] = nn;
     }
-    if (threadIdx.x == 0) {
-        double sq = 0.0, mx = 0.0;
-        long long bad = 0;
-        for (int t = 0; t < nt; t++)
-            for (unsigned b = 0; b < kStatBlocks; b++) {
-                sq += part[t * kStatBlocks + b].sumsq;
-                mx = fmax(mx, part[t * kStatBlocks + b].absmax);
-                bad += part[t * kStatBlocks + b].n_inf + part[t * kStatBlocks + b].n_nan;
-            }
-        out->sumsq = sq;
-        out->absmax = mx;
-        out->found_nonfinite = bad != 0;
+    if (k == 0) {
+        out->sumsq = s_sq[0];
+        out->absmax = s_mx[0];
+        out->found_nonfinite = s_bad[0] != 0;
         out->update_nonfinite = 0; /* the whole struct is this pass's, as on the CPU */
     }
 }
@@ -411,20 +449,39 @@ __global__ void optim_kernel(const struct optim_table_entry *tab, const struct s
         bound_raise(bound, mx);
 }
 
-/* The device table of `grads` for grad_stats_partial_kernel, uploaded only when it changed (struct
- * device_table). NULL (status set) on failure. */
-const struct grad_table_entry *grad_table_for(struct cuda_backend *cb, const struct tensor *const *grads, int nt)
+/* The device table of `grads` for grad_stats_parts_kernel: nt entries, then the tensors' first parts (int64, nt + 1,
+ * *first pointing at them), uploaded only when it changed (struct device_table); *total gets the parts. NULL (status
+ * set) on failure. */
+const struct grad_table_entry *grad_table_for(struct cuda_backend *cb, const struct tensor *const *grads, int nt,
+                                              const int64_t **first, int64_t *total)
 {
-    size_t bytes = (size_t)nt * sizeof(struct grad_table_entry);
-    struct grad_table_entry *e =
-        static_cast<struct grad_table_entry *>(device_table_begin(cb, &cb->gs_table, bytes, "grad_stats"));
-    if (!e)
+    size_t head = (size_t)nt * sizeof(struct grad_table_entry), bytes = head + ((size_t)nt + 1) * sizeof(int64_t);
+    char *build = static_cast<char *>(device_table_begin(cb, &cb->gs_table, bytes, "grad_stats"));
+    if (!build)
         return NULL;
+    struct grad_table_entry *e = reinterpret_cast<struct grad_table_entry *>(build);
+    int64_t *f = reinterpret_cast<int64_t *>(build + head);
     for (int t = 0; t < nt; t++) {
+        if (grads[t]->dtype != DT_FP32) {
+            cuda_record(cb, "this is a bug in the caller", "grad_stats: gradient %d is %s, not fp32", t,
+                        dtype_name(grads[t]->dtype));
+            return NULL;
+        }
         e[t].p = static_cast<const float *>(grads[t]->data);
         e[t].n = grads[t]->numel;
+        f[t + 1] = f[t] + (int64_t)((grads[t]->numel + kGradPart - 1) / kGradPart);
     }
-    return static_cast<const struct grad_table_entry *>(device_table_commit(cb, &cb->gs_table, CSCR_GS_DESC, bytes));
+    *total = f[nt];
+    if (*total > INT32_MAX) { /* one block a part: gridDim.x */
+        cuda_record(cb, "this is a bug in the caller", "grad_stats: %lld parts exceed one launch's grid",
+                    (long long)*total);
+        return NULL;
+    }
+    const char *dev = static_cast<const char *>(device_table_commit(cb, &cb->gs_table, CSCR_GS_DESC, bytes));
+    if (!dev)
+        return NULL;
+    *first = reinterpret_cast<const int64_t *>(dev + head);
+    return reinterpret_cast<const struct grad_table_entry *>(dev);
 }
 
 /* Blocks per tensor of an optimizer launch: enough for kOptimPerThread elements a thread over the
@@ -631,6 +688,56 @@ void cuda_loss_sum(struct backend *be, double *acc, const struct tensor *losses,
     CB_LAUNCHED(cb, "loss_sum_kernel");
 }
 
+/* grad_stats_parts_kernel over every part of grads into out (device memory, first[nt] parts); false (status set)
+ * where the table could not be had. *first and *total as grad_table_for's. */
+static bool queue_parts(struct cuda_backend *cb, const struct tensor *const *grads, int ntensors,
+                        struct grad_part *out, const int64_t **first, int64_t *total)
+{
+    const struct grad_table_entry *tab = grad_table_for(cb, grads, ntensors, first, total);
+    if (!tab)
+        return false;
+    if (*total == 0) /* every tensor empty */
+        return true;
+    grad_stats_parts_kernel<<<(unsigned)*total, kStatThreads, 0, cb->stream>>>(out, tab, *first, ntensors);
+    return CB_LAUNCHED(cb, "grad_stats_parts_kernel");
+}
+
+void cuda_grad_stats_parts(struct backend *be, const struct tensor *const *grads, int ntensors,
+                           struct grad_part *out)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    const int64_t *first;
+    int64_t total;
+    if (ntensors > 0)
+        queue_parts(cb, grads, ntensors, out, &first, &total);
+}
+
+void cuda_grad_stats_combine(struct backend *be, const struct grad_part *parts, const int64_t *first,
+                             const int64_t *at, int ntensors, struct grad_check *out, int64_t *counts)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    if (ntensors <= 0) {
+        CB_CUDA(cb, cudaMemsetAsync(out, 0, sizeof *out, cb->stream)); /* all-zero bits: 0.0, 0.0, 0 */
+        return;
+    }
+    /* first (and at) to the device: a table uploaded only when it changed, as the tensors' */
+    size_t nf = (size_t)ntensors + 1, na = at ? (size_t)first[ntensors] : 0;
+    size_t bytes = (nf + na) * sizeof(int64_t);
+    int64_t *h = static_cast<int64_t *>(device_table_begin(cb, &cb->gc_table, bytes, "grad_stats_combine"));
+    if (!h)
+        return;
+    memcpy(h, first, nf * sizeof *h);
+    if (na)
+        memcpy(h + nf, at, na * sizeof *h);
+    const int64_t *d = static_cast<const int64_t *>(device_table_commit(cb, &cb->gc_table, CSCR_GC_DESC, bytes));
+    if (!d)
+        return;
+    grad_stats_combine_kernel<<<1, kCombineThreads, 0, cb->stream>>>(out, counts, parts, d, na ? d + nf : NULL,
+                                                                     ntensors);
+    CB_LAUNCHED(cb, "grad_stats_combine_kernel");
+}
+
+/* The parts of every tensor, then their combination: the two halves above in one pass, the parts in scratch. */
 void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int ntensors, struct grad_check *out,
                      int64_t *counts)
 {
@@ -639,19 +746,18 @@ void cuda_grad_stats(struct backend *be, const struct tensor *const *grads, int 
         CB_CUDA(cb, cudaMemsetAsync(out, 0, sizeof *out, cb->stream)); /* all-zero bits: 0.0, 0.0, 0 */
         return;
     }
-    if (ntensors > 65535) {
-        cuda_record(cb, "this is a bug in the caller", "grad_stats: %d tensors exceed one launch's grid", ntensors);
+    int64_t parts = 0;
+    for (int t = 0; t < ntensors; t++)
+        parts += (int64_t)((grads[t]->numel + kGradPart - 1) / kGradPart);
+    /* the scratch before the table: growing CSCR_PARTIAL never touches CSCR_GS_DESC */
+    struct grad_part *part = static_cast<struct grad_part *>(
+        cuda_scratch(cb, CSCR_PARTIAL, (size_t)(parts > 0 ? parts : 1) * sizeof(struct grad_part)));
+    const int64_t *first;
+    int64_t total;
+    if (!part || !queue_parts(cb, grads, ntensors, part, &first, &total))
         return;
-    }
-    const struct grad_table_entry *tab = grad_table_for(cb, grads, ntensors);
-    struct stat_partial *part = static_cast<struct stat_partial *>(
-        cuda_scratch(cb, CSCR_PARTIAL, (size_t)ntensors * kStatBlocks * sizeof(struct stat_partial)));
-    if (!tab || !part)
-        return;
-    grad_stats_partial_kernel<<<dim3(kStatBlocks, (unsigned)ntensors), kStatThreads, 0, cb->stream>>>(part, tab);
-    CB_LAUNCHED(cb, "grad_stats_partial_kernel");
-    grad_stats_finish_kernel<<<1, 256, 0, cb->stream>>>(out, counts, part, ntensors);
-    CB_LAUNCHED(cb, "grad_stats_finish_kernel");
+    grad_stats_combine_kernel<<<1, kCombineThreads, 0, cb->stream>>>(out, counts, part, first, NULL, ntensors);
+    CB_LAUNCHED(cb, "grad_stats_combine_kernel");
 }
 
 void cuda_step_propose(struct backend *be, const struct step_params *p, struct step_state *state,

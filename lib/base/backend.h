@@ -73,8 +73,10 @@ struct fp8_blocks {
     enum fp8_tiling tiling;
 };
 
-/* One part's gradient statistics (grad_stats_parts, below): the finite squares in 8 double lanes (element i of the
- * part to lane i % 8, added in element order), the finite max |g|, and the Inf and NaN elements. 88 bytes. */
+/* One part's gradient statistics (grad_stats_parts, below): the finite squares, the finite max |g|, and the Inf and
+ * NaN elements. The squares' layout is the backend's own, read only by its grad_stats_combine: the CPU adds element i
+ * of the part to lane i % 8 in element order; CUDA puts the part's sum (its block's fixed tree) in lane 0 and zeroes
+ * the other seven. 88 bytes. */
 struct grad_part {
     double lanes[8];
     double absmax;
@@ -438,18 +440,22 @@ struct backend {
 
     /* grad_stats in two halves, for ranks that each hold part of the reduced gradient (dist.zero 1,
      * lib/engine/zero.h): grad_stats cuts every tensor into parts of grad_part_numel elements from its start (the
-     * last part of a tensor may be shorter) and combines their results (struct grad_part) in a fixed order.
-     * grad_stats_parts writes, tensor by tensor and part by part, the results of the parts of `grads` (each tensor a
-     * view that starts at a part boundary of its parameter, so its parts are the parameter's), into backend memory;
-     * grad_stats_combine then combines the parts of whole tensors, parts[first[t] .. first[t + 1]) being tensor t's,
-     * into what grad_stats writes: the same bits, whichever rank computed which part. grad_part_numel 0 and both
-     * NULL where the backend has no such split (CUDA: the ranks then all-gather the reduced gradient and run
-     * grad_stats on all of it). */
+     * last part of a tensor may be shorter), computes each part's results (struct grad_part) and combines them in
+     * tensor and part order: grad_stats is grad_stats_parts over every part, then grad_stats_combine, on the CPU and
+     * on CUDA alike. grad_stats_parts writes, tensor by tensor and part by part, the results of the parts of `grads`
+     * (each tensor a view that starts at a part boundary of its parameter, so its parts are the parameter's) into
+     * `out`, backend memory. grad_stats_combine then combines the parts of whole tensors into what grad_stats writes
+     * (out and counts in backend memory): the same bits, whichever rank computed which part. Part c in tensor and
+     * part order (parts[first[t] .. first[t + 1]) are tensor t's) is parts[c], or parts[at[c]] where `at` is given
+     * (the parts as ranks gathered them, in another order); parts is backend memory, first (ntensors + 1) and at
+     * (first[ntensors]) host memory. A part's results depend on its elements alone, never on the tensor it was cut
+     * from nor on the launch. grad_part_numel 0 and both NULL where a backend has no such split (the ranks then
+     * all-gather the reduced gradient and run grad_stats on all of it). */
     size_t grad_part_numel;
     void (*grad_stats_parts)(struct backend *be, const struct tensor *const *grads, int ntensors,
                              struct grad_part *out);
-    void (*grad_stats_combine)(struct backend *be, const struct grad_part *parts, const int64_t *first, int ntensors,
-                               struct grad_check *out, int64_t *counts);
+    void (*grad_stats_combine)(struct backend *be, const struct grad_part *parts, const int64_t *first,
+                               const int64_t *at, int ntensors, struct grad_check *out, int64_t *counts);
 
     /* The step's row and counts into the log window (struct window_store_args). */
     void (*window_store)(struct backend *be, const struct window_store_args *a);

@@ -117,11 +117,13 @@ struct comm {
 
     /* The same collectives on blocks the caller gives rather than comm_shard's (dist.zero 1's partition of the
      * gradients, lib/engine/zero.h): bounds[0..world] non-decreasing from bounds[0] = 0, rank q's block
-     * [bounds[q], bounds[q + 1]) of buf, bounds[world] its count. Host memory only (mpi, none; the nccl
-     * communicator keeps mpi's), the same association as the others (every element added in rank order).
-     * reduce_scatter_blocks: this rank's block = the sum over the ranks, the rest of buf left as it was, in pieces of
-     * at most 2^22 elements; reduce_scatter_start: the same started, ended by reduce_wait, with no all-gather after
-     * it; all_gather_blocks and host_gather_blocks: all_gather's and host_gather's (send holds this rank's block). */
+     * [bounds[q], bounds[q + 1]) of buf, bounds[world] its count. The memory reduce_sum takes: host memory (mpi,
+     * none), device memory (nccl: one ncclReduce or ncclBroadcast a block, grouped; host_gather_blocks stays mpi's,
+     * on host memory), with the association of the others (mpi: every element added in rank order; nccl: NCCL's).
+     * reduce_scatter_blocks: this rank's block = the sum over the ranks, the rest of buf left as it was (mpi: in
+     * pieces of at most 2^22 elements); reduce_scatter_start: the same started, ended by reduce_wait, with no
+     * all-gather after it; all_gather_blocks and host_gather_blocks: all_gather's and host_gather's (send holds this
+     * rank's block). */
     void (*reduce_scatter_blocks)(struct comm *c, void *buf, const size_t *bounds, enum comm_dtype dt);
     struct comm_request *(*reduce_scatter_start)(struct comm *c, void *buf, const size_t *bounds, enum comm_dtype dt);
     void (*all_gather_blocks)(struct comm *c, void *buf, const size_t *bounds, size_t elem_bytes);

@@ -49,16 +49,16 @@ void zero_after_trial(struct dist *d, const struct optimizer *o, struct grad_che
         be->upload(be, &check->update_nonfinite, &v, sizeof v);
 }
 
-/* Every rank's block (bounds: the optimizer's blocks of its parameter) of t to every rank. On host memory the
- * communicator takes the blocks as they are; device memory (NCCL) only comm_shard's, which are the blocks there
- * (the partition is aligned to the statistics' parts only on host memory: zero_plan_init). */
+/* Every rank's block (bounds: the optimizer's blocks of its parameter) of t to every rank: the communicator's
+ * all-gather of the blocks as they are, in the memory it takes (host for mpi, device for nccl), through a host copy
+ * where it takes host memory and t is on a device. */
 static void gather_tensor(struct dist *d, struct tensor *t, const size_t *bounds)
 {
     struct comm *c = d->comm;
     size_t es = dtype_size(t->dtype), bytes = t->numel * es;
     bool blocks = c->all_gather_blocks != NULL;
     if (!d->stage) {
-        if (blocks && !c->device_memory)
+        if (blocks)
             c->all_gather_blocks(c, t->data, bounds, es);
         else
             c->all_gather(c, t->data, t->numel, es);
@@ -411,9 +411,11 @@ static bool grads_in_flat(const struct model *m)
     return true;
 }
 
-/* The exact step's tables: each parameter's parts, the ranks' parts in the all-gather's order, and this rank's views
- * of its gradient blocks. */
-static enum amp_status plan_parts(struct zero_plan *z, const struct model *m, size_t part, struct amp_error *err)
+/* The exact step's tables: each parameter's parts, where each part lies in the all-gather's buffer (rank by rank,
+ * each rank's parts in parameter and part order), that buffer in backend memory (and its host copy where the
+ * communicator takes host memory and the backend's is a device's), and this rank's views of its gradient blocks. */
+static enum amp_status plan_parts(struct zero_plan *z, const struct dist *d, const struct model *m, size_t part,
+                                  struct amp_error *err)
 {
     int n = m->nparams, w = z->world;
     size_t w1 = (size_t)w + 1, nn = (size_t)(n ? n : 1);
@@ -425,11 +427,13 @@ static enum amp_status plan_parts(struct zero_plan *z, const struct model *m, si
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the gradient statistics (dist.zero 1)");
     for (int i = 0; i < n; i++)
         z->first[i + 1] = z->first[i] + (int64_t)((m->params[i]->grad.numel + part - 1) / part);
-    size_t total = (size_t)z->first[n];
-    z->parts = calloc(total ? total : 1, sizeof *z->parts);
-    z->gathered = calloc(total ? total : 1, sizeof *z->gathered);
-    z->order = calloc(total ? total : 1, sizeof *z->order);
-    if (!z->parts || !z->gathered || !z->order)
+    size_t total = (size_t)z->first[n], bytes = (total ? total : 1) * sizeof(struct grad_part);
+    struct backend *be = d->be;
+    z->be = be;
+    z->gathered = be->host_memory ? calloc(1, bytes) : be->alloc(be, bytes);
+    z->staged = d->stage ? calloc(1, bytes) : NULL;
+    z->at = calloc(total ? total : 1, sizeof *z->at);
+    if (!z->gathered || (d->stage && !z->staged) || !z->at)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the gradient statistics (dist.zero 1)");
     size_t k = 0;
     for (int q = 0; q < w; q++) {
@@ -437,8 +441,9 @@ static enum amp_status plan_parts(struct zero_plan *z, const struct model *m, si
         for (int i = 0; i < n; i++) {
             const size_t *b = z->blocks + (size_t)i * w1;
             if (b[q + 1] > b[q])
-                for (size_t c = b[q] / part; c < (b[q + 1] + part - 1) / part; c++)
-                    z->order[k++] = z->first[i] + (int64_t)c;
+                for (size_t c = b[q] / part; c < (b[q + 1] + part - 1) / part; c++, k++)
+                    if (k < total) /* more would be a bug of the partition, reported below */
+                        z->at[z->first[i] + (int64_t)c] = (int64_t)k;
         }
     }
     z->part_bounds[w] = k;
@@ -452,8 +457,8 @@ static enum amp_status plan_parts(struct zero_plan *z, const struct model *m, si
         *v = *g; /* this rank's block, flat: starts at a part boundary of the parameter */
         v->data = (float *)g->data + b[z->rank];
         v->ndim = 1;
-        for (int d = 0; d < TENSOR_MAX_DIMS; d++)
-            v->shape[d] = 1;
+        for (int dd = 0; dd < TENSOR_MAX_DIMS; dd++)
+            v->shape[dd] = 1;
         v->numel = b[z->rank + 1] - b[z->rank];
         v->shape[0] = (int64_t)v->numel;
         z->view_ptrs[i] = v;
@@ -475,9 +480,12 @@ enum amp_status zero_plan_init(struct zero_plan *z, struct dist *d, const struct
     z->blocks = calloc((size_t)(n ? n : 1) * w1, sizeof *z->blocks);
     if (!z->blocks)
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the optimizer's shards (dist.zero 1)");
-    z->aligned = part > 0 && be->grad_stats_parts && be->grad_stats_combine && be->host_memory && d->active &&
-                 !d->stage && !c->device_memory && c->reduce_scatter_blocks && c->reduce_scatter_start &&
-                 c->all_gather_blocks && c->host_gather_blocks && grads_in_flat(m) && m->grad_flat_count > 0;
+    /* the communicator's collectives on blocks take the memory its reduce_sum takes (comm.h): the backend's where it
+     * reduces it directly (mpi on the CPU, nccl on CUDA), a host copy of it otherwise (d->stage: mpi on CUDA) */
+    z->aligned = part > 0 && be->grad_stats_parts && be->grad_stats_combine && d->active &&
+                 (d->stage || be->host_memory || c->device_memory) && c->reduce_scatter_blocks &&
+                 c->reduce_scatter_start && c->all_gather_blocks && c->host_gather_blocks && grads_in_flat(m) &&
+                 m->grad_flat_count > 0;
     if (z->aligned) {
         z->nbuckets = o ? dist_overlap_buckets(o) : 1;
         size_t parts = 1;
@@ -521,7 +529,7 @@ enum amp_status zero_plan_init(struct zero_plan *z, struct dist *d, const struct
     z->exact = z->aligned && !whole_gradient;
     if (!z->exact)
         return AMP_OK;
-    enum amp_status st = plan_parts(z, m, part, err);
+    enum amp_status st = plan_parts(z, d, m, part, err);
     if (st == AMP_OK && o)
         dist_overlap_scatter_only(o, z->buckets, w);
     return st;
@@ -535,13 +543,38 @@ void zero_plan_free(struct zero_plan *z)
     free(z->buckets);
     free(z->blocks);
     free(z->first);
-    free(z->parts);
-    free(z->gathered);
+    if (z->be && !z->be->host_memory)
+        z->be->free(z->be, z->gathered);
+    else
+        free(z->gathered);
+    free(z->staged);
     free(z->part_bounds);
-    free(z->order);
+    free(z->at);
     free(z->views);
     free(z->view_ptrs);
     *z = (struct zero_plan){0};
+}
+
+/* Bucket k's reduce-scatter onto the plan's blocks; through a host copy on a device with mpi (the bucket down, this
+ * rank's block of it up again: the other blocks are not read). */
+static void scatter_bucket(struct zero_plan *z, struct dist *d, float *bucket, int k)
+{
+    struct comm *c = d->comm;
+    const size_t *cuts = z->buckets + (size_t)k * (size_t)(z->world + 1);
+    if (!d->stage) {
+        c->reduce_scatter_blocks(c, bucket, cuts, COMM_F32);
+        return;
+    }
+    size_t bytes = cuts[z->world] * sizeof(float), lo = cuts[z->rank], hi = cuts[z->rank + 1];
+    float *h = dist_stage(d, bytes);
+    if (!h) {
+        cannot(d, "the reduce-scatter of the gradients", bytes);
+        return;
+    }
+    d->be->download(d->be, h, bucket, bytes);
+    c->reduce_scatter_blocks(c, h, cuts, COMM_F32);
+    if (hi > lo)
+        d->be->upload(d->be, bucket + lo, h + lo, (hi - lo) * sizeof(float));
 }
 
 void zero_reduce_gradients(struct zero_plan *z, struct dist *d, struct model *m)
@@ -552,8 +585,25 @@ void zero_reduce_gradients(struct zero_plan *z, struct dist *d, struct model *m)
     }
     d->reduces++;
     for (int k = 0; k < z->nbuckets; k++)
-        d->comm->reduce_scatter_blocks(d->comm, m->grad_flat + z->bucket_at[k],
-                                       z->buckets + (size_t)k * (size_t)(z->world + 1), COMM_F32);
+        scatter_bucket(z, d, m->grad_flat + z->bucket_at[k], k);
+}
+
+/* Every rank's parts in `gathered` to every rank: directly in the memory the communicator takes, else (mpi on a
+ * device) this rank's down, the all-gather on the host, all of them up. */
+static void gather_parts(struct zero_plan *z, struct dist *d)
+{
+    struct comm *c = d->comm;
+    const size_t es = sizeof *z->gathered;
+    if (!d->stage) {
+        c->all_gather_blocks(c, z->gathered, z->part_bounds, es);
+        return;
+    }
+    size_t lo = z->part_bounds[z->rank], hi = z->part_bounds[z->rank + 1], total = z->part_bounds[z->world];
+    if (hi > lo)
+        d->be->download(d->be, z->staged + lo, z->gathered + lo, (hi - lo) * es);
+    c->all_gather_blocks(c, z->staged, z->part_bounds, es);
+    if (total)
+        d->be->upload(d->be, z->gathered, z->staged, total * es);
 }
 
 void zero_grad_stats(struct zero_plan *z, struct dist *d, const struct tensor *const *grads, int n,
@@ -566,10 +616,9 @@ void zero_grad_stats(struct zero_plan *z, struct dist *d, const struct tensor *c
     }
     (void)grads; /* the same tensors as the plan's views of this rank's blocks */
     (void)n;
-    /* this rank's parts straight into its place of the all-gather's buffer, then every part in its own place */
+    /* this rank's parts straight into its place of the all-gather's buffer; the combine reads each part where the
+     * all-gather left it (z->at) */
     be->grad_stats_parts(be, z->view_ptrs, z->nparams, z->gathered + z->part_bounds[z->rank]);
-    d->comm->all_gather_blocks(d->comm, z->gathered, z->part_bounds, sizeof *z->gathered);
-    for (size_t k = 0; k < z->part_bounds[z->world]; k++)
-        z->parts[z->order[k]] = z->gathered[k];
-    be->grad_stats_combine(be, z->parts, z->first, z->nparams, out, counts);
+    gather_parts(z, d);
+    be->grad_stats_combine(be, z->gathered, z->first, z->at, z->nparams, out, counts);
 }

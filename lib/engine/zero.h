@@ -3,28 +3,30 @@
  * ranks.
  *
  * One partition (struct zero_plan) decides which elements each rank reduces, holds and updates. Where the backend
- * reports partial gradient statistics (backend.h, grad_stats_parts: the CPU) and the communicator reduces host memory
- * (mpi), each bucket of the flat gradient buffer (dist_overlap.h; one bucket, the whole buffer, with dist.bucket_mb
- * 0) is cut into N contiguous blocks at the boundaries of the statistics' parts (a part: grad_part_numel elements of
- * a parameter from its start, the last part of a tensor shorter), balanced by elements; rank r owns block r of every
+ * reports partial gradient statistics (backend.h, grad_stats_parts: the CPU's and CUDA's) and the communicator has
+ * collectives on blocks (comm.h: mpi on host memory, through a host copy for a CUDA backend, and nccl on device
+ * memory), each bucket of the flat gradient buffer (dist_overlap.h; one bucket, the whole buffer, with dist.bucket_mb
+ * 0) is cut into N contiguous blocks at the boundaries of the statistics' parts (a part: grad_part_numel elements of a
+ * parameter from its start, the last part of a tensor shorter), balanced by elements; rank r owns block r of every
  * bucket, and its block of a parameter is that parameter's intersection with it (a whole tensor, a range of whole
- * parts, or nothing: any size works). Elsewhere (GPUs: the CUDA backend has no such parts) a parameter's blocks are
- * comm_shard's, ceil(numel / N) elements in rank order. Rank r holds AdamW's m and v (SGD's momentum buffer) for its
- * block of every parameter only (lib/engine/optim.h, optim_create_sharded) and updates only that block of the
- * weights and their low-precision copy. Where the ops read only the copy, the master itself is sharded too
- * (zero_shard_masters: param.master_block), and the step gathers the copies' blocks alone; where the ops read the
- * master (fp32 mode, fp32 biases and norm gains, embedding tables, fp8 and tied weights) it stays whole and its blocks
- * are gathered too.
+ * parts, or nothing: any size works). Elsewhere (a backend without parts) a parameter's blocks are comm_shard's,
+ * ceil(numel / N) elements in rank order. Rank r holds AdamW's m and v (SGD's momentum buffer) for its block of every
+ * parameter only (lib/engine/optim.h, optim_create_sharded) and updates only that block of the weights and their
+ * low-precision copy. Where the ops read only the copy, the master itself is sharded too (zero_shard_masters:
+ * param.master_block), and the step gathers the copies' blocks alone; where the ops read the master (fp32 mode, fp32
+ * biases and norm gains, embedding tables, fp8 and tied weights) it stays whole and its blocks are gathered too.
  *
- * The step (zero_reduce_gradients, zero_grad_stats), exact partial statistics: the gradients are only
- * reduce-scattered onto the blocks (comm.h, reduce_scatter_blocks and reduce_scatter_start: each element summed in
- * rank order, as at dist.zero 0), each rank computes the statistics of the parts it owns (8 double lanes of squares,
- * the max magnitude, the Inf and NaN counts: 88 bytes a part), the parts' results are all-gathered, and every rank
- * combines all of them in part order with the code grad_stats runs (grad_stats_combine). So the sum of squares, the
- * max, the overflow verdict and the per-tensor counts have the bits of dist.zero 0, and skips, the loss scale and
- * the clip coefficient with them; the gradients themselves are never all-gathered. Where the parts do not apply (GPUs;
- * run.numerics_every, whose probe reads rank 0's whole reduced gradient) the reduce is dist.zero 0's all-reduce and
- * the statistics grad_stats over the whole gradient. What else differs is combined exactly:
+ * The step (zero_reduce_gradients, zero_grad_stats), exact partial statistics: the gradients are only reduce-scattered
+ * onto the blocks (comm.h, reduce_scatter_blocks and reduce_scatter_start: each element summed in rank order, as at
+ * dist.zero 0; NCCL's order with nccl), each rank computes the statistics of the parts it owns (the squares' sums in
+ * double, the max magnitude, the Inf and NaN counts: 88 bytes a part), the parts' results are all-gathered (in backend
+ * memory: on GPUs they never reach the host with nccl), and every rank combines all of them in part order with the code
+ * grad_stats runs (grad_stats_combine, reading each part where the all-gather left it). So the sum of squares, the max,
+ * the overflow verdict and the per-tensor counts have the bits of dist.zero 0 on the same backend, and skips, the loss
+ * scale and the clip coefficient with them; the gradients themselves are never all-gathered. Where the parts do not
+ * apply (a backend without them; run.numerics_every, whose probe reads rank 0's whole reduced gradient) the reduce is
+ * dist.zero 0's all-reduce and the statistics grad_stats over the whole gradient. What else differs is combined
+ * exactly:
  *  - the trial of an update (step_rule_propose's check) runs on each rank's block; its verdict, the smallest
  *    parameter index whose update would store a non-finite value, is the minimum over the ranks
  *    (zero_after_trial): the index one rank trying every element finds;
@@ -59,11 +61,13 @@ struct zero_plan {
     size_t *blocks;       /* nparams x (world + 1): parameter i's rank q block is [blocks[i (world + 1) + q], .. + 1) */
     int nparams;
     /* exact: the step's statistics */
-    int64_t *first;       /* nparams + 1: parameter i's parts are parts[first[i] .. first[i + 1]) */
-    struct grad_part *parts; /* every part's results, in parameter and part order (host memory) */
-    struct grad_part *gathered; /* the ranks' parts, rank by rank: the all-gather's buffer */
+    struct backend *be;   /* whose memory `gathered` is */
+    int64_t *first;       /* nparams + 1: parameter i's parts are parts first[i] .. first[i + 1] - 1 */
+    struct grad_part *gathered; /* the ranks' parts, rank by rank: the all-gather's buffer (backend memory) */
+    struct grad_part *staged; /* its host copy where the communicator takes host memory and the backend's is a
+                               * device's (d->stage); NULL otherwise */
     size_t *part_bounds;  /* world + 1: each rank's parts in `gathered` */
-    int64_t *order;       /* gathered[k] is parts[order[k]] */
+    int64_t *at;          /* part c (parameter and part order) is gathered[at[c]] */
     struct tensor *views; /* this rank's block of each parameter's gradient */
     const struct tensor **view_ptrs;
 };
