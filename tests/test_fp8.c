@@ -237,8 +237,9 @@ Test(fp8, delayed_update_is_transformer_engines_over_the_history)
                 for (int i = 0; i < n; i++)
                     scale[i] = old[i] = inv[i] = 0.5f + (float)i;
                 memcpy(before, hist, (size_t)(len * n) * sizeof(float));
-                struct fp8_update_args a = {.scale = scale, .scale_inv = inv, .history = hist, .n = n, .len = len,
-                                            .row = row, .most_recent = mr, .margin = margin, .fmax = 448.0f};
+                struct fp8_update_args a = {.groups = {{.scale = scale, .scale_inv = inv, .history = hist, .n = n,
+                                                        .fmax = 448.0f}},
+                                            .ngroups = 1, .len = len, .row = row, .most_recent = mr, .margin = margin};
                 be->fp8_update(be, &a);
                 for (int i = 0; i < n; i++) {
                     float want = te_scale(before, len, n, i, row, mr, margin, 448.0f, old[i]);
@@ -283,11 +284,12 @@ Test(fp8, delayed_update_reads_the_step_and_the_pending_amaxes_from_memory)
             for (int i = 0; i < n; i++)
                 plain[row * n + i] = fmaxf(plain[row * n + i], pending[i]);
             be->upload(be, step, &steps[k], sizeof *step);
-            struct fp8_update_args dev = {.scale = scale, .scale_inv = inv, .history = hist, .n = n, .len = len,
-                                          .row = 0, .most_recent = mr, .margin = 0, .fmax = 57344.0f, .step = step,
-                                          .pending = pending};
-            struct fp8_update_args ref = {.scale = scale_p, .scale_inv = inv_p, .history = plain, .n = n, .len = len,
-                                          .row = row, .most_recent = mr, .margin = 0, .fmax = 57344.0f};
+            struct fp8_update_args dev = {.groups = {{.scale = scale, .scale_inv = inv, .history = hist,
+                                                      .pending = pending, .n = n, .fmax = 57344.0f}},
+                                          .ngroups = 1, .len = len, .row = 0, .most_recent = mr, .step = step};
+            struct fp8_update_args ref = {.groups = {{.scale = scale_p, .scale_inv = inv_p, .history = plain, .n = n,
+                                                      .fmax = 57344.0f}},
+                                          .ngroups = 1, .len = len, .row = row, .most_recent = mr};
             be->fp8_update(be, &dev);
             be->fp8_update(be, &ref);
             cr_assert_eq(memcmp(hist, plain, (size_t)(len * n) * sizeof(float)), 0, "step %lld: the history",
