@@ -3105,6 +3105,70 @@ Test(cuda_backend, graphs_replay_the_bits_of_plain_launches, .timeout = 900)
     }
 }
 
+/* The GPU trainer's delayed fp8 scale update, counted through its backend table (each op queued by itself:
+ * AMPTRAIN_CUDA_GRAPHS=0, so a replayed graph does not hide a call): one fp8_update call a step, of both groups and
+ * every fp8 tensor, with accumulation; and the scales it set moved from 1. */
+static struct {
+    void (*fp8_update)(struct backend *, const struct fp8_update_args *);
+    int calls, groups, tensors;
+} gpu_updates;
+
+static void counting_gpu_fp8_update(struct backend *b, const struct fp8_update_args *a)
+{
+    gpu_updates.calls++;
+    gpu_updates.groups += a->ngroups;
+    for (int k = 0; k < a->ngroups; k++)
+        gpu_updates.tensors += a->groups[k].n;
+    gpu_updates.fp8_update(b, a);
+}
+
+Test(cuda_backend, a_delayed_fp8_step_updates_every_scale_in_one_launch, .timeout = 300)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: the GPU trainer's fp8 update was not counted");
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    struct config cfg;
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    const char *ov[] = {"run.device=cuda", "data.batch_size=32", "accum_steps=2", "precision.mode=fp8",
+                        "precision.fp8.recipe=delayed", "precision.fp8.keep_bf16=[]", "precision.fp8.min_size=[0, 0]",
+                        "run.log_every=1", NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    setenv("AMPTRAIN_CUDA_GRAPHS", "0", 1);
+    struct trainer t;
+    enum amp_status s = trainer_setup(&t, &cfg, NULL, &err);
+    unsetenv("AMPTRAIN_CUDA_GRAPHS");
+    cr_assert_eq(s, AMP_OK, "%s", err.msg);
+    cr_assert(t.model.has_fp8);
+    const int steps = 3, slots = t.model.fp8.fwd.n + t.model.fp8.bwd.n;
+    cr_assert_gt(t.model.fp8.fwd.n, 0);
+    cr_assert_gt(t.model.fp8.bwd.n, 0);
+    gpu_updates = (__typeof__(gpu_updates)){.fp8_update = t.be->fp8_update};
+    t.be->fp8_update = counting_gpu_fp8_update;
+    for (int i = 0; i < steps; i++) {
+        struct step_record rec = {0};
+        cr_assert_eq(step_now(&t, &rec, &err), AMP_OK, "step %d: %s", i + 1, err.msg);
+    }
+    t.be->fp8_update = gpu_updates.fp8_update;
+    cr_assert_eq(gpu_updates.calls, steps, "%d update calls in %d steps", gpu_updates.calls, steps);
+    cr_assert_eq(gpu_updates.groups, 2 * steps, "each call updates both groups");
+    cr_assert_eq(gpu_updates.tensors, slots * steps, "each call covers all %d fp8 tensors", slots);
+    float *sc = malloc((size_t)t.model.fp8.fwd.n * sizeof *sc);
+    cr_assert_not_null(sc);
+    t.be->download(t.be, sc, t.model.fp8.fwd.scale, (size_t)t.model.fp8.fwd.n * sizeof *sc);
+    int moved = 0;
+    for (int i = 0; i < t.model.fp8.fwd.n; i++)
+        moved += sc[i] != 1.0f;
+    cr_assert_gt(moved, 0, "no forward scale moved from 1 in %d steps", steps);
+    free(sc);
+    cr_assert_eq(t.be->status(t.be, &err), AMP_OK, "%s", err.msg);
+    trainer_teardown(&t);
+    config_free(&cfg);
+}
+
 #else /* built without the CUDA backend */
 
 Test(cuda_backend, needs_the_cuda_backend)
