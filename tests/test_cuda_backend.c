@@ -337,35 +337,61 @@ Test(cuda_backend, fp8_cast_matches_the_cpu_bit_for_bit, .init = open_both, .fin
             }
 }
 
+/* One update of two groups (the forward's E4M3 and the backward's E5M2, of different sizes: the GPU's one launch
+ * numbers their tensors one after the other), with pending amaxes and without, against the CPU's, bit for bit. */
 Test(cuda_backend, fp8_update_matches_the_cpu_bit_for_bit, .init = open_both, .fini = close_both)
 {
-    const int len = 7, n = 300;
-    for (int mr = 0; mr < 2; mr++) {
-        float *hist = malloc((size_t)(len * n) * sizeof *hist), *scale = malloc((size_t)(2 * n) * sizeof *scale);
-        cr_assert(hist && scale);
-        for (int i = 0; i < len * n; i++)
-            hist[i] = i % 13 == 0 ? 0.0f : uniform(0.0f, 1000.0f);
-        for (int i = 0; i < 2 * n; i++)
-            scale[i] = uniform(0.5f, 2.0f);
-        float *gh = be_put(gpu, hist, (size_t)(len * n) * sizeof *hist);
-        float *gsc = be_put(gpu, scale, (size_t)(2 * n) * sizeof *scale);
-        struct fp8_update_args a = {.scale = scale, .scale_inv = scale + n, .history = hist, .n = n, .len = len,
-                                    .row = 3, .most_recent = mr, .margin = 2, .fmax = 57344.0f};
-        cpu->fp8_update(cpu, &a);
-        a.scale = gsc, a.scale_inv = gsc + n, a.history = gh;
-        gpu->fp8_update(gpu, &a);
-        float *back = malloc((size_t)(len * n) * sizeof *back);
-        cr_assert_not_null(back);
-        gpu->download(gpu, back, gsc, (size_t)(2 * n) * sizeof *back);
-        cr_assert_eq(memcmp(back, scale, (size_t)(2 * n) * sizeof *back), 0, "scales (most_recent %d)", mr);
-        gpu->download(gpu, back, gh, (size_t)(len * n) * sizeof *back);
-        cr_assert_eq(memcmp(back, hist, (size_t)(len * n) * sizeof *back), 0, "history (most_recent %d)", mr);
-        gpu->free(gpu, gh);
-        gpu->free(gpu, gsc);
-        free(hist);
-        free(scale);
-        free(back);
-    }
+    const int len = 7, n[2] = {300, 129};
+    const float fmax[2] = {448.0f, 57344.0f};
+    for (int mr = 0; mr < 2; mr++)
+        for (int with_pending = 0; with_pending < 2; with_pending++) {
+            float *hist[2], *scale[2], *pend[2], *gh[2], *gsc[2], *gp[2];
+            struct fp8_update_args a = {.ngroups = 2, .len = len, .row = 3, .most_recent = mr, .margin = 2};
+            struct fp8_update_args ga = a;
+            for (int g = 0; g < 2; g++) {
+                hist[g] = malloc((size_t)(len * n[g]) * sizeof *hist[g]);
+                scale[g] = malloc((size_t)(2 * n[g]) * sizeof *scale[g]);
+                pend[g] = malloc((size_t)n[g] * sizeof *pend[g]);
+                cr_assert(hist[g] && scale[g] && pend[g]);
+                for (int i = 0; i < len * n[g]; i++)
+                    hist[g][i] = i % 13 == 0 ? 0.0f : uniform(0.0f, 1000.0f);
+                for (int i = 0; i < 2 * n[g]; i++)
+                    scale[g][i] = uniform(0.5f, 2.0f);
+                for (int i = 0; i < n[g]; i++)
+                    pend[g][i] = i % 5 == 0 ? 0.0f : uniform(0.0f, 3000.0f);
+                gh[g] = be_put(gpu, hist[g], (size_t)(len * n[g]) * sizeof *hist[g]);
+                gsc[g] = be_put(gpu, scale[g], (size_t)(2 * n[g]) * sizeof *scale[g]);
+                gp[g] = be_put(gpu, pend[g], (size_t)n[g] * sizeof *pend[g]);
+                a.groups[g] = (struct fp8_update_group){.scale = scale[g], .scale_inv = scale[g] + n[g],
+                                                        .history = hist[g], .pending = with_pending ? pend[g] : NULL,
+                                                        .n = n[g], .fmax = fmax[g]};
+                ga.groups[g] = (struct fp8_update_group){.scale = gsc[g], .scale_inv = gsc[g] + n[g],
+                                                         .history = gh[g], .pending = with_pending ? gp[g] : NULL,
+                                                         .n = n[g], .fmax = fmax[g]};
+            }
+            cpu->fp8_update(cpu, &a);
+            gpu->fp8_update(gpu, &ga);
+            for (int g = 0; g < 2; g++) {
+                float *back = malloc((size_t)(len * n[g]) * sizeof *back);
+                cr_assert_not_null(back);
+                gpu->download(gpu, back, gsc[g], (size_t)(2 * n[g]) * sizeof *back);
+                cr_assert_eq(memcmp(back, scale[g], (size_t)(2 * n[g]) * sizeof *back), 0,
+                             "group %d scales (most_recent %d, pending %d)", g, mr, with_pending);
+                gpu->download(gpu, back, gh[g], (size_t)(len * n[g]) * sizeof *back);
+                cr_assert_eq(memcmp(back, hist[g], (size_t)(len * n[g]) * sizeof *back), 0,
+                             "group %d history (most_recent %d, pending %d)", g, mr, with_pending);
+                gpu->download(gpu, back, gp[g], (size_t)n[g] * sizeof *back);
+                cr_assert_eq(memcmp(back, pend[g], (size_t)n[g] * sizeof *back), 0,
+                             "group %d pending (most_recent %d, pending %d)", g, mr, with_pending);
+                gpu->free(gpu, gh[g]);
+                gpu->free(gpu, gsc[g]);
+                gpu->free(gpu, gp[g]);
+                free(hist[g]);
+                free(scale[g]);
+                free(pend[g]);
+                free(back);
+            }
+        }
 }
 
 /* A product's (m, n) output C in dc (random where beta accumulates onto it, else an output), its bias (n) where
@@ -3312,11 +3338,14 @@ Test(cuda_backend, per_step_values_in_memory_match_the_cpu, .init = open_both, .
             gpu->upload(gpu, gp, pend, (size_t)n * sizeof *pend);
             gpu->upload(gpu, gstep, &steps[k], sizeof steps[k]);
             *cstep = steps[k];
-            struct fp8_update_args a = {.scale = scale, .scale_inv = scale + n, .history = hist, .n = n, .len = len,
-                                        .row = 0, .most_recent = mr, .margin = 1, .fmax = 448.0f, .step = cstep,
-                                        .pending = pend};
+            struct fp8_update_args a = {.groups = {{.scale = scale, .scale_inv = scale + n, .history = hist,
+                                                    .pending = pend, .n = n, .fmax = 448.0f}},
+                                        .ngroups = 1, .len = len, .row = 0, .most_recent = mr, .margin = 1,
+                                        .step = cstep};
             cpu->fp8_update(cpu, &a);
-            a.scale = gsc, a.scale_inv = gsc + n, a.history = gh, a.step = gstep, a.pending = gp;
+            a.groups[0] = (struct fp8_update_group){.scale = gsc, .scale_inv = gsc + n, .history = gh, .pending = gp,
+                                                    .n = n, .fmax = 448.0f};
+            a.step = gstep;
             gpu->fp8_update(gpu, &a);
             gpu->download(gpu, back, gsc, (size_t)(2 * n) * sizeof *back);
             cr_assert_eq(memcmp(back, scale, (size_t)(2 * n) * sizeof *back), 0, "scales (mr %d, step %lld)", mr,
@@ -3438,6 +3467,70 @@ Test(cuda_backend, graphs_replay_the_bits_of_plain_launches, .timeout = 900)
         assert_same_logs(a, b);
         remove_scratch();
     }
+}
+
+/* The GPU trainer's delayed fp8 scale update, counted through its backend table (each op queued by itself:
+ * AMPTRAIN_CUDA_GRAPHS=0, so a replayed graph does not hide a call): one fp8_update call a step, of both groups and
+ * every fp8 tensor, with accumulation; and the scales it set moved from 1. */
+static struct {
+    void (*fp8_update)(struct backend *, const struct fp8_update_args *);
+    int calls, groups, tensors;
+} gpu_updates;
+
+static void counting_gpu_fp8_update(struct backend *b, const struct fp8_update_args *a)
+{
+    gpu_updates.calls++;
+    gpu_updates.groups += a->ngroups;
+    for (int k = 0; k < a->ngroups; k++)
+        gpu_updates.tensors += a->groups[k].n;
+    gpu_updates.fp8_update(b, a);
+}
+
+Test(cuda_backend, a_delayed_fp8_step_updates_every_scale_in_one_launch, .timeout = 300)
+{
+    if (backend_cuda_device_count() <= 0)
+        cr_skip_test("no CUDA device: the GPU trainer's fp8 update was not counted");
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    struct config cfg;
+    struct amp_error err = {0};
+    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
+    const char *ov[] = {"run.device=cuda", "data.batch_size=32", "accum_steps=2", "precision.mode=fp8",
+                        "precision.fp8.recipe=delayed", "precision.fp8.keep_bf16=[]", "precision.fp8.min_size=[0, 0]",
+                        "run.log_every=1", NULL};
+    for (int i = 0; ov[i]; i++)
+        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s: %s", ov[i], err.msg);
+    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
+    setenv("AMPTRAIN_CUDA_GRAPHS", "0", 1);
+    struct trainer t;
+    enum amp_status s = trainer_setup(&t, &cfg, NULL, &err);
+    unsetenv("AMPTRAIN_CUDA_GRAPHS");
+    cr_assert_eq(s, AMP_OK, "%s", err.msg);
+    cr_assert(t.model.has_fp8);
+    const int steps = 3, slots = t.model.fp8.fwd.n + t.model.fp8.bwd.n;
+    cr_assert_gt(t.model.fp8.fwd.n, 0);
+    cr_assert_gt(t.model.fp8.bwd.n, 0);
+    gpu_updates = (__typeof__(gpu_updates)){.fp8_update = t.be->fp8_update};
+    t.be->fp8_update = counting_gpu_fp8_update;
+    for (int i = 0; i < steps; i++) {
+        struct step_record rec = {0};
+        cr_assert_eq(step_now(&t, &rec, &err), AMP_OK, "step %d: %s", i + 1, err.msg);
+    }
+    t.be->fp8_update = gpu_updates.fp8_update;
+    cr_assert_eq(gpu_updates.calls, steps, "%d update calls in %d steps", gpu_updates.calls, steps);
+    cr_assert_eq(gpu_updates.groups, 2 * steps, "each call updates both groups");
+    cr_assert_eq(gpu_updates.tensors, slots * steps, "each call covers all %d fp8 tensors", slots);
+    float *sc = malloc((size_t)t.model.fp8.fwd.n * sizeof *sc);
+    cr_assert_not_null(sc);
+    t.be->download(t.be, sc, t.model.fp8.fwd.scale, (size_t)t.model.fp8.fwd.n * sizeof *sc);
+    int moved = 0;
+    for (int i = 0; i < t.model.fp8.fwd.n; i++)
+        moved += sc[i] != 1.0f;
+    cr_assert_gt(moved, 0, "no forward scale moved from 1 in %d steps", steps);
+    free(sc);
+    cr_assert_eq(t.be->status(t.be, &err), AMP_OK, "%s", err.msg);
+    trainer_teardown(&t);
+    config_free(&cfg);
 }
 
 #else /* built without the CUDA backend */

@@ -237,8 +237,9 @@ Test(fp8, delayed_update_is_transformer_engines_over_the_history)
                 for (int i = 0; i < n; i++)
                     scale[i] = old[i] = inv[i] = 0.5f + (float)i;
                 memcpy(before, hist, (size_t)(len * n) * sizeof(float));
-                struct fp8_update_args a = {.scale = scale, .scale_inv = inv, .history = hist, .n = n, .len = len,
-                                            .row = row, .most_recent = mr, .margin = margin, .fmax = 448.0f};
+                struct fp8_update_args a = {.groups = {{.scale = scale, .scale_inv = inv, .history = hist, .n = n,
+                                                        .fmax = 448.0f}},
+                                            .ngroups = 1, .len = len, .row = row, .most_recent = mr, .margin = margin};
                 be->fp8_update(be, &a);
                 for (int i = 0; i < n; i++) {
                     float want = te_scale(before, len, n, i, row, mr, margin, 448.0f, old[i]);
@@ -283,11 +284,12 @@ Test(fp8, delayed_update_reads_the_step_and_the_pending_amaxes_from_memory)
             for (int i = 0; i < n; i++)
                 plain[row * n + i] = fmaxf(plain[row * n + i], pending[i]);
             be->upload(be, step, &steps[k], sizeof *step);
-            struct fp8_update_args dev = {.scale = scale, .scale_inv = inv, .history = hist, .n = n, .len = len,
-                                          .row = 0, .most_recent = mr, .margin = 0, .fmax = 57344.0f, .step = step,
-                                          .pending = pending};
-            struct fp8_update_args ref = {.scale = scale_p, .scale_inv = inv_p, .history = plain, .n = n, .len = len,
-                                          .row = row, .most_recent = mr, .margin = 0, .fmax = 57344.0f};
+            struct fp8_update_args dev = {.groups = {{.scale = scale, .scale_inv = inv, .history = hist,
+                                                      .pending = pending, .n = n, .fmax = 57344.0f}},
+                                          .ngroups = 1, .len = len, .row = 0, .most_recent = mr, .step = step};
+            struct fp8_update_args ref = {.groups = {{.scale = scale_p, .scale_inv = inv_p, .history = plain, .n = n,
+                                                      .fmax = 57344.0f}},
+                                          .ngroups = 1, .len = len, .row = row, .most_recent = mr};
             be->fp8_update(be, &dev);
             be->fp8_update(be, &ref);
             cr_assert_eq(memcmp(hist, plain, (size_t)(len * n) * sizeof(float)), 0, "step %lld: the history",
@@ -299,6 +301,69 @@ Test(fp8, delayed_update_reads_the_step_and_the_pending_amaxes_from_memory)
         }
     be->free(be, step);
     be->free(be, pending);
+}
+
+/* One update call for two groups (different sizes, formats and pending amaxes; the step read from memory) leaves the
+ * bits that one call per group leaves: each group's history, pending, scales and scale_inv. */
+Test(fp8, one_update_of_two_groups_is_two_updates_of_one)
+{
+    seed(4);
+    const int len = 3, n[2] = {5, 7};
+    const float fmax[2] = {448.0f, 57344.0f};
+    int64_t *step = be->alloc(be, sizeof *step);
+    cr_assert_not_null(step);
+    const int64_t steps[2] = {4, 6};
+    for (int mr = 0; mr < 2; mr++)
+        for (int s = 0; s < 2; s++) {
+            *step = steps[s];
+            /* per group: history (len * n), pending (n), scale (n), scale_inv (n); [0] one call, [1] two calls */
+            float *hist[2][2], *pend[2][2], *scale[2][2], *inv[2][2];
+            for (int g = 0; g < 2; g++) {
+                hist[0][g] = falloc((size_t)(len * n[g]));
+                pend[0][g] = falloc((size_t)n[g]);
+                scale[0][g] = falloc((size_t)n[g]);
+                inv[0][g] = falloc((size_t)n[g]);
+                for (int i = 0; i < len * n[g]; i++)
+                    hist[0][g][i] = i % 4 == 0 ? 0.0f : (float)urand() * 100.0f;
+                for (int i = 0; i < n[g]; i++) {
+                    pend[0][g][i] = i == 2 ? 0.0f : (float)urand() * 300.0f;
+                    scale[0][g][i] = inv[0][g][i] = 0.25f + (float)i;
+                }
+                hist[1][g] = falloc((size_t)(len * n[g]));
+                pend[1][g] = falloc((size_t)n[g]);
+                scale[1][g] = falloc((size_t)n[g]);
+                inv[1][g] = falloc((size_t)n[g]);
+                memcpy(hist[1][g], hist[0][g], (size_t)(len * n[g]) * sizeof(float));
+                memcpy(pend[1][g], pend[0][g], (size_t)n[g] * sizeof(float));
+                memcpy(scale[1][g], scale[0][g], (size_t)n[g] * sizeof(float));
+                memcpy(inv[1][g], inv[0][g], (size_t)n[g] * sizeof(float));
+            }
+            struct fp8_update_args a = {.ngroups = 2, .len = len, .most_recent = mr, .margin = 1, .step = step};
+            for (int g = 0; g < 2; g++)
+                a.groups[g] = (struct fp8_update_group){.scale = scale[0][g], .scale_inv = inv[0][g],
+                                                        .history = hist[0][g], .pending = pend[0][g], .n = n[g],
+                                                        .fmax = fmax[g]};
+            be->fp8_update(be, &a);
+            for (int g = 0; g < 2; g++) {
+                struct fp8_update_args one = {.ngroups = 1, .len = len, .most_recent = mr, .margin = 1, .step = step};
+                one.groups[0] = (struct fp8_update_group){.scale = scale[1][g], .scale_inv = inv[1][g],
+                                                          .history = hist[1][g], .pending = pend[1][g], .n = n[g],
+                                                          .fmax = fmax[g]};
+                be->fp8_update(be, &one);
+            }
+            for (int g = 0; g < 2; g++) {
+                cr_assert_eq(memcmp(hist[0][g], hist[1][g], (size_t)(len * n[g]) * sizeof(float)), 0,
+                             "group %d history (mr %d, step %lld)", g, mr, (long long)steps[s]);
+                cr_assert_eq(memcmp(pend[0][g], pend[1][g], (size_t)n[g] * sizeof(float)), 0, "group %d pending", g);
+                cr_assert_eq(memcmp(scale[0][g], scale[1][g], (size_t)n[g] * sizeof(float)), 0,
+                             "group %d scales (mr %d, step %lld)", g, mr, (long long)steps[s]);
+                cr_assert_eq(memcmp(inv[0][g], inv[1][g], (size_t)n[g] * sizeof(float)), 0, "group %d scale_inv", g);
+                cr_assert_neq(scale[0][g][0], 0.25f, "group %d: the update moved its first scale", g);
+                for (int i = 0; i < n[g]; i++)
+                    cr_assert_eq(pend[0][g][i], 0.0f, "group %d pending[%d] is zeroed", g, i);
+            }
+        }
+    be->free(be, step);
 }
 
 /* Products of fp8 operands: the exact products of the decoded codes summed (here in double), times alpha and both
@@ -579,12 +644,14 @@ Test(fp8, numerics_reports_the_casts_at_the_runs_scales)
 #define FASHION "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
 /* The trainer's fp8 casts, counted (its backend table patched in place): all of them, and those of a weight (the
- * source is a parameter's master). */
+ * source is a parameter's master); and its scale updates, with the groups and tensors they covered. */
 static struct {
     void (*fp8_cast)(struct backend *, const struct fp8_cast_args *);
     void (*fp8_block_cast)(struct backend *, const struct fp8_block_cast_args *);
+    void (*fp8_update)(struct backend *, const struct fp8_update_args *);
     const struct model *m;
     int casts, weight_casts;
+    int updates, update_groups, update_tensors;
 } counted;
 
 static void count_cast_of(const void *src)
@@ -607,6 +674,15 @@ static void counting_fp8_cast(struct backend *b, const struct fp8_cast_args *a)
     counted.fp8_cast(b, a);
 }
 
+static void counting_fp8_update(struct backend *b, const struct fp8_update_args *a)
+{
+    counted.updates++;
+    counted.update_groups += a->ngroups;
+    for (int k = 0; k < a->ngroups; k++)
+        counted.update_tensors += a->groups[k].n;
+    counted.fp8_update(b, a);
+}
+
 /* Every parameter's FP32 master, in parameter order, in one malloc'd array of *n floats. */
 static float *copy_masters(const struct model *m, size_t *n)
 {
@@ -625,6 +701,8 @@ static float *copy_masters(const struct model *m, size_t *n)
 
 struct fp8_run {
     int casts, weight_casts;
+    int updates, update_groups, update_tensors; /* the scale updates (backend fp8_update calls) */
+    int slots;                                  /* the fp8 tensors of both groups */
     float *weights; /* every master, concatenated */
     size_t nweights;
     float scales[64]; /* the forward group's scales, then the backward group's */
@@ -652,9 +730,11 @@ static void fp8_accum_run(const char *recipe, bool recast, int steps, struct fp8
     cr_assert_eq(trainer_setup(&t, &cfg, NULL, &err), AMP_OK, "%s", err.msg);
     cr_assert(t.model.has_fp8);
     t.model.fp8.recast_weights = recast;
-    counted = (__typeof__(counted)){.fp8_cast = t.be->fp8_cast, .fp8_block_cast = t.be->fp8_block_cast, .m = &t.model};
+    counted = (__typeof__(counted)){.fp8_cast = t.be->fp8_cast, .fp8_block_cast = t.be->fp8_block_cast,
+                                    .fp8_update = t.be->fp8_update, .m = &t.model};
     t.be->fp8_cast = counting_fp8_cast;
     t.be->fp8_block_cast = counting_fp8_block_cast;
+    t.be->fp8_update = counting_fp8_update;
     for (int i = 0; i < steps; i++) {
         cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
         cr_assert_eq(trainer_flush(&t, &err), AMP_OK, "%s", err.msg);
@@ -663,8 +743,13 @@ static void fp8_accum_run(const char *recipe, bool recast, int steps, struct fp8
     }
     t.be->fp8_cast = counted.fp8_cast;
     t.be->fp8_block_cast = counted.fp8_block_cast;
+    t.be->fp8_update = counted.fp8_update;
     out->casts = counted.casts;
     out->weight_casts = counted.weight_casts;
+    out->updates = counted.updates;
+    out->update_groups = counted.update_groups;
+    out->update_tensors = counted.update_tensors;
+    out->slots = t.model.fp8.fwd.n + t.model.fp8.bwd.n;
     out->weights = copy_masters(&t.model, &out->nweights);
     const struct fp8_state *f = &t.model.fp8;
     cr_assert_leq(f->fwd.n + f->bwd.n, 64);
@@ -704,6 +789,25 @@ Test(fp8, weights_are_cast_once_per_optimizer_step)
         free(kept.weights);
         free(ref.weights);
     }
+}
+
+/* The delayed recipe's scale update is one backend call a step for every fp8 tensor of the model (one launch on a
+ * GPU): both groups, every slot, whatever accum_steps; recipe current has no update. */
+Test(fp8, a_delayed_step_updates_every_scale_in_one_call)
+{
+    if (access(FASHION, R_OK) != 0)
+        cr_skip_test("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const int steps = 3;
+    struct fp8_run delayed = {0}, current = {0};
+    fp8_accum_run("delayed", false, steps, &delayed);
+    fp8_accum_run("current", false, steps, &current);
+    cr_assert_eq(delayed.updates, steps, "%d update calls in %d steps", delayed.updates, steps);
+    cr_assert_eq(delayed.update_groups, 2 * steps, "each call updates both groups (forward E4M3, backward E5M2)");
+    cr_assert_eq(delayed.slots, 9, "3 layers: input and weight forward, output gradient backward");
+    cr_assert_eq(delayed.update_tensors, delayed.slots * steps, "each call covers every fp8 tensor");
+    cr_assert_eq(current.updates, 0, "recipe current keeps no history to update");
+    free(delayed.weights);
+    free(current.weights);
 }
 
 /* ---- the size rule: products too small to gain stay bf16 ------------------------------------------ */

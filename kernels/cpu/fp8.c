@@ -1,7 +1,7 @@
 /*
  * fp8.c — the CPU backend's fp8 ops: fp8_cast (a tensor to E4M3 or E5M2 with a scale, its amax and saturation
- * counts, and where asked its codes transposed too), fp8_update (the delayed-scaling history and scale,
- * lib/base/fp8.h's recipe arithmetic), and recipe blockwise's emulation: fp8_block_cast (a matrix to E4M3 with one scale per 1x128 tile or 128x128 block) and
+ * counts, and where asked its codes transposed too), fp8_update (the delayed-scaling history and scale of every
+ * group in one call, lib/base/fp8.h's recipe arithmetic), and recipe blockwise's emulation: fp8_block_cast (a matrix to E4M3 with one scale per 1x128 tile or 128x128 block) and
  * cpu_gemm_blockwise, the product of two block-scaled operands (backend.h, gemm_args: per 128-wide block of K the
  * exact sum of the code products rounded once to fp32, times the two tiles' scale_inv, added to an fp32
  * accumulator, blocks in order).
@@ -121,24 +121,31 @@ void cpu_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
         fp8_transpose_codes(a->dst_t->data, dst->data, a->rows, a->cols);
 }
 
+/* One group's update (backend.h fp8_update_args), the row already read. */
+static void update_one_group(const struct fp8_update_group *g, const struct fp8_update_args *a, int row)
+{
+    for (int i = 0; g->pending && i < g->n; i++) {
+        float *h = &g->history[(size_t)row * (size_t)g->n + (size_t)i];
+        *h = fmaxf(*h, g->pending[i]);
+        g->pending[i] = 0.0f;
+    }
+    for (int i = 0; i < g->n; i++) {
+        float amax = fp8_history_amax(g->history, g->n, a->len, row, i, a->most_recent);
+        g->scale[i] = fp8_scale_from_amax(amax, g->fmax, a->margin, g->scale[i], false);
+        g->scale_inv[i] = 1.0f / g->scale[i];
+    }
+    int next = (row + 1) % a->len;
+    memset(g->history + (size_t)next * (size_t)g->n, 0, (size_t)g->n * sizeof(float));
+}
+
 void cpu_fp8_update(struct backend *be, const struct fp8_update_args *a)
 {
     (void)be;
-    assert(a->len >= 1);
+    assert(a->len >= 1 && a->ngroups >= 0 && a->ngroups <= FP8_UPDATE_MAX_GROUPS);
     int row = a->step ? (int)(*a->step % a->len) : a->row; /* the step read from memory now, as a device reads it */
     assert(row >= 0 && row < a->len);
-    for (int i = 0; a->pending && i < a->n; i++) {
-        float *h = &a->history[(size_t)row * (size_t)a->n + (size_t)i];
-        *h = fmaxf(*h, a->pending[i]);
-        a->pending[i] = 0.0f;
-    }
-    for (int i = 0; i < a->n; i++) {
-        float amax = fp8_history_amax(a->history, a->n, a->len, row, i, a->most_recent);
-        a->scale[i] = fp8_scale_from_amax(amax, a->fmax, a->margin, a->scale[i], false);
-        a->scale_inv[i] = 1.0f / a->scale[i];
-    }
-    int next = (row + 1) % a->len;
-    memset(a->history + (size_t)next * (size_t)a->n, 0, (size_t)a->n * sizeof(float));
+    for (int k = 0; k < a->ngroups; k++) /* the groups name distinct memory: their order moves no bit */
+        update_one_group(&a->groups[k], a, row);
 }
 
 /* ---- recipe blockwise ----------------------------------------------------------------------------------- */

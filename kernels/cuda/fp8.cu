@@ -11,6 +11,11 @@
  * The cast-transpose (fp8_cast_args.dst_t, Transformer Engine's): where a product reads the codes the other way
  * round, the same pass also writes them transposed, through 32 x 32 tiles in shared memory (cast_transpose_kernel:
  * src read once, both outputs written coalesced), with the same codes, amax and counts.
+ * The delayed recipe's scale update after a step (fp8_update, update_kernel): every fp8 tensor of the model, the
+ * forward's group and the backward's, in one launch of one thread per tensor, with no memset: each thread folds its
+ * pending amax into the step's history row and zeroes it, sets its scale and scale_inv from the history, and clears
+ * its own entry of the next step's row. The step (hence the row) is read from device memory, so a recorded CUDA
+ * graph replays the one launch at every step. The arithmetic is lib/base/fp8.h's, the CPU's, bit for bit.
  *
  * Products: cuBLASLt FP8 matmuls on sm_89 and newer (compute 32F, our B's scale_inv as its A scale pointer and our
  * A's as its B scale pointer). Hopper's FP8 kernels take only the "TN" layout (cuBLASLt's A transposed, its B not),
@@ -263,36 +268,44 @@ void cuda_fp8_cast(struct backend *be, const struct fp8_cast_args *a)
     }
 }
 
-/* one thread per tensor (its column of the history): the pending amax folded into the row (the row read from
- * device memory where step is set: backend.h fp8_update_args), the history's amax, the scale, its reciprocal; then
- * the next step's row cleared */
-__global__ void update_kernel(float *scale, float *scale_inv, float *history, int n, int len, int row,
-                              bool most_recent, int margin, float fmax, const int64_t *step, float *pending)
+/* One launch for every group: one thread per tensor, the groups' tensors numbered one after another (thread t is
+ * tensor t - first of the group it falls in), so each thread owns one column of one group's history. It folds the
+ * pending amax into the row (the row read from device memory where step is set: backend.h fp8_update_args), takes the
+ * history's amax, the scale and its reciprocal, then clears its column of the next step's row. The arguments come by
+ * value: a recorded graph keeps them, and reads the step from memory at every replay. */
+__global__ void update_kernel(struct fp8_update_args a)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
+    int i = blockIdx.x * blockDim.x + threadIdx.x, k = 0;
+    while (k < a.ngroups && i >= a.groups[k].n)
+        i -= a.groups[k++].n;
+    if (k >= a.ngroups)
         return;
-    if (step)
-        row = (int)(*step % len);
-    if (pending) {
-        float *h = &history[(size_t)row * (size_t)n + (size_t)i];
-        *h = fmaxf(*h, pending[i]);
-        pending[i] = 0.0f;
+    const struct fp8_update_group &g = a.groups[k];
+    const int n = g.n, len = a.len, row = a.step ? (int)(*a.step % len) : a.row;
+    if (g.pending) {
+        float *h = &g.history[(size_t)row * (size_t)n + (size_t)i];
+        *h = fmaxf(*h, g.pending[i]);
+        g.pending[i] = 0.0f;
     }
-    float amax = fp8_history_amax(history, n, len, row, i, most_recent);
-    scale[i] = fp8_scale_from_amax(amax, fmax, margin, scale[i], false);
-    scale_inv[i] = 1.0f / scale[i];
-    history[(size_t)((row + 1) % len) * (size_t)n + (size_t)i] = 0.0f; /* this thread's column only */
+    float amax = fp8_history_amax(g.history, n, len, row, i, a.most_recent);
+    g.scale[i] = fp8_scale_from_amax(amax, g.fmax, a.margin, g.scale[i], false);
+    g.scale_inv[i] = 1.0f / g.scale[i];
+    g.history[(size_t)((row + 1) % len) * (size_t)n + (size_t)i] = 0.0f; /* this thread's column only */
 }
 
 void cuda_fp8_update(struct backend *be, const struct fp8_update_args *a)
 {
     struct cuda_backend *cb = cuda_of(be);
-    if (a->n <= 0 || a->len < 1 || (!a->step && (a->row < 0 || a->row >= a->len)))
+    if (a->ngroups < 1 || a->ngroups > FP8_UPDATE_MAX_GROUPS || a->len < 1 ||
+        (!a->step && (a->row < 0 || a->row >= a->len)))
         return;
-    update_kernel<<<(unsigned)((a->n + 127) / 128), 128, 0, cb->stream>>>(a->scale, a->scale_inv, a->history, a->n,
-                                                                          a->len, a->row, a->most_recent, a->margin,
-                                                                          a->fmax, a->step, a->pending);
+    int64_t tensors = 0;
+    for (int k = 0; k < a->ngroups; k++) {
+        if (a->groups[k].n < 1)
+            return;
+        tensors += a->groups[k].n;
+    }
+    update_kernel<<<(unsigned)((tensors + 127) / 128), 128, 0, cb->stream>>>(*a);
     CB_LAUNCHED(cb, "update_kernel");
 }
 

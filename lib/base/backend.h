@@ -238,19 +238,31 @@ struct fp8_block_cast_args {
     int64_t *counts;          /* as fp8_cast_args.counts, at each element's own tile scale; or NULL */
 };
 
-/* The delayed recipe's update after a step, for the n tensors of one group (lib/base/fp8.h): with `pending`, first
- * history row `row` = fmaxf(itself, pending) and pending = 0 (the step's casts raised pending, not the row); then amax
- * from the history (len rows of n; `max` over the rows or row `row` alone), scale = fp8_scale_from_amax(amax, fmax,
- * margin, scale, delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to 0. With `step`, row is *step mod
- * len, *step read when the op runs (the trainer's step_state.step), so the same launch serves every step. */
+/* The delayed recipe's update after a step, of every group of fp8 tensors in one call (lib/base/fp8.h: the forward's
+ * E4M3 and the backward's E5M2; one launch on a GPU). For each group in order and each of its n tensors: with
+ * `pending`, first history row `row` = fmaxf(itself, pending) and pending = 0 (the step's casts raised pending, not
+ * the row); then amax from the history (len rows of n; `max` over the rows or row `row` alone), scale =
+ * fp8_scale_from_amax(amax, fmax, margin, scale, delayed), scale_inv = 1 / scale, then row (row + 1) mod len set to
+ * 0. The groups share the history length, the row, the rule and the margin (one fp8_state's), and name distinct
+ * memory. With `step`, row is *step mod len, *step read when the op runs (the trainer's step_state.step), so the
+ * same launch serves every step. */
+#define FP8_UPDATE_MAX_GROUPS 4 /* a model has two (fp8_state fwd, bwd); the arguments stay a kernel's by value */
+
+struct fp8_update_group {
+    float *scale, *scale_inv; /* n fp32 in backend memory each */
+    float *history;           /* len rows of n fp32 in backend memory */
+    float *pending;           /* or NULL: n fp32 in backend memory, the step's amaxes, folded into the row and zeroed */
+    int n;                    /* >= 1 */
+    float fmax;               /* the group's largest finite value: 448 (E4M3) or 57344 (E5M2) */
+};
+
 struct fp8_update_args {
-    float *scale, *scale_inv, *history;
-    int n, len, row;
+    struct fp8_update_group groups[FP8_UPDATE_MAX_GROUPS]; /* the first ngroups, by value: no array to keep alive */
+    int ngroups;
+    int len, row;
     bool most_recent;
     int margin;
-    float fmax;
     const int64_t *step;      /* or NULL (then `row`): one int64 in backend memory, the optimizer step */
-    float *pending;           /* or NULL: n fp32 in backend memory, the step's amaxes, folded into the row and zeroed */
 };
 
 struct backend {

@@ -132,22 +132,27 @@ struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training)
     return p;
 }
 
-static void group_update(const struct fp8_state *st, const struct fp8_group *g, int64_t step, const int64_t *dev_step)
+/* The group's part of the update, appended to a (a group with no tensors or no history has none). */
+static void group_add_to_update(const struct fp8_group *g, struct fp8_update_args *a)
 {
     if (g->n == 0 || !g->history)
         return;
-    struct fp8_update_args a = {
-        .scale = g->scale, .scale_inv = g->scale_inv, .history = g->history, .n = g->n, .len = st->len,
-        .row = row_of(st, step), .most_recent = st->most_recent, .margin = st->margin, .fmax = fp8_group_max(g),
-        .step = dev_step, .pending = g->pending,
+    a->groups[a->ngroups++] = (struct fp8_update_group){
+        .scale = g->scale, .scale_inv = g->scale_inv, .history = g->history, .pending = g->pending, .n = g->n,
+        .fmax = fp8_group_max(g),
     };
-    st->be->fp8_update(st->be, &a);
 }
 
 void fp8_step_end(const struct fp8_state *st, int64_t step, const int64_t *dev_step)
 {
-    if (st->recipe != FP8_DELAYED)
+    if (st->recipe != FP8_DELAYED || st->len < 1)
         return;
-    group_update(st, &st->fwd, step, dev_step);
-    group_update(st, &st->bwd, step, dev_step);
+    struct fp8_update_args a = {
+        .len = st->len, .row = row_of(st, step), .most_recent = st->most_recent, .margin = st->margin,
+        .step = dev_step,
+    };
+    group_add_to_update(&st->fwd, &a);
+    group_add_to_update(&st->bwd, &a);
+    if (a.ngroups > 0) /* one call for every group: one launch on a GPU */
+        st->be->fp8_update(st->be, &a);
 }

@@ -219,7 +219,7 @@ void fp8_free(struct fp8_state *st);
  * st->weights, so the step casts the weights anew) or of an evaluation (training false). */
 struct fp8_pass fp8_pass_of(struct fp8_state *st, int64_t step, bool training);
 /* After optimizer step `step`: delayed recipe's scale update (a no-op for `current`), the pending amaxes folded into
- * the step's row first. dev_step (or NULL): the step in backend memory, read when the update runs instead of `step`
+ * the step's row first; both groups in one backend call (fp8_update; one launch on a GPU). dev_step (or NULL): the step in backend memory, read when the update runs instead of `step`
  * (the trainer's step_state.step, before step_finish advances it), so the same launch serves every step. */
 void fp8_step_end(const struct fp8_state *st, int64_t step, const int64_t *dev_step);
 
