@@ -103,6 +103,34 @@ __global__ void cast_scale_kernel(float *scale, float *scale_inv, const float *n
         *amax = fp8_amax_fold(*amax, *now);
 }
 
+/* The end of a cast kernel: each warp's max |src| into *amax (where wanted) and its counts (fp8_cast_args.counts)
+ * into counts[0..2], added by the warp's lane 0 (`lane0`, whole warps of 32 threads); `first`, one thread of the
+ * grid, adds the n elements cast to counts[3]. Every thread of a warp calls it. */
+__device__ void cast_flush(float m, float *amax, unsigned long long sat, unsigned long long flushed,
+                           unsigned long long nonzero, int64_t *counts, bool lane0, bool first, size_t n)
+{
+    if (amax) {
+        for (int off = 16; off > 0; off >>= 1)
+            m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, off));
+        if (lane0)
+            atomic_max_nonneg(amax, m);
+    }
+    if (!counts)
+        return;
+    for (int off = 16; off > 0; off >>= 1) {
+        sat += __shfl_down_sync(0xffffffffu, sat, off);
+        flushed += __shfl_down_sync(0xffffffffu, flushed, off);
+        nonzero += __shfl_down_sync(0xffffffffu, nonzero, off);
+    }
+    if (lane0) {
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[0]), sat);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[1]), flushed);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[2]), nonzero);
+    }
+    if (first)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[3]), (unsigned long long)n);
+}
+
 /* The cast at *scale; with `amax` (the delayed recipe, whose scale is known before the cast) it also folds max |src|
  * into *amax in the same pass (a zeroed scratch float: cast_scale_kernel folds it into the history afterwards). */
 __global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, const float *scale, size_t n,
@@ -124,26 +152,7 @@ __global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, 
             flushed += (__nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, fi) & 0x7Fu) == 0;
         }
     }
-    if (amax) {
-        for (int off = 16; off > 0; off >>= 1)
-            m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, off));
-        if ((threadIdx.x & 31) == 0)
-            atomic_max_nonneg(amax, m);
-    }
-    if (!counts)
-        return;
-    for (int off = 16; off > 0; off >>= 1) {
-        sat += __shfl_down_sync(0xffffffffu, sat, off);
-        flushed += __shfl_down_sync(0xffffffffu, flushed, off);
-        nonzero += __shfl_down_sync(0xffffffffu, nonzero, off);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[0]), sat);
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[1]), flushed);
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[2]), nonzero);
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[3]), (unsigned long long)n);
+    cast_flush(m, amax, sat, flushed, nonzero, counts, (threadIdx.x & 31) == 0, blockIdx.x == 0 && threadIdx.x == 0, n);
 }
 
 /* The cast-transpose (backend.h fp8_cast_args.dst_t; Transformer Engine's): src (rows, cols) cast at *scale into dst
@@ -184,26 +193,8 @@ __global__ void cast_transpose_kernel(uint8_t *dst, uint8_t *dst_t, int dst_dt, 
                 dst_t[(c0 + j) * rows + r] = tile[threadIdx.x][j];
         __syncthreads(); /* the tile is read before the next row block writes it */
     }
-    if (amax) {
-        for (int off = 16; off > 0; off >>= 1)
-            m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, off));
-        if (threadIdx.x == 0)
-            atomic_max_nonneg(amax, m);
-    }
-    if (!counts)
-        return;
-    for (int off = 16; off > 0; off >>= 1) {
-        sat += __shfl_down_sync(0xffffffffu, sat, off);
-        flushed += __shfl_down_sync(0xffffffffu, flushed, off);
-        nonzero += __shfl_down_sync(0xffffffffu, nonzero, off);
-    }
-    if (threadIdx.x == 0) {
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[0]), sat);
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[1]), flushed);
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[2]), nonzero);
-    }
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&counts[3]), (unsigned long long)(rows * cols));
+    cast_flush(m, amax, sat, flushed, nonzero, counts, threadIdx.x == 0,
+               blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0, (size_t)(rows * cols));
 }
 
 /* 32 x 32 tiles: one block a column of tiles' width, row tiles strided over at most 65535 blocks */

@@ -25,7 +25,7 @@ extern "C" {
 struct backend;
 struct comm;
 
-#define DEVICE_MODULE_ABI 10/* bumped whenever the table, struct backend, struct comm or an op's argument
+#define DEVICE_MODULE_ABI 10 /* bumped whenever the table, struct backend, struct comm or an op's argument
                              * struct (backend.h) changes shape */
 #define DEVICE_MODULE_SYMBOL "amp_device_module_cuda"
 #define DEVICE_MODULE_FILE "libamp_cuda.so"
