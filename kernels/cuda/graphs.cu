@@ -63,15 +63,17 @@ static void drop_graph(struct cuda_backend *cb, int key)
 static bool cu_graph_end(struct backend *be, int key)
 {
     struct cuda_backend *cb = cuda_of(be);
-    if (!cb->capturing || key < 0 || key >= BACKEND_GRAPHS)
+    if (!cb->capturing)
         return false;
     uint64_t gen = cb->scratch_gen;
     cudaGraph_t graph = nullptr;
-    cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
+    cudaError_t e = cudaStreamEndCapture(cb->stream, &graph); /* whatever the key: the stream leaves capture */
     cb->capturing = false;
     char why[sizeof cb->capture_why + 64];
     why[0] = '\0';
-    if (cb->capture_failed)
+    if (key < 0 || key >= BACKEND_GRAPHS)
+        snprintf(why, sizeof why, "graph key %d is not in [0, %d): a bug in the caller", key, BACKEND_GRAPHS);
+    else if (cb->capture_failed)
         snprintf(why, sizeof why, "%s", cb->capture_why);
     else if (e != cudaSuccess)
         snprintf(why, sizeof why, "cudaStreamEndCapture: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
