@@ -15,9 +15,10 @@
  * a changed table (a graph would own the new buffer, or read the pageable copy at replay). graph_end then drops the
  * recording and says why once; the trainer runs the piece plainly, where any error is recorded as usual.
  *
- * A graph names the scratch buffers it was recorded with. cuda_scratch raises scratch_gen whenever it replaces one
- * (an evaluation with a larger batch, say), and graph_launch refuses a graph recorded at an older generation: the
- * trainer records it again.
+ * A graph names the scratch buffers it was recorded with, and reads the tensor tables in them as they are when it
+ * runs. cuda_scratch raises scratch_gen whenever it replaces one (an evaluation with a larger batch, say), and
+ * device_table_commit whenever it uploads a table with other entries; graph_launch refuses a graph recorded at an
+ * older generation: the trainer records it again.
  */
 #include "backend_cuda_internal.h"
 #include <cstdio>
