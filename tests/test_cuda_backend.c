@@ -3409,6 +3409,276 @@ Test(cuda_backend, per_step_values_in_memory_match_the_cpu, .init = open_both, .
     cr_assert_eq(gpu->status(gpu, &err), AMP_OK, "%s", err.msg);
 }
 
+/* Dropout with the step in device memory (backend.h struct rng_key: counter + *step * per_step, read as the kernel
+ * runs), against the CPU reading its own copy of the step: the same masks bit for bit, forward and backward, at
+ * consecutive steps and at a step whose counter passes 2^32 (its high half moves the stream). The trainer-level graph
+ * test compares the GPU with itself only, so it cannot see a GPU that reads the step wrongly. */
+Test(cuda_backend, dropout_reads_the_step_from_device_memory_as_the_cpu, .init = open_both, .fini = close_both)
+{
+    rng_state = 59;
+    const int64_t n = 5000;
+    const uint64_t per_step = 6, within = 4;
+    const int64_t steps[3] = {5, 6, INT64_C(3000000000)};
+    struct pair x, dy, y, dx;
+    pair_rand(&x, DT_BF16, 1, &n, 0.5f, 2.0f);
+    pair_rand(&dy, DT_FP32, 1, &n, -1.0f, 1.0f);
+    pair_out(&y, DT_BF16, 1, &n);
+    pair_out(&dx, DT_FP32, 1, &n);
+    int64_t *cstep = cpu->alloc(cpu, sizeof *cstep), *gstep = be_put(gpu, &steps[0], sizeof steps[0]);
+    cr_assert_not_null(cstep);
+    struct rng_key ck = {.seed = 99, .stream = 2, .counter = within, .step = cstep, .per_step = per_step};
+    struct rng_key gk = ck;
+    gk.step = gstep;
+    for (int k = 0; k < 3; k++) {
+        *cstep = steps[k];
+        gpu->upload(gpu, gstep, &steps[k], sizeof steps[k]);
+        cpu->dropout_forward(cpu, &y.c, &x.c, 0.3f, ck);
+        gpu->dropout_forward(gpu, &y.g, &x.g, 0.3f, gk);
+        cpu->dropout_backward(cpu, &dx.c, &dy.c, 0.3f, ck);
+        gpu->dropout_backward(gpu, &dx.g, &dy.g, 0.3f, gk);
+        char what[96];
+        snprintf(what, sizeof what, "dropout_forward at step %lld in memory", (long long)steps[k]);
+        pair_expect_bits(&y, what);
+        snprintf(what, sizeof what, "dropout_backward at step %lld in memory", (long long)steps[k]);
+        pair_expect_bits(&dx, what);
+    }
+    cpu->free(cpu, cstep);
+    gpu->free(gpu, gstep);
+    pair_free(&x);
+    pair_free(&dy);
+    pair_free(&y);
+    pair_free(&dx);
+}
+
+/* Fresh random fp32 values in both copies of a gradient pair; `plant` non-NaN: that value at element 3 too. */
+static void grad_refill(struct pair *p, float plant)
+{
+    float *h = malloc(p->c.numel * sizeof *h);
+    cr_assert_not_null(h);
+    for (size_t i = 0; i < p->c.numel; i++)
+        h[i] = uniform(-3.0f, 3.0f);
+    if (!isnan(plant) && p->c.numel > 3)
+        h[3] = plant;
+    tensor_from_host_f32(&p->c, h);
+    gpu->upload(gpu, p->g.data, h, p->c.numel * sizeof *h);
+    free(h);
+}
+
+/* The GPU's grad_check and counts (nt tensors) against the CPU's for the same gradients. */
+static void expect_grad_stats(const struct grad_check *chk_g, const int64_t *cnt_g, const struct tensor *const *gc,
+                              int nt, const char *what)
+{
+    struct grad_check *chk_c = cpu->alloc(cpu, sizeof *chk_c), hg;
+    int64_t *cnt_c = cpu->alloc(cpu, 2 * (size_t)nt * sizeof *cnt_c), hcnt[16];
+    cr_assert(chk_c && cnt_c && nt <= 8);
+    cpu->grad_stats(cpu, gc, nt, chk_c, cnt_c);
+    gpu->download(gpu, &hg, chk_g, sizeof hg);
+    gpu->download(gpu, hcnt, cnt_g, 2 * (size_t)nt * sizeof *hcnt);
+    check_gpu();
+    cr_assert_eq(hg.found_nonfinite, chk_c->found_nonfinite, "%s: found_nonfinite %lld, CPU %lld", what,
+                 (long long)hg.found_nonfinite, (long long)chk_c->found_nonfinite);
+    cr_assert_eq(hg.absmax, chk_c->absmax, "%s: absmax %.17g, CPU %.17g", what, hg.absmax, chk_c->absmax);
+    double n_all = 0; /* two sums of n positive terms in double, each within (n - 1) eps of the exact one */
+    for (int i = 0; i < nt; i++)
+        n_all += (double)gc[i]->numel;
+    double bound = 2.0 * n_all * DBL_EPSILON * chk_c->sumsq;
+    cr_assert(fabs(hg.sumsq - chk_c->sumsq) <= bound, "%s: sumsq %.17g, CPU %.17g (bound %g)", what, hg.sumsq,
+              chk_c->sumsq, bound);
+    for (int i = 0; i < 2 * nt; i++)
+        cr_assert_eq(hcnt[i], cnt_c[i], "%s: count %d: %lld, CPU %lld", what, i, (long long)hcnt[i],
+                     (long long)cnt_c[i]);
+    cpu->free(cpu, chk_c);
+    cpu->free(cpu, cnt_c);
+}
+
+/* The graph entries alone (kernels/cuda/graphs.cu; no model, no data set): a step's ops recorded between graph_begin
+ * and graph_end run only when the graph is launched, and each launch reads what lives in device memory as it is
+ * then: dropout's step (the CPU's masks at that step, bit for bit), the gradients' values (grad_stats against the
+ * CPU's), count_zeros' row (zeroed by the previous launch's window_store) and window_store's slot (one row and one set
+ * of counts filed a launch, in the next slot). */
+Test(cuda_backend, graph_replays_read_the_step_values_and_slot_from_memory, .init = open_both, .fini = close_both)
+{
+    if (!gpu->graph_begin)
+        cr_skip_test("AMPTRAIN_CUDA_GRAPHS=0: the CUDA backend records no graphs");
+    rng_state = 67;
+    const int64_t n = 5000, zero = 0;
+    const float p = 0.3f;
+    struct pair x, y;
+    pair_rand(&x, DT_BF16, 1, &n, 0.5f, 2.0f);
+    pair_out(&y, DT_BF16, 1, &n);
+    int64_t *cstep = cpu->alloc(cpu, sizeof *cstep), *gstep = be_put(gpu, &zero, sizeof zero);
+    cr_assert_not_null(cstep);
+    struct rng_key ck = {.seed = 7, .stream = 3, .counter = 1, .step = cstep, .per_step = 2}, gk = ck;
+    gk.step = gstep;
+    enum { NT = 3 };
+    int64_t sizes[NT] = {70000, 5, 16384};
+    struct pair gr[NT];
+    const struct tensor *gc[NT], *gg[NT];
+    for (int i = 0; i < NT; i++) {
+        pair_alloc(&gr[i], DT_FP32, 1, &sizes[i]);
+        grad_refill(&gr[i], NAN);
+        gc[i] = &gr[i].c;
+        gg[i] = &gr[i].g;
+    }
+    struct grad_check *chk = be_poisoned(gpu, sizeof *chk);
+    int64_t *cnt = be_poisoned(gpu, 2 * NT * sizeof *cnt);
+    struct step_row zrow = {0};
+    struct step_row *row = be_put(gpu, &zrow, sizeof zrow), *rows = be_poisoned(gpu, 3 * sizeof *rows);
+    int64_t *wcounts = be_poisoned(gpu, 3 * 2 * NT * sizeof *wcounts), *slot = be_put(gpu, &zero, sizeof zero);
+    struct window_store_args w = {.row = row, .counts = cnt, .rows = rows, .window_counts = wcounts,
+                                  .ncounts = 2 * NT, .slot = slot};
+    /* the ops once plainly, as the trainer runs a piece before recording it (its scratch and tables settle) */
+    for (int rec = 0; rec < 2; rec++) {
+        if (rec == 1) {
+            void *poison = malloc(tensor_bytes(&y.g));
+            cr_assert_not_null(poison);
+            memset(poison, 0xFF, tensor_bytes(&y.g));
+            gpu->upload(gpu, y.g.data, poison, tensor_bytes(&y.g));
+            free(poison);
+            gpu->upload(gpu, slot, &zero, sizeof zero);
+            check_gpu();
+            cr_assert(gpu->graph_begin(gpu), "graph_begin refused on a healthy backend");
+        }
+        gpu->dropout_forward(gpu, &y.g, &x.g, p, gk);
+        gpu->count_zeros(gpu, &y.g, &row->grad_zeros);
+        gpu->grad_stats(gpu, gg, NT, chk, cnt);
+        gpu->window_store(gpu, &w);
+    }
+    cr_assert(gpu->graph_end(gpu, 5), "the recording failed (see the note on stderr)");
+    check_gpu();
+    int64_t got = -1;
+    gpu->download(gpu, &got, slot, sizeof got);
+    cr_assert_eq(got, 0, "a recorded window_store ran before its graph was launched (slot %lld)", (long long)got);
+    unsigned char yb[8];
+    gpu->download(gpu, yb, y.g.data, sizeof yb);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(yb[i], 0xFF, "a recorded dropout ran before its graph was launched");
+
+    const int64_t steps[2] = {7, INT64_C(3000000000)};
+    int64_t zeros_want[2];
+    for (int k = 0; k < 2; k++) {
+        *cstep = steps[k];
+        gpu->upload(gpu, gstep, &steps[k], sizeof steps[k]);
+        for (int i = 0; i < NT; i++)
+            grad_refill(&gr[i], k == 1 && i == 0 ? INFINITY : NAN);
+        cr_assert(gpu->graph_launch(gpu, 5), "launch %d of a graph kept under key 5", k + 1);
+        cpu->dropout_forward(cpu, &y.c, &x.c, p, ck);
+        char what[96];
+        snprintf(what, sizeof what, "replayed dropout at step %lld in memory", (long long)steps[k]);
+        pair_expect_bits(&y, what);
+        snprintf(what, sizeof what, "replayed grad_stats, launch %d", k + 1);
+        expect_grad_stats(chk, cnt, gc, NT, what);
+        zeros_want[k] = zeros_of(cpu, &y.c, 0);
+    }
+    gpu->download(gpu, &got, slot, sizeof got);
+    cr_assert_eq(got, 2, "two launches filed %lld rows", (long long)got);
+    struct step_row hrows[2];
+    int64_t hcounts[2 * 2 * NT];
+    gpu->download(gpu, hrows, rows, sizeof hrows);
+    gpu->download(gpu, hcounts, wcounts, sizeof hcounts);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(hrows[k].grad_zeros, zeros_want[k], "slot %d: grad_zeros %lld, the zeros of that step's mask %lld",
+                     k, (long long)hrows[k].grad_zeros, (long long)zeros_want[k]);
+    cr_assert_eq(hcounts[2 * NT + 0], 1, "slot 1: the Inf planted in tensor 0 counted");
+    for (int i = 0; i < 2 * NT; i++)
+        cr_assert_eq(hcounts[i], 0, "slot 0: count %d is %lld (the gradients were finite)", i, (long long)hcounts[i]);
+
+    cpu->free(cpu, cstep);
+    gpu->free(gpu, gstep);
+    gpu->free(gpu, chk);
+    gpu->free(gpu, cnt);
+    gpu->free(gpu, row);
+    gpu->free(gpu, rows);
+    gpu->free(gpu, wcounts);
+    gpu->free(gpu, slot);
+    pair_free(&x);
+    pair_free(&y);
+    for (int i = 0; i < NT; i++)
+        pair_free(&gr[i]);
+}
+
+/* Where a graph cannot serve (backend.h graph_end and graph_launch): a key out of range ends the recording anyway
+ * (the stream leaves capture, so the caller's plain ops run); a recording that would grow a scratch slot fails with
+ * the backend's status untouched and nothing of it run; a graph is refused once a scratch slot it names is replaced,
+ * and once a call has uploaded a tensor table with other entries into the buffer it reads (it would read them). */
+Test(cuda_backend, graphs_refuse_what_they_cannot_serve, .init = open_both, .fini = close_both)
+{
+    if (!gpu->graph_begin)
+        cr_skip_test("AMPTRAIN_CUDA_GRAPHS=0: the CUDA backend records no graphs");
+    rng_state = 71;
+    enum { NT = 2 };
+    int64_t small[NT] = {1000, 20000}, big = 40 * 16384 + 1;
+    struct pair a[NT], b[NT], large;
+    const struct tensor *ga[NT], *gb[NT], *gl[1];
+    for (int i = 0; i < NT; i++) {
+        pair_alloc(&a[i], DT_FP32, 1, &small[i]);
+        pair_alloc(&b[i], DT_FP32, 1, &small[i]);
+        grad_refill(&a[i], NAN);
+        grad_refill(&b[i], NAN);
+        ga[i] = &a[i].g;
+        gb[i] = &b[i].g;
+    }
+    pair_alloc(&large, DT_FP32, 1, &big);
+    grad_refill(&large, NAN);
+    gl[0] = &large.g;
+    struct grad_check *chk = be_poisoned(gpu, sizeof *chk);
+    int64_t *cnt = be_poisoned(gpu, 2 * NT * sizeof *cnt);
+    struct amp_error err = {0};
+
+    /* a key out of range: false, and the capture is over (a new one can start; a plain op runs) */
+    gpu->grad_stats(gpu, ga, NT, chk, cnt);
+    check_gpu();
+    cr_assert(gpu->graph_begin(gpu));
+    gpu->grad_stats(gpu, ga, NT, chk, cnt);
+    cr_assert_not(gpu->graph_end(gpu, BACKEND_GRAPHS), "graph_end kept a graph under key %d", BACKEND_GRAPHS);
+    cr_assert(gpu->graph_begin(gpu), "the recording with a bad key was left open");
+    gpu->grad_stats(gpu, ga, NT, chk, cnt);
+    cr_assert(gpu->graph_end(gpu, 0));
+    check_gpu();
+
+    /* recorded under key 1 with table A; a plain call with table B (the same size: no slot grows) uploads B into the
+     * buffer the graph reads: the graph is stale */
+    cr_assert(gpu->graph_begin(gpu));
+    gpu->grad_stats(gpu, ga, NT, chk, cnt);
+    cr_assert(gpu->graph_end(gpu, 1));
+    cr_assert(gpu->graph_launch(gpu, 1));
+    expect_grad_stats(chk, cnt, (const struct tensor *[]){&a[0].c, &a[1].c}, NT, "graph of table A");
+    gpu->grad_stats(gpu, gb, NT, chk, cnt);
+    expect_grad_stats(chk, cnt, (const struct tensor *[]){&b[0].c, &b[1].c}, NT, "plain call with table B");
+    cr_assert_not(gpu->graph_launch(gpu, 1), "a graph of table A launched after table B replaced it in memory");
+
+    /* a recording whose op would grow CSCR_PARTIAL (more parts than any call before) fails; nothing ran, the status
+     * is clean; the same call plainly then grows the slot, and the graph recorded before is stale */
+    gpu->grad_stats(gpu, ga, NT, chk, cnt);
+    cr_assert(gpu->graph_begin(gpu));
+    gpu->grad_stats(gpu, ga, NT, chk, cnt);
+    cr_assert(gpu->graph_end(gpu, 2));
+    struct grad_check *chk2 = be_poisoned(gpu, sizeof *chk2);
+    cr_assert(gpu->graph_begin(gpu));
+    gpu->grad_stats(gpu, gl, 1, chk2, cnt);
+    cr_assert_not(gpu->graph_end(gpu, 3), "a recording that grew a scratch slot was kept");
+    cr_assert_eq(gpu->status(gpu, &err), AMP_OK, "a failed recording set the status: %s", err.msg);
+    cr_assert_not(gpu->graph_launch(gpu, 3), "nothing is kept under key 3");
+    check_gpu();
+    unsigned char raw[sizeof(struct grad_check)];
+    gpu->download(gpu, raw, chk2, sizeof raw);
+    for (size_t i = 0; i < sizeof raw; i++)
+        cr_assert_eq(raw[i], 0xFF, "the failed recording wrote its output (byte %zu)", i);
+    gpu->grad_stats(gpu, gl, 1, chk2, cnt);
+    expect_grad_stats(chk2, cnt, (const struct tensor *[]){&large.c}, 1, "the large tensor plainly");
+    cr_assert_not(gpu->graph_launch(gpu, 2), "a graph naming a replaced scratch buffer launched");
+    cr_assert_eq(gpu->status(gpu, &err), AMP_OK, "%s", err.msg);
+
+    gpu->free(gpu, chk);
+    gpu->free(gpu, chk2);
+    gpu->free(gpu, cnt);
+    for (int i = 0; i < NT; i++) {
+        pair_free(&a[i]);
+        pair_free(&b[i]);
+    }
+    pair_free(&large);
+}
+
 /* The first integer after `key` in out, or -1. */
 static long long count_after(const char *out, const char *key)
 {

@@ -157,6 +157,7 @@ const void *device_table_commit(struct cuda_backend *cb, struct device_table *t,
     }
     memcpy(t->sent, t->build, bytes);
     t->sent_bytes = 0;
+    cb->scratch_gen++; /* a graph recorded with the old entries would read these: it is stale */
     if (!CB_CUDA(cb, cudaMemcpyAsync(dev, t->sent, bytes, cudaMemcpyHostToDevice, cb->stream)))
         return NULL;
     t->sent_bytes = bytes;

@@ -156,7 +156,8 @@ struct cuda_backend {
     enum amp_status status;
     struct amp_error err;
     /* CUDA Graphs (graphs.cu): the kept graphs, the scratch generation each was recorded at (cuda_scratch raises
-     * scratch_gen whenever it replaces a slot's buffer, which leaves every graph naming the old one stale), and the
+     * scratch_gen whenever it replaces a slot's buffer, which leaves every graph naming the old one stale, and
+     * device_table_commit whenever it uploads a table with other entries than the graphs read), and the
      * recording in progress: its first failure goes to capture_why, never to status (the caller runs the ops again
      * plainly, and a failure there is recorded as usual). */
     cudaGraphExec_t graph_exec[BACKEND_GRAPHS];

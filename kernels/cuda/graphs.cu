@@ -15,9 +15,10 @@
  * a changed table (a graph would own the new buffer, or read the pageable copy at replay). graph_end then drops the
  * recording and says why once; the trainer runs the piece plainly, where any error is recorded as usual.
  *
- * A graph names the scratch buffers it was recorded with. cuda_scratch raises scratch_gen whenever it replaces one
- * (an evaluation with a larger batch, say), and graph_launch refuses a graph recorded at an older generation: the
- * trainer records it again.
+ * A graph names the scratch buffers it was recorded with, and reads the tensor tables in them as they are when it
+ * runs. cuda_scratch raises scratch_gen whenever it replaces one (an evaluation with a larger batch, say), and
+ * device_table_commit whenever it uploads a table with other entries; graph_launch refuses a graph recorded at an
+ * older generation: the trainer records it again.
  */
 #include "backend_cuda_internal.h"
 #include <cstdio>
@@ -63,15 +64,17 @@ static void drop_graph(struct cuda_backend *cb, int key)
 static bool cu_graph_end(struct backend *be, int key)
 {
     struct cuda_backend *cb = cuda_of(be);
-    if (!cb->capturing || key < 0 || key >= BACKEND_GRAPHS)
+    if (!cb->capturing)
         return false;
     uint64_t gen = cb->scratch_gen;
     cudaGraph_t graph = nullptr;
-    cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
+    cudaError_t e = cudaStreamEndCapture(cb->stream, &graph); /* whatever the key: the stream leaves capture */
     cb->capturing = false;
     char why[sizeof cb->capture_why + 64];
     why[0] = '\0';
-    if (cb->capture_failed)
+    if (key < 0 || key >= BACKEND_GRAPHS)
+        snprintf(why, sizeof why, "graph key %d is not in [0, %d): a bug in the caller", key, BACKEND_GRAPHS);
+    else if (cb->capture_failed)
         snprintf(why, sizeof why, "%s", cb->capture_why);
     else if (e != cudaSuccess)
         snprintf(why, sizeof why, "cudaStreamEndCapture: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
