@@ -3267,7 +3267,8 @@ Test(cuda_backend, fp8_block_gemm_through_cublaslt_is_within_its_bound, .init = 
     char text[4096];
     with_stderr_captured(block_lt_cases, text, sizeof text);
     int cc = device_cc();
-    if (cc >= 90)
+    if (cc == 90) /* cuBLAS lists the 128-element scaling modes for compute capability 9.0 alone: on a newer GPU its
+                   * heuristic offers nothing and the plain kernels run, as they should */
         cr_assert(!strstr(text, "plain CUDA kernels"),
                   "compute capability %d.%d: a block-scaled product took the plain kernels: %s", cc / 10, cc % 10, text);
 }
