@@ -467,6 +467,18 @@ Test(cuda_backend, fp8_gemm_matches_the_cpu, .init = open_both, .fini = close_bo
     }
 }
 
+/* An empty contraction (k = 0, which CUDA's fp8 path keeps for native on sm_89 and later: 0 is a multiple of 16) gives
+ * the CPU's C = beta * C (+ the bias). dW's two operands and dx's B are stored the other way and come without
+ * transposed codes, so the backend transposes them into scratch first: an empty operand must launch no transpose (a
+ * grid of 0 blocks is an invalid launch, which check_gpu sees). */
+Test(cuda_backend, fp8_gemm_with_an_empty_k_matches_the_cpu, .init = open_both, .fini = close_both)
+{
+    fp8_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_FP32, true, false, 32, 48, 0, false, 1.0f, false);  /* dW += */
+    fp8_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_FP32, true, false, 32, 48, 0, false, 0.0f, false);  /* dW = */
+    fp8_gemm_case(DT_FP8_E5M2, DT_FP8_E4M3, DT_BF16, false, false, 32, 48, 0, false, 0.0f, false); /* dx */
+    fp8_gemm_case(DT_FP8_E4M3, DT_FP8_E4M3, DT_BF16, false, true, 32, 48, 0, true, 0.0f, false);   /* y = b */
+}
+
 /* The device's compute capability as major * 10 + minor, from the build description's "compute capability
  * 9.0"; 0 where it says none. */
 static int device_cc(void)
@@ -3255,7 +3267,8 @@ Test(cuda_backend, fp8_block_gemm_through_cublaslt_is_within_its_bound, .init = 
     char text[4096];
     with_stderr_captured(block_lt_cases, text, sizeof text);
     int cc = device_cc();
-    if (cc >= 90)
+    if (cc == 90) /* cuBLAS lists the 128-element scaling modes for compute capability 9.0 alone: on a newer GPU its
+                   * heuristic offers nothing and the plain kernels run, as they should */
         cr_assert(!strstr(text, "plain CUDA kernels"),
                   "compute capability %d.%d: a block-scaled product took the plain kernels: %s", cc / 10, cc % 10, text);
 }

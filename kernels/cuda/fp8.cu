@@ -325,8 +325,9 @@ static const void *transposed(struct cuda_backend *cb, enum cuda_scratch_slot sl
                               int64_t cols)
 {
     uint8_t *dst = static_cast<uint8_t *>(cuda_scratch(cb, slot, (size_t)(rows * cols)));
-    if (!dst)
-        return NULL;
+    if (!dst || rows == 0 || cols == 0) /* an empty operand (k = 0): nothing to move, and a grid of 0 blocks is
+                                         * an invalid launch */
+        return dst;
     const int64_t row_blocks = (rows + 31) / 32;
     dim3 block(32, 8), grid((unsigned)((cols + 31) / 32), (unsigned)(row_blocks < 65535 ? row_blocks : 65535));
     transpose_u8_kernel<<<grid, block, 0, cb->stream>>>(dst, static_cast<const uint8_t *>(src), rows, cols);

@@ -578,6 +578,8 @@ bool cuda_lt_matmul_fused(struct cuda_backend *cb, const struct lt_matmul *mm)
     if (p->gelu_by_kernel || p->bias_by_kernel) /* the heuristic had no kernel with the epilogue, or a call refused it */
         return false;
     plan_run(cb, p, mm);
+    if (cb->status != AMP_OK) /* an error, not a refusal: the caller takes no other path */
+        return true;
     return !(p->gelu_by_kernel || p->bias_by_kernel || (key.scaled && !p->ran));
 }
 
