@@ -155,6 +155,18 @@ __global__ void cast_kernel(void *dst, int dst_dt, const void *src, int src_dt, 
     cast_flush(m, amax, sat, flushed, nonzero, counts, (threadIdx.x & 31) == 0, blockIdx.x == 0 && threadIdx.x == 0, n);
 }
 
+/* The transposing half of a 32 x 32 tile's trip through shared memory (cast_transpose_kernel, transpose_u8_kernel):
+ * the tile of rows r0.., columns c0.. of a (rows, cols) matrix, read as tile[row - r0][col - c0], written into dst
+ * (cols, rows) a row of dst per threadIdx.y step, threadIdx.x along it (coalesced). Between two __syncthreads. */
+__device__ void tile_store_transposed(uint8_t *dst, const uint8_t (*tile)[33], int64_t r0, int64_t c0, int64_t rows,
+                                      int64_t cols)
+{
+    const int64_t r = r0 + threadIdx.x;
+    for (int j = threadIdx.y; j < 32; j += blockDim.y)
+        if (c0 + j < cols && r < rows)
+            dst[(c0 + j) * rows + r] = tile[threadIdx.x][j];
+}
+
 /* The cast-transpose (backend.h fp8_cast_args.dst_t; Transformer Engine's): src (rows, cols) cast at *scale into dst
  * (rows, cols) and, through a 32 x 32 tile of codes in shared memory, into dst_t (cols, rows). A block of 32 x 8
  * threads reads a tile's rows once (a warp a row: coalesced), writes dst's rows, then dst_t's rows (the tile's
@@ -187,10 +199,7 @@ __global__ void cast_transpose_kernel(uint8_t *dst, uint8_t *dst_t, int dst_dt, 
             }
         }
         __syncthreads();
-        const int64_t r = r0 + threadIdx.x;
-        for (int j = threadIdx.y; j < 32; j += blockDim.y)
-            if (c0 + j < cols && r < rows)
-                dst_t[(c0 + j) * rows + r] = tile[threadIdx.x][j];
+        tile_store_transposed(dst_t, tile, r0, c0, rows, cols);
         __syncthreads(); /* the tile is read before the next row block writes it */
     }
     cast_flush(m, amax, sat, flushed, nonzero, counts, threadIdx.x == 0,
@@ -313,10 +322,7 @@ __global__ void transpose_u8_kernel(uint8_t *dst, const uint8_t *src, int64_t ro
             if (r0 + j < rows && c < cols)
                 tile[j][threadIdx.x] = src[(r0 + j) * cols + c];
         __syncthreads();
-        const int64_t r = r0 + threadIdx.x;
-        for (int j = threadIdx.y; j < 32; j += blockDim.y)
-            if (c0 + j < cols && r < rows)
-                dst[(c0 + j) * rows + r] = tile[threadIdx.x][j];
+        tile_store_transposed(dst, tile, r0, c0, rows, cols);
         __syncthreads(); /* the tile is read before the next row block writes it */
     }
 }
