@@ -233,6 +233,7 @@ static void attention_backward(struct layer *l, const struct step_ctx *ctx, cons
     struct tensor datt = scratch_view(p->workspace, p->datt_off, att.dtype, 3, (int64_t[]){B, T, C});
     struct tensor dqkv = scratch_view(p->workspace, p->dqkv_off, qkv.dtype, 3, (int64_t[]){B, T, 3 * C});
     linear_op_backward(ctx, &p->proj, &datt, dy, &att, rows, beta);
+    grads_final(ctx, p->proj.w); /* the parameters' order: qkv, proj */
     if (p->core.recompute) /* the probabilities again (att gets the same bits again) */
         attention_core_forward(be, &p->core, &att, &qkv, B);
     attention_core_backward(be, &p->core, &dqkv, &datt, &qkv, &att, B);
@@ -473,25 +474,30 @@ static void block_backward(struct layer *l, const struct step_ctx *ctx, const st
     struct tensor d_fc2 = grad_cast(be, p, p->d_fc2_y, dy, &v.fc2);
     struct tensor d_g = grad_of(p, p->d_g, &v.g);
     linear_op_backward(ctx, &p->fc2, &d_g, &d_fc2, &v.g, rows, beta);
+    grads_final(ctx, p->fc2.w); /* the parameters' order: ln1, qkv, proj, ln2, fc, fc2 */
     struct tensor d_fc = grad_of(p, p->d_fc_y, &v.fc);
     be->act_backward(be, p->act, &d_fc, &d_g, &v.fc);
     struct tensor d_h2 = grad_of(p, p->d_h2, &v.h2);
     linear_op_backward(ctx, &p->fc, &d_h2, &d_fc, &v.h2, rows, beta);
+    grads_final(ctx, p->fc.w);
     count_grad_zeros(ctx, &d_fc2, false);
     count_grad_zeros(ctx, &d_g, false);
     count_grad_zeros(ctx, &d_fc, false);
     count_grad_zeros(ctx, &d_h2, p->fc.d != DT_FP32);
     struct tensor d_r1 = grad_of(p, p->d_r1, &v.r1); /* dy through the residual plus ln2's dx, in one pass */
     layernorm_op_backward_add(be, &p->ln2, &d_r1, &d_h2, &v.r1, dy, rows, beta);
+    grads_final(ctx, p->ln2.gain);
 
     /* r1 = x + proj(attn(qkv(ln1(x)))) */
     struct tensor d_proj = grad_cast(be, p, p->d_proj_y, &d_r1, &v.proj);
     struct tensor d_att = grad_of(p, p->d_att, &v.att);
     linear_op_backward(ctx, &p->proj, &d_att, &d_proj, &v.att, rows, beta);
+    grads_final(ctx, p->proj.w);
     struct tensor d_qkv = grad_of(p, p->d_qkv_y, &v.qkv);
     attention_core_backward(be, &p->core, &d_qkv, &d_att, &v.qkv, &v.att, B);
     struct tensor d_h1 = grad_of(p, p->d_h1, &v.h1);
     linear_op_backward(ctx, &p->qkv, &d_h1, &d_qkv, &v.h1, rows, beta);
+    grads_final(ctx, p->qkv.w);
     count_grad_zeros(ctx, &d_proj, false);
     count_grad_zeros(ctx, &d_att, false);
     count_grad_zeros(ctx, &d_qkv, false);

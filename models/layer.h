@@ -118,6 +118,20 @@ struct grad_zeros {
                            * 0, docs/model.md): the trainer takes them off the count it downloads (host) */
 };
 
+/* Told during a backward as parameters' gradients become final: after grads_final(user, first), the rest of this
+ * backward writes no gradient of `first` nor of any parameter after it in the model's order (struct model, params;
+ * their gradients lie in that order in grad_flat). The model tells it after each layer (first: the layer's first
+ * parameter) and a composite layer also inside its backward, after each inner op that writes the last parameters'
+ * gradients not yet told (a transformer block: after its MLP's second linear, its first, ln2, the attention's
+ * output projection, qkv), so each call names an earlier parameter than the one before. A tied weight belongs to
+ * its embedding, whose backward, the last, adds to what the linear that also reads it wrote. On a backend with a
+ * queue (CUDA) the gradients are then queued, not yet computed: a reader orders itself after the backend's queue.
+ * The data-parallel trainer supplies one (lib/engine/dist_overlap.h); the layers know nothing of what it does. */
+struct backward_hook {
+    void (*grads_final)(void *user, const struct param *first);
+    void *user;
+};
+
 /* What one forward/backward pass needs to know. */
 struct step_ctx {
     struct backend *be;
@@ -132,6 +146,7 @@ struct step_ctx {
     const struct fp8_pass *fp8; /* precision.mode fp8: the scales and where this pass records amaxes; else NULL */
     struct grad_zeros *zeros; /* non-NULL: backward adds the zeros of every activation gradient computed in
                                * fp16/bf16 (model_backward: each layer's dx; composite layers: their inner ones) */
+    const struct backward_hook *hook; /* non-NULL: backward tells it of the gradients made final (above) */
 };
 
 /* A batch in backend memory. Exactly one of x / tokens is set. */

@@ -136,6 +136,9 @@ void count_grad_zeros(const struct step_ctx *ctx, const struct tensor *g, bool c
  * vocabulary's dlogits), which grad_zeros.padding takes off the count; valid 0: none padded. */
 void count_grad_zeros_padded(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp, int64_t valid);
 
+/* Tell ctx->hook (where there is one) that the gradients of `first` and of every parameter after it are final. */
+void grads_final(const struct step_ctx *ctx, const struct param *first);
+
 struct tensor scratch_view(const struct tensor *workspace, size_t off, enum dtype dt, int ndim,
                            const int64_t *shape);
 

@@ -162,6 +162,12 @@ int64_t shape_inner(int ndim, const int64_t *shape)
     return n;
 }
 
+void grads_final(const struct step_ctx *ctx, const struct param *first)
+{
+    if (ctx->hook)
+        ctx->hook->grads_final(ctx->hook->user, first);
+}
+
 void count_grad_zeros(const struct step_ctx *ctx, const struct tensor *g, bool computed_lowp)
 {
     count_grad_zeros_padded(ctx, g, computed_lowp, 0);

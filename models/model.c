@@ -441,8 +441,7 @@ void model_forward(struct model *m, const struct step_ctx *ctx, const struct bat
     }
 }
 
-void model_backward_hooked(struct model *m, const struct step_ctx *ctx, const struct batch *b,
-                           const struct backward_hook *hook)
+void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b)
 {
     for (int i = m->nlayers - 1; i >= 0; i--) {
         struct layer *l = &m->layers[i];
@@ -451,14 +450,9 @@ void model_backward_hooked(struct model *m, const struct step_ctx *ctx, const st
         /* a view's dx (flatten's, a fused relu's) is its neighbour's gradient: counted there */
         if (l->needs_dx && !l->is_view)
             count_grad_zeros_padded(ctx, &l->dx, l->out_dtype != DT_FP32, i > 0 ? m->layers[i - 1].out_valid : 0);
-        if (hook)
-            hook->layer_done(hook->user, i);
+        if (l->nparams > 0)
+            grads_final(ctx, &l->params[0]);
     }
-}
-
-void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b)
-{
-    model_backward_hooked(m, ctx, b, NULL);
 }
 
 enum amp_status model_decode_begin(struct model *m, int64_t *context, struct amp_error *err)

@@ -56,23 +56,8 @@ void model_refresh_copies(struct model *m);
 void model_forward(struct model *m, const struct step_ctx *ctx, const struct batch *b);
 
 /* Backward from the loss (seeded with ctx->grad_seed) to the first layer; parameter gradients
- * overwrite or accumulate per ctx->accumulate. */
+ * overwrite or accumulate per ctx->accumulate. ctx->hook, where set, is told as they become final (layer.h). */
 void model_backward(struct model *m, const struct step_ctx *ctx, const struct batch *b);
-
-/* Told by model_backward_hooked after each layer's backward, layer nlayers-1 first and 0 last: from then on the
- * rest of this backward writes no gradient of a parameter of layers `layer`..nlayers-1 (a tied weight belongs to
- * its embedding, whose backward runs after the linear that also reads it), so they may be read, or reduced over
- * ranks, while the earlier layers run. On a backend with a queue (CUDA) the gradients are then queued, not yet
- * computed: a reader orders itself after the backend's queue. The data-parallel trainer supplies one
- * (lib/engine/dist_overlap.h); the model knows nothing of what it does. */
-struct backward_hook {
-    void (*layer_done)(void *user, int layer);
-    void *user;
-};
-
-/* model_backward, calling hook->layer_done after each layer (hook NULL: model_backward). */
-void model_backward_hooked(struct model *m, const struct step_ctx *ctx, const struct batch *b,
-                           const struct backward_hook *hook);
 
 /* ---- generation (ampTrain sample) ----
  * A token model (an embedding first, a cross_entropy last) generates one sequence with a key/value cache: the

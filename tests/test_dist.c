@@ -184,7 +184,7 @@ Test(dist, zero1_equals_zero0_fp32_uneven_and_empty_blocks)
 {
     check_zero(3, MLP, "precision.mode=fp32 model.layers.3.out=2 " HARD, 20, ALL_WHOLE_FP32);
 }
-/* four ranks, a bucket a linear layer (dist.bucket_mb 0.001), each cut into four blocks at the statistics' parts:
+/* four ranks, a bucket about every weight (dist.bucket_mb 0.001), each cut into four blocks at the statistics' parts:
  * fc1/weight 64 wide (50,176 elements: three parts and a short fourth) split between ranks, the other tensors smaller
  * than a part and fc2's bias (3 elements) smaller than the world, each held whole by one rank; skips, clipping and
  * dropout */
@@ -360,15 +360,15 @@ static int run_buckets(int np, const char *cfg, const char *extra, const char *m
 }
 
 /* Two ranks reduce the same bits once after backward (dist.bucket_mb 0), in the default buckets (25 MiB, the first
- * 1 MiB: one bucket on these small models) and in buckets of 0.001 MiB (one a layer, started as each layer's backward
- * ends): each element is a + b whatever the buckets. */
+ * 1 MiB: one bucket on these small models) and in buckets of 0.001 MiB (about one a weight, started as backward makes
+ * it final): each element is a + b whatever the buckets. */
 static void check_buckets_same_bits(const char *cfg, const char *extra)
 {
     NEED_MPI();
     make_scratch();
     cr_assert_eq(run_buckets(2, cfg, extra, "0", "once"), 0);
     cr_assert_geq(run_buckets(2, cfg, extra, NULL, "default"), 1);
-    cr_assert_geq(run_buckets(2, cfg, extra, "0.001", "tiny"), 3, "a bucket a layer");
+    cr_assert_geq(run_buckets(2, cfg, extra, "0.001", "tiny"), 3, "a bucket about every weight");
     compare_runs("once", "default", 20, 1000);
     compare_runs("once", "tiny", 20, 1000);
     remove_scratch();
@@ -408,7 +408,7 @@ Test(dist, tied_weights_buckets_give_the_same_bits_at_two_ranks)
 }
 
 /* Three and four ranks: a bucket's sums are the blocking reduce's (both add in rank order), so one reduce after
- * backward and a bucket a layer give the same bits. */
+ * backward and a bucket about every weight give the same bits. */
 static void check_buckets_same_bits_np(int np)
 {
     NEED_MPI();
@@ -514,7 +514,8 @@ Test(dist, three_ranks_equal_one_with_accum_three_fp32)
 {
     check_equivalence_np(3, MLP, "precision.mode=fp32 " HARD, NULL);
 }
-/* four ranks with a bucket a layer (the non-blocking reduce: exchange, sum, gather) and skips, backoff, clipping */
+/* four ranks with a bucket about every weight (the non-blocking reduce: exchange, sum, gather) and skips, backoff,
+ * clipping */
 Test(dist, four_ranks_in_buckets_equal_one_with_accum_four_fp16_dynamic_overflowing)
 {
     check_equivalence_np(4, MLP,
@@ -1294,7 +1295,8 @@ static void train_with_buckets(const char *mb, double *loss, float **weights, si
     const struct model *m = &t.model;
     fake_base = m->grad_flat;
     int nb = dist_overlap_buckets(t.overlap);
-    cr_assert_eq(nb, atof(mb) > 0 ? 3 : 0, "dist.bucket_mb %s: %d buckets (one a linear layer)", mb, nb);
+    cr_assert_eq(nb, atof(mb) > 0 ? 6 : 0, "dist.bucket_mb %s: %d buckets (one a parameter: 3 weights, 3 biases)",
+                 mb, nb);
     for (int s = 0; s < 4; s++) {
         int64_t reduces = fake_reduces, starts = fake_starts, waits = fake_waits, host = fake_host;
         cr_assert_eq(trainer_step(&t, &err), AMP_OK, "%s", err.msg);
@@ -1522,7 +1524,7 @@ static void check_zero1_traffic(const char *mb)
     zb_flat = m->grad_flat;
     zb_flat_count = m->grad_flat_count;
     int nb = z->nbuckets;
-    cr_assert_eq(nb, atof(mb) > 0 ? 3 : 1, "dist.bucket_mb %s: %d buckets", mb, nb);
+    cr_assert_eq(nb, atof(mb) > 0 ? 6 : 1, "dist.bucket_mb %s: %d buckets (one a parameter)", mb, nb);
     for (int s = 0; s < 3; s++) {
         int64_t reduces = fake_reduces, scatters = zb_scatters, starts = zb_starts, waits = fake_waits;
         int64_t parts = zb_parts_gathers, grads = zb_grad_gathers, weights = zb_weight_gathers;

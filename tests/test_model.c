@@ -942,6 +942,81 @@ Test(passes, gpt_gradients_through_the_whole_model)
     model_gradients(SMALL_GPT, 7, token_spec(5, 11), 3);
 }
 
+/* What a backward told its hook: each call's parameter, and grad_flat as it was then (CPU memory). */
+struct told {
+    const struct model *m;
+    int n;
+    const struct param *first[64];
+    float *flat[64];
+};
+
+static void record_told(void *user, const struct param *first)
+{
+    struct told *t = user;
+    cr_assert_lt(t->n, 64);
+    t->first[t->n] = first;
+    t->flat[t->n] = malloc(t->m->grad_flat_count * sizeof(float));
+    memcpy(t->flat[t->n], t->m->grad_flat, t->m->grad_flat_count * sizeof(float));
+    t->n++;
+}
+
+/* The backward hook (layer.h, struct backward_hook) is told of gradients only once they are final: grad_flat,
+ * filled with NaN first, holds from each told parameter's first float to its end the bits it holds after the
+ * backward; each call names an earlier parameter, the last the first; a transformer block and an attention layer
+ * tell it inside their backward too (`want`, in order); a tied table is told with its embedding, last. */
+static void hook_told_final(const struct layer_config *layers, int n, const char *const *want, int nwant)
+{
+    struct autocast_policy pol = policy(DT_FP32);
+    struct built b;
+    build_ok(&b, layers, n, token_spec(5, 11), &pol, 3);
+    struct test_batch tb;
+    batch_fill(&tb, b.be, &b.spec, 3, 41);
+    struct told t = {.m = &b.m};
+    struct backward_hook hook = {.grads_final = record_told, .user = &t};
+    struct step_ctx ctx = train_ctx(&b, false);
+    ctx.hook = &hook;
+    model_forward(&b.m, &ctx, &tb.b);
+    for (size_t i = 0; i < b.m.grad_flat_count; i++)
+        b.m.grad_flat[i] = NAN;
+    model_backward(&b.m, &ctx, &tb.b);
+    cr_assert_eq(t.n, nwant, "the hook was told %d times, not %d", t.n, nwant);
+    size_t prev = b.m.grad_flat_count + 1;
+    for (int k = 0; k < t.n; k++) {
+        size_t from = (size_t)((const float *)t.first[k]->grad.data - b.m.grad_flat);
+        cr_assert_str_eq(t.first[k]->name, want[k], "call %d", k);
+        cr_assert_lt(from, prev, "call %d (%s) names no earlier parameter than the one before", k, want[k]);
+        cr_assert_eq(memcmp(t.flat[k] + from, b.m.grad_flat + from, (b.m.grad_flat_count - from) * sizeof(float)),
+                     0, "call %d: a gradient from %s on was written after the hook was told", k, want[k]);
+        prev = from;
+        free(t.flat[k]);
+    }
+    cr_assert_eq(prev, 0, "the last call is not the first parameter");
+    batch_free(&tb);
+    built_free(&b);
+}
+
+Test(passes, backward_tells_the_hook_of_final_gradients_inside_blocks)
+{
+    static const char *const want[] = {"head/weight", "ln_f/weight", "att/proj/weight", "att/qkv/weight",
+                                       "b0/mlp/proj/weight", "b0/mlp/fc/weight", "b0/ln2/weight",
+                                       "b0/attn/proj/weight", "b0/attn/qkv/weight", "b0/ln1/weight", "emb/wte"};
+    hook_told_final(SMALL_GPT, 7, want, 11);
+}
+
+Test(passes, backward_tells_the_hook_of_a_tied_table_last)
+{
+    static const struct layer_config tied[] = {
+        {.kind = LAYER_EMBEDDING, .name = "emb", .vocab = 11, .dim = 8},
+        {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b0", .heads = 2, .mlp_ratio = 2, .eps = 1e-5},
+        {.kind = LAYER_LAYERNORM, .name = "ln_f", .eps = 1e-5},
+        {.kind = LAYER_LINEAR, .name = "head", .out = 11, .bias = false, .tie = "emb/wte"},
+        {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
+    };
+    static const char *const want[] = {"ln_f/weight", "b0/mlp/proj/weight", "b0/mlp/fc/weight", "b0/ln2/weight",
+                                       "b0/attn/proj/weight", "b0/attn/qkv/weight", "b0/ln1/weight", "emb/wte"};
+    hook_told_final(tied, 5, want, 8);
+}
+
 /* The loss layer's per-row losses (host copy) and their count. */
 static float *losses_host(struct built *b, const struct batch *batch, int64_t *rows)
 {

@@ -92,7 +92,7 @@ struct comm {
     /* reduce_sum without waiting: starts it and returns its request, or NULL where the sum is done already
      * (one rank; no memory for a request: reduced at once). The buffer is the communicator's until reduce_wait. */
     struct comm_request *(*reduce_start)(struct comm *c, void *buf, size_t count, enum comm_dtype dt);
-    /* moves every started reduce on, never waits (called between layers while backward runs) */
+    /* moves every started reduce on, never waits (called each time backward finishes gradients) */
     void (*reduce_progress)(struct comm *c);
     /* ends r and frees it (NULL: nothing to do): its sum is then ready for the backend's next operation, as
      * reduce_sum's is; on the host this is a watched wait for the other ranks */

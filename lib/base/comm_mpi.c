@@ -23,16 +23,17 @@
  * pieces on every rank, on a duplicate of MPI_COMM_WORLD (`gather`), so that the order of collectives on each
  * communicator is one on every rank however the threads interleave. Open MPI moves a non-blocking
  * collective only inside MPI calls (this build of it has no asynchronous progress: `ompi_info` says "OMPI
- * progress: no"), and the trainer makes none while a layer's backward computes. So the first reduce_start
+ * progress: no"), and the trainer makes none while a layer's op computes. So the first reduce_start
  * starts a progress thread that, while a started request is not complete, tests them (MPI_Test) every
  * COMM_PROGRESS_PAUSE_US microseconds, and sleeps on a condition variable otherwise: the buckets travel while
- * backward runs, not only between layers. Two threads call MPI, never at once: MPI_Init_thread asks for
+ * backward runs, not only between its ops. Two threads call MPI, never at once: MPI_Init_thread asks for
  * MPI_THREAD_SERIALIZED (Open MPI then takes none of MPI_THREAD_MULTIPLE's locks), and every MPI call of this
  * file holds the communicator's mutex `mu` (a blocking collective holds it throughout; the thread then waits,
  * which it may: the blocking call moves every request on itself). The thread calls MPI only with a request in
  * flight, so the MPI calls of other files (kernels/cuda/comm_nccl.cu's MPI_Bcast, made while none is) need no
  * mutex. Where MPI grants less than MPI_THREAD_SERIALIZED there is no thread: reduce_progress then tests the
- * requests between layers, as it does where the thread cannot be started, and rank 0 says so once.
+ * requests each time backward finishes gradients, as it does where the thread cannot be started, and rank 0 says
+ * so once.
  * A job that never starts a non-blocking reduce (one rank, dist.bucket_mb 0, NCCL) never starts the thread.
  * How often a request is tested changes when it completes, never its sum: the bits are the same, and the same as the
  * blocking reduce_sum's.
@@ -448,7 +449,7 @@ static const char *thread_level_name(int level)
 
 /* The progress thread, at the first reduce started (mu held). Signals are the main thread's (the stop signals of
  * lib/engine/train.c): the thread blocks them all. Where it cannot run, rank 0 says so once and reduce_progress
- * tests the requests between layers instead. */
+ * tests the requests each time backward finishes gradients instead. */
 static void start_progress(struct comm *c, struct mpi_state *s)
 {
     if (s->running || s->said)

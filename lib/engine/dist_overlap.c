@@ -4,12 +4,10 @@
  */
 #include "dist_overlap.h"
 
-#include <stdint.h> /* SIZE_MAX */
 #include <stdlib.h>
 
 struct bucket {
-    size_t begin, end; /* floats of grad_flat: [begin, end) */
-    int ready;         /* the layer after whose backward every gradient in it is final: its lowest */
+    size_t begin, end; /* floats of grad_flat: [begin, end), from a parameter's first float */
 };
 
 struct dist_overlap {
@@ -40,32 +38,29 @@ static void start(struct dist_overlap *o, int i)
                            : c->reduce_start(c, at, o->b[i].end - o->b[i].begin, COMM_F32);
 }
 
-static void layer_done(void *user, int layer)
+/* The hook: the gradients from `first`'s to grad_flat's end are final, so every bucket that lies there starts. */
+static void grads_final_hook(void *user, const struct param *first)
 {
     struct dist_overlap *o = user;
-    while (o->next < o->n && o->b[o->next].ready >= layer)
+    size_t from = (size_t)((const float *)first->grad.data - o->grad_flat);
+    while (o->next < o->n && o->b[o->next].begin >= from)
         start(o, o->next++);
-    if (o->next > 0) /* MPI moves started reduces only inside its calls: here, between layers */
+    if (o->next > 0) /* MPI moves started reduces only inside its calls (without the progress thread: here) */
         o->d->comm->reduce_progress(o->d->comm);
 }
 
-/* The first float of each layer's gradients in grad_flat (SIZE_MAX: the layer has no parameters); false where the
- * parameters are not laid out in layer order (then nothing overlaps). */
-static bool layer_starts(const struct model *m, size_t *first)
+/* Whether the parameters' gradients lie in grad_flat in the model's order, the first at its start (else nothing
+ * overlaps: the hook's "this parameter and every one after it" would not be a range of grad_flat). */
+static bool grads_in_order(const struct model *m)
 {
-    for (int i = 0; i < m->nlayers; i++)
-        first[i] = SIZE_MAX;
     size_t prev = 0;
     for (int k = 0; k < m->nparams; k++) {
-        const struct param *p = m->params[k];
-        size_t off = (size_t)((const float *)p->grad.data - m->grad_flat);
-        if (p->layer < 0 || p->layer >= m->nlayers || off < prev || off >= m->grad_flat_count)
+        size_t off = (size_t)((const float *)m->params[k]->grad.data - m->grad_flat);
+        if ((k == 0 && off != 0) || off < prev || off >= m->grad_flat_count)
             return false;
-        if (first[p->layer] == SIZE_MAX)
-            first[p->layer] = off;
         prev = off;
     }
-    return m->nparams > 0 && first[m->params[0]->layer] == 0;
+    return m->nparams > 0;
 }
 
 enum amp_status dist_overlap_new(struct dist_overlap **out, struct dist *d, const struct model *m, double bucket_mb,
@@ -77,35 +72,31 @@ enum amp_status dist_overlap_new(struct dist_overlap **out, struct dist *d, cons
         !m->grad_flat || m->grad_flat_count == 0)
         return AMP_OK;
     struct dist_overlap *o = calloc(1, sizeof *o);
-    size_t *first = calloc((size_t)m->nlayers, sizeof *first);
     if (o) {
-        o->b = calloc((size_t)m->nlayers, sizeof *o->b);
-        o->req = calloc((size_t)m->nlayers, sizeof *o->req);
+        o->b = calloc((size_t)m->nparams, sizeof *o->b);
+        o->req = calloc((size_t)m->nparams, sizeof *o->req);
     }
-    if (!o || !first || !o->b || !o->req) {
-        free(first);
+    if (!o || !o->b || !o->req) {
         dist_overlap_free(o);
         return amp_fail(err, AMP_ERR_INTERNAL, NULL, "out of memory planning the gradient buckets");
     }
-    if (!layer_starts(m, first)) {
-        free(first);
+    if (!grads_in_order(m)) {
         dist_overlap_free(o);
         return AMP_OK;
     }
     double first_mb = bucket_mb < DIST_FIRST_BUCKET_MB ? bucket_mb : DIST_FIRST_BUCKET_MB;
     size_t want = floats_of_mb(first_mb), end = m->grad_flat_count;
-    for (int i = m->nlayers - 1; i >= 0; i--) {
-        size_t begin = first[i];
-        if (begin == SIZE_MAX || (end - begin < want && begin > 0))
+    for (int k = m->nparams - 1; k >= 0; k--) {
+        size_t begin = (size_t)((const float *)m->params[k]->grad.data - m->grad_flat);
+        if (end - begin < want && begin > 0)
             continue;
-        o->b[o->n++] = (struct bucket){.begin = begin, .end = end, .ready = i};
+        o->b[o->n++] = (struct bucket){.begin = begin, .end = end};
         end = begin;
         want = floats_of_mb(bucket_mb);
     }
-    free(first);
     o->d = d;
     o->grad_flat = m->grad_flat;
-    o->hook = (struct backward_hook){.layer_done = layer_done, .user = o};
+    o->hook = (struct backward_hook){.grads_final = grads_final_hook, .user = o};
     *out = o;
     return AMP_OK;
 }
@@ -128,7 +119,7 @@ bool dist_overlap_finish(struct dist_overlap *o)
 {
     if (!o)
         return false;
-    while (o->next < o->n) /* a backward that did not tell every layer: the rest now, in the same order */
+    while (o->next < o->n) /* a backward that did not tell every parameter: the rest now, in the same order */
         start(o, o->next++);
     struct comm *c = o->d->comm;
     for (int i = 0; i < o->n; i++) {

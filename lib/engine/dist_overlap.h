@@ -3,15 +3,16 @@
  * "Overlap"), as PyTorch DDP's gradient buckets do.
  *
  * On the last micro-batch of a step, the flat gradient buffer (model.h, grad_flat) is reduced in buckets:
- * contiguous ranges of it, each covering whole layers, taken from its end (the last layers, whose backward
+ * contiguous ranges of it, each covering whole parameters, taken from its end (the last layers, whose backward
  * finishes first) to its start. A bucket holds at least dist.bucket_mb MiB of fp32 gradients, or what is left
- * (a layer is never split: one larger than that is a bucket of its own); the first holds at least
+ * (a parameter is never split: one larger than that is a bucket of its own); the first holds at least
  * min(1 MiB, dist.bucket_mb), PyTorch's first bucket, so that the first reduce starts after the last layer or
  * two rather than after a quarter of the backward. The buckets cover grad_flat exactly once, padding included.
  *
- * The model tells the hook after each layer's backward (model_backward_hooked); the hook starts every bucket
- * whose first layer is then done (comm.h, reduce_start) and lets the started ones progress (reduce_progress),
- * so with MPI the sums move on between layers. dist_overlap_finish, right after backward, waits for what is
+ * The backward tells the hook (layer.h, struct backward_hook, through step_ctx.hook) each time the gradients from a
+ * parameter's to grad_flat's end are final: after each layer, and inside a transformer block after each of its
+ * linears and ln2; the hook starts every bucket that then lies wholly in the final part (comm.h, reduce_start) and
+ * lets the started ones progress (reduce_progress). dist_overlap_finish, right after backward, waits for what is
  * still in flight; on GPUs it only orders the backend's stream after the reduces (no host wait).
  *
  * Each element of grad_flat is still summed over the ranks exactly once, elementwise, in rank order whatever the
@@ -28,7 +29,7 @@
 
 #include "dist.h"  /* struct dist */
 #include "error.h" /* enum amp_status, struct amp_error */
-#include "model.h" /* struct model, struct backward_hook */
+#include "model.h" /* struct model, struct backward_hook (layer.h) */
 
 /* PyTorch DDP's first bucket: 1 MiB (or dist.bucket_mb where that is smaller). */
 #define DIST_FIRST_BUCKET_MB 1.0
@@ -42,7 +43,7 @@ enum amp_status dist_overlap_new(struct dist_overlap **out, struct dist *d, cons
                                  struct amp_error *err);
 void dist_overlap_free(struct dist_overlap *o);
 
-/* The hook for the backward of a step's last micro-batch (model_backward_hooked); NULL where o is NULL. */
+/* The hook for the backward of a step's last micro-batch (step_ctx.hook); NULL where o is NULL. */
 const struct backward_hook *dist_overlap_hook(struct dist_overlap *o);
 
 /* After that backward: starts any bucket not started yet, then waits for every started one. Returns whether the

@@ -542,7 +542,9 @@ static enum amp_status run_micro(struct trainer *t, int64_t micro, struct step_c
     model_forward(m, ctx, &t->io.b);
     /* the last micro-batch's gradients are reduced in buckets while its backward runs (dist.bucket_mb) */
     bool last = micro == accum - 1;
-    model_backward_hooked(m, ctx, &t->io.b, last ? dist_overlap_hook(t->overlap) : NULL);
+    ctx->hook = last ? dist_overlap_hook(t->overlap) : NULL;
+    model_backward(m, ctx, &t->io.b);
+    ctx->hook = NULL;
     double wait0 = runlog_now(); /* the buckets still in flight: the part of the reduce the step waits for */
     bool grads_reduced = last && dist_overlap_finish(t->overlap);
     if (grads_reduced)
