@@ -232,8 +232,8 @@ Test(export, every_layer_kind_is_exported_and_loads_into_torch_nn)
          {"bn1/running_mean", "bn2/running_var", "conv1/weight", "conv2/bias"},
          "torch-load strict: 16 tensors into bn1=BatchNorm2d bn2=BatchNorm2d conv1=Conv2d conv2=Conv2d fc1=Linear "
          "head=Linear"},
-        /* a 2% split: the run's final evaluation is 219 batches, not 1,096 */
-        {"text_gpt", "data.batch_size=2 data.val_fraction=0.02", "gpt",
+        /* a 0.2% split: the run's final evaluation is 22 batches, not 1,096 */
+        {"text_gpt", "data.batch_size=2 data.val_fraction=0.002", "gpt",
          {"embed/wte", "embed/wpe", "block0/attn/qkv/weight", "ln_f/bias"},
          "block0.attn.qkv=Linear block0.ln1=LayerNorm"},
     };
@@ -520,7 +520,7 @@ Test(export, out_may_only_be_new_or_an_earlier_export)
  * their layers and the key, before anything is written. ampTrain names stay unique. */
 Test(export, layer_names_that_collide_under_pytorch_names_are_refused)
 {
-    struct result r = amp("run configs/text_gpt.yaml data.batch_size=2 data.val_fraction=0.02 run.device=cpu "
+    struct result r = amp("run configs/text_gpt.yaml data.batch_size=2 data.val_fraction=0.002 run.device=cpu "
                           "run.steps=1 run.ckpt_every=1 run.log_every=1000 model.layers.3.name=block0.ln1 "
                           "run.out_dir=%s/dots", scratch);
     cr_assert_eq(r.code, 0, "%s", r.out);
