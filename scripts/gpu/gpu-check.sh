@@ -34,7 +34,8 @@
 # that the logs' parsing and the table can be seen to work before a GPU's limited time is spent. The text_gpt
 # runs then hold out 1% of the text for their final evaluation, not 10%: at width 768 on two cores that
 # evaluation was nearly all of a run's time (on a busy machine, 13 s of training, then an evaluation that
-# was still going when RUN_TIMEOUT's 300 s ended it).
+# was still going when RUN_TIMEOUT's 300 s ended it). The width-768 rows then run at width 128 (2 heads of 64;
+# WIDE_WIDTH, a multiple of 64, sets it), under the same row names: a DRY run checks the script, not the model.
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: scripts/gpu/gpu-check.sh OUTDIR" >&2; exit 2; }
 cd "$(dirname "$0")/../.." || exit 2
@@ -368,11 +369,14 @@ for m in $models; do
     write_table
   done
 done
-# the targets' model: text_gpt at width 768 (12 heads, head size 64)
-wide=(model.layers.0.dim=768 model.layers.1.heads=12 model.layers.2.heads=12)
+# the targets' model: text_gpt at width 768 (12 heads, head size 64; DRY: width 128 unless WIDE_WIDTH)
+width=${WIDE_WIDTH:-768}
+[ "$dry" = 1 ] && width=${WIDE_WIDTH:-128}
+heads=$((width / 64))
+wide=("model.layers.0.dim=$width" "model.layers.1.heads=$heads" "model.layers.2.heads=$heads")
 for mode in $modes; do
   run_amp "text_gpt768-$mode" text_gpt "$wide_steps" "precision.mode=$mode" "${wide[@]}"
-  run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width 768 --heads 12
+  run_torch "text_gpt768-$mode" text_gpt "$mode" "$wide_steps" --width "$width" --heads "$heads"
   write_table
 done
 
