@@ -21,7 +21,8 @@
 # prints the most the link allows: the loopback carries both ranks' traffic through its one token bucket, so a step
 # takes at least 2 x wire ms, and hidden <= 1 - (2 x wire ms - step ms unlimited) / (reduce ms without overlap).
 #   scripts/bench/bench_dist_net.sh [RATES="1gbit 10gbit"] [MODELS="text_gpt gpt2_tiny"] [ROUNDS=3] [STEPS=...]
-# STEPS defaults to 40 for text_gpt and 200 for gpt2_tiny. Each rank has one thread (run.threads=1,
+# ARGS="KEY=VALUE ..." adds overrides to every run (e.g. ARGS="data.batch_size=64": a longer step beside the same
+# reduction). STEPS defaults to 40 for text_gpt and 200 for gpt2_tiny. Each rank has one thread (run.threads=1,
 # OPENBLAS_NUM_THREADS=1) and the ranks are not bound to cores (--bind-to none; BIND=core to bind).
 # AMPTRAIN_BIN (default build/ampTrain) picks the binary; several, separated by spaces ("OLD NEW"), run beside each
 # other: each round runs every binary in turn, so a change of load falls on each alike, and the table has a
@@ -130,6 +131,8 @@ for model in $models; do
   esac
   args+=("run.steps=$steps" run.epochs=0 run.device=cpu run.threads=1 run.log_every=100000 run.eval_every=0
          run.ckpt_every=0)
+  read -ra more <<< "${ARGS:-}"
+  args+=("${more[@]}")
   declare -A step_ms=() reduce_ms=()
   for rate in unlimited $rates; do
     tc qdisc del dev lo root 2> /dev/null || true
