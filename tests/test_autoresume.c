@@ -10,11 +10,12 @@
 
 #include <time.h>
 
-/* Long enough that a kill after the first checkpoint lands mid-run, short enough for a test. */
+/* Long enough that a kill after the first checkpoint lands mid-run (280 steps and 14 checkpoints after it, over
+ * half a second even in the release build), short enough for a test. */
 #define LONG_RUN                                                                                                     \
     "configs/fashion_mlp.yaml model.layers.1.out=256 model.layers.3.out=256 data.batch_size=64 run.device=cpu "     \
-    "run.log_every=10 run.steps=600 run.ckpt_every=20 run.resume=auto"
-#define LAST "ckpt-600.h5"
+    "run.log_every=10 run.steps=300 run.ckpt_every=20 run.resume=auto"
+#define LAST "ckpt-300.h5"
 
 #define AUTO SMALL " run.steps=12 run.ckpt_every=4 run.resume=auto"
 
