@@ -1003,20 +1003,6 @@ Test(passes, backward_tells_the_hook_of_final_gradients_inside_blocks)
     hook_told_final(SMALL_GPT, 7, want, 11);
 }
 
-Test(passes, backward_tells_the_hook_of_a_tied_table_last)
-{
-    static const struct layer_config tied[] = {
-        {.kind = LAYER_EMBEDDING, .name = "emb", .vocab = 11, .dim = 8},
-        {.kind = LAYER_TRANSFORMER_BLOCK, .name = "b0", .heads = 2, .mlp_ratio = 2, .eps = 1e-5},
-        {.kind = LAYER_LAYERNORM, .name = "ln_f", .eps = 1e-5},
-        {.kind = LAYER_LINEAR, .name = "head", .out = 11, .bias = false, .tie = "emb/wte"},
-        {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
-    };
-    static const char *const want[] = {"ln_f/weight", "b0/mlp/proj/weight", "b0/mlp/fc/weight", "b0/ln2/weight",
-                                       "b0/attn/proj/weight", "b0/attn/qkv/weight", "b0/ln1/weight", "emb/wte"};
-    hook_told_final(tied, 5, want, 8);
-}
-
 /* The loss layer's per-row losses (host copy) and their count. */
 static float *losses_host(struct built *b, const struct batch *batch, int64_t *rows)
 {
@@ -1333,6 +1319,14 @@ static const struct layer_config TIED_GPT[] = {
     {.kind = LAYER_LINEAR, .name = "head", .out = 11, .bias = false, .tie = "emb/wte"},
     {.kind = LAYER_CROSS_ENTROPY, .name = "loss"},
 };
+
+/* The backward hook is told of a tied table with its embedding, last (the head, its other reader, runs first). */
+Test(passes, backward_tells_the_hook_of_a_tied_table_last)
+{
+    static const char *const want[] = {"ln_f/weight", "b0/mlp/proj/weight", "b0/mlp/fc/weight", "b0/ln2/weight",
+                                       "b0/attn/proj/weight", "b0/attn/qkv/weight", "b0/ln1/weight", "emb/wte"};
+    hook_told_final(TIED_GPT, 5, want, 8);
+}
 
 static struct param *param_named(struct model *m, const char *name)
 {
