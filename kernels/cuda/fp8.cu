@@ -434,6 +434,20 @@ static bool fp8_native_operands(struct cuda_backend *cb, const struct gemm_args 
     return fp8_tn_codes(cb, g, mm) && fp8_aligned_scales(cb, g, &mm->a_scale, &mm->b_scale);
 }
 
+/* mm's output and shape for g's product: C (m, n) at c in c_dt, row stride n, alpha, beta 0, one matrix. */
+static void lt_output(struct lt_matmul *mm, const struct gemm_args *g, void *c, enum dtype c_dt, float alpha)
+{
+    mm->c = c;
+    mm->c_dt = c_dt;
+    mm->m = g->m;
+    mm->n = g->n;
+    mm->k = g->k;
+    mm->ldc = g->n;
+    mm->alpha = alpha;
+    mm->beta = 0.0f;
+    mm->batch = 1;
+}
+
 /* P (m, n, fp32) = A B of g's fp8 operands: natively (cuBLASLt's fp8 kernels, TN, the scales applied by the
  * product), or widened to bf16 with FP32 accumulation (the scales left to the epilogue). false where nothing ran
  * (an error recorded). */
@@ -443,15 +457,7 @@ static bool fp8_product(struct cuda_backend *cb, const struct gemm_args *g, floa
     enum dtype da = g->a->dtype, db = g->b->dtype;
     struct lt_matmul mm;
     memset(&mm, 0, sizeof mm);
-    mm.c = p;
-    mm.c_dt = DT_FP32;
-    mm.m = m;
-    mm.n = n;
-    mm.k = k;
-    mm.ldc = n;
-    mm.alpha = 1.0f;
-    mm.beta = 0.0f;
-    mm.batch = 1;
+    lt_output(&mm, g, p, DT_FP32, 1.0f);
     if (native) {
         if (!fp8_native_operands(cb, g, &mm))
             return false;
@@ -483,17 +489,9 @@ static bool fp8_product_into_c(struct cuda_backend *cb, const struct gemm_args *
     memset(&mm, 0, sizeof mm);
     if (!fp8_native_operands(cb, g, &mm))
         return true;
-    mm.c = g->c->data;
-    mm.c_dt = g->c->dtype;
+    lt_output(&mm, g, g->c->data, g->c->dtype, g->alpha);
     mm.bias = g->bias ? static_cast<const float *>(g->bias->data) : NULL;
     mm.aux = g->epilogue == GEMM_EPI_GELU_TANH ? g->aux->data : NULL;
-    mm.m = g->m;
-    mm.n = g->n;
-    mm.k = g->k;
-    mm.ldc = g->n;
-    mm.alpha = g->alpha;
-    mm.beta = 0.0f;
-    mm.batch = 1;
     return cuda_lt_matmul_fused(cb, &mm);
 }
 
@@ -726,15 +724,7 @@ static int block_product_lt(struct cuda_backend *cb, const struct gemm_args *g, 
     mm.b_scale = block_scales_lt(cb, CSCR_FP8_SB, &g->b_blocks, !g->trans_b, g->n, g->k, &mm.b_scale_mode);
     if (!mm.a_scale || !mm.b_scale)
         return -1;
-    mm.c = p;
-    mm.c_dt = DT_FP32;
-    mm.m = g->m;
-    mm.n = g->n;
-    mm.k = g->k;
-    mm.ldc = g->n;
-    mm.alpha = 1.0f;
-    mm.beta = 0.0f;
-    mm.batch = 1;
+    lt_output(&mm, g, p, DT_FP32, 1.0f);
     return cuda_lt_matmul_block_scaled(cb, &mm) ? 1 : 0;
 }
 
