@@ -1160,6 +1160,22 @@ Test(dist, watch_lets_shorter_waits_and_idle_time_pass)
 
 /* ---- in process: what a step asks of the communicator ------------------------------------------------ */
 
+/* *t set up in process on the stand-in communicator `fake` from configs/`yaml` with the overrides ov[0..n) (into
+ * *cfg, which the trainer keeps), one OpenBLAS thread. */
+static void fake_trainer(struct trainer *t, struct config *cfg, struct comm *fake, const char *yaml,
+                         const char *const *ov, size_t n)
+{
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    struct amp_error err;
+    char path[512];
+    snprintf(path, sizeof path, AMP_SOURCE_DIR "/configs/%s", yaml);
+    cr_assert_eq(config_load(cfg, path, &err), AMP_OK, "%s", err.msg);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(config_apply_override(cfg, ov[i], &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(config_finalize(cfg, &err), AMP_OK, "%s", err.msg);
+    cr_assert_eq(trainer_setup(t, cfg, fake, &err), AMP_OK, "%s", err.msg);
+}
+
 /* A stand-in for a second rank identical to this one: a sum over two ranks doubles the buffer. */
 static int64_t fake_reduces, fake_host;
 static void fake_reduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt)
@@ -1205,18 +1221,12 @@ Test(dist, a_step_reduces_once_after_the_last_micro_batch)
         .host_bcast = fake_host_bcast, .host_allgather = fake_host_allgather, .abort = fake_abort,
         .close = fake_close,
     };
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     struct config cfg;
     struct amp_error err;
-    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp_fp16_dynamic.yaml", &err), AMP_OK, "%s",
-                 err.msg);
     const char *ov[] = {"model.layers.1.out=16", "model.layers.3.out=16", "data.batch_size=8", "run.device=cpu",
                         "accum_steps=3", "run.log_every=4"};
-    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
-        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
-    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
     struct trainer t;
-    cr_assert_eq(trainer_setup(&t, &cfg, &fake, &err), AMP_OK, "%s", err.msg);
+    fake_trainer(&t, &cfg, &fake, "fashion_mlp_fp16_dynamic.yaml", ov, sizeof ov / sizeof ov[0]);
     cr_assert_eq(t.params.micro_batches, 6, "3 micro-batches on each of 2 ranks");
     for (int s = 0; s < 4; s++) {
         int64_t before = fake_reduces, host_before = fake_host;
@@ -1279,20 +1289,14 @@ static void train_with_buckets(const char *mb, double *loss, float **weights, si
         .host_allreduce = fake_host_allreduce, .host_bcast = fake_host_bcast,
         .host_allgather = fake_host_allgather, .abort = fake_abort, .close = fake_close,
     };
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     struct config cfg;
     struct amp_error err;
-    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp_fp16_dynamic.yaml", &err), AMP_OK, "%s",
-                 err.msg);
     char key[64];
     snprintf(key, sizeof key, "dist.bucket_mb=%s", mb);
     const char *ov[] = {"model.layers.1.out=16", "model.layers.3.out=16", "data.batch_size=8", "run.device=cpu",
                         "accum_steps=3", "run.log_every=4", key};
-    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
-        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
-    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
     struct trainer t;
-    cr_assert_eq(trainer_setup(&t, &cfg, &fake, &err), AMP_OK, "%s", err.msg);
+    fake_trainer(&t, &cfg, &fake, "fashion_mlp_fp16_dynamic.yaml", ov, sizeof ov / sizeof ov[0]);
     const struct model *m = &t.model;
     fake_base = m->grad_flat;
     int nb = dist_overlap_buckets(t.overlap);
@@ -1483,19 +1487,14 @@ static void check_zero1_traffic(const char *mb)
         .reduce_scatter_start = zb_reduce_scatter_start, .all_gather_blocks = zb_all_gather_blocks,
         .host_gather_blocks = zb_host_gather_blocks,
     };
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     struct config cfg;
     struct amp_error err;
-    cr_assert_eq(config_load(&cfg, AMP_SOURCE_DIR "/configs/fashion_mlp.yaml", &err), AMP_OK, "%s", err.msg);
     char key[64];
     snprintf(key, sizeof key, "dist.bucket_mb=%s", mb);
     const char *ov[] = {"model.layers.1.out=64", "model.layers.3.out=3", "data.batch_size=8", "run.device=cpu",
                         "precision.mode=bf16", "accum_steps=2", "run.log_every=4", "dist.zero=1", key};
-    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
-        cr_assert_eq(config_apply_override(&cfg, ov[i], &err), AMP_OK, "%s", err.msg);
-    cr_assert_eq(config_finalize(&cfg, &err), AMP_OK, "%s", err.msg);
     struct trainer t;
-    cr_assert_eq(trainer_setup(&t, &cfg, &fake, &err), AMP_OK, "%s", err.msg);
+    fake_trainer(&t, &cfg, &fake, "fashion_mlp.yaml", ov, sizeof ov / sizeof ov[0]);
     const struct model *m = &t.model;
     const struct zero_plan *z = &t.zero;
     cr_assert(z->sharded && z->aligned && z->exact, "dist.zero 1 on the CPU: exact partial statistics");
