@@ -47,6 +47,13 @@ run_timeout=${RUN_TIMEOUT:-90}
 [ "$dry" = 1 ] && { steps=${STEPS:-3}; wide_steps=${WIDE_STEPS:-2}; run_timeout=${RUN_TIMEOUT:-300}; }
 device=cuda; torch_device=cuda
 [ "$dry" = 1 ] && { device=cpu; torch_device=cpu; }
+# the width-768 rows' width (DRY: 128 unless WIDE_WIDTH), heads of 64
+width=${WIDE_WIDTH:-768}
+[ "$dry" = 1 ] && width=${WIDE_WIDTH:-128}
+case $width in *[!0-9]* | '') width=0 ;; esac
+[ $((width % 64)) = 0 ] && [ "$width" -gt 0 ] ||
+  { echo "gpu-check: WIDE_WIDTH: a positive multiple of 64, not '${WIDE_WIDTH:-}'" >&2; exit 2; }
+heads=$((width / 64))
 build=${BUILD_DIR:-build-gpu}; phases=" ${PHASES:-build gpt2 tests bench} "
 has_phase() { case $phases in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 status=0
@@ -370,9 +377,6 @@ for m in $models; do
   done
 done
 # the targets' model: text_gpt at width 768 (12 heads, head size 64; DRY: width 128 unless WIDE_WIDTH)
-width=${WIDE_WIDTH:-768}
-[ "$dry" = 1 ] && width=${WIDE_WIDTH:-128}
-heads=$((width / 64))
 wide=("model.layers.0.dim=$width" "model.layers.1.heads=$heads" "model.layers.2.heads=$heads")
 for mode in $modes; do
   run_amp "text_gpt768-$mode" text_gpt "$wide_steps" "precision.mode=$mode" "${wide[@]}"
